@@ -1,0 +1,40 @@
+"""Glue every command shares: explicit flags, config layering, artifact writing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
+
+import typer
+from click.core import ParameterSource
+
+from pfl_cli.config import load_config_file, parse_overrides, resolve_config
+
+T = TypeVar("T")
+
+
+def explicit_flags(ctx: typer.Context, names: Iterable[str]) -> dict[str, Any]:
+    """The values of ``names`` that the user typed on the command line (not defaults)."""
+    given = {}
+    for name in names:
+        if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+            given[name] = ctx.params[name]
+    return given
+
+
+def stage_config(
+    cls: type[T],
+    stage: str,
+    *,
+    config_file: Path | None,
+    flags: Mapping[str, Any],
+    sets: Sequence[str] | None,
+) -> T:
+    """Defaults < config file < explicit flags < ``--set``, as a frozen dataclass."""
+    return resolve_config(
+        cls,
+        file_values=load_config_file(config_file, stage),
+        flag_values=flags,
+        overrides=parse_overrides(sets or ()),
+        ignore=("out", "force", "format", "out_root", "config"),
+    )

@@ -1,0 +1,128 @@
+"""The in-memory dataset every stage reads, and the checks every loader applies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from pfl_cli.artifacts import sha256_array
+from pfl_cli.errors import DatasetError
+
+POOL_TRAIN = 0
+POOL_TEST = 1
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A centralized dataset in sample order.
+
+    Attributes
+    ----------
+    spec : str
+        The spec it was loaded from (``builtin:digits``, ``npz:PATH``, ...).
+    x : ndarray of shape (n_samples, *input_shape)
+        Features, in the dataset's native dtype (uint8 images stay uint8).
+    y : ndarray of shape (n_samples,), int64, or None
+        Class labels in ``[0, num_classes)``; None for unlabelled data.
+    client : ndarray of shape (n_samples,) or None
+        Natural client ids (LEAF users, a client column), as str.
+    pool : ndarray of shape (n_samples,), uint8, or None
+        0 for the train pool, 1 for the dataset's official test pool; None when the
+        dataset has a single pool. Partition indices point into this sample order.
+    num_classes : int
+    class_names : tuple of str, optional
+    """
+
+    spec: str
+    x: np.ndarray
+    y: np.ndarray | None
+    num_classes: int
+    client: np.ndarray | None = None
+    pool: np.ndarray | None = None
+    class_names: tuple[str, ...] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.x.shape[1:])
+
+    @property
+    def has_test_pool(self) -> bool:
+        return self.pool is not None and bool(np.any(self.pool == POOL_TEST))
+
+    @property
+    def labels_sha256(self) -> str | None:
+        return None if self.y is None else sha256_array(np.asarray(self.y, dtype=np.int64))
+
+    def features(self, indices: np.ndarray) -> np.ndarray:
+        """Rows ``indices`` flattened to float64 vectors (for k-means, MDM bins, ...)."""
+        return np.asarray(self.x[indices], dtype=np.float64).reshape(len(indices), -1)
+
+    def info(self) -> dict[str, Any]:
+        """The ``dataset.json`` document of a partition artifact."""
+        doc: dict[str, Any] = {
+            "spec": self.spec,
+            "num_samples": self.num_samples,
+            "num_classes": int(self.num_classes),
+            "input_shape": list(self.input_shape),
+            "dtype": str(self.x.dtype),
+            "labels_sha256": self.labels_sha256,
+            "has_test_pool": self.has_test_pool,
+            "has_natural_clients": self.client is not None,
+        }
+        if self.pool is not None:
+            doc["pool_sizes"] = {
+                "train": int(np.sum(self.pool == POOL_TRAIN)),
+                "test": int(np.sum(self.pool == POOL_TEST)),
+            }
+        if self.class_names is not None:
+            doc["class_names"] = list(self.class_names)
+        doc.update(self.extra)
+        return doc
+
+
+def validate_dataset(ds: Dataset) -> Dataset:
+    """Check a freshly loaded dataset; raise :class:`DatasetError` naming the problem."""
+    n = ds.x.shape[0] if ds.x.ndim else 0
+    where = ds.spec
+    if ds.x.ndim < 2 or n == 0:
+        raise DatasetError(f"{where}: x must have shape (n_samples, ...) with n_samples >= 1; got {ds.x.shape}.")
+    if ds.x.dtype.kind not in "biuf":
+        raise DatasetError(f"{where}: x must be numeric; got dtype {ds.x.dtype}.")
+    if ds.x.dtype.kind == "f" and not np.isfinite(ds.x).all():
+        bad = int(np.count_nonzero(~np.isfinite(ds.x).reshape(n, -1).all(axis=1)))
+        raise DatasetError(f"{where}: x has NaN or infinite values in {bad} samples; clean or drop them first.")
+    if ds.y is not None:
+        if ds.y.shape != (n,):
+            raise DatasetError(f"{where}: y must have shape ({n},) to match x; got {ds.y.shape}.")
+        if ds.y.dtype.kind not in "biu":
+            raise DatasetError(f"{where}: labels must be non-negative integers; got dtype {ds.y.dtype}.")
+        if n and ds.y.min() < 0:
+            raise DatasetError(f"{where}: labels must be non-negative integers; got {int(ds.y.min())}.")
+        if n and ds.y.max() >= ds.num_classes:
+            raise DatasetError(f"{where}: label {int(ds.y.max())} is outside [0, {ds.num_classes}).")
+    for name in ("client", "pool"):
+        arr = getattr(ds, name)
+        if arr is not None and arr.shape != (n,):
+            raise DatasetError(f"{where}: {name} must have shape ({n},) to match x; got {arr.shape}.")
+    return ds
+
+
+def labels_from_array(values: np.ndarray, where: str) -> np.ndarray:
+    """Integer labels from an array that may hold integral floats; reject anything else."""
+    values = np.asarray(values)
+    if values.dtype.kind in "biu":
+        return values.astype(np.int64)
+    if values.dtype.kind == "f":
+        if not np.isfinite(values).all():
+            raise DatasetError(f"{where}: labels contain NaN or infinite values.")
+        if np.any(values != np.round(values)):
+            raise DatasetError(f"{where}: labels must be integers; got non-integer values such as {values[values != np.round(values)][0]}.")
+        return values.astype(np.int64)
+    raise DatasetError(f"{where}: labels must be non-negative integers; got dtype {values.dtype}.")
