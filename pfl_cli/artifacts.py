@@ -354,3 +354,31 @@ class ArtifactWriter:
         os.replace(self.out, trash / "old")
         os.replace(self.dir, self.out)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- partition artifacts
+def load_partition(path: str | Path, *, flag: str = "--partition"):
+    """Read a partition artifact (written by ``partition`` or ``simulate``).
+
+    Returns
+    -------
+    partition : pfl_cli.partition.Partition
+    dataset_info : dict
+        The ``dataset.json`` document (spec, num_classes, labels_sha256, ...).
+    artifact : Artifact
+    """
+    from pfl_cli.partition.base import Partition
+
+    artifact = read_artifact(path, "partition", flag=flag)
+    dataset_info = load_json(artifact.file("dataset.json"))
+    stats = load_json(artifact.file("stats.json")) if artifact.has("stats.json") else {}
+    arrays = load_npz(artifact.file("clients.npz"))
+    missing = {"client_id", "role", "train_offsets", "train_indices", "test_offsets", "test_indices"} - set(arrays)
+    if missing:
+        raise ArtifactError(f"{flag} {path}: clients.npz lacks {sorted(missing)}; re-create the partition.")
+    part = Partition.from_arrays(arrays, info=stats.get("scheme_info", {}))
+    try:
+        part.check(int(dataset_info["num_samples"]))
+    except (ValueError, KeyError) as err:
+        raise ArtifactError(f"{flag} {path}: clients.npz is inconsistent with dataset.json ({err}).") from None
+    return part, dataset_info, artifact

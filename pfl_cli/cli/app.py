@@ -8,10 +8,10 @@ import traceback
 import warnings
 from typing import Annotated, Optional, Sequence
 
-import click
 import typer
 
 from pfl_cli import __version__
+from pfl_cli.cli import _click
 from pfl_cli.errors import EXIT_RUNTIME, EXIT_USAGE, PflxError, PflxWarning
 
 app = typer.Typer(
@@ -65,16 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             result = app(args=args, prog_name="pflx", standalone_mode=False)
             code = result if isinstance(result, int) else 0
-        except click.exceptions.NoArgsIsHelpError as err:  # bare `pflx partition`: help, not an error
+        except _click.NoArgsIsHelpError as err:  # bare `pflx partition`: help, not an error
             typer.echo(err.ctx.get_help() if err.ctx else "")
             code = 0
-        except click.UsageError as err:
+        except _click.UsageError as err:
             where = f" ({err.ctx.command_path} -h for help)" if err.ctx else ""
             _error(f"{err.format_message()}{where}")
             code = EXIT_USAGE
-        except click.exceptions.Exit as err:
+        except _click.Exit as err:
             code = err.exit_code
-        except click.Abort:
+        except _click.Abort:
             _error("aborted.")
             code = EXIT_RUNTIME
         except PflxError as err:

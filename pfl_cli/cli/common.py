@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 import typer
-from click.core import ParameterSource
 
+from pfl_cli.cli._click import given_on_command_line
 from pfl_cli.config import load_config_file, parse_overrides, resolve_config
 
 T = TypeVar("T")
@@ -17,7 +17,7 @@ def explicit_flags(ctx: typer.Context, names: Iterable[str]) -> dict[str, Any]:
     """The values of ``names`` that the user typed on the command line (not defaults)."""
     given = {}
     for name in names:
-        if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+        if given_on_command_line(ctx, name):
             given[name] = ctx.params[name]
     return given
 

@@ -60,6 +60,20 @@ class Dataset:
     def labels_sha256(self) -> str | None:
         return None if self.y is None else sha256_array(np.asarray(self.y, dtype=np.int64))
 
+    @property
+    def content_sha256(self) -> str:
+        """Hash of the arrays themselves, so a moved or re-downloaded copy hashes the same."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for arr in (self.x, self.y, self.client, self.pool):
+            digest.update(b"-" if arr is None else sha256_array(np.asarray(arr)).encode())
+        return digest.hexdigest()
+
+    def input_ref(self) -> dict[str, str]:
+        """The manifest ``inputs`` entry of this dataset."""
+        return {"path": self.spec, "stage": "dataset", "sha256": self.content_sha256}
+
     def features(self, indices: np.ndarray) -> np.ndarray:
         """Rows ``indices`` flattened to float64 vectors (for k-means, MDM bins, ...)."""
         return np.asarray(self.x[indices], dtype=np.float64).reshape(len(indices), -1)
@@ -126,3 +140,46 @@ def labels_from_array(values: np.ndarray, where: str) -> np.ndarray:
             raise DatasetError(f"{where}: labels must be integers; got non-integer values such as {values[values != np.round(values)][0]}.")
         return values.astype(np.int64)
     raise DatasetError(f"{where}: labels must be non-negative integers; got dtype {values.dtype}.")
+
+
+def check_options(spec: str, options: Mapping[str, str], allowed: tuple[str, ...]) -> None:
+    """Reject spec options a loader does not know, so a typo never passes silently.
+
+    Parameters
+    ----------
+    spec : str
+        The full spec, quoted in the message.
+    options : mapping of str to str
+        The ``?key=value`` options parsed from the spec.
+    allowed : tuple of str
+        The option names the loader accepts (may be empty).
+
+    Raises
+    ------
+    DatasetError
+        When an option is not in ``allowed``.
+    """
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        takes = f"it takes {', '.join(allowed)}" if allowed else "it takes no options"
+        raise DatasetError(f"{spec}: unknown option(s) {unknown}; {takes}. Remove or fix the option.")
+
+
+def option_num_classes(spec: str, options: Mapping[str, str]) -> int | None:
+    """The ``num_classes`` option as a positive int, or None when it is not given.
+
+    Raises
+    ------
+    DatasetError
+        When the value is not a positive integer.
+    """
+    raw = options.get("num_classes")
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise DatasetError(f"{spec}: option num_classes must be a positive integer; got {raw!r}.")
+    return value

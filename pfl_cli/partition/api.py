@@ -1,0 +1,290 @@
+"""The validated public entry point of the ``partition`` stage."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pfl_cli.errors import ConfigError, InfeasibleError, PflxWarning
+from pfl_cli.partition.base import Partition, csr_from_assignment
+from pfl_cli.partition.dirichlet import dirichlet_owners
+from pfl_cli.partition.iid import iid_owners
+from pfl_cli.partition.natural import natural_owners
+from pfl_cli.partition.pathological import ASSIGN_MODES, SHARE_MODES, pathological_owners
+from pfl_cli.partition.quantity import client_sizes, parse_quantity, sized_owners
+from pfl_cli.partition.shards import shard_owners
+from pfl_cli.partition.split import holdout_count, mark_holdout, match_test_pool, split_fraction
+from pfl_cli.partition.stats import label_histograms
+
+SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural")
+DEFAULT_TEST_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """Options of ``pflx partition``; each field is the flag of the same name."""
+
+    dataset: str = "builtin:digits"
+    scheme: str | None = None
+    num_clients: int = 10
+    alpha: float | list[float] | None = None
+    min_size: int = 1
+    self_balancing: bool = False
+    classes_per_client: int | None = None
+    assign: str = "random"
+    class_shares: str = "uniform"
+    shards_per_client: int | None = None
+    quantity: str | None = None
+    natural_id: bool = False
+    test_fraction: float | None = None
+    holdout_clients: float = 0
+    plot: bool = False
+    seed: int = 0
+
+
+def resolve_scheme(cfg: PartitionConfig) -> str:
+    """The scheme, given explicitly or implied by the scheme-specific options."""
+    implied = [
+        name
+        for name, on in (
+            ("dirichlet", cfg.alpha is not None),
+            ("pathological", cfg.classes_per_client is not None),
+            ("shards", cfg.shards_per_client is not None),
+            ("natural", cfg.natural_id),
+        )
+        if on
+    ]
+    if cfg.scheme is not None:
+        if cfg.scheme not in SCHEMES:
+            raise ConfigError(f"scheme must be one of {', '.join(SCHEMES)}; got {cfg.scheme!r}.")
+        stray = [s for s in implied if s != cfg.scheme]
+        if stray:
+            raise ConfigError(f"scheme {cfg.scheme!r} conflicts with the options of scheme {stray[0]!r}; give one scheme.")
+        return cfg.scheme
+    if len(implied) > 1:
+        raise ConfigError(f"options of several schemes were given ({', '.join(implied)}); choose one.")
+    if implied:
+        return implied[0]
+    return "quantity" if cfg.quantity is not None else "iid"
+
+
+def _alpha_vector(alpha: Any, num_classes: int) -> np.ndarray:
+    if isinstance(alpha, str):
+        try:
+            alpha = [float(a) for a in alpha.split(",")]
+        except ValueError:
+            raise ConfigError(f"alpha must be a float or one float per class, comma-separated; got {alpha!r}.") from None
+    values = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
+    if values.size == 1:
+        values = np.full(num_classes, values[0])
+    if values.size != num_classes:
+        raise ConfigError(f"alpha must be one float or {num_classes} floats (one per class); got {values.size} values.")
+    if not np.all(np.isfinite(values)) or np.any(values <= 0):
+        raise ConfigError(f"alpha must be > 0 (and finite); got {alpha!r}.")
+    return values
+
+
+def _check_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ConfigError(f"{name.replace('_', '-')} must be an integer >= {low}; got {value!r}.")
+    return int(value)
+
+
+def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int, has_labels: bool,
+                    has_clients: bool, has_test_pool: bool) -> PartitionConfig:
+    """Check every option against the data before any random draw; return the resolved config.
+
+    Raises
+    ------
+    ConfigError
+        Unknown scheme, out-of-range values, options of two schemes at once.
+    InfeasibleError
+        A request no partition can meet (e.g. ``min_size * num_clients`` above the samples).
+    """
+    scheme = resolve_scheme(cfg)
+    if scheme != "natural":
+        _check_int("num_clients", cfg.num_clients, 1)
+    _check_int("min_size", cfg.min_size, 0)
+    if scheme in ("dirichlet", "pathological", "shards") and not has_labels:
+        raise ConfigError(f"scheme {scheme} needs labels, and the dataset {cfg.dataset} has none.")
+    if scheme == "natural" and not has_clients:
+        raise ConfigError(
+            f"--natural-id needs a client column, and {cfg.dataset} has none (npz: array 'client'; csv: ?client=COL; leaf: users)."
+        )
+    if cfg.test_fraction is not None and not (0 <= cfg.test_fraction < 1):
+        raise ConfigError(f"test-fraction must be in [0, 1); got {cfg.test_fraction!r}.")
+    h = cfg.holdout_clients
+    if isinstance(h, bool) or not isinstance(h, (int, float)) or h < 0 or (h >= 1 and float(h) != int(h)):
+        raise ConfigError(f"holdout-clients must be a fraction in [0, 1) or a whole number of clients; got {h!r}.")
+    if cfg.assign not in ASSIGN_MODES:
+        raise ConfigError(f"assign must be one of {', '.join(ASSIGN_MODES)}; got {cfg.assign!r}.")
+    if cfg.class_shares not in SHARE_MODES:
+        raise ConfigError(f"class-shares must be one of {', '.join(SHARE_MODES)}; got {cfg.class_shares!r}.")
+    if cfg.quantity is not None:
+        parse_quantity(cfg.quantity)
+        if scheme not in ("quantity", "dirichlet", "pathological", "iid"):
+            raise ConfigError(f"--quantity combines with --dirichlet or --classes-per-client, not with scheme {scheme}.")
+    if scheme == "dirichlet":
+        _alpha_vector(cfg.alpha, num_classes)
+    if scheme == "pathological":
+        k = _check_int("classes_per_client", cfg.classes_per_client, 1)
+        if k > num_classes:
+            raise ConfigError(f"classes-per-client must be <= the number of classes ({num_classes}); got {k}.")
+    if scheme == "shards":
+        s = _check_int("shards_per_client", cfg.shards_per_client, 1)
+        if s * cfg.num_clients > num_samples:
+            raise InfeasibleError(
+                f"{cfg.num_clients} clients x {s} shards need at least {s * cfg.num_clients} samples; the train pool has "
+                f"{num_samples}. Lower --num-clients or --shards-per-client."
+            )
+    if scheme != "natural":
+        if cfg.num_clients > num_samples:
+            raise InfeasibleError(
+                f"num-clients {cfg.num_clients} is more than the {num_samples} samples of the train pool; every client "
+                "needs at least one sample. Lower --num-clients."
+            )
+        if cfg.min_size * cfg.num_clients > num_samples:
+            raise InfeasibleError(
+                f"min-size {cfg.min_size} x num-clients {cfg.num_clients} = {cfg.min_size * cfg.num_clients} samples, but the "
+                f"train pool has only {num_samples}: no partition can meet it. Use --min-size <= "
+                f"{num_samples // cfg.num_clients} or --num-clients <= {num_samples // max(cfg.min_size, 1)}."
+            )
+    return dataclasses.replace(cfg, scheme=scheme)
+
+
+def partition_labels(
+    labels: np.ndarray | None,
+    cfg: PartitionConfig,
+    *,
+    num_classes: int,
+    rng: np.random.Generator,
+    pool: np.ndarray | None = None,
+    client: np.ndarray | None = None,
+) -> Partition:
+    """Split a dataset's samples into clients with train/test data and holdout clients.
+
+    Parameters
+    ----------
+    labels : ndarray of shape (n,) or None
+        Class labels in ``[0, num_classes)``; None for unlabelled data (IID, quantity
+        and natural schemes only).
+    cfg : PartitionConfig
+        Already validated by :func:`validate_config`.
+    num_classes : int
+    rng : numpy.random.Generator
+        The only source of randomness.
+    pool : ndarray of shape (n,), optional
+        0 for the train pool, 1 for the official test pool. Clients are built from the
+        train pool; test data come from the test pool matched to each client's labels,
+        unless ``cfg.test_fraction`` is set.
+    client : ndarray of shape (n,), optional
+        Natural client ids, for ``scheme="natural"``.
+
+    Returns
+    -------
+    Partition
+    """
+    n = len(labels) if labels is not None else len(client) if client is not None else len(pool)
+    lab = np.asarray(labels, dtype=np.int64) if labels is not None else np.zeros(n, dtype=np.int64)
+    ncls = num_classes if labels is not None else 1
+    pool = np.zeros(n, dtype=np.uint8) if pool is None else np.asarray(pool)
+    train_pool = np.flatnonzero(pool == 0)
+    test_pool = np.flatnonzero(pool == 1)
+    r_assign, r_test, r_roles = rng.spawn(3)
+    names = None
+    scheme = cfg.scheme
+    info: dict[str, Any] = {"scheme": scheme}
+    sub = lab[train_pool]
+
+    if scheme == "natural":
+        owner_all, names = natural_owners(np.asarray(client))
+        num_clients = len(names)
+        owner = owner_all[train_pool]
+    else:
+        num_clients = cfg.num_clients
+        owner = _assign(scheme, sub, cfg, num_clients, ncls, r_assign, info)
+
+    train = csr_from_assignment(owner, num_clients, train_pool)
+    use_pool = cfg.test_fraction is None and len(test_pool) > 0
+    if use_pool and scheme == "natural":
+        test = csr_from_assignment(owner_all[test_pool], num_clients, test_pool)
+        info["test_split"] = "official test pool, same natural clients"
+    elif use_pool:
+        hist = label_histograms(train[0], train[1], lab, ncls)
+        test = match_test_pool(hist, lab[test_pool], test_pool, r_test)
+        info["test_split"] = "official test pool, matched to each client's train labels"
+    else:
+        fraction = DEFAULT_TEST_FRACTION if cfg.test_fraction is None else cfg.test_fraction
+        owner_tr = np.repeat(np.arange(num_clients), np.diff(train[0]))
+        train, test = split_fraction(owner_tr, train[1], num_clients, fraction, r_test)
+        info["test_split"] = f"fraction {fraction} of each client's samples"
+    n_hold = holdout_count(cfg.holdout_clients, num_clients)
+    if n_hold >= num_clients:
+        raise InfeasibleError(
+            f"holdout-clients {cfg.holdout_clients} leaves no train client out of {num_clients}; use fewer holdout clients."
+        )
+    role = mark_holdout(num_clients, n_hold, rng=r_roles)
+    part = Partition(
+        client_id=np.arange(num_clients, dtype=np.int64),
+        role=role,
+        train_offsets=train[0],
+        train_indices=train[1],
+        test_offsets=test[0],
+        test_indices=test[1],
+        client_name=names,
+        info=info,
+    )
+    part.check(n)
+    _warn_if_repaired(info, cfg.min_size)
+    return part
+
+
+def _assign(scheme: str, labels: np.ndarray, cfg: PartitionConfig, num_clients: int, num_classes: int, rng, info) -> np.ndarray:
+    """Owner of each train-pool sample under ``scheme`` (quantity skew applied on top)."""
+    if cfg.quantity is not None:
+        law, param = parse_quantity(cfg.quantity)
+        sizes, size_info = client_sizes(law, param, num_clients=num_clients, total=len(labels), min_size=cfg.min_size, rng=rng)
+        info["quantity"] = {"law": law, "param": param, **size_info}
+        if scheme == "dirichlet":
+            q = rng.dirichlet(_alpha_vector(cfg.alpha, num_classes), size=num_clients)
+        elif scheme == "pathological":
+            _, path_info, q = pathological_owners(
+                labels, num_clients=num_clients, num_classes=num_classes, classes_per_client=cfg.classes_per_client,
+                assign=cfg.assign, shares=cfg.class_shares, rng=rng,
+            )
+            info.update(path_info)
+        else:  # IID labels: each client draws from the global label distribution
+            q = np.broadcast_to(np.bincount(labels, minlength=num_classes) / len(labels), (num_clients, num_classes))
+        return sized_owners(labels, sizes, q, num_classes, rng)
+    if scheme == "iid":
+        owner, extra = iid_owners(len(labels), num_clients=num_clients, rng=rng)
+    elif scheme == "dirichlet":
+        owner, extra = dirichlet_owners(
+            labels, num_clients=num_clients, num_classes=num_classes, alpha=_alpha_vector(cfg.alpha, num_classes),
+            min_size=cfg.min_size, self_balancing=cfg.self_balancing, rng=rng,
+        )
+    elif scheme == "pathological":
+        owner, extra, _ = pathological_owners(
+            labels, num_clients=num_clients, num_classes=num_classes, classes_per_client=cfg.classes_per_client,
+            assign=cfg.assign, shares=cfg.class_shares, rng=rng,
+        )
+    else:  # shards
+        owner, extra = shard_owners(labels, num_clients=num_clients, shards_per_client=cfg.shards_per_client, rng=rng)
+    info.update(extra)
+    return owner
+
+
+def _warn_if_repaired(info: dict, min_size: int) -> None:
+    import warnings
+
+    rep = info if info.get("repaired") else info.get("quantity", {})
+    if rep.get("repaired"):
+        warnings.warn(
+            f"the random draw left {rep['clients_below_min_size']} clients below --min-size {min_size}; moved "
+            f"{rep['samples_moved']} samples from the largest clients (recorded in stats.json).",
+            PflxWarning,
+            stacklevel=3,
+        )
