@@ -1,0 +1,156 @@
+"""``csv:PATH?label=COL&client=COL&num_classes=K``: one sample per row, a header row first.
+
+Columns
+-------
+- the label column: ``label=COL``; by default ``label`` if the header has it, else ``y``,
+  else the data is unlabelled (``label=`` with an empty value forces unlabelled).
+  Labels must be non-negative integers (``3`` and ``3.0`` are both accepted).
+- the client column, only when ``client=COL`` is given: natural client ids, kept as str.
+- every other column is a numeric feature, parsed to float64 (lossless for decimal text).
+
+Sample order is the row order of the file; there is a single pool.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from pfl_cli.data.base import Dataset, check_options, labels_from_array, option_num_classes
+from pfl_cli.errors import DatasetError
+
+OPTIONS = ("label", "client", "num_classes")
+DEFAULT_LABEL_COLUMNS = ("label", "y")
+
+
+def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
+    """Load a CSV file with a header row.
+
+    Parameters
+    ----------
+    arg : str
+        Path of the CSV file.
+    options : dict of str to str
+        ``label``, ``client`` (column names) and ``num_classes``.
+    spec : str
+        The full spec, for messages and ``Dataset.spec``.
+
+    Returns
+    -------
+    Dataset
+        x float64 (n_rows, n_features), y int64 or None, client str or None, no pools.
+
+    Raises
+    ------
+    DatasetError
+        Missing file, no header, ragged rows, unknown columns or options, non-numeric
+        features, non-integer labels.
+    """
+    check_options(spec, options, OPTIONS)
+    header, rows = _read_rows(Path(arg), spec)
+    label_col = _label_column(header, options, spec)
+    client_col = _named_column(header, options.get("client"), "client", spec)
+    if client_col is not None and client_col == label_col:
+        raise DatasetError(f"{spec}: the label and client columns must differ; both are {client_col!r}.")
+    columns = list(zip(*rows))
+    features = [i for i, name in enumerate(header) if name not in (label_col, client_col)]
+    if not features:
+        raise DatasetError(f"{spec}: no feature columns left after the label and client columns; header is {header}.")
+    x = np.stack([_numeric_column(columns[i], header[i], spec) for i in features], axis=1)
+    y = None if label_col is None else _labels(columns[header.index(label_col)], label_col, spec)
+    client = None if client_col is None else np.asarray(columns[header.index(client_col)], dtype=str)
+    num_classes = option_num_classes(spec, options)
+    if num_classes is None:
+        num_classes = int(y.max()) + 1 if y is not None and y.min() >= 0 else 0
+    return Dataset(
+        spec=spec,
+        x=x,
+        y=y,
+        num_classes=num_classes,
+        client=client,
+        extra={"feature_names": [header[i] for i in features]},
+    )
+
+
+def _read_rows(path: Path, spec: str) -> tuple[list[str], list[list[str]]]:
+    """Header and data rows; every row must have as many cells as the header."""
+    if not path.is_file():
+        raise DatasetError(f"{spec}: no such file {path}; give the path of a CSV file with a header row.")
+    # utf-8-sig drops the byte-order mark spreadsheet exports put before the first column name.
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if not header:
+            raise DatasetError(f"{spec}: the file is empty; a header row naming the columns is required.")
+        header = [name.strip() for name in header]
+        rows = [row for row in reader if row]
+    duplicates = sorted({name for name in header if header.count(name) > 1})
+    if duplicates:
+        raise DatasetError(f"{spec}: column names must be unique; got duplicates {duplicates}.")
+    for lineno, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise DatasetError(
+                f"{spec}: every row must have {len(header)} cells like the header; row {lineno} has {len(row)}."
+            )
+    if not rows:
+        raise DatasetError(f"{spec}: no data rows after the header.")
+    return header, rows
+
+
+def _label_column(header: list[str], options: dict[str, str], spec: str) -> str | None:
+    """The label column: the option if given (empty means none), else the first default present."""
+    if "label" in options:
+        return _named_column(header, options["label"] or None, "label", spec)
+    return next((name for name in DEFAULT_LABEL_COLUMNS if name in header), None)
+
+
+def _named_column(header: list[str], name: str | None, role: str, spec: str) -> str | None:
+    """Check that a column named in an option exists."""
+    if name is not None and name not in header:
+        raise DatasetError(f"{spec}: {role} column {name!r} is not in the header; columns are {header}.")
+    return name
+
+
+def _numeric_column(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:
+    """A feature column as float64; name the column and row of the first non-number."""
+    try:
+        return np.asarray(cells, dtype=np.float64)
+    except ValueError:
+        pass
+    # Only on failure: find the offending cell for the message (row 1 is the header).
+    for lineno, cell in enumerate(cells, start=2):
+        try:
+            float(cell)
+        except ValueError:
+            break
+    raise DatasetError(
+        f"{spec}: feature column {name!r} must be numeric; got {cell!r} in row {lineno}. "
+        f"Encode it as numbers, or name it with label= or client=."
+    )
+
+
+def _labels(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:
+    """Label column as int64; integral floats such as ``3.0`` are accepted."""
+    try:
+        return np.asarray(cells, dtype=np.int64)
+    except ValueError:
+        pass
+    try:
+        values = np.asarray(cells, dtype=np.float64)
+    except ValueError:
+        bad = next(c for c in cells if not _is_number(c))
+        raise DatasetError(
+            f"{spec}: label column {name!r} must hold non-negative integers; got {bad!r}. "
+            f"Map class names to 0..K-1 first."
+        ) from None
+    return labels_from_array(values, f"{spec}: label column {name!r}")
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
