@@ -36,9 +36,51 @@ def _npz(arg: str, options: dict[str, str], spec: str) -> Dataset:
     return npz.load(arg, options, spec)
 
 
+def _csv(arg: str, options: dict[str, str], spec: str) -> Dataset:
+    from pfl_cli.data import csvfile
+
+    return csvfile.load(arg, options, spec)
+
+
+def _cifar10(arg: str, options: dict[str, str], spec: str) -> Dataset:
+    from pfl_cli.data import cifar
+
+    return cifar.load_cifar10(arg, options, spec)
+
+
+def _cifar100(arg: str, options: dict[str, str], spec: str) -> Dataset:
+    from pfl_cli.data import cifar
+
+    return cifar.load_cifar100(arg, options, spec)
+
+
+def _mnist(arg: str, options: dict[str, str], spec: str) -> Dataset:
+    from pfl_cli.data import mnist
+
+    return mnist.load_mnist(arg, options, spec)
+
+
+def _fashion_mnist(arg: str, options: dict[str, str], spec: str) -> Dataset:
+    from pfl_cli.data import mnist
+
+    return mnist.load_fashion_mnist(arg, options, spec)
+
+
+def _leaf(arg: str, options: dict[str, str], spec: str) -> Dataset:
+    from pfl_cli.data import leaf
+
+    return leaf.load(arg, options, spec)
+
+
 SCHEMES: dict[str, Loader] = {
     "builtin": _builtin,
     "npz": _npz,
+    "csv": _csv,
+    "cifar10": _cifar10,
+    "cifar100": _cifar100,
+    "mnist": _mnist,
+    "fashion-mnist": _fashion_mnist,
+    "leaf": _leaf,
 }
 
 
