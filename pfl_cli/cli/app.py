@@ -45,8 +45,10 @@ def _root(
 def _register() -> None:
     # One thin module per command; each module imports its core lazily so `pflx -h` stays fast.
     from pfl_cli.cli import partition
+    from pfl_cli.cli import privacy_account
 
     app.command("partition", no_args_is_help=True)(partition.partition)
+    app.command("privacy-account", no_args_is_help=True)(privacy_account.privacy_account)
 
 
 _register()
