@@ -120,11 +120,7 @@ def _numeric_column(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:
     except ValueError:
         pass
     # Only on failure: find the offending cell for the message (row 1 is the header).
-    for lineno, cell in enumerate(cells, start=2):
-        try:
-            float(cell)
-        except ValueError:
-            break
+    lineno, cell = next((i, c) for i, c in enumerate(cells, start=2) if not _is_number(c))
     raise DatasetError(
         f"{spec}: feature column {name!r} must be numeric; got {cell!r} in row {lineno}. "
         f"Encode it as numbers, or name it with label= or client=."
@@ -135,7 +131,7 @@ def _labels(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:
     """Label column as int64; integral floats such as ``3.0`` are accepted."""
     try:
         return np.asarray(cells, dtype=np.int64)
-    except ValueError:
+    except (ValueError, OverflowError):
         pass
     try:
         values = np.asarray(cells, dtype=np.float64)
@@ -149,6 +145,7 @@ def _labels(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:
 
 
 def _is_number(cell: str) -> bool:
+    """Whether ``float`` parses the cell, as numpy's string conversion does."""
     try:
         float(cell)
     except ValueError:

@@ -91,8 +91,17 @@ def _collect(pools: list[tuple[int, list[Path]]], spec: str) -> tuple[list[str],
     flat_y: list[Any] = []
     pool_ids: list[int] = []
     for pool, files in pools:
+        seen: dict[str, str] = {}
         for path in files:
             for uid, x, y in _read_users(path, spec):
+                # A user twice in one pool means two copies of the data (e.g. the outputs of
+                # two preprocess runs in one directory): its samples would count double.
+                if uid in seen:
+                    raise DatasetError(
+                        f"{spec}: user {uid!r} appears in both {seen[uid]} and {path.name} of the same "
+                        f"pool; each user's data must come once. Keep one file per LEAF split in the directory."
+                    )
+                seen[uid] = path.name
                 clients.extend([uid] * len(y))
                 flat_x.extend(x)
                 flat_y.extend(y)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import struct
 
 import numpy as np
 import pytest
@@ -151,12 +153,30 @@ def test_corrupt_and_wrong_shaped_batches(tmp_path):
         load_dataset(f"cifar10:{d}")
 
 
-def test_batches_written_by_old_numpy_still_load(tmp_path):
-    """The published files name numpy.core.multiarray (numpy 1.x), not numpy._core."""
+class Py2Pickler(pickle._Pickler):
+    """Writes bytes and str with Python 2's str opcodes, as the published CIFAR files have them."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_py2_str(self, obj):
+        raw = obj.encode("latin1") if isinstance(obj, str) else obj
+        if len(raw) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(raw)]) + raw)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", len(raw)) + raw)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_py2_str
+    dispatch[str] = save_py2_str
+
+
+def test_batches_pickled_by_python2_and_old_numpy_load(tmp_path):
+    """The published files hold Python 2 str opcodes and name numpy.core.multiarray (numpy 1.x)."""
     d = make_cifar10(tmp_path)
-    raw = pickle.dumps({b"data": images(3, 7), b"labels": [9, 8, 7]}, protocol=2)
-    old = raw.replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n")
-    assert b"numpy.core.multiarray\n_reconstruct" in old
+    buf = io.BytesIO()
+    Py2Pickler(buf, protocol=2).dump({b"data": images(3, 7), b"labels": [9, 8, 7], b"batch_label": "testing batch"})
+    old = buf.getvalue().replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n")
+    assert b"numpy.core.multiarray\n_reconstruct" in old and b"_codecs" not in old
     (d / "test_batch").write_bytes(old)
     ds = load_dataset(f"cifar10:{d}")
     assert ds.y[-3:].tolist() == [9, 8, 7]

@@ -137,3 +137,11 @@ def test_femnist_bad_samples_and_options(tmp_path):
         load_dataset(f"leaf:{path}?task=shakespeare")
     with pytest.raises(DatasetError, match=r"unknown option\(s\) \['users'\]; it takes task"):
         load_dataset(f"leaf:{path}?users=10")
+
+
+def test_user_twice_in_one_pool_is_refused(tmp_path):
+    doc = leaf_doc({"u1": ([pixels(0.0)], [1])})
+    write_json(tmp_path / "d" / "all_data_0.json", doc)
+    write_json(tmp_path / "d" / "all_data_0_copy.json", doc)
+    with pytest.raises(DatasetError, match="user 'u1' appears in both all_data_0.json and all_data_0_copy.json of the same pool"):
+        load_dataset(f"leaf:{tmp_path / 'd'}")
