@@ -1,0 +1,41 @@
+import subprocess
+import sys
+
+from pfl_cli import __version__
+
+
+def test_version_and_help(cli):
+    assert cli("-V").out.strip() == f"pflx {__version__}"
+    assert cli("--version").code == 0
+    res = cli("-h")
+    assert res.code == 0 and "partition" in res.out
+    assert "Split a dataset" in cli("partition", "-h").out
+
+
+def test_no_args_prints_help(cli):
+    res = cli()
+    assert res.code == 0 and "Usage: pflx" in res.out
+
+
+def test_usage_errors_are_one_line_exit_2(cli):
+    for args, text in [(["nosuch"], "No such command 'nosuch'"), (["partition", "--bogus"], "No such option: --bogus")]:
+        res = cli(*args)
+        assert res.code == 2 and res.err.count("\n") == 1 and text in res.err and res.err.startswith("pflx: error:")
+
+
+def test_python_dash_m_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "pfl_cli", "-V"], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == f"pflx {__version__}"
+
+
+def test_core_packages_never_import_the_cli_layer():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "pfl_cli"
+    offenders = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "cli" not in p.relative_to(root).parts[:1] and p.name != "__main__.py"
+        and any(f"import {m}" in p.read_text() or f"from {m}" in p.read_text() for m in ("typer", "rich", "pfl_cli.cli"))
+    ]
+    assert offenders == []
