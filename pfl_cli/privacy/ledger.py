@@ -85,7 +85,7 @@ class PrivacyLedger:
         """
         if self.unit != other.unit:
             raise PrivacyBudgetError(
-                f"cannot compose a {self.unit}-level ledger with a {other.unit}-level one: they protect different "
+                f"cannot compose a ledger of privacy unit {self.unit!r} with one of unit {other.unit!r}: they protect different "
                 "units (one data point vs all data of one client), so their epsilons do not add up to either "
                 "guarantee. Account them separately."
             )
