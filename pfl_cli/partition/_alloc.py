@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pfl_cli.partition.base import stable_argsort
+
 
 def split_counts(proportions: np.ndarray, totals: np.ndarray) -> np.ndarray:
     """Integer counts per row that sum exactly to ``totals`` (cumulative rounding).
@@ -37,7 +39,7 @@ def owners_from_counts(counts: np.ndarray, labels: np.ndarray, rng: np.random.Ge
     n_clients, n_classes = counts.shape
     # Shuffle, then group by class: each class segment is a random order of its samples.
     perm = rng.permutation(len(labels))
-    order = perm[np.argsort(labels[perm], kind="stable")]
+    order = perm[stable_argsort(labels[perm], n_classes)]
     supply = np.bincount(labels, minlength=n_classes)
     # Class-major layout: the clients' counts of class 0, then class 1, ...; the rest of a
     # class (supply - taken) goes to owner -1.
@@ -104,7 +106,7 @@ def apply_repair(owner: np.ndarray, order: np.ndarray, num_clients: int, min_siz
         return owner, {"repaired": False}
     dealt = order[owner[order] >= 0]
     dealt_owner = owner[dealt]
-    by_client = np.argsort(dealt_owner, kind="stable")
+    by_client = stable_argsort(dealt_owner, num_clients)
     dealt, dealt_owner = dealt[by_client], dealt_owner[by_client]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     rank = np.arange(len(dealt)) - offsets[dealt_owner]

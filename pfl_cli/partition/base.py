@@ -24,6 +24,17 @@ def offsets_from_sizes(sizes: np.ndarray) -> np.ndarray:
     return offsets
 
 
+def stable_argsort(keys: np.ndarray, num_keys: int) -> np.ndarray:
+    """Stable argsort of integer ``keys`` in ``[0, num_keys)``.
+
+    Keys that fit 16 bits are sorted as uint16, which numpy sorts with a radix sort:
+    about 25x faster than the merge sort it uses for int64 on a million keys.
+    """
+    if num_keys <= 1 << 16:
+        keys = keys.astype(np.uint16)
+    return np.argsort(keys, kind="stable")
+
+
 def csr_from_assignment(owner: np.ndarray, num_clients: int, indices: np.ndarray | None = None):
     """CSR ``(offsets, indices)`` from ``owner[i]`` = client of sample ``indices[i]``.
 
@@ -35,7 +46,7 @@ def csr_from_assignment(owner: np.ndarray, num_clients: int, indices: np.ndarray
         indices = np.arange(len(owner), dtype=np.int64)
     keep = owner >= 0
     owner, indices = owner[keep], np.asarray(indices, dtype=np.int64)[keep]
-    order = np.argsort(owner, kind="stable")
+    order = stable_argsort(owner, num_clients)
     sizes = np.bincount(owner, minlength=num_clients)
     return offsets_from_sizes(sizes), indices[order]
 

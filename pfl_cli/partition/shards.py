@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pfl_cli.partition.base import stable_argsort
+
 
 def shard_owners(
     labels: np.ndarray, *, num_clients: int, shards_per_client: int, rng: np.random.Generator
@@ -17,7 +19,7 @@ def shard_owners(
     num_shards = num_clients * shards_per_client
     shard_size = n // num_shards
     perm = rng.permutation(n)
-    order = perm[np.argsort(labels[perm], kind="stable")]  # label-sorted, random within a label
+    order = perm[stable_argsort(labels[perm], int(labels.max()) + 1 if n else 1)]  # label-sorted, random within a label
     shard_owner = np.empty(num_shards, dtype=np.int64)
     shard_owner[rng.permutation(num_shards)] = np.repeat(np.arange(num_clients), shards_per_client)
     owner = np.full(n, -1, dtype=np.int64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pfl_cli.partition._alloc import owners_from_counts, split_counts
-from pfl_cli.partition.base import ROLE_HOLDOUT, ROLE_TRAIN, csr_from_assignment
+from pfl_cli.partition.base import ROLE_HOLDOUT, ROLE_TRAIN, csr_from_assignment, stable_argsort
 
 
 def holdout_count(holdout: float | int, num_clients: int) -> int:
@@ -27,8 +27,11 @@ def split_fraction(owner: np.ndarray, indices: np.ndarray, num_clients: int, fra
 
     A client keeps at least one train sample. Returns the train and test CSR pairs.
     """
-    keys = rng.random(len(owner))
-    order = np.lexsort((keys, owner))
+    if fraction == 0:
+        return csr_from_assignment(owner, num_clients, indices), (np.zeros(num_clients + 1, np.int64), np.zeros(0, np.int64))
+    # A random permutation, then a stable sort by client: each client's samples in random order.
+    perm = rng.permutation(len(owner))
+    order = perm[stable_argsort(owner[perm], num_clients)]
     owner_s, idx_s = owner[order], indices[order]
     sizes = np.bincount(owner_s, minlength=num_clients)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
