@@ -123,7 +123,7 @@ def _print_summary(report: Reporter, out, cfg, stats: dict) -> None:
         ]
     info = stats["scheme_info"]
     if info.get("repaired"):
-        rows.append(("repair", f"{info['samples_moved']} samples moved to {info['clients_below_min_size']} clients"))
+        rows.append(("repair", f"{info['samples_moved']} sample(s) moved to {info['clients_below_min_size']} client(s)"))
     for key, value in rows:
         table.add_row(key, str(value))
     data = {"out": str(out), "up_to_date": False, "scheme": cfg.scheme, **{k: v for k, v in stats.items() if k != "global_label_distribution"}}

@@ -283,8 +283,12 @@ def _warn_if_repaired(info: dict, min_size: int) -> None:
     rep = info if info.get("repaired") else info.get("quantity", {})
     if rep.get("repaired"):
         warnings.warn(
-            f"the random draw left {rep['clients_below_min_size']} clients below --min-size {min_size}; moved "
-            f"{rep['samples_moved']} samples from the largest clients (recorded in stats.json).",
+            f"the random draw left {_count(rep['clients_below_min_size'], 'client')} below --min-size {min_size}; "
+            f"moved {_count(rep['samples_moved'], 'sample')} from the largest clients (recorded in stats.json).",
             PflxWarning,
             stacklevel=3,
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's demo: every stage of pflx that exists, chained through artifact directories,
+# on scikit-learn's bundled digits (no download). Usage: bash recipes/quickstart/demo.sh [OUT_ROOT]
+set -euo pipefail
+root=${1:-runs/demo}
+pflx() { python -m pfl_cli "$@"; }
+
+echo "== partition: 50 clients, Dirichlet(0.1) label skew, 10 holdout clients"
+pflx partition --config recipes/quickstart/digits-partition.yaml --out "$root/part" --force
