@@ -151,24 +151,28 @@ def _check_steps(steps: int) -> int:
     return int(steps)
 
 
-def sampled_gaussian_event(noise_multiplier: float, sampling_rate: float = 1.0, steps: int = 1) -> dp_event.DpEvent:
+def sampled_gaussian_event(
+    noise_multiplier: float, sampling_rate: float | None = None, steps: int = 1
+) -> dp_event.DpEvent:
     """``steps`` Poisson-sampled Gaussian releases: DP-SGD / DP-FedAvg (anchors §8.1).
 
-    ``SelfComposed(PoissonSampled(q, Gaussian(z)), T)``; with ``sampling_rate=1`` the
-    sampling wrapper is left out (every record takes part in every step), which
-    dp_accounting accounts identically and which is also valid under replace-one
-    neighbouring.
+    ``SelfComposed(PoissonSampled(q, Gaussian(z)), T)``. With ``sampling_rate=None``
+    there is no sampling (every record takes part in every step) and the event is
+    ``SelfComposed(Gaussian(z), T)``, which is also valid under replace-one
+    neighbouring. A rate, even 1.0, is always recorded as Poisson sampling: the ledger
+    says exactly what was assumed.
 
     Examples
     --------
     >>> sampled_gaussian_event(1.1, 0.01, 1000)  # doctest: +NORMALIZE_WHITESPACE
     SelfComposedDpEvent(event=PoissonSampledDpEvent(sampling_probability=0.01,
         event=GaussianDpEvent(noise_multiplier=1.1)), count=1000)
+    >>> sampled_gaussian_event(2.0)
+    GaussianDpEvent(noise_multiplier=2.0)
     """
     step: dp_event.DpEvent = dp_event.GaussianDpEvent(_check_noise(noise_multiplier))
-    rate = _check_rate(sampling_rate)
-    if rate < 1:
-        step = dp_event.PoissonSampledDpEvent(rate, step)
+    if sampling_rate is not None:
+        step = dp_event.PoissonSampledDpEvent(_check_rate(sampling_rate), step)
     return _repeat(step, _check_steps(steps))
 
 

@@ -146,7 +146,7 @@ def _validated(cfg: PrivacyAccountConfig) -> dict[str, Any]:
     return v
 
 
-def _sampling_rate(v: dict[str, Any], cfg: PrivacyAccountConfig) -> tuple[float, list[str]]:
+def _sampling_rate(v: dict[str, Any], cfg: PrivacyAccountConfig) -> tuple[Optional[float], list[str]]:
     pop, cohort, rate = v["population"], v["cohort_size"], v["sampling_rate"]
     if (pop is None) != (cohort is None):
         raise InputError("--population and --cohort-size go together (sampling rate = cohort / population); give both.")
@@ -159,7 +159,7 @@ def _sampling_rate(v: dict[str, Any], cfg: PrivacyAccountConfig) -> tuple[float,
     if cfg.sampling == "without-replacement":
         raise InputError("--sampling without-replacement needs --population and --cohort-size (fixed-size cohorts).")
     if rate is None:
-        return 1.0, ["no --sampling-rate given: every unit takes part in every step (rate 1, no amplification)."]
+        return None, ["no --sampling-rate given: every unit takes part in every step (no sampling amplification)."]
     return rate, []
 
 
@@ -208,7 +208,7 @@ def answer(cfg: PrivacyAccountConfig, ledgers: Sequence[tuple[str, PrivacyLedger
     return _steps_direction(cfg, v, make, rate, delta, names, notes)
 
 
-def _event_factory(cfg: PrivacyAccountConfig, v: dict[str, Any], rate: float) -> Callable[[float, int], dp_event.DpEvent]:
+def _event_factory(cfg: PrivacyAccountConfig, v: dict[str, Any], rate: Optional[float]) -> Callable[[float, int], dp_event.DpEvent]:
     if cfg.sampling == "without-replacement":
         return lambda z, t: sampled_without_replacement_gaussian_event(z, v["population"], v["cohort_size"], t)
     return lambda z, t: sampled_gaussian_event(z, rate, t)
@@ -333,13 +333,13 @@ def _guarantee(eps: float, delta: float, unit: str, accountant: str) -> str:
     return f"The result is (epsilon = {e}, delta = {delta:g})-DP for each {_UNIT_WORDS[unit]}, by the {accountant.upper()} accountant"
 
 
-def _mechanism(z: Optional[float], rate: float, steps: int, cfg: PrivacyAccountConfig, v: dict[str, Any]) -> str:
+def _mechanism(z: Optional[float], rate: Optional[float], steps: int, cfg: PrivacyAccountConfig, v: dict[str, Any]) -> str:
     noise = f" with noise multiplier {z:g}" if z is not None else ""
     what = f"{steps} step(s) of the Gaussian mechanism{noise}"
     if cfg.sampling == "without-replacement":
         return (f"{what}, each on a fixed cohort of {v['cohort_size']} drawn without replacement from "
                 f"{v['population']} {cfg.unit}s (the guarantee assumes that sampling)")
-    if rate >= 1:
+    if rate is None:
         return f"{what}, every {cfg.unit} in every step (no sampling amplification)"
     source = f" = {v['cohort_size']}/{v['population']}" if v["population"] is not None else ""
     return (f"{what}, each step on a Poisson sample with rate {rate:g}{source} (each {cfg.unit} joins each step "

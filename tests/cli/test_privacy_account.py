@@ -179,3 +179,19 @@ def test_mechanism_flags_with_ledgers_are_refused(cli, tmp_path):
         "--noise-multiplier does not apply when composing ledgers: pass either artifact directories or mechanism "
         "flags, not both."
     )
+
+
+def test_config_file_then_flags_then_set(cli, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("privacy-account:\n  delta: 1e-5\n  noise_multiplier: 3\n  steps: 2\n  unit: client\n")
+    doc = _json(cli("privacy-account", "--config", recipe, "--steps", "3", "--set", "noise_multiplier=4", "--format", "json"))
+    assert (doc["delta"], doc["noise_multiplier"], doc["steps"], doc["unit"]) == (1e-5, 4.0, 3, "client")
+    assert doc["sampling_rate"] is None and doc["events"][0]["event"] == {"type": "GaussianDpEvent", "noise_multiplier": 4.0}
+
+
+def test_composition_side_by_side(cli, tmp_path):
+    ledger = PrivacyLedger("example", 1e-6, (dpa.GaussianDpEvent(4.0), dpa.LaplaceDpEvent(5.0)))
+    a = _ledger_dir(tmp_path / "a", ledger.to_dict("rdp"))
+    doc = _json(cli("privacy-account", a, "--accountant", "all", "--format", "json"))
+    assert doc["by_accountant"]["pld"]["epsilon"] == pytest.approx(ledger.epsilon("pld"), rel=1e-12)
+    assert doc["tighter"] == "pld" and doc["epsilon"] == doc["by_accountant"]["pld"]["epsilon"]
