@@ -72,6 +72,12 @@ def _leaf(arg: str, options: dict[str, str], spec: str) -> Dataset:
     return leaf.load(arg, options, spec)
 
 
+def _gmm(arg: str, options: dict[str, str], spec: str) -> Dataset:
+    from pfl_cli.data import synthetic
+
+    return synthetic.load(arg, options, spec)
+
+
 SCHEMES: dict[str, Loader] = {
     "builtin": _builtin,
     "npz": _npz,
@@ -81,6 +87,7 @@ SCHEMES: dict[str, Loader] = {
     "mnist": _mnist,
     "fashion-mnist": _fashion_mnist,
     "leaf": _leaf,
+    "gmm": _gmm,
 }
 
 
