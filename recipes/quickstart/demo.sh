@@ -7,3 +7,6 @@ pflx() { python -m pfl_cli "$@"; }
 
 echo "== partition: 50 clients, Dirichlet(0.1) label skew, 10 holdout clients"
 pflx partition --config recipes/quickstart/digits-partition.yaml --out "$root/part" --force
+
+echo "== privacy-account: DP-FedAvg style accounting, both accountants side by side"
+pflx privacy-account --noise-multiplier 1.1 --population 40 --cohort-size 4 --rounds 200 --delta 1e-3 --accountant all
