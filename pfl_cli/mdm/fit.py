@@ -282,6 +282,7 @@ def _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, k
         params = server_update(stats, params)
         if history is not None:
             history.append(params)
-    final = float(K.client_log_likelihood(data, params).sum())
+    # Under DP the log-likelihood is not released (it is not a noised statistic).
+    final = float("nan") if dp is not None else float(K.client_log_likelihood(data, params).sum())
     trace.append((restart, rounds, data.num_clients, final))
     return params, final, trace, None if history is None else tuple(history)

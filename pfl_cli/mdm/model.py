@@ -186,3 +186,45 @@ def log_likelihood(counts: np.ndarray, params: MDMParams, *, per_client: bool = 
     """
     terms = logsumexp(component_log_joint(counts, params), axis=1)
     return terms if per_client else float(terms.sum())
+
+
+# ---------------------------------------------------------------------------- mdm.json
+def params_to_dict(params: MDMParams) -> dict:
+    """The model part of ``mdm.json`` (DESIGN.md §3): K, C, tau, alpha, num_samples.
+
+    ``num_samples.support`` lists the sizes 1..M for a per-integer model; for a binned
+    one it lists each bin's smallest size, and ``bin_edges`` gives bin ``b`` as
+    ``[bin_edges[b], bin_edges[b+1])`` (sizes uniform within a bin).
+    """
+    edges = params.size_edges
+    return {
+        "num_components": params.num_components,
+        "num_categories": params.num_categories,
+        "tau": [float(t) for t in params.tau],
+        "alpha": [[float(a) for a in row] for row in params.alpha],
+        "num_samples": {
+            "kind": "binned" if params.binned else "integer",
+            "support": [int(s) for s in edges[:-1]],
+            "probs": [[float(p) for p in row] for row in params.size_probs],
+            "bin_edges": [int(e) for e in edges],
+        },
+    }
+
+
+def params_from_dict(doc: dict, *, where: str = "mdm.json") -> MDMParams:
+    """Read the parameters written by :func:`params_to_dict`; ``ValueError`` naming the problem."""
+    try:
+        ns = doc["num_samples"]
+        support = np.asarray(ns["support"], dtype=np.int64)
+        edges = ns.get("bin_edges")
+        edges = np.append(support, support[-1] + 1) if edges is None else np.asarray(edges, dtype=np.int64)
+        params = MDMParams(tau=np.asarray(doc["tau"], dtype=np.float64), alpha=np.asarray(doc["alpha"], dtype=np.float64),
+                           size_probs=np.asarray(ns["probs"], dtype=np.float64), size_edges=edges)
+    except (KeyError, TypeError, IndexError) as err:
+        raise ValueError(f"{where}: not an MDM document (missing or malformed {err}).") from None
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    if doc.get("num_components", params.num_components) != params.num_components or \
+            doc.get("num_categories", params.num_categories) != params.num_categories:
+        raise ValueError(f"{where}: num_components/num_categories disagree with the shapes of tau and alpha.")
+    return params

@@ -1,0 +1,207 @@
+"""Client-level differentially private MDM fitting (thesis §3.1, §3.5; specs/mdm.md §7).
+
+The thesis notes that Algorithms 5 and 6 only ever use sums of client statistics, so
+central DP needs (1) a bound on what one client can add to each sum and (2) Gaussian
+noise on the sums. This module does both and records every release in a
+:class:`~pfl_cli.privacy.ledger.PrivacyLedger`.
+
+Per release the server receives the sums of normalized blocks, each of L2 norm <= 1 per
+client, so one client changes the released vector by at most ``sqrt(#blocks)`` and one
+noise multiplier ``z`` (calibrated to the whole budget) covers it:
+
+- Algorithm 5: ``E^i`` (one-hot), ``P^i`` (row ``c/m``, norm <= 1), ``Q^i`` (row
+  ``(c/m)^2``, norm <= 1): 3 blocks, no clipping needed.
+- Algorithm 6: ``E^i`` (``w^i`` in one column, norm <= 1; ``omega = E @ 1`` is derived
+  from it, not released twice) and ``(alpha_k * u^i_k, alpha_k0 * v^i_k)`` clipped
+  jointly to L2 norm ``clip`` and divided by it: 2 blocks. Multiplying by the current
+  alpha (public) is exact algebra -- ``alpha * u / v = (alpha * u) / (alpha_0 v) * alpha_0``
+  -- and bounds the block by the client's counts (``a * (psi(c+a) - psi(a)) <= c``), so a
+  ``clip`` of about the clients' size keeps most clients unclipped.
+
+Cohorts are Poisson samples (rate = cohort size / clients) so that the accountant's
+subsampling amplification applies; with the full population every round is a plain
+Gaussian release. The server post-processes the noisy sums into valid parameters
+(clamping at 0, floors, renormalization), which costs no privacy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pfl_cli.errors import ConfigError, InputError, check_param
+from pfl_cli.mdm import _kernels as K
+from pfl_cli.mdm.init import InitStatistics
+
+INIT_BLOCKS = 3
+ROUND_BLOCKS = 2
+
+
+def parse_dp(text: str) -> dict[str, float]:
+    """Parse ``eps=E[,delta=D][,clip=B]`` (``epsilon=`` also accepted).
+
+    Examples
+    --------
+    >>> parse_dp("eps=1,delta=1e-6")
+    {'epsilon': 1.0, 'delta': 1e-06}
+    """
+    out: dict[str, float] = {}
+    names = {"eps": "epsilon", "epsilon": "epsilon", "delta": "delta", "clip": "clip"}
+    for part in (p.strip() for p in str(text).split(",") if p.strip()):
+        key, sep, raw = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in names:
+            raise ConfigError(f"--dp takes eps=E[,delta=D][,clip=B]; got {text!r}. Example: --dp eps=1,delta=1e-6")
+        try:
+            out[names[key]] = float(raw)
+        except ValueError:
+            raise ConfigError(f"--dp {key} must be a number; got {raw!r}.") from None
+    if "epsilon" not in out:
+        raise ConfigError(f"--dp needs eps=E; got {text!r}. Example: --dp eps=1,delta=1e-6")
+    return out
+
+
+@dataclass(frozen=True)
+class DPMechanism:
+    """Clipping, noise and accounting of a DP fit; :meth:`bind` calibrates it to a run.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The client-level (epsilon, delta) budget of the whole fit.
+    clip : float, optional
+        L2 bound of a client's scaled ``(alpha * u, alpha_0 * v)`` upload; default M,
+        the largest client size the model covers.
+    accountant : {"rdp", "pld"}, default="rdp"
+    """
+
+    epsilon: float
+    delta: float = 1e-6
+    clip: float | None = None
+    accountant: str = "rdp"
+    # Filled by bind().
+    noise_multiplier: float = float("nan")
+    init_rate: float = 1.0
+    round_rate: float = 1.0
+    rounds: int = 0
+
+    def bind(self, *, num_clients: int, cohort_size: int, init_cohort_size: int, rounds: int, restarts: int,
+             max_samples: int) -> "DPMechanism":
+        """Calibrate the noise multiplier so the whole fit meets (epsilon, delta)."""
+        from pfl_cli.privacy import calibrate_noise
+
+        check_param("epsilon", self.epsilon > 0 and math.isfinite(self.epsilon), "must be a finite number > 0", self.epsilon)
+        check_param("delta", 0 < self.delta < 1, "must be in (0, 1)", self.delta)
+        if restarts != 1:
+            raise InputError(f"restarts must be 1 with --dp (choosing the best restart would use non-private "
+                             f"log-likelihoods); got {restarts}.")
+        clip = float(max_samples) if self.clip is None else float(self.clip)
+        check_param("clip", clip > 0 and math.isfinite(clip), "must be a finite number > 0", self.clip)
+        bound = dataclasses.replace(self, clip=clip, init_rate=min(1.0, init_cohort_size / num_clients),
+                                    round_rate=min(1.0, cohort_size / num_clients), rounds=rounds)
+        cal = calibrate_noise(bound._event, self.epsilon, self.delta, accountant=self.accountant)
+        return dataclasses.replace(bound, noise_multiplier=float(cal.noise_multiplier))
+
+    def _event(self, z: float):
+        from dp_accounting import dp_event
+
+        from pfl_cli.privacy import sampled_gaussian_event
+
+        events = [sampled_gaussian_event(z, self.init_rate, 1)]
+        if self.rounds:
+            events.append(sampled_gaussian_event(z, self.round_rate, self.rounds))
+        return dp_event.ComposedDpEvent(events)
+
+    # -- the releases ----------------------------------------------------------------
+    def cohort(self, n: int, size: int, rng: np.random.Generator) -> np.ndarray | slice:
+        """Poisson cohort with rate ``size / n`` (all clients when ``size >= n``)."""
+        if size >= n:
+            return slice(0, n)
+        return np.flatnonzero(rng.random(n) < size / n)
+
+    def _sigma(self, blocks: int) -> float:
+        return self.noise_multiplier * math.sqrt(blocks)
+
+    def noisy_init_sums(self, counts, bins, k, s, r_init, r_noise) -> InitStatistics:
+        """Algorithm 5's sums plus Gaussian noise (the blocks need no clipping)."""
+        from pfl_cli.mdm.init import init_client_sums
+        from pfl_cli.privacy import gaussian_noise
+
+        if len(counts):
+            sums = init_client_sums(counts, bins, k, s, r_init)
+        else:
+            sums = InitStatistics(np.zeros((k, s)), np.zeros((k, counts.shape[1])), np.zeros((k, counts.shape[1])))
+        sigma = self._sigma(INIT_BLOCKS)
+        return InitStatistics(
+            e=sums.e + gaussian_noise(sums.e.shape, sigma, r_noise),
+            p=sums.p + gaussian_noise(sums.p.shape, sigma, r_noise),
+            q=sums.q + gaussian_noise(sums.q.shape, sigma, r_noise),
+        )
+
+    def noisy_round_sums(self, data: K.ClientData, params, r_noise: np.random.Generator) -> K.SummedStatistics:
+        """One round's clipped, summed, noised statistics, converted back to ``(omega, E, u, v)``."""
+        from pfl_cli.privacy import clip_l2, gaussian_noise
+
+        k, c, s = params.num_components, params.num_categories, params.size_probs.shape[1]
+        alpha0 = params.alpha.sum(axis=1)
+        e = np.zeros((k, s))
+        scaled = np.zeros(k * (c + 1))
+        for chunk in data.chunks if data.num_clients else ():
+            w, b, u, v = K.client_statistics(chunk, params, slice(0, chunk.num_clients))
+            inside = b >= 0
+            for j in range(k):  # K bincounts, not a loop over clients
+                e[j] += np.bincount(b[inside], weights=w[inside, j], minlength=s)
+            vec = np.concatenate([(u * params.alpha[None]).reshape(len(w), -1), v * alpha0[None]], axis=1)
+            scaled += clip_l2(vec, self.clip, axis=1).sum(axis=0)
+        sigma = self._sigma(ROUND_BLOCKS)
+        e_noisy = e + gaussian_noise(e.shape, sigma, r_noise)
+        scaled = scaled + gaussian_noise(scaled.shape, sigma * self.clip, r_noise)
+        omega = e_noisy.sum(axis=1)
+        # A component whose noisy weight is within 3 noise std of zero is treated as empty.
+        omega = np.where(omega > 3 * sigma * math.sqrt(s), omega, 0.0)
+        u_tilde, v_tilde = scaled[: k * c].reshape(k, c), scaled[k * c:]
+        return K.SummedStatistics(
+            omega=omega, e=np.maximum(e_noisy, 0.0), u=np.maximum(u_tilde, 0.0) / params.alpha,
+            v=v_tilde / alpha0, cohort_size=max(int(round(float(np.maximum(omega, 0).sum()))), 1),
+        )
+
+    # -- the record -------------------------------------------------------------------
+    def ledger(self):
+        from pfl_cli.privacy import PrivacyLedger
+
+        notes = ["Algorithm 5 (init): sums of E, P, Q per client (3 blocks of L2 norm <= 1), Gaussian noise"]
+        if self.rounds:
+            notes.append(f"Algorithm 6: {self.rounds} rounds of sums of E and (alpha*u, alpha0*v) clipped to L2 "
+                         f"{self.clip:g} (2 blocks), Gaussian noise")
+        return PrivacyLedger("client", self.delta, self._event(self.noise_multiplier).events, "add-remove", tuple(notes))
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "epsilon": self.epsilon, "delta": self.delta, "unit": "client", "clip": self.clip,
+            "noise_multiplier": self.noise_multiplier, "accountant": self.accountant,
+            "init_sampling_rate": self.init_rate, "round_sampling_rate": self.round_rate, "rounds": self.rounds,
+            "cohorts": "poisson" if self.round_rate < 1 or self.init_rate < 1 else "all clients",
+            "noise_std": {"init_blocks": self._sigma(INIT_BLOCKS), "round_E": self._sigma(ROUND_BLOCKS),
+                          "round_u_v": self._sigma(ROUND_BLOCKS) * self.clip},
+        }
+
+
+def make_dp(epsilon: float, delta: float = 1e-6, *, clip: float | None = None, accountant: str = "rdp") -> DPMechanism:
+    """A DP mechanism for :func:`~pfl_cli.mdm.fit.fit_mdm` (calibrated when the fit starts).
+
+    Examples
+    --------
+    >>> from pfl_cli.mdm import MDMParams, fit_mdm, sample_clients
+    >>> true = MDMParams(np.array([1.0]), np.array([[2.0, 1.0]]), np.array([[1.0]]), np.array([20, 21]))
+    >>> counts = sample_clients(true, 3000, rng=np.random.default_rng(0)).counts
+    >>> fit = fit_mdm(counts, num_components=1, rounds=5, rng=np.random.default_rng(1), dp=make_dp(4.0, 1e-6))
+    >>> fit.privacy.unit, len(fit.privacy.events)
+    ('client', 2)
+    """
+    check_param("accountant", accountant in ("rdp", "pld"), "must be rdp or pld", accountant)
+    return DPMechanism(epsilon=float(epsilon), delta=float(delta), clip=None if clip is None else float(clip),
+                       accountant=accountant)
