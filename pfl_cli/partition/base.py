@@ -44,8 +44,10 @@ def csr_from_assignment(owner: np.ndarray, num_clients: int, indices: np.ndarray
     owner = np.asarray(owner, dtype=np.int64)
     if indices is None:
         indices = np.arange(len(owner), dtype=np.int64)
-    keep = owner >= 0
-    owner, indices = owner[keep], np.asarray(indices, dtype=np.int64)[keep]
+    indices = np.asarray(indices, dtype=np.int64)
+    if len(owner) and owner.min() < 0:
+        keep = owner >= 0
+        owner, indices = owner[keep], indices[keep]
     order = stable_argsort(owner, num_clients)
     sizes = np.bincount(owner, minlength=num_clients)
     return offsets_from_sizes(sizes), indices[order]

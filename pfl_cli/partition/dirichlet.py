@@ -21,7 +21,9 @@ def class_proportions(alpha: np.ndarray, num_clients: int, rng: np.random.Genera
     Tiny alphas can make a whole row of gammas underflow to 0; such a row puts the class
     on one random client, which is the alpha -> 0 limit of the Dirichlet.
     """
-    gam = rng.gamma(np.broadcast_to(alpha[:, None], (len(alpha), num_clients)))
+    # float32 draws halve the time of the largest step; proportions only steer integer cuts.
+    shape = np.broadcast_to(alpha.astype(np.float32)[:, None], (len(alpha), num_clients))
+    gam = rng.standard_gamma(shape, dtype=np.float32).astype(np.float64)
     total = gam.sum(axis=1, keepdims=True)
     dead = total[:, 0] <= 0
     if dead.any():
