@@ -47,9 +47,11 @@ def _register() -> None:
     # One thin module per command; each module imports its core lazily so `pflx -h` stays fast.
     from pfl_cli.cli import partition
     from pfl_cli.cli import privacy_account
+    from pfl_cli.cli import cluster
 
     app.command("partition", no_args_is_help=True)(partition.partition)
     app.command("privacy-account", no_args_is_help=True)(privacy_account.privacy_account)
+    app.command("cluster", no_args_is_help=True)(cluster.cluster)
 
 
 _register()

@@ -1,0 +1,134 @@
+"""The body of `pflx cluster`: read inputs, call the core, write the artifact, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pfl_cli.cli.output import Reporter
+from pfl_cli.errors import ArtifactError, ConfigError, InputError
+
+
+def _check_config(cfg) -> None:
+    if cfg.server_data is None:
+        raise ConfigError("--server-data is required: the server's own dataset spec (e.g. npz:server.npz).")
+    if cfg.k is None:
+        raise ConfigError("--k is required: the number of clusters.")
+    if cfg.no_dp and cfg.epsilon is not None:
+        raise ConfigError("--dp and --no-dp exclude each other; pass one.")
+    if not cfg.no_dp and cfg.epsilon is None:
+        raise ConfigError("pass a privacy budget with --dp eps=E[,delta=D], or --no-dp for the non-private variant.")
+
+
+def client_points(partition: Path):
+    """Train clients' feature vectors grouped by client, their CSR offsets, holdout points, inputs."""
+    from pfl_cli.artifacts import load_partition
+    from pfl_cli.data import load_dataset
+    from pfl_cli.partition.base import ROLE_TRAIN, offsets_from_sizes
+
+    part, info, artifact = load_partition(partition, flag="--partition")
+    ds = load_dataset(info["spec"])
+    if ds.num_samples != int(info["num_samples"]) or (
+        info.get("labels_sha256") and ds.labels_sha256 != info["labels_sha256"]
+    ):
+        raise ArtifactError(f"--partition {partition}: dataset {info['spec']} no longer matches the partition "
+                            "(size or labels changed). Re-create the partition.")
+    if int(np.prod(ds.input_shape)) == 0:
+        raise InputError(f"--partition {partition}: dataset {info['spec']} has no features (input shape "
+                         f"{list(ds.input_shape)}); k-means needs feature vectors. Use a dataset with feature columns.")
+    owner = part.train_owner()
+    train = part.role[owner] == ROLE_TRAIN
+    points = ds.features(part.train_indices[train])
+    offsets = offsets_from_sizes(part.train_sizes[part.role == ROLE_TRAIN])
+    holdout = ds.features(part.train_indices[~train]) if (~train).any() else None
+    if len(points) == 0:
+        raise InputError(f"--partition {partition}: its train clients hold no samples; nothing to cluster.")
+    return points, offsets, holdout, [artifact.input_ref(), ds.input_ref()]
+
+
+def _plot_k_selection(path: Path, sel: dict, k: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(sel["k"], sel["weighted_cost"], marker="o")
+    ax.axvline(k, color="grey", linestyle=":", label=f"--k {k}")
+    ax.set_xlabel("k")
+    ax.set_ylabel("weighted server k-means cost / total weight")
+    ax.set_title(f"Choosing k (thesis Fig. D.5), projection dim {sel['projection_dim']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporter) -> None:
+    from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.cluster import evaluate_clustering, fit_feddp_kmeans
+    from pfl_cli.cluster.kmeans import kmeans_cost
+    from pfl_cli.config import config_to_dict
+    from pfl_cli.data import load_dataset
+    from pfl_cli.rng import make_rng
+
+    _check_config(cfg)
+    ArtifactWriter(out, stage="cluster", config={}, seed=cfg.seed, force=force)  # --out problems first
+    points, offsets, holdout, inputs = client_points(partition)
+    server_ds = load_dataset(cfg.server_data)
+    server = server_ds.features(np.arange(server_ds.num_samples))
+    writer = ArtifactWriter(out, stage="cluster", config=config_to_dict(cfg), seed=cfg.seed,
+                            inputs=[*inputs, server_ds.input_ref()], force=force)
+    if writer.up_to_date():
+        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
+        report.result({"out": str(out), "up_to_date": True})
+        return
+    res = fit_feddp_kmeans(
+        points, offsets, server, k=cfg.k, epsilon=None if cfg.no_dp else cfg.epsilon, delta=cfg.delta,
+        privacy_unit=cfg.privacy_unit, radius=cfg.radius, split=cfg.split, min_server_weight=cfg.min_server_weight,
+        lloyds_steps=cfg.lloyds_steps, lloyds_calibration=cfg.lloyds_calibration, composition=cfg.composition,
+        init=cfg.init, client_clip=cfg.client_clip, k_candidates=cfg.k_candidates, server_n_init=cfg.server_n_init,
+        gaussian_method=cfg.gaussian_method, rng=make_rng(cfg.seed, "cluster"),
+    )
+    metrics = {"k": res.k, **evaluate_clustering(points, res.centers, rng=make_rng(cfg.seed, "cluster-reference"),
+                                                 reference_n_init=cfg.reference_n_init, init_centers=res.init_centers)}
+    metrics.update({
+        "num_clients": len(offsets) - 1, "dimension": int(points.shape[1]), "init": res.init,
+        "lloyds_steps": res.lloyds_steps, "privacy_unit": res.privacy_unit if res.ledger else None,
+        "epsilon": res.epsilon, "delta": res.delta, "accountant": res.accountant, "radius": res.radius,
+        "clipped_fraction": res.clipped_fraction, "projection_dim": res.projection_dim,
+        "server_points": int(len(server)), "server_points_kept": res.server_points_kept, "budget": res.budget,
+    })
+    if holdout is not None:
+        metrics["holdout_normalized_cost"] = kmeans_cost(holdout, res.centers) / len(holdout)
+    if res.k_selection:
+        metrics["k_selection"] = res.k_selection
+    with writer:
+        np.save(writer.path("centers.npy"), res.centers)
+        writer.save_json("metrics.json", metrics)
+        if res.ledger is not None:
+            writer.save_json("privacy.json", res.ledger.to_dict(res.accountant))
+        if res.k_selection:
+            _plot_k_selection(writer.path("k_selection.png"), res.k_selection, res.k)
+    _print_summary(report, out, metrics)
+
+
+def _print_summary(report: Reporter, out: Path, m: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"cluster -> {out}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    eps = "none (--no-dp)" if m["epsilon"] is None else f"{m['epsilon']:.4f} at delta {m['delta']:g} ({m['accountant']})"
+    rows = [
+        ("init", f"{m['init']} + {m['lloyds_steps']} FedDP-Lloyds steps"),
+        ("clients / points", f"{m['num_clients']} / {m['num_points']} (d = {m['dimension']})"),
+        ("k", str(m["k"])),
+        ("epsilon", eps),
+        ("cost / point", f"{m['normalized_cost']:.4f}"),
+        ("centralized k-means", f"{m['centralized_normalized_cost']:.4f} (gap {100 * m['relative_gap']:.2f}%)"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    report.result({"out": str(out), "up_to_date": False, **m}, table)
