@@ -95,10 +95,10 @@ def check_counts(counts: Any, *, name: str = "counts") -> tuple[np.ndarray, np.n
         frac = arr != np.round(arr)
         if frac.any():
             i, j = map(int, np.argwhere(frac)[0])
-            raise InputError(f"{name} must hold whole counts; got {arr[i, j]!r} at client {i}, category {j}.")
+            raise InputError(f"{name} must hold whole counts; got {arr[i, j].item()!r} at client {i}, category {j}.")
     if arr.size and arr.min() < 0:
         i, j = map(int, np.argwhere(arr < 0)[0])
-        raise InputError(f"{name} must be >= 0; got {arr[i, j]!r} at client {i}, category {j}.")
+        raise InputError(f"{name} must be >= 0; got {arr[i, j].item()!r} at client {i}, category {j}.")
     arr = arr.astype(np.int64)
     empty = arr.sum(axis=1) == 0
     if empty.any():

@@ -24,7 +24,7 @@ from scipy.special import gammaln, logsumexp
 
 # Numeric guards (specs/mdm.md §2.2). A size bin a component never saw has Pi = 0; its log
 # is floored so that a client whose size no component covers still gets finite weights.
-LOG_PI_FLOOR = float(np.log(1e-300))
+LOG_PI_FLOOR = float(np.log(1e-12))
 ALPHA_FLOOR = 1e-6
 TAU_FLOOR = 1e-12
 

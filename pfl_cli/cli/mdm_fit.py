@@ -1,0 +1,104 @@
+"""`pflx mdm-fit`: learn how clients' label histograms are distributed (thesis ch. 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pfl_cli.cli.common import explicit_flags, stage_config
+from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
+from pfl_cli.cli.output import Reporter
+
+FLAGS = ("components", "rounds", "cohort_size", "init_cohort_size", "restarts", "max_samples", "sample_bins", "bins",
+         "validation_fraction", "dp", "plot", "seed")
+
+
+def mdm_fit(
+    ctx: typer.Context,
+    out: OutOpt,
+    partition: Annotated[Optional[Path], typer.Option("--partition", "-p", help="Partition artifact: fit its train clients' train-label histograms.")] = None,
+    counts: Annotated[Optional[Path], typer.Option("--counts", help="Histograms file (.csv or .npy): one row per client, one column per category.")] = None,
+    bins: Annotated[Optional[str], typer.Option("--bins", metavar="W:N|E0,E1,..", help="--counts holds client,value rows; bin the value (income: 5000:41).")] = None,
+    components: Annotated[str, typer.Option("--components", "-k", help="K, or auto (1-6), a range 1-6 or a list 2,3,5: chosen on a validation cohort.")] = "auto",
+    rounds: Annotated[int, typer.Option("--rounds", help="Rounds of Algorithm 6.")] = 100,
+    cohort_size: Annotated[Optional[int], typer.Option("--cohort-size", help="Clients per round (default all: full-batch EM).")] = None,
+    init_cohort_size: Annotated[Optional[int], typer.Option("--init-cohort-size", help="Clients of Algorithm 5's cohort (default --cohort-size).")] = None,
+    restarts: Annotated[Optional[int], typer.Option("--restarts", help="Initializations; keep the best log-likelihood (default 3; 1 with --dp).")] = None,
+    max_samples: Annotated[Optional[int], typer.Option("--max-samples", metavar="M", help="Largest client size the size model covers (default the largest seen).")] = None,
+    sample_bins: Annotated[Optional[int], typer.Option("--sample-bins", help="Model client sizes on this many bins instead of per integer.")] = None,
+    validation_fraction: Annotated[float, typer.Option("--validation-fraction", help="Clients held out to choose K.")] = 0.2,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=B]", help="Client-level DP: clipped uploads, Gaussian noise on the sums.")] = None,
+    plot: Annotated[bool, typer.Option("--plot", help="Also write mdm.png: t-SNE of true, IID and MDM-sampled histograms.")] = False,
+    seed: SeedOpt = 0,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    force: ForceOpt = False,
+    fmt: FormatOpt = Format.human,
+) -> None:
+    """Fit a mixture of Dirichlet-multinomials to client histograms and write an mdm-fit artifact.
+
+    Examples: pflx mdm-fit --partition runs/part --components auto --out runs/mdm ;
+    pflx mdm-fit --counts income.csv --bins 5000:41 --components 3 --out runs/income ;
+    pflx mdm-fit --partition runs/part --components 2 --dp eps=1,delta=1e-6 --out runs/mdm-dp
+    """
+    from pfl_cli.artifacts import ArtifactWriter, read_artifact
+    from pfl_cli.cli.mdm_artifact import partition_histograms, read_counts, write_mdm_artifact
+    from pfl_cli.config import config_to_dict
+    from pfl_cli.errors import ConfigError
+    from pfl_cli.mdm.api import MDMFitConfig, run_mdm_fit, validate_config
+    from pfl_cli.rng import make_rng
+
+    report = Reporter(fmt)
+    cfg = stage_config(MDMFitConfig, "mdm-fit", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
+    validate_config(cfg)
+    if (partition is None) == (counts is None):
+        raise ConfigError("give exactly one input: --partition DIR (a partition artifact) or --counts FILE.")
+    if partition is not None:
+        if cfg.bins is not None:
+            raise ConfigError("--bins bins a continuous column of --counts client,value rows; a partition has class labels.")
+        art = read_artifact(partition, "partition", flag="--partition")
+        hist, ref = partition_histograms(art, flag="--partition"), art.input_ref()
+    else:
+        hist, ref = read_counts(counts, cfg.bins)
+    writer = ArtifactWriter(out, stage="mdm-fit", config=config_to_dict(cfg), seed=cfg.seed, inputs=[ref], force=force)
+    if writer.up_to_date():
+        report.note(f"{out} is up to date (same config and input); nothing to do.")
+        report.result({"out": str(out), "up_to_date": True})
+        return
+    result = run_mdm_fit(hist, cfg, rng=make_rng(cfg.seed, "mdm-fit"))
+    with writer:
+        doc = write_mdm_artifact(writer, result, hist, plot=cfg.plot, seed=cfg.seed)
+    _print_summary(report, out, doc, result)
+
+
+def _print_summary(report: Reporter, out, doc: dict, result) -> None:
+    import numpy as np
+    from rich.table import Table
+
+    params = result.fit.params
+    ll = doc["mean_log_likelihood"]
+    table = Table(title=f"mdm-fit -> {out}: K = {params.num_components}, {doc['num_clients']} clients, "
+                  f"{'LL not released (DP)' if ll is None else f'mean log-likelihood {ll:.4f}'}", title_justify="left")
+    for col in ("component", "tau", "alpha_0", "mean size", "top categories (mean share)"):
+        table.add_column(col)
+    share = params.alpha / params.alpha.sum(axis=1, keepdims=True)
+    for k in range(params.num_components):
+        top = np.argsort(-share[k])[:3]
+        table.add_row(str(k), f"{params.tau[k]:.3f}", f"{params.alpha[k].sum():.3g}", f"{params.mean_size()[k]:.1f}",
+                      "  ".join(f"{j}:{share[k, j]:.2f}" for j in top))
+    items = [table]
+    sel = doc.get("selection")
+    if sel:
+        st = Table(title="K selection (mean validation log-likelihood per client)", title_justify="left")
+        st.add_column("K")
+        st.add_column("validation LL")
+        for k, v in zip(sel["candidates"], sel["validation_log_likelihood"]):
+            st.add_row(f"{k}{' *' if k == sel['chosen'] else ''}", f"{v:.4f}")
+        items.append(st)
+    data = {"out": str(out), "up_to_date": False, **{k: v for k, v in doc.items() if k not in ("num_samples",)}}
+    if result.fit.privacy is not None:
+        data["epsilon"] = result.dp.epsilon
+    report.result(data, *items)
+
