@@ -98,7 +98,9 @@ def test_large_epsilon_matches_non_private_federated_kmeans(small_mixture):
     private = fit_feddp_kmeans(x, offsets, q, epsilon=3000.0, split=[1, 1, 1, 1], rng=np.random.default_rng(0), **kw)
     exact = fit_feddp_kmeans(x, offsets, q, epsilon=None, rng=np.random.default_rng(0), **kw)
     assert private.epsilon <= 3000.0 and exact.ledger is None
-    assert np.allclose(private.centers, exact.centers, atol=2e-2)
+    # Same centers up to their order (tiny noise may permute the server's k-means labels).
+    gap = np.sqrt(((private.centers[:, None] - exact.centers[None]) ** 2).sum(axis=2))
+    assert sorted(gap.argmin(axis=1)) == list(range(4)) and gap.min(axis=1).max() < 2e-2
     assert abs(kmeans_cost(x, private.centers) / kmeans_cost(x, exact.centers) - 1) < 1e-4
 
 
