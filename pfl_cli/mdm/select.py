@@ -4,7 +4,9 @@
 2. Evaluate the log-likelihood (Eq. 3.4) of clients the fits have not seen.
 3. Take the K with the highest validation log-likelihood;
 4. among (approximate) ties take the smallest K: every K whose mean validation
-   log-likelihood per client is within ``tie_tolerance`` nats of the best (specs/mdm.md §4).
+   log-likelihood per client is within ``tie_tolerance`` nats of the best (specs/mdm.md §4),
+   or within one standard error of its paired per-client difference to the best -- the
+   one-standard-error rule, so a small validation cohort's noise does not pick a larger K.
 """
 
 from __future__ import annotations
@@ -61,11 +63,16 @@ class Selection:
             "validation_log_likelihood_total": [float(v) for v in self.validation_total],
             "train_log_likelihood": [float(f.mean_log_likelihood) for f in self.fits],
             "chosen": int(self.chosen),
-            "rule": f"smallest K whose mean validation log-likelihood per client is within {self.tie_tolerance} nats of the best",
+            "rule": f"smallest K whose mean validation log-likelihood per client is within max({self.tie_tolerance} nats, "
+                    "one standard error of the paired per-client difference) of the best",
             "tie_tolerance": float(self.tie_tolerance),
             "num_validation_clients": int(self.num_validation_clients),
             "num_train_clients": int(self.num_train_clients),
         }
+
+
+def _standard_error(diff: np.ndarray) -> float:
+    return float(np.std(diff, ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
 
 
 def parse_components(value: Any) -> tuple[int, ...] | int:
@@ -125,7 +132,8 @@ def select_components(
     validation_fraction : float, default=0.2
         In (0, 1); used without ``validation_counts``.
     tie_tolerance : float, default=0.01
-        Nats per validation client within which candidates count as tied.
+        Nats per validation client within which candidates count as tied (at least;
+        one standard error of the paired difference widens it for small cohorts).
     **fit_kwargs
         Passed to :func:`~pfl_cli.mdm.fit.fit_mdm` (rounds, cohort_size, restarts, ...).
 
@@ -158,15 +166,16 @@ def select_components(
     vdata = K.encode(val)
     # Sizes above the training clients' largest would fall outside the size model.
     fit_kwargs.setdefault("max_samples", int(max(train.sum(axis=1).max(), val.sum(axis=1).max())))
-    fits, means, totals = [], [], []
+    fits, per_client = [], []
     for k, child in zip(cands, r_fit.spawn(len(cands))):
         fit = fit_mdm(train, num_components=k, rng=child, **fit_kwargs)
-        total = float(K.client_log_likelihood(vdata, fit.params).sum())
         fits.append(fit)
-        totals.append(total)
-        means.append(total / len(val))
-    best = max(means)
-    chosen_i = next(i for i, m in enumerate(means) if m >= best - tie_tolerance)
+        per_client.append(K.client_log_likelihood(vdata, fit.params))
+    totals = [float(v.sum()) for v in per_client]
+    means = [t / len(val) for t in totals]
+    best = int(np.argmax(means))
+    chosen_i = next(i for i, m in enumerate(means)
+                    if means[best] - m <= max(tie_tolerance, _standard_error(per_client[best] - per_client[i])))
     return Selection(
         chosen=cands[chosen_i], fit=fits[chosen_i], candidates=cands, validation_log_likelihood=tuple(means),
         validation_total=tuple(totals), fits=tuple(fits), num_validation_clients=len(val), num_train_clients=len(train),
