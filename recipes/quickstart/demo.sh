@@ -10,3 +10,9 @@ pflx partition --config recipes/quickstart/digits-partition.yaml --out "$root/pa
 
 echo "== privacy-account: DP-FedAvg style accounting, both accountants side by side"
 pflx privacy-account --noise-multiplier 1.1 --population 40 --cohort-size 4 --rounds 200 --delta 1e-3 --accountant all
+
+echo "== cluster: FedDP-KMeans at epsilon 1 on a small synthetic Gaussian mixture (20 clients x 200 points)"
+pflx partition --dataset "gmm:clients?seed=0&num_clients=20&client_size=200" --natural-id --test-fraction 0 \
+  --out "$root/gmm" --force --format quiet
+pflx cluster --partition "$root/gmm" --server-data "gmm:server?seed=0&num_clients=20&client_size=200" --k 10 \
+  --dp eps=1 --out "$root/km" --force

@@ -14,6 +14,10 @@ RECIPES = sorted(ROOT.rglob("*.yaml"))
 # stage -> (module, config dataclass); a stage whose module is absent is not in pflx yet.
 CONFIG_CLASSES = {
     "partition": ("pfl_cli.partition", "PartitionConfig"),
+    "mdm-fit": ("pfl_cli.mdm.api", "MDMFitConfig"),
+    "simulate": ("pfl_cli.simulate", "SimulateConfig"),
+    "cluster": ("pfl_cli.cluster", "ClusterConfig"),
+    "privacy-account": ("pfl_cli.privacy.query", "PrivacyAccountConfig"),
 }
 
 
