@@ -8,6 +8,12 @@ pflx() { python -m pfl_cli "$@"; }
 echo "== partition: 50 clients, Dirichlet(0.1) label skew, 10 holdout clients"
 pflx partition --config recipes/quickstart/digits-partition.yaml --out "$root/part" --force
 
+echo "== mdm-fit: a mixture of Dirichlet-multinomials fitted to the 40 train clients' label histograms"
+pflx mdm-fit --partition "$root/part" --components 1-3 --out "$root/mdm" --force
+
+echo "== simulate: 200 clients dealt from the digits like the fitted model says"
+pflx simulate --model "$root/mdm" --dataset builtin:digits --num-clients 200 --holdout-clients 0.1 --out "$root/sim" --force
+
 echo "== privacy-account: DP-FedAvg style accounting, both accountants side by side"
 pflx privacy-account --noise-multiplier 1.1 --population 40 --cohort-size 4 --rounds 200 --delta 1e-3 --accountant all
 
