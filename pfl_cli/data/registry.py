@@ -24,70 +24,27 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, str]]:
     return scheme.strip().lower(), arg, options
 
 
-def _builtin(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import builtin
+def _lazy(module: str, function: str) -> Loader:
+    """A loader that imports ``pfl_cli.data.<module>`` on first use (keeps `pflx -h` fast)."""
 
-    return builtin.load(arg, options, spec)
+    def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
+        from importlib import import_module
 
+        return getattr(import_module(f"pfl_cli.data.{module}"), function)(arg, options, spec)
 
-def _npz(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import npz
-
-    return npz.load(arg, options, spec)
-
-
-def _csv(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import csvfile
-
-    return csvfile.load(arg, options, spec)
-
-
-def _cifar10(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import cifar
-
-    return cifar.load_cifar10(arg, options, spec)
-
-
-def _cifar100(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import cifar
-
-    return cifar.load_cifar100(arg, options, spec)
-
-
-def _mnist(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import mnist
-
-    return mnist.load_mnist(arg, options, spec)
-
-
-def _fashion_mnist(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import mnist
-
-    return mnist.load_fashion_mnist(arg, options, spec)
-
-
-def _leaf(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import leaf
-
-    return leaf.load(arg, options, spec)
-
-
-def _gmm(arg: str, options: dict[str, str], spec: str) -> Dataset:
-    from pfl_cli.data import synthetic
-
-    return synthetic.load(arg, options, spec)
+    return load
 
 
 SCHEMES: dict[str, Loader] = {
-    "builtin": _builtin,
-    "npz": _npz,
-    "csv": _csv,
-    "cifar10": _cifar10,
-    "cifar100": _cifar100,
-    "mnist": _mnist,
-    "fashion-mnist": _fashion_mnist,
-    "leaf": _leaf,
-    "gmm": _gmm,
+    "builtin": _lazy("builtin", "load"),
+    "npz": _lazy("npz", "load"),
+    "csv": _lazy("csvfile", "load"),
+    "cifar10": _lazy("cifar", "load_cifar10"),
+    "cifar100": _lazy("cifar", "load_cifar100"),
+    "mnist": _lazy("mnist", "load_mnist"),
+    "fashion-mnist": _lazy("mnist", "load_fashion_mnist"),
+    "leaf": _lazy("leaf", "load"),
+    "gmm": _lazy("synthetic", "load"),
 }
 
 
