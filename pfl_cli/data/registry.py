@@ -45,6 +45,7 @@ SCHEMES: dict[str, Loader] = {
     "fashion-mnist": _lazy("mnist", "load_fashion_mnist"),
     "leaf": _lazy("leaf", "load"),
     "gmm": _lazy("synthetic", "load"),
+    "ring": _lazy("ring", "load"),
 }
 
 
