@@ -1,0 +1,165 @@
+"""JSON-able architecture specs: rebuild a trained network from ``model.pt`` without pickling.
+
+A spec is a plain dict of JSON types (str, int, list, dict) that names the network and every
+constructor argument, with ``"auto"`` already resolved. ``model.pt`` stores state dicts; the
+spec (in the artifact's JSON) says which modules to build before ``load_state_dict``::
+
+    {"kind": "client", "arch": "lenet", "input_shape": [3, 32, 32], "num_classes": 10, "hidden": [32]}
+    {"kind": "embedding", "arch": "cnn", "input_shape": [3, 32, 32], "num_classes": 10,
+     "dim": 26, "hidden": 64}
+    {"kind": "hypernetwork", "in_dim": 26, "target": {<client spec>}, "size": "M", "hidden": 100}
+
+:func:`build` turns any of them into a fresh (randomly initialized) module with the same
+parameter names and shapes as the one that was trained.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from torch import nn
+
+from pfl_cli.errors import InputError, check_param
+from pfl_cli.models.client import check_hidden, check_input_shape, check_int, client_model, resolve_arch
+from pfl_cli.models.embedding import embedding_net, resolve_embedding
+from pfl_cli.models.hypernetwork import hyper_layers, hypernetwork
+from pfl_cli.models.util import count_parameters
+
+SPEC_KINDS = ("client", "embedding", "hypernetwork")
+
+
+def client_spec(
+    arch: str, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32,)
+) -> dict:
+    """Spec of :func:`~pfl_cli.models.client.client_model` with ``arch`` resolved.
+
+    ``hidden`` (the MLP widths) is recorded for both archs; LeNet ignores it.
+
+    Examples
+    --------
+    >>> client_spec("auto", (64,), 10)
+    {'kind': 'client', 'arch': 'mlp', 'input_shape': [64], 'num_classes': 10, 'hidden': [32]}
+    """
+    resolved = resolve_arch(arch, input_shape)
+    return {
+        "kind": "client",
+        "arch": resolved,
+        "input_shape": list(check_input_shape(input_shape)),
+        "num_classes": check_int("num_classes", num_classes, 2),
+        "hidden": list(check_hidden("mlp_hidden", hidden)),
+    }
+
+
+def embedding_spec(
+    kind: str, input_shape: Sequence[int], num_classes: int, dim: int, hidden: int = 64
+) -> dict:
+    """Spec of :func:`~pfl_cli.models.embedding.embedding_net` with ``kind`` resolved.
+
+    Examples
+    --------
+    >>> embedding_spec("auto", (3, 32, 32), 10, 26)["arch"]
+    'cnn'
+    """
+    resolved = resolve_embedding(kind, input_shape)
+    return {
+        "kind": "embedding",
+        "arch": resolved,
+        "input_shape": list(check_input_shape(input_shape)),
+        "num_classes": check_int("num_classes", num_classes, 2),
+        "dim": check_int("embed_dim", dim, 1),
+        "hidden": check_int("embed_hidden", hidden, 1),
+    }
+
+
+def hyper_spec(in_dim: int, target_spec: dict, size: str = "M", hidden: int = 100) -> dict:
+    """Spec of :func:`~pfl_cli.models.hypernetwork.hypernetwork` for the network ``target_spec``."""
+    hyper_layers(size)
+    target_kind = _kind(target_spec)
+    check_param("target_spec kind", target_kind != "hypernetwork", "must not be a hypernetwork", target_kind)
+    return {
+        "kind": "hypernetwork",
+        "in_dim": check_int("embed_dim", in_dim, 1),
+        "target": dict(target_spec),
+        "size": size,
+        "hidden": check_int("hyper_hidden", hidden, 1),
+    }
+
+
+def _kind(spec: Any) -> str:
+    check_param("spec", isinstance(spec, dict), "must be a dict", type(spec).__name__)
+    kind = spec.get("kind")
+    check_param("spec kind", kind in SPEC_KINDS, f"must be one of {', '.join(SPEC_KINDS)}", kind)
+    return kind
+
+
+def _field(spec: dict, key: str) -> Any:
+    if key not in spec:
+        raise InputError(f"{spec['kind']} spec needs the key {key!r}; got keys {sorted(spec)}.")
+    return spec[key]
+
+
+def build(spec: dict) -> nn.Module:
+    """A fresh module (default initialization) described by a spec dict.
+
+    Dispatches on ``spec["kind"]``: ``"client"``, ``"embedding"`` or ``"hypernetwork"`` (which
+    builds its target from ``spec["target"]`` to get the generated shapes).
+
+    Raises
+    ------
+    InputError
+        For an unknown kind, a missing key or an invalid value.
+    """
+    kind = _kind(spec)
+    if kind == "client":
+        return client_model(
+            _field(spec, "arch"),
+            tuple(_field(spec, "input_shape")),
+            _field(spec, "num_classes"),
+            hidden=tuple(spec.get("hidden", (32,))),
+        )
+    if kind == "embedding":
+        return embedding_net(
+            _field(spec, "arch"),
+            tuple(_field(spec, "input_shape")),
+            _field(spec, "num_classes"),
+            _field(spec, "dim"),
+            hidden=spec.get("hidden", 64),
+        )
+    target = build(_field(spec, "target"))
+    return hypernetwork(
+        _field(spec, "in_dim"), target, size=_field(spec, "size"), hidden=spec.get("hidden", 100)
+    )
+
+
+def num_parameters(spec: dict) -> int:
+    """Parameter count of ``build(spec)``; for a hypernetwork without building its ~100x D heads."""
+    if _kind(spec) != "hypernetwork":
+        return count_parameters(build(spec))
+    d = count_parameters(build(_field(spec, "target")))
+    h = check_int("hyper_hidden", spec.get("hidden", 100), 1)
+    dim = check_int("embed_dim", _field(spec, "in_dim"), 1)
+    n_hidden = hyper_layers(_field(spec, "size"))
+    return h * dim + h + n_hidden * (h * h + h) + (h + 1) * d  # §2.3: 100 l + 100 + 10,100 n + 101 D
+
+
+def describe(spec: dict) -> str:
+    """One line naming the network of ``spec`` and its parameter count.
+
+    Examples
+    --------
+    >>> describe(client_spec("lenet", (3, 32, 32), 10))
+    'client lenet, input (3, 32, 32), 10 classes: 121,182 parameters'
+    >>> describe(embedding_spec("linear", (64,), 10, 26))
+    'embedding linear, input (64,), 10 classes -> 26: 286 parameters'
+    """
+    kind = _kind(spec)
+    count = f"{num_parameters(spec):,} parameters"
+    if kind == "hypernetwork":
+        target = describe(spec["target"]).split(":")[0]
+        width = spec.get("hidden", 100)
+        return f"hypernetwork {spec['size']} (hidden {width}), {spec['in_dim']} -> [{target}]: {count}"
+    shape = tuple(spec["input_shape"])
+    if kind == "client":
+        return f"client {spec['arch']}, input {shape}, {spec['num_classes']} classes: {count}"
+    return f"embedding {spec['arch']}, input {shape}, {spec['num_classes']} classes -> {spec['dim']}: {count}"
+
