@@ -1,0 +1,12 @@
+"""Federated algorithms plugged into the round loop of ``pfl_cli.fl``: one module each."""
+
+from __future__ import annotations
+
+from pfl_cli.algorithms.base import Algorithm
+from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.local import Local
+from pfl_cli.algorithms.pefll import PeFLL
+
+REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (PeFLL, FedAvg, Local)}
+
+__all__ = ["Algorithm", "FedAvg", "Local", "PeFLL", "REGISTRY"]

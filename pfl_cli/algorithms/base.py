@@ -1,0 +1,127 @@
+"""What every algorithm plugs into the round loop (``pfl_cli.fl.loop``).
+
+An algorithm owns its server state and answers four hooks: ``run_round`` (one round on a
+cohort), ``personalize`` (models for any clients, seen or not), ``state`` /
+``load_state`` (everything a resumed run needs) and ``weights`` (what ``model.pt`` keeps).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from pfl_cli.rng import seed_sequence
+
+
+def seeded(seed: int, name: str, build):
+    """Run ``build()`` with torch's global RNG seeded from a named stream, restoring it afterwards.
+
+    Module constructors draw their default initialization from the global generator;
+    forking keeps the caller's global state untouched.
+    """
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed_sequence(seed, name).generate_state(1)[0]))
+        return build()
+
+
+def stack(params: dict, c: int) -> dict:
+    """Repeat one model's parameters ``c`` times along a new leading cohort axis."""
+    return {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in params.items()}
+
+
+class Algorithm:
+    """Base class: shared client-side training helpers."""
+
+    name = ""
+    federated = True          # False: no rounds (Local), evaluation trains per client
+    personalized = True       # whether personalize() returns one model per client
+
+    def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.device = store.device
+        self.arch = arch if arch is not None else self.resolve_arch(cfg, store)
+        self.build()
+
+    # ------------------------------------------------------------------ hooks
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.models import client_spec
+
+        return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, tuple(cfg.mlp_hidden))}
+
+    def build(self) -> None:
+        raise NotImplementedError
+
+    def run_round(self, t: int, cohort, gen):
+        raise NotImplementedError
+
+    def personalize(self, clients: np.ndarray, gen):
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def weights(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_weights(self, weights: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared helpers
+    def client_net(self):
+        from pfl_cli.models import build
+
+        return seeded(self.cfg.seed, "init-client", lambda: build(self.arch["client"])).to(self.device)
+
+    def sgd_options(self) -> dict:
+        c = self.cfg
+        return {"lr": c.lr, "momentum": c.momentum, "weight_decay": 2.0 * c.lambda_theta, "clip": c.client_clip}
+
+    def epoch_steps(self, clients, epochs: int):
+        """Per-client step counts for ``epochs`` passes over the fit data, and the active-step mask."""
+        import torch
+
+        n = self.store.fit.length[clients]
+        steps = epochs * torch.ceil(n.to(torch.float64) / self.cfg.batch_size).to(torch.int64).clamp_min(1)
+        total = int(steps.max()) if len(steps) else 0
+        active = torch.arange(total, device=n.device)[None, :] < steps[:, None]
+        return total, active
+
+    def train_clients(self, start: dict, clients: np.ndarray, gen, *, steps: int | None = None,
+                      epochs: int | None = None, chunk: int = 64) -> dict:
+        """Local SGD from ``start`` (one model) on each client's fit data, ``chunk`` clients at a time."""
+        import torch
+
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd
+
+        out: dict[str, list] = {k: [] for k in start}
+        for lo in range(0, len(clients), chunk):
+            sel = torch.as_tensor(clients[lo:lo + chunk], device=self.device)
+            if epochs is not None:
+                total, active = self.epoch_steps(sel, epochs)
+            else:
+                total, active = steps, None
+            index, mask = sample_batches(self.store.fit, sel, total, self.cfg.batch_size, gen)
+            theta, _ = local_sgd(self.net, stack(start, len(sel)), self.store, index, mask, active=active,
+                                 **self.sgd_options())
+            for k, v in theta.items():
+                out[k].append(v)
+        return {k: torch.cat(v) if v else start[k].unsqueeze(0)[:0] for k, v in out.items()}
+
+
+def descriptor_dim(cfg, num_clients: int) -> int:
+    """l = int(1 + n / 4) unless given (``specs/pefll.md`` §2.4)."""
+    return int(cfg.embed_dim) if cfg.embed_dim else int(1 + num_clients / 4)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return int(math.ceil(a / b))

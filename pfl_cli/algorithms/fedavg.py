@@ -1,0 +1,66 @@
+"""FedAvg (thesis Alg. 3/4) with a server learning rate, and optional fine-tuning for new clients.
+
+Each round the cohort starts from the global model, runs k local SGD steps (or
+``local_epochs`` passes) and the server moves the global model by ``server_lr`` times the
+data-size-weighted mean of the clients' deltas (Alg. 3 line 9 is ``server_lr = 1``),
+optionally with server momentum. A client's model is the global model, or the global model
+after ``finetune_steps`` local steps on its own data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import Algorithm, stack
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"
+    default_server_lr = 1.0
+
+    def build(self) -> None:
+        self.net = self.client_net()
+        self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+        self.server_buf = {k: v.new_zeros(v.shape) for k, v in self.global_params.items()}
+        self.personalized = self.cfg.finetune_steps > 0
+
+    def run_round(self, t, cohort, gen):
+        import torch
+
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd
+
+        cfg = self.cfg
+        if cfg.local_epochs:
+            steps, active = self.epoch_steps(cohort, cfg.local_epochs)
+        else:
+            steps, active = cfg.local_steps, None
+        index, mask = sample_batches(self.store.fit, cohort, steps, cfg.batch_size, gen)
+        theta, loss = local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
+                                active=active, **self.sgd_options())
+        size = self.store.fit.length[cohort].to(torch.float32)
+        weight = size / size.sum()  # Alg. 3 line 9: m_i / m
+        lr = cfg.server_lr if cfg.server_lr is not None else self.default_server_lr
+        for k, g in self.global_params.items():
+            delta = torch.einsum("c,c...->...", weight, theta[k] - g)
+            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + delta
+            self.global_params[k] = g + lr * self.server_buf[k]
+        return loss
+
+    def personalize(self, clients: np.ndarray, gen):
+        if self.cfg.finetune_steps > 0:
+            return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True
+        return self.global_params, False
+
+    def state(self):
+        return {"global": self.global_params, "server_buf": self.server_buf}
+
+    def load_state(self, state):
+        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
+        self.server_buf = {k: v.to(self.device) for k, v in state["server_buf"].items()}
+
+    def weights(self):
+        return {"client": {k: v.detach().cpu() for k, v in self.global_params.items()}}
+
+    def load_weights(self, weights):
+        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}

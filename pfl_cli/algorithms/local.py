@@ -1,0 +1,40 @@
+"""Local: every client trains its own model on its own data, with no communication.
+
+The paper's baseline (``specs/pefll.md`` §4.1: 200 epochs per client). There are no
+rounds: a client's model is ``local_epochs`` passes of local SGD from a shared seeded
+initialization, so a client never seen in training gets its model the same way, and
+all clients of a group train together as one vmapped computation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import Algorithm
+
+DEFAULT_EPOCHS = 200
+
+
+class Local(Algorithm):
+    name = "local"
+    federated = False
+
+    def build(self) -> None:
+        self.net = self.client_net()
+        self.init_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+
+    def personalize(self, clients: np.ndarray, gen):
+        epochs = self.cfg.local_epochs or DEFAULT_EPOCHS
+        return self.train_clients(self.init_params, clients, gen, epochs=epochs), True
+
+    def state(self):
+        return {"init": self.init_params}
+
+    def load_state(self, state):
+        self.init_params = {k: v.to(self.device) for k, v in state["init"].items()}
+
+    def weights(self):
+        return {"client_init": {k: v.detach().cpu() for k, v in self.init_params.items()}}
+
+    def load_weights(self, weights):
+        self.init_params = {k: v.to(self.device) for k, v in weights["client_init"].items()}

@@ -1,0 +1,211 @@
+"""PeFLL (Scott, Zakerinia, Lampert, ICLR 2024; thesis Alg. 7 and 8).
+
+A server-side hypernetwork h(v; eta_h) maps a client descriptor v = mean_b phi(x_b, y_b; eta_v)
+(the embedding network averaged over a batch of the client's data, §1.1) to the client's
+model theta = h(v). Training (Alg. 8, implemented as ``specs/pefll.md`` §1.6):
+
+1. each cohort client computes v on one batch and keeps the graph (steps 5-7);
+2. the server generates theta_i = h(v_i) (step 8);
+3. the clients run k local SGD steps on f_i and return delta_i = theta_new - theta (steps 10-11);
+4. the server back-propagates -delta_i through h, giving the eta_h gradient and dv_i (step 12);
+5. each client back-propagates dv_i through its cached descriptor graph into eta_v (step 14);
+6. the server averages, adds the regularizer gradients 2 lambda_h eta_h and 2 lambda_v eta_v
+   (lines 17-18), clips and takes an optimizer step (Adam by default, as the authors' code).
+
+Only first-order VJPs are needed (footnote 2). Prediction for any client (Alg. 7) is one
+descriptor and one hypernetwork forward pass: no optimizer step anywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import Algorithm, descriptor_dim, seeded
+
+DEFAULT_SERVER_LR = 2e-4
+
+
+class PeFLL(Algorithm):
+    name = "pefll"
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.models import client_spec, embedding_spec, hyper_spec
+
+        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, tuple(cfg.mlp_hidden))
+        dim = descriptor_dim(cfg, store.num_clients)
+        return {
+            "client": client,
+            "embedding": embedding_spec(cfg.embedding, store.input_shape, store.num_classes, dim),
+            "hypernetwork": hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden),
+        }
+
+    def build(self) -> None:
+        import torch
+
+        from pfl_cli.models import build
+
+        self.net = self.client_net()
+        self.embed = seeded(self.cfg.seed, "init-embedding", lambda: build(self.arch["embedding"])).to(self.device)
+        self.hnet = seeded(self.cfg.seed, "init-hypernetwork", lambda: build(self.arch["hypernetwork"])).to(self.device)
+        self.names = [k for k, _ in self.net.named_parameters()]
+        self.desc_stats = None  # frozen (m, s) of the code's descriptor standardization
+        params = [*self.hnet.parameters(), *self.embed.parameters()]
+        lr = self.cfg.server_lr if self.cfg.server_lr is not None else DEFAULT_SERVER_LR
+        if self.cfg.server_optimizer == "adam":
+            self.opt = torch.optim.Adam(params, lr=lr)
+        else:
+            self.opt = torch.optim.SGD(params, lr=lr, momentum=self.cfg.server_momentum)
+
+    # ------------------------------------------------------------------ descriptors (§1.1)
+    def _embed_mean(self, index, mask):
+        """v = masked mean of phi(x, y) over each row of ``index`` (k, b) -> (k, l)."""
+        k, b = index.shape
+        e = self.embed(self.store.inputs(index).flatten(0, 1), self.store.onehot(index).flatten(0, 1)).view(k, b, -1)
+        return (e * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1.0)
+
+    def _standardize(self, v):
+        if not self.cfg.standardize_descriptor:
+            return v
+        if self.desc_stats is None:
+            # The authors' code: scalar mean and std of the very first descriptor, frozen.
+            first = v[0].detach()
+            self.desc_stats = torch_stack_scalar(first.mean(), first.std().clamp_min(1e-8))
+        m, s = self.desc_stats[0], self.desc_stats[1]
+        return (v - m) / s
+
+    def descriptors(self, clients, gen, *, chunk_samples: int = 8192):
+        """Evaluation descriptors: over all fit samples (code) or one random batch (paper)."""
+        import torch
+
+        from pfl_cli.fl.batches import sample_batches
+
+        sel = torch.as_tensor(clients, device=self.device)
+        with torch.no_grad():
+            if self.cfg.eval_descriptor == "batch":
+                index, mask = sample_batches(self.store.fit, sel, 1, self.cfg.descriptor_batch, gen)
+                return self._standardize(self._embed_mean(index[:, 0], mask[:, 0]))
+            rows, length = self.store.fit.rows(sel)
+            per = max(1, chunk_samples // rows.shape[1])
+            parts = []
+            for lo in range(0, len(sel), per):
+                r, n = rows[lo:lo + per], length[lo:lo + per]
+                mask = (torch.arange(r.shape[1], device=r.device) < n[:, None]).to(torch.float32)
+                parts.append(self._embed_mean(r, mask))
+            return self._standardize(torch.cat(parts))
+
+    # ------------------------------------------------------------------ Alg. 8
+    def run_round(self, t, cohort, gen):
+        import torch
+
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd
+
+        cfg, c = self.cfg, len(cohort)
+        d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)       # step 5
+        index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
+        v = self._standardize(self._embed_mean(d_index[:, 0], d_mask[:, 0]))                          # step 6
+        v_leaf = v.detach().requires_grad_(True)                                                      # step 7
+        theta = self.hnet(v_leaf)                                                                     # step 8
+        new, loss = local_sgd(self.net, {k: theta[k].detach() for k in self.names}, self.store,      # step 10
+                              index, mask, **self.sgd_options())
+        neg_delta = [(theta[k].detach() - new[k]) / c for k in self.names]                            # -delta / |P|
+        self._server_backward(theta, v, v_leaf, neg_delta)
+        return loss
+
+    def _server_backward(self, theta, v, v_leaf, neg_delta) -> None:
+        """Steps 12-18: server VJP, client VJP, averaged regularized update."""
+        import torch
+
+        h_params = list(self.hnet.parameters())
+        e_params = list(self.embed.parameters())
+        grads = torch.autograd.grad([theta[k] for k in self.names], [*h_params, v_leaf], grad_outputs=neg_delta)
+        g_h, g_v = grads[:-1], grads[-1]                                                              # step 12
+        g_e = torch.autograd.grad(v, e_params, grad_outputs=g_v, allow_unused=True)                   # step 14
+        cfg = self.cfg
+        self.opt.zero_grad(set_to_none=True)
+        for params, gs, lam in ((h_params, g_h, cfg.lambda_h), (e_params, g_e, cfg.lambda_v)):
+            for p, g in zip(params, gs):
+                g = torch.zeros_like(p) if g is None else g
+                p.grad = g + 2.0 * lam * p.detach() if lam else g.clone()                             # lines 17-18
+        if cfg.server_clip > 0:
+            torch.nn.utils.clip_grad_norm_([*h_params, *e_params], cfg.server_clip)
+        self.opt.step()
+
+    def run_round_sequential(self, t, cohort, gen):
+        """:meth:`run_round` one client at a time (the reference for tests and the benchmark)."""
+        import torch
+
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd_reference
+
+        cfg, c = self.cfg, len(cohort)
+        d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)
+        index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
+        h_params, e_params = list(self.hnet.parameters()), list(self.embed.parameters())
+        acc_h = [torch.zeros_like(p) for p in h_params]
+        acc_e = [torch.zeros_like(p) for p in e_params]
+        losses = []
+        for i in range(c):
+            v = self._standardize(self._embed_mean(d_index[i:i + 1, 0], d_mask[i:i + 1, 0]))
+            v_leaf = v.detach().requires_grad_(True)
+            theta = self.hnet(v_leaf)
+            new, loss = local_sgd_reference(self.net, {k: theta[k].detach() for k in self.names}, self.store,
+                                            index[i:i + 1], mask[i:i + 1], **self.sgd_options())
+            neg = [(theta[k].detach() - new[k]) / c for k in self.names]
+            grads = torch.autograd.grad([theta[k] for k in self.names], [*h_params, v_leaf], grad_outputs=neg)
+            g_e = torch.autograd.grad(v, e_params, grad_outputs=grads[-1], allow_unused=True)
+            for a, g in zip(acc_h, grads[:-1]):
+                a += g
+            for a, g in zip(acc_e, g_e):
+                if g is not None:
+                    a += g
+            losses.append(loss)
+        cfg = self.cfg
+        self.opt.zero_grad(set_to_none=True)
+        for params, gs, lam in ((h_params, acc_h, cfg.lambda_h), (e_params, acc_e, cfg.lambda_v)):
+            for p, g in zip(params, gs):
+                p.grad = g + 2.0 * lam * p.detach() if lam else g
+        if cfg.server_clip > 0:
+            torch.nn.utils.clip_grad_norm_([*h_params, *e_params], cfg.server_clip)
+        self.opt.step()
+        return torch.cat(losses)
+
+    # ------------------------------------------------------------------ Alg. 7
+    def personalize(self, clients: np.ndarray, gen):
+        import torch
+
+        v = self.descriptors(clients, gen)
+        with torch.no_grad():
+            return self.hnet(v), True
+
+    # ------------------------------------------------------------------ state
+    def state(self):
+        st = {"hypernetwork": self.hnet.state_dict(), "embedding": self.embed.state_dict(),
+              "optimizer": self.opt.state_dict()}
+        if self.desc_stats is not None:
+            st["descriptor_stats"] = self.desc_stats
+        return st
+
+    def load_state(self, state):
+        self.load_weights(state)
+        self.opt.load_state_dict(state["optimizer"])
+
+    def weights(self):
+        out = {"hypernetwork": {k: v.detach().cpu().clone() for k, v in self.hnet.state_dict().items()},
+               "embedding": {k: v.detach().cpu().clone() for k, v in self.embed.state_dict().items()}}
+        if self.desc_stats is not None:
+            out["descriptor_stats"] = self.desc_stats.detach().cpu().clone()
+        return out
+
+    def load_weights(self, weights):
+        self.hnet.load_state_dict(weights["hypernetwork"])
+        self.embed.load_state_dict(weights["embedding"])
+        stats = weights.get("descriptor_stats")
+        self.desc_stats = None if stats is None else stats.to(self.device)
+
+
+def torch_stack_scalar(a, b):
+    import torch
+
+    return torch.stack([a, b]).detach()

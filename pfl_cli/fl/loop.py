@@ -1,0 +1,166 @@
+"""The explicit round loop: sample a cohort, run the algorithm's round, evaluate, select, checkpoint.
+
+Every round's randomness (cohort, batches) comes from a generator seeded by (seed, round),
+and evaluation's from (seed, evaluation round), so a run resumed from a checkpoint draws
+exactly what the uninterrupted run would have drawn and ends with the same metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from pfl_cli.errors import RunError
+from pfl_cli.fl.evaluate import GroupEval, evaluate
+from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
+from pfl_cli.rng import torch_generator
+
+GROUPS = ("train", "holdout", "val")
+
+
+class TrainingDiverged(RunError):
+    """The training loss stopped being finite."""
+
+    def __init__(self, round_: int, loss: float, last_checkpoint: int | None) -> None:
+        self.round, self.loss, self.last_checkpoint = round_, loss, last_checkpoint
+        super().__init__(f"training diverged: the loss became {loss} at round {round_}.")
+
+
+@dataclass
+class Evaluation:
+    round: int
+    groups: dict[str, GroupEval]
+
+    def summaries(self) -> dict[str, dict]:
+        return {g: ev.summary() for g, ev in self.groups.items()}
+
+
+@dataclass
+class TrainOutcome:
+    """What a training run hands to the writer of the ``train`` artifact."""
+
+    weights: dict[str, Any]       # the selected model's weights (CPU tensors)
+    history: list[list]           # [round, group, metric, value] rows
+    best: Evaluation              # the evaluation of the selected model
+    last_round: int
+    selection: str                # "val" or "last"
+    extra: dict = field(default_factory=dict)
+
+
+def evaluate_groups(alg, round_: int, *, seed: int, with_val: bool) -> Evaluation:
+    """Personalize and evaluate train clients (test, val) and holdout clients (test)."""
+    store = alg.store
+    gen = torch_generator(seed, f"evaluate-{round_}")
+    groups: dict[str, GroupEval] = {}
+    for name, role in (("train", ROLE_TRAIN), ("holdout", ROLE_HOLDOUT)):
+        clients = store.clients(role)
+        if len(clients) == 0:
+            continue
+        params, personalized = alg.personalize(clients, gen)
+        groups[name] = evaluate(alg.net, params, store, clients, "test", personalized=personalized)
+        if name == "train" and with_val:
+            groups["val"] = evaluate(alg.net, params, store, clients, "val", personalized=personalized)
+    return Evaluation(round_, groups)
+
+
+def _rows(ev: Evaluation) -> list[list]:
+    rows = []
+    for group, summary in ev.summaries().items():
+        for metric in ("mean_accuracy", "pooled_accuracy", "mean_accuracy_lm", "pooled_accuracy_lm", "loss"):
+            rows.append([ev.round, group, metric, summary[metric]])
+    return rows
+
+
+def _copy_weights(weights: dict) -> dict:
+    return {k: (_copy_weights(v) if isinstance(v, dict) else v.detach().cpu().clone()) for k, v in weights.items()}
+
+
+def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[[dict], None] | None = None,
+               on_progress: Callable[[int, int, dict], None] | None = None) -> TrainOutcome:
+    """Train ``alg`` for ``cfg.rounds`` rounds (none for non-federated algorithms).
+
+    Parameters
+    ----------
+    alg : pfl_cli.algorithms.Algorithm
+    cfg : TrainConfig
+    resume : dict, optional
+        A checkpoint previously passed to ``on_checkpoint``; training continues after it.
+    on_checkpoint : callable(dict), optional
+        Receives a checkpoint (plain dicts, lists and tensors) every ``checkpoint_every``
+        rounds; the caller stores it.
+    on_progress : callable(done, total, status), optional
+    """
+    import torch
+
+    store = alg.store
+    train_clients = torch.as_tensor(store.clients(ROLE_TRAIN), device=store.device)
+    if len(train_clients) == 0:
+        raise RunError("training needs train clients (role 0); the partition has none.")
+    total = cfg.rounds if alg.federated else 0
+    with_val = cfg.val_fraction > 0 and int(store.val.length.sum()) > 0
+    every_ckpt = cfg.checkpoint_every or cfg.eval_every
+    start, history, best, loss_acc, last_ckpt = 0, [], None, [0.0, 0], None
+    if resume is not None:
+        alg.load_state(resume["algorithm"])
+        start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
+        best = resume["best"]
+        last_ckpt = start
+    c = min(cfg.clients_per_round, len(train_clients))
+    latest: dict[str, float] = {}
+    for t in range(start, total):
+        gen = torch_generator(cfg.seed, f"round-{t}")
+        cohort = train_clients[torch.randperm(len(train_clients), generator=gen)[:c].to(store.device)]
+        loss = alg.run_round(t, cohort, gen)
+        mean_loss = float(loss.mean())
+        if not np.isfinite(mean_loss):
+            raise TrainingDiverged(t + 1, mean_loss, last_ckpt)
+        loss_acc = [loss_acc[0] + mean_loss, loss_acc[1] + 1]
+        done = t + 1
+        if done % cfg.eval_every == 0 or done == total:
+            history.append([done, "train", "train_loss", loss_acc[0] / max(loss_acc[1], 1)])
+            loss_acc = [0.0, 0]
+            ev = evaluate_groups(alg, done, seed=cfg.seed, with_val=with_val)
+            history.extend(_rows(ev))
+            best = _select(best, ev, alg, with_val)
+            latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
+                      for g, s in ev.summaries().items()}
+        if on_checkpoint is not None and (done % every_ckpt == 0 or done == total):
+            on_checkpoint({"round": done, "algorithm": alg.state(), "history": history, "loss_acc": loss_acc,
+                           "best": best})
+            last_ckpt = done
+        if on_progress is not None:
+            on_progress(done, total, {"loss": mean_loss, **latest})
+    if total == 0:
+        ev = evaluate_groups(alg, 0, seed=cfg.seed, with_val=with_val)
+        history.extend(_rows(ev))
+        best = _select(None, ev, alg, with_val)
+    if best is None:  # rounds fewer than one evaluation period never happens (last round evaluates)
+        raise RunError("no evaluation ran; set --eval-every to at most --rounds.")
+    ev = _evaluation_from(best["evaluation"])
+    return TrainOutcome(weights=best["weights"], history=history, best=ev, last_round=total,
+                        selection="val" if with_val else "last")
+
+
+def _evaluation_to(ev: Evaluation) -> dict:
+    import torch
+
+    return {"round": ev.round, "groups": {g: {k: torch.as_tensor(getattr(e, k)) for k in
+                                              ("clients", "n", "correct", "correct_lm", "loss")}
+                                          for g, e in ev.groups.items()}}
+
+
+def _evaluation_from(doc: dict) -> Evaluation:
+    groups = {g: GroupEval(**{k: v.numpy() for k, v in d.items()}) for g, d in doc["groups"].items()}
+    return Evaluation(int(doc["round"]), groups)
+
+
+def _select(best: dict | None, ev: Evaluation, alg, with_val: bool) -> dict:
+    """Keep the model with the best validation accuracy (the papers' selection), else the latest."""
+    key = "pooled_accuracy_lm" if alg.cfg.label_mask else "pooled_accuracy"
+    score = ev.summaries()["val"][key] if with_val else float(ev.round)
+    if best is None or score > best["score"]:
+        return {"score": score, "round": ev.round, "weights": _copy_weights(alg.weights()),
+                "evaluation": _evaluation_to(ev)}
+    return best
