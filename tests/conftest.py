@@ -29,3 +29,17 @@ def cli(capsys):
         return Run(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def digits_clients():
+    """builtin:digits over 20 clients with 2 classes each, 4 of them holdout: (dataset, partition)."""
+    from pfl_cli.data import load_dataset
+    from pfl_cli.partition import PartitionConfig, partition_labels
+    from pfl_cli.rng import make_rng
+
+    ds = load_dataset("builtin:digits")
+    cfg = PartitionConfig(scheme="pathological", classes_per_client=2, class_shares="equal", num_clients=20,
+                          holdout_clients=4, test_fraction=0.3)
+    part = partition_labels(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(0, "partition"), pool=ds.pool)
+    return ds, part

@@ -116,7 +116,7 @@ def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, 
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
             opt.step()
-            total, count = total + float(loss), count + 1
+            total, count = total + float(loss.detach()), count + 1
         for k, p in net.named_parameters():
             out[k].append(p.detach().clone())
         losses.append(total / max(count, 1))

@@ -1,0 +1,101 @@
+"""Client store layout, validation split, normalization, and evaluation against a slow reference."""
+
+import numpy as np
+import pytest
+import torch
+
+from pfl_cli.errors import InputError
+from pfl_cli.fl.evaluate import evaluate
+from pfl_cli.fl.store import ROLE_TRAIN, build_store, split_validation
+from pfl_cli.models import client_model
+from pfl_cli.rng import make_rng
+
+
+@pytest.fixture(scope="module")
+def store(digits_clients):
+    ds, part = digits_clients
+    return build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.25, rng=make_rng(0, "v"), device="cpu")
+
+
+def test_fit_and_val_split_each_train_client(store, digits_clients):
+    ds, part = digits_clients
+    for j in range(part.num_clients):
+        fit = set(store.fit.index[j, : store.fit.length[j]].tolist())
+        val = set(store.val.index[j, : store.val.length[j]].tolist())
+        assert fit | val == set(part.train_of(j).tolist()) and not fit & val
+        n = len(part.train_of(j))
+        assert len(val) == (int(np.floor(0.25 * n)) if part.role[j] == ROLE_TRAIN else 0)
+        assert set(store.test.index[j, : store.test.length[j]].tolist()) == set(part.test_of(j).tolist())
+        present = np.unique(ds.y[part.train_of(j)])
+        assert np.flatnonzero(store.classes[j].numpy()).tolist() == present.tolist()
+
+
+def test_split_validation_keeps_one_sample_to_train_on():
+    owner = np.array([0, 1, 1, 2, 2, 2, 2])
+    held = split_validation(owner, np.array([True, True, False]), 0.9, np.random.default_rng(0))
+    assert held[owner == 0].sum() == 0 and held[owner == 1].sum() == 1 and held[owner == 2].sum() == 0
+
+
+def test_inputs_are_standardized_on_train_client_fit_samples(store):
+    idx = torch.cat([store.fit.index[j, : store.fit.length[j]] for j in np.flatnonzero(store.role == ROLE_TRAIN)])
+    x = store.inputs(idx)
+    varying = x.std(0) > 0
+    assert torch.allclose(x.mean(0), torch.zeros(64), atol=1e-4)
+    assert torch.allclose(x.std(0, unbiased=False)[varying], torch.ones(int(varying.sum())), atol=1e-3)
+
+
+def test_a_dataset_without_labels_is_refused(digits_clients):
+    ds, part = digits_clients
+    with pytest.raises(InputError, match="needs labels"):
+        build_store(ds.x, None, 10, part, val_fraction=0.0, rng=None, device="cpu")
+
+
+def _reference(net, params, store, clients, personalized):
+    out = []
+    for i, j in enumerate(clients):
+        idx = store.test.index[j, : store.test.length[j]]
+        p = {k: v[i] for k, v in params.items()} if personalized else params
+        logits = torch.func.functional_call(net, p, (store.inputs(idx),))
+        y = store.y[idx]
+        masked = logits.clone()
+        masked[:, ~store.classes[j]] = -float("inf")
+        out.append((len(idx), int((logits.argmax(1) == y).sum()), int((masked.argmax(1) == y).sum())))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("personalized", [False, True])
+def test_evaluate_matches_a_per_client_loop(store, personalized):
+    net = client_model("mlp", (64,), 10, hidden=(8,))
+    clients = np.arange(store.num_clients)
+    g = torch.Generator().manual_seed(0)
+    base = dict(net.named_parameters())
+    params = ({k: v.detach() + torch.randn(len(clients), *v.shape, generator=g) for k, v in base.items()}
+              if personalized else {k: v.detach() for k, v in base.items()})
+    ev = evaluate(net, params, store, clients, "test", personalized=personalized, max_samples=64)
+    ref = _reference(net, params, store, clients, personalized)
+    assert ev.n.tolist() == ref[:, 0].tolist()
+    assert ev.correct.tolist() == ref[:, 1].tolist()
+    assert ev.correct_lm.tolist() == ref[:, 2].tolist()
+    s = ev.summary()
+    assert s["pooled_accuracy"] == pytest.approx(ref[:, 1].sum() / ref[:, 0].sum())
+    assert s["mean_accuracy"] == pytest.approx(np.mean(ref[:, 1] / ref[:, 0]))
+
+
+def test_label_masking_never_predicts_an_absent_class_even_with_negative_logits(store):
+    """T8: the code's multiplicative mask fails when every present logit is negative; -inf does not."""
+    net = client_model("mlp", (64,), 10, hidden=(4,))
+    params = {k: torch.zeros_like(v) for k, v in net.named_parameters()}
+    clients = np.arange(store.num_clients)
+    for absent_winner in range(10):
+        bias = torch.full((10,), -5.0)
+        bias[absent_winner] = -1.0  # the largest logit everywhere
+        params["fc2.bias"] = bias
+        ev = evaluate(net, params, store, clients, "test", personalized=False)
+        for j in clients:
+            y = store.y[store.test.index[j, : store.test.length[j]]]
+            own = torch.nonzero(store.classes[j]).flatten()
+            if absent_winner in own.tolist():
+                continue
+            # every prediction is the client's lowest-index own class (all own logits tie at -5)
+            assert ev.correct_lm[j] == int((y == own.min()).sum())
+            assert ev.correct[j] == int((y == absent_winner).sum())
