@@ -50,12 +50,16 @@ def _register() -> None:
     from pfl_cli.cli import cluster
     from pfl_cli.cli import mdm_fit
     from pfl_cli.cli import simulate
+    from pfl_cli.cli import train
+    from pfl_cli.cli import predict
 
     app.command("partition", no_args_is_help=True)(partition.partition)
     app.command("privacy-account", no_args_is_help=True)(privacy_account.privacy_account)
     app.command("cluster", no_args_is_help=True)(cluster.cluster)
     app.command("mdm-fit", no_args_is_help=True)(mdm_fit.mdm_fit)
     app.command("simulate", no_args_is_help=True)(simulate.simulate)
+    app.command("train", no_args_is_help=True)(train.train)
+    app.command("predict", no_args_is_help=True)(predict.predict)
 
 
 _register()

@@ -18,6 +18,8 @@ CONFIG_CLASSES = {
     "simulate": ("pfl_cli.simulate", "SimulateConfig"),
     "cluster": ("pfl_cli.cluster", "ClusterConfig"),
     "privacy-account": ("pfl_cli.privacy.query", "PrivacyAccountConfig"),
+    "train": ("pfl_cli.fl.config", "TrainConfig"),
+    "predict": ("pfl_cli.fl.config", "PredictConfig"),
 }
 
 

@@ -1,0 +1,131 @@
+"""The body of `pflx predict`: read the model and the partition, personalize, evaluate, write, print.
+
+The ``predict`` artifact:
+
+- ``metrics.json``: ``algorithm``, ``clients`` (holdout | train | all), ``label_mask``, the effective
+  ``finetune_steps`` / ``eval_descriptor``, ``headline_metric``; ``mean_accuracy`` and
+  ``pooled_accuracy``: the headline pair (label-masked when ``label_mask`` is true);
+  ``mean_accuracy_nolm`` / ``pooled_accuracy_nolm``: without label masking;
+  ``mean_accuracy_lm`` / ``pooled_accuracy_lm``: with label masking; ``loss`` (mean cross-entropy per
+  test sample); ``num_clients``, ``num_samples`` (test samples); ``optimizer_steps`` (server optimizer
+  steps taken while predicting; PeFLL takes none); ``personalized``; ``device``; ``model`` (the train
+  artifact's input reference). Mean accuracy averages per-client accuracies over clients with test
+  samples; pooled accuracy is correct / total over all their test samples.
+- ``clients.csv``: client_id, role (0 train, 1 holdout), n_train, n_test, accuracy, accuracy_lm.
+- ``models.pt`` with ``--save-models``: ``{"client_id": LongTensor (n,), "weights": {name: Tensor}}``;
+  the weights have a leading client axis when ``personalized``, and are the one global model
+  otherwise (FedAvg without fine-tuning).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pfl_cli.cli.output import Reporter
+from pfl_cli.cli.train_run import accuracy_table, clean, csv_float, load_partition_dataset, torch_bytes
+from pfl_cli.errors import ArtifactError, ConfigError
+
+
+def _check_config(cfg) -> None:
+    from pfl_cli.fl.config import CLIENT_SETS, EVAL_DESCRIPTORS
+
+    if cfg.clients not in CLIENT_SETS:
+        raise ConfigError(f"--clients must be one of {', '.join(CLIENT_SETS)}; got {cfg.clients!r}.")
+    if cfg.eval_descriptor is not None and cfg.eval_descriptor not in EVAL_DESCRIPTORS:
+        raise ConfigError(f"--eval-descriptor must be one of {', '.join(EVAL_DESCRIPTORS)}; "
+                          f"got {cfg.eval_descriptor!r}.")
+
+
+def read_model(path: Path):
+    """The train artifact at ``path``: its Artifact, model.pt payload, TrainConfig and metrics.json."""
+    import torch
+
+    from pfl_cli.artifacts import load_json, read_artifact
+    from pfl_cli.fl.config import TrainConfig
+
+    art = read_artifact(path, "train", flag="--model")
+    try:
+        payload = torch.load(art.file("model.pt"), weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001
+        raise ArtifactError(f"--model {path}: model.pt is unreadable ({type(err).__name__}: {err}); re-create "
+                            "it with pflx train.") from None
+    try:
+        train_cfg = TrainConfig(**art.config)
+    except TypeError as err:
+        raise ArtifactError(f"--model {path}: its config does not fit this pflx's TrainConfig ({err}); re-create "
+                            "it with this version of pflx train.") from None
+    metrics = load_json(art.file("metrics.json"))
+    return art, payload, train_cfg, metrics
+
+
+def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter) -> None:
+    import torch
+
+    from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.config import config_to_dict
+    from pfl_cli.fl.api import predict_clients
+    from pfl_cli.fl.device import resolve_device
+
+    _check_config(cfg)
+    device = resolve_device(cfg.device)
+    ArtifactWriter(out, stage="predict", config={}, seed=cfg.seed, force=force)  # --out problems first
+    model_art, payload, train_cfg, train_metrics = read_model(model)
+    part, info, part_art, ds = load_partition_dataset(partition)
+    trained_on = (train_metrics.get("dataset") or {}).get("labels_sha256")
+    if info.get("labels_sha256") != trained_on:
+        raise ArtifactError(
+            f"--partition {partition}: the partition is over a different dataset than the model (labels hash "
+            f"{str(info.get('labels_sha256'))[:12]} of {info['spec']}, the model's {str(trained_on)[:12]} of "
+            f"{(train_metrics.get('dataset') or {}).get('spec')}); predict needs a partition of the same dataset, "
+            "e.g. one from pflx simulate over it.")
+    writer = ArtifactWriter(out, stage="predict", config=config_to_dict(cfg), seed=cfg.seed,
+                            inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
+    if writer.up_to_date():
+        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
+        report.result({"out": str(out), "up_to_date": True})
+        return
+    run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device)
+    label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask
+    s = run.evaluation.summary()
+    metrics = clean({
+        "algorithm": payload["algorithm"],
+        "clients": cfg.clients,
+        "label_mask": bool(label_mask),
+        "headline_metric": "mean_accuracy_lm" if label_mask else "mean_accuracy_nolm",
+        "finetune_steps": train_cfg.finetune_steps if cfg.finetune_steps is None else cfg.finetune_steps,
+        "eval_descriptor": train_cfg.eval_descriptor if cfg.eval_descriptor is None else cfg.eval_descriptor,
+        "mean_accuracy": s["mean_accuracy_lm" if label_mask else "mean_accuracy"],
+        "pooled_accuracy": s["pooled_accuracy_lm" if label_mask else "pooled_accuracy"],
+        "mean_accuracy_nolm": s["mean_accuracy"],
+        "pooled_accuracy_nolm": s["pooled_accuracy"],
+        "mean_accuracy_lm": s["mean_accuracy_lm"],
+        "pooled_accuracy_lm": s["pooled_accuracy_lm"],
+        "loss": s["loss"],
+        "num_clients": s["num_clients"],
+        "num_samples": s["num_samples"],
+        "optimizer_steps": int(run.optimizer_steps),
+        "personalized": bool(run.personalized),
+        "device": str(device),
+        "model": model_art.input_ref(),
+    })
+    ev, clients = run.evaluation, run.clients
+    acc, acc_lm = ev.accuracy(False), ev.accuracy(True)
+    rows = [[int(part.client_id[c]), int(part.role[c]), int(part.train_sizes[c]), int(part.test_sizes[c]),
+             csv_float(acc[i]), csv_float(acc_lm[i])] for i, c in enumerate(clients)]
+    with writer:
+        writer.save_json("metrics.json", metrics)
+        writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"], rows)
+        if cfg.save_models:
+            ids = torch.as_tensor(np.asarray(part.client_id)[clients], dtype=torch.int64)
+            writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))
+    _print_summary(report, out, metrics, s)
+
+
+def _print_summary(report: Reporter, out: Path, m: dict, s: dict) -> None:
+    extra = (f"; {m['optimizer_steps']} optimizer steps; "
+             f"{'one model per client' if m['personalized'] else 'one global model'}")
+    table = accuracy_table(f"predict -> {out}: {m['algorithm']} model, {m['clients']} clients, {m['device']}",
+                           {m["clients"]: clean(s)}, m["label_mask"], extra)
+    report.result({"out": str(out), "up_to_date": False, **m}, table)
