@@ -45,14 +45,16 @@ class Algorithm:
         self.store = store
         self.device = store.device
         self.arch = arch if arch is not None else self.resolve_arch(cfg, store)
+        self.client_sgd_steps = 0  # local SGD steps taken by personalize() (fine-tuning, Local)
         self.build()
 
     # ------------------------------------------------------------------ hooks
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.fl.config import hidden_sizes
         from pfl_cli.models import client_spec
 
-        return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, tuple(cfg.mlp_hidden))}
+        return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))}
 
     def build(self) -> None:
         raise NotImplementedError
@@ -113,6 +115,7 @@ class Algorithm:
             index, mask = sample_batches(self.store.fit, sel, total, self.cfg.batch_size, gen)
             theta, _ = local_sgd(self.net, stack(start, len(sel)), self.store, index, mask, active=active,
                                  **self.sgd_options())
+            self.client_sgd_steps += int(active.sum()) if active is not None else total * len(sel)
             for k, v in theta.items():
                 out[k].append(v)
         return {k: torch.cat(v) if v else start[k].unsqueeze(0)[:0] for k, v in out.items()}

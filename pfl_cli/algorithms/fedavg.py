@@ -53,7 +53,8 @@ class FedAvg(Algorithm):
         return self.global_params, False
 
     def state(self):
-        return {"global": self.global_params, "server_buf": self.server_buf}
+        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()},
+                "server_buf": {k: v.detach().clone() for k, v in self.server_buf.items()}}
 
     def load_state(self, state):
         self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}

@@ -30,9 +30,10 @@ class PeFLL(Algorithm):
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.fl.config import hidden_sizes
         from pfl_cli.models import client_spec, embedding_spec, hyper_spec
 
-        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, tuple(cfg.mlp_hidden))
+        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))
         dim = descriptor_dim(cfg, store.num_clients)
         return {
             "client": client,
@@ -181,8 +182,11 @@ class PeFLL(Algorithm):
 
     # ------------------------------------------------------------------ state
     def state(self):
-        st = {"hypernetwork": self.hnet.state_dict(), "embedding": self.embed.state_dict(),
-              "optimizer": self.opt.state_dict()}
+        import copy
+
+        # Copies: a caller may keep the checkpoint in memory while training goes on.
+        st = {"hypernetwork": self.weights()["hypernetwork"], "embedding": self.weights()["embedding"],
+              "optimizer": copy.deepcopy(self.opt.state_dict())}
         if self.desc_stats is not None:
             st["descriptor_stats"] = self.desc_stats
         return st

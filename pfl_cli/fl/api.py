@@ -51,7 +51,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in [0, 1); got {cfg.val_fraction!r}.")
     hidden = cfg.mlp_hidden if isinstance(cfg.mlp_hidden, (list, tuple)) else [cfg.mlp_hidden]
-    if not all(isinstance(h, int) and h >= 1 for h in hidden):
+    if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
         raise ConfigError(f"mlp_hidden must be a list of positive layer widths; got {cfg.mlp_hidden!r}.")
 
 
@@ -171,7 +171,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                         normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()))
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
     alg.load_weights(model["weights"])
-    steps_before = _optimizer_steps(alg)
+    steps_before = _optimizer_steps(alg)  # server steps; local SGD steps are counted from zero
     params, personalized = alg.personalize(clients, torch_generator(cfg.seed, "predict"))
     ev = evaluate(alg.net, params, store, clients, "test", personalized=personalized, max_samples=cfg.batch_size * 32)
     return PredictRun(clients=clients, evaluation=ev,
@@ -180,7 +180,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
 
 
 def _optimizer_steps(alg) -> int:
+    """Server optimizer steps taken (per parameter, summed) plus clients' local SGD steps."""
     opt = getattr(alg, "opt", None)
-    if opt is None:
-        return 0
-    return sum(int(s.get("step", 0)) for s in opt.state.values())
+    server = 0 if opt is None else sum(int(s.get("step", 0)) for s in opt.state.values())
+    return server + alg.client_sgd_steps

@@ -71,3 +71,8 @@ class PredictConfig:
     batch_size: int = 256                 # evaluation chunk (samples per forward)
     device: str = "auto"
     seed: int = 0
+
+
+def hidden_sizes(value) -> tuple[int, ...]:
+    """``mlp_hidden`` as a tuple: ``32`` and ``[32]`` both mean one hidden layer of 32."""
+    return (value,) if isinstance(value, int) and not isinstance(value, bool) else tuple(value)

@@ -127,8 +127,8 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
                       for g, s in ev.summaries().items()}
         if on_checkpoint is not None and (done % every_ckpt == 0 or done == total):
-            on_checkpoint({"round": done, "algorithm": alg.state(), "history": history, "loss_acc": loss_acc,
-                           "best": best})
+            on_checkpoint({"round": done, "algorithm": alg.state(), "history": [list(r) for r in history],
+                           "loss_acc": list(loss_acc), "best": best})
             last_ckpt = done
         if on_progress is not None:
             on_progress(done, total, {"loss": mean_loss, **latest})

@@ -152,3 +152,17 @@ def _clone(obj):
     import copy
 
     return copy.deepcopy(obj)
+
+
+def test_predict_counts_the_local_steps_of_baselines(digits_clients):
+    """FedAvg fine-tuning and Local do train at prediction time; only PeFLL reports zero steps."""
+    from pfl_cli.fl import PredictConfig, predict_clients, train_federated
+
+    ds, part = digits_clients
+    cfg = TrainConfig(algorithm="fedavg", mlp_hidden=8, rounds=2, eval_every=2, local_steps=2)  # an int hidden size
+    run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
+    out = predict_clients(run.model, cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(finetune_steps=3),
+                          device="cpu")
+    assert out.optimizer_steps == 3 * 4 and out.personalized  # 4 holdout clients x 3 steps
+    plain = predict_clients(run.model, cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(), device="cpu")
+    assert plain.optimizer_steps == 0 and not plain.personalized
