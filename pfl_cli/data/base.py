@@ -165,6 +165,28 @@ def check_options(spec: str, options: Mapping[str, str], allowed: tuple[str, ...
         raise DatasetError(f"{spec}: unknown option(s) {unknown}; {takes}. Remove or fix the option.")
 
 
+def numeric_options(spec: str, options: Mapping[str, str], cls, ints: tuple[str, ...], floats: tuple[str, ...],
+                    rules) -> Any:
+    """Parse a generator's ``?key=value`` numbers into the dataclass ``cls`` and check its rules.
+
+    ``rules(p)`` returns ``(name, ok, rule)`` triples; the first failing one is reported
+    as "SPEC: option NAME must be RULE; got VALUE."
+    """
+    check_options(spec, options, ints + floats)
+    values: dict[str, float | int] = {}
+    for name, raw in options.items():
+        try:
+            values[name] = int(raw) if name in ints else float(raw)
+        except ValueError:
+            kind = "an integer" if name in ints else "a number"
+            raise DatasetError(f"{spec}: option {name} must be {kind}; got {raw!r}.") from None
+    p = cls(**values)
+    for name, ok, rule in rules(p):
+        if not ok:
+            raise DatasetError(f"{spec}: option {name} must be {rule}; got {getattr(p, name)!r}.")
+    return p
+
+
 def option_num_classes(spec: str, options: Mapping[str, str]) -> int | None:
     """The ``num_classes`` option as a positive int, or None when it is not given.
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfl_cli.data.base import POOL_TEST, POOL_TRAIN, Dataset, check_options
+from pfl_cli.data.base import POOL_TEST, POOL_TRAIN, Dataset, numeric_options
 from pfl_cli.errors import DatasetError
 from pfl_cli.rng import make_rng
 
@@ -74,25 +74,13 @@ def pool_points(p: RingSpec, per_class: int, stream: str) -> tuple[np.ndarray, n
 
 def parse_options(spec: str, options: dict[str, str]) -> RingSpec:
     """The :class:`RingSpec` of a ``ring:`` spec's options, validated."""
-    check_options(spec, options, tuple(_INT_OPTIONS) + tuple(_FLOAT_OPTIONS))
-    values: dict[str, float | int] = {}
-    for name, raw in options.items():
-        try:
-            values[name] = int(raw) if name in _INT_OPTIONS else float(raw)
-        except ValueError:
-            kind = "an integer" if name in _INT_OPTIONS else "a number"
-            raise DatasetError(f"{spec}: option {name} must be {kind}; got {raw!r}.") from None
-    p = RingSpec(**values)
-    rules = [
+    p = numeric_options(spec, options, RingSpec, tuple(_INT_OPTIONS), tuple(_FLOAT_OPTIONS), lambda p: [
         ("classes", p.classes >= 2, ">= 2"), ("train_per_class", p.train_per_class >= 1, ">= 1"),
         ("test_per_class", p.test_per_class >= 0, ">= 0"),
         ("radius", math.isfinite(p.radius) and p.radius >= 0, "finite and >= 0"),
         ("sigma", math.isfinite(p.sigma) and p.sigma > 0, "finite and > 0"),
         ("noise_dims", p.noise_dims >= 0, ">= 0"), ("seed", p.seed >= 0, ">= 0"),
-    ]
-    for name, ok, rule in rules:
-        if not ok:
-            raise DatasetError(f"{spec}: option {name} must be {rule}; got {getattr(p, name)!r}.")
+    ])
     return p
 
 

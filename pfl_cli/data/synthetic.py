@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfl_cli.data.base import Dataset, check_options
+from pfl_cli.data.base import Dataset, numeric_options
 from pfl_cli.errors import DatasetError
 from pfl_cli.rng import make_rng
 
@@ -82,25 +82,13 @@ def server_points(p: GaussianMixtureSpec) -> tuple[np.ndarray, np.ndarray]:
 
 def parse_options(spec: str, options: dict[str, str]) -> GaussianMixtureSpec:
     """The :class:`GaussianMixtureSpec` of a ``gmm:`` spec's options, validated."""
-    check_options(spec, options, tuple(_INT_OPTIONS) + tuple(_FLOAT_OPTIONS))
-    values: dict[str, float | int] = {}
-    for name, raw in options.items():
-        try:
-            values[name] = int(raw) if name in _INT_OPTIONS else float(raw)
-        except ValueError:
-            kind = "an integer" if name in _INT_OPTIONS else "a number"
-            raise DatasetError(f"{spec}: option {name} must be {kind}; got {raw!r}.") from None
-    p = GaussianMixtureSpec(**values)
-    rules = [
+    p = numeric_options(spec, options, GaussianMixtureSpec, tuple(_INT_OPTIONS), tuple(_FLOAT_OPTIONS), lambda p: [
         ("d", p.d >= 1, ">= 1"), ("k", p.k >= 1, ">= 1"), ("variance", p.variance > 0, "> 0"),
         ("num_clients", p.num_clients >= 1, ">= 1"), ("client_size", p.client_size >= 1, ">= 1"),
         ("server_per_component", p.server_per_component >= 0, ">= 0"),
         ("server_uniform", p.server_uniform >= 0, ">= 0"), ("missing", 0 <= p.missing <= p.k, "in [0, k]"),
         ("seed", p.seed >= 0, ">= 0"),
-    ]
-    for name, ok, rule in rules:
-        if not ok:
-            raise DatasetError(f"{spec}: option {name} must be {rule}; got {getattr(p, name)!r}.")
+    ])
     if p.server_per_component * (p.k - p.missing) + p.server_uniform == 0:
         raise DatasetError(f"{spec}: the server data set would be empty; raise server_per_component or server_uniform.")
     return p
