@@ -23,14 +23,6 @@ PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-sha
         "--test-fraction", "0.3", "--format", "quiet"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict")

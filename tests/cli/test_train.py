@@ -1,6 +1,6 @@
 """`pflx train` end to end on builtin:digits: the artifact, no-op re-runs, determinism, kill + --resume, errors.
 
-Training runs single-threaded (``torch.set_num_threads(1)`` here, ``OMP_NUM_THREADS=1`` for the
+Training runs single-threaded (``torch.set_num_threads(1)`` in tests/conftest.py, ``OMP_NUM_THREADS=1`` for the
 subprocesses): the nets are tiny, and on a small shared machine intra-op threads only add
 synchronization cost; it also keeps every run's floating-point reductions in one order.
 """
@@ -26,14 +26,6 @@ from pfl_cli.fl.config import TrainConfig
 FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--set", "hyper_hidden=16",
         "--set", "mlp_hidden=[16]"]
 PER_ALGORITHM = {"pefll": [], "fedavg": [], "local": ["--local-epochs", "3"]}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
