@@ -43,3 +43,11 @@ def digits_clients():
                           holdout_clients=4, test_fraction=0.3)
     part = partition_labels(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(0, "partition"), pool=ds.pool)
     return ds, part
+
+
+def pytest_configure(config):
+    # The engine's models are tiny: one thread is fastest, and two threads on a busy 2-core
+    # machine spin-wait on each other (8x slower in the cohort tests).
+    import torch
+
+    torch.set_num_threads(1)

@@ -45,7 +45,7 @@ def train(
     embedding: Annotated[str, typer.Option("--embedding", help="pefll embedding net: auto | cnn | cnn-x | linear | mlp | mlp-x.")] = "auto",
     embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor dimension l (0 = int(1 + clients / 4)).")] = 0,
     hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll hypernetwork: S | M | L (1 / 3 / 5 hidden layers).")] = "M",
-    standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = False,
+    standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     seed: SeedOpt = 0,

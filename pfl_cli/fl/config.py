@@ -47,7 +47,7 @@ class TrainConfig:
     hyper_hidden: int = 100
     descriptor_batch: int = 32            # samples per training descriptor (§1.1)
     eval_descriptor: str = "all"          # descriptor at evaluation: all train samples (code) | one batch (paper)
-    standardize_descriptor: bool = False  # the code's frozen scalar (v - m) / s from the first descriptor
+    standardize_descriptor: bool = True   # the code's frozen scalar (v - m) / s from the first descriptor (§9.3)
     label_mask: bool = False              # evaluation: classes absent from a client's train data get -inf
     finetune_steps: int = 0               # fedavg: local steps from the global model before evaluation
     local_epochs: Optional[int] = None    # local: epochs of per-client training (default 200); fedavg: epochs instead of k

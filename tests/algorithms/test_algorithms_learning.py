@@ -81,3 +81,13 @@ def test_ring_pefll_with_label_masking_beats_fedavg_and_local_on_holdout_clients
     assert pefll_lm >= fedavg + 0.30, (pefll_lm, fedavg)
     assert pefll_lm >= local + 0.03, (pefll_lm, local)
     assert pefll_lm >= pefll_train_lm - 0.08, (pefll_lm, pefll_train_lm)
+
+
+def test_digits_pefll_with_a_label_free_descriptor():
+    """L4: holdout clients that hold only unlabelled data still get good models (embedding ignores y)."""
+    ds, part = _clients("builtin:digits", 50, 10, 0)
+    cfg = dataclasses.replace(PEFLL, embedding="mlp-x")
+    run = _train(ds, part, cfg)
+    holdout, steps = _holdout(run, cfg, ds, part, label_mask=False)
+    assert steps == 0 and not run.algorithm.embed.uses_labels
+    assert holdout >= 0.95, holdout
