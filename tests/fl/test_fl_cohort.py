@@ -84,3 +84,24 @@ def test_batches_depend_only_on_the_generator_seed(store):
     b = sample_batches(store.fit, clients, 3, 4, torch.Generator().manual_seed(7))[0]
     c = sample_batches(store.fit, clients, 3, 4, torch.Generator().manual_seed(8))[0]
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_vmapped_lenet_cohort_equals_sequential_sgd():
+    """The image path: vmap over batched conv weights (Table B.1 LeNet) on CIFAR-shaped data."""
+    from pfl_cli.partition import PartitionConfig, partition_labels
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(120, 3, 32, 32), dtype=np.uint8)
+    y = np.repeat(np.arange(10), 12)
+    part = partition_labels(y, PartitionConfig(scheme="pathological", classes_per_client=2, class_shares="equal",
+                                               num_clients=6, test_fraction=0.2), num_classes=10, rng=make_rng(0, "p"))
+    store = build_store(x, y, 10, part, val_fraction=0.0, rng=None, device="cpu")
+    net = client_model("auto", (3, 32, 32), 10)
+    clients = torch.tensor([0, 2, 5])
+    index, mask = sample_batches(store.fit, clients, 3, 4, torch.Generator().manual_seed(4))
+    start = _start(net, 3)
+    opts = dict(lr=0.01, momentum=0.9, weight_decay=1e-4, clip=5.0)
+    fast, _ = local_sgd(net, start, store, index, mask, **opts)
+    slow, _ = local_sgd_reference(net, start, store, index, mask, **opts)
+    for k in fast:
+        torch.testing.assert_close(fast[k], slow[k], rtol=1e-4, atol=1e-5)
