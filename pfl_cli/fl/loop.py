@@ -157,10 +157,14 @@ def _evaluation_from(doc: dict) -> Evaluation:
 
 
 def _select(best: dict | None, ev: Evaluation, alg, with_val: bool) -> dict:
-    """Keep the model with the best validation accuracy (the papers' selection), else the latest."""
+    """Keep the model with the best validation accuracy (the papers' selection), else the latest.
+
+    Ties go to the later round: small validation sets saturate early, and among equally
+    accurate models the one trained longer is the better guess.
+    """
     key = "pooled_accuracy_lm" if alg.cfg.label_mask else "pooled_accuracy"
     score = ev.summaries()["val"][key] if with_val else float(ev.round)
-    if best is None or score > best["score"]:
+    if best is None or score >= best["score"]:
         return {"score": score, "round": ev.round, "weights": _copy_weights(alg.weights()),
                 "evaluation": _evaluation_to(ev)}
     return best
