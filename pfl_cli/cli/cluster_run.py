@@ -23,17 +23,10 @@ def _check_config(cfg) -> None:
 
 def client_points(partition: Path):
     """Train clients' feature vectors grouped by client, their CSR offsets, holdout points, inputs."""
-    from pfl_cli.artifacts import load_partition
-    from pfl_cli.data import load_dataset
+    from pfl_cli.cli.common import load_partition_dataset
     from pfl_cli.partition.base import ROLE_TRAIN, offsets_from_sizes
 
-    part, info, artifact = load_partition(partition, flag="--partition")
-    ds = load_dataset(info["spec"])
-    if ds.num_samples != int(info["num_samples"]) or (
-        info.get("labels_sha256") and ds.labels_sha256 != info["labels_sha256"]
-    ):
-        raise ArtifactError(f"--partition {partition}: dataset {info['spec']} no longer matches the partition "
-                            "(size or labels changed). Re-create the partition.")
+    part, info, artifact, ds = load_partition_dataset(partition)
     if int(np.prod(ds.input_shape)) == 0:
         raise InputError(f"--partition {partition}: dataset {info['spec']} has no features (input shape "
                          f"{list(ds.input_shape)}); k-means needs feature vectors. Use a dataset with feature columns.")

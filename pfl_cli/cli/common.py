@@ -38,3 +38,19 @@ def stage_config(
         overrides=parse_overrides(sets or ()),
         ignore=("out", "force", "format", "out_root", "config"),
     )
+
+
+def load_partition_dataset(partition: Path, *, flag: str = "--partition"):
+    """A partition artifact and its dataset, refused when the dataset no longer matches dataset.json."""
+    from pfl_cli.artifacts import load_partition
+    from pfl_cli.data import load_dataset
+    from pfl_cli.errors import ArtifactError
+
+    part, info, artifact = load_partition(partition, flag=flag)
+    ds = load_dataset(info["spec"])
+    if ds.num_samples != int(info["num_samples"]) or (
+        info.get("labels_sha256") and ds.labels_sha256 != info["labels_sha256"]
+    ):
+        raise ArtifactError(f"{flag} {partition}: dataset {info['spec']} no longer matches the partition "
+                            "(size or labels changed). Re-create the partition.")
+    return part, info, artifact, ds

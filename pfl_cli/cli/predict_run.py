@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from pfl_cli.cli.output import Reporter
-from pfl_cli.cli.train_run import accuracy_table, clean, csv_float, load_partition_dataset, torch_bytes
+from pfl_cli.cli.common import load_partition_dataset
+from pfl_cli.cli.train_run import accuracy_table, clean, csv_float, torch_bytes
 from pfl_cli.errors import ArtifactError, ConfigError
 
 

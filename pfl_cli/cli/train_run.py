@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.cli.output import Reporter
 from pfl_cli.errors import ArtifactError, ConfigError, InputError, RunError
 
@@ -38,21 +39,6 @@ METRIC_NAMES = ("mean_accuracy", "pooled_accuracy", "mean_accuracy_lm", "pooled_
 
 
 # ---------------------------------------------------------------------------- shared with predict
-def load_partition_dataset(partition: Path, *, flag: str = "--partition"):
-    """A partition artifact and its dataset, refused when the dataset no longer matches dataset.json."""
-    from pfl_cli.artifacts import load_partition
-    from pfl_cli.data import load_dataset
-
-    part, info, artifact = load_partition(partition, flag=flag)
-    ds = load_dataset(info["spec"])
-    if ds.num_samples != int(info["num_samples"]) or (
-        info.get("labels_sha256") and ds.labels_sha256 != info["labels_sha256"]
-    ):
-        raise ArtifactError(f"{flag} {partition}: dataset {info['spec']} no longer matches the partition "
-                            "(size or labels changed). Re-create the partition.")
-    return part, info, artifact, ds
-
-
 def clean(obj: Any) -> Any:
     """``obj`` with non-finite floats as None (JSON has no NaN) and numpy scalars as Python ones."""
     if isinstance(obj, dict):
