@@ -77,6 +77,13 @@ class Algorithm:
     def load_weights(self, weights: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def floats_per_client_round(arch: dict) -> int:
+        """Floats a cohort client exchanges with the server per round: theta down and delta up."""
+        from pfl_cli.models import num_parameters
+
+        return 2 * num_parameters(arch["client"])
+
     # ------------------------------------------------------------------ shared helpers
     def client_net(self):
         from pfl_cli.models import build

@@ -23,6 +23,10 @@ class Local(Algorithm):
         self.net = self.client_net()
         self.init_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
 
+    @staticmethod
+    def floats_per_client_round(arch: dict) -> int:
+        return 0  # no communication
+
     def personalize(self, clients: np.ndarray, gen):
         epochs = self.cfg.local_epochs or DEFAULT_EPOCHS
         return self.train_clients(self.init_params, clients, gen, epochs=epochs), True

@@ -41,6 +41,14 @@ class PeFLL(Algorithm):
             "hypernetwork": hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden),
         }
 
+    @staticmethod
+    def floats_per_client_round(arch: dict) -> int:
+        """§1.5: eta_v down, v up, theta down, delta theta up, dv down, d eta_v up = 2(d + |eta_v| + l)."""
+        from pfl_cli.models import num_parameters
+
+        return 2 * (num_parameters(arch["client"]) + num_parameters(arch["embedding"])
+                    + int(arch["hypernetwork"]["in_dim"]))
+
     def build(self) -> None:
         import torch
 

@@ -258,17 +258,12 @@ def _diverged_message(err, cfg, ck_path: Path, out: Path) -> str:
 
 
 def _metrics(cfg, run, info: dict, device) -> dict:
+    from pfl_cli.algorithms import REGISTRY
     from pfl_cli.models import num_parameters
 
     outcome, arch = run.outcome, run.model["arch"]
     params = {name: int(num_parameters(spec)) for name, spec in arch.items()}
-    d = params["client"]
-    if cfg.algorithm == "pefll":
-        floats = 2 * (d + params["embedding"] + int(arch["hypernetwork"]["in_dim"]))
-    elif cfg.algorithm == "fedavg":
-        floats = 2 * d
-    else:
-        floats = 0
+    floats = REGISTRY[cfg.algorithm].floats_per_client_round(arch)
     metrics: dict[str, Any] = {
         "algorithm": cfg.algorithm,
         "label_mask": bool(cfg.label_mask),

@@ -166,3 +166,16 @@ def test_predict_counts_the_local_steps_of_baselines(digits_clients):
     assert out.optimizer_steps == 3 * 4 and out.personalized  # 4 holdout clients x 3 steps
     plain = predict_clients(run.model, cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(), device="cpu")
     assert plain.optimizer_steps == 0 and not plain.personalized
+
+
+def test_communication_per_client_round_is_about_twice_fedavg_on_cifar10():
+    """Spec §7.1 T4 / §5: 2(d + |eta_v| + l) = 495,500 floats vs FedAvg's 2d = 242,364 (ratio 2.04)."""
+    from pfl_cli.algorithms import FedAvg, Local
+    from pfl_cli.models import client_spec, embedding_spec, hyper_spec
+
+    client = client_spec("lenet", (3, 32, 32), 10)
+    arch = {"client": client, "embedding": embedding_spec("cnn", (3, 32, 32), 10, 26),
+            "hypernetwork": hyper_spec(26, client, "M", 100)}
+    pefll, fedavg = PeFLL.floats_per_client_round(arch), FedAvg.floats_per_client_round(arch)
+    assert (pefll, fedavg, Local.floats_per_client_round(arch)) == (495_500, 242_364, 0)
+    assert 1.9 <= pefll / fedavg <= 2.3
