@@ -99,3 +99,28 @@ def test_label_masking_never_predicts_an_absent_class_even_with_negative_logits(
             # every prediction is the client's lowest-index own class (all own logits tie at -5)
             assert ev.correct_lm[j] == int((y == own.min()).sum())
             assert ev.correct[j] == int((y == absent_winner).sum())
+
+
+@pytest.mark.parametrize("algorithm", ["pefll", "fedavg", "local"])
+def test_an_empty_client_trains_and_evaluates_without_nan(digits_clients, algorithm):
+    """A client with no samples at all (train and test) neither breaks a round nor the metrics."""
+    from pfl_cli.fl import TrainConfig, train_federated
+    from pfl_cli.partition.base import Partition
+
+    ds, part = digits_clients
+    arrays = part.to_arrays()
+    # client 0 gives its samples away to client 1: it keeps none
+    own = part.train_offsets[1] - part.train_offsets[0]
+    arrays["train_offsets"] = np.concatenate([[0, 0], part.train_offsets[2:]])
+    arrays["test_offsets"] = np.concatenate([[0, 0], part.test_offsets[2:]])
+    empty = Partition.from_arrays(arrays)
+    assert empty.train_sizes[0] == 0 and empty.train_sizes[1] == own + part.train_sizes[1]
+    cfg = TrainConfig(algorithm=algorithm, rounds=6, eval_every=3, local_steps=2, clients_per_round=20,
+                      mlp_hidden=(8,), hyper_hidden=16, local_epochs=2)
+    run = train_federated(ds.x, ds.y, ds.num_classes, empty, cfg, device="cpu")
+    summary = run.outcome.best.summaries()["train"]
+    assert np.isfinite(summary["mean_accuracy"]) and summary["num_clients"] == 16
+    assert all(np.isfinite(row[3]) for row in run.outcome.history)
+    assert part.role[0] == 0
+    train = run.outcome.best.groups["train"]
+    assert train.n[list(train.clients).index(0)] == 0
