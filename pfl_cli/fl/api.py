@@ -2,10 +2,14 @@
 
 >>> from pfl_cli.data import load_dataset
 >>> from pfl_cli.partition import PartitionConfig, partition_labels
->>> from pfl_cli.fl import TrainConfig, train_federated
+>>> from pfl_cli.rng import make_rng
 >>> ds = load_dataset("builtin:digits")
->>> part = partition_labels(ds, PartitionConfig(num_clients=20, classes_per_client=2, holdout_clients=4), rng=...)
->>> run = train_federated(ds.x, ds.y, ds.num_classes, part, TrainConfig(rounds=200))  # doctest: +SKIP
+>>> cfg = PartitionConfig(scheme="pathological", classes_per_client=2, num_clients=20, holdout_clients=4,
+...                       test_fraction=0.3)
+>>> part = partition_labels(ds.y, cfg, num_classes=10, rng=make_rng(0, "partition"))
+>>> run = train_federated(ds.x, ds.y, 10, part, TrainConfig(rounds=20, eval_every=10, lr=0.05))
+>>> run.outcome.best.summaries()["holdout"]["num_clients"]
+4
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pfl_cli.errors import ConfigError, InputError, check_param
+from pfl_cli.errors import ConfigError, InputError
 from pfl_cli.fl.config import (ALGORITHMS, CLIENT_ARCHS, CLIENT_SETS, EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES,
                                SERVER_OPTIMIZERS, PredictConfig, TrainConfig)
 
@@ -143,10 +147,8 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     """
     import dataclasses
 
-    import torch
-
     from pfl_cli.fl.device import resolve_device
-    from pfl_cli.fl.evaluate import evaluate
+    from pfl_cli.fl.evaluate import personalize_and_evaluate
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
     from pfl_cli.rng import torch_generator
 
@@ -172,11 +174,11 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
     alg.load_weights(model["weights"])
     steps_before = _optimizer_steps(alg)  # server steps; local SGD steps are counted from zero
-    params, personalized = alg.personalize(clients, torch_generator(cfg.seed, "predict"))
-    ev = evaluate(alg.net, params, store, clients, "test", personalized=personalized, max_samples=cfg.batch_size * 32)
-    return PredictRun(clients=clients, evaluation=ev,
-                      params={k: v.detach().cpu() for k, v in params.items()} if cfg.save_models else None,
-                      personalized=personalized, optimizer_steps=_optimizer_steps(alg) - steps_before)
+    evals, params, personalized = personalize_and_evaluate(
+        alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
+        max_samples=cfg.batch_size * 32)
+    return PredictRun(clients=clients, evaluation=evals["test"], params=params, personalized=personalized,
+                      optimizer_steps=_optimizer_steps(alg) - steps_before)
 
 
 def _optimizer_steps(alg) -> int:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pfl_cli.errors import RunError
-from pfl_cli.fl.evaluate import GroupEval, evaluate
+from pfl_cli.fl.evaluate import GroupEval, personalize_and_evaluate
 from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
 from pfl_cli.rng import torch_generator
 
@@ -58,10 +58,11 @@ def evaluate_groups(alg, round_: int, *, seed: int, with_val: bool) -> Evaluatio
         clients = store.clients(role)
         if len(clients) == 0:
             continue
-        params, personalized = alg.personalize(clients, gen)
-        groups[name] = evaluate(alg.net, params, store, clients, "test", personalized=personalized)
-        if name == "train" and with_val:
-            groups["val"] = evaluate(alg.net, params, store, clients, "val", personalized=personalized)
+        splits = ("test", "val") if name == "train" and with_val else ("test",)
+        evals, _, _ = personalize_and_evaluate(alg, clients, splits, gen)
+        groups[name] = evals["test"]
+        if "val" in evals:
+            groups["val"] = evals["val"]
     return Evaluation(round_, groups)
 
 

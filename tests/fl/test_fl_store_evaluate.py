@@ -124,3 +124,25 @@ def test_an_empty_client_trains_and_evaluates_without_nan(digits_clients, algori
     assert part.role[0] == 0
     train = run.outcome.best.groups["train"]
     assert train.n[list(train.clients).index(0)] == 0
+
+
+@pytest.mark.parametrize("algorithm", ["pefll", "fedavg"])
+def test_chunked_personalization_equals_one_pass(store, algorithm):
+    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.fl import TrainConfig
+    from pfl_cli.fl.evaluate import personalize_and_evaluate
+
+    alg = REGISTRY[algorithm](TrainConfig(algorithm=algorithm, mlp_hidden=(8,), hyper_hidden=16), store)
+    clients = np.arange(store.num_clients)
+    whole, p1, pers = personalize_and_evaluate(alg, clients, ("test", "val"), torch.Generator(), keep_params=True)
+    parts, p2, _ = personalize_and_evaluate(alg, clients, ("test", "val"), torch.Generator(), chunk=3,
+                                            keep_params=True)
+    for split in ("test", "val"):
+        for f in ("clients", "n", "correct", "correct_lm"):
+            assert getattr(whole[split], f).tolist() == getattr(parts[split], f).tolist()
+    assert pers is (algorithm == "pefll")
+    shapes = dict(alg.net.named_parameters())
+    for k in p1:
+        torch.testing.assert_close(p1[k], p2[k])
+        expected = (store.num_clients, *shapes[k].shape) if pers else shapes[k].shape  # a global model once
+        assert p1[k].shape == expected
