@@ -8,10 +8,12 @@ cohort), ``personalize`` (models for any clients, seen or not), ``state`` /
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
 
+from pfl_cli.errors import RunError
 from pfl_cli.rng import seed_sequence
 
 
@@ -33,7 +35,7 @@ def stack(params: dict, c: int) -> dict:
     return {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in params.items()}
 
 
-class Algorithm:
+class Algorithm(ABC):
     """Base class: shared client-side training helpers."""
 
     name = ""
@@ -56,26 +58,33 @@ class Algorithm:
 
         return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))}
 
+    @abstractmethod
     def build(self) -> None:
-        raise NotImplementedError
+        """Create the networks and the server optimizer."""
 
     def run_round(self, t: int, cohort, gen):
-        raise NotImplementedError
+        """One round on ``cohort`` (LongTensor of client positions); returns each client's mean loss."""
+        raise RunError(f"algorithm {self.name!r} trains no federated rounds; its clients train in personalize().")
 
+    @abstractmethod
     def personalize(self, clients: np.ndarray, gen):
-        raise NotImplementedError
+        """``(params, personalized)``: one model per client (stacked), or one global model."""
 
+    @abstractmethod
     def state(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """Copies of everything a resumed run needs (weights, optimizer state)."""
 
+    @abstractmethod
     def load_state(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Restore :meth:`state`."""
 
+    @abstractmethod
     def weights(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The CPU state dicts ``model.pt`` keeps."""
 
+    @abstractmethod
     def load_weights(self, weights: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Restore :meth:`weights` (prediction)."""
 
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
