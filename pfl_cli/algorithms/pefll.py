@@ -131,12 +131,18 @@ class PeFLL(Algorithm):
         grads = torch.autograd.grad([theta[k] for k in self.names], [*h_params, v_leaf], grad_outputs=neg_delta)
         g_h, g_v = grads[:-1], grads[-1]                                                              # step 12
         g_e = torch.autograd.grad(v, e_params, grad_outputs=g_v, allow_unused=True)                   # step 14
+        self._server_step(h_params, g_h, e_params, g_e)
+
+    def _server_step(self, h_params, g_h, e_params, g_e) -> None:
+        """Lines 17-18: the averaged gradients plus 2 lambda eta, clipped, one optimizer step."""
+        import torch
+
         cfg = self.cfg
         self.opt.zero_grad(set_to_none=True)
         for params, gs, lam in ((h_params, g_h, cfg.lambda_h), (e_params, g_e, cfg.lambda_v)):
             for p, g in zip(params, gs):
                 g = torch.zeros_like(p) if g is None else g
-                p.grad = g + 2.0 * lam * p.detach() if lam else g.clone()                             # lines 17-18
+                p.grad = g + 2.0 * lam * p.detach() if lam else g.clone()
         if cfg.server_clip > 0:
             torch.nn.utils.clip_grad_norm_([*h_params, *e_params], cfg.server_clip)
         self.opt.step()
@@ -170,14 +176,7 @@ class PeFLL(Algorithm):
                 if g is not None:
                     a += g
             losses.append(loss)
-        cfg = self.cfg
-        self.opt.zero_grad(set_to_none=True)
-        for params, gs, lam in ((h_params, acc_h, cfg.lambda_h), (e_params, acc_e, cfg.lambda_v)):
-            for p, g in zip(params, gs):
-                p.grad = g + 2.0 * lam * p.detach() if lam else g
-        if cfg.server_clip > 0:
-            torch.nn.utils.clip_grad_norm_([*h_params, *e_params], cfg.server_clip)
-        self.opt.step()
+        self._server_step(h_params, acc_h, e_params, acc_e)
         return torch.cat(losses)
 
     # ------------------------------------------------------------------ Alg. 7
@@ -193,11 +192,7 @@ class PeFLL(Algorithm):
         import copy
 
         # Copies: a caller may keep the checkpoint in memory while training goes on.
-        st = {"hypernetwork": self.weights()["hypernetwork"], "embedding": self.weights()["embedding"],
-              "optimizer": copy.deepcopy(self.opt.state_dict())}
-        if self.desc_stats is not None:
-            st["descriptor_stats"] = self.desc_stats
-        return st
+        return {**self.weights(), "optimizer": copy.deepcopy(self.opt.state_dict())}
 
     def load_state(self, state):
         self.load_weights(state)
