@@ -25,7 +25,7 @@ import numpy as np
 
 from pfl_cli.cli.output import Reporter
 from pfl_cli.cli.common import load_partition_dataset
-from pfl_cli.cli.train_run import accuracy_table, clean, csv_float, torch_bytes
+from pfl_cli.cli.train_run import accuracy_table, clean, client_rows, torch_bytes
 from pfl_cli.errors import ArtifactError, ConfigError
 
 
@@ -111,15 +111,12 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "device": str(device),
         "model": model_art.input_ref(),
     })
-    ev, clients = run.evaluation, run.clients
-    acc, acc_lm = ev.accuracy(False), ev.accuracy(True)
-    rows = [[int(part.client_id[c]), int(part.role[c]), int(part.train_sizes[c]), int(part.test_sizes[c]),
-             csv_float(acc[i]), csv_float(acc_lm[i])] for i, c in enumerate(clients)]
+    rows = client_rows(part, [run.evaluation])
     with writer:
         writer.save_json("metrics.json", metrics)
         writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"], rows)
         if cfg.save_models:
-            ids = torch.as_tensor(np.asarray(part.client_id)[clients], dtype=torch.int64)
+            ids = torch.as_tensor(np.asarray(part.client_id)[run.clients], dtype=torch.int64)
             writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))
     _print_summary(report, out, metrics, s)
 

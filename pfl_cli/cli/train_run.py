@@ -229,7 +229,8 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
         writer.save_csv("metrics.csv", ["round", "group", "metric", "value"], outcome.history)
         writer.save_json("metrics.json", metrics)
         writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
-                        _client_rows(run))
+                        client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
+                                           if g in run.outcome.best.groups]))
         if (written or state is not None) and ck_path.is_file():  # this run's checkpoint, not a stale one
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
     shutil.rmtree(ck_dir, ignore_errors=True)
@@ -284,19 +285,14 @@ def _metrics(cfg, run, info: dict, device) -> dict:
     return clean(metrics)
 
 
-def _client_rows(run) -> list[list]:
-    store, groups = run.store, run.outcome.best.groups
-    n_train = (store.fit.length + store.val.length).cpu().numpy()
-    n_test = store.test.length.cpu().numpy()
+def client_rows(part, evals) -> list[list]:
+    """clients.csv rows (client_id, role, n_train, n_test, accuracy, accuracy_lm), in partition order."""
     rows = []
-    for group in ("train", "holdout"):
-        if group not in groups:
-            continue
-        ev = groups[group]
+    for ev in evals:
         acc, acc_lm = ev.accuracy(False), ev.accuracy(True)
-        for i, c in enumerate(ev.clients):
-            rows.append((int(c), [int(store.client_id[c]), int(store.role[c]), int(n_train[c]), int(n_test[c]),
-                                  csv_float(acc[i]), csv_float(acc_lm[i])]))
+        rows += [(int(c), [int(part.client_id[c]), int(part.role[c]), int(part.train_sizes[c]),
+                           int(part.test_sizes[c]), csv_float(acc[i]), csv_float(acc_lm[i])])
+                 for i, c in enumerate(ev.clients)]
     return [row for _, row in sorted(rows, key=lambda r: r[0])]
 
 
