@@ -239,6 +239,9 @@ class DPMechanism:
         if self.rounds:
             notes.append(f"Algorithm 6: {self.rounds} rounds of sums of E and (alpha*u, alpha0*v) clipped to L2 "
                          f"{self.clip:g} (2 blocks), Gaussian noise")
+        from pfl_cli.privacy.release import population_note
+
+        notes.append(population_note(self.population))
         return PrivacyLedger("client", self.delta, self._event(self.noise_multiplier).events, "add-remove", tuple(notes))
 
     def info(self) -> dict[str, Any]:

@@ -105,6 +105,14 @@ def parse_dp_spec(text: str, *, keys: Iterable[str] = ("eps", "delta", "clip", "
     return DPSpec(epsilon=eps, delta=delta, clip=clip, population=population)
 
 
+def population_note(population: int | None) -> str:
+    """The ``privacy.json`` note that says how ``delta < 1/n`` was checked."""
+    if population is None:
+        return ("delta < 1/n not checked: n (the number of privacy units) is private and no public population "
+                "bound was given (--dp ...,population=N)")
+    return f"delta < 1/{population} checked against the public population bound N = {population}"
+
+
 def _suggest_delta(population: int) -> float:
     return 10.0 ** math.floor(math.log10(1.0 / population ** 1.1))
 
