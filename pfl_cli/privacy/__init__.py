@@ -30,6 +30,7 @@ from pfl_cli.privacy.events import (
 from pfl_cli.privacy.ledger import UNITS, PrivacyLedger, compose_ledgers
 from pfl_cli.privacy.mechanisms import (
     clip_l1,
+    clipped_gaussian_sum,
     clip_l2,
     gaussian_noise,
     gaussian_sigma,
@@ -50,6 +51,7 @@ __all__ = [
     "calibrate_noise",
     "clip_l1",
     "clip_l2",
+    "clipped_gaussian_sum",
     "compose_ledgers",
     "compute_epsilon",
     "event_from_dict",
