@@ -96,11 +96,12 @@ def write_mdm_artifact(writer: ArtifactWriter, result, true_counts: np.ndarray, 
         writer.save_json("nonprivate.json", nonprivate_document(result, true_counts), release=NONPRIVATE)
         writer.save_csv("nonprivate_trace.csv", *trace_rows(result), release=NONPRIVATE)
         if plot:
-            _plot_tsne(writer.path("nonprivate.png", release=NONPRIVATE), result, true_counts, seed)
+            _plot_tsne(writer.path("nonprivate.png", release=NONPRIVATE), result, true_counts, seed,
+                       note="NONPRIVATE: draws the private histograms (not covered by privacy.json)\n")
     return doc
 
 
-def _plot_tsne(path: Path, result, true_counts: np.ndarray, seed: int) -> None:
+def _plot_tsne(path: Path, result, true_counts: np.ndarray, seed: int, note: str = "") -> None:
     try:
         import matplotlib
 
@@ -123,7 +124,8 @@ def _plot_tsne(path: Path, result, true_counts: np.ndarray, seed: int) -> None:
     for (lo, hi), colour, label in (((0, n), "green", "true clients"), ((n, 2 * n), "blue", "fully IID simulated"),
                                     ((2 * n, 3 * n), "red", "MDM simulated")):
         ax.scatter(xy[lo:hi, 0], xy[lo:hi, 1], s=9, c=colour, alpha=0.6, label=label)
-    ax.set_title(f"t-SNE of client histograms (K = {result.fit.params.num_components}; thesis Fig. 3.3)")
+    ax.set_title(f"{note}t-SNE of client histograms (K = {result.fit.params.num_components}; thesis Fig. 3.3)",
+                 fontsize=10 if note else None)
     ax.legend(loc="best", fontsize=8)
     ax.set_xticks([])
     ax.set_yticks([])
