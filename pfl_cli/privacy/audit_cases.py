@@ -46,7 +46,7 @@ DELTA = 1e-5
 CONFIDENCE = 0.99   # a correct mechanism fails an audit with probability <= 1%
 # Trials per neighbour: vectorized cases (every draw in one call) and cases that call the
 # release once per trial. The fast tier smoke-tests every release; the slow tier is the audit.
-FAST_TRIALS = {"batched": 200_000, "looped": 1_500}
+FAST_TRIALS = {"batched": 200_000, "looped": 1_000}
 SLOW_TRIALS = {"batched": 2_000_000, "looped": 60_000}
 BATCHED = ("gaussian-sum", "laplace", "broken-gaussian-sum")
 
