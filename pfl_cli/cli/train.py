@@ -35,7 +35,7 @@ def train(
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (pefll, fedavg).")] = 50,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.")] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.")] = 2e-3,
-    server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (default 2e-4), fedavg on the mean delta (default 1).")] = None,
+    server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1).")] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Rounds between evaluations (and checkpoints).")] = 50,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each train client's samples held out for model selection (0 = keep the last model).")] = 0.1,
     label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out (both are always reported).")] = False,

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,6 +45,8 @@ def validate_train_config(cfg: TrainConfig) -> None:
     for name in ("lr", "momentum", "client_clip", "server_momentum", "server_clip", "lambda_h", "lambda_v",
                  "lambda_theta"):
         value = getattr(cfg, name)
+        if value is None and name == "server_clip":  # the optimizer's default
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
     if cfg.lr <= 0:
@@ -134,7 +137,8 @@ class PredictRun:
     evaluation: Any              # GroupEval
     params: dict | None          # per-client weights when requested
     personalized: bool
-    optimizer_steps: int
+    optimizer_steps: int         # torch optimizer steps taken while predicting + clients' local SGD steps
+    algorithm: Any = None        # the algorithm that predicted, with the weights it predicted from
 
 
 def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
@@ -173,16 +177,31 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                         normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()))
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
     alg.load_weights(model["weights"])
-    steps_before = _optimizer_steps(alg)  # server steps; local SGD steps are counted from zero
-    evals, params, personalized = personalize_and_evaluate(
-        alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
-        max_samples=cfg.batch_size * 32)
+    with count_optimizer_steps() as torch_steps:
+        evals, params, personalized = personalize_and_evaluate(
+            alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
+            max_samples=cfg.batch_size * 32)
     return PredictRun(clients=clients, evaluation=evals["test"], params=params, personalized=personalized,
-                      optimizer_steps=_optimizer_steps(alg) - steps_before)
+                      optimizer_steps=torch_steps[0] + alg.client_sgd_steps, algorithm=alg)
 
 
-def _optimizer_steps(alg) -> int:
-    """Server optimizer steps taken (per parameter, summed) plus clients' local SGD steps."""
-    opt = getattr(alg, "opt", None)
-    server = 0 if opt is None else sum(int(s.get("step", 0)) for s in opt.state.values())
-    return server + alg.client_sgd_steps
+@contextmanager
+def count_optimizer_steps():
+    """Count every ``torch.optim`` step taken in the block, by any optimizer (a one-element list).
+
+    A global step hook sees the real thing: an algorithm that built or loaded an optimizer
+    and stepped it while predicting is counted whatever it reports about itself. Local SGD
+    of cohorts runs without torch optimizers and is counted by ``client_sgd_steps``.
+    """
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    count = [0]
+
+    def hook(optimizer, args, kwargs):
+        count[0] += 1
+
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        yield count
+    finally:
+        handle.remove()

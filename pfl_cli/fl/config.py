@@ -33,9 +33,9 @@ class TrainConfig:
     momentum: float = 0.9                 # client SGD momentum (buffer reset every round)
     client_clip: float = 50.0             # per-client gradient-norm clip before each step (0 = off)
     server_optimizer: str = "adam"        # pefll: adam (code) | sgd (Alg. 8 update rule)
-    server_lr: Optional[float] = None     # pefll: server step (default 2e-4); fedavg: step on the mean delta (default 1)
+    server_lr: Optional[float] = None     # pefll: server step (adam 2e-4, sgd 1 = Alg. 8); fedavg: step on the mean delta (default 1)
     server_momentum: float = 0.0          # fedavg server momentum / pefll sgd momentum
-    server_clip: float = 50.0             # pefll: clip of the server gradient over (eta_h, eta_v) (0 = off)
+    server_clip: Optional[float] = None   # pefll: clip of the server gradient over (eta_h, eta_v): adam 50, sgd off (0 = off)
     lambda_h: float = 1e-3                # Eq. (4.1) regularizers, added as 2*lambda*param (Alg. 8)
     lambda_v: float = 1e-3
     lambda_theta: float = 0.0
