@@ -29,6 +29,11 @@ SERVER_DEFAULTS = {"adam": {"lr": 2e-4, "clip": 50.0}, "sgd": {"lr": 1.0, "clip"
 
 class PeFLL(Algorithm):
     name = "pefll"
+    serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
+
+    @property
+    def needs_labels_to_predict(self) -> bool:
+        return bool(self.embed.uses_labels)
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:

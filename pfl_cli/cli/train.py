@@ -61,6 +61,9 @@ def train(
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
     checkpoint_every (0 = at every evaluation).
 
+    Clients without labels: evaluate_hidden_labels (score unlabeled clients against their hidden
+    labels, an oracle).
+
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.
 

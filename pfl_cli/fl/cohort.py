@@ -57,9 +57,10 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     loss_sum = torch.zeros(c, device=index.device)
     taken = torch.zeros(c, device=index.device)
     for s in range(steps):
-        idx, m = index[:, s], mask[:, s]
+        idx, y = index[:, s], store.y[index[:, s]]
+        m = mask[:, s] * (y >= 0)  # unlabeled samples (-1) add no loss
         logits = forward(theta, store.inputs(idx))
-        ce = F.cross_entropy(logits.flatten(0, 1), store.y[idx].flatten(), reduction="none").view(m.shape)
+        ce = F.cross_entropy(logits.flatten(0, 1), y.clamp_min(0).flatten(), reduction="none").view(m.shape)
         loss = (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
         grads = dict(zip(names, torch.autograd.grad(loss.sum(), [theta[k] for k in names])))
         go = None if active is None else active[:, s]
@@ -109,8 +110,10 @@ def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, 
                 continue
             idx = index[i, s]
             logits = net(store.inputs(idx))
-            ce = torch.nn.functional.cross_entropy(logits, store.y[idx], reduction="none")
-            loss = (ce * mask[i, s]).sum() / mask[i, s].sum().clamp_min(1.0)
+            y = store.y[idx]
+            m = mask[i, s] * (y >= 0)
+            ce = torch.nn.functional.cross_entropy(logits, y.clamp_min(0), reduction="none")
+            loss = (ce * m).sum() / m.sum().clamp_min(1.0)
             opt.zero_grad()
             loss.backward()
             if clip > 0:

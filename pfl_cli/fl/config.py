@@ -57,6 +57,8 @@ class TrainConfig:
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
     device: str = "auto"
     seed: int = 0
+    # -- clients without labels (issue 15) --
+    evaluate_hidden_labels: bool = False  # evaluation scores unlabeled clients against their hidden labels (oracle)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,9 @@ class PredictConfig:
     batch_size: int = 256                 # evaluation chunk (samples per forward)
     device: str = "auto"
     seed: int = 0
+    # -- clients without labels (issue 15) --
+    evaluate_hidden_labels: bool = False  # score unlabeled clients against their hidden labels (an oracle)
+    predictions: bool = True              # write predictions.npz (client, sample, predicted class, probabilities)
 
 
 def hidden_sizes(value) -> tuple[int, ...]:

@@ -108,11 +108,12 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
         start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
         best = resume["best"]
         last_ckpt = start
-    c = min(cfg.clients_per_round, len(train_clients))
+    if total:
+        alg.check_trainable(train_clients)
     latest: dict[str, float] = {}
     for t in range(start, total):
         gen = torch_generator(cfg.seed, f"round-{t}")
-        cohort = train_clients[torch.randperm(len(train_clients), generator=gen)[:c].to(store.device)]
+        cohort = alg.sample_cohort(train_clients, cfg.clients_per_round, gen)
         loss = alg.run_round(t, cohort, gen)
         mean_loss = float(loss.mean())
         if not np.isfinite(mean_loss):
