@@ -40,10 +40,15 @@ def validate_train_config(cfg: TrainConfig) -> None:
         _int(cfg, name, 1)
     for name in ("embed_dim", "finetune_steps", "checkpoint_every", "seed"):
         _int(cfg, name, 0)
+    for name in ("subspace_dim", "subspace_nnz", "feature_dim"):
+        _int(cfg, name, 1)
+    if not isinstance(cfg.labeled_rate, (int, float)) or isinstance(cfg.labeled_rate, bool) or \
+            not 0.0 <= cfg.labeled_rate <= 1.0:
+        raise ConfigError(f"labeled_rate must be a fraction in [0, 1]; got {cfg.labeled_rate!r}.")
     if cfg.local_epochs is not None:
         _int(cfg, "local_epochs", 1)
     for name in ("lr", "momentum", "client_clip", "server_momentum", "server_clip", "lambda_h", "lambda_v",
-                 "lambda_theta"):
+                 "lambda_theta", "lambda_reg"):
         value = getattr(cfg, name)
         if value is None and name == "server_clip":  # the optimizer's default
             continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-ALGORITHMS = ("pefll", "fedavg", "local")
+ALGORITHMS = ("pefll", "fedavg", "local", "flowdup", "ld-fedavg")
 CLIENT_ARCHS = ("auto", "lenet", "mlp")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
 HYPER_SIZES = ("S", "M", "L")
@@ -57,8 +57,14 @@ class TrainConfig:
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
     device: str = "auto"
     seed: int = 0
-    # -- clients without labels (issue 15) --
+    # -- clients without labels, FLowDUP and LD-FedAvg (issue 15; thesis ch. 5) --
     evaluate_hidden_labels: bool = False  # evaluation scores unlabeled clients against their hidden labels (oracle)
+    subspace_dim: int = 200               # flowdup, ld-fedavg: k of theta = theta_0 + P v (thesis: 10^4)
+    subspace_nnz: int = 4                 # nonzeros per row of the seeded sparse P
+    feature_dim: int = 64                 # flowdup: e, h_1's output width (thesis: 256); h_2's hidden is hyper_hidden
+    lambda_reg: float = 1e-3              # flowdup: lambda of Omega = ||h(X) - psi_r||^2 (eq. 5.4)
+    labeled_rate: float = 0.9             # flowdup: alpha, the labeled share of every cohort (Alg. 9)
+    learnable_centre: bool = True         # flowdup: learn psi_r (False: psi_r = 0, Table C.4)
 
 
 @dataclass(frozen=True)
