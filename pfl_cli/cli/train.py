@@ -29,7 +29,7 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local.")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | flowdup | ld-fedavg.")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
     clients_per_round: Annotated[int, typer.Option("--clients-per-round", help="Cohort size of every round.")] = 5,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (pefll, fedavg).")] = 50,
@@ -62,7 +62,9 @@ def train(
     checkpoint_every (0 = at every evaluation).
 
     Clients without labels: evaluate_hidden_labels (score unlabeled clients against their hidden
-    labels, an oracle).
+    labels, an oracle). FLowDUP and LD-FedAvg (thesis ch. 5): subspace_dim (k), subspace_nnz,
+    feature_dim (e), lambda_reg, labeled_rate (alpha), learnable_centre; flowdup's h_1 is --embedding
+    (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden.
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.

@@ -263,7 +263,9 @@ def _metrics(cfg, run, info: dict, device) -> dict:
     from pfl_cli.models import num_parameters
 
     outcome, arch = run.outcome, run.model["arch"]
-    params = {name: int(num_parameters(spec)) for name, spec in arch.items()}
+    params = {name: int(num_parameters(spec)) for name, spec in arch.items() if "kind" in spec}
+    if "subspace" in arch:  # flowdup, ld-fedavg: theta = theta_0 + P v, v in R^k (k floats, not a network)
+        params["subspace_dim"] = int(arch["subspace"]["dim"])
     floats = REGISTRY[cfg.algorithm].floats_per_client_round(arch)
     metrics: dict[str, Any] = {
         "algorithm": cfg.algorithm,

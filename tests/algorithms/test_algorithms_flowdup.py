@@ -171,3 +171,43 @@ def test_resumed_flowdup_ends_where_the_uninterrupted_run_ends(digits_clients):
     assert resumed.outcome.history == full.outcome.history
     for k, v in full.model["weights"]["psi"].items():
         assert torch.equal(v, resumed.model["weights"]["psi"][k])
+
+
+def _rotated_digits(seed=0):
+    """Spec §7.6 item 27's setting on CPU: rotated digits, 60 IID clients of ~30 points, p = 0.2, 12 new clients."""
+    from pfl_cli.data import load_dataset
+    from pfl_cli.partition import PartitionConfig, partition_labels
+    from pfl_cli.partition.rotation import rotate_clients
+    from pfl_cli.rng import make_rng
+
+    ds = load_dataset("builtin:digits")
+    cfg = PartitionConfig(scheme="iid", num_clients=60, holdout_clients=12, test_fraction=0.3, label_prevalence=0.2,
+                          rotations=[0, 90, 180, 270])
+    part = partition_labels(ds.y, cfg, num_classes=10, rng=make_rng(seed, "partition"))
+    return rotate_clients(ds.x, part), ds.y, part
+
+
+ROTATED = dict(rounds=300, eval_every=300, clients_per_round=10, local_epochs=1, batch_size=16, lr=0.1,
+               feature_dim=32, hyper_hidden=64, evaluate_hidden_labels=True, val_fraction=0.0)
+
+
+@pytest.mark.slow
+def test_27_rotated_digits_smoke_run():
+    """FLowDUP beats LD-FedAvg on new unlabeled clients at equal rounds and k; k-means(4) on r(X) finds the
+    rotations; k = 2000 is no worse than k = 200 beyond seed noise. (Calibration: recipes/flowdup/rotated.yaml.)"""
+    from sklearn.cluster import KMeans
+
+    from pfl_cli.fl import train_federated
+
+    x, y, part = _rotated_digits()
+    acc = {}
+    for alg, k in (("flowdup", 200), ("ld-fedavg", 200), ("flowdup", 2000)):
+        run = train_federated(x, y, 10, part, TrainConfig(algorithm=alg, subspace_dim=k, **ROTATED), device="cpu")
+        acc[alg, k] = run.outcome.best.summaries()["holdout"]["mean_accuracy"]
+        if (alg, k) == ("flowdup", 200):
+            r = run.algorithm.dataset_embeddings(np.arange(part.num_clients)).numpy()
+    assert acc["flowdup", 200] > acc["ld-fedavg", 200] + 0.05, acc
+    assert acc["flowdup", 2000] > acc["flowdup", 200] - 0.05, acc
+    labels = KMeans(4, n_init=10, random_state=0).fit_predict(r)
+    purity = sum(np.bincount(part.rotation[labels == c]).max() for c in range(4) if (labels == c).any()) / len(r)
+    assert purity >= 0.8, purity

@@ -156,3 +156,24 @@ def test_rotations_rotate_each_clients_images_when_loaded(tmp_path, cli):
     np.savez(tmp_path / "flat.npz", x=np.ones((20, 5)), y=np.arange(20) % 2)
     odd = cli("partition", "--dataset", f"npz:{tmp_path / 'flat.npz'}", "--rotations", "0,90", "--out", tmp_path / "o")
     assert odd.code == 2 and "rotations need square images" in odd.err
+
+
+def test_flowdup_serves_new_unlabeled_rotated_clients_through_the_cli(tmp_path, cli):
+    part, model, pred = tmp_path / "rot", tmp_path / "flowdup", tmp_path / "pred"
+    assert cli("partition", "--rotations", "0,90,180,270", "--label-prevalence", "0.5", "--num-clients", "16",
+               "--holdout-clients", "4", "--test-fraction", "0.3", "--out", part).code == 0
+    run = cli("train", "--partition", part, "--algorithm", "flowdup", "--out", model, "--rounds", "4", "--eval-every",
+              "2", "--local-steps", "2", "--batch-size", "8", "--set", "subspace_dim=100", "--set", "feature_dim=8",
+              "--set", "hyper_hidden=16", "--set", "mlp_hidden=[8]", "--format", "json")
+    assert run.code == 0, run.err
+    m = json.loads((model / "metrics.json").read_text())
+    k = 100
+    assert m["num_unlabeled_clients"] == 10 and m["parameters"]["subspace_dim"] == k
+    assert m["floats_per_client_round"] == 2 * (m["parameters"]["features"] + m["parameters"]["head"] + k)
+    out = cli("predict", "--model", model, "--partition", part, "--evaluate-hidden-labels", "--out", pred)
+    assert out.code == 0, out.err
+    p = json.loads((pred / "metrics.json").read_text())
+    assert p["algorithm"] == "flowdup" and p["optimizer_steps"] == 0 and p["personalized"]
+    assert p["num_unlabeled_clients"] == 4 and p["hidden_label_oracle"] and p["num_evaluated_clients"] == 4
+    assert 0.0 <= p["mean_accuracy"] <= 1.0
+    assert np.load(pred / "predictions.npz")["probabilities"].shape[1] == 10
