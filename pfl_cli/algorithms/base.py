@@ -67,6 +67,10 @@ class Algorithm(ABC):
         """One round on ``cohort`` (LongTensor of client positions); returns each client's mean loss."""
         raise RunError(f"algorithm {self.name!r} trains no federated rounds; its clients train in personalize().")
 
+    def diagnostics(self) -> dict[str, dict[str, float]]:
+        """Extra metrics logged at every evaluation, ``{group: {metric: value}}`` (none by default)."""
+        return {}
+
     @property
     def needs_labels_to_predict(self) -> bool:
         """Whether ``personalize`` reads a client's labels (fine-tuning, local training, labeled descriptors)."""

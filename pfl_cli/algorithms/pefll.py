@@ -199,6 +199,16 @@ class PeFLL(Algorithm):
         with torch.no_grad():
             return self.hnet(v), True
 
+    # ------------------------------------------------------------------ descriptor analysis (§3.4)
+    def diagnostics(self):
+        if not self.cfg.track_descriptors:
+            return {}
+        from pfl_cli.fl.descriptors import descriptor_rank_correlation
+        from pfl_cli.fl.store import ROLE_HOLDOUT
+
+        rho = descriptor_rank_correlation(self, self.store.clients(ROLE_HOLDOUT))
+        return {"holdout": {"descriptor_spearman": rho}}
+
     # ------------------------------------------------------------------ state
     def state(self):
         import copy

@@ -65,6 +65,7 @@ class TrainConfig:
     lambda_reg: float = 1e-3              # flowdup: lambda of Omega = ||h(X) - psi_r||^2 (eq. 5.4)
     labeled_rate: float = 0.9             # flowdup: alpha, the labeled share of every cohort (Alg. 9)
     learnable_centre: bool = True         # flowdup: learn psi_r (False: psi_r = 0, Table C.4)
+    track_descriptors: bool = False       # pefll: log Spearman(descriptor, label-distribution distances) of holdout clients
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             loss_acc = [0.0, 0]
             ev = evaluate_groups(alg, done, seed=cfg.seed, with_val=with_val)
             history.extend(_rows(ev))
+            history.extend([done, g, name, value] for g, d in alg.diagnostics().items() for name, value in d.items())
             best = _select(best, ev, alg, with_val)
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
                       for g, s in ev.summaries().items()}
