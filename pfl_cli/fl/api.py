@@ -54,6 +54,8 @@ def validate_train_config(cfg: TrainConfig) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if cfg.track_descriptors and cfg.algorithm != "pefll":
+        raise ConfigError(f"track_descriptors needs algorithm pefll (descriptors are PeFLL's); got {cfg.algorithm!r}.")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
     if cfg.momentum >= 1 or cfg.server_momentum >= 1:

@@ -211,3 +211,23 @@ def test_27_rotated_digits_smoke_run():
     labels = KMeans(4, n_init=10, random_state=0).fit_predict(r)
     purity = sum(np.bincount(part.rotation[labels == c]).max() for c in range(4) if (labels == c).any()) / len(r)
     assert purity >= 0.8, purity
+
+
+def test_flowdup_on_images_uses_the_image_only_cnn_and_a_lenet_subspace():
+    """h_1 = the label-free CNN (cnn-x) and f = LeNet: one round and one prediction run and stay finite."""
+    from pfl_cli.partition import PartitionConfig, partition_labels
+    from pfl_cli.rng import make_rng
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 60)
+    x = (rng.normal(size=(60, 1, 28, 28)) + y[:, None, None, None]).astype(np.float32)
+    part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=4, test_fraction=0.25), num_classes=3,
+                            rng=make_rng(0, "partition"))
+    store = build_store(x, y, 3, part, val_fraction=0.0, rng=None, device="cpu")
+    alg = FLowDUP(TrainConfig(algorithm="flowdup", subspace_dim=64, feature_dim=8, hyper_hidden=8, batch_size=6,
+                              local_steps=1), store)
+    assert alg.arch["features"]["arch"] == "cnn-x" and alg.arch["client"]["arch"] == "lenet"
+    loss = alg.run_round(0, torch.tensor([0, 1, 2]), torch.Generator().manual_seed(0))
+    params, _ = alg.personalize(np.arange(4), None)
+    assert torch.isfinite(loss).all() and all(torch.isfinite(p).all() for p in params.values())
+    assert params["conv1.weight"].shape[0] == 4

@@ -177,3 +177,10 @@ def test_flowdup_serves_new_unlabeled_rotated_clients_through_the_cli(tmp_path, 
     assert p["num_unlabeled_clients"] == 4 and p["hidden_label_oracle"] and p["num_evaluated_clients"] == 4
     assert 0.0 <= p["mean_accuracy"] <= 1.0
     assert np.load(pred / "predictions.npz")["probabilities"].shape[1] == 10
+    big = cli("train", "--partition", part, "--algorithm", "flowdup", "--out", tmp_path / "big", "--set",
+              "subspace_dim=100000", "--set", "mlp_hidden=[8]")
+    assert big.code == 2 and "subspace_dim must be at most the client model's 610 weights; got 100000" in big.err
+    assert not (tmp_path / "big").exists()
+    track = cli("train", "--partition", part, "--algorithm", "flowdup", "--out", tmp_path / "t", "--set",
+                "track_descriptors=true")
+    assert track.code == 2 and "track_descriptors needs algorithm pefll" in track.err
