@@ -64,7 +64,8 @@ def train(
     Clients without labels: evaluate_hidden_labels (score unlabeled clients against their hidden
     labels, an oracle). FLowDUP and LD-FedAvg (thesis ch. 5): subspace_dim (k), subspace_nnz,
     feature_dim (e), lambda_reg, labeled_rate (alpha), learnable_centre; flowdup's h_1 is --embedding
-    (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden.
+    (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden. PeFLL descriptor analysis:
+    track_descriptors (Spearman of descriptor vs label-distribution distances of holdout clients).
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.
