@@ -123,7 +123,8 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
     loss = np.zeros(k)
     for rows, idx, valid, logits in forward_chunks(model, params, store, clients, split,
                                                    personalized=personalized, max_samples=max_samples):
-        y = store.y_eval[idx]
+        # Model selection (val) reads only labels training may read, never an oracle's hidden ones.
+        y = (store.y if split == "val" else store.y_eval)[idx]
         scored = valid & (y >= 0)  # samples without an evaluation label are not scored
         allowed = store.classes[clients[rows]]
         plain, masked, ce = _count(logits, y, allowed)

@@ -83,6 +83,11 @@ def test_hidden_labels_are_invisible_to_training_and_scored_only_by_the_oracle(d
     assert a.n[[0, 5]].tolist() == [0, 0] and b.n[[0, 5]].tolist() == part.test_sizes[[0, 5]].tolist()
     others = np.setdiff1d(clients, [0, 5])
     assert a.correct[others].tolist() == b.correct[others].tolist()
+    # model selection never reads a hidden label, oracle or not
+    held = build_store(ds.x, ds.y, 10, hidden, val_fraction=0.5, rng=np.random.default_rng(0), device="cpu",
+                       hidden_labels=True)
+    val = evaluate(net, params, held, clients, "val", personalized=False)
+    assert val.n[[0, 5]].tolist() == [0, 0] and val.n[others].sum() > 0
 
 
 def _reference(net, params, store, clients, personalized):
