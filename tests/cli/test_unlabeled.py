@@ -123,7 +123,9 @@ def test_unknown_labels_in_npz_and_csv_are_unlabeled_clients(tmp_path, cli):
         assert cli("partition", "--dataset", spec, "--num-clients", "6", "--holdout-clients", "2", "--out", part).code == 0
         model = tmp_path / f"m-{name}"
         assert cli("train", "--partition", part, "--algorithm", "fedavg", "--out", model, *FAST).code == 0
-        assert cli("predict", "--model", model, "--partition", part, "--out", tmp_path / f"q-{name}").code == 0
+        skip = ["--no-predictions"] if name == "csv" else []
+        assert cli("predict", "--model", model, "--partition", part, "--out", tmp_path / f"q-{name}", *skip).code == 0
+        assert (tmp_path / f"q-{name}" / "predictions.npz").exists() == (not skip)
         m = json.loads((tmp_path / f"q-{name}" / "metrics.json").read_text())
         assert m["num_unlabeled_clients"] == 0 and m["num_evaluated_clients"] == 2
         # a third of the test samples have no visible label: only the rest are scored
