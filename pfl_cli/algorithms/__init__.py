@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.flowdup import FLowDUP, LDFedAvg
 from pfl_cli.algorithms.local import Local
 from pfl_cli.algorithms.pefll import PeFLL
 
-REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (PeFLL, FedAvg, Local)}
+REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (PeFLL, FedAvg, Local, FLowDUP, LDFedAvg)}
 
-__all__ = ["Algorithm", "FedAvg", "Local", "PeFLL", "REGISTRY"]
+__all__ = ["Algorithm", "FLowDUP", "FedAvg", "LDFedAvg", "Local", "PeFLL", "REGISTRY"]

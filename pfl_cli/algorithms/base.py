@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pfl_cli.errors import RunError
+from pfl_cli.errors import InputError, RunError
 from pfl_cli.rng import seed_sequence
 
 
@@ -41,6 +41,7 @@ class Algorithm(ABC):
     name = ""
     federated = True          # False: no rounds (Local), evaluation trains per client
     personalized = True       # whether personalize() returns one model per client
+    serves_unlabeled = ""     # how it serves clients without labels ("" = it cannot), for error messages
 
     def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
         self.cfg = cfg
@@ -65,6 +66,32 @@ class Algorithm(ABC):
     def run_round(self, t: int, cohort, gen):
         """One round on ``cohort`` (LongTensor of client positions); returns each client's mean loss."""
         raise RunError(f"algorithm {self.name!r} trains no federated rounds; its clients train in personalize().")
+
+    def diagnostics(self) -> dict[str, dict[str, float]]:
+        """Extra metrics logged at every evaluation, ``{group: {metric: value}}`` (none by default)."""
+        return {}
+
+    @property
+    def needs_labels_to_predict(self) -> bool:
+        """Whether ``personalize`` reads a client's labels (fine-tuning, local training, labeled descriptors)."""
+        return True
+
+    def sample_cohort(self, train_clients, count: int, gen):
+        """A round's cohort: ``count`` train clients with labels, uniformly without replacement.
+
+        Clients without labels have nothing to train on here; algorithms that learn from
+        unlabeled clients (FLowDUP) draw their own cohorts.
+        """
+        import torch
+
+        pool = train_clients[torch.as_tensor(self.store.labeled, device=train_clients.device)[train_clients]]
+        return pool[torch.randperm(len(pool), generator=gen)[:count].to(pool.device)]
+
+    def check_trainable(self, train_clients) -> None:
+        """Refuse a run whose cohorts would be empty (no train client with a label)."""
+        if not self.store.labeled[train_clients.cpu().numpy()].any():
+            raise InputError(f"{self.name}: training needs train clients with labels; none of the "
+                             f"{len(train_clients)} has any. Give the dataset labels, or raise --label-prevalence.")
 
     @abstractmethod
     def personalize(self, clients: np.ndarray, gen):

@@ -17,6 +17,11 @@ from pfl_cli.algorithms.base import Algorithm, stack
 class FedAvg(Algorithm):
     name = "fedavg"
     default_server_lr = 1.0
+    serves_unlabeled = "fedavg without --finetune-steps (one global model)"
+
+    @property
+    def needs_labels_to_predict(self) -> bool:
+        return self.cfg.finetune_steps > 0
 
     def build(self) -> None:
         self.net = self.client_net()

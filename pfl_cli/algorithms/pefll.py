@@ -22,11 +22,18 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, descriptor_dim, seeded
 
-DEFAULT_SERVER_LR = 2e-4
+# Server step size and gradient clip per optimizer when not set: the authors' code runs Adam
+# 2e-4 with clip 50; Alg. 8 lines 17-18 add the averaged client updates with step size 1, unclipped.
+SERVER_DEFAULTS = {"adam": {"lr": 2e-4, "clip": 50.0}, "sgd": {"lr": 1.0, "clip": 0.0}}
 
 
 class PeFLL(Algorithm):
     name = "pefll"
+    serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
+
+    @property
+    def needs_labels_to_predict(self) -> bool:
+        return bool(self.embed.uses_labels)
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
@@ -60,7 +67,9 @@ class PeFLL(Algorithm):
         self.names = [k for k, _ in self.net.named_parameters()]
         self.desc_stats = None  # frozen (m, s) of the code's descriptor standardization
         params = [*self.hnet.parameters(), *self.embed.parameters()]
-        lr = self.cfg.server_lr if self.cfg.server_lr is not None else DEFAULT_SERVER_LR
+        defaults = SERVER_DEFAULTS[self.cfg.server_optimizer]
+        lr = self.cfg.server_lr if self.cfg.server_lr is not None else defaults["lr"]
+        self.server_clip = self.cfg.server_clip if self.cfg.server_clip is not None else defaults["clip"]
         if self.cfg.server_optimizer == "adam":
             self.opt = torch.optim.Adam(params, lr=lr)
         else:
@@ -79,7 +88,10 @@ class PeFLL(Algorithm):
         if self.desc_stats is None:
             # The authors' code: scalar mean and std of the very first descriptor, frozen.
             first = v[0].detach()
-            self.desc_stats = torch_stack_scalar(first.mean(), first.std().clamp_min(1e-8))
+            # A descriptor of one number (l = 1: 3 clients, or --embed-dim 1) has no spread;
+            # its unbiased std is NaN, so it is only centred.
+            spread = first.std().clamp_min(1e-8) if first.numel() > 1 else first.new_ones(())
+            self.desc_stats = torch_stack_scalar(first.mean(), spread)
         m, s = self.desc_stats[0], self.desc_stats[1]
         return (v - m) / s
 
@@ -143,8 +155,8 @@ class PeFLL(Algorithm):
             for p, g in zip(params, gs):
                 g = torch.zeros_like(p) if g is None else g
                 p.grad = g + 2.0 * lam * p.detach() if lam else g.clone()
-        if cfg.server_clip > 0:
-            torch.nn.utils.clip_grad_norm_([*h_params, *e_params], cfg.server_clip)
+        if self.server_clip > 0:
+            torch.nn.utils.clip_grad_norm_([*h_params, *e_params], self.server_clip)
         self.opt.step()
 
     def run_round_sequential(self, t, cohort, gen):
@@ -186,6 +198,16 @@ class PeFLL(Algorithm):
         v = self.descriptors(clients, gen)
         with torch.no_grad():
             return self.hnet(v), True
+
+    # ------------------------------------------------------------------ descriptor analysis (§3.4)
+    def diagnostics(self):
+        if not self.cfg.track_descriptors:
+            return {}
+        from pfl_cli.fl.descriptors import descriptor_rank_correlation
+        from pfl_cli.fl.store import ROLE_HOLDOUT
+
+        rho = descriptor_rank_correlation(self, self.store.clients(ROLE_HOLDOUT))
+        return {"holdout": {"descriptor_spearman": rho}}
 
     # ------------------------------------------------------------------ state
     def state(self):

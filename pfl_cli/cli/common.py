@@ -53,4 +53,10 @@ def load_partition_dataset(partition: Path, *, flag: str = "--partition"):
     ):
         raise ArtifactError(f"{flag} {partition}: dataset {info['spec']} no longer matches the partition "
                             "(size or labels changed). Re-create the partition.")
+    if part.rotation is not None:  # rotated clients (partition --rotations): rotate when the data load
+        import dataclasses
+
+        from pfl_cli.partition.rotation import rotate_clients
+
+        ds = dataclasses.replace(ds, x=rotate_clients(ds.x, part))
     return part, info, artifact, ds

@@ -13,6 +13,7 @@ from pfl_cli.cli.output import Reporter
 FLAGS = (
     "dataset", "scheme", "num_clients", "alpha", "min_size", "self_balancing", "classes_per_client", "assign",
     "class_shares", "shards_per_client", "quantity", "natural_id", "test_fraction", "holdout_clients", "plot", "seed",
+    "label_prevalence", "rotations",
 )
 
 
@@ -26,6 +27,14 @@ def _number_or_list(text: str | None):
     except ValueError:
         return text  # the core reports the bad value with the rule
     return values[0] if len(values) == 1 else values
+
+
+def _int_list(text: str):
+    """'0,90,180' -> [0, 90, 180]; anything else is passed on for the core to refuse with its rule."""
+    try:
+        return [int(p) for p in str(text).split(",") if p.strip()]
+    except ValueError:
+        return text
 
 
 def partition(
@@ -48,6 +57,8 @@ def partition(
     test_fraction: Annotated[Optional[float], typer.Option("--test-fraction", help="Split each client's samples; default: the official test pool if any, else 0.2.")] = None,
     holdout_clients: Annotated[str, typer.Option("--holdout-clients", metavar="F|N", help="Clients never used in training: a fraction F < 1 or a count N.")] = "0",
     plot: Annotated[bool, typer.Option("--plot", help="Also write partition.png, a clients x classes heatmap.")] = False,
+    label_prevalence: Annotated[Optional[float], typer.Option("--label-prevalence", metavar="P", help="Only a fraction P in (0, 1] of train clients keep their labels; the other train clients and all holdout clients are unlabeled.")] = None,
+    rotations: Annotated[Optional[str], typer.Option("--rotations", metavar="DEG,...", help="Rotated clients: each client draws one angle from this list (0,90,180,270), applied to its images when the data are loaded.")] = None,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -73,6 +84,8 @@ def partition(
         flags["alpha"] = dirichlet
     if "alpha" in flags:
         flags["alpha"] = _number_or_list(flags["alpha"])
+    if "rotations" in flags:
+        flags["rotations"] = _int_list(flags["rotations"])
     if "holdout_clients" in flags:
         flags["holdout_clients"] = _number_or_list(flags["holdout_clients"])
     cfg = stage_config(PartitionConfig, "partition", config_file=config, flags=flags, sets=set_)
@@ -82,8 +95,8 @@ def partition(
     ds = load_dataset(cfg.dataset)
     train_pool = ds.num_samples if ds.pool is None else int((ds.pool == 0).sum())
     cfg = validate_config(
-        cfg, num_samples=train_pool, num_classes=ds.num_classes, has_labels=ds.y is not None,
-        has_clients=ds.client is not None, has_test_pool=ds.has_test_pool,
+        cfg, num_samples=train_pool, num_classes=ds.num_classes, has_labels=ds.y is not None and bool((ds.y >= 0).all()),
+        has_clients=ds.client is not None, has_test_pool=ds.has_test_pool, input_shape=ds.input_shape,
     )
     writer = ArtifactWriter(out, stage="partition", config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[ds.input_ref()], force=force)
@@ -122,6 +135,13 @@ def _print_summary(report: Reporter, out, cfg, stats: dict) -> None:
             ("JS to global", f"mean {het['js_divergence_to_global']['mean']:.3f}"),
         ]
     info = stats["scheme_info"]
+    if "labels" in info:
+        lab = info["labels"]
+        rows.append(("labels", f"prevalence {lab['label_prevalence']:g}: {lab['labeled_train_clients']} labeled train "
+                               f"clients, {lab['unlabeled_train_clients']} unlabeled train, "
+                               f"{lab['unlabeled_holdout_clients']} unlabeled holdout"))
+    if "rotations" in info:
+        rows.append(("rotations", ", ".join(f"{deg}°: {n}" for deg, n in info["rotations"].items())))
     if info.get("repaired"):
         rows.append(("repair", f"{info['samples_moved']} sample(s) moved to {info['clients_below_min_size']} client(s)"))
     for key, value in rows:

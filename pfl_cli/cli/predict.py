@@ -11,7 +11,8 @@ from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
 
-FLAGS = ("clients", "label_mask", "finetune_steps", "eval_descriptor", "save_models", "device", "seed")
+FLAGS = ("clients", "label_mask", "finetune_steps", "eval_descriptor", "save_models", "device", "seed",
+         "evaluate_hidden_labels", "predictions")
 
 
 def predict(
@@ -24,6 +25,8 @@ def predict(
     finetune_steps: Annotated[Optional[int], typer.Option("--finetune-steps", help="fedavg: local steps from the global model per client (default: as trained).")] = None,
     eval_descriptor: Annotated[Optional[str], typer.Option("--eval-descriptor", help="pefll descriptor: all (every train sample) | batch (one batch) (default: as trained).")] = None,
     save_models: Annotated[bool, typer.Option("--save-models", help="Also write models.pt: every client's model weights.")] = False,
+    evaluate_hidden_labels: Annotated[bool, typer.Option("--evaluate-hidden-labels", help="Also score unlabeled clients against their hidden labels: an oracle evaluation, recorded as such (the clients never show their labels to the model).")] = False,
+    predictions: Annotated[bool, typer.Option("--predictions/--no-predictions", help="Write predictions.npz: client_id, split, sample, predicted class and probabilities of every train and test sample.")] = True,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
@@ -36,6 +39,11 @@ def predict(
     PeFLL builds each client's model from its descriptor in one forward pass (no optimizer step);
     FedAvg uses the global model (fine-tuned --finetune-steps steps when asked); Local trains every
     client from the shared initialization. --set batch_size=N sets the evaluation chunk.
+
+    Clients without labels (partition --label-prevalence, npz y = -1, csv labeled = 0) get models
+    from algorithms that need no labels at prediction time (pefll with --embedding cnn-x|mlp-x,
+    fedavg without fine-tuning, flowdup, ld-fedavg); their accuracy is reported only with
+    --evaluate-hidden-labels, an oracle.
 
     metrics.json: mean_accuracy / pooled_accuracy are the headline (label-masked when label_mask is
     true), mean_accuracy_nolm / pooled_accuracy_nolm without masking, mean_accuracy_lm /

@@ -12,6 +12,14 @@ The ``predict`` artifact:
   artifact's input reference). Mean accuracy averages per-client accuracies over clients with test
   samples; pooled accuracy is correct / total over all their test samples.
 - ``clients.csv``: client_id, role (0 train, 1 holdout), n_train, n_test, accuracy, accuracy_lm.
+- ``predictions.npz`` (unless ``--no-predictions``): one row per sample of every predicted client,
+  ``client_id`` int64, ``split`` uint8 (0 = the client's train samples, from which its model or
+  descriptor was built; 1 = its test samples), ``sample`` int64 (index in the dataset's sample
+  order), ``predicted`` int64 (argmax over all classes), ``probabilities`` float32 (n, C).
+- metrics.json also has ``num_unlabeled_clients`` (predicted clients without labels),
+  ``num_evaluated_clients`` (clients with at least one scored test sample) and
+  ``hidden_label_oracle`` (true with ``--evaluate-hidden-labels``: unlabeled clients were
+  scored against labels they never showed).
 - ``models.pt`` with ``--save-models``: ``{"client_id": LongTensor (n,), "weights": {name: Tensor}}``;
   the weights have a leading client axis when ``personalized``, and are the one global model
   otherwise (FedAvg without fine-tuning).
@@ -87,7 +95,8 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
-    run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device)
+    run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
+                          labeled=ds.labeled)
     label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask
     s = run.evaluation.summary()
     metrics = clean({
@@ -106,6 +115,9 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "loss": s["loss"],
         "num_clients": s["num_clients"],
         "num_samples": s["num_samples"],
+        "num_unlabeled_clients": int(len(run.unlabeled)),
+        "num_evaluated_clients": int(np.sum(run.evaluation.n > 0)),
+        "hidden_label_oracle": bool(cfg.evaluate_hidden_labels),
         "optimizer_steps": int(run.optimizer_steps),
         "personalized": bool(run.personalized),
         "device": str(device),
@@ -115,6 +127,11 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     with writer:
         writer.save_json("metrics.json", metrics)
         writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"], rows)
+        if run.predictions is not None:
+            p = run.predictions
+            writer.save_npz("predictions.npz", client_id=np.asarray(part.client_id, dtype=np.int64)[p["client"]],
+                            split=p["split"], sample=p["sample"].astype(np.int64),
+                            predicted=p["predicted"].astype(np.int64), probabilities=p["probabilities"])
         if cfg.save_models:
             ids = torch.as_tensor(np.asarray(part.client_id)[run.clients], dtype=torch.int64)
             writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))
@@ -124,6 +141,10 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
 def _print_summary(report: Reporter, out: Path, m: dict, s: dict) -> None:
     extra = (f"; {m['optimizer_steps']} optimizer steps; "
              f"{'one model per client' if m['personalized'] else 'one global model'}")
+    if m["num_unlabeled_clients"]:
+        extra += (f"; {m['num_unlabeled_clients']} clients without labels, "
+                  + ("scored against their hidden labels (ORACLE evaluation: they never showed them)"
+                     if m["hidden_label_oracle"] else "not scored (pass --evaluate-hidden-labels for an oracle score)"))
     table = accuracy_table(f"predict -> {out}: {m['algorithm']} model, {m['clients']} clients, {m['device']}",
                            {m["clients"]: clean(s)}, m["label_mask"], extra)
     report.result({"out": str(out), "up_to_date": False, **m}, table)

@@ -69,7 +69,7 @@ def simulate(
         inputs.append(art.input_ref())
     ds = load_dataset(cfg.dataset)
     cfg = validate_config(cfg, has_model=params is not None, like_clients=None if like_counts is None else len(like_counts),
-                          has_labels=ds.y is not None)
+                          has_labels=ds.y is not None and bool((ds.y >= 0).all()))
     writer = ArtifactWriter(out, stage="partition", config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[*inputs, ds.input_ref()], force=force)
     if writer.up_to_date():

@@ -29,13 +29,13 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local.")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | flowdup | ld-fedavg.")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
     clients_per_round: Annotated[int, typer.Option("--clients-per-round", help="Cohort size of every round.")] = 5,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (pefll, fedavg).")] = 50,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.")] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.")] = 2e-3,
-    server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (default 2e-4), fedavg on the mean delta (default 1).")] = None,
+    server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1).")] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Rounds between evaluations (and checkpoints).")] = 50,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each train client's samples held out for model selection (0 = keep the last model).")] = 0.1,
     label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out (both are always reported).")] = False,
@@ -60,6 +60,12 @@ def train(
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
     checkpoint_every (0 = at every evaluation).
+
+    Clients without labels: evaluate_hidden_labels (score unlabeled clients against their hidden
+    labels, an oracle). FLowDUP and LD-FedAvg (thesis ch. 5): subspace_dim (k), subspace_nnz,
+    feature_dim (e), lambda_reg, labeled_rate (alpha), learnable_centre; flowdup's h_1 is --embedding
+    (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden. PeFLL descriptor analysis:
+    track_descriptors (Spearman of descriptor vs label-distribution distances of holdout clients).
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.

@@ -217,7 +217,7 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
 
         try:
             run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device, resume=state,
-                                  on_checkpoint=on_checkpoint, on_progress=on_progress)
+                                  labeled=ds.labeled, on_checkpoint=on_checkpoint, on_progress=on_progress)
         except TrainingDiverged as err:
             raise RunError(_diverged_message(err, cfg, ck_path, out)) from None
 
@@ -263,7 +263,9 @@ def _metrics(cfg, run, info: dict, device) -> dict:
     from pfl_cli.models import num_parameters
 
     outcome, arch = run.outcome, run.model["arch"]
-    params = {name: int(num_parameters(spec)) for name, spec in arch.items()}
+    params = {name: int(num_parameters(spec)) for name, spec in arch.items() if "kind" in spec}
+    if "subspace" in arch:  # flowdup, ld-fedavg: theta = theta_0 + P v, v in R^k (k floats, not a network)
+        params["subspace_dim"] = int(arch["subspace"]["dim"])
     floats = REGISTRY[cfg.algorithm].floats_per_client_round(arch)
     metrics: dict[str, Any] = {
         "algorithm": cfg.algorithm,
@@ -282,6 +284,9 @@ def _metrics(cfg, run, info: dict, device) -> dict:
             metrics[group] = summaries[group]
     metrics["parameters"] = params
     metrics["floats_per_client_round"] = floats
+    store = run.store
+    metrics["num_unlabeled_clients"] = int(np.sum(~store.labeled))
+    metrics["hidden_label_oracle"] = bool(cfg.evaluate_hidden_labels)
     return clean(metrics)
 
 

@@ -25,7 +25,8 @@ class Dataset:
     x : ndarray of shape (n_samples, *input_shape)
         Features, in the dataset's native dtype (uint8 images stay uint8).
     y : ndarray of shape (n_samples,), int64, or None
-        Class labels in ``[0, num_classes)``; None for unlabelled data.
+        Class labels in ``[0, num_classes)``, -1 where a sample's label is unknown (npz
+        ``y = -1``, an empty csv label cell); None for unlabelled data.
     client : ndarray of shape (n_samples,) or None
         Natural client ids (LEAF users, a client column), as str.
     pool : ndarray of shape (n_samples,), uint8, or None
@@ -33,6 +34,10 @@ class Dataset:
         dataset has a single pool. Partition indices point into this sample order.
     num_classes : int
     class_names : tuple of str, optional
+    labeled : ndarray of shape (n_samples,), bool, or None
+        Whose labels training may read (a csv ``labeled`` column). A sample outside it
+        may still hold its true label in ``y``: a hidden label only an evaluator asked
+        for it (``predict --evaluate-hidden-labels``) reads. None: every known label.
     """
 
     spec: str
@@ -43,6 +48,15 @@ class Dataset:
     pool: np.ndarray | None = None
     class_names: tuple[str, ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    labeled: np.ndarray | None = None
+
+    @property
+    def label_visible(self) -> np.ndarray:
+        """Bool (n_samples,): the sample has a label training may read."""
+        if self.y is None:
+            return np.zeros(self.num_samples, dtype=bool)
+        known = np.asarray(self.y) >= 0
+        return known if self.labeled is None else known & self.labeled
 
     @property
     def num_samples(self) -> int:
@@ -68,6 +82,8 @@ class Dataset:
         digest = hashlib.sha256()
         for arr in (self.x, self.y, self.client, self.pool):
             digest.update(b"-" if arr is None else sha256_array(np.asarray(arr)).encode())
+        if self.labeled is not None:  # absent for fully labeled data: their hashes stay as they were
+            digest.update(b"labeled" + sha256_array(np.asarray(self.labeled, dtype=np.uint8)).encode())
         return digest.hexdigest()
 
     def input_ref(self) -> dict[str, str]:
@@ -90,6 +106,8 @@ class Dataset:
             "has_test_pool": self.has_test_pool,
             "has_natural_clients": self.client is not None,
         }
+        if self.y is not None and not self.label_visible.all():
+            doc["num_unlabeled_samples"] = int(np.count_nonzero(~self.label_visible))
         if self.pool is not None:
             doc["pool_sizes"] = {
                 "train": int(np.sum(self.pool == POOL_TRAIN)),
@@ -117,11 +135,12 @@ def validate_dataset(ds: Dataset) -> Dataset:
             raise DatasetError(f"{where}: y must have shape ({n},) to match x; got {ds.y.shape}.")
         if ds.y.dtype.kind not in "biu":
             raise DatasetError(f"{where}: labels must be non-negative integers; got dtype {ds.y.dtype}.")
-        if n and ds.y.min() < 0:
-            raise DatasetError(f"{where}: labels must be non-negative integers; got {int(ds.y.min())}.")
+        if n and ds.y.min() < -1:
+            raise DatasetError(f"{where}: labels must be non-negative integers, or -1 for an unknown label; "
+                               f"got {int(ds.y.min())}.")
         if n and ds.y.max() >= ds.num_classes:
             raise DatasetError(f"{where}: label {int(ds.y.max())} is outside [0, {ds.num_classes}).")
-    for name in ("client", "pool"):
+    for name in ("client", "pool", "labeled"):
         arr = getattr(ds, name)
         if arr is not None and arr.shape != (n,):
             raise DatasetError(f"{where}: {name} must have shape ({n},) to match x; got {arr.shape}.")

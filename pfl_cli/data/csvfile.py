@@ -1,10 +1,15 @@
-"""``csv:PATH?label=COL&client=COL&num_classes=K``: one sample per row, a header row first.
+"""``csv:PATH?label=COL&client=COL&labeled=COL&num_classes=K``: one sample per row, a header row first.
 
 Columns
 -------
 - the label column: ``label=COL``; by default ``label`` if the header has it, else ``y``,
   else the data is unlabelled (``label=`` with an empty value forces unlabelled).
-  Labels must be non-negative integers (``3`` and ``3.0`` are both accepted).
+  Labels must be non-negative integers (``3`` and ``3.0`` are both accepted); an empty cell
+  or ``-1`` is an unknown label.
+- the labeled column: ``labeled=COL``; by default ``labeled`` if the header has it. 1 (or
+  true) marks a row whose label training may read, 0 (or false) an unlabeled row; the label
+  cell of an unlabeled row, when filled, is a hidden label only an evaluator asked for it
+  reads (``predict --evaluate-hidden-labels``).
 - the client column, only when ``client=COL`` is given: natural client ids, kept as str.
 - every other column is a numeric feature, parsed to float64 (lossless for decimal text).
 
@@ -21,8 +26,10 @@ import numpy as np
 from pfl_cli.data.base import Dataset, check_options, labels_from_array, option_num_classes
 from pfl_cli.errors import DatasetError
 
-OPTIONS = ("label", "client", "num_classes")
+OPTIONS = ("label", "client", "labeled", "num_classes")
 DEFAULT_LABEL_COLUMNS = ("label", "y")
+DEFAULT_LABELED_COLUMN = "labeled"
+FLAG_VALUES = {"1": True, "0": False, "true": True, "false": False}
 
 
 def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
@@ -54,16 +61,24 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
     client_col = _named_column(header, options.get("client"), "client", spec)
     if client_col is not None and client_col == label_col:
         raise DatasetError(f"{spec}: the label and client columns must differ; both are {client_col!r}.")
+    labeled_col = _named_column(header, options.get("labeled"), "labeled", spec) if "labeled" in options else (
+        DEFAULT_LABELED_COLUMN if DEFAULT_LABELED_COLUMN in header else None)
+    if labeled_col is not None and labeled_col in (label_col, client_col):
+        raise DatasetError(f"{spec}: the labeled column must differ from the label and client columns; "
+                           f"got {labeled_col!r}.")
+    if labeled_col is not None and label_col is None:
+        raise DatasetError(f"{spec}: a labeled column ({labeled_col!r}) needs a label column; name it with label=COL.")
     columns = list(zip(*rows))
-    features = [i for i, name in enumerate(header) if name not in (label_col, client_col)]
+    features = [i for i, name in enumerate(header) if name not in (label_col, client_col, labeled_col)]
     if not features:
         raise DatasetError(f"{spec}: no feature columns left after the label and client columns; header is {header}.")
     x = np.stack([_numeric_column(columns[i], header[i], spec) for i in features], axis=1)
     y = None if label_col is None else _labels(columns[header.index(label_col)], label_col, spec)
     client = None if client_col is None else np.asarray(columns[header.index(client_col)], dtype=str)
+    labeled = None if labeled_col is None else _flags(columns[header.index(labeled_col)], labeled_col, spec)
     num_classes = option_num_classes(spec, options)
     if num_classes is None:
-        num_classes = int(y.max()) + 1 if y is not None and y.min() >= 0 else 0
+        num_classes = int(y.max()) + 1 if y is not None and y.max() >= 0 else 0
     return Dataset(
         spec=spec,
         x=x,
@@ -71,7 +86,18 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
         num_classes=num_classes,
         client=client,
         extra={"feature_names": [header[i] for i in features]},
+        labeled=labeled,
     )
+
+
+def _flags(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:
+    """The labeled column as bool: 1/0 or true/false."""
+    values = [FLAG_VALUES.get(c.strip().lower()) for c in cells]
+    if None in values:
+        lineno = values.index(None) + 2
+        raise DatasetError(f"{spec}: labeled column {name!r} must hold 1 or 0 (true or false); got "
+                           f"{cells[lineno - 2]!r} in row {lineno}.")
+    return np.asarray(values, dtype=bool)
 
 
 def _read_rows(path: Path, spec: str) -> tuple[list[str], list[list[str]]]:
@@ -128,7 +154,8 @@ def _numeric_column(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:
 
 
 def _labels(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:
-    """Label column as int64; integral floats such as ``3.0`` are accepted."""
+    """Label column as int64; integral floats such as ``3.0`` are accepted, an empty cell is -1 (unknown)."""
+    cells = tuple("-1" if not c.strip() else c for c in cells)
     try:
         return np.asarray(cells, dtype=np.int64)
     except (ValueError, OverflowError):

@@ -1,4 +1,4 @@
-"""``npz:PATH``: arrays ``x`` (samples first), optional ``y``, ``client`` and ``pool``."""
+"""``npz:PATH``: arrays ``x`` (samples first), optional ``y`` (-1 for an unknown label), ``client`` and ``pool``."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -39,13 +40,22 @@ def validate_train_config(cfg: TrainConfig) -> None:
         _int(cfg, name, 1)
     for name in ("embed_dim", "finetune_steps", "checkpoint_every", "seed"):
         _int(cfg, name, 0)
+    for name in ("subspace_dim", "subspace_nnz", "feature_dim"):
+        _int(cfg, name, 1)
+    if not isinstance(cfg.labeled_rate, (int, float)) or isinstance(cfg.labeled_rate, bool) or \
+            not 0.0 <= cfg.labeled_rate <= 1.0:
+        raise ConfigError(f"labeled_rate must be a fraction in [0, 1]; got {cfg.labeled_rate!r}.")
     if cfg.local_epochs is not None:
         _int(cfg, "local_epochs", 1)
     for name in ("lr", "momentum", "client_clip", "server_momentum", "server_clip", "lambda_h", "lambda_v",
-                 "lambda_theta"):
+                 "lambda_theta", "lambda_reg"):
         value = getattr(cfg, name)
+        if value is None and name == "server_clip":  # the optimizer's default
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if cfg.track_descriptors and cfg.algorithm != "pefll":
+        raise ConfigError(f"track_descriptors needs algorithm pefll (descriptors are PeFLL's); got {cfg.algorithm!r}.")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
     if cfg.momentum >= 1 or cfg.server_momentum >= 1:
@@ -82,7 +92,7 @@ def make_algorithm(cfg: TrainConfig, store, *, arch: dict | None = None):
 
 
 def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, cfg: TrainConfig, *,
-                    device: Any = None, resume: dict | None = None,
+                    device: Any = None, resume: dict | None = None, labeled: np.ndarray | None = None,
                     on_checkpoint: Callable[[dict], None] | None = None,
                     on_progress: Callable[[int, int, dict], None] | None = None) -> TrainRun:
     """Train ``cfg.algorithm`` on a partition's train clients and evaluate on all its clients.
@@ -99,6 +109,9 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
         Default: ``resolve_device(cfg.device)``.
     resume, on_checkpoint, on_progress
         See :func:`pfl_cli.fl.loop.run_rounds`.
+    labeled : ndarray of bool (n_samples,), optional
+        The dataset's labeled mark (``Dataset.labeled``); unknown labels (-1) and the clients a
+        partition marks unlabeled are unlabeled in any case.
     """
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.loop import run_rounds
@@ -108,7 +121,8 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
     validate_train_config(cfg)
     device = device if device is not None else resolve_device(cfg.device)
     store = build_store(x, y, num_classes, partition, val_fraction=cfg.val_fraction,
-                        rng=make_rng(cfg.seed, "validation-split"), device=device, normalize=cfg.normalize)
+                        rng=make_rng(cfg.seed, "validation-split"), device=device, normalize=cfg.normalize,
+                        labeled=labeled, hidden_labels=cfg.evaluate_hidden_labels)
     alg = make_algorithm(cfg, store)
     outcome = run_rounds(alg, cfg, resume=resume, on_checkpoint=on_checkpoint, on_progress=on_progress)
     return TrainRun(model=model_payload(alg, outcome.weights), outcome=outcome, store=store, algorithm=alg)
@@ -134,21 +148,29 @@ class PredictRun:
     evaluation: Any              # GroupEval
     params: dict | None          # per-client weights when requested
     personalized: bool
-    optimizer_steps: int
+    optimizer_steps: int         # torch optimizer steps taken while predicting + clients' local SGD steps
+    algorithm: Any = None        # the algorithm that predicted, with the weights it predicted from
+    predictions: dict | None = None  # predict_samples' arrays over fit and test samples (split 0 / 1)
+    unlabeled: np.ndarray | None = None  # positions (in the partition) of the predicted clients without labels
 
 
 def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
-                    cfg: PredictConfig, *, device: Any = None) -> PredictRun:
+                    cfg: PredictConfig, *, device: Any = None, labeled: np.ndarray | None = None) -> PredictRun:
     """Models for a partition's clients from a trained model (Alg. 7 for PeFLL) and their test accuracy.
 
     PeFLL generates each client's model from its descriptor with no optimizer step; FedAvg
     uses the global model (fine-tuned ``finetune_steps`` steps when asked); Local trains
     each client from the shared initialization. The trained weights are left untouched.
+
+    Clients without labels (``labeled``, unknown labels, ``partition.labeled``) are served by
+    algorithms that need no labels at prediction time; any other algorithm is refused with
+    the list of those that can. Accuracy counts only samples with a label the evaluator may
+    read: visible ones, or hidden ones too with ``cfg.evaluate_hidden_labels`` (an oracle).
     """
     import dataclasses
 
     from pfl_cli.fl.device import resolve_device
-    from pfl_cli.fl.evaluate import personalize_and_evaluate
+    from pfl_cli.fl.evaluate import personalize_and_evaluate, predict_samples
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
     from pfl_cli.rng import torch_generator
 
@@ -170,19 +192,59 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     device = device if device is not None else resolve_device(cfg.device)
     norm = model["normalization"]
     store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device,
-                        normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()))
+                        normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()), labeled=labeled,
+                        hidden_labels=cfg.evaluate_hidden_labels)
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
     alg.load_weights(model["weights"])
-    steps_before = _optimizer_steps(alg)  # server steps; local SGD steps are counted from zero
-    evals, params, personalized = personalize_and_evaluate(
-        alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
-        max_samples=cfg.batch_size * 32)
+    unlabeled = clients[~store.labeled[clients]]
+    if len(unlabeled) and alg.needs_labels_to_predict:
+        raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients)))
+    parts: list[dict] = []
+
+    def keep_predictions(sel, params, personalized):
+        for code, split in enumerate(("fit", "test")):
+            out = predict_samples(alg.net, params, store, sel, split, personalized=personalized,
+                                  max_samples=cfg.batch_size * 32)
+            parts.append({**out, "split": np.full(len(out["sample"]), code, dtype=np.uint8)})
+
+    with count_optimizer_steps() as torch_steps:
+        evals, params, personalized = personalize_and_evaluate(
+            alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
+            max_samples=cfg.batch_size * 32, each_chunk=keep_predictions if cfg.predictions else None)
+    predictions = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else None
     return PredictRun(clients=clients, evaluation=evals["test"], params=params, personalized=personalized,
-                      optimizer_steps=_optimizer_steps(alg) - steps_before)
+                      optimizer_steps=torch_steps[0] + alg.client_sgd_steps, algorithm=alg,
+                      predictions=predictions, unlabeled=unlabeled)
 
 
-def _optimizer_steps(alg) -> int:
-    """Server optimizer steps taken (per parameter, summed) plus clients' local SGD steps."""
-    opt = getattr(alg, "opt", None)
-    server = 0 if opt is None else sum(int(s.get("step", 0)) for s in opt.state.values())
-    return server + alg.client_sgd_steps
+def unlabeled_refusal(alg, client_ids: np.ndarray, total: int) -> str:
+    """One line: which clients have no labels, why this algorithm cannot serve them, which can."""
+    from pfl_cli.algorithms import REGISTRY
+
+    shown = ", ".join(str(int(c)) for c in client_ids[:5]) + (", ..." if len(client_ids) > 5 else "")
+    servers = "; ".join(cls.serves_unlabeled for cls in REGISTRY.values() if cls.serves_unlabeled)
+    return (f"clients: {len(client_ids)} of the {total} clients to predict have no labels (client ids {shown}), and "
+            f"this {alg.name} model needs a client's labels at prediction time; models that serve unlabeled "
+            f"clients: {servers}.")
+
+
+@contextmanager
+def count_optimizer_steps():
+    """Count every ``torch.optim`` step taken in the block, by any optimizer (a one-element list).
+
+    A global step hook sees the real thing: an algorithm that built or loaded an optimizer
+    and stepped it while predicting is counted whatever it reports about itself. Local SGD
+    of cohorts runs without torch optimizers and is counted by ``client_sgd_steps``.
+    """
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    count = [0]
+
+    def hook(optimizer, args, kwargs):
+        count[0] += 1
+
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        yield count
+    finally:
+        handle.remove()

@@ -57,34 +57,47 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     loss_sum = torch.zeros(c, device=index.device)
     taken = torch.zeros(c, device=index.device)
     for s in range(steps):
-        idx, m = index[:, s], mask[:, s]
+        idx, y = index[:, s], store.y[index[:, s]]
+        m = mask[:, s] * (y >= 0)  # unlabeled samples (-1) add no loss
         logits = forward(theta, store.inputs(idx))
-        ce = F.cross_entropy(logits.flatten(0, 1), store.y[idx].flatten(), reduction="none").view(m.shape)
+        ce = F.cross_entropy(logits.flatten(0, 1), y.clamp_min(0).flatten(), reduction="none").view(m.shape)
         loss = (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
         grads = dict(zip(names, torch.autograd.grad(loss.sum(), [theta[k] for k in names])))
         go = None if active is None else active[:, s]
+        sgd_update_(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, active=go)
         with torch.no_grad():
-            if clip > 0:
-                norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
-                scale = (clip / (norm + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s coefficient
-            for k in names:
-                g = grads[k]
-                if clip > 0:
-                    g = g * scale.view(-1, *([1] * (g.dim() - 1)))
-                if weight_decay:
-                    g = g + weight_decay * theta[k]
-                new_buf = momentum * buf[k] + g if momentum else g
-                if go is None:
-                    buf[k] = new_buf
-                    theta[k] -= lr * new_buf
-                else:
-                    sel = go.view(-1, *([1] * (g.dim() - 1)))
-                    buf[k] = torch.where(sel, new_buf, buf[k])
-                    theta[k] -= lr * new_buf * sel
             w = torch.ones(c, device=index.device) if go is None else go.to(loss.dtype)
             loss_sum += loss.detach() * w
             taken += w
     return {k: v.detach() for k, v in theta.items()}, loss_sum / taken.clamp_min(1.0)
+
+
+def sgd_update_(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                clip: float = 0.0, active=None) -> None:
+    """One ``torch.optim.SGD`` step per client on stacked tensors, in place, after ``clip_grad_norm_``.
+
+    ``theta``, ``grads`` and ``buf`` (momentum buffers) map names to (c, *shape) tensors; the
+    clip is over each client's whole gradient; ``active`` (c,) bool leaves inactive clients alone.
+    """
+    import torch
+
+    with torch.no_grad():
+        if clip > 0:
+            norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
+            scale = (clip / (norm + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s coefficient
+        for k, g in grads.items():
+            if clip > 0:
+                g = g * scale.view(-1, *([1] * (g.dim() - 1)))
+            if weight_decay:
+                g = g + weight_decay * theta[k]
+            new_buf = momentum * buf[k] + g if momentum else g
+            if active is None:
+                buf[k] = new_buf
+                theta[k] -= lr * new_buf
+            else:
+                sel = active.view(-1, *([1] * (g.dim() - 1)))
+                buf[k] = torch.where(sel, new_buf, buf[k])
+                theta[k] -= lr * new_buf * sel
 
 
 def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,
@@ -109,8 +122,10 @@ def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, 
                 continue
             idx = index[i, s]
             logits = net(store.inputs(idx))
-            ce = torch.nn.functional.cross_entropy(logits, store.y[idx], reduction="none")
-            loss = (ce * mask[i, s]).sum() / mask[i, s].sum().clamp_min(1.0)
+            y = store.y[idx]
+            m = mask[i, s] * (y >= 0)
+            ce = torch.nn.functional.cross_entropy(logits, y.clamp_min(0), reduction="none")
+            loss = (ce * m).sum() / m.sum().clamp_min(1.0)
             opt.zero_grad()
             loss.backward()
             if clip > 0:

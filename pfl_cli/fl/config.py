@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-ALGORITHMS = ("pefll", "fedavg", "local")
+ALGORITHMS = ("pefll", "fedavg", "local", "flowdup", "ld-fedavg")
 CLIENT_ARCHS = ("auto", "lenet", "mlp")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
 HYPER_SIZES = ("S", "M", "L")
@@ -33,9 +33,9 @@ class TrainConfig:
     momentum: float = 0.9                 # client SGD momentum (buffer reset every round)
     client_clip: float = 50.0             # per-client gradient-norm clip before each step (0 = off)
     server_optimizer: str = "adam"        # pefll: adam (code) | sgd (Alg. 8 update rule)
-    server_lr: Optional[float] = None     # pefll: server step (default 2e-4); fedavg: step on the mean delta (default 1)
+    server_lr: Optional[float] = None     # pefll: server step (adam 2e-4, sgd 1 = Alg. 8); fedavg: step on the mean delta (default 1)
     server_momentum: float = 0.0          # fedavg server momentum / pefll sgd momentum
-    server_clip: float = 50.0             # pefll: clip of the server gradient over (eta_h, eta_v) (0 = off)
+    server_clip: Optional[float] = None   # pefll: clip of the server gradient over (eta_h, eta_v): adam 50, sgd off (0 = off)
     lambda_h: float = 1e-3                # Eq. (4.1) regularizers, added as 2*lambda*param (Alg. 8)
     lambda_v: float = 1e-3
     lambda_theta: float = 0.0
@@ -57,6 +57,15 @@ class TrainConfig:
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
     device: str = "auto"
     seed: int = 0
+    # -- clients without labels, FLowDUP and LD-FedAvg (issue 15; thesis ch. 5) --
+    evaluate_hidden_labels: bool = False  # evaluation scores unlabeled clients against their hidden labels (oracle)
+    subspace_dim: int = 200               # flowdup, ld-fedavg: k of theta = theta_0 + P v (thesis: 10^4)
+    subspace_nnz: int = 4                 # nonzeros per row of the seeded sparse P
+    feature_dim: int = 64                 # flowdup: e, h_1's output width (thesis: 256); h_2's hidden is hyper_hidden
+    lambda_reg: float = 1e-3              # flowdup: lambda of Omega = ||h(X) - psi_r||^2 (eq. 5.4)
+    labeled_rate: float = 0.9             # flowdup: alpha, the labeled share of every cohort (Alg. 9)
+    learnable_centre: bool = True         # flowdup: learn psi_r (False: psi_r = 0, Table C.4)
+    track_descriptors: bool = False       # pefll: log Spearman(descriptor, label-distribution distances) of holdout clients
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,9 @@ class PredictConfig:
     batch_size: int = 256                 # evaluation chunk (samples per forward)
     device: str = "auto"
     seed: int = 0
+    # -- clients without labels (issue 15) --
+    evaluate_hidden_labels: bool = False  # score unlabeled clients against their hidden labels (an oracle)
+    predictions: bool = True              # write predictions.npz (client, sample, predicted class, probabilities)
 
 
 def hidden_sizes(value) -> tuple[int, ...]:

@@ -49,11 +49,11 @@ class GroupEval:
 
 
 def _count(logits, y, allowed):
-    """Correct (plain, masked) and summed loss per row of (k, m, C) logits."""
-    import torch
+    """Correct (plain, masked) and summed loss per row of (k, m, C) logits; unlabeled samples (-1) count 0."""
     import torch.nn.functional as F
 
-    ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction="none").view(y.shape)
+    target = y.clamp_min(0)
+    ce = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").view(y.shape)
     plain = logits.argmax(-1) == y
     # A client without train labels has nothing to mask with: it keeps all classes.
     allowed = allowed | ~allowed.any(-1, keepdim=True)
@@ -61,9 +61,47 @@ def _count(logits, y, allowed):
     return plain, masked, ce
 
 
+def forward_chunks(model, params, store, clients: np.ndarray, split: str, *, personalized: bool,
+                   max_samples: int = 8192):
+    """Logits of ``clients``' ``split`` samples, a chunk of clients at a time.
+
+    Yields
+    ------
+    rows : slice
+        The chunk's positions in ``clients``.
+    index : LongTensor (k, width)
+        Sample indices, padded.
+    valid : BoolTensor (k, width)
+        Real (not padding) entries.
+    logits : Tensor (k, width, C)
+    """
+    import torch
+    from torch.func import functional_call, vmap
+
+    k = len(clients)
+    if k == 0:
+        return
+    sel = torch.as_tensor(clients, device=store.device)
+    index, length = getattr(store, split).rows(sel)
+    width = index.shape[1]
+    per_chunk = max(1, max_samples // width)
+    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    with torch.no_grad():
+        for start in range(0, k, per_chunk):
+            rows = slice(start, min(k, start + per_chunk))
+            idx, n = index[rows], length[rows]
+            valid = torch.arange(width, device=idx.device) < n[:, None]
+            x = store.inputs(idx)
+            if personalized:
+                logits = forward({name: p[rows] for name, p in params.items()}, x)
+            else:
+                logits = functional_call(model, params, (x.flatten(0, 1),)).view(*idx.shape, -1)
+            yield rows, idx, valid, logits
+
+
 def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, personalized: bool,
              max_samples: int = 8192) -> GroupEval:
-    """Evaluate ``clients`` on their ``split`` samples.
+    """Evaluate ``clients`` on their ``split`` samples that have an evaluation label (``store.y_eval``).
 
     Parameters
     ----------
@@ -79,37 +117,49 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
     max_samples : int
         Samples per forward pass (bounds memory).
     """
-    import torch
-    from torch.func import functional_call, vmap
-
     clients = np.asarray(clients, dtype=np.int64)
     k = len(clients)
     out = {name: np.zeros(k, dtype=np.int64) for name in ("n", "correct", "correct_lm")}
     loss = np.zeros(k)
-    padded = getattr(store, split)
-    sel = torch.as_tensor(clients, device=store.device)
-    if k == 0:
-        return GroupEval(clients, out["n"], out["correct"], out["correct_lm"], loss)
-    index, length = padded.rows(sel)
-    width = index.shape[1]
-    per_chunk = max(1, max_samples // width)
-    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
-    with torch.no_grad():
-        for start in range(0, k, per_chunk):
-            rows = slice(start, min(k, start + per_chunk))
-            idx, n = index[rows], length[rows]
-            valid = torch.arange(width, device=idx.device) < n[:, None]
-            x = store.inputs(idx)
-            if personalized:
-                logits = forward({name: p[rows] for name, p in params.items()}, x)
-            else:
-                logits = functional_call(model, params, (x.flatten(0, 1),)).view(*idx.shape, -1)
-            plain, masked, ce = _count(logits, store.y[idx], store.classes[sel[rows]])
-            out["n"][rows] = n.cpu().numpy()
-            out["correct"][rows] = (plain & valid).sum(1).cpu().numpy()
-            out["correct_lm"][rows] = (masked & valid).sum(1).cpu().numpy()
-            loss[rows] = (ce * valid).sum(1).double().cpu().numpy()
+    for rows, idx, valid, logits in forward_chunks(model, params, store, clients, split,
+                                                   personalized=personalized, max_samples=max_samples):
+        # Model selection (val) reads only labels training may read, never an oracle's hidden ones.
+        y = (store.y if split == "val" else store.y_eval)[idx]
+        scored = valid & (y >= 0)  # samples without an evaluation label are not scored
+        allowed = store.classes[clients[rows]]
+        plain, masked, ce = _count(logits, y, allowed)
+        out["n"][rows] = scored.sum(1).cpu().numpy()
+        out["correct"][rows] = (plain & scored).sum(1).cpu().numpy()
+        out["correct_lm"][rows] = (masked & scored).sum(1).cpu().numpy()
+        loss[rows] = (ce * scored).sum(1).double().cpu().numpy()
     return GroupEval(clients, out["n"], out["correct"], out["correct_lm"], loss)
+
+
+def predict_samples(model, params, store, clients: np.ndarray, split: str, *, personalized: bool,
+                    max_samples: int = 8192) -> dict[str, np.ndarray]:
+    """Every ``split`` sample's predicted class and class probabilities under its client's model.
+
+    Returns
+    -------
+    dict with ``client`` (positions in the store), ``sample`` (dataset sample index),
+    ``predicted`` (argmax over all classes), ``probabilities`` float32 (n, C), flat over clients.
+    """
+    import torch
+
+    clients = np.asarray(clients, dtype=np.int64)
+    parts: dict[str, list] = {"client": [], "sample": [], "predicted": [], "probabilities": []}
+    for rows, idx, valid, logits in forward_chunks(model, params, store, clients, split,
+                                                   personalized=personalized, max_samples=max_samples):
+        owner = torch.as_tensor(clients[rows], device=idx.device)[:, None].expand_as(idx)
+        probs = torch.softmax(logits, -1)
+        parts["client"].append(owner[valid].cpu().numpy())
+        parts["sample"].append(idx[valid].cpu().numpy())
+        parts["predicted"].append(logits.argmax(-1)[valid].cpu().numpy())
+        parts["probabilities"].append(probs[valid].to(torch.float32).cpu().numpy())
+    c = store.num_classes
+    empty = {"client": np.zeros(0, np.int64), "sample": np.zeros(0, np.int64), "predicted": np.zeros(0, np.int64),
+             "probabilities": np.zeros((0, c), np.float32)}
+    return {k: np.concatenate(v) if v else empty[k] for k, v in parts.items()}
 
 
 def _concat(parts: list[GroupEval]) -> GroupEval:
@@ -118,7 +168,7 @@ def _concat(parts: list[GroupEval]) -> GroupEval:
 
 
 def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], gen, *, chunk: int = 256,
-                             keep_params: bool = False, max_samples: int = 8192):
+                             keep_params: bool = False, max_samples: int = 8192, each_chunk=None):
     """Each client's model from ``alg.personalize``, evaluated on ``splits``, ``chunk`` clients at a time.
 
     Chunking bounds memory by the chunk, not the population: 3,597 FEMNIST writers' LeNets
@@ -130,6 +180,9 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
     params : dict name -> Tensor (n_clients, ...) on the CPU, or one global model, or None
         The models, when ``keep_params``.
     personalized : bool
+
+    ``each_chunk(clients, params, personalized)``, when given, sees every chunk's models
+    (``predict`` writes the chunk's predictions with them).
     """
     import torch
 
@@ -143,6 +196,8 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
         for split in splits:
             parts[split].append(evaluate(alg.net, params, alg.store, sel, split, personalized=personalized,
                                          max_samples=max_samples))
+        if each_chunk is not None:
+            each_chunk(sel if personalized else clients[lo:], params, personalized)
         if keep_params:
             kept.append({k: v.detach().cpu() for k, v in params.items()})
         if not personalized:  # one global model serves every client: evaluate the rest in one go

@@ -108,11 +108,12 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
         start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
         best = resume["best"]
         last_ckpt = start
-    c = min(cfg.clients_per_round, len(train_clients))
+    if total:
+        alg.check_trainable(train_clients)
     latest: dict[str, float] = {}
     for t in range(start, total):
         gen = torch_generator(cfg.seed, f"round-{t}")
-        cohort = train_clients[torch.randperm(len(train_clients), generator=gen)[:c].to(store.device)]
+        cohort = alg.sample_cohort(train_clients, cfg.clients_per_round, gen)
         loss = alg.run_round(t, cohort, gen)
         mean_loss = float(loss.mean())
         if not np.isfinite(mean_loss):
@@ -124,6 +125,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             loss_acc = [0.0, 0]
             ev = evaluate_groups(alg, done, seed=cfg.seed, with_val=with_val)
             history.extend(_rows(ev))
+            history.extend([done, g, name, value] for g, d in alg.diagnostics().items() for name, value in d.items())
             best = _select(best, ev, alg, with_val)
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
                       for g, s in ev.summaries().items()}

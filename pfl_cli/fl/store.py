@@ -80,15 +80,23 @@ class ClientStore:
     ----------
     x : Tensor (n_samples, *input_shape), native dtype
     y : LongTensor (n_samples,)
+        The labels training may read: -1 where a sample is unlabeled (an unknown label, a csv
+        row marked unlabeled, or a client of ``--label-prevalence`` without labels).
+    y_eval : LongTensor (n_samples,)
+        The labels evaluation scores against: ``y``, or every known label when the evaluator
+        was given the hidden ones (an oracle: ``--evaluate-hidden-labels``).
     mean, std : Tensor broadcastable to one input
     fit, val, test : Padded
     classes : BoolTensor (n_clients, num_classes)
         Classes present in each client's train data (fit + val): the label mask.
     role, client_id : ndarray (n_clients,)
+    labeled : ndarray of bool (n_clients,)
+        The client has at least one label training may read among its fit samples.
     """
 
     x: object
     y: object
+    y_eval: object
     mean: object
     std: object
     fit: Padded
@@ -100,6 +108,7 @@ class ClientStore:
     num_classes: int
     input_shape: tuple[int, ...]
     device: object
+    labeled: np.ndarray = None
 
     @property
     def num_clients(self) -> int:
@@ -116,13 +125,33 @@ class ClientStore:
         return (x - self.mean) / self.std
 
     def onehot(self, index):
+        """One-hot labels of sample ``index``; an unlabeled sample's row is all zeros."""
         import torch
 
-        return torch.nn.functional.one_hot(self.y[index], self.num_classes).to(torch.float32)
+        y = self.y[index]
+        hot = torch.nn.functional.one_hot(y.clamp_min(0), self.num_classes).to(torch.float32)
+        return hot * (y >= 0).unsqueeze(-1)
+
+
+def visible_labels(y: np.ndarray | None, n: int, partition, labeled: np.ndarray | None = None) -> np.ndarray:
+    """Labels training may read (int64, -1 for unlabeled): known, marked labeled, of a labeled client.
+
+    A client the partition marks unlabeled hides the labels of all its train and test samples.
+    """
+    out = np.full(n, -1, dtype=np.int64) if y is None else np.asarray(y, dtype=np.int64).copy()
+    if labeled is not None:
+        out[~np.asarray(labeled, dtype=bool)] = -1
+    if partition.labeled is not None:
+        hidden = np.flatnonzero(np.asarray(partition.labeled) == 0)
+        for owner, samples in ((partition.train_owner(), partition.train_indices),
+                               (partition.test_owner(), partition.test_indices)):
+            out[np.asarray(samples)[np.isin(owner, hidden)]] = -1
+    return out
 
 
 def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, val_fraction: float, rng, device,
-                normalize: bool = True, stats: tuple[np.ndarray, np.ndarray] | None = None) -> ClientStore:
+                normalize: bool = True, stats: tuple[np.ndarray, np.ndarray] | None = None,
+                labeled: np.ndarray | None = None, hidden_labels: bool = False) -> ClientStore:
     """Load a partition's clients onto ``device``.
 
     Parameters
@@ -137,11 +166,14 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
     normalize : bool
         Standardize inputs; the statistics are ``stats`` when given (a trained model's),
         else computed on the train clients' fit samples.
+    labeled : ndarray of bool (n_samples,), optional
+        The dataset's own mark of samples whose label training may read (a csv
+        ``labeled`` column); unknown labels (-1) are unlabeled in any case.
+    hidden_labels : bool
+        Score evaluation against every known label, hidden ones included (an oracle).
     """
     import torch
 
-    if y is None:
-        raise InputError("dataset: training needs labels; the partition's dataset has none.")
     if not 0.0 <= val_fraction < 1.0:
         raise InputError(f"val_fraction must be in [0, 1); got {val_fraction}.")
     n = partition.num_clients
@@ -155,15 +187,21 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
     else:
         shape = (1,) * (x.ndim - 1)
         mean, std = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+    y_train = visible_labels(y, len(x), partition, labeled)
+    y_all = np.full(len(x), -1, dtype=np.int64) if y is None else np.asarray(y, dtype=np.int64)
     classes = np.zeros((n, num_classes), dtype=bool)
-    classes[owner, np.asarray(y)[samples]] = True
+    seen = y_train[samples] >= 0
+    classes[owner[seen], y_train[samples][seen]] = True
+    fit_labels = np.bincount(owner[~held & seen], minlength=n)
     x_t = torch.as_tensor(np.ascontiguousarray(x)).to(device)
     return ClientStore(
-        x=x_t, y=torch.as_tensor(np.asarray(y, dtype=np.int64), device=device),
+        x=x_t, y=torch.as_tensor(y_train, device=device),
+        y_eval=torch.as_tensor(y_all if hidden_labels else y_train, device=device),
         mean=torch.as_tensor(mean, device=device), std=torch.as_tensor(std, device=device),
         fit=Padded.from_csr(owner[~held], samples[~held], n, device),
         val=Padded.from_csr(owner[held], samples[held], n, device),
         test=Padded.from_csr(partition.test_owner(), np.asarray(partition.test_indices), n, device),
         classes=torch.as_tensor(classes, device=device), role=role, client_id=np.asarray(partition.client_id),
         num_classes=int(num_classes), input_shape=tuple(int(s) for s in x.shape[1:]), device=device,
+        labeled=fit_labels > 0,
     )

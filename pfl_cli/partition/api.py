@@ -13,6 +13,8 @@ from pfl_cli.partition.base import Partition, csr_from_assignment
 from pfl_cli.partition.dirichlet import dirichlet_owners
 from pfl_cli.partition.iid import iid_owners
 from pfl_cli.partition.natural import natural_owners
+from pfl_cli.partition.prevalence import check_prevalence, labeled_clients
+from pfl_cli.partition.rotation import check_rotations, draw_rotations
 from pfl_cli.partition.pathological import ASSIGN_MODES, SHARE_MODES, pathological_owners
 from pfl_cli.partition.quantity import client_sizes, parse_quantity, sized_owners
 from pfl_cli.partition.shards import shard_owners
@@ -43,6 +45,9 @@ class PartitionConfig:
     holdout_clients: float = 0
     plot: bool = False
     seed: int = 0
+    # -- clients without labels, rotated clients (issue 15) --
+    label_prevalence: float | None = None   # fraction of train clients that keep labels; the rest and holdout: none
+    rotations: list[int] | None = None      # one of these angles (degrees) per client, applied when data load
 
 
 def resolve_scheme(cfg: PartitionConfig) -> str:
@@ -94,7 +99,8 @@ def _check_int(name: str, value: Any, low: int) -> int:
 
 
 def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int, has_labels: bool,
-                    has_clients: bool, has_test_pool: bool) -> PartitionConfig:
+                    has_clients: bool, has_test_pool: bool, input_shape: tuple[int, ...] | None = None
+                    ) -> PartitionConfig:
     """Check every option against the data before any random draw; return the resolved config.
 
     Raises
@@ -109,7 +115,8 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
         _check_int("num_clients", cfg.num_clients, 1)
     _check_int("min_size", cfg.min_size, 0)
     if scheme in ("dirichlet", "pathological", "shards") and not has_labels:
-        raise ConfigError(f"scheme {scheme} needs labels, and the dataset {cfg.dataset} has none.")
+        raise ConfigError(f"scheme {scheme} needs every sample's label, and the dataset {cfg.dataset} has none or "
+                          "some unknown (-1); use --iid, --quantity or --natural-id.")
     if scheme == "natural" and not has_clients:
         raise ConfigError(
             f"--natural-id needs a client column, and {cfg.dataset} has none (npz: array 'client'; csv: ?client=COL; leaf: users)."
@@ -119,6 +126,10 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
     h = cfg.holdout_clients
     if isinstance(h, bool) or not isinstance(h, (int, float)) or h < 0 or (h >= 1 and float(h) != int(h)):
         raise ConfigError(f"holdout-clients must be a fraction in [0, 1) or a whole number of clients; got {h!r}.")
+    if cfg.label_prevalence is not None:
+        check_prevalence(cfg.label_prevalence)
+    if cfg.rotations is not None:
+        cfg = dataclasses.replace(cfg, rotations=check_rotations(cfg.rotations, input_shape))
     if cfg.assign not in ASSIGN_MODES:
         raise ConfigError(f"assign must be one of {', '.join(ASSIGN_MODES)}; got {cfg.assign!r}.")
     if cfg.class_shares not in SHARE_MODES:
@@ -227,6 +238,14 @@ def partition_labels(
             f"holdout-clients {cfg.holdout_clients} leaves no train client out of {num_clients}; use fewer holdout clients."
         )
     role = mark_holdout(num_clients, n_hold, rng=r_roles)
+    # Later draws spawn after the original three, so partitions without them stay byte-identical.
+    r_labels, r_rotate = rng.spawn(2)
+    labeled = rotation = None
+    if cfg.label_prevalence is not None:
+        labeled, info["labels"] = labeled_clients(role, check_prevalence(cfg.label_prevalence), r_labels)
+    if cfg.rotations is not None:
+        rotation = draw_rotations(num_clients, check_rotations(cfg.rotations, None), r_rotate)
+        info["rotations"] = {str(r): int(np.sum(rotation == r)) for r in cfg.rotations}
     part = Partition(
         client_id=np.arange(num_clients, dtype=np.int64),
         role=role,
@@ -236,6 +255,8 @@ def partition_labels(
         test_indices=test[1],
         client_name=names,
         info=info,
+        labeled=None if labeled is None else labeled.astype(np.uint8),
+        rotation=rotation,
     )
     part.check(n)
     _warn_if_repaired(info, cfg.min_size)

@@ -73,6 +73,11 @@ class Partition:
     train_indices, test_indices : ndarray, int64
     client_name : ndarray of shape (n_clients,) of str, optional
         Natural client ids (LEAF users), when the partition has them.
+    labeled : ndarray of shape (n_clients,), uint8, optional
+        1 = the client's labels are visible, 0 = an unlabeled client (``--label-prevalence``);
+        absent: every client keeps the labels its dataset has.
+    rotation : ndarray of shape (n_clients,), int16, optional
+        Degrees each client's images are rotated by when the data are loaded (``--rotations``).
     info : mapping
         What the scheme did (repairs, shortages); goes into ``stats.json``.
     """
@@ -85,6 +90,8 @@ class Partition:
     test_indices: np.ndarray
     client_name: np.ndarray | None = None
     info: Mapping[str, Any] = field(default_factory=dict)
+    labeled: np.ndarray | None = None
+    rotation: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:
@@ -125,6 +132,10 @@ class Partition:
         }
         if self.client_name is not None:
             arrays["client_name"] = np.asarray(self.client_name, dtype=str)
+        if self.labeled is not None:
+            arrays["labeled"] = np.asarray(self.labeled, dtype=np.uint8)
+        if self.rotation is not None:
+            arrays["rotation"] = np.asarray(self.rotation, dtype=np.int16)
         return arrays
 
     @classmethod
@@ -138,6 +149,8 @@ class Partition:
             test_indices=np.asarray(arrays["test_indices"], dtype=np.int64),
             client_name=arrays.get("client_name"),
             info=dict(info or {}),
+            labeled=None if arrays.get("labeled") is None else np.asarray(arrays["labeled"], dtype=np.uint8),
+            rotation=None if arrays.get("rotation") is None else np.asarray(arrays["rotation"], dtype=np.int16),
         )
 
     def check(self, num_samples: int) -> None:
@@ -154,3 +167,7 @@ class Partition:
             raise ValueError("role must hold 0 (train) or 1 (holdout) for every client.")
         if self.client_name is not None and len(self.client_name) != n:
             raise ValueError("client_name must have one entry per client.")
+        if self.labeled is not None and (self.labeled.shape != (n,) or not np.isin(self.labeled, (0, 1)).all()):
+            raise ValueError("labeled must hold 0 or 1 for every client.")
+        if self.rotation is not None and (self.rotation.shape != (n,) or not np.isin(self.rotation, (0, 90, 180, 270)).all()):
+            raise ValueError("rotation must hold 0, 90, 180 or 270 for every client.")

@@ -10,10 +10,12 @@ from pfl_cli.partition.base import Partition
 
 
 def label_histograms(offsets: np.ndarray, indices: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """Counts (n_clients, num_classes) of ``labels`` over each client's CSR slice."""
+    """Counts (n_clients, num_classes) of ``labels`` over each client's CSR slice (unknown labels, -1, skipped)."""
     num_clients = len(offsets) - 1
     owner = np.repeat(np.arange(num_clients), np.diff(offsets))
-    flat = owner * num_classes + labels[indices]
+    lab = labels[indices]
+    known = lab >= 0
+    flat = owner[known] * num_classes + lab[known]
     return np.bincount(flat, minlength=num_clients * num_classes).reshape(num_clients, num_classes)
 
 
@@ -85,4 +87,7 @@ def partition_stats(part: Partition, labels: np.ndarray | None, num_classes: int
             "size_coefficient_of_variation": float(np.std(train_sizes) / np.mean(train_sizes)) if train_sizes.mean() else None,
         }
     stats["scheme_info"] = dict(part.info)
+    if part.labeled is not None:
+        stats["num_labeled_clients"] = int(np.sum(part.labeled))
+        stats["label_prevalence"] = part.info.get("labels", {}).get("label_prevalence")
     return hist, stats

@@ -118,11 +118,9 @@ def test_predict_generates_models_without_any_optimizer_step(digits_clients):
     ds, part = digits_clients
     cfg = TrainConfig(**SMALL, rounds=4, eval_every=2, local_steps=3)
     run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
-    frozen = {k: v.clone() for k, v in run.model["weights"]["hypernetwork"].items()}
     out = predict_clients(run.model, cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(save_models=True),
                           device="cpu")
-    assert out.optimizer_steps == 0 and out.personalized
-    assert all(torch.equal(frozen[k], v) for k, v in run.model["weights"]["hypernetwork"].items())
+    assert out.optimizer_steps == 0 and out.personalized  # the weights themselves: tests/fl/test_api.py
     holdout = np.flatnonzero(part.role == 1)
     assert out.clients.tolist() == holdout.tolist()
     # the same code path as evaluation in training: identical holdout accuracy at the selected round

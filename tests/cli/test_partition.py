@@ -139,7 +139,7 @@ def _bad_npz(tmp_path, **arrays):
         (lambda t: ["--dataset", "nosuch:thing"], "unknown dataset scheme 'nosuch'"),
         (lambda t: ["--dataset", _corrupt(t)], "not a readable .npz"),
         (lambda t: ["--dataset", _bad_npz(t, x=np.ones((4, 2)), y=np.array([0.5, 1, 2, 3]))], "labels must be integers"),
-        (lambda t: ["--dataset", _bad_npz(t, x=np.ones((4, 2)), y=np.array([0, -1, 2, 3]))], "non-negative"),
+        (lambda t: ["--dataset", _bad_npz(t, x=np.ones((4, 2)), y=np.array([0, -2, 2, 3]))], "non-negative integers, or -1 for an unknown label"),
         (lambda t: ["--dataset", _bad_npz(t, x=np.array([[np.nan, 1], [1, 1], [1, 1], [1, 1]]), y=np.arange(4))], "NaN"),
         (lambda t: ["--iid", "--dirichlet", "0.1"], "conflicts with the options of scheme 'dirichlet'"),
     ],

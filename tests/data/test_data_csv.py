@@ -78,9 +78,37 @@ def test_non_integer_label(tmp_path):
 
 
 def test_negative_label(tmp_path):
-    path = write(tmp_path, "a,label\n1,0\n2,-1\n")
-    with pytest.raises(DatasetError, match="labels must be non-negative integers; got -1"):
+    path = write(tmp_path, "a,label\n1,0\n2,-2\n")
+    with pytest.raises(DatasetError, match="labels must be non-negative integers, or -1 for an unknown label; got -2"):
         load_dataset(f"csv:{path}")
+
+
+def test_unknown_labels_and_the_labeled_column(tmp_path):
+    """-1 or an empty cell: unknown; labeled=0 with a label: a hidden label training never reads."""
+    path = write(tmp_path, "a,label,labeled\n1,0,1\n2,,0\n3,2,0\n4,-1,1\n")
+    ds = load_dataset(f"csv:{path}")
+    assert ds.y.tolist() == [0, -1, 2, -1] and ds.num_classes == 3
+    assert ds.labeled.tolist() == [True, False, False, True]
+    assert ds.label_visible.tolist() == [True, False, False, False]
+    assert ds.x.shape == (4, 1) and ds.info()["num_unlabeled_samples"] == 3
+    renamed = write(tmp_path, "a,label,has\n1,0,true\n2,1,false\n", "renamed.csv")
+    assert load_dataset(f"csv:{renamed}?labeled=has").labeled.tolist() == [True, False]
+    bad = write(tmp_path, "a,label,labeled\n1,0,yes\n", "bad.csv")
+    with pytest.raises(DatasetError, match="labeled column 'labeled' must hold 1 or 0 .*got 'yes' in row 2"):
+        load_dataset(f"csv:{bad}")
+    nolabel = write(tmp_path, "a,labeled\n1,1\n", "nolabel.csv")
+    with pytest.raises(DatasetError, match="a labeled column .* needs a label column"):
+        load_dataset(f"csv:{nolabel}")
+
+
+def test_npz_minus_one_is_an_unknown_label(tmp_path):
+    import numpy as np
+
+    np.savez(tmp_path / "d.npz", x=np.arange(8.0).reshape(4, 2), y=np.array([1, -1, 0, -1]))
+    ds = load_dataset(f"npz:{tmp_path / 'd.npz'}")
+    assert ds.num_classes == 2 and ds.label_visible.tolist() == [True, False, True, False]
+    full = load_dataset(f"npz:{tmp_path / 'd.npz'}")
+    assert full.content_sha256 == ds.content_sha256
 
 
 def test_label_outside_num_classes(tmp_path):
@@ -99,7 +127,7 @@ def test_nan_features(tmp_path):
 
 def test_unknown_option_and_missing_columns(tmp_path):
     path = write(tmp_path, "a,label\n1,0\n")
-    with pytest.raises(DatasetError, match=r"unknown option\(s\) \['lable'\]; it takes label, client, num_classes"):
+    with pytest.raises(DatasetError, match=r"unknown option\(s\) \['lable'\]; it takes label, client, labeled, num_classes"):
         load_dataset(f"csv:{path}?lable=label")
     with pytest.raises(DatasetError, match=r"client column 'user' is not in the header; columns are \['a', 'label'\]"):
         load_dataset(f"csv:{path}?client=user")

@@ -44,10 +44,50 @@ def test_inputs_are_standardized_on_train_client_fit_samples(store):
     assert torch.allclose(x.std(0, unbiased=False)[varying], torch.ones(int(varying.sum())), atol=1e-3)
 
 
-def test_a_dataset_without_labels_is_refused(digits_clients):
+def test_training_without_labeled_train_clients_is_refused(digits_clients):
+    """A store without labels serves label-free prediction; training on it says what is missing."""
+    from pfl_cli.fl import TrainConfig, train_federated
+
     ds, part = digits_clients
-    with pytest.raises(InputError, match="needs labels"):
-        build_store(ds.x, None, 10, part, val_fraction=0.0, rng=None, device="cpu")
+    store = build_store(ds.x, None, 10, part, val_fraction=0.0, rng=None, device="cpu")
+    assert not store.labeled.any() and int((store.y >= 0).sum()) == 0
+    with pytest.raises(InputError, match="training needs train clients with labels; none of the 16 has any"):
+        train_federated(ds.x, None, 10, part, TrainConfig(rounds=1, eval_every=1, mlp_hidden=4), device="cpu")
+
+
+def test_hidden_labels_are_invisible_to_training_and_scored_only_by_the_oracle(digits_clients):
+    """Unlabeled clients: y is -1 for training (loss, label mask, one-hot), y_eval holds them only on request."""
+    import dataclasses
+
+    from pfl_cli.fl.evaluate import evaluate
+    from pfl_cli.models import build, client_spec
+
+    ds, part = digits_clients
+    labeled = np.ones(part.num_clients, dtype=np.uint8)
+    labeled[[0, 5]] = 0
+    hidden = dataclasses.replace(part, labeled=labeled)
+    plain = build_store(ds.x, ds.y, 10, hidden, val_fraction=0.0, rng=None, device="cpu")
+    oracle = build_store(ds.x, ds.y, 10, hidden, val_fraction=0.0, rng=None, device="cpu", hidden_labels=True)
+    samples = np.concatenate([part.train_of(0), part.test_of(0), part.train_of(5), part.test_of(5)])
+    assert (plain.y[samples] == -1).all() and (oracle.y[samples] == -1).all()
+    assert torch.equal(oracle.y_eval[samples], torch.as_tensor(ds.y[samples]))
+    assert (plain.y_eval[samples] == -1).all()
+    assert plain.labeled.tolist() == [j not in (0, 5) for j in range(part.num_clients)]
+    assert not plain.classes[[0, 5]].any() and plain.classes[1].any()
+    assert plain.onehot(torch.as_tensor(part.train_of(0))).sum() == 0
+    net = build(client_spec("mlp", (64,), 10, (8,)))
+    params = dict(net.named_parameters())
+    clients = np.arange(part.num_clients)
+    a = evaluate(net, params, plain, clients, personalized=False)
+    b = evaluate(net, params, oracle, clients, personalized=False)
+    assert a.n[[0, 5]].tolist() == [0, 0] and b.n[[0, 5]].tolist() == part.test_sizes[[0, 5]].tolist()
+    others = np.setdiff1d(clients, [0, 5])
+    assert a.correct[others].tolist() == b.correct[others].tolist()
+    # model selection never reads a hidden label, oracle or not
+    held = build_store(ds.x, ds.y, 10, hidden, val_fraction=0.5, rng=np.random.default_rng(0), device="cpu",
+                       hidden_labels=True)
+    val = evaluate(net, params, held, clients, "val", personalized=False)
+    assert val.n[[0, 5]].tolist() == [0, 0] and val.n[others].sum() > 0
 
 
 def _reference(net, params, store, clients, personalized):

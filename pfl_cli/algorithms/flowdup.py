@@ -1,0 +1,283 @@
+"""FLowDUP (thesis ch. 5, Alg. 9 and 10; ``specs/clustering.md`` §6) and its LD-FedAvg baseline.
+
+A client's model lives in a random subspace, theta = theta_0 + P v (eq. 5.2, see
+:mod:`pfl_cli.models.subspace`), and v comes from the client's *unlabeled* data through a
+set function h(X) = h_2(mean_{x in X} h_1(x)) (eq. 5.3). The learnable parameters are
+psi = (psi_h, psi_r): the weights of h_1 and h_2, and a regularization centre psi_r in R^k.
+Each cohort client runs Alg. 10 (below) from psi and returns its change; the server adds
+the mean change times ``server_lr`` (Alg. 9, "FedAvg-style", eta_g = 1 by default).
+
+Alg. 10 per local step, on a batch split into two disjoint random halves: v = h(X) from one
+half, Omega = ||v - psi_r||^2 (eq. 5.6), theta = theta_0 + P v, L = the mean cross-entropy of
+f(.; theta) on the labeled samples of the other half (0 for an unlabeled client: eq. 5.5),
+and an SGD step on L + lambda Omega. The thesis writes L as a sum; pflx takes the mean so
+the step size does not scale with the batch. A new client's model is one forward pass:
+v = h(its fit samples), no optimizer step (§5.4.3), and it needs no labels.
+
+Choices the thesis leaves open [I]: P sparse with ``subspace_nnz`` entries per row; h_2's
+output layer starts at zero so every client starts at theta_0 (as LFLY18 start v at 0);
+psi_r starts at 0; cohorts draw round(alpha c) labeled clients (``labeled_rate``).
+
+LD-FedAvg (the chapter's baseline): FedAvg on one global v of the same subspace, trained
+on labeled clients only; every client, labeled or not, uses theta_0 + P v.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import Algorithm, seeded
+from pfl_cli.errors import ConfigError
+
+LABEL_FREE = {"auto": None, "cnn-x": "cnn-x", "mlp-x": "mlp-x"}
+
+
+def split_halves(mask, gen):
+    """Alg. 10's split of every batch into two disjoint random halves.
+
+    Parameters
+    ----------
+    mask : FloatTensor (..., b)
+        1 for a batch's real samples (from :func:`pfl_cli.fl.batches.sample_batches`).
+    gen : torch.Generator on the CPU
+
+    Returns
+    -------
+    generate, evaluate : BoolTensor (..., b)
+        Disjoint, together the real samples; ``generate`` holds ceil(n / 2) of a batch's
+        n real samples, chosen uniformly at random, ``evaluate`` the other floor(n / 2).
+    """
+    import torch
+
+    real = mask > 0
+    keys = torch.rand(mask.shape, generator=gen).to(mask.device).masked_fill(~real, 2.0)
+    rank = torch.argsort(torch.argsort(keys, dim=-1), dim=-1)  # rank of each key in its batch
+    n = real.sum(-1, keepdim=True)
+    generate = real & (rank < (n + 1) // 2)
+    return generate, real & ~generate
+
+
+class LDFedAvg(Algorithm):
+    """FedAvg on the subspace parameterization: one global v, theta = theta_0 + P v."""
+
+    name = "ld-fedavg"
+    personalized = False
+    serves_unlabeled = "ld-fedavg (one global subspace model)"
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        arch = Algorithm.resolve_arch(cfg, store)
+        arch["subspace"] = {"dim": int(cfg.subspace_dim), "nnz": int(cfg.subspace_nnz)}
+        return arch
+
+    @staticmethod
+    def floats_per_client_round(arch: dict) -> int:
+        return 2 * int(arch["subspace"]["dim"])  # v down, delta v up; theta_0 and P come from the seed
+
+    @property
+    def needs_labels_to_predict(self) -> bool:
+        return False
+
+    def build(self) -> None:
+        from pfl_cli.models.subspace import Subspace
+
+        self.net = self.client_net()  # theta_0: the seeded initialization every party rebuilds
+        theta0 = {k: v.detach() for k, v in self.net.named_parameters()}
+        sub = self.arch["subspace"]
+        self.subspace = Subspace(theta0, sub["dim"], self.cfg.seed, sub["nnz"])
+        self.build_psi()
+
+    def build_psi(self) -> None:
+        import torch
+
+        self.psi = {"v": torch.zeros(self.subspace.dim, device=self.device)}
+        self.frozen: set[str] = set()
+
+    # ------------------------------------------------------------------ the client objective
+    def code(self, psi, x, generate):
+        """v for each client (c, k): the shared global v (LD-FedAvg ignores the data)."""
+        return psi["v"].expand(x.shape[0], -1)
+
+    def regularizer(self, psi, v):
+        return v.new_zeros(v.shape[0])
+
+    def halves(self, mask, gen):
+        real = mask > 0
+        return real, real  # LD-FedAvg evaluates on the whole batch
+
+    def objective(self, psi, index, generate, evaluate):
+        """Per-client (L + lambda Omega, L, Omega) of one step; ``psi`` stacked (c, ...)."""
+        import torch
+        import torch.nn.functional as F
+        from torch.func import functional_call, vmap
+
+        x = self.store.inputs(index)
+        v = self.code(psi, x, generate)
+        omega = self.regularizer(psi, v)
+        theta = self.subspace.params(v)
+        logits = vmap(lambda p, xb: functional_call(self.net, p, (xb,)))(theta, x)
+        y = self.store.y[index]
+        m = (evaluate & (y >= 0)).to(logits.dtype)  # labeled samples of the evaluation half
+        ce = F.cross_entropy(logits.flatten(0, 1), y.clamp_min(0).flatten(), reduction="none").view(m.shape)
+        loss = (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
+        return loss + self.cfg.lambda_reg * omega, loss, omega, v
+
+    # ------------------------------------------------------------------ Alg. 9 / 10
+    def run_round(self, t, cohort, gen):
+        import torch
+
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import sgd_update_
+
+        cfg, c = self.cfg, len(cohort)
+        if cfg.local_epochs:
+            steps, active = self.epoch_steps(cohort, cfg.local_epochs)
+        else:
+            steps, active = cfg.local_steps, None
+        index, mask = sample_batches(self.store.fit, cohort, steps, cfg.batch_size, gen)
+        generate, evaluate = self.halves(mask, gen)
+        start = {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in self.psi.items()}
+        psi = {k: v.clone().requires_grad_(k not in self.frozen) for k, v in start.items()}
+        buf = {k: torch.zeros_like(v) for k, v in start.items()}
+        loss_sum = torch.zeros(c, device=self.device)
+        taken = torch.zeros(c, device=self.device)
+        for s in range(steps):
+            obj, loss, _, _ = self.objective(psi, index[:, s], generate[:, s], evaluate[:, s])
+            names = [k for k in psi if psi[k].requires_grad]
+            grads = dict(zip(names, torch.autograd.grad(obj.sum(), [psi[k] for k in names], allow_unused=True)))
+            grads = {k: torch.zeros_like(psi[k]) if g is None else g for k, g in grads.items()}
+            go = None if active is None else active[:, s]
+            sgd_update_(psi, grads, buf, **self.sgd_options(), active=go)
+            w = torch.ones(c, device=self.device) if go is None else go.to(loss.dtype)
+            loss_sum += loss.detach() * w
+            taken += w
+        lr = cfg.server_lr if cfg.server_lr is not None else 1.0
+        for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
+            self.psi[k] = self.psi[k] + lr * (psi[k].detach() - start[k]).mean(0)
+        return loss_sum / taken.clamp_min(1.0)
+
+    def personalize(self, clients: np.ndarray, gen):
+        return {k: v.detach() for k, v in self.subspace.params(self.psi["v"]).items()}, False
+
+    # ------------------------------------------------------------------ state
+    def state(self):
+        return {"psi": {k: v.detach().cpu().clone() for k, v in self.psi.items()}}
+
+    def load_state(self, state):
+        self.psi = {k: v.to(self.device) for k, v in state["psi"].items()}
+
+    def weights(self):
+        return self.state()
+
+    def load_weights(self, weights):
+        self.load_state(weights)
+
+
+class FLowDUP(LDFedAvg):
+    """Alg. 9/10: a hypernetwork from a client's unlabeled data into the subspace."""
+
+    name = "flowdup"
+    personalized = True
+    serves_unlabeled = "flowdup (a model from a client's unlabeled data in one forward pass)"
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.models import client_spec, embedding_spec
+
+        if cfg.embedding not in LABEL_FREE:
+            raise ConfigError(f"embedding must be auto, cnn-x or mlp-x for flowdup (h_1 reads inputs only, eq. "
+                              f"5.3); got {cfg.embedding!r}.")
+        from pfl_cli.models.embedding import resolve_embedding
+
+        arch = LDFedAvg.resolve_arch(cfg, store)
+        kind = LABEL_FREE[cfg.embedding] or resolve_embedding("auto", store.input_shape) + "-x"
+        arch["features"] = embedding_spec(kind, store.input_shape, store.num_classes, cfg.feature_dim)  # h_1
+        arch["head"] = client_spec("mlp", (cfg.feature_dim,), cfg.subspace_dim, (cfg.hyper_hidden,))     # h_2
+        return arch
+
+    @staticmethod
+    def floats_per_client_round(arch: dict) -> int:
+        """psi = (psi_h, psi_r) down and its change up."""
+        from pfl_cli.models import num_parameters
+
+        k = int(arch["subspace"]["dim"])
+        return 2 * (num_parameters(arch["features"]) + num_parameters(arch["head"]) + k)
+
+    def build_psi(self) -> None:
+        import torch
+
+        from pfl_cli.models import build
+
+        self.h1 = seeded(self.cfg.seed, "init-features", lambda: build(self.arch["features"])).to(self.device)
+        self.h2 = seeded(self.cfg.seed, "init-head", lambda: build(self.arch["head"])).to(self.device)
+        last = f"fc{self.h2.num_layers}"
+        psi = {f"h1.{k}": v.detach().clone() for k, v in self.h1.named_parameters()}
+        psi.update({f"h2.{k}": (torch.zeros_like(v) if k.startswith(last + ".") else v.detach().clone())
+                    for k, v in self.h2.named_parameters()})
+        psi["psi_r"] = torch.zeros(self.subspace.dim, device=self.device)
+        self.psi = psi
+        self.frozen = set() if self.cfg.learnable_centre else {"psi_r"}  # Table C.4's ablation: psi_r = 0
+
+    def halves(self, mask, gen):
+        return split_halves(mask, gen)
+
+    def features(self, psi, x, weight):
+        """r(X) (eq. 5.9): the weighted mean of h_1 over each row of x (c, b, ...) -> (c, e)."""
+        from torch.func import functional_call, vmap
+
+        h1 = {k[3:]: v for k, v in psi.items() if k.startswith("h1.")}
+        e = vmap(lambda p, xb: functional_call(self.h1, p, (xb, xb.new_zeros(xb.shape[0], 1))))(h1, x)
+        w = weight.to(e.dtype)
+        return (e * w[..., None]).sum(1) / w.sum(1, keepdim=True).clamp_min(1.0)
+
+    def head(self, psi, r):
+        from torch.func import functional_call, vmap
+
+        h2 = {k[3:]: v for k, v in psi.items() if k.startswith("h2.")}
+        return vmap(lambda p, rb: functional_call(self.h2, p, (rb[None],))[0])(h2, r)
+
+    def code(self, psi, x, generate):
+        return self.head(psi, self.features(psi, x, generate))  # h(X) = h_2(mean h_1(x)), eq. 5.3
+
+    def regularizer(self, psi, v):
+        return (v - psi["psi_r"]).pow(2).sum(-1)  # eq. 5.6
+
+    def sample_cohort(self, train_clients, count: int, gen):
+        """Alg. 9: round(alpha c) labeled clients and the rest unlabeled, each uniformly without replacement."""
+        import torch
+
+        labeled = torch.as_tensor(self.store.labeled, device=train_clients.device)[train_clients]
+        pools = train_clients[labeled], train_clients[~labeled]
+        count = min(count, len(train_clients))
+        want_l = int(round(self.cfg.labeled_rate * count))
+        n_l = min(len(pools[0]), max(want_l, count - len(pools[1])))
+        picks = [pool[torch.randperm(len(pool), generator=gen)[:n].to(pool.device)]
+                 for pool, n in zip(pools, (n_l, count - n_l))]
+        return torch.cat(picks)
+
+    # ------------------------------------------------------------------ inference (§5.4.3)
+    def dataset_embeddings(self, clients: np.ndarray, *, chunk_samples: int = 8192):
+        """r(X) of each client's fit samples (n, e): the dataset embeddings of Fig. 5.1."""
+        import torch
+
+        sel = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.device)
+        rows, length = self.store.fit.rows(sel)
+        per = max(1, chunk_samples // rows.shape[1])
+        psi = {k: v.detach().unsqueeze(0) for k, v in self.psi.items()}
+        out = []
+        with torch.no_grad():
+            for lo in range(0, len(sel), per):
+                r, n = rows[lo:lo + per], length[lo:lo + per]
+                weight = torch.arange(r.shape[1], device=r.device) < n[:, None]
+                p = {k: v.expand(len(r), *v.shape[1:]) for k, v in psi.items()}
+                out.append(self.features(p, self.store.inputs(r), weight))
+        return torch.cat(out) if out else torch.zeros(0, self.arch["features"]["dim"], device=self.device)
+
+    def personalize(self, clients: np.ndarray, gen):
+        import torch
+
+        r = self.dataset_embeddings(clients)
+        with torch.no_grad():
+            psi = {k: v.detach().unsqueeze(0).expand(len(r), *v.shape) for k, v in self.psi.items()}
+            v = self.head(psi, r)
+            return {k: p.detach() for k, p in self.subspace.params(v).items()}, True
