@@ -21,7 +21,7 @@ FLAGS = (
 SET_ONLY = (
     "momentum", "client_clip", "server_optimizer", "server_momentum", "server_clip", "lambda_h", "lambda_v",
     "lambda_theta", "mlp_hidden", "hyper_hidden", "descriptor_batch", "eval_descriptor", "normalize",
-    "checkpoint_every",
+    "checkpoint_every", "cohort_exec",
 )
 
 
@@ -59,7 +59,8 @@ def train(
     Keys without a flag, set with --config FILE.yaml or --set key=value: momentum, client_clip,
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
-    checkpoint_every (0 = at every evaluation).
+    checkpoint_every (0 = at every evaluation), cohort_exec (auto | vmap | loop: how a cohort's local
+    SGD runs; auto takes the one measured faster for the device and client net).
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.
