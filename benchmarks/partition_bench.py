@@ -9,10 +9,9 @@ loop, infeasible detection under 0.1 s.
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
-from verdict import Verdicts
+from verdict import Verdicts, best_of
 
 from pfl_cli.errors import InfeasibleError
 from pfl_cli.partition import PartitionConfig, partition_labels, validate_config
@@ -31,15 +30,6 @@ def per_class_loop(labels: np.ndarray, num_clients: int, alpha: float, rng: np.r
         for j, part in enumerate(np.split(idx, cuts)):
             clients[j] += part.tolist()
     return clients
-
-
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main() -> dict[str, float]:

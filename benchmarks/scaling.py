@@ -22,21 +22,11 @@ import argparse
 import csv
 import pathlib
 import sys
-import time
 
 import numpy as np
-from verdict import Verdicts
+from verdict import Verdicts, best_of
 
 HERE = pathlib.Path(__file__).resolve().parent
-
-
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def partition_point(num_labels: int, num_clients: int):
