@@ -36,6 +36,21 @@ def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
     return "loop" if torch.device(device).type == "cpu" and convolutional else "vmap"
 
 
+def cohort_forward(model, params: Mapping[str, "object"], x, how: str):
+    """Each client's model on its own inputs: params {name: (c, *shape)}, x (c, b, ...) -> logits (c, b, C).
+
+    ``how`` is ``vmap`` (one batched call) or ``loop`` (one call per client); see
+    :func:`resolve_cohort_exec`.
+    """
+    import torch
+    from torch.func import functional_call, vmap
+
+    if how == "vmap":
+        return vmap(lambda p, xb: functional_call(model, p, (xb,)))(params, x)
+    return torch.stack([functional_call(model, {k: v[i] for k, v in params.items()}, (x[i],))
+                        for i in range(x.shape[0])])
+
+
 def _masked_mean_loss(logits, y, m):
     """Cross-entropy averaged over each row's real samples: (..., b, C), (..., b) -> (...)."""
     import torch.nn.functional as F
@@ -53,12 +68,12 @@ def _cohort_grads(model, theta: dict, x, y, m, how: str):
     per client on views of its slice of the stack.
     """
     import torch
-    from torch.func import functional_call, vmap
+    from torch.func import functional_call
 
     names = list(theta)
     if how == "vmap":
         leaves = {k: v.detach().requires_grad_(True) for k, v in theta.items()}
-        logits = vmap(lambda p, xb: functional_call(model, p, (xb,)))(leaves, x)
+        logits = cohort_forward(model, leaves, x, "vmap")
         loss = _masked_mean_loss(logits, y, m)
         grads = torch.autograd.grad(loss.sum(), [leaves[k] for k in names])
         return loss.detach(), dict(zip(names, grads))

@@ -62,7 +62,7 @@ def _count(logits, y, allowed):
 
 
 def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, personalized: bool,
-             max_samples: int = 8192) -> GroupEval:
+             max_samples: int = 8192, cohort_exec: str = "auto") -> GroupEval:
     """Evaluate ``clients`` on their ``split`` samples.
 
     Parameters
@@ -78,9 +78,14 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
     split : {"test", "val", "fit"}
     max_samples : int
         Samples per forward pass (bounds memory).
+    cohort_exec : {"auto", "vmap", "loop"}
+        How personalized models run (:func:`pfl_cli.fl.cohort.resolve_cohort_exec`; on CPU
+        a LeNet cohort's forward is ~3x faster as a loop than as vmap's grouped convolution).
     """
     import torch
-    from torch.func import functional_call, vmap
+    from torch.func import functional_call
+
+    from pfl_cli.fl.cohort import cohort_forward, resolve_cohort_exec
 
     clients = np.asarray(clients, dtype=np.int64)
     k = len(clients)
@@ -93,7 +98,7 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
     index, length = padded.rows(sel)
     width = index.shape[1]
     per_chunk = max(1, max_samples // width)
-    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    how = resolve_cohort_exec(cohort_exec, model, store.device)
     with torch.no_grad():
         for start in range(0, k, per_chunk):
             rows = slice(start, min(k, start + per_chunk))
@@ -101,7 +106,7 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
             valid = torch.arange(width, device=idx.device) < n[:, None]
             x = store.inputs(idx)
             if personalized:
-                logits = forward({name: p[rows] for name, p in params.items()}, x)
+                logits = cohort_forward(model, {name: p[rows] for name, p in params.items()}, x, how)
             else:
                 logits = functional_call(model, params, (x.flatten(0, 1),)).view(*idx.shape, -1)
             plain, masked, ce = _count(logits, store.y[idx], store.classes[sel[rows]])
@@ -134,6 +139,7 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
     import torch
 
     clients = np.asarray(clients, dtype=np.int64)
+    how = alg.cfg.cohort_exec
     parts: dict[str, list[GroupEval]] = {split: [] for split in splits}
     kept: list[dict] = []
     personalized = True
@@ -142,7 +148,7 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
         params, personalized = alg.personalize(sel, gen)
         for split in splits:
             parts[split].append(evaluate(alg.net, params, alg.store, sel, split, personalized=personalized,
-                                         max_samples=max_samples))
+                                         max_samples=max_samples, cohort_exec=how))
         if keep_params:
             kept.append({k: v.detach().cpu() for k, v in params.items()})
         if not personalized:  # one global model serves every client: evaluate the rest in one go

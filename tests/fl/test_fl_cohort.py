@@ -214,3 +214,22 @@ def test_unknown_cohort_exec_is_refused(store):
     batches = sample_batches(store.fit, torch.tensor([0]), 1, 4, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="cohort_exec must be one of auto, vmap, loop; got 'grouped'"):
         local_sgd(net, _start(net, 1), store, *batches, lr=0.1, cohort_exec="grouped")
+
+
+@pytest.mark.parametrize("arch", ["mlp", "lenet"])
+def test_evaluation_counts_the_same_on_every_cohort_path(store, arch):
+    from pfl_cli.fl.evaluate import evaluate
+
+    if arch == "lenet":
+        data, net = _lenet_store(), client_model("auto", (3, 32, 32), 10)
+    else:
+        data, net = store, client_model("mlp", (64,), 10, hidden=(16,))
+    clients = np.arange(data.num_clients)
+    params = _start(net, len(clients), seed=3)
+    evs = {how: evaluate(net, params, data, clients, "test", personalized=True, max_samples=64, cohort_exec=how)
+           for how in ("vmap", "loop", "auto")}
+    for how in ("loop", "auto"):
+        for field in ("n", "correct", "correct_lm"):
+            np.testing.assert_array_equal(getattr(evs[how], field), getattr(evs["vmap"], field))
+        np.testing.assert_allclose(evs[how].loss, evs["vmap"].loss, rtol=1e-5)
+    assert evs["vmap"].n.sum() > 0
