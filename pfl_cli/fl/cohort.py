@@ -134,12 +134,33 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     loss : Tensor (c,)
         Each client's mean training loss over its active steps.
     """
-    import torch
+    from pfl_cli.fl.distributed import assemble, own_rows, world
 
     c, stream = _steps(index, mask, active)
+    how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
+    opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip)
+    if world()[1] == 1:
+        return _train(model, params, store, stream, c, how, **opts)
+    # Distributed: this rank trains its share of the clients; every rank gets all of them back.
+    rows = own_rows(c)
+    mine = {k: v[rows] for k, v in params.items()}
+    share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
+    theta, loss = _train(model, mine, store, share, rows.stop - rows.start, how, **opts)
+    whole = assemble({**theta, _LOSS: loss}, rows, c)
+    return whole, whole.pop(_LOSS)
+
+
+_LOSS = "\0loss"  # not a parameter name
+
+
+def _train(model, params, store, stream, c: int, how: str, *, lr, momentum, weight_decay, clip):
+    """:func:`local_sgd` on ``c`` clients whose steps come from ``stream``."""
+    import torch
+
     device = next(iter(params.values())).device
-    how = resolve_cohort_exec(cohort_exec, model, device)
     theta = {k: v.detach().clone() for k, v in params.items()}
+    if c == 0:  # a rank with no clients of this cohort
+        return theta, torch.zeros(0, device=device)
     buf = {k: torch.zeros_like(v) for k, v in params.items()}
     loss_sum = torch.zeros(c, device=device)
     taken = torch.zeros(c, device=device)

@@ -71,7 +71,7 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
         The client architecture.
     params : dict name -> Tensor
         One global model (``personalized=False``), or one model per entry of ``clients``
-        stacked on a leading axis (``personalized=True``), evaluated with ``vmap``.
+        stacked on a leading axis (``personalized=True``).
     store : ClientStore
     clients : ndarray of int
         Client positions in the store.
@@ -83,22 +83,40 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
         a LeNet cohort's forward is ~3x faster as a loop than as vmap's grouped convolution).
     """
     import torch
-    from torch.func import functional_call
 
-    from pfl_cli.fl.cohort import cohort_forward, resolve_cohort_exec
+    from pfl_cli.fl.cohort import resolve_cohort_exec
+    from pfl_cli.fl.distributed import assemble, own_rows, world
 
     clients = np.asarray(clients, dtype=np.int64)
+    how = resolve_cohort_exec(cohort_exec, model, store.device)
+    if world()[1] == 1:
+        return _evaluate(model, params, store, clients, split, personalized, max_samples, how)
+    # Distributed: this rank evaluates its share of the clients; the counts come back whole.
+    k = len(clients)
+    rows = own_rows(k)
+    mine = {name: p[rows] for name, p in params.items()} if personalized else params
+    part = _evaluate(model, mine, store, clients[rows], split, personalized, max_samples, how)
+    fields = ("n", "correct", "correct_lm", "loss")
+    whole = assemble({f: torch.as_tensor(getattr(part, f)) for f in fields}, rows, k)
+    return GroupEval(clients, *(whole[f].numpy() for f in fields))
+
+
+def _evaluate(model, params, store, clients: np.ndarray, split: str, personalized: bool, max_samples: int,
+              how: str) -> GroupEval:
+    import torch
+    from torch.func import functional_call
+
+    from pfl_cli.fl.cohort import cohort_forward
+
     k = len(clients)
     out = {name: np.zeros(k, dtype=np.int64) for name in ("n", "correct", "correct_lm")}
     loss = np.zeros(k)
-    padded = getattr(store, split)
-    sel = torch.as_tensor(clients, device=store.device)
     if k == 0:
         return GroupEval(clients, out["n"], out["correct"], out["correct_lm"], loss)
-    index, length = padded.rows(sel)
+    sel = torch.as_tensor(clients, device=store.device)
+    index, length = getattr(store, split).rows(sel)
     width = index.shape[1]
     per_chunk = max(1, max_samples // width)
-    how = resolve_cohort_exec(cohort_exec, model, store.device)
     with torch.no_grad():
         for start in range(0, k, per_chunk):
             rows = slice(start, min(k, start + per_chunk))
