@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo bench clean
+.PHONY: install test test-all demo bench scaling clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
@@ -19,8 +19,12 @@ test-all: install
 demo: install
 	bash recipes/quickstart/demo.sh runs/demo
 
+# Exits 1 when any benchmark misses a target (each prints its figures beside the targets).
 bench: install
 	$(PYTHON) benchmarks/run.py
+
+scaling: install
+	$(PYTHON) benchmarks/scaling.py
 
 clean:
 	rm -rf runs .pytest_cache

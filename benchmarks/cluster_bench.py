@@ -9,9 +9,11 @@ non-private centralized k-means (k-means++ + Lloyd) on the same pooled data.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
+from verdict import Verdicts
 
 from pfl_cli.cluster import fit_feddp_kmeans
 from pfl_cli.cluster.kmeans import kmeans, kmeans_cost
@@ -20,7 +22,7 @@ from pfl_cli.data.synthetic import GaussianMixtureSpec, client_points, server_po
 TARGET_S = 5.0
 
 
-def main() -> None:
+def main() -> int:
     spec = GaussianMixtureSpec()  # d=100, k=10, 100 clients x 1000 points, |Q| = 300
     x, _, owner = client_points(spec)
     q, _ = server_points(spec)
@@ -34,12 +36,13 @@ def main() -> None:
     ref = kmeans(x, 10, rng=np.random.default_rng(0), n_init=1)
     base = time.perf_counter() - start
     print(f"data: {spec.num_clients} clients x {spec.client_size} points, d={spec.d}, k={spec.k}")
+    v = Verdicts()
     for label, secs, cost, eps in rows:
-        verdict = "OK" if secs < TARGET_S else "SLOW"
-        print(f"{label:30s} {secs:6.2f} s  ({secs / TARGET_S:.2f} of the {TARGET_S:.0f} s target, {verdict}; "
-              f"{secs / base:.2f}x centralized k-means)  cost/m {cost:.3f}  eps {eps:.4f}")
-    print(f"{'centralized k-means (ref)':30s} {base:6.2f} s  cost/m {ref.cost / len(x):.3f}")
+        v.check(label, f"{secs:.2f} s", f"< {TARGET_S:.0f} s", secs < TARGET_S)
+        v.note("  vs centralized k-means, cost/m, epsilon", f"{secs / base:.2f}x, {cost:.3f}, {eps:.4f}")
+    v.note("centralized k-means (reference), cost/m", f"{base:.2f} s, {ref.cost / len(x):.3f}")
+    return v.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,9 +8,10 @@ loop, infeasible detection under 0.1 s.
 
 from __future__ import annotations
 
-import time
+import sys
 
 import numpy as np
+from verdict import Verdicts, best_of
 
 from pfl_cli.errors import InfeasibleError
 from pfl_cli.partition import PartitionConfig, partition_labels, validate_config
@@ -29,15 +30,6 @@ def per_class_loop(labels: np.ndarray, num_clients: int, alpha: float, rng: np.r
         for j, part in enumerate(np.split(idx, cuts)):
             clients[j] += part.tolist()
     return clients
-
-
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main() -> dict[str, float]:
@@ -61,13 +53,15 @@ def main() -> dict[str, float]:
 
     refuse = best_of(infeasible, 5)
     print(f"partition: {N:,} labels, {C} classes -> {J:,} clients, --dirichlet {ALPHA}")
-    print(f"  pflx core (dirichlet)           {fast:8.3f} s   target < 2 s   {'ok' if fast < 2 else 'MISSED'}")
-    print(f"  pflx core + min-size + test split {full:6.3f} s")
-    print(f"  per-class Python loop           {loop:8.3f} s")
-    print(f"  speed-up vs loop                {loop / fast:8.1f} x   target >= 10x   {'ok' if loop / fast >= 10 else 'MISSED'}")
-    print(f"  infeasible --min-size refused   {refuse * 1e3:8.3f} ms  target < 100 ms {'ok' if refuse < 0.1 else 'MISSED'}")
-    return {"fast_s": fast, "full_s": full, "loop_s": loop, "ratio": loop / fast, "infeasible_s": refuse}
+    v = Verdicts()
+    v.check("pflx core (dirichlet)", f"{fast:.3f} s", "< 2 s", fast < 2)
+    v.note("pflx core + min-size + test split", f"{full:.3f} s")
+    v.note("per-class Python loop (same labels, this run)", f"{loop:.3f} s")
+    v.check("speed-up vs loop", f"{loop / fast:.1f}x", ">= 10x", loop / fast >= 10)
+    v.check("infeasible --min-size refused", f"{refuse * 1e3:.3f} ms", "< 100 ms", refuse < 0.1)
+    return {"fast_s": fast, "full_s": full, "loop_s": loop, "ratio": loop / fast, "infeasible_s": refuse,
+            "exit": v.finish()}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main()["exit"])

@@ -9,7 +9,10 @@ calibration < 1 s, and a repeated query answered from the cache.
 
 from __future__ import annotations
 
+import sys
 import time
+
+from verdict import Verdicts
 
 from pfl_cli.privacy import cache_clear, cache_info, calibrate_noise, compute_epsilon, sampled_gaussian_event
 
@@ -37,11 +40,6 @@ def warm(fn, repeats: int = 1000) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def _line(name: str, seconds: float, target: float) -> str:
-    verdict = "ok" if seconds < target else "MISSED"
-    return f"  {name:<34}{seconds * 1e3:10.2f} ms   target < {target * 1e3:6.0f} ms   {verdict}"
-
-
 def main() -> dict[str, float]:
     def rdp_query():
         return compute_epsilon(sampled_gaussian_event(Z, Q, T), DELTA, accountant="rdp")
@@ -57,14 +55,16 @@ def main() -> dict[str, float]:
     hits = cache_info().hits
     cal = calibration()
     print(f"privacy-account: SelfComposed(PoissonSampled(q={Q}, Gaussian(z)), T={T}), delta={DELTA}")
-    print(_line(f"RDP epsilon (z={Z})", t_rdp, 0.1))
-    print(_line(f"PLD epsilon (z={Z})", t_pld, 2.0))
-    print(_line(f"RDP calibration (eps={TARGET_EPS})", t_cal, 1.0) + f"   z={cal.noise_multiplier:.4f} "
-          f"in {cal.evaluations} evaluations")
-    print(_line("repeated RDP query (cached)", t_cached, 0.001) + f"   {hits} cache hits")
-    print(f"  cache speed-up (cold / cached)    {t_rdp / t_cached:10.0f} x")
-    return {"rdp_s": t_rdp, "pld_s": t_pld, "calibration_s": t_cal, "cached_s": t_cached, "ratio": t_rdp / t_cached}
+    v = Verdicts()
+    v.check(f"RDP epsilon (z={Z})", f"{t_rdp * 1e3:.2f} ms", "< 100 ms", t_rdp < 0.1)
+    v.check(f"PLD epsilon (z={Z})", f"{t_pld * 1e3:.2f} ms", "< 2000 ms", t_pld < 2.0)
+    v.check(f"RDP calibration (eps={TARGET_EPS})", f"{t_cal * 1e3:.2f} ms", "< 1000 ms", t_cal < 1.0)
+    v.note("  calibrated", f"z={cal.noise_multiplier:.4f} in {cal.evaluations} evaluations")
+    v.check("repeated RDP query (cached)", f"{t_cached * 1e3:.4f} ms", "< 1 ms", t_cached < 0.001 and hits > 0)
+    v.note("cache speed-up (cold / cached)", f"{t_rdp / t_cached:.0f}x")
+    return {"rdp_s": t_rdp, "pld_s": t_pld, "calibration_s": t_cal, "cached_s": t_cached, "ratio": t_rdp / t_cached,
+            "exit": v.finish()}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main()["exit"])

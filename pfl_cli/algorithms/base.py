@@ -126,39 +126,50 @@ class Algorithm(ABC):
 
         return seeded(self.cfg.seed, "init-client", lambda: build(self.arch["client"])).to(self.device)
 
-    def sgd_options(self) -> dict:
+    def sgd_update_options(self) -> dict:
+        """The client optimizer's settings (:func:`pfl_cli.fl.cohort.sgd_update_`)."""
         c = self.cfg
         return {"lr": c.lr, "momentum": c.momentum, "weight_decay": 2.0 * c.lambda_theta, "clip": c.client_clip}
 
+    def sgd_options(self) -> dict:
+        """:meth:`sgd_update_options` plus how a cohort runs (:func:`pfl_cli.fl.cohort.local_sgd`)."""
+        return {**self.sgd_update_options(), "cohort_exec": self.cfg.cohort_exec}
+
     def epoch_steps(self, clients, epochs: int):
-        """Per-client step counts for ``epochs`` passes over the fit data, and the active-step mask."""
+        """Per-client step counts for ``epochs`` passes over the fit data, and the active-step mask.
+
+        The table form of :func:`pfl_cli.fl.batches.draw_batches` with ``epochs`` (which
+        the engine itself uses: it never builds this (c, steps) table).
+        """
         import torch
 
         n = self.store.fit.length[clients]
-        steps = epochs * torch.ceil(n.to(torch.float64) / self.cfg.batch_size).to(torch.int64).clamp_min(1)
+        b = min(self.cfg.batch_size, max(int(n.max()) if len(n) else 1, 1))
+        steps = epochs * torch.ceil(n.to(torch.float64) / b).to(torch.int64).clamp_min(1)
         total = int(steps.max()) if len(steps) else 0
         active = torch.arange(total, device=n.device)[None, :] < steps[:, None]
         return total, active
+
+    def local_batches(self, clients, gen, *, steps: int | None = None, epochs: int | None = None):
+        """Lazy batches for local SGD: ``steps`` per client, or ``epochs`` passes over each client's data."""
+        from pfl_cli.fl.batches import draw_batches
+
+        return draw_batches(self.store.fit, clients, None if epochs else steps, self.cfg.batch_size, gen,
+                            epochs=epochs or None)
 
     def train_clients(self, start: dict, clients: np.ndarray, gen, *, steps: int | None = None,
                       epochs: int | None = None, chunk: int = 64) -> dict:
         """Local SGD from ``start`` (one model) on each client's fit data, ``chunk`` clients at a time."""
         import torch
 
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
 
         out: dict[str, list] = {k: [] for k in start}
         for lo in range(0, len(clients), chunk):
             sel = torch.as_tensor(clients[lo:lo + chunk], device=self.device)
-            if epochs is not None:
-                total, active = self.epoch_steps(sel, epochs)
-            else:
-                total, active = steps, None
-            index, mask = sample_batches(self.store.fit, sel, total, self.cfg.batch_size, gen)
-            theta, _ = local_sgd(self.net, stack(start, len(sel)), self.store, index, mask, active=active,
-                                 **self.sgd_options())
-            self.client_sgd_steps += int(active.sum()) if active is not None else total * len(sel)
+            batches = self.local_batches(sel, gen, steps=steps, epochs=epochs)
+            theta, _ = local_sgd(self.net, stack(start, len(sel)), self.store, batches, **self.sgd_options())
+            self.client_sgd_steps += batches.active_steps()
             for k, v in theta.items():
                 out[k].append(v)
         return {k: torch.cat(v) if v else start[k].unsqueeze(0)[:0] for k, v in out.items()}

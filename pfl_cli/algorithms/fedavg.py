@@ -32,17 +32,12 @@ class FedAvg(Algorithm):
     def run_round(self, t, cohort, gen):
         import torch
 
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
 
         cfg = self.cfg
-        if cfg.local_epochs:
-            steps, active = self.epoch_steps(cohort, cfg.local_epochs)
-        else:
-            steps, active = cfg.local_steps, None
-        index, mask = sample_batches(self.store.fit, cohort, steps, cfg.batch_size, gen)
-        theta, loss = local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
-                                active=active, **self.sgd_options())
+        batches = self.local_batches(cohort, gen, steps=cfg.local_steps, epochs=cfg.local_epochs)
+        theta, loss = local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, batches,
+                                **self.sgd_options())
         size = self.store.fit.length[cohort].to(torch.float32)
         weight = size / size.sum()  # Alg. 3 line 9: m_i / m
         lr = cfg.server_lr if cfg.server_lr is not None else self.default_server_lr

@@ -147,7 +147,7 @@ class LDFedAvg(Algorithm):
             grads = dict(zip(names, torch.autograd.grad(obj.sum(), [psi[k] for k in names], allow_unused=True)))
             grads = {k: torch.zeros_like(psi[k]) if g is None else g for k, g in grads.items()}
             go = None if active is None else active[:, s]
-            sgd_update_(psi, grads, buf, **self.sgd_options(), active=go)
+            sgd_update_(psi, grads, buf, **self.sgd_update_options(), active=go)
             w = torch.ones(c, device=self.device) if go is None else go.to(loss.dtype)
             loss_sum += loss.detach() * w
             taken += w

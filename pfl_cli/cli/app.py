@@ -65,6 +65,10 @@ def _register() -> None:
 _register()
 
 
+# The arguments of the running invocation (``pflx train --nproc N`` relaunches them once per rank).
+INVOCATION: list[str] = []
+
+
 def _error(message: str) -> None:
     sys.stderr.write(f"pflx: error: {' '.join(str(message).split())}\n")
 
@@ -72,6 +76,7 @@ def _error(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run pflx; return the exit code (0 ok, 1 run-time failure, 2 bad usage or input)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    INVOCATION[:] = args
     # dp_accounting logs, through absl, every RDP order it drops as unstable; dropping an order only
     # loosens the bound, so the result stays valid and one line per order would bury the answer.
     logging.getLogger("absl").setLevel(logging.ERROR)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,6 +11,7 @@ import typer
 from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
+from pfl_cli.errors import InputError
 
 FLAGS = (
     "algorithm", "rounds", "clients_per_round", "local_steps", "batch_size", "lr", "server_lr", "eval_every",
@@ -21,7 +23,7 @@ FLAGS = (
 SET_ONLY = (
     "momentum", "client_clip", "server_optimizer", "server_momentum", "server_clip", "lambda_h", "lambda_v",
     "lambda_theta", "mlp_hidden", "hyper_hidden", "descriptor_batch", "eval_descriptor", "normalize",
-    "checkpoint_every",
+    "checkpoint_every", "cohort_exec",
 )
 
 
@@ -48,6 +50,7 @@ def train(
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
+    nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (torch.distributed: gloo on CPU, NCCL with --device cuda, one GPU each); cohort and evaluation clients are split across them. At most the cohort size.")] = 1,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -59,7 +62,8 @@ def train(
     Keys without a flag, set with --config FILE.yaml or --set key=value: momentum, client_clip,
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
-    checkpoint_every (0 = at every evaluation).
+    checkpoint_every (0 = at every evaluation), cohort_exec (auto | vmap | loop: how a cohort's local
+    SGD runs; auto takes the one measured faster for the device and client net).
 
     Clients without labels: evaluate_hidden_labels (score unlabeled clients against their hidden
     labels, an oracle). FLowDUP and LD-FedAvg (thesis ch. 5): subspace_dim (k), subspace_nnz,
@@ -78,4 +82,25 @@ def train(
     from pfl_cli.fl.config import TrainConfig
 
     cfg = stage_config(TrainConfig, "train", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
-    run_train(cfg, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt))
+    if nproc != 1:
+        _launch(cfg, nproc)
+    rank = int(os.environ.get("RANK", "0"))
+    run_train(cfg, partition=partition, out=out, resume=resume, force=force,
+              report=Reporter(fmt if rank == 0 else Format.quiet))  # rank 0 alone reports and writes
+
+
+def _launch(cfg, nproc: int) -> None:
+    """``--nproc N``: check what can be checked here, then run N ranks of this command and exit with theirs."""
+    from pfl_cli.cli.app import INVOCATION
+    from pfl_cli.cli.launch import launch, without_nproc
+    from pfl_cli.fl.api import validate_train_config
+    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.distributed import check_world_size, launched_size
+
+    if launched_size() > 1:
+        raise InputError("--nproc: this command already runs under torchrun (WORLD_SIZE is set); drop --nproc.")
+    if nproc < 1:
+        raise InputError(f"--nproc must be an integer >= 1; got {nproc}.")
+    validate_train_config(cfg)
+    check_world_size(cfg, nproc, resolve_device(cfg.device))
+    raise typer.Exit(launch(without_nproc(INVOCATION), nproc))

@@ -163,19 +163,35 @@ def _load_resume(path: Path, fp: str, report: Reporter) -> dict | None:
 
 # ---------------------------------------------------------------------------- the command
 def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter) -> None:
+    from pfl_cli.fl import distributed
+    from pfl_cli.fl.api import validate_train_config
+    from pfl_cli.fl.device import resolve_device
+
+    validate_train_config(cfg)
+    device = resolve_device(cfg.device)  # --device cuda without a GPU fails here, before any work
+    if distributed.launched_size() > 1:  # under torchrun or --nproc: join the ranks, rank 0 alone writes
+        distributed.check_world_size(cfg, distributed.launched_size(), device)
+        device = distributed.start(device)
+        try:
+            return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report)
+        finally:
+            distributed.stop()
+    return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report)
+
+
+def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter) -> None:
     import torch
     import yaml
 
     from pfl_cli.algorithms import REGISTRY
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
-    from pfl_cli.fl.api import train_federated, validate_train_config
-    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.api import train_federated
+    from pfl_cli.fl.distributed import world
     from pfl_cli.fl.loop import TrainingDiverged
     from pfl_cli.fl.store import ROLE_TRAIN
 
-    validate_train_config(cfg)
-    device = resolve_device(cfg.device)  # --device cuda without a GPU fails here, before any work
+    writes = world()[0] == 0
     ArtifactWriter(out, stage="train", config={}, seed=cfg.seed, force=force)  # --out problems first
     part, info, part_art, ds = load_partition_dataset(partition)
     n_train = int(np.sum(part.role == ROLE_TRAIN))
@@ -200,7 +216,8 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
     written: list[int] = []
 
     def on_checkpoint(ck: dict) -> None:
-        _write_atomic(ck_path, torch_bytes({**ck, "fingerprint": fp}))
+        if writes:
+            _write_atomic(ck_path, torch_bytes({**ck, "fingerprint": fp}))
         written.append(int(ck["round"]))
 
     federated = REGISTRY[cfg.algorithm].federated
@@ -223,6 +240,8 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
 
     outcome, model = run.outcome, run.model
     metrics = _metrics(cfg, run, info, device)
+    if not writes:
+        return
     with writer:
         writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
         writer.path("model.pt").write_bytes(torch_bytes(model))

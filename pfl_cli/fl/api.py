@@ -21,8 +21,8 @@ from typing import Any, Callable
 import numpy as np
 
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import (ALGORITHMS, CLIENT_ARCHS, CLIENT_SETS, EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES,
-                               SERVER_OPTIMIZERS, PredictConfig, TrainConfig)
+from pfl_cli.fl.config import (ALGORITHMS, CLIENT_ARCHS, CLIENT_SETS, COHORT_EXECS, EMBEDDINGS, EVAL_DESCRIPTORS,
+                               HYPER_SIZES, SERVER_OPTIMIZERS, PredictConfig, TrainConfig)
 
 MODEL_FORMAT = "pflx-model-1"
 
@@ -30,7 +30,8 @@ MODEL_FORMAT = "pflx-model-1"
 def validate_train_config(cfg: TrainConfig) -> None:
     """Every check on the options, before any data is read or drawn."""
     choices = {"algorithm": ALGORITHMS, "model_arch": CLIENT_ARCHS, "embedding": EMBEDDINGS,
-               "hyper_size": HYPER_SIZES, "server_optimizer": SERVER_OPTIMIZERS, "eval_descriptor": EVAL_DESCRIPTORS}
+               "hyper_size": HYPER_SIZES, "server_optimizer": SERVER_OPTIMIZERS, "eval_descriptor": EVAL_DESCRIPTORS,
+               "cohort_exec": COHORT_EXECS}
     for name, allowed in choices.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}.")

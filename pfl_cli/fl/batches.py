@@ -1,43 +1,140 @@
-"""Random minibatches for a whole cohort at once.
+"""Minibatches for a whole cohort, drawn lazily one step at a time from per-epoch permutations.
 
-Every step of every client draws a fresh batch of ``batch_size`` distinct samples of the
-client's own data (``specs/pefll.md`` §1.6: "each step uses a fresh random batch of 32");
-a client with fewer samples uses all of them, marked by a mask so its loss is the mean
-over its real samples. All draws come from one ``torch.Generator`` on the CPU, so a
-round's batches depend only on the seed and the round number.
+Semantics (those of a shuffled ``torch.utils.data.DataLoader`` with ``drop_last=False``, one
+per client): each client walks through a fresh uniform permutation of its own samples in
+batches of ``b = min(batch_size, longest client list)``; one epoch is ``ceil(n_i / b)``
+steps and shows every sample exactly once, the last batch of an epoch holding the
+``n_i - (ceil(n_i / b) - 1) * b`` samples left (a mask marks the real ones, so the loss is
+the mean over them). A client with fewer than ``b`` samples uses all of them every step.
+
+"k local steps" (PeFLL, FedAvg ``--local-steps``) are k consecutive batches of this stream:
+steps go on across epoch boundaries, drawing the next permutation when one is used up,
+so a client with 100 samples and b = 32 takes steps of 32, 32, 32, 4, 32, ... samples.
+``epochs`` (Local, FedAvg ``--local-epochs``) give client i exactly ``epochs * ceil(n_i / b)``
+steps; a client with fewer steps than the cohort's longest sits out the remaining ones.
+
+Memory: the cohort's current permutations, ``(c, width)`` integers like the index rows
+themselves, plus ``(c, b)`` per step; no table grows with the number of steps. All draws
+come from one private CPU ``torch.Generator`` seeded from the caller's ``gen`` when the
+batches are created, so a round's batches depend only on the seed and the round number,
+and iterating the same :class:`CohortBatches` twice gives the same batches.
 """
 
 from __future__ import annotations
 
+_SEED_HIGH = 2**63 - 1
 
-def sample_batches(padded, clients, steps: int, batch_size: int, gen):
-    """Sample indices for ``steps`` batches of each of ``clients``.
+
+class CohortBatches:
+    """The batches of ``clients``, one step at a time (iterate it, or :meth:`materialize` it).
 
     Parameters
     ----------
     padded : pfl_cli.fl.store.Padded
         The split to draw from (usually ``store.fit``).
     clients : LongTensor (c,)
-    steps, batch_size : int
+    steps : int, optional
+        Steps every client takes (PeFLL's and FedAvg's k); exclusive with ``epochs``.
+    batch_size : int
     gen : torch.Generator on the CPU
+        Consumed once, here: one seed for the private generator.
+    epochs : int, optional
+        Full passes over each client's data (Local, FedAvg ``--local-epochs``).
+
+    Iterating yields ``(index, mask, active)`` per step: ``index`` LongTensor (c, b) of
+    dataset sample indices, ``mask`` FloatTensor (c, b) with 1 for real samples, ``active``
+    BoolTensor (c,) of the clients taking this step, or None when all of them do.
+    """
+
+    def __init__(self, padded, clients, steps: int | None, batch_size: int, gen, *, epochs: int | None = None):
+        import torch
+
+        if (steps is None) == (epochs is None):
+            raise ValueError(f"CohortBatches needs exactly one of steps and epochs; got steps={steps}, epochs={epochs}.")
+        self.rows, self.length = padded.rows(clients)
+        self.device = self.rows.device
+        c, width = self.rows.shape
+        self.batch = min(int(batch_size), width)
+        # Steps in one epoch of each client: ceil(n_i / b), at least 1 (an empty client idles on padding).
+        self.per_epoch = torch.div(self.length + self.batch - 1, self.batch, rounding_mode="floor").clamp_min(1)
+        if epochs is not None:
+            self.client_steps = int(epochs) * self.per_epoch
+            self.steps = int(self.client_steps.max()) if c else 0
+        else:
+            self.client_steps = None
+            self.steps = int(steps)
+        self.seed = int(torch.randint(0, _SEED_HIGH, (1,), generator=gen))
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.rows.shape[0])
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def active_steps(self) -> int:
+        """Steps taken, summed over clients (counts optimizer steps)."""
+        if self.client_steps is None:
+            return self.steps * self.num_clients
+        return int(self.client_steps.sum())
+
+    def __iter__(self):
+        import torch
+
+        gen = torch.Generator().manual_seed(self.seed)
+        c, width = self.rows.shape
+        b, device = self.batch, self.device
+        offsets = torch.arange(b, device=device)
+        columns = torch.arange(width, device=device)
+        perm = torch.zeros((c, width), dtype=torch.long, device=device)
+        for s in range(self.steps):
+            j = s % self.per_epoch                                   # step inside each client's epoch
+            active = None if self.client_steps is None else s < self.client_steps
+            fresh = j == 0 if active is None else (j == 0) & active
+            if bool(fresh.any()):
+                # A new epoch for these clients: a uniform permutation of their real positions
+                # (the b smallest of iid keys per slot; padding keys 2.0 sort last).
+                keys = torch.rand((int(fresh.sum()), width), generator=gen).to(device)
+                keys = keys.masked_fill(columns >= self.length[fresh, None], 2.0)
+                perm[fresh] = torch.argsort(keys, dim=1, stable=True)
+            pos = j[:, None] * b + offsets                           # (c, b) slots of this step
+            mask = pos < self.length[:, None]
+            index = self.rows.gather(1, perm.gather(1, pos.clamp_max(width - 1)))
+            yield index, mask.to(torch.float32), active
+
+    def materialize(self):
+        """``(index, mask)`` of shape (c, steps, b) and ``active`` (c, steps) or None: the whole table."""
+        import torch
+
+        parts = list(self)
+        c, b = self.num_clients, self.batch
+        if not parts:
+            empty = torch.zeros((c, 0, b), dtype=torch.long, device=self.device)
+            return empty, empty.to(torch.float32), None
+        index = torch.stack([p[0] for p in parts], 1)
+        mask = torch.stack([p[1] for p in parts], 1)
+        active = None if self.client_steps is None else torch.stack([p[2] for p in parts], 1)
+        return index, mask, active
+
+
+def draw_batches(padded, clients, steps: int | None, batch_size: int, gen, *, epochs: int | None = None):
+    """A lazy :class:`CohortBatches`: what :func:`pfl_cli.fl.cohort.local_sgd` consumes step by step."""
+    return CohortBatches(padded, clients, steps, batch_size, gen, epochs=epochs)
+
+
+def sample_batches(padded, clients, steps: int, batch_size: int, gen):
+    """The same batches as ``draw_batches(padded, clients, steps, batch_size, gen)``, as whole tables.
+
+    For callers that index batches by step or client (descriptor batches, references);
+    memory is ``c * steps * b``, so long local training should pass :func:`draw_batches`'
+    lazy object to ``local_sgd`` instead.
 
     Returns
     -------
     index : LongTensor (c, steps, b), b = min(batch_size, longest client list)
         Dataset sample indices.
     mask : FloatTensor (c, steps, b)
-        1 for real samples, 0 where a client has fewer than ``b`` samples.
+        1 for real samples, 0 for padding (short clients, the last batch of an epoch).
     """
-    import torch
-
-    rows, length = padded.rows(clients)
-    c, width = rows.shape
-    b = min(batch_size, width)
-    keys = torch.rand((c, steps, width), generator=gen).to(rows.device)
-    keys = keys.masked_fill(torch.arange(width, device=rows.device) >= length[:, None, None], 2.0)
-    # The b smallest keys of each (client, step) row: a uniform sample without replacement;
-    # padding keys (2.0) sort last, so a short client's real samples come first.
-    pos = torch.argsort(keys, dim=-1, stable=True)[..., :b]
-    index = torch.gather(rows[:, None, :].expand(c, steps, width), 2, pos)
-    mask = (torch.arange(b, device=rows.device) < length[:, None, None]).to(torch.float32).expand(c, steps, b)
+    index, mask, _ = CohortBatches(padded, clients, steps, batch_size, gen).materialize()
     return index, mask

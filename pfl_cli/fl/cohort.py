@@ -1,8 +1,10 @@
 """Local SGD for a whole cohort as one batched computation.
 
 The c clients of a round share one architecture, so their parameters are stacked along a
-leading cohort axis and every local step is a single ``torch.func.vmap`` of
-``grad_and_value`` over ``functional_call``. Semantics are those of ``torch.optim.SGD``
+leading cohort axis and every local step updates all of them at once. The gradients come
+from one ``torch.func.vmap`` over ``functional_call`` (``cohort_exec=vmap``) or from one
+forward and backward per client (``loop``), whichever the device and architecture run
+faster (:func:`resolve_cohort_exec`). Semantics are those of ``torch.optim.SGD``
 with momentum (buffer fresh each round) and ``clip_grad_norm_`` before each step, per
 client (``specs/pefll.md`` §1.6 step 4); :func:`local_sgd_reference` runs the same thing
 one client at a time with the real optimizer, and the tests hold the two equal.
@@ -12,9 +14,94 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from pfl_cli.fl.config import COHORT_EXECS
 
-def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: float, momentum: float = 0.0,
-              weight_decay: float = 0.0, clip: float = 0.0, active=None):
+
+def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
+    """``vmap`` or ``loop`` for ``model`` on ``device``; ``auto`` picks what the train benchmark measured faster.
+
+    ``benchmarks/train_bench.py`` (README, "Benchmarks"): on a CPU, vmap over a cohort's conv
+    weights becomes a grouped convolution, which oneDNN runs slower than one ordinary
+    convolution per client (LeNet, cohort 25: vmap 0.6x the loop), while for MLPs the one
+    batched matmul wins (digits MLP, cohort 10: 5x). On a GPU the batched path is the one
+    that fills the device, so ``auto`` keeps vmap there.
+    """
+    import torch
+
+    if cohort_exec not in COHORT_EXECS:
+        raise ValueError(f"cohort_exec must be one of {', '.join(COHORT_EXECS)}; got {cohort_exec!r}.")
+    if cohort_exec != "auto":
+        return cohort_exec
+    convolutional = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    return "loop" if torch.device(device).type == "cpu" and convolutional else "vmap"
+
+
+def cohort_forward(model, params: Mapping[str, "object"], x, how: str):
+    """Each client's model on its own inputs: params {name: (c, *shape)}, x (c, b, ...) -> logits (c, b, C).
+
+    ``how`` is ``vmap`` (one batched call) or ``loop`` (one call per client); see
+    :func:`resolve_cohort_exec`.
+    """
+    import torch
+    from torch.func import functional_call, vmap
+
+    if how == "vmap":
+        return vmap(lambda p, xb: functional_call(model, p, (xb,)))(params, x)
+    return torch.stack([functional_call(model, {k: v[i] for k, v in params.items()}, (x[i],))
+                        for i in range(x.shape[0])])
+
+
+def _masked_mean_loss(logits, y, m):
+    """Cross-entropy averaged over each row's real samples: (..., b, C), (..., b) -> (...)."""
+    import torch.nn.functional as F
+
+    m = m * (y >= 0)  # unlabeled samples (-1) add no loss
+    ce = F.cross_entropy(logits.flatten(0, -2), y.clamp_min(0).flatten(), reduction="none").view(m.shape)
+    return (ce * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+
+
+def _cohort_grads(model, theta: dict, x, y, m, how: str):
+    """Every client's loss (c,) and gradients {name: (c, *shape)} at ``theta`` on its batch.
+
+    ``vmap``: one vmapped forward and one ordinary backward; clients' losses are independent,
+    so the gradient of their sum with respect to the stacked parameters is every client's own
+    gradient at once (~2x cheaper than vmap(grad) here). ``loop``: one forward and backward
+    per client on views of its slice of the stack.
+    """
+    import torch
+    from torch.func import functional_call
+
+    names = list(theta)
+    if how == "vmap":
+        leaves = {k: v.detach().requires_grad_(True) for k, v in theta.items()}
+        logits = cohort_forward(model, leaves, x, "vmap")
+        loss = _masked_mean_loss(logits, y, m)
+        grads = torch.autograd.grad(loss.sum(), [leaves[k] for k in names])
+        return loss.detach(), dict(zip(names, grads))
+    losses, per_client = [], []
+    for i in range(x.shape[0]):
+        leaves = {k: v[i].detach().requires_grad_(True) for k, v in theta.items()}
+        loss = _masked_mean_loss(functional_call(model, leaves, (x[i],)), y[i], m[i])
+        per_client.append(torch.autograd.grad(loss, [leaves[k] for k in names]))
+        losses.append(loss.detach())
+    return torch.stack(losses), {k: torch.stack([g[j] for g in per_client]) for j, k in enumerate(names)}
+
+
+def _steps(index, mask, active):
+    """``(index, mask, active)`` per step from a lazy :class:`CohortBatches` or (c, steps, b) tables."""
+    from pfl_cli.fl.batches import CohortBatches
+
+    if isinstance(index, CohortBatches):
+        if mask is not None or active is not None:
+            raise ValueError("local_sgd: a CohortBatches carries its own masks and active steps; "
+                             "pass mask=None and active=None with it.")
+        return index.num_clients, iter(index)
+    return index.shape[0], ((index[:, s], mask[:, s], None if active is None else active[:, s])
+                            for s in range(index.shape[1]))
+
+
+def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *, lr: float, momentum: float = 0.0,
+              weight_decay: float = 0.0, clip: float = 0.0, active=None, cohort_exec: str = "auto"):
     """Run every cohort client's local steps at once.
 
     Parameters
@@ -24,16 +111,22 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     params : dict name -> Tensor (c, *shape)
         Each client's starting parameters.
     store : pfl_cli.fl.store.ClientStore
-    index, mask : Tensor (c, steps, b)
-        From :func:`pfl_cli.fl.batches.sample_batches`.
+    index : CohortBatches, or Tensor (c, steps, b)
+        Lazy batches from :func:`pfl_cli.fl.batches.draw_batches` (memory per step), or the
+        tables of :func:`pfl_cli.fl.batches.sample_batches` with their ``mask``.
+    mask : Tensor (c, steps, b), optional
+        With table ``index`` only.
     lr, momentum, weight_decay : float
         ``torch.optim.SGD`` semantics; ``weight_decay = 2 * lambda_theta`` adds the
         gradient of ``lambda_theta * ||theta||^2``.
     clip : float
         Clip each client's gradient to this global norm before the step (0 = off).
     active : BoolTensor (c, steps), optional
-        Steps a client takes; inactive steps leave its parameters and momentum alone
-        (clients with fewer epochs' worth of batches).
+        With table ``index`` only: steps a client takes; inactive steps leave its parameters
+        and momentum alone (clients with fewer epochs' worth of batches).
+    cohort_exec : {"auto", "vmap", "loop"}
+        How the cohort's gradients are computed (:func:`resolve_cohort_exec`); every path
+        gives the same numbers up to float rounding.
 
     Returns
     -------
@@ -42,34 +135,44 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     loss : Tensor (c,)
         Each client's mean training loss over its active steps.
     """
-    import torch
-    import torch.nn.functional as F
-    from torch.func import functional_call, vmap
+    from pfl_cli.fl.distributed import assemble, own_rows, world
 
-    names = list(params)
-    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
-    # Leaves with their own grad: clients' losses are independent, so the gradient of their
-    # sum with respect to the stacked parameters is every client's own gradient at once
-    # (a vmapped forward + one ordinary backward is ~2x cheaper than vmap(grad) here).
-    theta = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+    c, stream = _steps(index, mask, active)
+    how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
+    opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip)
+    if world()[1] == 1:
+        return _train(model, params, store, stream, c, how, **opts)
+    # Distributed: this rank trains its share of the clients; every rank gets all of them back.
+    rows = own_rows(c)
+    mine = {k: v[rows] for k, v in params.items()}
+    share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
+    theta, loss = _train(model, mine, store, share, rows.stop - rows.start, how, **opts)
+    whole = assemble({**theta, _LOSS: loss}, rows, c)
+    return whole, whole.pop(_LOSS)
+
+
+_LOSS = "\0loss"  # not a parameter name
+
+
+def _train(model, params, store, stream, c: int, how: str, *, lr, momentum, weight_decay, clip):
+    """:func:`local_sgd` on ``c`` clients whose steps come from ``stream``."""
+    import torch
+
+    device = next(iter(params.values())).device
+    theta = {k: v.detach().clone() for k, v in params.items()}
+    if c == 0:  # a rank with no clients of this cohort
+        return theta, torch.zeros(0, device=device)
     buf = {k: torch.zeros_like(v) for k, v in params.items()}
-    c, steps = index.shape[:2]
-    loss_sum = torch.zeros(c, device=index.device)
-    taken = torch.zeros(c, device=index.device)
-    for s in range(steps):
-        idx, y = index[:, s], store.y[index[:, s]]
-        m = mask[:, s] * (y >= 0)  # unlabeled samples (-1) add no loss
-        logits = forward(theta, store.inputs(idx))
-        ce = F.cross_entropy(logits.flatten(0, 1), y.clamp_min(0).flatten(), reduction="none").view(m.shape)
-        loss = (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
-        grads = dict(zip(names, torch.autograd.grad(loss.sum(), [theta[k] for k in names])))
-        go = None if active is None else active[:, s]
+    loss_sum = torch.zeros(c, device=device)
+    taken = torch.zeros(c, device=device)
+    for idx, m, go in stream:
+        loss, grads = _cohort_grads(model, theta, store.inputs(idx), store.y[idx], m, how)
         sgd_update_(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, active=go)
         with torch.no_grad():
-            w = torch.ones(c, device=index.device) if go is None else go.to(loss.dtype)
-            loss_sum += loss.detach() * w
+            w = torch.ones(c, device=device) if go is None else go.to(loss.dtype)
+            loss_sum += loss * w
             taken += w
-    return {k: v.detach() for k, v in theta.items()}, loss_sum / taken.clamp_min(1.0)
+    return theta, loss_sum / taken.clamp_min(1.0)
 
 
 def sgd_update_(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
@@ -100,13 +203,21 @@ def sgd_update_(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: flo
                 theta[k] -= lr * new_buf * sel
 
 
-def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,
-                        active=None):
-    """:func:`local_sgd` one client at a time with ``torch.optim.SGD`` (tests and benchmarks)."""
+def local_sgd_reference(model, params, store, index, mask=None, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,
+                        active=None, cohort_exec: str = "loop"):
+    """:func:`local_sgd` one client at a time with ``torch.optim.SGD`` (tests and benchmarks).
+
+    Takes the same arguments; ``cohort_exec`` is accepted so both share one options dict
+    (the reference is always a loop over real optimizers).
+    """
     import copy
 
     import torch
 
+    from pfl_cli.fl.batches import CohortBatches
+
+    if isinstance(index, CohortBatches):
+        index, mask, active = index.materialize()
     c, steps = index.shape[:2]
     out = {k: [] for k in params}
     losses = []

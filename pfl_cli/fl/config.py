@@ -18,6 +18,7 @@ HYPER_SIZES = ("S", "M", "L")
 SERVER_OPTIMIZERS = ("adam", "sgd")
 EVAL_DESCRIPTORS = ("all", "batch")
 CLIENT_SETS = ("holdout", "train", "all")
+COHORT_EXECS = ("auto", "vmap", "loop")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class TrainConfig:
     normalize: bool = True                # standardize inputs with train-pool statistics (per channel / feature)
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
     device: str = "auto"
+    cohort_exec: str = "auto"             # cohort local SGD: vmap | loop | auto (the faster one measured for device + net)
     seed: int = 0
     # -- clients without labels, FLowDUP and LD-FedAvg (issue 15; thesis ch. 5) --
     evaluate_hidden_labels: bool = False  # evaluation scores unlabeled clients against their hidden labels (oracle)

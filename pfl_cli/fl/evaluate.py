@@ -62,7 +62,7 @@ def _count(logits, y, allowed):
 
 
 def forward_chunks(model, params, store, clients: np.ndarray, split: str, *, personalized: bool,
-                   max_samples: int = 8192):
+                   max_samples: int = 8192, how: str = "vmap"):
     """Logits of ``clients``' ``split`` samples, a chunk of clients at a time.
 
     Yields
@@ -76,7 +76,9 @@ def forward_chunks(model, params, store, clients: np.ndarray, split: str, *, per
     logits : Tensor (k, width, C)
     """
     import torch
-    from torch.func import functional_call, vmap
+    from torch.func import functional_call
+
+    from pfl_cli.fl.cohort import cohort_forward
 
     k = len(clients)
     if k == 0:
@@ -85,7 +87,6 @@ def forward_chunks(model, params, store, clients: np.ndarray, split: str, *, per
     index, length = getattr(store, split).rows(sel)
     width = index.shape[1]
     per_chunk = max(1, max_samples // width)
-    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
     with torch.no_grad():
         for start in range(0, k, per_chunk):
             rows = slice(start, min(k, start + per_chunk))
@@ -93,14 +94,14 @@ def forward_chunks(model, params, store, clients: np.ndarray, split: str, *, per
             valid = torch.arange(width, device=idx.device) < n[:, None]
             x = store.inputs(idx)
             if personalized:
-                logits = forward({name: p[rows] for name, p in params.items()}, x)
+                logits = cohort_forward(model, {name: p[rows] for name, p in params.items()}, x, how)
             else:
                 logits = functional_call(model, params, (x.flatten(0, 1),)).view(*idx.shape, -1)
             yield rows, idx, valid, logits
 
 
 def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, personalized: bool,
-             max_samples: int = 8192) -> GroupEval:
+             max_samples: int = 8192, cohort_exec: str = "auto") -> GroupEval:
     """Evaluate ``clients`` on their ``split`` samples that have an evaluation label (``store.y_eval``).
 
     Parameters
@@ -109,20 +110,43 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
         The client architecture.
     params : dict name -> Tensor
         One global model (``personalized=False``), or one model per entry of ``clients``
-        stacked on a leading axis (``personalized=True``), evaluated with ``vmap``.
+        stacked on a leading axis (``personalized=True``).
     store : ClientStore
     clients : ndarray of int
         Client positions in the store.
     split : {"test", "val", "fit"}
     max_samples : int
         Samples per forward pass (bounds memory).
+    cohort_exec : {"auto", "vmap", "loop"}
+        How personalized models run (:func:`pfl_cli.fl.cohort.resolve_cohort_exec`; on CPU
+        a LeNet cohort's forward is ~3x faster as a loop than as vmap's grouped convolution).
     """
+    import torch
+
+    from pfl_cli.fl.cohort import resolve_cohort_exec
+    from pfl_cli.fl.distributed import assemble, own_rows, world
+
     clients = np.asarray(clients, dtype=np.int64)
+    how = resolve_cohort_exec(cohort_exec, model, store.device)
+    if world()[1] == 1:
+        return _evaluate(model, params, store, clients, split, personalized, max_samples, how)
+    # Distributed: this rank evaluates its share of the clients; the counts come back whole.
+    k = len(clients)
+    rows = own_rows(k)
+    mine = {name: p[rows] for name, p in params.items()} if personalized else params
+    part = _evaluate(model, mine, store, clients[rows], split, personalized, max_samples, how)
+    fields = ("n", "correct", "correct_lm", "loss")
+    whole = assemble({f: torch.as_tensor(getattr(part, f)) for f in fields}, rows, k)
+    return GroupEval(clients, *(whole[f].numpy() for f in fields))
+
+
+def _evaluate(model, params, store, clients: np.ndarray, split: str, personalized: bool, max_samples: int,
+              how: str) -> GroupEval:
     k = len(clients)
     out = {name: np.zeros(k, dtype=np.int64) for name in ("n", "correct", "correct_lm")}
     loss = np.zeros(k)
-    for rows, idx, valid, logits in forward_chunks(model, params, store, clients, split,
-                                                   personalized=personalized, max_samples=max_samples):
+    for rows, idx, valid, logits in forward_chunks(model, params, store, clients, split, personalized=personalized,
+                                                   max_samples=max_samples, how=how):
         # Model selection (val) reads only labels training may read, never an oracle's hidden ones.
         y = (store.y if split == "val" else store.y_eval)[idx]
         scored = valid & (y >= 0)  # samples without an evaluation label are not scored
@@ -146,10 +170,13 @@ def predict_samples(model, params, store, clients: np.ndarray, split: str, *, pe
     """
     import torch
 
+    from pfl_cli.fl.cohort import resolve_cohort_exec
+
     clients = np.asarray(clients, dtype=np.int64)
+    how = resolve_cohort_exec("auto", model, store.device)
     parts: dict[str, list] = {"client": [], "sample": [], "predicted": [], "probabilities": []}
-    for rows, idx, valid, logits in forward_chunks(model, params, store, clients, split,
-                                                   personalized=personalized, max_samples=max_samples):
+    for rows, idx, valid, logits in forward_chunks(model, params, store, clients, split, personalized=personalized,
+                                                   max_samples=max_samples, how=how):
         owner = torch.as_tensor(clients[rows], device=idx.device)[:, None].expand_as(idx)
         probs = torch.softmax(logits, -1)
         parts["client"].append(owner[valid].cpu().numpy())
@@ -187,6 +214,7 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
     import torch
 
     clients = np.asarray(clients, dtype=np.int64)
+    how = alg.cfg.cohort_exec
     parts: dict[str, list[GroupEval]] = {split: [] for split in splits}
     kept: list[dict] = []
     personalized = True
@@ -195,7 +223,7 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
         params, personalized = alg.personalize(sel, gen)
         for split in splits:
             parts[split].append(evaluate(alg.net, params, alg.store, sel, split, personalized=personalized,
-                                         max_samples=max_samples))
+                                         max_samples=max_samples, cohort_exec=how))
         if each_chunk is not None:
             each_chunk(sel if personalized else clients[lo:], params, personalized)
         if keep_params:

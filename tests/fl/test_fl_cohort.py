@@ -60,11 +60,63 @@ def test_batches_are_distinct_samples_of_the_client(store):
     rows, length = store.fit.rows(clients)
     for i in range(len(clients)):
         own = set(rows[i, : length[i]].tolist())
+        n, per_epoch = int(length[i]), -(-int(length[i]) // 8)
         for s in range(5):
             picked = index[i, s][mask[i, s] > 0].tolist()
-            assert len(picked) == min(8, int(length[i]))
+            last = s % per_epoch == per_epoch - 1  # the epoch's last batch holds what is left
+            assert len(picked) == (n - (per_epoch - 1) * 8 if last else min(8, n))
             assert len(set(picked)) == len(picked)  # without replacement
             assert set(picked) <= own
+
+
+def test_every_epoch_shows_every_sample_once_in_a_new_order():
+    """True epochs: ceil(n / b) consecutive steps are a permutation of the client's samples."""
+    from pfl_cli.fl.store import Padded
+
+    sizes = [3, 10, 17, 32, 33]
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    padded = Padded.from_csr(owner, np.arange(len(owner)) + 100, len(sizes), "cpu")
+    b, epochs = 8, 6
+    steps = epochs * -(-max(sizes) // b)
+    index, mask = sample_batches(padded, torch.arange(len(sizes)), steps, b, torch.Generator().manual_seed(5))
+    for i, n in enumerate(sizes):
+        own = sorted(padded.index[i, :n].tolist())
+        per_epoch = -(-n // b)
+        orders = []
+        for e in range(steps // per_epoch):
+            block = slice(e * per_epoch, (e + 1) * per_epoch)
+            seen = index[i, block][mask[i, block] > 0].tolist()
+            assert sorted(seen) == own, (i, e)
+            orders.append(tuple(seen))
+        if n > 3:
+            assert len(set(orders)) == len(orders)  # a fresh permutation every epoch
+
+
+def test_epochs_give_each_client_its_own_step_count():
+    from pfl_cli.fl.batches import draw_batches
+    from pfl_cli.fl.store import Padded
+
+    sizes = [5, 12, 20]
+    padded = Padded.from_csr(np.repeat(np.arange(3), sizes), np.arange(sum(sizes)), 3, "cpu")
+    batches = draw_batches(padded, torch.arange(3), None, 4, torch.Generator().manual_seed(0), epochs=3)
+    assert len(batches) == 15 and batches.client_steps.tolist() == [6, 9, 15]
+    index, mask, active = batches.materialize()
+    assert active.sum(1).tolist() == [6, 9, 15] and batches.active_steps() == 30
+    for i, n in enumerate(sizes):
+        taken = active[i]
+        assert sorted(index[i, taken][mask[i, taken] > 0].tolist()) == sorted(padded.index[i, :n].tolist() * 3)
+
+
+def test_lazy_batches_equal_the_tables_and_replay():
+    from pfl_cli.fl.batches import draw_batches
+    from pfl_cli.fl.store import Padded
+
+    padded = Padded.from_csr(np.repeat(np.arange(4), [7, 1, 30, 12]), np.arange(50), 4, "cpu")
+    lazy = draw_batches(padded, torch.arange(4), 9, 5, torch.Generator().manual_seed(3))
+    index, mask = sample_batches(padded, torch.arange(4), 9, 5, torch.Generator().manual_seed(3))
+    for again in range(2):  # a CohortBatches replays the same stream every time it is iterated
+        for s, (idx, m, active) in enumerate(lazy):
+            assert torch.equal(idx, index[:, s]) and torch.equal(m, mask[:, s]) and active is None
 
 
 def test_a_client_smaller_than_the_batch_uses_all_its_samples():
@@ -75,7 +127,10 @@ def test_a_client_smaller_than_the_batch_uses_all_its_samples():
     assert index.shape == (2, 4, 5)
     assert mask[0].sum(1).tolist() == [3, 3, 3, 3]
     assert all(sorted(index[0, s, :3].tolist()) == [0, 1, 2] for s in range(4))
-    assert mask[1].sum(1).tolist() == [5, 5, 5, 5]
+    # 6 samples in batches of 5: epochs of a full batch and the one sample left, steps run on across epochs.
+    assert mask[1].sum(1).tolist() == [5, 1, 5, 1]
+    for e in (0, 2):
+        assert sorted(index[1, e, :5].tolist() + index[1, e + 1, :1].tolist()) == [3, 4, 5, 6, 7, 8]
 
 
 def test_batches_depend_only_on_the_generator_seed(store):
@@ -88,6 +143,39 @@ def test_batches_depend_only_on_the_generator_seed(store):
 
 def test_vmapped_lenet_cohort_equals_sequential_sgd():
     """The image path: vmap over batched conv weights (Table B.1 LeNet) on CIFAR-shaped data."""
+    store = _lenet_store()
+    net = client_model("auto", (3, 32, 32), 10)
+    clients = torch.tensor([0, 2, 5])
+    index, mask = sample_batches(store.fit, clients, 3, 4, torch.Generator().manual_seed(4))
+    start = _start(net, 3)
+    opts = dict(lr=0.01, momentum=0.9, weight_decay=1e-4, clip=5.0)
+    fast, _ = local_sgd(net, start, store, index, mask, cohort_exec="vmap", **opts)
+    slow, _ = local_sgd_reference(net, start, store, index, mask, **opts)
+    for k in fast:
+        torch.testing.assert_close(fast[k], slow[k], rtol=1e-4, atol=1e-5)
+
+
+def test_lazy_batches_train_exactly_like_their_tables(store):
+    """local_sgd on a lazy CohortBatches (epochs, clients of different sizes) = the tables = torch.optim.SGD."""
+    from pfl_cli.fl.batches import draw_batches
+
+    net = client_model("mlp", (64,), 10, hidden=(8,))
+    clients = torch.tensor([0, 1, 6, 10])  # 50, 63, 50, 64 samples: 4 and 5 steps per epoch
+    batches = draw_batches(store.fit, clients, None, 13, torch.Generator().manual_seed(9), epochs=2)
+    assert len(set(batches.client_steps.tolist())) > 1  # some clients sit out the last steps
+    index, mask, active = batches.materialize()
+    start = _start(net, len(clients))
+    opts = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, clip=1.0)
+    lazy, lazy_loss = local_sgd(net, start, store, batches, **opts)
+    table, table_loss = local_sgd(net, start, store, index, mask, active=active, **opts)
+    slow, slow_loss = local_sgd_reference(net, start, store, batches, **opts)
+    for k in lazy:
+        assert torch.equal(lazy[k], table[k])
+        torch.testing.assert_close(lazy[k], slow[k], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lazy_loss, slow_loss.to(lazy_loss.dtype), rtol=1e-5, atol=1e-6)
+
+
+def _lenet_store():
     from pfl_cli.partition import PartitionConfig, partition_labels
 
     rng = np.random.default_rng(0)
@@ -95,13 +183,53 @@ def test_vmapped_lenet_cohort_equals_sequential_sgd():
     y = np.repeat(np.arange(10), 12)
     part = partition_labels(y, PartitionConfig(scheme="pathological", classes_per_client=2, class_shares="equal",
                                                num_clients=6, test_fraction=0.2), num_classes=10, rng=make_rng(0, "p"))
-    store = build_store(x, y, 10, part, val_fraction=0.0, rng=None, device="cpu")
-    net = client_model("auto", (3, 32, 32), 10)
-    clients = torch.tensor([0, 2, 5])
-    index, mask = sample_batches(store.fit, clients, 3, 4, torch.Generator().manual_seed(4))
-    start = _start(net, 3)
-    opts = dict(lr=0.01, momentum=0.9, weight_decay=1e-4, clip=5.0)
-    fast, _ = local_sgd(net, start, store, index, mask, **opts)
-    slow, _ = local_sgd_reference(net, start, store, index, mask, **opts)
-    for k in fast:
-        torch.testing.assert_close(fast[k], slow[k], rtol=1e-4, atol=1e-5)
+    return build_store(x, y, 10, part, val_fraction=0.0, rng=None, device="cpu")
+
+
+@pytest.mark.parametrize("arch", ["mlp", "lenet"])
+def test_every_cohort_exec_gives_the_same_numbers(store, arch):
+    """vmap, loop and auto all equal torch.optim.SGD one client at a time (float tolerance)."""
+    from pfl_cli.fl.batches import draw_batches
+    from pfl_cli.fl.cohort import resolve_cohort_exec
+
+    if arch == "lenet":
+        data, net, clients = _lenet_store(), client_model("auto", (3, 32, 32), 10), torch.tensor([0, 2, 5])
+        opts, tol = dict(lr=0.01, momentum=0.9, weight_decay=1e-4, clip=5.0), dict(rtol=1e-4, atol=1e-5)
+    else:
+        data, net, clients = store, client_model("mlp", (64,), 10, hidden=(16,)), torch.tensor([1, 4, 7, 9, 12])
+        opts, tol = dict(lr=0.05, momentum=0.9, weight_decay=0.0, clip=1.0), dict(rtol=1e-5, atol=1e-6)
+    assert resolve_cohort_exec("auto", net, "cpu") == ("loop" if arch == "lenet" else "vmap")
+    batches = draw_batches(data.fit, clients, 4, 4, torch.Generator().manual_seed(4))
+    start = _start(net, len(clients))
+    slow, slow_loss = local_sgd_reference(net, start, data, batches, **opts)
+    for how in ("vmap", "loop", "auto"):
+        fast, fast_loss = local_sgd(net, start, data, batches, cohort_exec=how, **opts)
+        for k in fast:
+            torch.testing.assert_close(fast[k], slow[k], **tol)
+        torch.testing.assert_close(fast_loss, slow_loss.to(fast_loss.dtype), **tol)
+
+
+def test_unknown_cohort_exec_is_refused(store):
+    net = client_model("mlp", (64,), 10, hidden=(8,))
+    batches = sample_batches(store.fit, torch.tensor([0]), 1, 4, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="cohort_exec must be one of auto, vmap, loop; got 'grouped'"):
+        local_sgd(net, _start(net, 1), store, *batches, lr=0.1, cohort_exec="grouped")
+
+
+@pytest.mark.parametrize("arch", ["mlp", "lenet"])
+def test_evaluation_counts_the_same_on_every_cohort_path(store, arch):
+    from pfl_cli.fl.evaluate import evaluate
+
+    if arch == "lenet":
+        data, net = _lenet_store(), client_model("auto", (3, 32, 32), 10)
+    else:
+        data, net = store, client_model("mlp", (64,), 10, hidden=(16,))
+    clients = np.arange(data.num_clients)
+    params = _start(net, len(clients), seed=3)
+    evs = {how: evaluate(net, params, data, clients, "test", personalized=True, max_samples=64, cohort_exec=how)
+           for how in ("vmap", "loop", "auto")}
+    for how in ("loop", "auto"):
+        for field in ("n", "correct", "correct_lm"):
+            np.testing.assert_array_equal(getattr(evs[how], field), getattr(evs["vmap"], field))
+        np.testing.assert_allclose(evs[how].loss, evs["vmap"].loss, rtol=1e-5)
+    assert evs["vmap"].n.sum() > 0

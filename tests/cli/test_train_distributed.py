@@ -1,0 +1,109 @@
+"""`pflx train --nproc N` (torch.distributed, gloo on CPU) ends where the 1-process run ends; bad input is refused.
+
+The 2-rank runs split each round's cohort and each evaluation's clients across two gloo
+processes; their metrics, selected round and weights must equal the 1-process run's (the
+reassembly of per-client results is an exact sum, so on one machine they are identical).
+"""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from pfl_cli.cli.app import main
+from pfl_cli.cli.train_run import checkpoint_dir
+
+FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--clients-per-round", "5",
+        "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--format", "quiet"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    assert main(["partition", "--dataset", "builtin:digits", "--scheme", "dirichlet", "--alpha", "0.5",
+                 "--num-clients", "16", "--holdout-clients", "3", "--test-fraction", "0.25", "--seed", "3",
+                 "--out", str(root / "part"), "--format", "quiet"]) == 0
+    return root
+
+
+def _rows(out):
+    with open(out / "metrics.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _same_run(a, b):
+    ra, rb = _rows(a), _rows(b)
+    assert [r["round"] + r["group"] + r["metric"] for r in ra] == [r["round"] + r["group"] + r["metric"] for r in rb]
+    for x, y in zip(ra, rb):
+        assert (x["value"] == y["value"]) or abs(float(x["value"]) - float(y["value"])) <= 1e-6 * (
+            1 + abs(float(x["value"]))), (x, y)
+    wa, wb = (torch.load(d / "model.pt", weights_only=True)["weights"] for d in (a, b))
+    flat = lambda w: {f"{k}.{j}": t for k, d in w.items() if isinstance(d, dict) for j, t in d.items()}  # noqa: E731
+    fa, fb = flat(wa), flat(wb)
+    assert fa.keys() == fb.keys() and fa
+    for k in fa:
+        torch.testing.assert_close(fa[k], fb[k], rtol=1e-5, atol=1e-6)
+    assert (a / "clients.csv").read_text() == (b / "clients.csv").read_text()
+
+
+def _train(root, out, *extra):
+    return main(["train", "--partition", str(root / "part"), "--out", str(out), *FAST, *extra])
+
+
+@pytest.mark.parametrize("algorithm", [
+    ["pefll"],
+    pytest.param(["fedavg", "--finetune-steps", "3"], marks=pytest.mark.slow),
+    pytest.param(["local", "--local-epochs", "2"], marks=pytest.mark.slow),
+])
+def test_two_gloo_ranks_equal_one_process(root, tmp_path, algorithm):
+    assert _train(root, tmp_path / "one", "--algorithm", *algorithm) == 0
+    assert _train(root, tmp_path / "two", "--algorithm", *algorithm, "--nproc", "2") == 0
+    _same_run(tmp_path / "one", tmp_path / "two")
+    assert (tmp_path / "two" / "config.yaml").read_text() == (tmp_path / "one" / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_with_another_number_of_processes(root, tmp_path):
+    args = ["train", "--partition", str(root / "part"), "--rounds", "60", "--eval-every", "10", "--local-steps", "25",
+            "--clients-per-round", "4", "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--format", "quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "pfl_cli", *args]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env)
+    ck = checkpoint_dir(killed) / "state.pt"
+    deadline = time.monotonic() + 120
+    try:
+        while not (ck.is_file() and torch.load(ck, weights_only=True)["round"] >= 20):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert main([*args, "--out", str(killed), "--resume", "--nproc", "2"]) == 0
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    _same_run(killed, tmp_path / "whole")
+
+
+def test_more_processes_than_the_cohort_are_refused(root, tmp_path, capsys):
+    assert _train(root, tmp_path / "x", "--clients-per-round", "2", "--nproc", "3") == 2
+    err = capsys.readouterr().err
+    assert "3 processes for a cohort of 2 clients would leave ranks idle" in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_nccl_without_gpus_is_refused(root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine, seen as GPU-less
+    assert _train(root, tmp_path / "x", "--device", "cuda", "--nproc", "2") == 2
+    assert "no CUDA device is available" in capsys.readouterr().err
+
+
+def test_nproc_inside_torchrun_is_refused(root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _train(root, tmp_path / "x", "--nproc", "2") == 2
+    assert "already runs under torchrun" in capsys.readouterr().err
