@@ -14,14 +14,14 @@ from pfl_cli.cli.output import Reporter
 FLAGS = (
     "algorithm", "rounds", "clients_per_round", "local_steps", "batch_size", "lr", "server_lr", "eval_every",
     "val_fraction", "label_mask", "finetune_steps", "local_epochs", "model_arch", "embedding", "embed_dim",
-    "hyper_size", "standardize_descriptor", "device", "seed",
+    "hyper_size", "standardize_descriptor", "write_nonprivate", "device", "seed",
 )
 
 # TrainConfig keys without a flag of their own: reachable through --config / --set (the help lists them).
 SET_ONLY = (
     "momentum", "client_clip", "server_optimizer", "server_momentum", "server_clip", "lambda_h", "lambda_v",
     "lambda_theta", "mlp_hidden", "hyper_hidden", "descriptor_batch", "eval_descriptor", "normalize",
-    "checkpoint_every",
+    "checkpoint_every", "dp_sampling_rate", "dp_accountant",
 )
 
 
@@ -46,6 +46,8 @@ def train(
     embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor dimension l (0 = int(1 + clients / 4)).")] = 0,
     hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll hypernetwork: S | M | L (1 / 3 / 5 hidden layers).")] = "M",
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; delta default 1e-6, < 1/clients); the ldp-* algorithms: example-level DP-SGD on each client.")] = None,
+    write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     seed: SeedOpt = 0,
@@ -59,17 +61,27 @@ def train(
     Keys without a flag, set with --config FILE.yaml or --set key=value: momentum, client_clip,
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
-    checkpoint_every (0 = at every evaluation).
+    checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
+    clients_per_round / train clients), dp_accountant (rdp | pld).
+
+    Under --dp the artifact holds only what the DP guarantee covers (config.yaml, model.pt of the
+    last round, privacy.json, metrics.json without accuracies); accuracies on the private clients go
+    to nonprivate* files with --write-nonprivate.
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.
 
     Examples: pflx train --partition runs/part --algorithm pefll --out runs/pefll ;
     pflx train --partition runs/part --algorithm fedavg --rounds 500 --finetune-steps 10 --out runs/fedavg ;
-    pflx train --partition runs/part --out runs/pefll --resume
+    pflx train --partition runs/part --out runs/pefll --resume ;
+    pflx train --partition runs/part --algorithm fedavg --dp eps=4,clip=1 --set normalize=false --out runs/dp
     """
     from pfl_cli.cli.train_run import run_train
     from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.mdm.dp import parse_dp
 
-    cfg = stage_config(TrainConfig, "train", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
+    flags = explicit_flags(ctx, FLAGS)
+    if dp is not None:
+        flags.update({f"dp_{k}": v for k, v in parse_dp(dp).items()})
+    cfg = stage_config(TrainConfig, "train", config_file=config, flags=flags, sets=set_)
     run_train(cfg, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt))

@@ -57,6 +57,15 @@ class TrainConfig:
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
     device: str = "auto"
     seed: int = 0
+    # -- differential privacy (issue 10): --dp eps=E[,delta=D][,clip=C] and --write-nonprivate.
+    # fedavg, pefll: client-level DP-FedAvg (pfl_cli.fl.dp); ldp-fedavg: example-level DP-SGD on
+    # every client (pfl_cli.fl.dpsgd). dp_epsilon None = no DP.
+    dp_epsilon: Optional[float] = None
+    dp_delta: float = 1e-6                 # must be < 1/N (N privacy units)
+    dp_clip: Optional[float] = None        # public L2 bound: a client's update, or one sample's gradient (ldp-*)
+    dp_sampling_rate: Optional[float] = None  # client-level Poisson rate q; None = clients_per_round / train clients
+    dp_accountant: str = "rdp"             # rdp | pld
+    write_nonprivate: bool = False         # also write diagnostics computed on private data (nonprivate*)
 
 
 @dataclass(frozen=True)
