@@ -46,6 +46,7 @@ class Algorithm(ABC):
     # as DP mechanisms. ``dp`` is the calibrated mechanism, set by the engine before training.
     dp_unit: str | None = None
     dp_required = False
+    dp_contribution = "update"  # what one client contributes, named in the ledger
     dp = None
 
     def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
@@ -77,7 +78,7 @@ class Algorithm(ABC):
         """The calibrated mechanism under --dp: client-level DP-FedAvg unless an algorithm says otherwise."""
         from pfl_cli.fl.dp import calibrate_client_dp
 
-        return calibrate_client_dp(cfg, population)
+        return calibrate_client_dp(cfg, population, contribution=cls.dp_contribution)
 
     def sample_cohort(self, clients, size: int, gen):
         """This round's cohort: ``size`` clients uniformly without replacement (DP: the mechanism's sampler)."""

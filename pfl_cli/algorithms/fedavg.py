@@ -18,6 +18,7 @@ from pfl_cli.rng import torch_generator
 class FedAvg(Algorithm):
     name = "fedavg"
     dp_unit = "client"
+    dp_contribution = "model delta"
     default_server_lr = 1.0
 
     def build(self) -> None:

@@ -47,6 +47,8 @@ class ClientLevelDP:
     noise_multiplier : float
         z: the noise on the sum has standard deviation ``z * clip``.
     accountant : {"rdp", "pld"}
+    contribution : str
+        What one client contributes, for the ledger's note (e.g. "model delta").
     """
 
     epsilon: float
@@ -57,6 +59,7 @@ class ClientLevelDP:
     rounds: int
     noise_multiplier: float
     accountant: str = "rdp"
+    contribution: str = "update"
 
     @property
     def expected_cohort(self) -> float:
@@ -95,12 +98,12 @@ class ClientLevelDP:
         z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         return sampled_gaussian_event(z, self.sampling_rate, self.rounds)
 
-    def ledger(self, what: str):
+    def ledger(self):
         """The ``privacy.json`` ledger: one self-composed Poisson-sampled Gaussian event."""
         from pfl_cli.privacy import PrivacyLedger
 
         note = (f"{self.rounds} rounds of DP-FedAvg (McMahan et al. 2018): Poisson cohorts at rate q = "
-                f"{self.sampling_rate:.6g} of N = {self.population} clients, {what} clipped to L2 {self.clip:g}, "
+                f"{self.sampling_rate:.6g} of N = {self.population} clients, each client's {self.contribution} clipped to L2 {self.clip:g}, "
                 f"Gaussian noise std {self.noise_multiplier:.6g} x clip on the sum, divided by q N = "
                 f"{self.expected_cohort:.6g}")
         return PrivacyLedger("client", self.delta, (self.event(),), "add-remove", (note,))
@@ -153,7 +156,7 @@ def check_delta_population(delta: float, population: int, unit: str) -> None:
                           f"({unit}s); got {delta:g}. Pass a smaller delta, e.g. --dp eps=...,delta=1e-6.")
 
 
-def calibrate_client_dp(cfg, population: int) -> ClientLevelDP:
+def calibrate_client_dp(cfg, population: int, *, contribution: str = "update") -> ClientLevelDP:
     """Calibrate the noise multiplier for ``cfg.rounds`` Poisson-sampled rounds over ``population`` clients.
 
     q is ``cfg.dp_sampling_rate`` or ``clients_per_round / population`` (at most 1).
@@ -166,7 +169,7 @@ def calibrate_client_dp(cfg, population: int) -> ClientLevelDP:
     rounds = int(cfg.rounds)
     check_param("rounds", rounds >= 1, "must be >= 1 with --dp", rounds)
     draft = ClientLevelDP(float(cfg.dp_epsilon), float(cfg.dp_delta), float(cfg.dp_clip), float(rate),
-                          int(population), rounds, float("nan"), cfg.dp_accountant)
+                          int(population), rounds, float("nan"), cfg.dp_accountant, contribution)
     cal = calibrate_noise(draft.event, draft.epsilon, draft.delta, accountant=cfg.dp_accountant)
     return ClientLevelDP(draft.epsilon, draft.delta, draft.clip, draft.sampling_rate, draft.population, rounds,
-                         float(cal.noise_multiplier), cfg.dp_accountant)
+                         float(cal.noise_multiplier), cfg.dp_accountant, contribution)
