@@ -86,10 +86,11 @@ class ClientLevelDP:
         import torch
 
         clipped = clip_per_client(contributions, self.clip)
+        std = self.noise_multiplier * self.clip if self.noise_multiplier > 0 else 0.0  # z = 0 with C = inf: none
         out = {}
         for k, v in clipped.items():
             noise = torch.randn(v.shape[1:], generator=gen, device=gen.device, dtype=v.dtype).to(v.device)
-            out[k] = (v.sum(0) + self.noise_multiplier * self.clip * noise) / self.expected_cohort
+            out[k] = (v.sum(0) + std * noise) / self.expected_cohort
         return out
 
     def event(self, noise_multiplier: float | None = None):
