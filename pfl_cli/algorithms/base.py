@@ -85,7 +85,7 @@ class Algorithm(ABC):
         import torch
 
         if self.dp is not None:
-            return self.dp.sample_cohort(clients, gen)
+            return self.dp.sample_cohort(clients, size, gen)
         return clients[torch.randperm(len(clients), generator=gen)[:size].to(clients.device)]
 
     def run_round(self, t: int, cohort, gen):

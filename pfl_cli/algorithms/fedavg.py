@@ -52,11 +52,16 @@ class FedAvg(Algorithm):
             size = self.store.fit.length[cohort].to(torch.float32)
             weight = size / size.sum()  # Alg. 3 line 9: m_i / m
             mean = {k: torch.einsum("c,c...->...", weight, d) for k, d in deltas.items()}
+        self.server_update(mean)
+        return loss
+
+    def server_update(self, mean: dict) -> None:
+        """Move the global parameters by ``server_lr`` times the (momentum-averaged) mean delta."""
+        cfg = self.cfg
         lr = cfg.server_lr if cfg.server_lr is not None else self.default_server_lr
         for k, g in self.global_params.items():
             self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + mean[k]
             self.global_params[k] = g + lr * self.server_buf[k]
-        return loss
 
     def personalize(self, clients: np.ndarray, gen):
         if self.cfg.finetune_steps > 0:

@@ -66,8 +66,8 @@ class ClientLevelDP:
         """q N: the fixed denominator of every round's average."""
         return self.sampling_rate * self.population
 
-    def sample_cohort(self, clients, gen):
-        """Each of ``clients`` independently with probability q (may be empty)."""
+    def sample_cohort(self, clients, size: int, gen):
+        """Each of ``clients`` independently with probability q (may be empty); ``size`` is not used."""
         import torch
 
         keep = torch.rand(len(clients), generator=gen, device=gen.device) < self.sampling_rate

@@ -144,7 +144,7 @@ def test_poisson_cohorts_have_rate_q():
     dp = ClientLevelDP(1.0, 1e-6, 1.0, 0.2, 50, 10, 1.0)
     clients = torch.arange(50)
     gen = torch.Generator().manual_seed(0)
-    sizes = np.array([len(dp.sample_cohort(clients, gen)) for _ in range(2000)])
+    sizes = np.array([len(dp.sample_cohort(clients, 10, gen)) for _ in range(2000)])
     assert abs(sizes.mean() - 10) < 4 * math.sqrt(50 * 0.2 * 0.8 / 2000)
     assert abs(sizes.var() / (50 * 0.2 * 0.8) - 1) < 0.15
     assert sizes.min() < sizes.max()
