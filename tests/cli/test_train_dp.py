@@ -127,3 +127,36 @@ def test_dp_run_is_deterministic_and_noise_depends_on_the_seed(root):
     wc = torch.load(c / "model.pt", weights_only=True)["weights"]["client"]
     assert not all(torch.equal(wa[k], wc[k]) for k in wa)
     assert np.isfinite(np.concatenate([v.numpy().ravel() for v in wa.values()])).all()
+
+
+LDP = ["--dp", "eps=4,delta=1e-5,clip=0.5", "--set", "dp_sampling_rate=0.25", "--batch-size", "8"]
+
+
+@pytest.mark.parametrize("algorithm", ["ldp-fedavg", "ppsgd", "centaur"])
+def test_local_dp_baselines_end_to_end(root, algorithm, capsys):
+    out = root / algorithm
+    assert train(root, out, "--algorithm", algorithm, *LDP) == 0
+    assert release_contract_violations(out, private_values=_private_values(root)) == []
+    ledger = json.loads((out / "privacy.json").read_text())
+    (event,) = ledger["events"]
+    assert ledger["unit"] == "example" and ledger["delta"] == 1e-5 and ledger["epsilon"] <= 4.0
+    assert event["count"] == 6 * 3 and event["event"]["sampling_probability"] == 0.25  # rounds x local steps
+    # New clients get models through predict, by the algorithm's own protocol.
+    capsys.readouterr()
+    assert main(["predict", "--model", str(out), "--partition", str(root / "part"), "--out", str(root / f"{algorithm}-pred"),
+                 "--format", "json"]) == 0
+    pred = json.loads((root / f"{algorithm}-pred" / "metrics.json").read_text())
+    assert pred["num_clients"] == 4 and 0.0 <= pred["mean_accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--algorithm", "ppsgd"], "algorithm 'ppsgd' is a local-DP algorithm and needs --dp"),
+    (["--algorithm", "centaur", "--dp", "eps=4,delta=1e-5,clip=1"], "need --set dp_sampling_rate=Q"),
+    (["--algorithm", "ldp-fedavg", *LDP[:1], "eps=4,delta=0.1,clip=1", *LDP[2:]], "delta must be < 1/n"),
+], ids=["no-dp", "no-rate", "delta"])
+def test_bad_local_dp_input(root, capsys, extra, message):
+    capsys.readouterr()
+    assert train(root, root / "bad-ldp", *extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (root / "bad-ldp").exists()

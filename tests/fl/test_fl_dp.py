@@ -12,32 +12,13 @@ from scipy import stats
 from pfl_cli.algorithms import FedAvg, PeFLL
 from pfl_cli.fl.config import TrainConfig
 from pfl_cli.fl.dp import ClientLevelDP, calibrate_client_dp, clip_per_client
-from pfl_cli.fl.store import build_store
-from pfl_cli.partition.base import Partition
 
-N_CLIENTS, N_TRAIN, N_TEST = 12, 20, 8
+N_CLIENTS = 12  # tests/fl/conftest.py: equal_store
 COHORT = torch.tensor([1, 4, 7, 9])
 BASE = dict(mlp_hidden=(8,), local_steps=3, batch_size=8, lr=0.05, momentum=0.5, normalize=False, val_fraction=0.0)
 PEFLL = dict(BASE, algorithm="pefll", hyper_hidden=16, embed_dim=4, descriptor_batch=8, embedding="mlp",
              standardize_descriptor=False, lambda_h=0.0, lambda_v=0.0, server_optimizer="sgd", server_lr=1.0,
              server_clip=0.0)
-
-
-@pytest.fixture(scope="module")
-def store():
-    """Digits over 12 clients of exactly 20 train and 8 test samples (FedAvg's size weights are uniform)."""
-    from pfl_cli.data import load_dataset
-
-    ds = load_dataset("builtin:digits")
-    order = np.random.default_rng(0).permutation(ds.num_samples)
-    per = N_TRAIN + N_TEST
-    train = np.concatenate([order[i * per:i * per + N_TRAIN] for i in range(N_CLIENTS)])
-    test = np.concatenate([order[i * per + N_TRAIN:(i + 1) * per] for i in range(N_CLIENTS)])
-    part = Partition(client_id=np.arange(N_CLIENTS), role=np.zeros(N_CLIENTS, np.uint8),
-                     train_offsets=np.arange(N_CLIENTS + 1) * N_TRAIN, train_indices=train,
-                     test_offsets=np.arange(N_CLIENTS + 1) * N_TEST, test_indices=test)
-    return build_store(ds.x / 16.0, ds.y, ds.num_classes, part, val_fraction=0.0, rng=None, device="cpu",
-                       normalize=False)
 
 
 def mechanism(z: float, clip: float, cohort: int = len(COHORT)) -> ClientLevelDP:
@@ -59,8 +40,8 @@ def _flat(params: dict) -> torch.Tensor:
     return torch.cat([v.reshape(-1) for v in params.values()])
 
 
-def _fedavg_round(store, dp, rounds=1, **over):
-    alg = FedAvg(TrainConfig(**{**BASE, "algorithm": "fedavg", **over}), store)
+def _fedavg_round(equal_store, dp, rounds=1, **over):
+    alg = FedAvg(TrainConfig(**{**BASE, "algorithm": "fedavg", **over}), equal_store)
     alg.dp = dp
     before = _flat(alg.global_params).clone()
     for t in range(rounds):
@@ -68,19 +49,19 @@ def _fedavg_round(store, dp, rounds=1, **over):
     return alg, before
 
 
-def test_noise_zero_clip_infinity_equals_fedavg(store):
+def test_noise_zero_clip_infinity_equals_fedavg(equal_store):
     """z = 0, C = inf, q N = c and equal client sizes: sum / (q N) is FedAvg's size-weighted mean, exactly."""
-    plain, _ = _fedavg_round(store, None, rounds=3)
-    private, _ = _fedavg_round(store, mechanism(0.0, math.inf), rounds=3)
+    plain, _ = _fedavg_round(equal_store, None, rounds=3)
+    private, _ = _fedavg_round(equal_store, mechanism(0.0, math.inf), rounds=3)
     torch.testing.assert_close(_flat(private.global_params), _flat(plain.global_params), rtol=1e-6, atol=1e-7)
 
 
-def test_pefll_noise_zero_clip_infinity_equals_pefll(store):
+def test_pefll_noise_zero_clip_infinity_equals_pefll(equal_store):
     """The per-client vmapped VJPs, summed over q N = c, equal PeFLL's aggregated server gradient."""
     cfg = TrainConfig(**PEFLL)
     etas = []
     for dp in (None, mechanism(0.0, math.inf)):
-        alg = PeFLL(cfg, store)
+        alg = PeFLL(cfg, equal_store)
         alg.dp = dp
         alg.run_round(0, COHORT, torch.Generator().manual_seed(3))
         etas.append(torch.cat([p.detach().reshape(-1) for p in (*alg.hnet.parameters(), *alg.embed.parameters())]))
@@ -89,14 +70,14 @@ def test_pefll_noise_zero_clip_infinity_equals_pefll(store):
 
 
 @pytest.mark.parametrize("algorithm, clip", [("fedavg", 0.02), ("pefll", 1e-4)])
-def test_clipping_is_observed_on_the_real_client_updates(store, algorithm, clip):
+def test_clipping_is_observed_on_the_real_client_updates(equal_store, algorithm, clip):
     spy = Spy(**dataclasses.asdict(mechanism(0.0, clip)))
     spy.seen.clear()
     if algorithm == "fedavg":
-        alg, before = _fedavg_round(store, spy)
+        alg, before = _fedavg_round(equal_store, spy)
         change = _flat(alg.global_params) - before
     else:
-        alg = PeFLL(TrainConfig(**PEFLL), store)
+        alg = PeFLL(TrainConfig(**PEFLL), equal_store)
         alg.dp = spy
         before = torch.cat([p.detach().reshape(-1).clone() for p in (*alg.hnet.parameters(), *alg.embed.parameters())])
         alg.run_round(0, COHORT, torch.Generator().manual_seed(3))
@@ -113,11 +94,11 @@ def test_clipping_is_observed_on_the_real_client_updates(store, algorithm, clip)
     assert np.linalg.norm(expected) <= clip * (1 + 1e-9)
 
 
-def test_noise_scale_is_observed_on_a_real_round(store):
+def test_noise_scale_is_observed_on_a_real_round(equal_store):
     """The same round with and without noise differs by N(0, (z C / (q N))^2) per coordinate."""
     z, clip = 1.3, 0.5
-    noisy, _ = _fedavg_round(store, mechanism(z, clip))
-    clean, _ = _fedavg_round(store, mechanism(0.0, clip))
+    noisy, _ = _fedavg_round(equal_store, mechanism(z, clip))
+    clean, _ = _fedavg_round(equal_store, mechanism(0.0, clip))
     noise = (_flat(noisy.global_params) - _flat(clean.global_params)).double().numpy()
     scale = z * clip / len(COHORT)
     assert len(noise) > 500
