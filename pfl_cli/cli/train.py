@@ -1,4 +1,4 @@
-"""`pflx train`: train PeFLL, FedAvg or Local on a partition's train clients."""
+"""`pflx train`: train PeFLL, FedAvg, Local or a local-DP baseline on a partition's train clients."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local.")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
     clients_per_round: Annotated[int, typer.Option("--clients-per-round", help="Cohort size of every round.")] = 5,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (pefll, fedavg).")] = 50,
