@@ -13,24 +13,13 @@ from __future__ import annotations
 
 from pfl_cli.algorithms.base import stack
 from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.fl.dpsgd import LocalDP
 from pfl_cli.rng import torch_generator
 
 
-class LDPFedAvg(FedAvg):
+class LDPFedAvg(LocalDP, FedAvg):
     name = "ldp-fedavg"
-    dp_unit = "example"
-    dp_required = True
     dp_contribution = "model delta"
-
-    @classmethod
-    def plan_dp(cls, cfg, store, *, population: int):
-        from pfl_cli.fl.dpsgd import plan_example_dp
-
-        return plan_example_dp(cls, cfg, store)
-
-    @staticmethod
-    def dp_steps_per_round(cfg) -> int:
-        return int(cfg.local_steps)
 
     def run_round(self, t, cohort, gen):
         import torch

@@ -19,23 +19,12 @@ from abc import abstractmethod
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, stack
+from pfl_cli.fl.dpsgd import LocalDP
 from pfl_cli.rng import torch_generator
 
 
-class PersonalHeadLDP(Algorithm):
-    dp_unit = "example"
-    dp_required = True
+class PersonalHeadLDP(LocalDP, Algorithm):
     dp_contribution = "representation delta (all layers but the classifier)"
-
-    @classmethod
-    def plan_dp(cls, cfg, store, *, population: int):
-        from pfl_cli.fl.dpsgd import plan_example_dp
-
-        return plan_example_dp(cls, cfg, store)
-
-    @staticmethod
-    def dp_steps_per_round(cfg) -> int:
-        return int(cfg.local_steps)
 
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:

@@ -29,8 +29,29 @@ from pfl_cli.errors import ConfigError, check_param
 DEFAULT_DELTA = 1e-6
 
 
+class SampledGaussianRecord:
+    """The ledger of a mechanism that is ``compositions`` Poisson-sampled Gaussian releases.
+
+    Subclasses (frozen dataclasses) have ``noise_multiplier``, ``sampling_rate``, ``delta``, a
+    ``unit``, a ``compositions`` count and a human ``note()``.
+    """
+
+    def event(self, noise_multiplier: float | None = None):
+        """The dp_accounting event at the mechanism's (or a trial) noise multiplier: calibration's ``make_event``."""
+        from pfl_cli.privacy import sampled_gaussian_event
+
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        return sampled_gaussian_event(z, self.sampling_rate, self.compositions)
+
+    def ledger(self):
+        """The ``privacy.json`` ledger: one self-composed Poisson-sampled Gaussian event."""
+        from pfl_cli.privacy import PrivacyLedger
+
+        return PrivacyLedger(self.unit, self.delta, (self.event(),), "add-remove", (self.note(),))
+
+
 @dataclass(frozen=True)
-class ClientLevelDP:
+class ClientLevelDP(SampledGaussianRecord):
     """A calibrated client-level Gaussian mechanism for ``rounds`` Poisson-sampled rounds.
 
     Parameters
@@ -93,21 +114,17 @@ class ClientLevelDP:
             out[k] = (v.sum(0) + std * noise) / self.expected_cohort
         return out
 
-    def event(self, noise_multiplier: float | None = None):
-        from pfl_cli.privacy import sampled_gaussian_event
+    unit = "client"
 
-        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        return sampled_gaussian_event(z, self.sampling_rate, self.rounds)
+    @property
+    def compositions(self) -> int:
+        return self.rounds
 
-    def ledger(self):
-        """The ``privacy.json`` ledger: one self-composed Poisson-sampled Gaussian event."""
-        from pfl_cli.privacy import PrivacyLedger
-
-        note = (f"{self.rounds} rounds of DP-FedAvg (McMahan et al. 2018): Poisson cohorts at rate q = "
+    def note(self) -> str:
+        return (f"{self.rounds} rounds of DP-FedAvg (McMahan et al. 2018): Poisson cohorts at rate q = "
                 f"{self.sampling_rate:.6g} of N = {self.population} clients, each client's {self.contribution} clipped to L2 {self.clip:g}, "
                 f"Gaussian noise std {self.noise_multiplier:.6g} x clip on the sum, divided by q N = "
                 f"{self.expected_cohort:.6g}")
-        return PrivacyLedger("client", self.delta, (self.event(),), "add-remove", (note,))
 
     def info(self) -> dict[str, Any]:
         return {"unit": "client", "epsilon": self.epsilon, "delta": self.delta, "clip": self.clip,

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from pfl_cli.errors import ConfigError
+from pfl_cli.fl.dp import SampledGaussianRecord
 
 
 @dataclass(frozen=True)
-class ExampleLevelDP:
+class ExampleLevelDP(SampledGaussianRecord):
     """A calibrated local DP-SGD mechanism, the same on every client.
 
     ``steps`` is the number of DP-SGD steps one client may take in the whole run; the
@@ -50,21 +51,18 @@ class ExampleLevelDP:
 
         return clients[torch.randperm(len(clients), generator=gen)[:size].to(clients.device)]
 
-    def event(self, noise_multiplier: float | None = None):
-        from pfl_cli.privacy import sampled_gaussian_event
+    unit = "example"
 
-        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        return sampled_gaussian_event(z, self.sampling_rate, self.steps)
+    @property
+    def compositions(self) -> int:
+        return self.steps
 
-    def ledger(self):
-        from pfl_cli.privacy import PrivacyLedger
-
-        note = (f"ISRL-DP: every client runs DP-SGD on the parameters it uploads ({self.contribution}): at most "
+    def note(self) -> str:
+        return (f"ISRL-DP: every client runs DP-SGD on the parameters it uploads ({self.contribution}): at most "
                 f"{self.steps} steps, Poisson batches at rate q = {self.sampling_rate:g} of its records, per-sample "
                 f"gradients clipped to L2 {self.clip:g}, Gaussian noise std {self.noise_multiplier:.6g} x clip on the "
                 f"sum, divided by {self.denominator:g}; the guarantee holds for each client's records against "
                 "everything that client sends")
-        return PrivacyLedger("example", self.delta, (self.event(),), "add-remove", (note,))
 
     def info(self) -> dict[str, Any]:
         return {"unit": "example", "setting": "ISRL-DP (local DP-SGD on every client)", "epsilon": self.epsilon,
@@ -192,13 +190,24 @@ def head_names(names: list[str]) -> list[str]:
     return [n for n in names if n.rsplit(".", 1)[0] == layer]
 
 
-def plan_example_dp(cls, cfg, store) -> ExampleLevelDP:
-    """:func:`calibrate_example_dp` for algorithm class ``cls`` on the store's train clients."""
-    import torch
+class LocalDP:
+    """Mixin of the ISRL-DP algorithms: example-level DP, required, ``local_steps`` DP steps per round."""
 
-    from pfl_cli.fl.store import ROLE_TRAIN
+    dp_unit = "example"
+    dp_required = True
 
-    train = torch.as_tensor(store.clients(ROLE_TRAIN), device=store.device)
-    largest = int((store.fit.length[train] + store.val.length[train]).max())
-    return calibrate_example_dp(cfg, steps_per_round=cls.dp_steps_per_round(cfg), largest_client=largest,
-                                contribution=cls.dp_contribution)
+    @classmethod
+    def plan_dp(cls, cfg, store, *, population: int) -> ExampleLevelDP:
+        """:func:`calibrate_example_dp` on the store's train clients."""
+        import torch
+
+        from pfl_cli.fl.store import ROLE_TRAIN
+
+        train = torch.as_tensor(store.clients(ROLE_TRAIN), device=store.device)
+        largest = int((store.fit.length[train] + store.val.length[train]).max())
+        return calibrate_example_dp(cfg, steps_per_round=cls.dp_steps_per_round(cfg), largest_client=largest,
+                                    contribution=cls.dp_contribution)
+
+    @staticmethod
+    def dp_steps_per_round(cfg) -> int:
+        return int(cfg.local_steps)
