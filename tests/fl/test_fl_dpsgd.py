@@ -143,3 +143,30 @@ def test_sample_batches_and_poisson_batches_agree_on_shape(equal_store):
     a, am = sample_batches(equal_store.fit, COHORT, 2, 4, torch.Generator().manual_seed(0))
     b, bm = poisson_batches(equal_store.fit, COHORT, 2, 0.2, torch.Generator().manual_seed(0))
     assert a.shape[:2] == b.shape[:2] == (3, 2) and am.shape == a.shape and bm.shape == b.shape
+
+
+@pytest.mark.parametrize("algorithm, dp", [
+    ("fedavg", dict(dp_clip=0.5)),
+    ("pefll", dict(dp_clip=0.1, standardize_descriptor=False, embed_dim=3, hyper_hidden=8)),
+    ("ppsgd", dict(dp_clip=0.5, dp_delta=1e-5, dp_sampling_rate=0.3)),
+])
+def test_dp_runs_resume_to_the_same_model(equal_store, algorithm, dp):
+    """Poisson cohorts and noise come from (seed, round) streams: a resumed DP run equals an uninterrupted one."""
+    from pfl_cli.fl.api import make_algorithm, plan_dp
+    from pfl_cli.fl.loop import run_rounds
+
+    cfg = TrainConfig(algorithm=algorithm, rounds=4, eval_every=2, clients_per_round=4, local_steps=2, batch_size=4,
+                      lr=0.05, mlp_hidden=(8,), normalize=False, val_fraction=0.0, dp_epsilon=8.0, **dp)
+
+    def run(resume=None):
+        alg = make_algorithm(cfg, equal_store)
+        alg.dp = plan_dp(cfg, equal_store)
+        kept = []
+        outcome = run_rounds(alg, cfg, resume=resume, on_checkpoint=kept.append)
+        return outcome, kept
+
+    full, checkpoints = run()
+    resumed, _ = run(resume=checkpoints[0])
+    assert checkpoints[0]["round"] == 2
+    flat = lambda w: torch.cat([v.reshape(-1) for d in w.values() for v in (d.values() if isinstance(d, dict) else [d])])  # noqa: E731
+    assert torch.equal(flat(full.weights), flat(resumed.weights))
