@@ -88,8 +88,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/dp-eps"))
     ap.add_argument("--eps", default="0.5,1,2,4,8")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from an earlier run's CSV")
     args = ap.parse_args()
     eps_grid = [float(e) for e in args.eps.split(",")]
+    if args.plot_only:
+        with open(args.out / "accuracy-vs-epsilon.csv", newline="") as fh:
+            rows = [{**r, **{k: float(r[k]) for k in r if k.endswith("accuracy")},
+                     "epsilon": r["epsilon"] if r["epsilon"] == "inf" else float(r["epsilon"])}
+                    for r in csv.DictReader(fh)]
+        plot(rows, eps_grid, args.out / "accuracy-vs-epsilon.png")
+        return
     _, sim = setup(args.out, args.seed)
     rows = []
     for label, (flags, dp_flags, clip) in ALGORITHMS.items():
@@ -135,6 +143,7 @@ def plot(rows: list[dict], eps_grid: list[float], path: Path) -> None:
         base = next(r["all_clients_accuracy"] for r in rows if r["method"] == label and r["epsilon"] == "inf")
         ax.axhline(base, color=color, linestyle="--", label=f"{label[3:]} without DP")
     ax.set_xscale("log")
+    ax.minorticks_off()
     ax.set_xticks(eps_grid, [f"{e:g}" for e in eps_grid])
     ax.set_xlabel("epsilon (RDP accountant)")
     ax.set_ylabel("pooled test accuracy (unseen test images)")
