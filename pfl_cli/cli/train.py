@@ -62,7 +62,8 @@ def train(
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
     checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
-    clients_per_round / train clients), dp_accountant (rdp | pld).
+    clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta and
+    dp_clip.
 
     Under --dp the artifact holds only what the DP guarantee covers (config.yaml, model.pt of the
     last round, privacy.json, metrics.json without accuracies); accuracies on the private clients go
