@@ -74,11 +74,14 @@ class Algorithm(ABC):
         """Reject options that would release private data outside the DP mechanism (none by default)."""
 
     @classmethod
-    def plan_dp(cls, cfg, store, *, population: int):
-        """The calibrated mechanism under --dp: client-level DP-FedAvg unless an algorithm says otherwise."""
+    def plan_dp(cls, cfg, store):
+        """The calibrated mechanism under --dp: client-level DP-FedAvg unless an algorithm says otherwise.
+
+        From public inputs only (``cfg``); ``store`` is not read for the calibration.
+        """
         from pfl_cli.fl.dp import calibrate_client_dp
 
-        return calibrate_client_dp(cfg, population, contribution=cls.dp_contribution)
+        return calibrate_client_dp(cfg, contribution=cls.dp_contribution)
 
     def sample_cohort(self, clients, size: int, gen):
         """This round's cohort: ``size`` clients uniformly without replacement (DP: the mechanism's sampler)."""

@@ -37,6 +37,9 @@ class PeFLL(Algorithm):
         if cfg.standardize_descriptor:
             raise ConfigError("standardize_descriptor freezes the mean and std of one private client's descriptor "
                               "into the model, outside --dp's mechanism; pass --no-standardize-descriptor with --dp.")
+        if not cfg.embed_dim:
+            raise ConfigError("--embed-dim defaults to int(1 + clients / 4), which would put the private number of "
+                              "clients into the model's shape; give it with --dp, e.g. --embed-dim 8.")
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -46,7 +47,7 @@ def train(
     embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor dimension l (0 = int(1 + clients / 4)).")] = 0,
     hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll hypernetwork: S | M | L (1 / 3 / 5 hidden layers).")] = "M",
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
-    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; delta default 1e-6, < 1/clients); the ldp-* algorithms: example-level DP-SGD on each client.")] = None,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
@@ -62,8 +63,8 @@ def train(
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
     checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
-    clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta and
-    dp_clip.
+    clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
+    dp_clip and dp_population.
 
     Under --dp the artifact holds only what the DP guarantee covers (config.yaml, model.pt of the
     last round, privacy.json, metrics.json without accuracies); accuracies on the private clients go
@@ -75,14 +76,15 @@ def train(
     Examples: pflx train --partition runs/part --algorithm pefll --out runs/pefll ;
     pflx train --partition runs/part --algorithm fedavg --rounds 500 --finetune-steps 10 --out runs/fedavg ;
     pflx train --partition runs/part --out runs/pefll --resume ;
-    pflx train --partition runs/part --algorithm fedavg --dp eps=4,clip=1 --set normalize=false --out runs/dp
+    pflx train --partition runs/part --algorithm fedavg --dp eps=4,clip=1,population=1000 --set normalize=false --out runs/dp
     """
     from pfl_cli.cli.train_run import run_train
     from pfl_cli.fl.config import TrainConfig
-    from pfl_cli.mdm.dp import parse_dp
+    from pfl_cli.privacy.release import parse_dp_spec
 
     flags = explicit_flags(ctx, FLAGS)
     if dp is not None:
-        flags.update({f"dp_{k}": v for k, v in parse_dp(dp).items()})
+        spec = parse_dp_spec(dp, keys=("eps", "delta", "clip", "population"))
+        flags.update({f"dp_{k}": v for k, v in dataclasses.asdict(spec).items() if v is not None})
     cfg = stage_config(TrainConfig, "train", config_file=config, flags=flags, sets=set_)
     run_train(cfg, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt))

@@ -144,11 +144,10 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
 
 
 def plan_dp(cfg: TrainConfig, store):
-    """The calibrated mechanism of ``cfg.algorithm`` under --dp, for the store's train clients."""
+    """The calibrated mechanism of ``cfg.algorithm`` under --dp (from public inputs only)."""
     from pfl_cli.algorithms import REGISTRY
-    from pfl_cli.fl.store import ROLE_TRAIN
 
-    return REGISTRY[cfg.algorithm].plan_dp(cfg, store, population=len(store.clients(ROLE_TRAIN)))
+    return REGISTRY[cfg.algorithm].plan_dp(cfg, store)
 
 
 def model_payload(alg, weights: dict) -> dict[str, Any]:

@@ -61,8 +61,10 @@ class TrainConfig:
     # fedavg, pefll: client-level DP-FedAvg (pfl_cli.fl.dp); ldp-fedavg, ppsgd, centaur: example-level
     # DP-SGD on every client (pfl_cli.fl.dpsgd). dp_epsilon None = no DP.
     dp_epsilon: Optional[float] = None
-    dp_delta: float = 1e-6                 # must be < 1/N (N privacy units)
+    dp_delta: float = 1e-6                 # checked < 1/dp_population when that public bound is given
     dp_clip: Optional[float] = None        # public L2 bound: a client's update, or one sample's gradient (ldp-*)
+    dp_population: Optional[int] = None    # public bound N on the privacy units: clients (client-level; sets
+                                           # q = clients_per_round / N) or one client's records (ldp-*)
     dp_sampling_rate: Optional[float] = None  # Poisson rate q: of clients (client-level; None = clients_per_round /
                                               # train clients) or of a client's records (ldp-*; required)
     dp_accountant: str = "rdp"             # rdp | pld

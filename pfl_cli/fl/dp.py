@@ -13,20 +13,22 @@ McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent Langu
 
 The noise multiplier z is calibrated before training from (epsilon, delta, q, rounds) with
 :func:`pfl_cli.privacy.calibrate_noise`, and the ledger records ``rounds`` self-composed
-Poisson-sampled Gaussian events, unit "client". The clip C and the population size N are
-public inputs: C is given by the user, N is the number of clients the operator enrolled
-(it sets q and the denominator; it is not protected, as in McMahan et al.).
+Poisson-sampled Gaussian events, unit "client". Everything that sets the mechanism is public
+(release contract, :mod:`pfl_cli.privacy.release`): the clip C is the user's; q is
+``dp_sampling_rate`` or ``clients_per_round / N`` for the *public* population bound N of
+``--dp ...,population=N`` (the number of enrolled clients), never the partition's private
+number of clients; the denominator is q N (``clients_per_round`` when no N is given). delta
+< 1/N is checked against that bound, or not at all (``privacy.json`` says which).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pfl_cli.errors import ConfigError, check_param
-
-DEFAULT_DELTA = 1e-6
 
 
 class SampledGaussianRecord:
@@ -62,8 +64,10 @@ class ClientLevelDP(SampledGaussianRecord):
         Public L2 bound C of one client's contribution.
     sampling_rate : float
         Poisson rate q of a client joining a round.
-    population : int
-        N, the number of train clients (public).
+    population : int or None
+        N, the public bound on the number of clients (``--dp ...,population=N``), or None.
+    denominator : float
+        The fixed denominator: q N, or ``clients_per_round`` (the expected cohort) without N.
     rounds : int
     noise_multiplier : float
         z: the noise on the sum has standard deviation ``z * clip``.
@@ -76,16 +80,12 @@ class ClientLevelDP(SampledGaussianRecord):
     delta: float
     clip: float
     sampling_rate: float
-    population: int
+    population: int | None
     rounds: int
     noise_multiplier: float
     accountant: str = "rdp"
     contribution: str = "update"
-
-    @property
-    def expected_cohort(self) -> float:
-        """q N: the fixed denominator of every round's average."""
-        return self.sampling_rate * self.population
+    denominator: float = 1.0
 
     def sample_cohort(self, clients, size: int, gen):
         """Each of ``clients`` independently with probability q (may be empty); ``size`` is not used."""
@@ -111,7 +111,7 @@ class ClientLevelDP(SampledGaussianRecord):
         out = {}
         for k, v in clipped.items():
             noise = torch.randn(v.shape[1:], generator=gen, device=gen.device, dtype=v.dtype).to(v.device)
-            out[k] = (v.sum(0) + std * noise) / self.expected_cohort
+            out[k] = (v.sum(0) + std * noise) / self.denominator
         return out
 
     unit = "client"
@@ -121,15 +121,17 @@ class ClientLevelDP(SampledGaussianRecord):
         return self.rounds
 
     def note(self) -> str:
+        from pfl_cli.privacy.release import population_note
+
         return (f"{self.rounds} rounds of DP-FedAvg (McMahan et al. 2018): Poisson cohorts at rate q = "
-                f"{self.sampling_rate:.6g} of N = {self.population} clients, each client's {self.contribution} clipped to L2 {self.clip:g}, "
-                f"Gaussian noise std {self.noise_multiplier:.6g} x clip on the sum, divided by q N = "
-                f"{self.expected_cohort:.6g}")
+                f"{self.sampling_rate:.6g}, each client's {self.contribution} clipped to L2 {self.clip:g}, Gaussian "
+                f"noise std {self.noise_multiplier:.6g} x clip on the sum, divided by {self.denominator:.6g}; "
+                f"{population_note(self.population)}")
 
     def info(self) -> dict[str, Any]:
         return {"unit": "client", "epsilon": self.epsilon, "delta": self.delta, "clip": self.clip,
-                "sampling_rate": self.sampling_rate, "population": self.population, "rounds": self.rounds,
-                "expected_cohort": self.expected_cohort, "noise_multiplier": self.noise_multiplier,
+                "sampling_rate": self.sampling_rate, "population_bound": self.population, "rounds": self.rounds,
+                "denominator": self.denominator, "noise_multiplier": self.noise_multiplier,
                 "noise_std_on_sum": self.noise_multiplier * self.clip, "accountant": self.accountant,
                 "cohorts": "poisson", "selection": "last round"}
 
@@ -138,56 +140,57 @@ def clip_per_client(contributions: Mapping[str, Any], clip: float) -> dict[str, 
     """Scale each row (client) so its L2 norm over all tensors jointly is at most ``clip``."""
     import torch
 
-    rows = next(iter(contributions.values())).shape[0]
-    sq = sum(v.reshape(rows, -1).pow(2).sum(1) for v in contributions.values())
+    sq = sum(v.flatten(1).pow(2).sum(1) for v in contributions.values())  # flatten: also for 0 rows
     norm = torch.sqrt(sq)
     scale = torch.where(norm > clip, clip / norm.clamp_min(1e-30), torch.ones_like(norm))
     return {k: v * scale.view(-1, *([1] * (v.dim() - 1))) for k, v in contributions.items()}
 
 
 def check_dp_options(cfg) -> None:
-    """The --dp options' own rules, before any data is read (delta < 1/N comes with the data)."""
-    eps = cfg.dp_epsilon
-    ok = isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
-    check_param("--dp eps", ok, "must be a finite number > 0", eps)
-    check_param("--dp delta", isinstance(cfg.dp_delta, (int, float)) and 0 < cfg.dp_delta < 1,
-                "must be in the open interval (0, 1)", cfg.dp_delta)
+    """The --dp options' own rules, before any data is read (also for values from a config file)."""
+    from pfl_cli.privacy.release import parse_dp_spec
+
+    def number(name, value):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        check_param(name, ok, "must be a finite number", value)
+        return f"{value!r}"
+
+    text = f"eps={number('--dp eps', cfg.dp_epsilon)},delta={number('--dp delta', cfg.dp_delta)}"
+    if cfg.dp_clip is not None:
+        text += f",clip={number('--dp clip', cfg.dp_clip)}"
+    if cfg.dp_population is not None:
+        text += f",population={number('--dp population', cfg.dp_population)}"
+    parse_dp_spec(text)  # the shared rules: eps > 0, delta in (0, 1), clip > 0, delta < 1/population
     if cfg.dp_clip is None:
         raise ConfigError("--dp needs clip=C, the public L2 bound of one client's update (per-sample gradient for "
                           "the local-DP algorithms); it calibrates the noise, so it must be chosen without "
                           "looking at the private data, e.g. --dp eps=4,clip=1.")
-    clip = cfg.dp_clip
-    ok = isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0 and not math.isnan(clip)
-    check_param("--dp clip", ok, "must be a number > 0", clip)
     if cfg.dp_sampling_rate is not None:
         rate = cfg.dp_sampling_rate
         check_param("dp_sampling_rate", isinstance(rate, (int, float)) and 0 < rate <= 1, "must be in (0, 1]", rate)
     if cfg.normalize:
         raise ConfigError("normalize standardizes inputs with statistics of the private train clients, which --dp "
-                          "does not release; pass --set normalize=false with --dp.")
+                          "does not release; pass --set normalize=false with --dp (scale inputs by a public bound).")
 
 
-def check_delta_population(delta: float, population: int, unit: str) -> None:
-    """delta < 1 / N: a larger delta allows a mechanism that publishes one unit's data outright."""
-    if not delta < 1.0 / population:
-        raise ConfigError(f"--dp delta must be < 1/N = {1.0 / population:.3g} for N = {population} privacy units "
-                          f"({unit}s); got {delta:g}. Pass a smaller delta, e.g. --dp eps=...,delta=1e-6.")
+def calibrate_client_dp(cfg, *, contribution: str = "update") -> ClientLevelDP:
+    """Calibrate the noise multiplier for ``cfg.rounds`` Poisson-sampled rounds, from public inputs only.
 
-
-def calibrate_client_dp(cfg, population: int, *, contribution: str = "update") -> ClientLevelDP:
-    """Calibrate the noise multiplier for ``cfg.rounds`` Poisson-sampled rounds over ``population`` clients.
-
-    q is ``cfg.dp_sampling_rate`` or ``clients_per_round / population`` (at most 1).
+    q is ``cfg.dp_sampling_rate`` or ``clients_per_round / dp_population`` (at most 1).
     """
     from pfl_cli.privacy import calibrate_noise
 
     check_dp_options(cfg)
-    check_delta_population(cfg.dp_delta, population, "client")
+    population = cfg.dp_population
+    if cfg.dp_sampling_rate is None and population is None:
+        raise ConfigError("DP-FedAvg samples Poisson cohorts at rate q = clients-per-round / N, and the number of "
+                          "clients is private: give a public bound, e.g. --dp eps=4,clip=1,population=1000 (the "
+                          "enrolled clients), or the rate itself with --set dp_sampling_rate=Q.")
     rate = cfg.dp_sampling_rate if cfg.dp_sampling_rate is not None else min(1.0, cfg.clients_per_round / population)
+    denominator = rate * population if population is not None else float(cfg.clients_per_round)
     rounds = int(cfg.rounds)
     check_param("rounds", rounds >= 1, "must be >= 1 with --dp", rounds)
-    draft = ClientLevelDP(float(cfg.dp_epsilon), float(cfg.dp_delta), float(cfg.dp_clip), float(rate),
-                          int(population), rounds, float("nan"), cfg.dp_accountant, contribution)
+    draft = ClientLevelDP(float(cfg.dp_epsilon), float(cfg.dp_delta), float(cfg.dp_clip), float(rate), population,
+                          rounds, float("nan"), cfg.dp_accountant, contribution, float(denominator))
     cal = calibrate_noise(draft.event, draft.epsilon, draft.delta, accountant=cfg.dp_accountant)
-    return ClientLevelDP(draft.epsilon, draft.delta, draft.clip, draft.sampling_rate, draft.population, rounds,
-                         float(cal.noise_multiplier), cfg.dp_accountant, contribution)
+    return dataclasses.replace(draft, noise_multiplier=float(cal.noise_multiplier))

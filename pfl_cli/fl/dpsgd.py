@@ -18,6 +18,7 @@ The noise multiplier is calibrated before training so that every client's record
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -45,6 +46,7 @@ class ExampleLevelDP(SampledGaussianRecord):
     cohort_size: int
     accountant: str = "rdp"
     contribution: str = "model delta"
+    population: int | None = None   # public bound on one client's records, where delta < 1/n was checked
 
     def sample_cohort(self, clients, size: int, gen):
         import torch
@@ -58,26 +60,28 @@ class ExampleLevelDP(SampledGaussianRecord):
         return self.steps
 
     def note(self) -> str:
+        from pfl_cli.privacy.release import population_note
+
         return (f"ISRL-DP: every client runs DP-SGD on the parameters it uploads ({self.contribution}): at most "
                 f"{self.steps} steps, Poisson batches at rate q = {self.sampling_rate:g} of its records, per-sample "
                 f"gradients clipped to L2 {self.clip:g}, Gaussian noise std {self.noise_multiplier:.6g} x clip on the "
                 f"sum, divided by {self.denominator:g}; the guarantee holds for each client's records against "
-                "everything that client sends")
+                f"everything that client sends; {population_note(self.population)}")
 
     def info(self) -> dict[str, Any]:
         return {"unit": "example", "setting": "ISRL-DP (local DP-SGD on every client)", "epsilon": self.epsilon,
                 "delta": self.delta, "clip": self.clip, "sampling_rate": self.sampling_rate,
                 "steps_per_client": self.steps, "noise_multiplier": self.noise_multiplier,
                 "noise_std_on_sum": self.noise_multiplier * self.clip, "denominator": self.denominator,
+                "population_bound": self.population,
                 "accountant": self.accountant, "cohorts": "uniform, fixed size", "selection": "last round"}
 
 
-def calibrate_example_dp(cfg, *, steps_per_round: int, largest_client: int,
-                         contribution: str = "model delta") -> ExampleLevelDP:
+def calibrate_example_dp(cfg, *, steps_per_round: int, contribution: str = "model delta") -> ExampleLevelDP:
     """Calibrate z for ``rounds x steps_per_round`` Poisson-sampled DP-SGD steps per client.
 
-    ``largest_client`` (records of the largest train client) only checks delta < 1/n; it is
-    not used by the mechanism or written anywhere.
+    Public inputs only: ``dp_population`` (if given) bounds one client's records and is
+    where delta < 1/n is checked (:func:`~pfl_cli.fl.dp.check_dp_options`).
     """
     from pfl_cli.fl.dp import check_dp_options
     from pfl_cli.privacy import calibrate_noise
@@ -87,14 +91,12 @@ def calibrate_example_dp(cfg, *, steps_per_round: int, largest_client: int,
         raise ConfigError("the local-DP algorithms need --set dp_sampling_rate=Q, the public Poisson rate at which a "
                           "client's records join each DP-SGD batch (expected batch Q x its records; keep "
                           "--batch-size near it), e.g. --set dp_sampling_rate=0.25.")
-    if not cfg.dp_delta < 1.0 / max(largest_client, 1):
-        raise ConfigError(f"--dp delta must be < 1/n for n the records of the largest train client (privacy unit: "
-                          f"one record); got {cfg.dp_delta:g}. Pass a smaller delta, e.g. delta=1e-5.")
     draft = ExampleLevelDP(float(cfg.dp_epsilon), float(cfg.dp_delta), float(cfg.dp_clip),
                            float(cfg.dp_sampling_rate), int(cfg.rounds) * int(steps_per_round), float("nan"),
-                           float(cfg.batch_size), int(cfg.clients_per_round), cfg.dp_accountant, contribution)
+                           float(cfg.batch_size), int(cfg.clients_per_round), cfg.dp_accountant, contribution,
+                           cfg.dp_population)
     cal = calibrate_noise(draft.event, draft.epsilon, draft.delta, accountant=cfg.dp_accountant)
-    return ExampleLevelDP(**{**draft.__dict__, "noise_multiplier": float(cal.noise_multiplier)})
+    return dataclasses.replace(draft, noise_multiplier=float(cal.noise_multiplier))
 
 
 def poisson_batches(padded, clients, steps: int, rate: float, gen):
@@ -197,16 +199,9 @@ class LocalDP:
     dp_required = True
 
     @classmethod
-    def plan_dp(cls, cfg, store, *, population: int) -> ExampleLevelDP:
-        """:func:`calibrate_example_dp` on the store's train clients."""
-        import torch
-
-        from pfl_cli.fl.store import ROLE_TRAIN
-
-        train = torch.as_tensor(store.clients(ROLE_TRAIN), device=store.device)
-        largest = int((store.fit.length[train] + store.val.length[train]).max())
-        return calibrate_example_dp(cfg, steps_per_round=cls.dp_steps_per_round(cfg), largest_client=largest,
-                                    contribution=cls.dp_contribution)
+    def plan_dp(cls, cfg, store) -> ExampleLevelDP:
+        """:func:`calibrate_example_dp` (public inputs only; ``store`` is not read)."""
+        return calibrate_example_dp(cfg, steps_per_round=cls.dp_steps_per_round(cfg), contribution=cls.dp_contribution)
 
     @staticmethod
     def dp_steps_per_round(cfg) -> int:

@@ -103,7 +103,9 @@ def main() -> None:
     for label, (flags, dp_flags, clip) in ALGORITHMS.items():
         for eps in [None, *eps_grid]:
             out = args.out / f"{label}-{'nodp' if eps is None else f'eps{eps:g}'}"
-            dp = [] if eps is None else ["--dp", f"eps={eps:g},delta=1e-6,clip={clip:g}", "--write-nonprivate",
+            # population: the public number of enrolled (train) clients; q = 100 / 700.
+            dp = [] if eps is None else ["--dp", f"eps={eps:g},delta=1e-6,clip={clip:g},population=700",
+                                         "--write-nonprivate",
                                          *dp_flags]
             run(["train", "--config", str(RECIPE), "--partition", str(sim), *flags, *dp, "--seed", str(args.seed),
                  "--out", str(out), "--format", "quiet", "--force"])

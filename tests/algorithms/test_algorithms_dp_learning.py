@@ -32,7 +32,7 @@ def population(num_clients=1000, n_train=10, n_test=5, seed=0):
 
 
 COMMON = dict(rounds=200, eval_every=200, clients_per_round=100, local_steps=10, batch_size=8, lr=0.05,
-              normalize=False, val_fraction=0.0, mlp_hidden=(32,), dp_delta=1e-6)
+              normalize=False, val_fraction=0.0, mlp_hidden=(32,), dp_delta=1e-6, dp_population=1000)
 
 
 @pytest.mark.parametrize("algorithm, epsilon, clip, extra, floor", [

@@ -12,7 +12,7 @@ from pfl_cli.cli.app import main
 
 FAST = ["--rounds", "6", "--eval-every", "3", "--local-steps", "3", "--clients-per-round", "4",
         "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--set", "normalize=false"]
-DP = ["--dp", "eps=4,delta=1e-6,clip=0.5"]
+DP = ["--dp", "eps=4,delta=1e-6,clip=0.5,population=1000"]
 PER_ALGORITHM = {"fedavg": [], "pefll": ["--no-standardize-descriptor", "--embed-dim", "4"]}
 
 
@@ -33,7 +33,7 @@ def _private_values(root) -> list[float]:
     """Exact counts of the private partition that no released file may contain."""
     part, _, _ = load_partition(root / "part")
     sizes = part.train_sizes[part.role == 0]
-    return [float(sizes.sum()), float(part.test_sizes.sum())]
+    return [float(sizes.sum()), float(part.test_sizes.sum()), 20.0, 24.0]  # samples, train clients, clients
 
 
 @pytest.mark.parametrize("algorithm", list(PER_ALGORITHM))
@@ -55,7 +55,8 @@ def test_dp_artifact_holds_only_released_files(root, algorithm, capsys):
     assert ledger["unit"] == "client" and ledger["delta"] == 1e-6 and ledger["epsilon"] <= 4.0
     (event,) = ledger["events"]
     assert event["type"] == "SelfComposedDpEvent" and event["count"] == 6
-    assert event["event"]["sampling_probability"] == pytest.approx(4 / 20)  # q = clients_per_round / 20 train
+    assert event["event"]["sampling_probability"] == pytest.approx(4 / 1000)  # clients_per_round / public bound
+    assert metrics["dp"]["denominator"] == pytest.approx(4.0)
     model = torch.load(out / "model.pt", weights_only=True)
     assert float(model["normalization"]["mean"].abs().max()) == 0.0  # no private input statistics
 
@@ -78,7 +79,7 @@ def test_write_nonprivate_adds_only_nonprivate_files(root):
 
 def test_privacy_account_composes_train_and_mdm_ledgers(root, capsys):
     assert main(["mdm-fit", "--partition", str(root / "part"), "--components", "1", "--rounds", "3",
-                 "--dp", "eps=1,delta=1e-6,clip=60", "--out", str(root / "mdm"), "--format", "quiet"]) == 0
+                 "--max-samples", "200", "--dp", "eps=1,delta=1e-6", "--out", str(root / "mdm"), "--format", "quiet"]) == 0
     capsys.readouterr()
     assert main(["privacy-account", str(root / "fedavg-dp"), str(root / "mdm"), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -95,19 +96,22 @@ def test_privacy_account_composes_train_and_mdm_ledgers(root, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--dp", "eps=0,clip=1"], "--dp eps must be a finite number > 0"),
-    (["--dp", "eps=-1,clip=1"], "--dp eps must be a finite number > 0"),
-    (["--dp", "eps=4,delta=0.06,clip=1"], "--dp delta must be < 1/N = 0.05 for N = 20"),
-    (["--dp", "eps=4,clip=0"], "--dp clip must be a number > 0"),
-    (["--dp", "eps=4,clip=-2"], "--dp clip must be a number > 0"),
-    (["--dp", "eps=4"], "--dp needs clip=C, the public L2 bound"),
-    (["--dp", "eps=4,clip=1", "--algorithm", "local"], "--dp is not supported by algorithm 'local'"),
-    (["--dp", "eps=4,clip=1", "--set", "normalize=true"], "pass --set normalize=false with --dp"),
-    (["--dp", "eps=4,clip=1", "--algorithm", "pefll"], "pass --no-standardize-descriptor with --dp"),
-    (["--dp", "rho=4"], "--dp takes eps=E[,delta=D][,clip=B]"),
+    (["--dp", "eps=0,clip=1,population=100"], "--dp eps must be > 0"),
+    (["--dp", "eps=-1,clip=1,population=100"], "--dp eps must be > 0"),
+    (["--dp", "eps=4,delta=0.06,clip=1,population=20"], "--dp delta must be < 1/population = 0.05"),
+    (["--dp", "eps=4,clip=0,population=100"], "--dp clip must be > 0"),
+    (["--dp", "eps=4,clip=-2,population=100"], "--dp clip must be > 0"),
+    (["--dp", "eps=4,population=100"], "--dp needs clip=C, the public L2 bound"),
+    (["--dp", "eps=4,clip=1"], "give a public bound, e.g. --dp eps=4,clip=1,population=1000"),
+    (["--dp", "eps=4,clip=1,population=100", "--algorithm", "local"], "--dp is not supported by algorithm 'local'"),
+    (["--dp", "eps=4,clip=1,population=100", "--set", "normalize=true"], "pass --set normalize=false with --dp"),
+    (["--dp", "eps=4,clip=1,population=100", "--algorithm", "pefll"], "pass --no-standardize-descriptor with --dp"),
+    (["--dp", "eps=4,clip=1,population=100", "--algorithm", "pefll", "--no-standardize-descriptor"],
+     "give it with --dp, e.g. --embed-dim 8"),
+    (["--dp", "rho=4"], "--dp takes eps=E"),
     (["--write-nonprivate"], "--write-nonprivate only applies with --dp"),
-], ids=["eps0", "eps-neg", "delta-big", "clip0", "clip-neg", "no-clip", "local", "normalize", "standardize",
-        "bad-key", "np-without-dp"])
+], ids=["eps0", "eps-neg", "delta-big", "clip0", "clip-neg", "no-clip", "no-population", "local", "normalize",
+        "standardize", "embed-dim", "bad-key", "np-without-dp"])
 def test_bad_dp_input_is_one_line_exit_2_and_no_artifact(root, capsys, extra, message):
     out = root / "bad"
     capsys.readouterr()
@@ -129,7 +133,7 @@ def test_dp_run_is_deterministic_and_noise_depends_on_the_seed(root):
     assert np.isfinite(np.concatenate([v.numpy().ravel() for v in wa.values()])).all()
 
 
-LDP = ["--dp", "eps=4,delta=1e-5,clip=0.5", "--set", "dp_sampling_rate=0.25", "--batch-size", "8"]
+LDP = ["--dp", "eps=4,delta=1e-5,clip=0.5,population=10000", "--set", "dp_sampling_rate=0.25", "--batch-size", "8"]
 
 
 @pytest.mark.parametrize("algorithm", ["ldp-fedavg", "ppsgd", "centaur"])
@@ -152,7 +156,8 @@ def test_local_dp_baselines_end_to_end(root, algorithm, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--algorithm", "ppsgd"], "algorithm 'ppsgd' is a local-DP algorithm and needs --dp"),
     (["--algorithm", "centaur", "--dp", "eps=4,delta=1e-5,clip=1"], "need --set dp_sampling_rate=Q"),
-    (["--algorithm", "ldp-fedavg", *LDP[:1], "eps=4,delta=0.1,clip=1", *LDP[2:]], "delta must be < 1/n"),
+    (["--algorithm", "ldp-fedavg", *LDP[:1], "eps=4,delta=0.1,clip=1,population=50", *LDP[2:]],
+     "delta must be < 1/population"),
 ], ids=["no-dp", "no-rate", "delta"])
 def test_bad_local_dp_input(root, capsys, extra, message):
     capsys.readouterr()

@@ -23,7 +23,7 @@ PEFLL = dict(BASE, algorithm="pefll", hyper_hidden=16, embed_dim=4, descriptor_b
 
 def mechanism(z: float, clip: float, cohort: int = len(COHORT)) -> ClientLevelDP:
     """A mechanism whose fixed denominator q N equals ``cohort``."""
-    return ClientLevelDP(1.0, 1e-6, clip, cohort / N_CLIENTS, N_CLIENTS, 10, z)
+    return ClientLevelDP(1.0, 1e-6, clip, cohort / N_CLIENTS, N_CLIENTS, 10, z, denominator=float(cohort))
 
 
 class Spy(ClientLevelDP):
@@ -107,9 +107,9 @@ def test_noise_scale_is_observed_on_a_real_round(equal_store):
 
 
 def test_private_mean_noise_is_gaussian_with_the_calibrated_std():
-    dp = ClientLevelDP(1.0, 1e-6, 2.0, 0.1, 100, 10, 0.8)
+    dp = ClientLevelDP(1.0, 1e-6, 2.0, 0.1, 100, 10, 0.8, denominator=10.0)
     zeros = {"w": torch.zeros(3, 40000)}
-    out = dp.private_mean(zeros, torch.Generator().manual_seed(0))["w"].double().numpy() * dp.expected_cohort
+    out = dp.private_mean(zeros, torch.Generator().manual_seed(0))["w"].double().numpy() * dp.denominator
     assert abs(out.std() / (0.8 * 2.0) - 1) < 0.03 and abs(out.mean()) < 0.03
     assert stats.kstest(out / 1.6, "norm").pvalue > 1e-3
 
@@ -134,8 +134,8 @@ def test_poisson_cohorts_have_rate_q():
 @pytest.mark.parametrize("accountant, cls", [("rdp", rdp.RdpAccountant), ("pld", pld.PLDAccountant)])
 def test_ledger_epsilon_equals_an_independent_dp_accounting_computation(accountant, cls):
     cfg = TrainConfig(algorithm="fedavg", rounds=200, clients_per_round=10, dp_epsilon=2.0, dp_delta=1e-6,
-                      dp_clip=1.0, dp_accountant=accountant, normalize=False)
-    dp = calibrate_client_dp(cfg, population=400)
+                      dp_clip=1.0, dp_accountant=accountant, normalize=False, dp_population=400)
+    dp = calibrate_client_dp(cfg)
     doc = dp.ledger().to_dict(accountant=accountant)
     acc = cls()
     acc.compose(dp_event.SelfComposedDpEvent(
@@ -143,4 +143,30 @@ def test_ledger_epsilon_equals_an_independent_dp_accounting_computation(accounta
     expected = acc.get_epsilon(1e-6)
     assert doc["epsilon"] == pytest.approx(expected, rel=1e-9)
     assert expected <= 2.0 and expected == pytest.approx(2.0, rel=1e-3)  # calibrated to the target, not below
-    assert doc["unit"] == "client" and doc["delta"] == 1e-6
+    assert doc["unit"] == "client" and doc["delta"] == 1e-6 and dp.denominator == pytest.approx(10.0)
+    assert "checked against the public population bound N = 400" in doc["notes"][0]
+
+
+def test_without_a_population_bound_the_rate_must_be_given():
+    cfg = TrainConfig(algorithm="fedavg", rounds=10, dp_epsilon=2.0, dp_clip=1.0, normalize=False)
+    with pytest.raises(ValueError, match="population=1000"):
+        calibrate_client_dp(cfg)
+    dp = calibrate_client_dp(dataclasses.replace(cfg, dp_sampling_rate=0.05, clients_per_round=7))
+    assert dp.sampling_rate == 0.05 and dp.denominator == 7.0 and dp.population is None
+    assert "delta < 1/n not checked" in dp.ledger().notes[0]
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "pefll"])
+def test_an_empty_cohort_releases_noise_only(equal_store, algorithm):
+    """A Poisson cohort may be empty: the round still adds N(0, (z C)^2) / denominator and nothing else."""
+    cfg = TrainConfig(**(PEFLL if algorithm == "pefll" else {**BASE, "algorithm": "fedavg"}))
+    cls = PeFLL if algorithm == "pefll" else FedAvg
+    alg = cls(cfg, equal_store)
+    alg.dp = mechanism(1.0, 0.5)
+    params = (lambda: _flat(alg.global_params)) if algorithm == "fedavg" else (
+        lambda: torch.cat([p.detach().reshape(-1) for p in (*alg.hnet.parameters(), *alg.embed.parameters())]))
+    before = params().clone()
+    loss = alg.run_round(0, torch.zeros(0, dtype=torch.long), torch.Generator().manual_seed(0))
+    assert len(loss) == 0
+    step = (params() - before).double().numpy()
+    assert abs(step.std() / (0.5 / len(COHORT)) - 1) < 0.2  # lr 1: the noise / denominator itself

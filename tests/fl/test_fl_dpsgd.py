@@ -1,5 +1,6 @@
 """Example-level DP-SGD on a cohort (pfl_cli.fl.dpsgd) against per-client, per-sample references."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -92,16 +93,16 @@ def test_poisson_batches_draw_each_record_with_rate_q(equal_store):
 
 def test_example_level_ledger_equals_dp_accounting():
     cfg = TrainConfig(algorithm="ldp-fedavg", rounds=50, local_steps=10, batch_size=8, dp_epsilon=4.0, dp_delta=1e-5,
-                      dp_clip=0.04, dp_sampling_rate=0.2, normalize=False)
-    dp = calibrate_example_dp(cfg, steps_per_round=10, largest_client=200)
+                      dp_clip=0.04, dp_sampling_rate=0.2, normalize=False, dp_population=5000)
+    dp = calibrate_example_dp(cfg, steps_per_round=10)
     acc = rdp.RdpAccountant()
     acc.compose(dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(0.2, dp_event.GaussianDpEvent(dp.noise_multiplier)), 500))
     doc = dp.ledger().to_dict(accountant="rdp")
     assert doc["unit"] == "example" and doc["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
     assert doc["epsilon"] <= 4.0 and doc["epsilon"] == pytest.approx(4.0, rel=1e-3)
-    with pytest.raises(ValueError, match="delta must be < 1/n"):
-        calibrate_example_dp(cfg, steps_per_round=10, largest_client=200_000)
+    with pytest.raises(ValueError, match="delta must be < 1/population"):
+        calibrate_example_dp(dataclasses.replace(cfg, dp_population=200_000), steps_per_round=10)
 
 
 @pytest.mark.parametrize("cls", [PPSGD, CENTAUR])
@@ -109,7 +110,7 @@ def test_heads_stay_on_the_clients_and_only_the_representation_is_private(equal_
     cfg = TrainConfig(algorithm=cls.name, mlp_hidden=(8,), local_steps=3, batch_size=4, lr=0.1, normalize=False,
                       val_fraction=0.0, rounds=5, dp_epsilon=4.0, dp_delta=1e-5, dp_clip=0.1, dp_sampling_rate=0.2)
     alg = cls(cfg, equal_store)
-    alg.dp = cls.plan_dp(cfg, equal_store, population=equal_store.num_clients)
+    alg.dp = cls.plan_dp(cfg, equal_store)
     head = head_names([k for k, _ in alg.net.named_parameters()])
     assert head == ["fc2.weight", "fc2.bias"] and set(alg.global_params).isdisjoint(head)
     before_heads = {k: v.clone() for k, v in alg.heads.items()}
@@ -146,8 +147,8 @@ def test_sample_batches_and_poisson_batches_agree_on_shape(equal_store):
 
 
 @pytest.mark.parametrize("algorithm, dp", [
-    ("fedavg", dict(dp_clip=0.5)),
-    ("pefll", dict(dp_clip=0.1, standardize_descriptor=False, embed_dim=3, hyper_hidden=8)),
+    ("fedavg", dict(dp_clip=0.5, dp_population=12)),
+    ("pefll", dict(dp_clip=0.1, dp_population=12, standardize_descriptor=False, embed_dim=3, hyper_hidden=8)),
     ("ppsgd", dict(dp_clip=0.5, dp_delta=1e-5, dp_sampling_rate=0.3)),
 ])
 def test_dp_runs_resume_to_the_same_model(equal_store, algorithm, dp):
