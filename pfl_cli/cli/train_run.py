@@ -213,8 +213,8 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
             bar.advance(start, status="resumed")
 
         def on_progress(done: int, _total: int, status: dict) -> None:
-            # Under --dp the running loss and accuracies are private diagnostics: shown only on request.
-            bar.advance(done - seen[0], status=_status(status) if not private or cfg.write_nonprivate else "")
+            # Under --dp the running loss and accuracies are private diagnostics: not shown.
+            bar.advance(done - seen[0], status="" if private else _status(status))
             seen[0] = done
 
         try:
@@ -291,15 +291,13 @@ def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) ->
         table.add_column(col, justify="right")
     table.add_row(dp["unit"], f"{dp['epsilon']:g}", f"{dp['delta']:g}", f"{dp['clip']:g}",
                   f"{dp['noise_multiplier']:.4g}", f"{dp.get('sampling_rate', float('nan')):.4g}", dp["accountant"])
-    items = [table]
     data = {"out": str(out), "up_to_date": False, "dp": dp,
             **{k: m[k] for k in ("algorithm", "rounds", "selection", "device")}}
+    # Printing is releasing too: accuracies on the private clients stay in the nonprivate* files.
     if nonprivate:
-        groups = {g: m[g] for g in ("train", "holdout", "val") if g in m}
-        items.append(accuracy_table("NONPRIVATE diagnostics (accuracy on the private clients, not covered by DP)",
-                                    groups, m["label_mask"]))
-        data["nonprivate"] = groups
-    report.result(data, *items)
+        data["nonprivate_files"] = ["nonprivate.json", "nonprivate-metrics.csv", "nonprivate-clients.csv"]
+        report.note(f"accuracies on the private clients (not covered by DP): {out}/nonprivate.json")
+    report.result(data, table)
 
 
 def _status(status: dict) -> str:
