@@ -136,6 +136,20 @@ class ClientLevelDP(SampledGaussianRecord):
                 "cohorts": "poisson", "selection": "last round"}
 
 
+def audited_step(updates, *, clip: float, noise_multiplier: float, denominator: float, rng) -> "np.ndarray":
+    """:meth:`ClientLevelDP.private_mean` on rows of a numpy array: the DP-FedAvg step the privacy audit runs.
+
+    The audit (``pfl_cli.privacy.audit_cases``, case "dp-fedavg-step") calls it with numpy
+    rows and generator; the noise comes from a torch generator seeded from ``rng``.
+    """
+    import torch
+
+    mech = ClientLevelDP(float("nan"), float("nan"), float(clip), 1.0, None, 1, float(noise_multiplier),
+                         denominator=float(denominator))
+    gen = torch.Generator().manual_seed(int(rng.integers(2**63 - 1)))
+    return mech.private_mean({"u": torch.as_tensor(updates, dtype=torch.float64)}, gen)["u"].numpy()
+
+
 def clip_per_client(contributions: Mapping[str, Any], clip: float) -> dict[str, Any]:
     """Scale each row (client) so its L2 norm over all tensors jointly is at most ``clip``."""
     import torch
