@@ -42,6 +42,13 @@ class Algorithm(ABC):
     federated = True          # False: no rounds (Local), evaluation trains per client
     personalized = True       # whether personalize() returns one model per client
     serves_unlabeled = ""     # how it serves clients without labels ("" = it cannot), for error messages
+    # Differential privacy (issue 10): the privacy unit --dp protects ("client" or "example"),
+    # None when the algorithm has no DP variant; dp_required for algorithms that exist only
+    # as DP mechanisms. ``dp`` is the calibrated mechanism, set by the engine before training.
+    dp_unit: str | None = None
+    dp_required = False
+    dp_contribution = "update"  # what one client contributes, named in the ledger
+    dp = None
 
     def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
         self.cfg = cfg
@@ -63,6 +70,20 @@ class Algorithm(ABC):
     def build(self) -> None:
         """Create the networks and the server optimizer."""
 
+    @staticmethod
+    def check_dp_config(cfg) -> None:
+        """Reject options that would release private data outside the DP mechanism (none by default)."""
+
+    @classmethod
+    def plan_dp(cls, cfg, store):
+        """The calibrated mechanism under --dp: client-level DP-FedAvg unless an algorithm says otherwise.
+
+        From public inputs only (``cfg``); ``store`` is not read for the calibration.
+        """
+        from pfl_cli.fl.dp import calibrate_client_dp
+
+        return calibrate_client_dp(cfg, contribution=cls.dp_contribution)
+
     def run_round(self, t: int, cohort, gen):
         """One round on ``cohort`` (LongTensor of client positions); returns each client's mean loss."""
         raise RunError(f"algorithm {self.name!r} trains no federated rounds; its clients train in personalize().")
@@ -77,7 +98,8 @@ class Algorithm(ABC):
         return True
 
     def sample_cohort(self, train_clients, count: int, gen):
-        """A round's cohort: ``count`` train clients with labels, uniformly without replacement.
+        """A round's cohort: ``count`` train clients with labels, uniformly without replacement
+        (under DP, the mechanism's own sampler over them).
 
         Clients without labels have nothing to train on here; algorithms that learn from
         unlabeled clients (FLowDUP) draw their own cohorts.
@@ -85,6 +107,8 @@ class Algorithm(ABC):
         import torch
 
         pool = train_clients[torch.as_tensor(self.store.labeled, device=train_clients.device)[train_clients]]
+        if self.dp is not None:
+            return self.dp.sample_cohort(pool, count, gen)
         return pool[torch.randperm(len(pool), generator=gen)[:count].to(pool.device)]
 
     def check_trainable(self, train_clients) -> None:

@@ -107,7 +107,6 @@ class LDFedAvg(Algorithm):
 
     def objective(self, psi, index, generate, evaluate):
         """Per-client (L + lambda Omega, L, Omega) of one step; ``psi`` stacked (c, ...)."""
-        import torch
         import torch.nn.functional as F
         from torch.func import functional_call, vmap
 

@@ -65,9 +65,16 @@ def dp_fedavg_step(updates: np.ndarray, *, clip: float, noise_multiplier: float,
     return clipped_gaussian_sum(updates, clip=clip, noise_multiplier=noise_multiplier, rng=rng) / denominator
 
 
-# The release the "dp-fedavg-step" case audits. `train --dp` points this at its own step
-# (same signature) so that the audit runs on the code that trains.
-DP_FEDAVG_STEP: Callable[..., np.ndarray] = dp_fedavg_step
+def train_dp_fedavg_step(updates: np.ndarray, *, clip: float, noise_multiplier: float, denominator: float,
+                         rng: np.random.Generator) -> np.ndarray:
+    """The step `train --dp` runs (:func:`pfl_cli.fl.dp.audited_step`, torch), same signature."""
+    from pfl_cli.fl.dp import audited_step
+
+    return audited_step(updates, clip=clip, noise_multiplier=noise_multiplier, denominator=denominator, rng=rng)
+
+
+# The release the "dp-fedavg-step" case audits: the code that trains.
+DP_FEDAVG_STEP: Callable[..., np.ndarray] = train_dp_fedavg_step
 
 
 def claimed_gaussian(noise_multiplier: float, delta: float = DELTA) -> float:
