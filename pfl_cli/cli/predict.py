@@ -25,6 +25,7 @@ def predict(
     eval_descriptor: Annotated[Optional[str], typer.Option("--eval-descriptor", help="pefll descriptor: all (every train sample) | batch (one batch) (default: as trained).")] = None,
     save_models: Annotated[bool, typer.Option("--save-models", help="Also write models.pt: every client's model weights.")] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
+    plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: a histogram of per-client accuracy (not part of the config).")] = False,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -48,4 +49,4 @@ def predict(
     from pfl_cli.fl.config import PredictConfig
 
     cfg = stage_config(PredictConfig, "predict", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
-    run_predict(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt))
+    run_predict(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot)

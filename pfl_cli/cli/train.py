@@ -47,6 +47,7 @@ def train(
     hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll hypernetwork: S | M | L (1 / 3 / 5 hidden layers).")] = "M",
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
+    plot: Annotated[bool, typer.Option("--plot", help="Also write curves.png: accuracy and loss against rounds, the selected round marked (not part of the config).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
@@ -72,4 +73,4 @@ def train(
     from pfl_cli.fl.config import TrainConfig
 
     cfg = stage_config(TrainConfig, "train", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
-    run_train(cfg, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt))
+    run_train(cfg, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt), plot=plot)

@@ -162,7 +162,7 @@ def _load_resume(path: Path, fp: str, report: Reporter) -> dict | None:
 
 
 # ---------------------------------------------------------------------------- the command
-def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter) -> None:
+def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter, plot: bool = False) -> None:
     import torch
     import yaml
 
@@ -187,7 +187,8 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
     inputs = [part_art.input_ref(), ds.input_ref()]
     writer = ArtifactWriter(out, stage="train", config=config, seed=cfg.seed, inputs=inputs, force=force)
     if writer.up_to_date():
-        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
+        report.note(f"{out} is up to date (same config and inputs); nothing to do."
+                    + (f" `pflx show --plot {out}` draws its curves." if plot else ""))
         report.result({"out": str(out), "up_to_date": True})
         return
 
@@ -231,6 +232,10 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
         writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
                         client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
                                            if g in run.outcome.best.groups]))
+        if plot:  # drawn from the CSV just written, exactly as `pflx show --plot` redraws it
+            from pfl_cli.cli.figures import training_curves
+
+            training_curves(writer.path("metrics.csv"), writer.path("metrics.json"), writer.path("curves.png"))
         if (written or state is not None) and ck_path.is_file():  # this run's checkpoint, not a stale one
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
     shutil.rmtree(ck_dir, ignore_errors=True)
