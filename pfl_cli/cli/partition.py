@@ -56,6 +56,7 @@ def partition(
     test_fraction: Annotated[Optional[float], typer.Option("--test-fraction", help="Split each client's samples; default: the official test pool if any, else 0.2.")] = None,
     holdout_clients: Annotated[str, typer.Option("--holdout-clients", metavar="F|N", help="Clients never used in training: a fraction F < 1 or a count N.")] = "0",
     plot: Annotated[bool, typer.Option("--plot", help="Also write partition.png, a clients x classes heatmap.")] = False,
+    export: Annotated[Optional[str], typer.Option("--export", metavar="flower", help="Also print how to serve the artifact to another tool: flower (pfl_cli.interop.flower.ArtifactPartitioner). Not part of the config.")] = None,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -74,6 +75,10 @@ def partition(
     from pfl_cli.rng import make_rng
 
     report = Reporter(fmt)
+    if export not in (None, "flower"):
+        from pfl_cli.errors import ConfigError
+
+        raise ConfigError(f"export must be flower; got {export!r}.")
     flags = explicit_flags(ctx, FLAGS)
     if iid:
         flags["scheme"] = "iid"
@@ -101,7 +106,7 @@ def partition(
                             inputs=[ds.input_ref()], force=force)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same config and dataset); nothing to do.")
-        report.result({"out": str(out), "up_to_date": True})
+        report.result({"out": str(out), "up_to_date": True, **_export(export, out, cfg.dataset)}, *_export_text(export, out, cfg.dataset))
         return
     feature = None
     if cfg.scheme == "continuous":
@@ -114,10 +119,25 @@ def partition(
 
     with writer:
         _, stats = write_partition_artifact(writer, part, ds, plot=cfg.plot)
-    _print_summary(report, out, cfg, stats)
+    _print_summary(report, out, cfg, stats, export)
 
 
-def _print_summary(report: Reporter, out, cfg, stats: dict) -> None:
+def _export(export: str | None, out, spec: str) -> dict:
+    if export is None:
+        return {}
+    from pfl_cli.interop.flower_snippet import snippet
+
+    return {"export": {export: snippet(out, spec)}}
+
+
+def _export_text(export: str | None, out, spec: str) -> list:
+    from rich.text import Text
+
+    doc = _export(export, out, spec)
+    return [Text(f"\nserve it to a Flower app:\n{doc['export'][export]}")] if doc else []
+
+
+def _print_summary(report: Reporter, out, cfg, stats: dict, export: str | None = None) -> None:
     from rich.table import Table
 
     het = stats.get("heterogeneity", {})
@@ -144,4 +164,4 @@ def _print_summary(report: Reporter, out, cfg, stats: dict) -> None:
     for key, value in rows:
         table.add_row(key, str(value))
     data = {"out": str(out), "up_to_date": False, "scheme": cfg.scheme, **{k: v for k, v in stats.items() if k != "global_label_distribution"}}
-    report.result(data, table)
+    report.result({**data, **_export(export, out, cfg.dataset)}, table, *_export_text(export, out, cfg.dataset))
