@@ -349,7 +349,7 @@ def _assign(scheme: str, labels: np.ndarray, cfg: PartitionConfig, num_clients: 
         return size_owners(len(labels), np.asarray(cfg.sizes, dtype=np.int64), rng)
     if scheme == "distribution":
         sizes = None if cfg.sizes is None else np.asarray(cfg.sizes, dtype=np.int64)
-        owner, extra = distribution_owners(labels, np.asarray(cfg.distribution), sizes, num_classes, rng)
+        owner, extra = distribution_owners(labels, np.asarray(cfg.distribution), sizes, num_classes, rng, cfg.min_size)
         info.update(extra)
         return owner
     if cfg.quantity is not None or cfg.sizes is not None:

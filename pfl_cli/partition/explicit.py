@@ -91,7 +91,7 @@ def check_sizes(sizes: list[int], num_samples: int, min_size: int) -> None:
         raise InfeasibleError(f"sizes must each be >= min-size {min_size}; got {min(sizes)}.")
 
 
-def distribution_counts(q: np.ndarray, supply: np.ndarray, sizes: np.ndarray | None) -> np.ndarray:
+def distribution_counts(q: np.ndarray, supply: np.ndarray, sizes: np.ndarray | None, min_size: int = 1) -> np.ndarray:
     """Integer counts (J, C): row j sums to ``sizes[j]`` and follows ``q[j]``; checked against ``supply``.
 
     Without ``sizes``, every client gets the largest common size s with ``counts[:, c].sum() <= supply[c]``.
@@ -104,8 +104,11 @@ def distribution_counts(q: np.ndarray, supply: np.ndarray, sizes: np.ndarray | N
         # Rounding can ask one more sample of a class than s * demand; step down until it fits.
         while s > 0 and np.any(_rows(q, np.full(num_clients, s)).sum(axis=0) > supply):
             s -= 1
-        if s < 1:
-            raise InfeasibleError("distribution asks for classes the train pool does not have; no client size can be met.")
+        if s < max(min_size, 1):
+            raise InfeasibleError(
+                f"distribution: the classes' supplies allow clients of at most {s} samples each, below min-size "
+                f"{max(min_size, 1)}; give --sizes or a distribution that spreads over more classes."
+            )
         sizes = np.full(num_clients, s)
     counts = _rows(q, np.asarray(sizes))
     short = np.flatnonzero(counts.sum(axis=0) > supply)
@@ -139,9 +142,9 @@ def size_owners(num_samples: int, sizes: np.ndarray, rng: np.random.Generator) -
 
 
 def distribution_owners(labels: np.ndarray, q: np.ndarray, sizes: np.ndarray | None, num_classes: int,
-                        rng: np.random.Generator) -> tuple[np.ndarray, dict]:
+                        rng: np.random.Generator, min_size: int = 1) -> tuple[np.ndarray, dict]:
     """Owner of each sample when client j draws its samples by row j of ``q``."""
     supply = np.bincount(labels, minlength=num_classes)
-    counts = distribution_counts(q, supply, sizes)
+    counts = distribution_counts(q, supply, sizes, min_size)
     owner, _ = owners_from_counts(counts, labels, rng)
     return owner, {"client_sizes": "given" if sizes is not None else f"equal, largest feasible ({int(counts[0].sum())})"}

@@ -98,6 +98,17 @@ def test_distribution_beyond_a_class_supply_is_refused_naming_the_class():
         distribution_counts(np.array([[0.0, 1.0], [0.5, 0.5]]), np.array([500, 60]), np.array([80, 80]))
 
 
+def test_distribution_equal_size_below_min_size_is_refused():
+    with pytest.raises(InfeasibleError, match="allow clients of at most 50 samples each, below min-size 60"):
+        distribution_counts(np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([100, 100]), None, min_size=60)
+
+
+def test_unknown_group_mode_is_refused():
+    with pytest.raises(ConfigError, match="group-mode must be one of allow-smaller, allow-bigger, drop-reminder, strict"):
+        validate_config(PartitionConfig(natural_id=True, group_size=2, group_mode="bogus"), num_samples=10, num_classes=2,
+                        has_labels=True, has_clients=True, has_test_pool=False)
+
+
 @pytest.mark.parametrize("rows, match", [
     ("0.5,0.6\n0.5,0.5\n", "row 1 sums to 1.1"),
     ("-0.5,1.5\n0.5,0.5\n", "entries must be >= 0; got -0.5 in row 1, column 1"),
