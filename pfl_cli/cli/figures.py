@@ -55,6 +55,7 @@ def training_curves(metrics_csv: Path, metrics_json: Path, out: Path) -> Path:
     history = read_history(metrics_csv)
     metric = "mean_accuracy_lm" if meta.get("label_mask") else "mean_accuracy"
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    losses: list[float] = []
     for group, (label, colour) in GROUP_STYLE.items():
         if (group, metric) in history:
             rounds, values = history[(group, metric)]
@@ -62,10 +63,12 @@ def training_curves(metrics_csv: Path, metrics_json: Path, out: Path) -> Path:
                         ls="--" if group == "val" else "-")
         if (group, "loss") in history:
             rounds, values = history[(group, "loss")]
+            losses += values
             loss_ax.plot(rounds, values, marker="o", ms=3, color=colour, label=f"{label}: test loss",
                          ls="--" if group == "val" else "-")
     if ("train", "train_loss") in history:
         rounds, values = history[("train", "train_loss")]
+        losses += values
         loss_ax.plot(rounds, values, color="tab:gray", lw=1, label="cohort training loss")
     best = meta.get("best_round")
     for ax in (acc_ax, loss_ax):
@@ -77,7 +80,9 @@ def training_curves(metrics_csv: Path, metrics_json: Path, out: Path) -> Path:
     kind = "with label masking" if metric.endswith("_lm") else "no label masking"
     acc_ax.set_ylabel("accuracy (%), mean over clients")
     acc_ax.set_title(f"{meta.get('algorithm', '?')}: accuracy ({kind})")
-    loss_ax.set_ylabel("cross-entropy loss")
+    if losses and min(losses) > 0:
+        loss_ax.set_yscale("log")  # the cohort's training loss and the test losses differ by orders of magnitude
+    loss_ax.set_ylabel("cross-entropy loss (log scale)" if loss_ax.get_yscale() == "log" else "cross-entropy loss")
     loss_ax.set_title(f"{meta.get('algorithm', '?')}: loss")
     _save(fig, out)
     return out
