@@ -1,27 +1,44 @@
 # pflx: the two commands of the README are `make demo` and `make test`; each installs what it needs.
+#
+# Where it installs: the active environment when one is active (VIRTUAL_ENV for a venv or
+# virtualenv, CONDA_PREFIX for a conda env), otherwise the project's own `.venv`, created on first
+# use from $(PYTHON). Never the interpreter's global site-packages, which a stock Debian/Ubuntu
+# Python refuses (PEP 668, "externally-managed-environment"). `make VENV=DIR ...` picks another.
 PYTHON ?= python3
+VENV ?= $(or $(VIRTUAL_ENV),$(CONDA_PREFIX),.venv)
+PY := $(VENV)/bin/python
 # A CPU build where one is provided locally; on a GPU machine `make TORCH=torch install` takes the CUDA build.
 TORCH ?= torch==2.13.0
+# The test extras include the hf and flower extras so their tests run (markers `hf` and `flower`).
+EXTRAS ?= test,hf,flower
 PYTEST_ARGS ?=
 
 .PHONY: install test test-all demo bench scaling clean
 
-install:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
-	@$(PYTHON) -m pip install -q -e ".[test]"
+# Only the project's .venv is ever created here; an active environment already has its python.
+$(VENV)/bin/python:
+	@echo "creating the virtual environment $(VENV) with $(PYTHON)"
+	@$(PYTHON) -m venv "$(VENV)" || { rm -rf "$(VENV)"; \
+	  echo "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: sudo apt install python3-venv" \
+	       "(or python3.X-venv); or activate any virtual environment and re-run make." >&2; exit 1; }
+
+install: $(PY)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	@$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 
 test: install
-	$(PYTHON) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test-all: install
-	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The demo script calls `python -m pfl_cli`: the environment's bin/ goes first on PATH.
 demo: install
-	bash recipes/quickstart/demo.sh runs/demo
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash recipes/quickstart/demo.sh runs/demo
 
 # Exits 1 when any benchmark misses a target (each prints its figures beside the targets).
 bench: install
-	$(PYTHON) benchmarks/run.py
+	$(PY) benchmarks/run.py
 
 scaling: install
 	$(PYTHON) benchmarks/scaling.py

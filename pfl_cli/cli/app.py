@@ -52,6 +52,7 @@ def _register() -> None:
     from pfl_cli.cli import simulate
     from pfl_cli.cli import train
     from pfl_cli.cli import predict
+    from pfl_cli.cli import show
 
     app.command("partition", no_args_is_help=True)(partition.partition)
     app.command("privacy-account", no_args_is_help=True)(privacy_account.privacy_account)
@@ -60,6 +61,7 @@ def _register() -> None:
     app.command("simulate", no_args_is_help=True)(simulate.simulate)
     app.command("train", no_args_is_help=True)(train.train)
     app.command("predict", no_args_is_help=True)(predict.predict)
+    app.command("show", no_args_is_help=True)(show.show)
 
 
 _register()

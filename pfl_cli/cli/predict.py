@@ -28,6 +28,7 @@ def predict(
     evaluate_hidden_labels: Annotated[bool, typer.Option("--evaluate-hidden-labels", help="Also score unlabeled clients against their hidden labels: an oracle evaluation, recorded as such (the clients never show their labels to the model).")] = False,
     predictions: Annotated[bool, typer.Option("--predictions/--no-predictions", help="Write predictions.npz: client_id, split, sample, predicted class and probabilities of every train and test sample.")] = True,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
+    plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: a histogram of per-client accuracy (not part of the config).")] = False,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -56,4 +57,4 @@ def predict(
     from pfl_cli.fl.config import PredictConfig
 
     cfg = stage_config(PredictConfig, "predict", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
-    run_predict(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt))
+    run_predict(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot)

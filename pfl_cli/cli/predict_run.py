@@ -69,7 +69,7 @@ def read_model(path: Path):
     return art, payload, train_cfg, metrics
 
 
-def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter) -> None:
+def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter, plot: bool = False) -> None:
     import torch
 
     from pfl_cli.artifacts import ArtifactWriter
@@ -97,7 +97,8 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     writer = ArtifactWriter(out, stage="predict", config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
     if writer.up_to_date():
-        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
+        report.note(f"{out} is up to date (same config and inputs); nothing to do."
+                    + (f" `pflx show --plot {out}` draws its histogram." if plot else ""))
         report.result({"out": str(out), "up_to_date": True})
         return
     run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
@@ -137,6 +138,10 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
             writer.save_npz("predictions.npz", client_id=np.asarray(part.client_id, dtype=np.int64)[p["client"]],
                             split=p["split"], sample=p["sample"].astype(np.int64),
                             predicted=p["predicted"].astype(np.int64), probabilities=p["probabilities"])
+        if plot:  # drawn from the CSV just written, exactly as `pflx show --plot` redraws it
+            from pfl_cli.cli.figures import client_accuracy_histogram
+
+            client_accuracy_histogram(writer.path("clients.csv"), writer.path("metrics.json"), writer.path("clients.png"))
         if cfg.save_models:
             ids = torch.as_tensor(np.asarray(part.client_id)[run.clients], dtype=torch.int64)
             writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))

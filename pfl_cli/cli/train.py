@@ -52,6 +52,7 @@ def train(
     dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
+    plot: Annotated[bool, typer.Option("--plot", help="Also write curves.png: accuracy and loss against rounds, the selected round marked (not part of the config).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (torch.distributed: gloo on CPU, NCCL with --device cuda, one GPU each); cohort and evaluation clients are split across them. At most the cohort size.")] = 1,
     seed: SeedOpt = 0,
@@ -103,7 +104,7 @@ def train(
         _launch(cfg, nproc)
     rank = int(os.environ.get("RANK", "0"))
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
-              report=Reporter(fmt if rank == 0 else Format.quiet))  # rank 0 alone reports and writes
+              report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot)  # rank 0 alone reports and writes
 
 
 def _launch(cfg, nproc: int) -> None:

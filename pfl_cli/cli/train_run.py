@@ -162,24 +162,31 @@ def _load_resume(path: Path, fp: str, report: Reporter) -> dict | None:
 
 
 # ---------------------------------------------------------------------------- the command
-def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter) -> None:
+def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
+              plot: bool = False) -> None:
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
 
     validate_train_config(cfg)
+    if plot and cfg.dp_epsilon is not None:  # curves.png would draw accuracies of the private clients
+        raise InputError("--plot draws accuracies measured on the private clients, which --dp does not release; "
+                         "drop --plot (with --write-nonprivate, nonprivate-metrics.csv holds those numbers).")
     device = resolve_device(cfg.device)  # --device cuda without a GPU fails here, before any work
     if distributed.launched_size() > 1:  # under torchrun or --nproc: join the ranks, rank 0 alone writes
         distributed.check_world_size(cfg, distributed.launched_size(), device)
         device = distributed.start(device)
         try:
-            return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report)
+            return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
+                              plot=plot)
         finally:
             distributed.stop()
-    return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report)
+    return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
+                              plot=plot)
 
 
-def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter) -> None:
+def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
+               plot: bool = False) -> None:
     import torch
     import yaml
 
@@ -204,7 +211,8 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     private = cfg.dp_epsilon is not None
     writer = ArtifactWriter(out, stage="train", config=config, seed=cfg.seed, inputs=inputs, force=force, dp=private)
     if writer.up_to_date():
-        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
+        report.note(f"{out} is up to date (same config and inputs); nothing to do."
+                    + (f" `pflx show --plot {out}` draws its curves." if plot else ""))
         report.result({"out": str(out), "up_to_date": True})
         return
 
@@ -258,6 +266,10 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
                         client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
                                            if g in run.outcome.best.groups]))
+        if plot:  # drawn from the CSV just written, exactly as `pflx show --plot` redraws it
+            from pfl_cli.cli.figures import training_curves
+
+            training_curves(writer.path("metrics.csv"), writer.path("metrics.json"), writer.path("curves.png"))
         if (written or state is not None) and ck_path.is_file():  # this run's checkpoint, not a stale one
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
     shutil.rmtree(ck_dir, ignore_errors=True)

@@ -46,6 +46,7 @@ SCHEMES: dict[str, Loader] = {
     "leaf": _lazy("leaf", "load"),
     "gmm": _lazy("synthetic", "load"),
     "ring": _lazy("ring", "load"),
+    "hf": _lazy("hf", "load"),
 }
 
 
@@ -57,7 +58,7 @@ def load_dataset(spec: str) -> Dataset:
     spec : str
         ``builtin:digits``, ``npz:PATH``, ``csv:PATH?label=COL&client=COL``,
         ``cifar10:DIR``, ``cifar100:DIR``, ``mnist:DIR``, ``fashion-mnist:DIR``,
-        ``leaf:DIR`` and the synthetic generators.
+        ``leaf:DIR``, ``hf:DIR?split=..&label=..&client=..&image=..`` and the synthetic generators.
 
     Raises
     ------

@@ -10,7 +10,10 @@ import numpy as np
 
 from pfl_cli.errors import ConfigError, InfeasibleError, PflxWarning
 from pfl_cli.partition.base import Partition, csr_from_assignment
+from pfl_cli.partition.continuous import check_strictness, continuous_owners
 from pfl_cli.partition.dirichlet import dirichlet_owners
+from pfl_cli.partition.explicit import check_sizes, distribution_owners, read_distribution, read_sizes, size_owners
+from pfl_cli.partition.grouped import GROUP_MODES, group_owners
 from pfl_cli.partition.iid import iid_owners
 from pfl_cli.partition.natural import natural_owners
 from pfl_cli.partition.prevalence import check_prevalence, labeled_clients
@@ -21,7 +24,7 @@ from pfl_cli.partition.shards import shard_owners
 from pfl_cli.partition.split import holdout_count, mark_holdout, match_test_pool, split_fraction
 from pfl_cli.partition.stats import label_histograms
 
-SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural")
+SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural", "sizes", "distribution", "continuous")
 DEFAULT_TEST_FRACTION = 0.2
 
 
@@ -48,6 +51,14 @@ class PartitionConfig:
     # -- clients without labels, rotated clients (issue 15) --
     label_prevalence: float | None = None   # fraction of train clients that keep labels; the rest and holdout: none
     rotations: list[int] | None = None      # one of these angles (degrees) per client, applied when data load
+    # Flower's partitioners (explicit.py, grouped.py, continuous.py; per-partition alpha in dirichlet.py).
+    sizes: list[int] | str | None = None
+    distribution: list[list[float]] | str | None = None
+    group_size: int | None = None
+    group_mode: str = "allow-smaller"
+    continuous: str | int | None = None
+    strictness: float | None = None
+    client_alpha: list[float] | str | None = None
 
 
 def resolve_scheme(cfg: PartitionConfig) -> str:
@@ -55,10 +66,12 @@ def resolve_scheme(cfg: PartitionConfig) -> str:
     implied = [
         name
         for name, on in (
-            ("dirichlet", cfg.alpha is not None),
+            ("dirichlet", cfg.alpha is not None or cfg.client_alpha is not None),
             ("pathological", cfg.classes_per_client is not None),
             ("shards", cfg.shards_per_client is not None),
             ("natural", cfg.natural_id),
+            ("distribution", cfg.distribution is not None),
+            ("continuous", cfg.continuous is not None),
         )
         if on
     ]
@@ -73,6 +86,8 @@ def resolve_scheme(cfg: PartitionConfig) -> str:
         raise ConfigError(f"options of several schemes were given ({', '.join(implied)}); choose one.")
     if implied:
         return implied[0]
+    if cfg.sizes is not None:
+        return "sizes"
     return "quantity" if cfg.quantity is not None else "iid"
 
 
@@ -90,6 +105,25 @@ def _alpha_vector(alpha: Any, num_classes: int) -> np.ndarray:
     if not np.all(np.isfinite(values)) or np.any(values <= 0):
         raise ConfigError(f"alpha must be > 0 (and finite); got {alpha!r}.")
     return values
+
+
+def _client_alphas(value: Any) -> list[float]:
+    """``--client-alpha A1,...,AJ``: one concentration per client, each > 0."""
+    try:
+        values = [float(a) for a in (value.split(",") if isinstance(value, str) else np.atleast_1d(value))]
+    except (TypeError, ValueError):
+        values = []
+    if not values or not all(np.isfinite(a) and a > 0 for a in values):
+        raise ConfigError(f"client-alpha must list one alpha > 0 per client, comma-separated; got {value!r}.")
+    return values
+
+
+def _alpha_of(cfg: PartitionConfig, num_classes: int, num_clients: int) -> np.ndarray:
+    """pflx's per-class alpha vector (C,), or Flower's per-client list as the (C, J) matrix it means."""
+    if cfg.client_alpha is None:
+        return _alpha_vector(cfg.alpha, num_classes)
+    per_client = np.asarray(cfg.client_alpha, dtype=np.float64)
+    return np.broadcast_to(per_client[None, :], (num_classes, num_clients))
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
@@ -111,6 +145,7 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
         A request no partition can meet (e.g. ``min_size * num_clients`` above the samples).
     """
     scheme = resolve_scheme(cfg)
+    cfg = _resolve_explicit(cfg, scheme, num_samples=num_samples, num_classes=num_classes)
     if scheme != "natural":
         _check_int("num_clients", cfg.num_clients, 1)
     _check_int("min_size", cfg.min_size, 0)
@@ -138,7 +173,7 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
         parse_quantity(cfg.quantity)
         if scheme not in ("quantity", "dirichlet", "pathological", "iid"):
             raise ConfigError(f"--quantity combines with --dirichlet or --classes-per-client, not with scheme {scheme}.")
-    if scheme == "dirichlet":
+    if scheme == "dirichlet" and cfg.client_alpha is None:
         _alpha_vector(cfg.alpha, num_classes)
     if scheme == "pathological":
         k = _check_int("classes_per_client", cfg.classes_per_client, 1)
@@ -166,6 +201,59 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
     return dataclasses.replace(cfg, scheme=scheme)
 
 
+DEFAULT_NUM_CLIENTS = PartitionConfig.num_clients
+
+
+def _resolve_explicit(cfg: PartitionConfig, scheme: str, *, num_samples: int, num_classes: int) -> PartitionConfig:
+    """Check the Flower-style options and put the numbers of their files into the config.
+
+    The client count of ``--sizes``, ``--distribution`` and ``--client-alpha`` is the length of the
+    list; ``--num-clients`` may be left out, and a different one is refused.
+    """
+    changes: dict[str, Any] = {}
+    lengths: list[tuple[str, int]] = []
+    if cfg.sizes is not None:
+        if cfg.quantity is not None:
+            raise ConfigError("--sizes and --quantity both set the client sizes; give one.")
+        if scheme not in ("sizes", "dirichlet", "pathological", "distribution"):
+            raise ConfigError(f"--sizes combines with --dirichlet, --classes-per-client or --distribution, not with scheme {scheme}.")
+        changes["sizes"] = read_sizes(cfg.sizes)
+        check_sizes(changes["sizes"], num_samples, cfg.min_size)
+        lengths.append(("sizes", len(changes["sizes"])))
+    if cfg.distribution is not None:
+        changes["distribution"] = read_distribution(cfg.distribution, num_classes)
+        lengths.append(("distribution rows", len(changes["distribution"])))
+    if cfg.client_alpha is not None:
+        if cfg.alpha is not None:
+            raise ConfigError("--dirichlet/--alpha (per class) and --client-alpha (per client, Flower's form) conflict; give one.")
+        if cfg.quantity is not None or cfg.sizes is not None:
+            raise ConfigError("--client-alpha does not combine with --quantity or --sizes; use --dirichlet A for per-client label draws.")
+        values = _client_alphas(cfg.client_alpha)
+        changes["client_alpha"] = values
+        lengths.append(("client-alpha", len(values)))
+    if lengths:
+        name, count = lengths[0]
+        for other, n in lengths[1:]:
+            if n != count:
+                raise ConfigError(f"{name} gives {count} clients but {other} gives {n}; they must agree.")
+        if cfg.num_clients not in (count, DEFAULT_NUM_CLIENTS):
+            raise ConfigError(f"num-clients {cfg.num_clients} disagrees with the {count} clients of {name}; leave --num-clients out.")
+        changes["num_clients"] = count
+    if cfg.group_size is not None:
+        if scheme != "natural":
+            raise ConfigError("--group-size groups natural ids; it needs --natural-id.")
+        _check_int("group_size", cfg.group_size, 1)
+    if cfg.group_mode not in GROUP_MODES:
+        raise ConfigError(f"group-mode must be one of {', '.join(GROUP_MODES)}; got {cfg.group_mode!r}.")
+    if scheme == "continuous":
+        if cfg.strictness is None:
+            raise ConfigError("--continuous needs --strictness S in [0, 1] (0 = IID, 1 = sorted by the column).")
+        check_strictness(cfg.strictness)
+    elif cfg.strictness is not None:
+        raise ConfigError("--strictness belongs to --continuous COL; give both or neither.")
+    return dataclasses.replace(cfg, **changes)
+
+
 def partition_labels(
     labels: np.ndarray | None,
     cfg: PartitionConfig,
@@ -174,6 +262,7 @@ def partition_labels(
     rng: np.random.Generator,
     pool: np.ndarray | None = None,
     client: np.ndarray | None = None,
+    feature: np.ndarray | None = None,
 ) -> Partition:
     """Split a dataset's samples into clients with train/test data and holdout clients.
 
@@ -193,6 +282,8 @@ def partition_labels(
         unless ``cfg.test_fraction`` is set.
     client : ndarray of shape (n,), optional
         Natural client ids, for ``scheme="natural"``.
+    feature : ndarray of shape (n,), optional
+        The ``--continuous`` column's values, for ``scheme="continuous"``.
 
     Returns
     -------
@@ -212,8 +303,18 @@ def partition_labels(
 
     if scheme == "natural":
         owner_all, names = natural_owners(np.asarray(client))
+        if cfg.group_size is not None:
+            owner_all, names = group_owners(owner_all, names, cfg.group_size, cfg.group_mode)
+            info["grouping"] = {"group_size": cfg.group_size, "mode": cfg.group_mode}
         num_clients = len(names)
         owner = owner_all[train_pool]
+    elif scheme == "continuous":
+        if feature is None:
+            raise ConfigError("scheme continuous needs the column's values (feature=...).")
+        num_clients = cfg.num_clients
+        owner, extra = continuous_owners(np.asarray(feature, dtype=np.float64)[train_pool], num_clients=num_clients,
+                                         strictness=float(cfg.strictness), rng=r_assign)
+        info.update(extra)
     else:
         num_clients = cfg.num_clients
         owner = _assign(scheme, sub, cfg, num_clients, ncls, r_assign, info)
@@ -265,10 +366,21 @@ def partition_labels(
 
 def _assign(scheme: str, labels: np.ndarray, cfg: PartitionConfig, num_clients: int, num_classes: int, rng, info) -> np.ndarray:
     """Owner of each train-pool sample under ``scheme`` (quantity skew applied on top)."""
-    if cfg.quantity is not None:
-        law, param = parse_quantity(cfg.quantity)
-        sizes, size_info = client_sizes(law, param, num_clients=num_clients, total=len(labels), min_size=cfg.min_size, rng=rng)
-        info["quantity"] = {"law": law, "param": param, **size_info}
+    if scheme == "sizes":
+        return size_owners(len(labels), np.asarray(cfg.sizes, dtype=np.int64), rng)
+    if scheme == "distribution":
+        sizes = None if cfg.sizes is None else np.asarray(cfg.sizes, dtype=np.int64)
+        owner, extra = distribution_owners(labels, np.asarray(cfg.distribution), sizes, num_classes, rng, cfg.min_size)
+        info.update(extra)
+        return owner
+    if cfg.quantity is not None or cfg.sizes is not None:
+        if cfg.sizes is not None:  # given sizes, then each client's own label draw (Flower's InnerDirichlet)
+            sizes = np.asarray(cfg.sizes, dtype=np.int64)
+            info["quantity"] = {"law": "given sizes", "repaired": False}
+        else:
+            law, param = parse_quantity(cfg.quantity)
+            sizes, size_info = client_sizes(law, param, num_clients=num_clients, total=len(labels), min_size=cfg.min_size, rng=rng)
+            info["quantity"] = {"law": law, "param": param, **size_info}
         if scheme == "dirichlet":
             q = rng.dirichlet(_alpha_vector(cfg.alpha, num_classes), size=num_clients)
         elif scheme == "pathological":
@@ -284,7 +396,7 @@ def _assign(scheme: str, labels: np.ndarray, cfg: PartitionConfig, num_clients: 
         owner, extra = iid_owners(len(labels), num_clients=num_clients, rng=rng)
     elif scheme == "dirichlet":
         owner, extra = dirichlet_owners(
-            labels, num_clients=num_clients, num_classes=num_classes, alpha=_alpha_vector(cfg.alpha, num_classes),
+            labels, num_clients=num_clients, num_classes=num_classes, alpha=_alpha_of(cfg, num_classes, num_clients),
             min_size=cfg.min_size, self_balancing=cfg.self_balancing, rng=rng,
         )
     elif scheme == "pathological":

@@ -18,11 +18,15 @@ from pfl_cli.partition._alloc import apply_repair, owners_from_counts, split_cou
 def class_proportions(alpha: np.ndarray, num_clients: int, rng: np.random.Generator) -> np.ndarray:
     """Rows p_c ~ Dir(alpha_c * 1_J), shape (C, J), via normalized gamma draws.
 
+    ``alpha`` of shape (C,) is pflx's per-class form; a (C, J) matrix gives each row its own
+    concentration vector, e.g. Flower's per-partition form (the same (a_1..a_J) for every class).
+
     Tiny alphas can make a whole row of gammas underflow to 0; such a row puts the class
     on one random client, which is the alpha -> 0 limit of the Dirichlet.
     """
     # float32 draws halve the time of the largest step; proportions only steer integer cuts.
-    shape = np.broadcast_to(alpha.astype(np.float32)[:, None], (len(alpha), num_clients))
+    a32 = alpha.astype(np.float32)
+    shape = np.broadcast_to(a32[:, None] if a32.ndim == 1 else a32, (len(alpha), num_clients))
     gam = rng.standard_gamma(shape, dtype=np.float32).astype(np.float64)
     total = gam.sum(axis=1, keepdims=True)
     dead = total[:, 0] <= 0
@@ -48,8 +52,9 @@ def dirichlet_owners(
     ----------
     labels : ndarray of shape (n,), int64
     num_clients, num_classes : int
-    alpha : ndarray of shape (num_classes,)
-        Concentration of each class's split over clients; smaller is more skewed.
+    alpha : ndarray of shape (num_classes,) or (num_classes, num_clients)
+        Concentration of each class's split over clients; smaller is more skewed. A matrix
+        gives class c the concentration vector ``alpha[c]`` (see :func:`class_proportions`).
     min_size : int
         Every client ends with at least this many samples (repaired, never resampled).
     self_balancing : bool

@@ -1,0 +1,1 @@
+"""Bridges to other federated-learning tools (optional extras)."""

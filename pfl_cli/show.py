@@ -1,0 +1,138 @@
+"""What an artifact is: ``pflx show DIR``.
+
+:func:`describe` opens any stage's artifact with every payload hash verified (a missing or
+edited file is refused, named), reports its inputs with their own stages and whether they still
+match the hashes this artifact recorded, and the stage's headline numbers; :func:`lineage`
+follows the inputs back to the datasets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from pfl_cli.artifacts import MANIFEST, PRODUCER, Artifact, load_json, read_artifact
+from pfl_cli.errors import ArtifactError
+
+STAGES = tuple(PRODUCER) + ("privacy-account",)
+
+
+def open_artifact(path: str | Path) -> Artifact:
+    """Any stage's artifact, hashes verified; refusals name the file (ArtifactError, exit 2)."""
+    path = Path(path)
+    if path.is_dir() and not (path / MANIFEST).is_file():
+        raise ArtifactError(f"{path}: not a pflx artifact (no {MANIFEST}); pass a directory a pflx command wrote with --out.")
+    return read_artifact(path, STAGES, flag="artifact")
+
+
+def _input_status(ref: dict[str, Any]) -> str:
+    """``ok`` when the input artifact is still there with the recorded hash; datasets are not re-read."""
+    if ref.get("stage") == "dataset":
+        return "dataset (not re-read)"
+    try:
+        found = read_artifact(ref["path"], ref["stage"], flag="input")
+    except ArtifactError as err:
+        return "missing" if not Path(ref["path"]).exists() else f"unreadable: {err}"
+    if ref.get("sha256") is None:  # a DP artifact withholds the hash of its private inputs
+        return "ok (hash withheld under --dp)"
+    return "ok" if found.content_hash == ref.get("sha256") else "changed since (hash differs)"
+
+
+def _pick(doc: dict, *keys: str) -> dict:
+    return {k: doc[k] for k in keys if k in doc and doc[k] is not None}
+
+
+def _partition(art: Artifact) -> dict:
+    stats = load_json(art.file("stats.json"))
+    het = stats.get("heterogeneity", {})
+    numbers = _pick(stats, "num_clients", "num_train_clients", "num_holdout_clients", "num_classes",
+                    "num_train_samples", "num_test_samples")
+    numbers["scheme"] = stats.get("scheme_info", {}).get("scheme", art.config.get("scheme", art.config.get("mode")))
+    for key, name in (("js_divergence_to_global", "mean_js_to_global"), ("label_entropy_bits", "mean_label_entropy_bits"),
+                      ("classes_per_client", "mean_classes_per_client")):
+        if isinstance(het.get(key), dict):
+            numbers[name] = het[key]["mean"]
+    if "size_coefficient_of_variation" in het:
+        numbers["size_coefficient_of_variation"] = het["size_coefficient_of_variation"]
+    return numbers
+
+
+def _mdm(art: Artifact) -> dict:
+    doc = load_json(art.file("mdm.json"))
+    return _pick(doc, "num_components", "tau", "num_categories", "log_likelihood", "mean_log_likelihood", "num_clients")
+
+
+def _train(art: Artifact) -> dict:
+    doc = load_json(art.file("metrics.json"))
+    numbers = _pick(doc, "algorithm", "rounds", "best_round", "label_mask")
+    for group in ("train", "holdout", "val"):
+        if isinstance(doc.get(group), dict):
+            numbers[f"{group}_mean_accuracy"] = doc[group].get("mean_accuracy")
+            numbers[f"{group}_mean_accuracy_lm"] = doc[group].get("mean_accuracy_lm")
+    return numbers
+
+
+def _predict(art: Artifact) -> dict:
+    doc = load_json(art.file("metrics.json"))
+    return _pick(doc, "algorithm", "clients", "num_clients", "mean_accuracy", "mean_accuracy_nolm", "mean_accuracy_lm",
+                 "optimizer_steps", "personalized")
+
+
+def _cluster(art: Artifact) -> dict:
+    doc = load_json(art.file("metrics.json"))
+    return _pick(doc, "k", "init", "normalized_cost", "centralized_normalized_cost", "relative_gap", "num_clients")
+
+
+HEADLINES: dict[str, Callable[[Artifact], dict]] = {
+    "partition": _partition, "mdm-fit": _mdm, "train": _train, "predict": _predict, "cluster": _cluster,
+}
+
+
+def headline(art: Artifact) -> dict[str, Any]:
+    """The numbers a person looks at first, per stage; epsilon and delta wherever a privacy ledger is."""
+    numbers = HEADLINES.get(art.stage, lambda _a: {})(art)
+    if art.has("privacy.json"):
+        ledger = load_json(art.file("privacy.json"))
+        numbers.update({f"privacy_{k}": v for k, v in _pick(ledger, "epsilon", "delta", "unit", "accountant").items()})
+    return numbers
+
+
+def describe(path: str | Path) -> dict[str, Any]:
+    """The ``pflx show`` document of one artifact (JSON-ready)."""
+    art = open_artifact(path)
+    m = art.manifest
+    return {
+        "path": str(art.path),
+        "stage": art.stage,
+        "tool_version": m.get("version"),
+        "created_utc": m.get("created_utc"),
+        "seed": m.get("seed"),
+        "argv": m.get("argv"),
+        "config": dict(art.config),
+        "inputs": [{**ref, "status": _input_status(ref)} for ref in m.get("inputs", [])],
+        "outputs": [{"path": o["path"], "bytes": o.get("bytes"), "sha256": o["sha256"], "verified": True}
+                    for o in m.get("outputs", [])],
+        "headline": headline(art),
+    }
+
+
+def lineage(path: str | Path) -> list[dict[str, Any]]:
+    """The chain of artifacts ``path`` came from, depth first: this one (depth 0), its inputs, theirs, ...
+
+    Inputs that are gone or changed are listed with their status and not followed.
+    """
+    chain: list[dict[str, Any]] = []
+
+    def visit(ref: dict[str, Any], depth: int, status: str) -> None:
+        entry = {"depth": depth, "path": ref["path"], "stage": ref["stage"], "sha256": ref.get("sha256"), "status": status}
+        chain.append(entry)
+        if ref["stage"] == "dataset" or not status.startswith("ok"):
+            return
+        art = read_artifact(ref["path"], ref["stage"], flag="input")
+        entry["headline"] = headline(art)
+        for sub in art.manifest.get("inputs", []):
+            visit(sub, depth + 1, _input_status(sub))
+
+    root = open_artifact(path)
+    visit({**root.input_ref()}, 0, "ok")
+    return chain
