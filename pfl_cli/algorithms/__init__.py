@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pfl_cli.algorithms.apfl import APFL
 from pfl_cli.algorithms.base import Algorithm
+from pfl_cli.algorithms.ditto import Ditto
 from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.fedper import FedPer
+from pfl_cli.algorithms.fedprox import FedProx
+from pfl_cli.algorithms.fedrep import FedRep
+from pfl_cli.algorithms.lgfedavg import LGFedAvg
 from pfl_cli.algorithms.local import Local
 from pfl_cli.algorithms.pefll import PeFLL
 
-REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (PeFLL, FedAvg, Local)}
+REGISTRY: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (PeFLL, FedAvg, Local, FedProx, FedPer, FedRep, LGFedAvg, Ditto, APFL)
+}
 
-__all__ = ["Algorithm", "FedAvg", "Local", "PeFLL", "REGISTRY"]
+__all__ = ["APFL", "Algorithm", "Ditto", "FedAvg", "FedPer", "FedProx", "FedRep", "LGFedAvg", "Local", "PeFLL",
+           "REGISTRY"]

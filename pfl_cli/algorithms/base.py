@@ -114,27 +114,122 @@ class Algorithm(ABC):
         return total, active
 
     def train_clients(self, start: dict, clients: np.ndarray, gen, *, steps: int | None = None,
-                      epochs: int | None = None, chunk: int = 64) -> dict:
-        """Local SGD from ``start`` (one model) on each client's fit data, ``chunk`` clients at a time."""
-        import torch
+                      epochs: int | None = None, chunk: int = 64, stacked: bool = False, **objective) -> dict:
+        """Local SGD from ``start`` on each client's fit data, ``chunk`` clients at a time.
 
-        from pfl_cli.fl.batches import sample_batches
-        from pfl_cli.fl.cohort import local_sgd
+        ``start`` is one model, or one per entry of ``clients`` when ``stacked``; ``objective``
+        (``trainable``, ``prox_mu``, ``prox_anchor`` as one model) goes to :func:`local_sgd`.
+        The steps are counted in ``client_sgd_steps`` (what ``predict`` reports).
+        """
+        import torch
 
         out: dict[str, list] = {k: [] for k in start}
         for lo in range(0, len(clients), chunk):
             sel = torch.as_tensor(clients[lo:lo + chunk], device=self.device)
-            if epochs is not None:
-                total, active = self.epoch_steps(sel, epochs)
-            else:
-                total, active = steps, None
-            index, mask = sample_batches(self.store.fit, sel, total, self.cfg.batch_size, gen)
-            theta, _ = local_sgd(self.net, stack(start, len(sel)), self.store, index, mask, active=active,
-                                 **self.sgd_options())
-            self.client_sgd_steps += int(active.sum()) if active is not None else total * len(sel)
+            begin = {k: v[lo:lo + chunk] for k, v in start.items()} if stacked else stack(start, len(sel))
+            theta, _, taken = self.cohort_sgd(begin, sel, gen, steps=steps, epochs=epochs, **objective)
+            self.client_sgd_steps += taken
             for k, v in theta.items():
                 out[k].append(v)
-        return {k: torch.cat(v) if v else start[k].unsqueeze(0)[:0] for k, v in out.items()}
+        empty = (lambda v: v[:0]) if stacked else (lambda v: v.unsqueeze(0)[:0])
+        return {k: torch.cat(v) if v else empty(start[k]) for k, v in out.items()}
+
+    def round_schedule(self) -> dict:
+        """A round's local work: ``local_steps`` SGD steps, or ``local_epochs`` epochs when set."""
+        cfg = self.cfg
+        return {"epochs": cfg.local_epochs} if cfg.local_epochs else {"steps": cfg.local_steps}
+
+    def cohort_sgd(self, start: dict, clients, gen, *, steps: int | None = None, epochs: int | None = None,
+                   trainable=None, prox_mu: float = 0.0, prox_anchor: dict | None = None):
+        """One batched local-SGD run of ``clients`` (LongTensor) from stacked ``start``.
+
+        ``steps`` SGD steps each, or ``epochs`` passes over each client's fit data. Returns
+        the parameters, each client's mean loss and the number of steps taken in all.
+        """
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd
+
+        if epochs is not None:
+            total, active = self.epoch_steps(clients, epochs)
+        else:
+            total, active = steps, None
+        index, mask = sample_batches(self.store.fit, clients, total, self.cfg.batch_size, gen)
+        anchor = None if prox_anchor is None else stack(prox_anchor, len(clients))
+        theta, loss = local_sgd(self.net, start, self.store, index, mask, active=active, trainable=trainable,
+                                prox_mu=prox_mu, prox_anchor=anchor, **self.sgd_options())
+        taken = int(active.sum()) if active is not None else total * len(clients)
+        return theta, loss, taken
+
+
+class PrivateState:
+    """Mixin for algorithms with per-client private state ``self.private`` (a ClientState).
+
+    The state joins ``state()`` and ``weights()`` (so checkpoints and ``model.pt`` keep it),
+    and :meth:`personalize` serves a client from its own state (:meth:`own_models`) when it
+    has one on this partition, else with the algorithm's new-client protocol (:meth:`new_clients`).
+    """
+
+    def own_models(self, rows) -> dict:
+        """Models of train clients ``rows`` (LongTensor) from their private state."""
+        raise NotImplementedError
+
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """Models for clients without private state (the paper's protocol for new clients)."""
+        raise NotImplementedError
+
+    def personalize(self, clients: np.ndarray, gen):
+        import torch
+
+        clients = np.asarray(clients, dtype=np.int64)
+        known = self.private.known(clients, self.store.partition_sha)
+        parts = []
+        if known.any():
+            parts.append((known, self.own_models(torch.as_tensor(clients[known], device=self.device))))
+        if (~known).any():
+            parts.append((~known, self.new_clients(clients[~known], gen)))
+        return merge_rows(len(clients), parts), True
+
+    def state(self):
+        return {**super().state(), "private": self.private.state()}
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.private.load_state(state["private"], self.device)
+
+    def weights(self):
+        return {**super().weights(), "private": cpu_tree(self.private.state())}
+
+    def load_weights(self, weights):
+        super().load_weights(weights)
+        self.private.load_state(weights["private"], self.device)
+
+
+def cpu_tree(tree: dict) -> dict:
+    """A nested dict of tensors, detached on the CPU (for ``weights()``)."""
+    return {k: (cpu_tree(v) if isinstance(v, dict) else v.detach().cpu()) for k, v in tree.items()}
+
+
+def merge_rows(n: int, parts) -> dict:
+    """Stack per-client models from ``parts`` [(bool mask (n,), {name: (mask.sum(), ...)})] in client order."""
+    import torch
+
+    parts = [(m, p) for m, p in parts if m.any()]
+    first = parts[0][1]
+    out = {k: v.new_zeros((n, *v.shape[1:])) for k, v in first.items()}
+    for mask, params in parts:
+        rows = torch.as_tensor(np.flatnonzero(mask), device=next(iter(out.values())).device)
+        for k, v in params.items():
+            out[k][rows] = v
+    return out
+
+
+def weighted_mean(store, cohort, theta: dict, *, by_size: bool = True) -> dict:
+    """The server average of the cohort's models: by data size (FedAvg Alg. 3 line 9) or uniform."""
+    import torch
+
+    size = store.fit.length[cohort].to(torch.float32) if by_size else torch.ones(len(cohort), device=cohort.device)
+    weight = size / size.sum().clamp_min(1.0)
+    return {k: torch.einsum("c,c...->...", weight, v) for k, v in theta.items()}
 
 
 def descriptor_dim(cfg, num_clients: int) -> int:

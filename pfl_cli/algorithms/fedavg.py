@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, stack
+from pfl_cli.algorithms.base import Algorithm, stack, weighted_mean
 
 
 class FedAvg(Algorithm):
@@ -25,27 +25,22 @@ class FedAvg(Algorithm):
         self.personalized = self.cfg.finetune_steps > 0
 
     def run_round(self, t, cohort, gen):
-        import torch
+        theta, loss, _ = self.cohort_sgd(stack(self.global_params, len(cohort)), cohort, gen,
+                                         **self.round_schedule(), **self.local_objective())
+        self.server_step(weighted_mean(self.store, cohort, theta))
+        return loss
 
-        from pfl_cli.fl.batches import sample_batches
-        from pfl_cli.fl.cohort import local_sgd
+    def local_objective(self) -> dict:
+        """Extra terms of the clients' local objective (FedProx adds its proximal term)."""
+        return {}
 
+    def server_step(self, mean: dict) -> None:
+        """Move the global model by ``server_lr`` times the (momentum of the) mean delta."""
         cfg = self.cfg
-        if cfg.local_epochs:
-            steps, active = self.epoch_steps(cohort, cfg.local_epochs)
-        else:
-            steps, active = cfg.local_steps, None
-        index, mask = sample_batches(self.store.fit, cohort, steps, cfg.batch_size, gen)
-        theta, loss = local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
-                                active=active, **self.sgd_options())
-        size = self.store.fit.length[cohort].to(torch.float32)
-        weight = size / size.sum()  # Alg. 3 line 9: m_i / m
         lr = cfg.server_lr if cfg.server_lr is not None else self.default_server_lr
         for k, g in self.global_params.items():
-            delta = torch.einsum("c,c...->...", weight, theta[k] - g)
-            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + delta
+            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + (mean[k] - g)
             self.global_params[k] = g + lr * self.server_buf[k]
-        return loss
 
     def personalize(self, clients: np.ndarray, gen):
         if self.cfg.finetune_steps > 0:

@@ -54,9 +54,27 @@ def validate_train_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"server_lr must be a finite number > 0; got {cfg.server_lr!r}.")
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in [0, 1); got {cfg.val_fraction!r}.")
+    _validate_baselines(cfg)
     hidden = cfg.mlp_hidden if isinstance(cfg.mlp_hidden, (list, tuple)) else [cfg.mlp_hidden]
     if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
         raise ConfigError(f"mlp_hidden must be a list of positive layer widths; got {cfg.mlp_hidden!r}.")
+
+
+def _validate_baselines(cfg: TrainConfig) -> None:
+    """The personalized baselines' keys (issue 13)."""
+    for name in ("head_epochs", "body_epochs", "new_client_epochs"):
+        _int(cfg, name, 0)
+    for name in ("mu", "lam", "alpha_lr", "alpha"):
+        value = getattr(cfg, name)
+        if value is None and name != "mu" and name != "alpha":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if cfg.alpha > 1:
+        raise ConfigError(f"alpha (apfl's mixing weight) must be in [0, 1]; got {cfg.alpha!r}.")
+    if cfg.algorithm == "fedrep" and cfg.head_epochs + cfg.body_epochs == 0:
+        raise ConfigError("fedrep: head_epochs and body_epochs are both 0, so clients would never train; "
+                          "set at least one to >= 1.")
 
 
 def _int(cfg, name: str, low: int) -> None:

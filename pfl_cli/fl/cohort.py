@@ -10,11 +10,12 @@ one client at a time with the real optimizer, and the tests hold the two equal.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Collection, Mapping
 
 
 def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: float, momentum: float = 0.0,
-              weight_decay: float = 0.0, clip: float = 0.0, active=None):
+              weight_decay: float = 0.0, clip: float = 0.0, active=None, trainable: Collection[str] | None = None,
+              prox_mu: float = 0.0, prox_anchor: Mapping[str, "object"] | None = None):
     """Run every cohort client's local steps at once.
 
     Parameters
@@ -34,6 +35,13 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     active : BoolTensor (c, steps), optional
         Steps a client takes; inactive steps leave its parameters and momentum alone
         (clients with fewer epochs' worth of batches).
+    trainable : collection of str, optional
+        The parameters that move (e.g. a head or a body); the others stay fixed and only
+        feed the forward pass. Default: all.
+    prox_mu, prox_anchor : float, dict name -> Tensor (c, *shape)
+        Proximal term ``prox_mu / 2 * ||theta - anchor||^2`` (FedProx Eq. 2, Ditto Eq. 2):
+        its gradient ``prox_mu * (theta - anchor)`` joins the step like weight decay (after
+        clipping). Anchors of frozen parameters are ignored.
 
     Returns
     -------
@@ -46,39 +54,33 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     import torch.nn.functional as F
     from torch.func import functional_call, vmap
 
-    names = list(params)
+    names = [k for k in params if trainable is None or k in trainable]
     forward = vmap(lambda p, x: functional_call(model, p, (x,)))
     # Leaves with their own grad: clients' losses are independent, so the gradient of their
     # sum with respect to the stacked parameters is every client's own gradient at once
     # (a vmapped forward + one ordinary backward is ~2x cheaper than vmap(grad) here).
-    theta = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-    buf = {k: torch.zeros_like(v) for k, v in params.items()}
+    theta = {k: v.detach().clone().requires_grad_(k in names) for k, v in params.items()}
+    buf = {k: torch.zeros_like(theta[k]) for k in names}
     c, steps = index.shape[:2]
     loss_sum = torch.zeros(c, device=index.device)
     taken = torch.zeros(c, device=index.device)
     for s in range(steps):
-        idx, m = index[:, s], mask[:, s]
-        logits = forward(theta, store.inputs(idx))
-        ce = F.cross_entropy(logits.flatten(0, 1), store.y[idx].flatten(), reduction="none").view(m.shape)
-        loss = (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
-        grads = dict(zip(names, torch.autograd.grad(loss.sum(), [theta[k] for k in names])))
+        loss, grads = batch_loss_and_grads(forward, theta, names, store, index[:, s], mask[:, s])
         go = None if active is None else active[:, s]
         with torch.no_grad():
-            if clip > 0:
-                norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
-                scale = (clip / (norm + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s coefficient
+            grads = clip_per_client(grads, clip)
             for k in names:
                 g = grads[k]
-                if clip > 0:
-                    g = g * scale.view(-1, *([1] * (g.dim() - 1)))
                 if weight_decay:
                     g = g + weight_decay * theta[k]
+                if prox_mu:
+                    g = g + prox_mu * (theta[k] - prox_anchor[k])
                 new_buf = momentum * buf[k] + g if momentum else g
                 if go is None:
                     buf[k] = new_buf
                     theta[k] -= lr * new_buf
                 else:
-                    sel = go.view(-1, *([1] * (g.dim() - 1)))
+                    sel = expand_as_params(go, g)
                     buf[k] = torch.where(sel, new_buf, buf[k])
                     theta[k] -= lr * new_buf * sel
             w = torch.ones(c, device=index.device) if go is None else go.to(loss.dtype)
@@ -87,8 +89,46 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     return {k: v.detach() for k, v in theta.items()}, loss_sum / taken.clamp_min(1.0)
 
 
+def expand_as_params(v, like):
+    """A per-client vector (c,) viewed to broadcast against a stacked parameter (c, *shape)."""
+    return v.view(-1, *([1] * (like.dim() - 1)))
+
+
+def batch_loss_and_grads(forward, theta: Mapping, names, store, idx, m, *, create_graph: bool = False):
+    """Every client's masked mean cross-entropy on its batch ``idx`` (c, b) and its gradients.
+
+    ``forward`` is the vmapped ``functional_call`` of the client net; gradients are taken
+    with respect to ``theta[k]`` for ``k`` in ``names`` (leaves or graph nodes).
+    """
+    import torch
+
+    loss = batch_loss(forward, theta, store, idx, m)
+    grads = torch.autograd.grad(loss.sum(), [theta[k] for k in names], create_graph=create_graph)
+    return loss, dict(zip(names, grads))
+
+
+def batch_loss(forward, params: Mapping, store, idx, m):
+    """Every client's masked mean cross-entropy (c,) of its model ``params`` on its batch ``idx`` (c, b)."""
+    import torch.nn.functional as F
+
+    logits = forward(dict(params), store.inputs(idx))
+    ce = F.cross_entropy(logits.flatten(0, 1), store.y[idx].flatten(), reduction="none").view(m.shape)
+    return (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+def clip_per_client(grads: dict, clip: float) -> dict:
+    """Scale each client's gradient to global norm at most ``clip`` (``clip_grad_norm_``'s coefficient)."""
+    import torch
+
+    if clip <= 0 or not grads:
+        return grads
+    norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
+    scale = (clip / (norm + 1e-6)).clamp(max=1.0)
+    return {k: g * expand_as_params(scale, g) for k, g in grads.items()}
+
+
 def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,
-                        active=None):
+                        active=None, trainable=None, prox_mu=0.0, prox_anchor=None):
     """:func:`local_sgd` one client at a time with ``torch.optim.SGD`` (tests and benchmarks)."""
     import copy
 
@@ -102,7 +142,10 @@ def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, 
         with torch.no_grad():
             for k, p in net.named_parameters():
                 p.copy_(params[k][i])
-        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+        moving = [p for k, p in net.named_parameters() if trainable is None or k in trainable]
+        for k, p in net.named_parameters():
+            p.requires_grad_(trainable is None or k in trainable)
+        opt = torch.optim.SGD(moving, lr=lr, momentum=momentum, weight_decay=weight_decay)
         total, count = 0.0, 0
         for s in range(steps):
             if active is not None and not bool(active[i, s]):
@@ -114,7 +157,12 @@ def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, 
             opt.zero_grad()
             loss.backward()
             if clip > 0:
-                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+                torch.nn.utils.clip_grad_norm_(moving, clip)
+            if prox_mu:
+                with torch.no_grad():
+                    for k, p in net.named_parameters():
+                        if p.requires_grad:
+                            p.grad += prox_mu * (p - prox_anchor[k][i])
             opt.step()
             total, count = total + float(loss.detach()), count + 1
         for k, p in net.named_parameters():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-ALGORITHMS = ("pefll", "fedavg", "local")
+ALGORITHMS = ("pefll", "fedavg", "local", "fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl")
 CLIENT_ARCHS = ("auto", "lenet", "mlp")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
 HYPER_SIZES = ("S", "M", "L")
@@ -55,6 +55,14 @@ class TrainConfig:
     val_fraction: float = 0.1             # of every train client's train samples, for model selection
     normalize: bool = True                # standardize inputs with train-pool statistics (per channel / feature)
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
+    # ---- personalized-FL baselines (issue 13): each key is the symbol of its algorithm's paper ----
+    mu: float = 0.0                       # fedprox: proximal weight mu of Eq. 2 (0 = FedAvg)
+    lam: Optional[float] = None           # ditto: lambda of the proximal term to the global model (default 0.1)
+    head_epochs: int = 5                  # fedrep: epochs on the head per round, body frozen (PeFLL §4.1: 5)
+    body_epochs: int = 1                  # fedrep: epochs on the body per round, head frozen (PeFLL §4.1: 1)
+    new_client_epochs: int = 20           # fedrep/fedper: new head; lg-fedavg: new body; ditto: personal model; apfl: v and alpha
+    alpha: float = 0.5                    # apfl: initial mixing weight alpha in [0, 1]
+    alpha_lr: Optional[float] = None      # apfl: step size of alpha (default lr; 0 keeps alpha fixed)
     device: str = "auto"
     seed: int = 0
 
