@@ -17,7 +17,23 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm, PrivateState, stack, weighted_mean
 
 
-class PartialSharing(PrivateState, Algorithm):
+class _GlobalModel(Algorithm):
+    """The server's state: one global client net (only its shared part is ever updated)."""
+
+    def state(self):
+        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
+
+    def load_state(self, state):
+        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
+
+    def weights(self):
+        return {"client": {k: v.detach().cpu() for k, v in self.global_params.items()}}
+
+    def load_weights(self, weights):
+        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
+
+
+class PartialSharing(PrivateState, _GlobalModel):
     shared_part = "body"          # "body" (FedRep, FedPer) or "head" (LG-FedAvg)
     average_by_size = True        # server mean weighted by client data size, or uniform
 
@@ -70,15 +86,3 @@ class PartialSharing(PrivateState, Algorithm):
             return stack(start, len(clients))
         return self.train_clients(start, clients, gen, epochs=self.cfg.new_client_epochs,
                                   trainable=self.private_names)
-
-    def state(self):
-        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
-
-    def load_state(self, state):
-        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
-
-    def weights(self):
-        return {"client": {k: v.detach().cpu() for k, v in self.global_params.items()}}
-
-    def load_weights(self, weights):
-        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}

@@ -1,4 +1,4 @@
-"""`pflx train`: train PeFLL, FedAvg or Local on a partition's train clients."""
+"""`pflx train`: train PeFLL, FedAvg, Local or a personalized baseline on a partition's train clients."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ FLAGS = (
 SET_ONLY = (
     "momentum", "client_clip", "server_optimizer", "server_momentum", "server_clip", "lambda_h", "lambda_v",
     "lambda_theta", "mlp_hidden", "hyper_hidden", "descriptor_batch", "eval_descriptor", "normalize",
-    "checkpoint_every",
+    "checkpoint_every", "mu", "lam", "head_epochs", "body_epochs", "new_client_epochs", "alpha", "alpha_lr",
 )
 
 
@@ -29,7 +29,7 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local.")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl.")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
     clients_per_round: Annotated[int, typer.Option("--clients-per-round", help="Cohort size of every round.")] = 5,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (pefll, fedavg).")] = 50,
@@ -60,6 +60,13 @@ def train(
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
     checkpoint_every (0 = at every evaluation).
+
+    Baselines' keys (each its paper's symbol): mu (fedprox proximal weight, 0 = FedAvg), lam (ditto's
+    lambda, default 0.1), head_epochs / body_epochs (fedrep, default 5 / 1), new_client_epochs (epochs
+    a client without private state trains: fedrep/fedper its head, lg-fedavg its body, ditto its
+    personal model, apfl its local model and alpha; default 20), alpha (apfl's initial mixing weight,
+    default 0.5), alpha_lr (apfl's step on alpha, default lr; 0 keeps alpha fixed). fedper,
+    lg-fedavg, ditto and apfl train --local-steps (or --local-epochs) per round.
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.

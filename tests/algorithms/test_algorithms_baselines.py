@@ -1,0 +1,331 @@
+"""The personalized baselines against slow per-client references of their papers' update rules.
+
+Each test runs one batched round of the real algorithm, then replays the round's random
+draws (same generator seed) through an obviously-correct loop over clients
+(``local_sgd_reference``: ``torch.optim.SGD`` one client at a time, or a hand-written loop
+for APFL), and compares the global model and the private per-client state.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call
+
+from pfl_cli.algorithms import REGISTRY
+from pfl_cli.errors import InputError
+from pfl_cli.fl.api import make_algorithm
+from pfl_cli.fl.batches import sample_batches
+from pfl_cli.fl.cohort import local_sgd, local_sgd_reference
+from pfl_cli.fl.config import TrainConfig
+from pfl_cli.fl.split import split_names
+from pfl_cli.fl.store import ROLE_TRAIN, build_store
+from pfl_cli.models import num_parameters
+from pfl_cli.rng import make_rng
+
+BASE = TrainConfig(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
+                   head_epochs=1, body_epochs=1)
+TOL = dict(atol=2e-5, rtol=1e-4)
+NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl")
+
+
+@pytest.fixture(scope="module")
+def store(digits_clients):
+    ds, part = digits_clients
+    return build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.1, rng=make_rng(0, "validation-split"),
+                       device="cpu")
+
+
+def alg_for(store, **opts):
+    return make_algorithm(dataclasses.replace(BASE, **opts), store)
+
+
+def gen(seed=7):
+    return torch.Generator().manual_seed(seed)
+
+
+def cohort(store, k=4):
+    return torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 3, 5, 9][:k]])
+
+
+def stacked(params, c):
+    return {k: v.unsqueeze(0).repeat(c, *([1] * v.dim())).clone() for k, v in params.items()}
+
+
+def draws(alg, clients, g, *, steps=None, epochs=None):
+    """The batches (and active steps) ``cohort_sgd`` draws next from ``g``."""
+    if epochs is not None:
+        total, active = alg.epoch_steps(clients, epochs)
+    else:
+        total, active = steps, None
+    index, mask = sample_batches(alg.store.fit, clients, total, alg.cfg.batch_size, g)
+    return index, mask, active
+
+
+def ref_sgd(alg, start, clients, g, *, steps=None, epochs=None, **objective):
+    index, mask, active = draws(alg, clients, g, steps=steps, epochs=epochs)
+    return local_sgd_reference(alg.net, start, alg.store, index, mask, active=active, **alg.sgd_options(),
+                               **objective)[0]
+
+
+def mean(store, clients, theta, by_size=True):
+    w = store.fit.length[clients].double() if by_size else torch.ones(len(clients), dtype=torch.float64)
+    w = w / w.sum()
+    return {k: sum(float(w[i]) * v[i] for i in range(len(clients))) for k, v in theta.items()}
+
+
+def close(a, b):
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], **TOL, msg=k)
+
+
+# ----------------------------------------------------------------------------- building blocks
+def test_local_sgd_on_a_subset_with_a_proximal_term_equals_the_optimizer_loop(store):
+    alg = alg_for(store, algorithm="fedavg", client_clip=0.5)
+    clients = cohort(store)
+    index, mask, _ = draws(alg, clients, gen(), steps=6)
+    start = stacked(alg.global_params, len(clients))
+    start = {k: v + 0.01 * torch.randn(v.shape, generator=gen(1)) for k, v in start.items()}
+    anchor = stacked(alg.global_params, len(clients))
+    head = ("fc2.weight", "fc2.bias")
+    opts = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, clip=0.5, trainable=head, prox_mu=0.7, prox_anchor=anchor)
+    fast, _ = local_sgd(alg.net, start, store, index, mask, **opts)
+    slow, _ = local_sgd_reference(alg.net, start, store, index, mask, **opts)
+    close(fast, slow)
+    assert torch.equal(fast["fc1.weight"], start["fc1.weight"])  # frozen
+    assert not torch.allclose(fast["fc2.weight"], start["fc2.weight"])
+
+
+def test_head_split_of_lenet_and_mlp_and_refusal_without_a_body(store):
+    from pfl_cli.models import build, client_spec
+
+    lenet = client_spec("lenet", (3, 32, 32), 10)
+    body, head = split_names(build(lenet), lenet, "fedrep")
+    assert head == ("fc3.weight", "fc3.bias") and body[0] == "conv1.weight" and len(body) == 8
+    mlp = client_spec("mlp", (64,), 10, (32, 16))
+    assert split_names(build(mlp), mlp, "fedrep")[1] == ("fc3.weight", "fc3.bias")
+    with pytest.raises(InputError, match="has no body"):
+        alg_for(store, algorithm="fedrep", mlp_hidden=())
+
+
+def test_floats_per_client_round_count_what_each_algorithm_exchanges(store):
+    arch = alg_for(store, algorithm="fedavg").arch
+    d = num_parameters(arch["client"])
+    head = 16 * 10 + 10
+    expected = {"fedprox": 2 * d, "ditto": 2 * d, "apfl": 2 * d, "fedper": 2 * (d - head),
+                "fedrep": 2 * (d - head), "lg-fedavg": 2 * head}
+    assert {a: REGISTRY[a].floats_per_client_round(arch) for a in expected} == expected
+
+
+# ----------------------------------------------------------------------------- FedProx
+def test_fedprox_with_mu_zero_is_fedavg(store):
+    a, b = alg_for(store, algorithm="fedavg"), alg_for(store, algorithm="fedprox", mu=0.0)
+    for t in range(3):
+        a.run_round(t, cohort(store), gen(t))
+        b.run_round(t, cohort(store), gen(t))
+    for k in a.global_params:
+        assert torch.equal(a.global_params[k], b.global_params[k]), k
+
+
+def test_fedprox_round_equals_the_proximal_per_client_loop(store):
+    alg = alg_for(store, algorithm="fedprox", mu=0.5)
+    c = cohort(store)
+    w = {k: v.clone() for k, v in alg.global_params.items()}
+    alg.run_round(0, c, gen())
+    theta = ref_sgd(alg, stacked(w, len(c)), c, gen(), steps=4, prox_mu=0.5, prox_anchor=stacked(w, len(c)))
+    close(alg.global_params, mean(store, c, theta))
+    plain = alg_for(store, algorithm="fedavg")
+    plain.run_round(0, c, gen())
+    assert not torch.allclose(plain.global_params["fc1.weight"], alg.global_params["fc1.weight"], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- FedRep, FedPer, LG-FedAvg
+def test_fedrep_round_trains_heads_then_bodies_and_averages_bodies_uniformly(store):
+    alg = alg_for(store, algorithm="fedrep", head_epochs=2, body_epochs=1)
+    c = cohort(store)
+    start = stacked(alg.global_params, len(c))
+    alg.run_round(0, c, gen())
+    g = gen()
+    theta = ref_sgd(alg, start, c, g, epochs=2, trainable=alg.head)
+    theta = ref_sgd(alg, theta, c, g, epochs=1, trainable=alg.body)
+    close(alg.global_params, {**mean(store, c, {k: theta[k] for k in alg.body}, by_size=False)})
+    close(alg.private.gather(c), {k: theta[k] for k in alg.head})
+    assert alg.private.has[c].all() and alg.private.has.sum() == len(c)
+
+
+@pytest.mark.parametrize("name,shared", [("fedper", "body"), ("lg-fedavg", "head")])
+def test_fedper_and_lg_fedavg_rounds_share_one_part_and_keep_the_other(store, name, shared):
+    alg = alg_for(store, algorithm=name)
+    c = cohort(store)
+    alg.run_round(0, c, gen(0))  # a first round so the private rows differ from the init
+    c2 = cohort(store, 3)
+    start = stacked(alg.global_params, len(c2))
+    start.update(alg.private.gather(c2))
+    alg.run_round(1, c2, gen(1))
+    theta = ref_sgd(alg, start, c2, gen(1), steps=4)
+    shared_names = alg.body if shared == "body" else alg.head
+    private_names = alg.head if shared == "body" else alg.body
+    close({k: alg.global_params[k] for k in shared_names}, mean(store, c2, {k: theta[k] for k in shared_names}))
+    close(alg.private.gather(c2), {k: theta[k] for k in private_names})
+
+
+def test_new_clients_of_fedrep_get_a_fresh_head_trained_on_the_frozen_body(store):
+    alg = alg_for(store, algorithm="fedrep", new_client_epochs=2)
+    alg.run_round(0, cohort(store), gen())
+    holdout = np.flatnonzero(store.role == 1)
+    params, personalized = alg.personalize(holdout, gen(3))
+    start = {**alg.global_params, **alg.init_private}
+    ref = ref_sgd(alg, stacked(start, len(holdout)), torch.as_tensor(holdout), gen(3), epochs=2, trainable=alg.head)
+    assert personalized
+    close(params, ref)
+    for k in alg.body:
+        assert torch.equal(params[k], stacked(alg.global_params, len(holdout))[k])
+    assert alg.client_sgd_steps > 0
+
+
+# ----------------------------------------------------------------------------- Ditto
+def test_ditto_round_equals_fedavg_plus_proximal_personal_steps(store):
+    alg = alg_for(store, algorithm="ditto", lam=0.3)
+    c = cohort(store)
+    w = {k: v.clone() for k, v in alg.global_params.items()}
+    v0 = alg.private.gather(c)
+    alg.run_round(0, c, gen())
+    g = gen()
+    theta = ref_sgd(alg, stacked(w, len(c)), c, g, steps=4)
+    personal = ref_sgd(alg, v0, c, g, steps=4, prox_mu=0.3, prox_anchor=stacked(w, len(c)))
+    close(alg.global_params, mean(store, c, theta))
+    close(alg.private.gather(c), personal)
+
+
+def test_ditto_with_lambda_zero_personal_models_are_local_training(store):
+    """lambda = 0: the personal models never see the global model, however it moves."""
+    runs = [alg_for(store, algorithm="ditto", lam=0.0, server_lr=lr) for lr in (1.0, 0.3)]
+    rows = []
+    for alg in runs:
+        for t in range(3):
+            alg.run_round(t, cohort(store), gen(t))
+        rows.append(alg.private.gather(cohort(store)))
+    assert not torch.equal(runs[0].global_params["fc1.weight"], runs[1].global_params["fc1.weight"])
+    for k in rows[0]:
+        assert torch.equal(rows[0][k], rows[1][k]), k
+    # and they are local SGD from the shared initialization (= Local's): replay the three rounds
+    local = make_algorithm(dataclasses.replace(BASE, algorithm="local"), store)
+    v = stacked(local.init_params, 4)
+    c = cohort(store)
+    for t in range(3):
+        g = gen(t)
+        draws(runs[0], c, g, steps=4)  # the global model's batches come first
+        v = ref_sgd(runs[0], v, c, g, steps=4)
+    close(rows[0], v)
+
+
+# ----------------------------------------------------------------------------- APFL
+def _apfl_reference(alg, w0, v0, a0, c, g, steps, lr, alpha_lr):
+    """Alg. 1 one client at a time, gradients by plain autograd on the client's own model."""
+    index, mask, _ = draws(alg, c, g, steps=steps)
+    ws, vs, alphas = [], [], []
+    for i in range(len(c)):
+        w = {k: v[i].clone() for k, v in w0.items()}
+        v = {k: t[i].clone() for k, t in v0.items()}
+        a = a0[i].clone()
+        for s in range(steps):
+            idx, m = index[i, s], mask[i, s]
+            x, y = alg.store.inputs(idx), alg.store.y[idx]
+
+            def loss_of(p):
+                ce = torch.nn.functional.cross_entropy(functional_call(alg.net, p, (x,)), y, reduction="none")
+                return (ce * m).sum() / m.sum()
+
+            wl = {k: t.clone().requires_grad_(True) for k, t in w.items()}
+            gw = torch.autograd.grad(loss_of(wl), list(wl.values()))
+            vl = {k: t.clone().requires_grad_(True) for k, t in v.items()}
+            al = a.clone().requires_grad_(True)
+            gm = torch.autograd.grad(loss_of({k: al * vl[k] + (1 - al) * w[k] for k in w}), list(vl.values()) + [al])
+            w = {k: w[k] - lr * gk for k, gk in zip(w, gw)}
+            v = {k: v[k] - lr * gk for k, gk in zip(v, gm[:-1])}
+            a = (a - alpha_lr * gm[-1]).clamp(0, 1)
+        ws.append(w), vs.append(v), alphas.append(a)
+    return ({k: torch.stack([w[k] for w in ws]) for k in w0}, {k: torch.stack([v[k] for v in vs]) for k in v0},
+            torch.stack(alphas))
+
+
+def test_apfl_round_equals_the_per_client_loop(store):
+    alg = alg_for(store, algorithm="apfl", alpha=0.4, alpha_lr=0.2)
+    c = cohort(store)
+    w0 = stacked(alg.global_params, len(c))
+    row = alg.private.gather(c)
+    a0 = row.pop("alpha")
+    alg.run_round(0, c, gen())
+    w, v, a = _apfl_reference(alg, w0, row, a0, c, gen(), 4, 0.05, 0.2)
+    close(alg.global_params, mean(store, c, w))
+    got = alg.private.gather(c)
+    torch.testing.assert_close(got.pop("alpha"), a, **TOL)
+    close(got, v)
+    assert not torch.allclose(a, a0)
+
+
+def test_apfl_with_alpha_one_is_local_training(store):
+    alg = alg_for(store, algorithm="apfl", alpha=1.0, alpha_lr=0.0, momentum=0.0, client_clip=0.0)
+    c = cohort(store)
+    v0 = alg.private.gather(c)
+    v0.pop("alpha")
+    alg.run_round(0, c, gen())
+    local = ref_sgd(alg, v0, c, gen(), steps=4)
+    models, _ = alg.personalize(c.numpy(), gen())
+    close(models, local)
+    assert torch.equal(alg.private.values["alpha"], torch.ones(store.num_clients))
+
+
+# ----------------------------------------------------------------------------- shared behaviour
+@pytest.mark.parametrize("name", NEW)
+def test_resumed_training_is_identical(store, name):
+    whole, first = alg_for(store, algorithm=name), alg_for(store, algorithm=name)
+    for t in range(4):
+        whole.run_round(t, cohort(store), gen(t))
+    for t in range(2):
+        first.run_round(t, cohort(store), gen(t))
+    second = alg_for(store, algorithm=name)
+    second.load_state(first.state())
+    for t in range(2, 4):
+        second.run_round(t, cohort(store), gen(t))
+    a, b = whole.state(), second.state()
+
+    def flat(tree, prefix=""):
+        for k, v in tree.items():
+            yield from flat(v, f"{prefix}{k}/") if isinstance(v, dict) else [(prefix + k, v)]
+
+    fa, fb = dict(flat(a)), dict(flat(b))
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        assert torch.equal(fa[k], fb[k]), k
+
+
+@pytest.mark.parametrize("name", ["fedrep", "ditto", "apfl", "lg-fedavg"])
+def test_private_state_serves_train_clients_and_only_on_its_partition(store, name):
+    alg = alg_for(store, algorithm=name)
+    c = cohort(store)
+    alg.run_round(0, c, gen())
+    before = alg.client_sgd_steps
+    params, _ = alg.personalize(c.numpy(), gen())
+    assert alg.client_sgd_steps == before  # no training: their private state
+    close(params, alg.own_models(c))
+    # the same positions on another partition are new clients
+    alg.store = dataclasses.replace(store, partition_sha=b"other")
+    alg.personalize(c.numpy(), gen())
+    assert alg.client_sgd_steps > before
+    alg.store = store
+
+
+@pytest.mark.parametrize("opts,message", [
+    ({"mu": -0.1}, "mu must be a finite number >= 0"),
+    ({"lam": -1.0}, "lam must be a finite number >= 0"),
+    ({"alpha": 1.5}, "alpha (apfl's mixing weight) must be in [0, 1]"),
+    ({"algorithm": "fedrep", "head_epochs": 0, "body_epochs": 0}, "fedrep: head_epochs and body_epochs are both 0"),
+])
+def test_bad_baseline_options(opts, message):
+    from pfl_cli.fl.api import validate_train_config
+
+    with pytest.raises(InputError) as err:
+        validate_train_config(dataclasses.replace(BASE, **opts))
+    assert message in str(err.value)
