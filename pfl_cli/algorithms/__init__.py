@@ -9,13 +9,17 @@ from pfl_cli.algorithms.fedavg import FedAvg
 from pfl_cli.algorithms.fedper import FedPer
 from pfl_cli.algorithms.fedprox import FedProx
 from pfl_cli.algorithms.fedrep import FedRep
+from pfl_cli.algorithms.knnper import KNNPer
 from pfl_cli.algorithms.lgfedavg import LGFedAvg
 from pfl_cli.algorithms.local import Local
 from pfl_cli.algorithms.pefll import PeFLL
+from pfl_cli.algorithms.perfedavg import PerFedAvg
+from pfl_cli.algorithms.pfedme import PFedMe
 
 REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (PeFLL, FedAvg, Local, FedProx, FedPer, FedRep, LGFedAvg, Ditto, APFL)
+    cls.name: cls for cls in (PeFLL, FedAvg, Local, FedProx, FedPer, FedRep, LGFedAvg, Ditto, APFL, PerFedAvg,
+                             PFedMe, KNNPer)
 }
 
-__all__ = ["APFL", "Algorithm", "Ditto", "FedAvg", "FedPer", "FedProx", "FedRep", "LGFedAvg", "Local", "PeFLL",
-           "REGISTRY"]
+__all__ = ["APFL", "Algorithm", "Ditto", "FedAvg", "FedPer", "FedProx", "FedRep", "KNNPer", "LGFedAvg", "Local", "PFedMe",
+           "PeFLL", "PerFedAvg", "REGISTRY"]

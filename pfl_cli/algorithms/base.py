@@ -93,6 +93,11 @@ class Algorithm(ABC):
 
         return 2 * num_parameters(arch["client"])
 
+    @property
+    def predict_net(self):
+        """The module that evaluates personalize()'s parameters (kNN-Per wraps the client net)."""
+        return self.net
+
     # ------------------------------------------------------------------ shared helpers
     def client_net(self):
         from pfl_cli.models import build

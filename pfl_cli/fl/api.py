@@ -62,8 +62,21 @@ def validate_train_config(cfg: TrainConfig) -> None:
 
 def _validate_baselines(cfg: TrainConfig) -> None:
     """The personalized baselines' keys (issue 13)."""
+    from pfl_cli.fl.config import VARIANTS
+
     for name in ("head_epochs", "body_epochs", "new_client_epochs"):
         _int(cfg, name, 0)
+    _int(cfg, "K", 1)
+    _int(cfg, "knn_k", 1)
+    if not (isinstance(cfg.interpolation, (int, float)) and 0.0 <= cfg.interpolation <= 1.0):
+        raise ConfigError(f"interpolation (knnper's lambda) must be in [0, 1]; got {cfg.interpolation!r}.")
+    if cfg.variant not in VARIANTS:
+        raise ConfigError(f"variant (perfedavg) must be one of {', '.join(VARIANTS)}; got {cfg.variant!r}.")
+    for name in ("beta", "personal_lr", "knn_scale"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not np.isfinite(value) or value <= 0):
+            raise ConfigError(f"{name} must be a finite number > 0; got {value!r}.")
     for name in ("mu", "lam", "alpha_lr", "alpha"):
         value = getattr(cfg, name)
         if value is None and name != "mu" and name != "alpha":

@@ -1,0 +1,117 @@
+"""pFedMe: personalized FL with Moreau envelopes (Dinh, Tran, Nguyen, NeurIPS 2020, Algorithm 1).
+
+Each local step of a cohort client draws a batch D and
+
+1. solves the personalized problem  theta~ = argmin_theta f(theta; D) + lambda/2 ||theta - w||^2
+   approximately by K gradient steps of size ``personal_lr`` (Eq. 7; warm-started from the
+   previous step's theta~, from w at the start of the round);
+2. moves its local model  w <- w - eta lambda (w - theta~)  (Alg. 1 line 8; eta = ``lr``).
+
+The server mixes  w <- (1 - beta) w + beta * mean_i w_i  (line 11; data-size weighted mean).
+Steps are plain gradient steps (no momentum, no clipping). Each client's last theta~ is its
+personalized model, kept as private state. A new client (PeFLL §4.1) starts from the global
+model and runs the same local procedure for ``new_client_epochs`` epochs; its model is theta~.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import PrivateState, stack, weighted_mean
+from pfl_cli.algorithms.fedavg import FedAvg
+
+DEFAULT_LAMBDA = 15.0  # PeFLL §4.1: lambda = 15, K = 3, beta = 1
+
+
+def pfedme_lambda(cfg) -> float:
+    return DEFAULT_LAMBDA if cfg.lam is None else float(cfg.lam)
+
+
+def inner_solution(forward, theta: dict, w: dict, store, idx, m, *, lam: float, personal_lr: float, K: int):
+    """K gradient steps on f(theta; D) + lambda/2 ||theta - w||^2 for every client at once (Eq. 7)."""
+    from pfl_cli.fl.cohort import batch_loss_and_grads
+
+    names = list(w)
+    loss = None
+    for _ in range(K):
+        leaves = {k: t.detach().clone().requires_grad_(True) for k, t in theta.items()}
+        loss, g = batch_loss_and_grads(forward, leaves, names, store, idx, m)
+        theta = {k: leaves[k].detach() - personal_lr * (g[k] + lam * (leaves[k].detach() - w[k])) for k in names}
+    return theta, loss
+
+
+def pfedme_steps(model, w: dict, store, index, mask, *, lam: float, eta: float, personal_lr: float, K: int,
+                 active=None):
+    """The cohort's pFedMe local steps; returns (w, theta~, mean loss of f(theta~; D) over active steps)."""
+    import torch
+    from torch.func import functional_call, vmap
+
+    from pfl_cli.fl.cohort import expand_as_params
+
+    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    w = {k: t.detach().clone() for k, t in w.items()}
+    theta = {k: t.clone() for k, t in w.items()}
+    c, steps = index.shape[:2]
+    loss_sum = torch.zeros(c, device=index.device)
+    taken = torch.zeros(c, device=index.device)
+    for s in range(steps):
+        go = torch.ones(c, dtype=torch.bool, device=index.device) if active is None else active[:, s]
+        new_theta, loss = inner_solution(forward, theta, w, store, index[:, s], mask[:, s], lam=lam,
+                                         personal_lr=personal_lr, K=K)
+        for k in w:
+            sel = expand_as_params(go, w[k])
+            theta[k] = torch.where(sel, new_theta[k], theta[k])
+            w[k] = w[k] - eta * lam * (w[k] - theta[k]) * sel
+        loss_sum += loss.detach() * go
+        taken += go
+    return w, theta, loss_sum / taken.clamp_min(1.0)
+
+
+class PFedMe(PrivateState, FedAvg):
+    name = "pfedme"
+
+    def build(self) -> None:
+        from pfl_cli.fl.client_state import ClientState
+
+        super().build()
+        self.personalized = True
+        self.private = ClientState(self.global_params, self.store.num_clients, self.store.partition_sha)
+
+    def _local(self, w, clients, gen, **schedule):
+        from pfl_cli.fl.batches import sample_batches
+
+        cfg = self.cfg
+        if "epochs" in schedule:
+            total, active = self.epoch_steps(clients, schedule["epochs"])
+        else:
+            total, active = schedule["steps"], None
+        index, mask = sample_batches(self.store.fit, clients, total, cfg.batch_size, gen)
+        out = pfedme_steps(self.net, w, self.store, index, mask, lam=pfedme_lambda(cfg), eta=cfg.lr,
+                           personal_lr=cfg.lr if cfg.personal_lr is None else cfg.personal_lr, K=cfg.K,
+                           active=active)
+        return (*out, int(active.sum()) if active is not None else total * len(clients))
+
+    def run_round(self, t, cohort, gen):
+        w, theta, loss, _ = self._local(stack(self.global_params, len(cohort)), cohort, gen, **self.round_schedule())
+        beta = 1.0 if self.cfg.beta is None else float(self.cfg.beta)
+        mean = weighted_mean(self.store, cohort, w)
+        for k, g in self.global_params.items():
+            self.global_params[k] = (1 - beta) * g + beta * mean[k]  # Alg. 1 line 11
+        self.private.scatter(cohort, theta)
+        return loss
+
+    def own_models(self, rows):
+        return self.private.gather(rows)
+
+    def new_clients(self, clients: np.ndarray, gen, chunk: int = 64) -> dict:
+        import torch
+
+        out = []
+        for lo in range(0, len(clients), chunk):
+            sel = torch.as_tensor(clients[lo:lo + chunk], device=self.device)
+            w = stack(self.global_params, len(sel))
+            if self.cfg.new_client_epochs:
+                _, w, _, taken = self._local(w, sel, gen, epochs=self.cfg.new_client_epochs)
+                self.client_sgd_steps += taken
+            out.append(w)
+        return {k: torch.cat([o[k] for o in out]) for k in out[0]}
