@@ -27,7 +27,7 @@ from pfl_cli.rng import make_rng
 BASE = TrainConfig(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
                    head_epochs=1, body_epochs=1)
 TOL = dict(atol=2e-5, rtol=1e-4)
-NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl")
+NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg", "pfedme", "knnper")
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,8 @@ def test_floats_per_client_round_count_what_each_algorithm_exchanges(store):
     arch = alg_for(store, algorithm="fedavg").arch
     d = num_parameters(arch["client"])
     head = 16 * 10 + 10
-    expected = {"fedprox": 2 * d, "ditto": 2 * d, "apfl": 2 * d, "fedper": 2 * (d - head),
+    expected = {"fedprox": 2 * d, "ditto": 2 * d, "apfl": 2 * d, "perfedavg": 2 * d, "pfedme": 2 * d,
+                "knnper": 2 * d, "fedper": 2 * (d - head),
                 "fedrep": 2 * (d - head), "lg-fedavg": 2 * head}
     assert {a: REGISTRY[a].floats_per_client_round(arch) for a in expected} == expected
 
@@ -301,7 +302,7 @@ def test_resumed_training_is_identical(store, name):
         assert torch.equal(fa[k], fb[k]), k
 
 
-@pytest.mark.parametrize("name", ["fedrep", "ditto", "apfl", "lg-fedavg"])
+@pytest.mark.parametrize("name", ["fedrep", "ditto", "apfl", "lg-fedavg", "pfedme"])
 def test_private_state_serves_train_clients_and_only_on_its_partition(store, name):
     alg = alg_for(store, algorithm=name)
     c = cohort(store)
@@ -322,6 +323,10 @@ def test_private_state_serves_train_clients_and_only_on_its_partition(store, nam
     ({"lam": -1.0}, "lam must be a finite number >= 0"),
     ({"alpha": 1.5}, "alpha (apfl's mixing weight) must be in [0, 1]"),
     ({"algorithm": "fedrep", "head_epochs": 0, "body_epochs": 0}, "fedrep: head_epochs and body_epochs are both 0"),
+    ({"variant": "so"}, "variant (perfedavg) must be one of fo, hf; got 'so'"),
+    ({"beta": 0.0}, "beta must be a finite number > 0"),
+    ({"K": 0}, "K must be an integer >= 1"),
+    ({"interpolation": 1.5}, "interpolation (knnper's lambda) must be in [0, 1]"),
 ])
 def test_bad_baseline_options(opts, message):
     from pfl_cli.fl.api import validate_train_config
@@ -329,3 +334,154 @@ def test_bad_baseline_options(opts, message):
     with pytest.raises(InputError) as err:
         validate_train_config(dataclasses.replace(BASE, **opts))
     assert message in str(err.value)
+
+
+# ----------------------------------------------------------------------------- Per-FedAvg
+def _loss_of(alg, params, idx, m):
+    x, y = alg.store.inputs(idx), alg.store.y[idx]
+    ce = torch.nn.functional.cross_entropy(functional_call(alg.net, params, (x,)), y, reduction="none")
+    return (ce * m).sum() / m.sum()
+
+
+def _grad(alg, params, idx, m, create_graph=False):
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    g = torch.autograd.grad(_loss_of(alg, leaves, idx, m), list(leaves.values()), create_graph=create_graph)
+    return leaves, dict(zip(leaves, g))
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_perfedavg_round_equals_the_per_client_maml_loop(store, variant):
+    # softmax regression: smooth, so finite differences of gradients are an exact-enough Hessian-vector product
+    alg = alg_for(store, algorithm="perfedavg", variant=variant, beta=0.03, local_steps=3, mlp_hidden=())
+    c = cohort(store)
+    w0 = {k: v.clone() for k, v in alg.global_params.items()}
+    alg.run_round(0, c, gen())
+    k = 3 if variant == "hf" else 2
+    index, mask, _ = draws(alg, c, gen(), steps=3 * k)
+    ws = []
+    for i in range(len(c)):
+        w = dict(w0)
+        for s in range(3):
+            b = [(index[i, s * k + j], mask[i, s * k + j]) for j in range(k)]
+            _, g1 = _grad(alg, w, *b[0])
+            temp = {n: w[n] - 0.05 * g1[n] for n in w}
+            _, g2 = _grad(alg, temp, *b[1])
+            step = g2
+            if variant == "hf":  # Hessian-vector product by finite differences of gradients: independent of autograd
+                eps = 1e-3
+                _, gp = _grad(alg, {n: w[n] + eps * g2[n] for n in w}, *b[2])
+                _, gm = _grad(alg, {n: w[n] - eps * g2[n] for n in w}, *b[2])
+                step = {n: g2[n] - 0.05 * (gp[n] - gm[n]) / (2 * eps) for n in w}
+            w = {n: w[n] - 0.03 * step[n] for n in w}
+        ws.append(w)
+    ref = mean(store, c, {n: torch.stack([w[n] for w in ws]) for n in w0})
+    for n in ref:
+        torch.testing.assert_close(alg.global_params[n], ref[n], atol=1e-4, rtol=1e-3, msg=n)
+
+
+def test_perfedavg_variants_differ_and_personalization_is_alpha_steps(store):
+    fo, hf = alg_for(store, algorithm="perfedavg", variant="fo"), alg_for(store, algorithm="perfedavg", variant="hf")
+    fo.run_round(0, cohort(store), gen())
+    hf.run_round(0, cohort(store), gen())
+    assert not torch.allclose(fo.global_params["fc1.weight"], hf.global_params["fc1.weight"])
+    holdout = np.flatnonzero(store.role == 1)
+    params, personalized = fo.personalize(holdout, gen(2))
+    index, mask, _ = draws(fo, torch.as_tensor(holdout), gen(2), steps=1)
+    ref = local_sgd_reference(fo.net, stacked(fo.global_params, len(holdout)), store, index, mask, lr=0.05)[0]
+    assert personalized and fo.client_sgd_steps == len(holdout)
+    close(params, ref)
+
+
+# ----------------------------------------------------------------------------- pFedMe
+def test_pfedme_inner_solution_satisfies_its_optimality_condition(store):
+    """theta~ = argmin f(theta; D) + lambda/2 ||theta - w||^2  <=>  grad f(theta~; D) + lambda (theta~ - w) = 0."""
+    from torch.func import vmap
+
+    from pfl_cli.algorithms.pfedme import inner_solution
+
+    # softmax regression: the inner problem is smooth and strongly convex (with ReLU layers plain gradient
+    # steps stall at kinks, where only a subgradient vanishes)
+    alg = alg_for(store, algorithm="pfedme", mlp_hidden=())
+    c = cohort(store)
+    index, mask, _ = draws(alg, c, gen(), steps=1)
+    w = stacked(alg.global_params, len(c))
+    forward = vmap(lambda p, x: functional_call(alg.net, p, (x,)))
+
+    def residual(theta):
+        out = []
+        for i in range(len(c)):
+            _, g = _grad(alg, {k: v[i] for k, v in theta.items()}, index[i, 0], mask[i, 0])
+            out.append(torch.sqrt(sum(((g[k] + 15.0 * (theta[k][i] - w[k][i])) ** 2).sum() for k in g)))
+        return torch.stack(out)
+
+    _, g0 = None, residual(w)
+    theta, _ = inner_solution(forward, w, w, store, index[:, 0], mask[:, 0], lam=15.0, personal_lr=0.02, K=300)
+    r = residual(theta)
+    assert (r < 1e-4 * g0.clamp_min(1.0)).all() and (g0 > 1e-2).all(), (r, g0)
+    few, _ = inner_solution(forward, w, w, store, index[:, 0], mask[:, 0], lam=15.0, personal_lr=0.02, K=3)
+    assert (residual(few) > 10 * r).all()
+
+
+def test_pfedme_round_equals_the_per_client_loop(store):
+    alg = alg_for(store, algorithm="pfedme", lam=5.0, K=2, personal_lr=0.03, beta=0.7, local_steps=3)
+    c = cohort(store)
+    w0 = {k: v.clone() for k, v in alg.global_params.items()}
+    alg.run_round(0, c, gen())
+    index, mask, _ = draws(alg, c, gen(), steps=3)
+    ws, thetas = [], []
+    for i in range(len(c)):
+        w, theta = dict(w0), dict(w0)
+        for s in range(3):
+            for _ in range(2):
+                _, g = _grad(alg, theta, index[i, s], mask[i, s])
+                theta = {k: theta[k] - 0.03 * (g[k] + 5.0 * (theta[k] - w[k])) for k in w}
+            w = {k: w[k] - 0.05 * 5.0 * (w[k] - theta[k]) for k in w}
+        ws.append(w), thetas.append(theta)
+    avg = mean(store, c, {k: torch.stack([w[k] for w in ws]) for k in w0})
+    close(alg.global_params, {k: 0.3 * w0[k] + 0.7 * avg[k] for k in w0})
+    close(alg.private.gather(c), {k: torch.stack([t[k] for t in thetas]) for k in w0})
+
+
+# ----------------------------------------------------------------------------- kNN-Per
+def test_knnper_with_interpolation_zero_is_the_global_model(store):
+    from pfl_cli.fl.evaluate import evaluate
+
+    knn, fedavg = alg_for(store, algorithm="knnper", interpolation=0.0), alg_for(store, algorithm="fedavg")
+    for alg in (knn, fedavg):
+        alg.run_round(0, cohort(store), gen())
+    clients = np.arange(store.num_clients)
+    params, _ = knn.personalize(clients, gen())
+    a = evaluate(knn.predict_net, params, store, clients, personalized=True)
+    b = evaluate(fedavg.net, fedavg.global_params, store, clients, personalized=False)
+    assert np.array_equal(a.correct, b.correct) and np.array_equal(a.correct_lm, b.correct_lm)
+    np.testing.assert_allclose(a.loss, b.loss, rtol=1e-4)
+
+
+def test_knnper_batched_search_equals_a_loop_over_queries(store):
+    alg = alg_for(store, algorithm="knnper", interpolation=0.7, knn_k=5, knn_scale=2.0)
+    alg.run_round(0, cohort(store), gen())
+    clients = np.flatnonzero(store.role == 1)
+    params, _ = alg.personalize(clients, gen())
+    from torch.func import vmap
+
+    index, length = store.test.rows(torch.as_tensor(clients))
+    logp = vmap(lambda p, x: functional_call(alg.predict_net, p, (x,)))(params, store.inputs(index))
+    net = alg.net
+    for i, c in enumerate(clients):
+        fit = store.fit.index[c, :store.fit.length[c]]
+        with torch.no_grad():
+            g = {k: v for k, v in alg.global_params.items()}
+            mem = functional_call(alg.feature_net, {"net." + k: v for k, v in g.items()}, (store.inputs(fit),))
+            for j in range(int(length[i])):
+                x = store.inputs(index[i, j:j + 1])
+                h = functional_call(alg.feature_net, {"net." + k: v for k, v in g.items()}, (x,))[0]
+                d = torch.sqrt(((mem - h) ** 2).sum(1))
+                order = torch.argsort(d)[:5]
+                p_knn = torch.zeros(10)
+                for q in order:
+                    p_knn[store.y[fit[q]]] += torch.exp(-d[q] / 2.0)
+                p_knn /= p_knn.sum()
+                p_model = torch.softmax(functional_call(net, g, (x,))[0], -1)
+                ref = torch.log(0.7 * p_knn + 0.3 * p_model)
+                torch.testing.assert_close(logp[i, j], ref, atol=1e-4, rtol=1e-4)
+    assert alg.client_sgd_steps == 0

@@ -9,7 +9,9 @@ from pfl_cli.cli.app import main
 from pfl_cli.cli.train_run import torch_bytes
 from pfl_cli.fl import TrainConfig, train_federated
 
-NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl")
+NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg", "pfedme", "knnper")
+EXTRA = {"perfedavg": ["--set", "beta=0.3", "--finetune-steps", "3"]}
+PRIVATE = ("fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "pfedme")
 FAST = ["--rounds", "12", "--eval-every", "6", "--local-steps", "3", "--lr", "0.05", "--clients-per-round", "16",
         "--set", "mlp_hidden=[16]", "--set", "new_client_epochs=2", "--set", "head_epochs=1"]
 
@@ -31,12 +33,12 @@ def load(path):
 def test_train_then_predict_train_and_new_clients(root, name, capsys):
     out = root / name
     assert main(["train", "--partition", str(root / "part"), "--algorithm", name, "--out", str(out),
-                 "--format", "quiet", *FAST]) == 0
+                 "--format", "quiet", *FAST, *EXTRA.get(name, [])]) == 0
     metrics = load(out / "metrics.json")
     assert metrics["algorithm"] == name and metrics["train"]["num_clients"] == 16
     assert metrics["train"]["mean_accuracy"] > 0.5
     payload = torch.load(out / "model.pt", weights_only=True)
-    private = name != "fedprox"
+    private = name in PRIVATE
     assert ("private" in payload["weights"]) == private
     if private:  # a cohort of all 16 train clients: every one has its state
         assert int(payload["weights"]["private"]["has"].sum()) == 16
@@ -48,8 +50,8 @@ def test_train_then_predict_train_and_new_clients(root, name, capsys):
         assert m["num_clients"] == (16 if clients == "train" else 4) and m["personalized"] == (name != "fedprox")
         if clients == "train" and private:
             assert m["optimizer_steps"] == 0  # served from the private state, no training
-        if clients == "holdout" and private:
-            assert m["optimizer_steps"] > 0  # the new-client protocol trains
+        if clients == "holdout":  # the new-client protocol trains, except fedprox (global) and knnper (kNN)
+            assert (m["optimizer_steps"] > 0) == (name not in ("fedprox", "knnper"))
         assert m["mean_accuracy"] > 0.5, (name, clients, m["mean_accuracy"])
 
 
@@ -72,6 +74,8 @@ def test_resumed_run_writes_the_same_model(digits_clients, name):
     (("--algorithm", "ditto", "--set", "lam=-0.5"), "lam must be a finite number >= 0; got -0.5"),
     (("--algorithm", "fedrep", "--set", "mlp_hidden=[]"), "splits the client net into a body and a head"),
     (("--algorithm", "lg-fedavg", "--set", "mlp_hidden=[]"), "has no body"),
+    (("--algorithm", "perfedavg", "--set", "variant=xx"), "variant (perfedavg) must be one of fo, hf; got 'xx'"),
+    (("--algorithm", "pfedme", "--set", "lam=-15"), "lam must be a finite number >= 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(root, tmp_path, capsys, extra, message):
     code = main(["train", "--partition", str(root / "part"), "--out", str(tmp_path / "bad"), *FAST, *extra])
