@@ -93,16 +93,10 @@ class APFL(PrivateState, FedAvg):
         return self.cfg.lr if self.cfg.alpha_lr is None else float(self.cfg.alpha_lr)
 
     def _steps(self, w, v, alpha, clients, gen, *, epochs=None, steps=None, update_w=True):
-        from pfl_cli.fl.batches import sample_batches
-
-        if epochs is not None:
-            total, active = self.epoch_steps(clients, epochs)
-        else:
-            total, active = steps, None
-        index, mask = sample_batches(self.store.fit, clients, total, self.cfg.batch_size, gen)
+        index, mask, active, taken = self.draw_batches(clients, gen, steps=steps, epochs=epochs)
         out = apfl_steps(self.net, w, v, alpha, self.store, index, mask, lr=self.cfg.lr, alpha_lr=self.alpha_lr(),
                          active=active, update_w=update_w)
-        return (*out, int(active.sum()) if active is not None else total * len(clients))
+        return (*out, taken)
 
     def run_round(self, t, cohort, gen):
         row = self.private.gather(cohort)
@@ -118,13 +112,11 @@ class APFL(PrivateState, FedAvg):
         alpha = row.pop(ALPHA)
         return mixture(row, stack(self.global_params, len(alpha)), alpha)
 
-    def new_clients(self, clients: np.ndarray, gen, chunk: int = 64) -> dict:
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
         """v from the global model, alpha from ``alpha``; both trained with w frozen."""
         import torch
 
-        out = []
-        for lo in range(0, len(clients), chunk):
-            sel = torch.as_tensor(clients[lo:lo + chunk], device=self.device)
+        def build(sel):
             w = stack(self.global_params, len(sel))
             alpha = torch.full((len(sel),), float(self.cfg.alpha), device=self.device)
             v = {k: t.clone() for k, t in w.items()}
@@ -132,5 +124,6 @@ class APFL(PrivateState, FedAvg):
                 _, v, alpha, _, taken = self._steps(w, v, alpha, sel, gen, epochs=self.cfg.new_client_epochs,
                                                     update_w=False)
                 self.client_sgd_steps += taken
-            out.append(mixture(v, w, alpha))
-        return {k: torch.cat([o[k] for o in out]) for k in out[0]}
+            return mixture(v, w, alpha)
+
+        return self.chunked(clients, build)

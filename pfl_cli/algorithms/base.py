@@ -151,19 +151,41 @@ class Algorithm(ABC):
         ``steps`` SGD steps each, or ``epochs`` passes over each client's fit data. Returns
         the parameters, each client's mean loss and the number of steps taken in all.
         """
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
+
+        index, mask, active, taken = self.draw_batches(clients, gen, steps=steps, epochs=epochs)
+        anchor = None if prox_anchor is None else stack(prox_anchor, len(clients))
+        theta, loss = local_sgd(self.net, start, self.store, index, mask, active=active, trainable=trainable,
+                                prox_mu=prox_mu, prox_anchor=anchor, **self.sgd_options())
+        return theta, loss, taken
+
+    def draw_batches(self, clients, gen, *, steps: int | None = None, epochs: int | None = None,
+                     per_step: int = 1):
+        """Batches for ``steps`` local steps (or ``epochs`` epochs) of ``clients``, ``per_step`` per step.
+
+        Returns index and mask (c, total, b), or (c, total, per_step, b) when ``per_step > 1``,
+        the active-step mask (None for a fixed step count) and the number of steps taken in all.
+        """
+        from pfl_cli.fl.batches import sample_batches
 
         if epochs is not None:
             total, active = self.epoch_steps(clients, epochs)
         else:
             total, active = steps, None
-        index, mask = sample_batches(self.store.fit, clients, total, self.cfg.batch_size, gen)
-        anchor = None if prox_anchor is None else stack(prox_anchor, len(clients))
-        theta, loss = local_sgd(self.net, start, self.store, index, mask, active=active, trainable=trainable,
-                                prox_mu=prox_mu, prox_anchor=anchor, **self.sgd_options())
+        index, mask = sample_batches(self.store.fit, clients, total * per_step, self.cfg.batch_size, gen)
+        if per_step > 1:
+            shape = (len(clients), total, per_step, index.shape[-1])
+            index, mask = index.view(shape), mask.reshape(shape)
         taken = int(active.sum()) if active is not None else total * len(clients)
-        return theta, loss, taken
+        return index, mask, active, taken
+
+    def chunked(self, clients: np.ndarray, build, chunk: int = 64) -> dict:
+        """``build(LongTensor of clients)`` -> stacked models, ``chunk`` clients at a time, concatenated."""
+        import torch
+
+        out = [build(torch.as_tensor(clients[lo:lo + chunk], device=self.device))
+               for lo in range(0, len(clients), chunk)]
+        return {k: torch.cat([o[k] for o in out]) for k in out[0]}
 
 
 class PrivateState:

@@ -69,20 +69,11 @@ class PerFedAvg(FedAvg):
         return self.cfg.lr if self.cfg.beta is None else float(self.cfg.beta)
 
     def run_round(self, t, cohort, gen):
-        from pfl_cli.fl.batches import sample_batches
-
         cfg = self.cfg
-        sched = self.round_schedule()
-        if "epochs" in sched:
-            total, active = self.epoch_steps(cohort, sched["epochs"])
-        else:
-            total, active = sched["steps"], None
-        k = 3 if cfg.variant == "hf" else 2
-        index, mask = sample_batches(self.store.fit, cohort, total * k, cfg.batch_size, gen)
-        shape = (len(cohort), total, k, index.shape[-1])
-        w, loss = perfedavg_steps(self.net, stack(self.global_params, len(cohort)), self.store, index.view(shape),
-                                  mask.reshape(shape), alpha=cfg.lr, beta=self.beta(), variant=cfg.variant,
-                                  active=active)
+        per_step = 3 if cfg.variant == "hf" else 2  # batches D, D' (and D'' for HF) per local step
+        index, mask, active, _ = self.draw_batches(cohort, gen, per_step=per_step, **self.round_schedule())
+        w, loss = perfedavg_steps(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
+                                  alpha=cfg.lr, beta=self.beta(), variant=cfg.variant, active=active)
         self.server_step(weighted_mean(self.store, cohort, w))
         return loss
 

@@ -78,18 +78,12 @@ class PFedMe(PrivateState, FedAvg):
         self.private = ClientState(self.global_params, self.store.num_clients, self.store.partition_sha)
 
     def _local(self, w, clients, gen, **schedule):
-        from pfl_cli.fl.batches import sample_batches
-
         cfg = self.cfg
-        if "epochs" in schedule:
-            total, active = self.epoch_steps(clients, schedule["epochs"])
-        else:
-            total, active = schedule["steps"], None
-        index, mask = sample_batches(self.store.fit, clients, total, cfg.batch_size, gen)
+        index, mask, active, taken = self.draw_batches(clients, gen, **schedule)
         out = pfedme_steps(self.net, w, self.store, index, mask, lam=pfedme_lambda(cfg), eta=cfg.lr,
                            personal_lr=cfg.lr if cfg.personal_lr is None else cfg.personal_lr, K=cfg.K,
                            active=active)
-        return (*out, int(active.sum()) if active is not None else total * len(clients))
+        return (*out, taken)
 
     def run_round(self, t, cohort, gen):
         w, theta, loss, _ = self._local(stack(self.global_params, len(cohort)), cohort, gen, **self.round_schedule())
@@ -103,15 +97,14 @@ class PFedMe(PrivateState, FedAvg):
     def own_models(self, rows):
         return self.private.gather(rows)
 
-    def new_clients(self, clients: np.ndarray, gen, chunk: int = 64) -> dict:
-        import torch
-
-        out = []
-        for lo in range(0, len(clients), chunk):
-            sel = torch.as_tensor(clients[lo:lo + chunk], device=self.device)
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """The global model, then pFedMe's local procedure for ``new_client_epochs`` epochs: its theta~."""
+        def build(sel):
             w = stack(self.global_params, len(sel))
-            if self.cfg.new_client_epochs:
-                _, w, _, taken = self._local(w, sel, gen, epochs=self.cfg.new_client_epochs)
-                self.client_sgd_steps += taken
-            out.append(w)
-        return {k: torch.cat([o[k] for o in out]) for k in out[0]}
+            if not self.cfg.new_client_epochs:
+                return w
+            _, theta, _, taken = self._local(w, sel, gen, epochs=self.cfg.new_client_epochs)
+            self.client_sgd_steps += taken
+            return theta
+
+        return self.chunked(clients, build)
