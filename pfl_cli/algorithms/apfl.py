@@ -103,6 +103,7 @@ class APFL(PrivateState, FedAvg):
         alpha = row.pop(ALPHA)
         w, v, alpha, loss, _ = self._steps(stack(self.global_params, len(cohort)), row, alpha, cohort, gen,
                                            **self.round_schedule())
+        self.record_exchange(self.global_params, w, len(cohort))  # w only: v and alpha stay on the client
         self.server_step(weighted_mean(self.store, cohort, w))
         self.private.scatter(cohort, {**v, ALPHA: alpha})
         return loss

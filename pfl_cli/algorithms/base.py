@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pfl_cli.errors import RunError
+from pfl_cli.fl.communication import Traffic
 from pfl_cli.rng import seed_sequence
 
 
@@ -48,6 +49,7 @@ class Algorithm(ABC):
         self.device = store.device
         self.arch = arch if arch is not None else self.resolve_arch(cfg, store)
         self.client_sgd_steps = 0  # local SGD steps taken by personalize() (fine-tuning, Local)
+        self.traffic = Traffic()   # the tensors run_round exchanges (pfl_cli.fl.communication)
         self.build()
 
     # ------------------------------------------------------------------ hooks
@@ -65,6 +67,11 @@ class Algorithm(ABC):
     def run_round(self, t: int, cohort, gen):
         """One round on ``cohort`` (LongTensor of client positions); returns each client's mean loss."""
         raise RunError(f"algorithm {self.name!r} trains no federated rounds; its clients train in personalize().")
+
+    def exchanged(self) -> dict[str, dict[str, float]]:
+        """``{"down": {message: floats}, "up": {...}}`` per client and round, from the tensors recorded
+        in :attr:`traffic` by ``run_round`` (empty for an algorithm that communicates nothing)."""
+        return self.traffic.per_client_round()
 
     @abstractmethod
     def personalize(self, clients: np.ndarray, gen):
@@ -138,6 +145,13 @@ class Algorithm(ABC):
                 out[k].append(v)
         empty = (lambda v: v[:0]) if stacked else (lambda v: v.unsqueeze(0)[:0])
         return {k: torch.cat(v) if v else empty(start[k]) for k, v in out.items()}
+
+    def record_exchange(self, sent: dict, received: dict, cohort_size: int) -> None:
+        """The server sends ``sent`` (one model) to every cohort client and receives ``received`` (stacked)."""
+        for k, g in sent.items():
+            self.traffic.send(k, g, copies=cohort_size)                     # the global model to each client
+        for k, v in received.items():
+            self.traffic.receive(k, v)                                      # each client's model (its delta)
 
     def round_schedule(self) -> dict:
         """A round's local work: ``local_steps`` SGD steps, or ``local_epochs`` epochs when set."""

@@ -27,6 +27,7 @@ class FedAvg(Algorithm):
     def run_round(self, t, cohort, gen):
         theta, loss, _ = self.cohort_sgd(stack(self.global_params, len(cohort)), cohort, gen,
                                          **self.round_schedule(), **self.local_objective())
+        self.record_exchange(self.global_params, theta, len(cohort))
         self.server_step(weighted_mean(self.store, cohort, theta))
         return loss
 

@@ -69,6 +69,8 @@ class PartialSharing(PrivateState, _GlobalModel):
         start = stack(self.global_params, len(cohort))
         start.update(self.private.gather(cohort))
         theta, loss = self.local_update(start, cohort, gen)
+        self.record_exchange({k: self.global_params[k] for k in self.shared}, {k: theta[k] for k in self.shared},
+                             len(cohort))  # only the shared part travels
         mean = weighted_mean(self.store, cohort, {k: theta[k] for k in self.shared}, by_size=self.average_by_size)
         self.global_params.update(mean)
         self.private.scatter(cohort, {k: theta[k] for k in self.private_names})

@@ -74,6 +74,7 @@ class PerFedAvg(FedAvg):
         index, mask, active, _ = self.draw_batches(cohort, gen, per_step=per_step, **self.round_schedule())
         w, loss = perfedavg_steps(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
                                   alpha=cfg.lr, beta=self.beta(), variant=cfg.variant, active=active)
+        self.record_exchange(self.global_params, w, len(cohort))
         self.server_step(weighted_mean(self.store, cohort, w))
         return loss
 

@@ -87,6 +87,7 @@ class PFedMe(PrivateState, FedAvg):
 
     def run_round(self, t, cohort, gen):
         w, theta, loss, _ = self._local(stack(self.global_params, len(cohort)), cohort, gen, **self.round_schedule())
+        self.record_exchange(self.global_params, w, len(cohort))  # w only: theta~ stays on the client
         beta = 1.0 if self.cfg.beta is None else float(self.cfg.beta)
         mean = weighted_mean(self.store, cohort, w)
         for k, g in self.global_params.items():

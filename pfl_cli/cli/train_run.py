@@ -282,6 +282,7 @@ def _metrics(cfg, run, info: dict, device) -> dict:
             metrics[group] = summaries[group]
     metrics["parameters"] = params
     metrics["floats_per_client_round"] = floats
+    metrics["communication"] = run.algorithm.traffic.summary()
     return clean(metrics)
 
 

@@ -485,3 +485,16 @@ def test_knnper_batched_search_equals_a_loop_over_queries(store):
                 ref = torch.log(0.7 * p_knn + 0.3 * p_model)
                 torch.testing.assert_close(logp[i, j], ref, atol=1e-4, rtol=1e-4)
     assert alg.client_sgd_steps == 0
+
+
+@pytest.mark.parametrize("name", NEW + ("fedavg", "pefll"))
+def test_recorded_traffic_equals_the_floats_each_algorithm_reports(store, name):
+    alg = alg_for(store, algorithm=name)
+    for t in range(2):
+        c = cohort(store, 3 + t)
+        alg.run_round(t, c, gen(t))
+        alg.traffic.close_round(len(c))
+    s = alg.traffic.summary()
+    assert s["floats_down_per_client_round"] + s["floats_up_per_client_round"] == \
+        REGISTRY[name].floats_per_client_round(alg.arch)
+    assert s["client_rounds"] == 7
