@@ -169,9 +169,11 @@ class Algorithm(ABC):
 
         index, mask, active, taken = self.draw_batches(clients, gen, steps=steps, epochs=epochs)
         anchor = None if prox_anchor is None else stack(prox_anchor, len(clients))
-        theta, loss = local_sgd(self.net, start, self.store, index, mask, active=active, trainable=trainable,
+        moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
+        fixed = {k: v for k, v in start.items() if k not in moving}
+        theta, loss = local_sgd(self.net, moving, self.store, index, mask, active=active, fixed=fixed,
                                 prox_mu=prox_mu, prox_anchor=anchor, **self.sgd_options())
-        return theta, loss, taken
+        return {**fixed, **theta}, loss, taken
 
     def draw_batches(self, clients, gen, *, steps: int | None = None, epochs: int | None = None,
                      per_step: int = 1):

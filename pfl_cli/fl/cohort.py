@@ -10,11 +10,11 @@ one client at a time with the real optimizer, and the tests hold the two equal.
 
 from __future__ import annotations
 
-from typing import Collection, Mapping
+from typing import Mapping
 
 
 def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: float, momentum: float = 0.0,
-              weight_decay: float = 0.0, clip: float = 0.0, active=None, trainable: Collection[str] | None = None,
+              weight_decay: float = 0.0, clip: float = 0.0, active=None, fixed: Mapping[str, "object"] | None = None,
               prox_mu: float = 0.0, prox_anchor: Mapping[str, "object"] | None = None):
     """Run every cohort client's local steps at once.
 
@@ -35,13 +35,13 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     active : BoolTensor (c, steps), optional
         Steps a client takes; inactive steps leave its parameters and momentum alone
         (clients with fewer epochs' worth of batches).
-    trainable : collection of str, optional
-        The parameters that move (e.g. a head or a body); the others stay fixed and only
-        feed the forward pass. Default: all.
+    fixed : dict name -> Tensor (c, *shape), optional
+        Per-client parameters the forward pass reads but the clients do not train (FedRep's
+        body while its head trains, and the other way round).
     prox_mu, prox_anchor : float, dict name -> Tensor (c, *shape)
         Proximal term ``prox_mu / 2 * ||theta - anchor||^2`` (FedProx Eq. 2, Ditto Eq. 2):
         its gradient ``prox_mu * (theta - anchor)`` joins the step like weight decay (after
-        clipping). Anchors of frozen parameters are ignored.
+        clipping). Anchors of ``fixed`` parameters are ignored.
 
     Returns
     -------
@@ -54,12 +54,14 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
     import torch.nn.functional as F
     from torch.func import functional_call, vmap
 
-    names = [k for k in params if trainable is None or k in trainable]
-    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    names = list(params)
+    fixed = dict(fixed or {})
+    batched = vmap(lambda p, f, x: functional_call(model, {**p, **f}, (x,)))
+    forward = lambda p, x: batched(p, fixed, x)  # noqa: E731
     # Leaves with their own grad: clients' losses are independent, so the gradient of their
     # sum with respect to the stacked parameters is every client's own gradient at once
     # (a vmapped forward + one ordinary backward is ~2x cheaper than vmap(grad) here).
-    theta = {k: v.detach().clone().requires_grad_(k in names) for k, v in params.items()}
+    theta = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
     buf = {k: torch.zeros_like(theta[k]) for k in names}
     c, steps = index.shape[:2]
     loss_sum = torch.zeros(c, device=index.device)
@@ -128,7 +130,7 @@ def clip_per_client(grads: dict, clip: float) -> dict:
 
 
 def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,
-                        active=None, trainable=None, prox_mu=0.0, prox_anchor=None):
+                        active=None, fixed=None, prox_mu=0.0, prox_anchor=None):
     """:func:`local_sgd` one client at a time with ``torch.optim.SGD`` (tests and benchmarks)."""
     import copy
 
@@ -137,14 +139,15 @@ def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, 
     c, steps = index.shape[:2]
     out = {k: [] for k in params}
     losses = []
+    everything = {**params, **(fixed or {})}
     for i in range(c):
         net = copy.deepcopy(model)
         with torch.no_grad():
             for k, p in net.named_parameters():
-                p.copy_(params[k][i])
-        moving = [p for k, p in net.named_parameters() if trainable is None or k in trainable]
+                p.copy_(everything[k][i])
+        moving = [p for k, p in net.named_parameters() if k in params]
         for k, p in net.named_parameters():
-            p.requires_grad_(trainable is None or k in trainable)
+            p.requires_grad_(k in params)
         opt = torch.optim.SGD(moving, lr=lr, momentum=momentum, weight_decay=weight_decay)
         total, count = 0.0, 0
         for s in range(steps):
@@ -166,6 +169,7 @@ def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, 
             opt.step()
             total, count = total + float(loss.detach()), count + 1
         for k, p in net.named_parameters():
-            out[k].append(p.detach().clone())
+            if k in out:
+                out[k].append(p.detach().clone())
         losses.append(total / max(count, 1))
     return {k: torch.stack(v) for k, v in out.items()}, torch.tensor(losses)

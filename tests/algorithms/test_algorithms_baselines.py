@@ -63,10 +63,13 @@ def draws(alg, clients, g, *, steps=None, epochs=None):
     return index, mask, active
 
 
-def ref_sgd(alg, start, clients, g, *, steps=None, epochs=None, **objective):
+def ref_sgd(alg, start, clients, g, *, steps=None, epochs=None, trainable=None, **objective):
     index, mask, active = draws(alg, clients, g, steps=steps, epochs=epochs)
-    return local_sgd_reference(alg.net, start, alg.store, index, mask, active=active, **alg.sgd_options(),
-                               **objective)[0]
+    moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
+    fixed = {k: v for k, v in start.items() if k not in moving}
+    theta = local_sgd_reference(alg.net, moving, alg.store, index, mask, active=active, fixed=fixed,
+                                **alg.sgd_options(), **objective)[0]
+    return {**start, **theta}
 
 
 def mean(store, clients, theta, by_size=True):
@@ -88,13 +91,16 @@ def test_local_sgd_on_a_subset_with_a_proximal_term_equals_the_optimizer_loop(st
     start = stacked(alg.global_params, len(clients))
     start = {k: v + 0.01 * torch.randn(v.shape, generator=gen(1)) for k, v in start.items()}
     anchor = stacked(alg.global_params, len(clients))
-    head = ("fc2.weight", "fc2.bias")
-    opts = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, clip=0.5, trainable=head, prox_mu=0.7, prox_anchor=anchor)
-    fast, _ = local_sgd(alg.net, start, store, index, mask, **opts)
-    slow, _ = local_sgd_reference(alg.net, start, store, index, mask, **opts)
+    head = {k: v for k, v in start.items() if k.startswith("fc2.")}
+    body = {k: v for k, v in start.items() if k.startswith("fc1.")}
+    opts = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, clip=0.5, fixed=body, prox_mu=0.7, prox_anchor=anchor)
+    fast, _ = local_sgd(alg.net, head, store, index, mask, **opts)
+    slow, _ = local_sgd_reference(alg.net, head, store, index, mask, **opts)
     close(fast, slow)
-    assert torch.equal(fast["fc1.weight"], start["fc1.weight"])  # frozen
-    assert not torch.allclose(fast["fc2.weight"], start["fc2.weight"])
+    assert set(fast) == set(head) and not torch.allclose(fast["fc2.weight"], start["fc2.weight"])
+    # the frozen body matters: another body gives another head
+    other, _ = local_sgd(alg.net, head, store, index, mask, **{**opts, "fixed": {k: 2 * v for k, v in body.items()}})
+    assert not torch.allclose(other["fc2.weight"], fast["fc2.weight"])
 
 
 def test_head_split_of_lenet_and_mlp_and_refusal_without_a_body(store):
