@@ -212,13 +212,13 @@ class PrivateState:
     has one on this partition, else with the algorithm's new-client protocol (:meth:`new_clients`).
     """
 
+    @abstractmethod
     def own_models(self, rows) -> dict:
         """Models of train clients ``rows`` (LongTensor) from their private state."""
-        raise NotImplementedError
 
+    @abstractmethod
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         """Models for clients without private state (the paper's protocol for new clients)."""
-        raise NotImplementedError
 
     def personalize(self, clients: np.ndarray, gen):
         import torch
