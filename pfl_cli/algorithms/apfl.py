@@ -82,12 +82,10 @@ class APFL(PrivateState, FedAvg):
     def build(self) -> None:
         import torch
 
-        from pfl_cli.fl.client_state import ClientState
-
         super().build()
         self.personalized = True
         template = {**self.global_params, ALPHA: torch.tensor(float(self.cfg.alpha), device=self.device)}
-        self.private = ClientState(template, self.store.num_clients, self.store.partition_sha)
+        self.private = self.new_private_state(template)
 
     def alpha_lr(self) -> float:
         return self.cfg.lr if self.cfg.alpha_lr is None else float(self.cfg.alpha_lr)

@@ -212,6 +212,12 @@ class PrivateState:
     has one on this partition, else with the algorithm's new-client protocol (:meth:`new_clients`).
     """
 
+    def new_private_state(self, template: dict):
+        """A ClientState for every client of the store, each row starting at ``template``."""
+        from pfl_cli.fl.client_state import ClientState
+
+        return ClientState(template, self.store.num_clients, self.store.partition_sha)
+
     @abstractmethod
     def own_models(self, rows) -> dict:
         """Models of train clients ``rows`` (LongTensor) from their private state."""

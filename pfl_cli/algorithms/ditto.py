@@ -27,11 +27,9 @@ class Ditto(PrivateState, FedAvg):
     name = "ditto"
 
     def build(self) -> None:
-        from pfl_cli.fl.client_state import ClientState
-
         super().build()
         self.personalized = True
-        self.private = ClientState(self.global_params, self.store.num_clients, self.store.partition_sha)
+        self.private = self.new_private_state(self.global_params)
 
     def run_round(self, t, cohort, gen):
         anchor = {k: v.clone() for k, v in self.global_params.items()}  # w^t

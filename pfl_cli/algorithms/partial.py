@@ -48,7 +48,6 @@ class PartialSharing(PrivateState, _GlobalModel):
         return 2 * sum(p.numel() for k, p in net.named_parameters() if k in shared)
 
     def build(self) -> None:
-        from pfl_cli.fl.client_state import ClientState
         from pfl_cli.fl.split import split_names
 
         self.net = self.client_net()
@@ -58,7 +57,7 @@ class PartialSharing(PrivateState, _GlobalModel):
         init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.init_private = {k: init[k] for k in self.private_names}
         self.global_params = init
-        self.private = ClientState(self.init_private, self.store.num_clients, self.store.partition_sha)
+        self.private = self.new_private_state(self.init_private)
 
     def local_update(self, start: dict, cohort, gen):
         """The cohort's local training from ``start`` (stacked): (params, loss); default: the whole net jointly."""

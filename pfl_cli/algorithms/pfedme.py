@@ -71,11 +71,9 @@ class PFedMe(PrivateState, FedAvg):
     name = "pfedme"
 
     def build(self) -> None:
-        from pfl_cli.fl.client_state import ClientState
-
         super().build()
         self.personalized = True
-        self.private = ClientState(self.global_params, self.store.num_clients, self.store.partition_sha)
+        self.private = self.new_private_state(self.global_params)
 
     def _local(self, w, clients, gen, **schedule):
         cfg = self.cfg
