@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from pfl_cli.algorithms.apfl import APFL
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.algorithms.centaur import CENTAUR
+from pfl_cli.algorithms.ditto import Ditto
 from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.fedper import FedPer
+from pfl_cli.algorithms.fedprox import FedProx
+from pfl_cli.algorithms.fedrep import FedRep
 from pfl_cli.algorithms.flowdup import FLowDUP, LDFedAvg
+from pfl_cli.algorithms.knnper import KNNPer
 from pfl_cli.algorithms.ldp_fedavg import LDPFedAvg
+from pfl_cli.algorithms.lgfedavg import LGFedAvg
 from pfl_cli.algorithms.local import Local
 from pfl_cli.algorithms.pefll import PeFLL
+from pfl_cli.algorithms.perfedavg import PerFedAvg
+from pfl_cli.algorithms.pfedme import PFedMe
 from pfl_cli.algorithms.ppsgd import PPSGD
 
 REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (PeFLL, FedAvg, Local, FLowDUP, LDFedAvg, LDPFedAvg, PPSGD, CENTAUR)}
+    cls.name: cls for cls in (PeFLL, FedAvg, Local, FedProx, FedPer, FedRep, LGFedAvg, Ditto, APFL, PerFedAvg,
+                             PFedMe, KNNPer, FLowDUP, LDFedAvg, LDPFedAvg, PPSGD, CENTAUR)
+}
 
-__all__ = ["Algorithm", "CENTAUR", "FLowDUP", "FedAvg", "LDFedAvg", "LDPFedAvg", "Local", "PPSGD", "PeFLL", "REGISTRY"]
+__all__ = ["APFL", "Algorithm", "CENTAUR", "Ditto", "FLowDUP", "FedAvg", "FedPer", "FedProx", "FedRep", "KNNPer",
+           "LDFedAvg", "LDPFedAvg", "LGFedAvg", "Local", "PFedMe", "PPSGD", "PeFLL", "PerFedAvg", "REGISTRY"]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pfl_cli.errors import InputError, RunError
+from pfl_cli.fl.communication import Traffic
 from pfl_cli.rng import seed_sequence
 
 
@@ -56,6 +57,7 @@ class Algorithm(ABC):
         self.device = store.device
         self.arch = arch if arch is not None else self.resolve_arch(cfg, store)
         self.client_sgd_steps = 0  # local SGD steps taken by personalize() (fine-tuning, Local)
+        self.traffic = Traffic()   # the tensors run_round exchanges (pfl_cli.fl.communication)
         self.build()
 
     # ------------------------------------------------------------------ hooks
@@ -117,6 +119,11 @@ class Algorithm(ABC):
             raise InputError(f"{self.name}: training needs train clients with labels; none of the "
                              f"{len(train_clients)} has any. Give the dataset labels, or raise --label-prevalence.")
 
+    def exchanged(self) -> dict[str, dict[str, float]]:
+        """``{"down": {message: floats}, "up": {...}}`` per client and round, from the tensors recorded
+        in :attr:`traffic` by ``run_round`` (empty for an algorithm that communicates nothing)."""
+        return self.traffic.per_client_round()
+
     @abstractmethod
     def personalize(self, clients: np.ndarray, gen):
         """``(params, personalized)``: one model per client (stacked), or one global model."""
@@ -143,6 +150,11 @@ class Algorithm(ABC):
         from pfl_cli.models import num_parameters
 
         return 2 * num_parameters(arch["client"])
+
+    @property
+    def predict_net(self):
+        """The module that evaluates personalize()'s parameters (kNN-Per wraps the client net)."""
+        return self.net
 
     # ------------------------------------------------------------------ shared helpers
     def client_net(self):
@@ -182,21 +194,159 @@ class Algorithm(ABC):
                             epochs=epochs or None)
 
     def train_clients(self, start: dict, clients: np.ndarray, gen, *, steps: int | None = None,
-                      epochs: int | None = None, chunk: int = 64) -> dict:
-        """Local SGD from ``start`` (one model) on each client's fit data, ``chunk`` clients at a time."""
-        import torch
+                      epochs: int | None = None, chunk: int = 64, stacked: bool = False, **objective) -> dict:
+        """Local SGD from ``start`` on each client's fit data, ``chunk`` clients at a time.
 
-        from pfl_cli.fl.cohort import local_sgd
+        ``start`` is one model, or one per entry of ``clients`` when ``stacked``; ``objective``
+        (``trainable``, ``prox_mu``, ``prox_anchor`` as one model) goes to :func:`local_sgd`.
+        The steps are counted in ``client_sgd_steps`` (what ``predict`` reports).
+        """
+        import torch
 
         out: dict[str, list] = {k: [] for k in start}
         for lo in range(0, len(clients), chunk):
             sel = torch.as_tensor(clients[lo:lo + chunk], device=self.device)
-            batches = self.local_batches(sel, gen, steps=steps, epochs=epochs)
-            theta, _ = local_sgd(self.net, stack(start, len(sel)), self.store, batches, **self.sgd_options())
-            self.client_sgd_steps += batches.active_steps()
+            begin = {k: v[lo:lo + chunk] for k, v in start.items()} if stacked else stack(start, len(sel))
+            theta, _, taken = self.cohort_sgd(begin, sel, gen, steps=steps, epochs=epochs, **objective)
+            self.client_sgd_steps += taken
             for k, v in theta.items():
                 out[k].append(v)
-        return {k: torch.cat(v) if v else start[k].unsqueeze(0)[:0] for k, v in out.items()}
+        empty = (lambda v: v[:0]) if stacked else (lambda v: v.unsqueeze(0)[:0])
+        return {k: torch.cat(v) if v else empty(start[k]) for k, v in out.items()}
+
+    def record_exchange(self, sent: dict, received: dict, cohort_size: int) -> None:
+        """The server sends ``sent`` (one model) to every cohort client and receives ``received`` (stacked)."""
+        for k, g in sent.items():
+            self.traffic.send(k, g, copies=cohort_size)                     # the global model to each client
+        for k, v in received.items():
+            self.traffic.receive(k, v)                                      # each client's model (its delta)
+
+    def round_schedule(self) -> dict:
+        """A round's local work: ``local_steps`` SGD steps, or ``local_epochs`` epochs when set."""
+        cfg = self.cfg
+        return {"epochs": cfg.local_epochs} if cfg.local_epochs else {"steps": cfg.local_steps}
+
+    def cohort_sgd(self, start: dict, clients, gen, *, steps: int | None = None, epochs: int | None = None,
+                   trainable=None, prox_mu: float = 0.0, prox_anchor: dict | None = None):
+        """One batched local-SGD run of ``clients`` (LongTensor) from stacked ``start``.
+
+        ``steps`` SGD steps each, or ``epochs`` passes over each client's fit data. Returns
+        the parameters, each client's mean loss and the number of steps taken in all.
+        """
+        from pfl_cli.fl.cohort import local_sgd
+
+        batches = self.local_batches(clients, gen, steps=steps, epochs=epochs)
+        anchor = None if prox_anchor is None else stack(prox_anchor, len(clients))
+        moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
+        fixed = {k: v for k, v in start.items() if k not in moving}
+        theta, loss = local_sgd(self.net, moving, self.store, batches, fixed=fixed,
+                                prox_mu=prox_mu, prox_anchor=anchor, **self.sgd_options())
+        return {**fixed, **theta}, loss, batches.active_steps()
+
+    def draw_batches(self, clients, gen, *, steps: int | None = None, epochs: int | None = None,
+                     per_step: int = 1):
+        """Batches for ``steps`` local steps (or ``epochs`` epochs) of ``clients``, ``per_step`` per step.
+
+        Returns index and mask (c, total, b), or (c, total, per_step, b) when ``per_step > 1``,
+        the active-step mask (None for a fixed step count) and the number of steps taken in all.
+        """
+        from pfl_cli.fl.batches import sample_batches
+
+        if epochs is not None:
+            total, active = self.epoch_steps(clients, epochs)
+        else:
+            total, active = steps, None
+        index, mask = sample_batches(self.store.fit, clients, total * per_step, self.cfg.batch_size, gen)
+        if per_step > 1:
+            shape = (len(clients), total, per_step, index.shape[-1])
+            index, mask = index.view(shape), mask.reshape(shape)
+        taken = int(active.sum()) if active is not None else total * len(clients)
+        return index, mask, active, taken
+
+    def chunked(self, clients: np.ndarray, build, chunk: int = 64) -> dict:
+        """``build(LongTensor of clients)`` -> stacked models, ``chunk`` clients at a time, concatenated."""
+        import torch
+
+        out = [build(torch.as_tensor(clients[lo:lo + chunk], device=self.device))
+               for lo in range(0, len(clients), chunk)]
+        return {k: torch.cat([o[k] for o in out]) for k in out[0]}
+
+
+class PrivateState:
+    """Mixin for algorithms with per-client private state ``self.private`` (a ClientState).
+
+    The state joins ``state()`` and ``weights()`` (so checkpoints and ``model.pt`` keep it),
+    and :meth:`personalize` serves a client from its own state (:meth:`own_models`) when it
+    has one on this partition, else with the algorithm's new-client protocol (:meth:`new_clients`).
+    """
+
+    def new_private_state(self, template: dict):
+        """A ClientState for every client of the store, each row starting at ``template``."""
+        from pfl_cli.fl.client_state import ClientState
+
+        return ClientState(template, self.store.num_clients, self.store.partition_sha)
+
+    @abstractmethod
+    def own_models(self, rows) -> dict:
+        """Models of train clients ``rows`` (LongTensor) from their private state."""
+
+    @abstractmethod
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """Models for clients without private state (the paper's protocol for new clients)."""
+
+    def personalize(self, clients: np.ndarray, gen):
+        import torch
+
+        clients = np.asarray(clients, dtype=np.int64)
+        known = self.private.known(clients, self.store.partition_sha)
+        parts = []
+        if known.any():
+            parts.append((known, self.own_models(torch.as_tensor(clients[known], device=self.device))))
+        if (~known).any():
+            parts.append((~known, self.new_clients(clients[~known], gen)))
+        return merge_rows(len(clients), parts), True
+
+    def state(self):
+        return {**super().state(), "private": self.private.state()}
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.private.load_state(state["private"], self.device)
+
+    def weights(self):
+        return {**super().weights(), "private": cpu_tree(self.private.state())}
+
+    def load_weights(self, weights):
+        super().load_weights(weights)
+        self.private.load_state(weights["private"], self.device)
+
+
+def cpu_tree(tree: dict) -> dict:
+    """A nested dict of tensors, detached on the CPU (for ``weights()``)."""
+    return {k: (cpu_tree(v) if isinstance(v, dict) else v.detach().cpu()) for k, v in tree.items()}
+
+
+def merge_rows(n: int, parts) -> dict:
+    """Stack per-client models from ``parts`` [(bool mask (n,), {name: (mask.sum(), ...)})] in client order."""
+    import torch
+
+    parts = [(m, p) for m, p in parts if m.any()]
+    first = parts[0][1]
+    out = {k: v.new_zeros((n, *v.shape[1:])) for k, v in first.items()}
+    for mask, params in parts:
+        rows = torch.as_tensor(np.flatnonzero(mask), device=next(iter(out.values())).device)
+        for k, v in params.items():
+            out[k][rows] = v
+    return out
+
+
+def weighted_mean(store, cohort, theta: dict, *, by_size: bool = True) -> dict:
+    """The server average of the cohort's models: by data size (FedAvg Alg. 3 line 9) or uniform."""
+    import torch
+
+    size = store.fit.length[cohort].to(torch.float32) if by_size else torch.ones(len(cohort), device=cohort.device)
+    weight = size / size.sum().clamp_min(1.0)
+    return {k: torch.einsum("c,c...->...", weight, v) for k, v in theta.items()}
 
 
 def descriptor_dim(cfg, num_clients: int) -> int:

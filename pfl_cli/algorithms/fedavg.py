@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, stack
+from pfl_cli.algorithms.base import Algorithm, stack, weighted_mean
 from pfl_cli.rng import torch_generator
 
 
@@ -35,32 +35,35 @@ class FedAvg(Algorithm):
     def run_round(self, t, cohort, gen):
         import torch
 
-        from pfl_cli.fl.cohort import local_sgd
-
-        cfg = self.cfg
         if len(cohort) == 0:  # an empty Poisson cohort (DP): no client trains, the noise is still added
             theta, loss = stack(self.global_params, 0), torch.zeros(0)
         else:
-            batches = self.local_batches(cohort, gen, steps=cfg.local_steps, epochs=cfg.local_epochs)
-            theta, loss = local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, batches,
-                                    **self.sgd_options())
-        deltas = {k: theta[k] - g for k, g in self.global_params.items()}
+            theta, loss, _ = self.cohort_sgd(stack(self.global_params, len(cohort)), cohort, gen,
+                                             **self.round_schedule(), **self.local_objective())
+        self.record_exchange(self.global_params, theta, len(cohort))
         if self.dp is not None:
             # DP-FedAvg (McMahan et al. 2018, Alg. 1): clipped deltas, noisy sum / (q N).
-            mean = self.dp.private_mean(deltas, torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
+            deltas = {k: theta[k] - g for k, g in self.global_params.items()}
+            self.server_update(self.dp.private_mean(deltas, torch_generator(self.cfg.seed, f"dp-noise-{t}",
+                                                                            self.device)))
         else:
-            size = self.store.fit.length[cohort].to(torch.float32)
-            weight = size / size.sum()  # Alg. 3 line 9: m_i / m
-            mean = {k: torch.einsum("c,c...->...", weight, d) for k, d in deltas.items()}
-        self.server_update(mean)
+            self.server_step(weighted_mean(self.store, cohort, theta))
         return loss
 
-    def server_update(self, mean: dict) -> None:
+    def local_objective(self) -> dict:
+        """Extra terms of the clients' local objective (FedProx adds its proximal term)."""
+        return {}
+
+    def server_step(self, mean: dict) -> None:
+        """Move the global model towards the cohort's mean model ``mean`` (Alg. 3 line 9)."""
+        self.server_update({k: mean[k] - g for k, g in self.global_params.items()})
+
+    def server_update(self, mean_delta: dict) -> None:
         """Move the global parameters by ``server_lr`` times the (momentum-averaged) mean delta."""
         cfg = self.cfg
         lr = cfg.server_lr if cfg.server_lr is not None else self.default_server_lr
         for k, g in self.global_params.items():
-            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + mean[k]
+            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + mean_delta[k]
             self.global_params[k] = g + lr * self.server_buf[k]
 
     def personalize(self, clients: np.ndarray, gen):

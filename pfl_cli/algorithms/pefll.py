@@ -147,6 +147,7 @@ class PeFLL(Algorithm):
                               index, mask, **self.sgd_options())
         neg_delta = [(theta[k].detach() - new[k]) / c for k in self.names]                            # -delta / |P|
         self._server_backward(theta, v, v_leaf, neg_delta)
+        self._record_traffic(c, v_leaf, theta, new)
         return loss
 
     def _run_round_dp(self, t, cohort, gen):
@@ -171,9 +172,11 @@ class PeFLL(Algorithm):
             d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)      # step 5
             index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
             with torch.no_grad():
-                theta = self.hnet(self._embed_mean(d_index[:, 0], d_mask[:, 0]))                      # steps 6-8
+                v = self._embed_mean(d_index[:, 0], d_mask[:, 0])                                       # steps 6-7
+                theta = self.hnet(v)                                                                    # step 8
             new, loss = local_sgd(self.net, {k: theta[k] for k in self.names}, self.store, index, mask,  # step 10
                                   **self.sgd_options())
+            self._record_traffic(len(cohort), v, theta, new)
             neg_delta = {k: theta[k] - new[k] for k in self.names}                                     # -delta_i
             contrib = self._client_gradients(h_params, e_params, d_index[:, 0], d_mask[:, 0], neg_delta)
         mean = self.dp.private_mean(contrib, torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
@@ -198,6 +201,18 @@ class PeFLL(Algorithm):
         g_h, g_e = vmap(grad(inner, argnums=(0, 1)), in_dims=(None, None, 0, 0, 0, 0))(
             hp, ep, store.inputs(d_index), store.onehot(d_index), d_mask, neg_delta)
         return {**{f"h.{k}": g for k, g in g_h.items()}, **{f"e.{k}": g for k, g in g_e.items()}}
+
+    def _record_traffic(self, c, v, theta, new) -> None:
+        """§1.5: eta_v down, v up, theta down, delta theta up, dv down, d eta_v up, per cohort client."""
+        t = self.traffic
+        for k, p in self.embed.named_parameters():
+            t.send(f"embedding.{k}", p, copies=c)
+            t.receive(f"embedding_grad.{k}", p, copies=c)  # each client's own VJP into eta_v
+        t.receive("descriptor", v)
+        t.send("descriptor_grad", v)
+        for k in self.names:
+            t.send(k, theta[k])
+            t.receive(f"delta.{k}", new[k])
 
     def _server_backward(self, theta, v, v_leaf, neg_delta) -> None:
         """Steps 12-18: server VJP, client VJP, averaged regularized update."""

@@ -22,7 +22,7 @@ def predict(
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact over the dataset the model was trained on (e.g. from pflx simulate).")],
     clients: Annotated[str, typer.Option("--clients", help="Which of the partition's clients: holdout | train | all.")] = "holdout",
     label_mask: Annotated[Optional[bool], typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with label masking (default: as trained; both are always reported).", show_default=False)] = None,
-    finetune_steps: Annotated[Optional[int], typer.Option("--finetune-steps", help="fedavg: local steps from the global model per client (default: as trained).")] = None,
+    finetune_steps: Annotated[Optional[int], typer.Option("--finetune-steps", help="fedavg, fedprox, perfedavg: local steps from the global model per client (default: as trained).")] = None,
     eval_descriptor: Annotated[Optional[str], typer.Option("--eval-descriptor", help="pefll descriptor: all (every train sample) | batch (one batch) (default: as trained).")] = None,
     save_models: Annotated[bool, typer.Option("--save-models", help="Also write models.pt: every client's model weights.")] = False,
     evaluate_hidden_labels: Annotated[bool, typer.Option("--evaluate-hidden-labels", help="Also score unlabeled clients against their hidden labels: an oracle evaluation, recorded as such (the clients never show their labels to the model).")] = False,
@@ -39,7 +39,12 @@ def predict(
 
     PeFLL builds each client's model from its descriptor in one forward pass (no optimizer step);
     FedAvg uses the global model (fine-tuned --finetune-steps steps when asked); Local trains every
-    client from the shared initialization. --set batch_size=N sets the evaluation chunk.
+    client from the shared initialization. The personalized baselines use each client's private
+    state (heads, personal models) for the train clients of the partition they were trained on, and
+    their paper's new-client protocol for every other client (fedrep/fedper: a new head on the frozen
+    body; lg-fedavg: a new body under the global head; ditto, apfl, pfedme: personal training from
+    the global model; perfedavg: fine-tuning; knnper: a kNN datastore, no optimizer step; fedprox:
+    the global model). --set batch_size=N sets the evaluation chunk.
 
     Clients without labels (partition --label-prevalence, npz y = -1, csv labeled = 0) get models
     from algorithms that need no labels at prediction time (pefll with --embedding cnn-x|mlp-x,

@@ -1,4 +1,4 @@
-"""`pflx train`: train PeFLL, FedAvg, Local or a local-DP baseline on a partition's train clients."""
+"""`pflx train`: train PeFLL, FedAvg, Local, a personalized baseline or a local-DP baseline on a partition's train clients."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ SET_ONLY = (
     "momentum", "client_clip", "server_optimizer", "server_momentum", "server_clip", "lambda_h", "lambda_v",
     "lambda_theta", "mlp_hidden", "hyper_hidden", "descriptor_batch", "eval_descriptor", "normalize",
     "checkpoint_every", "cohort_exec", "dp_sampling_rate", "dp_accountant",
+    "checkpoint_every", "mu", "lam", "head_epochs", "body_epochs", "new_client_epochs", "alpha", "alpha_lr",
+    "variant", "beta", "K", "personal_lr", "knn_k", "knn_scale", "interpolation",
 )
 
 
@@ -32,17 +34,17 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
     clients_per_round: Annotated[int, typer.Option("--clients-per-round", help="Cohort size of every round.")] = 5,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (pefll, fedavg).")] = 50,
+    local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).")] = 50,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.")] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.")] = 2e-3,
     server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1).")] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Rounds between evaluations (and checkpoints).")] = 50,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each train client's samples held out for model selection (0 = keep the last model).")] = 0.1,
     label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out (both are always reported).")] = False,
-    finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="fedavg: local steps from the global model before evaluation.")] = 0,
+    finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="fedavg, fedprox: local steps from the global model before evaluation; perfedavg: its fine-tuning steps (0 = one).")] = 0,
     local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="local: epochs per client (default 200); fedavg: epochs instead of --local-steps.")] = None,
     model_arch: Annotated[str, typer.Option("--model-arch", help="Client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp.")] = "auto",
     embedding: Annotated[str, typer.Option("--embedding", help="pefll embedding net: auto | cnn | cnn-x | linear | mlp | mlp-x.")] = "auto",
@@ -82,6 +84,17 @@ def train(
     Under --dp the artifact holds only what the DP guarantee covers (config.yaml, model.pt of the
     last round, privacy.json, metrics.json without accuracies); accuracies on the private clients go
     to nonprivate* files with --write-nonprivate.
+
+    Baselines' keys (each its paper's symbol): mu (fedprox proximal weight, 0 = FedAvg), lam (ditto's
+    lambda, default 0.1), head_epochs / body_epochs (fedrep, default 5 / 1), new_client_epochs (epochs
+    a client without private state trains: fedrep/fedper its head, lg-fedavg its body, ditto its
+    personal model, apfl its local model and alpha; default 20), alpha (apfl's initial mixing weight,
+    default 0.5), alpha_lr (apfl's step on alpha, default lr; 0 keeps alpha fixed), variant (perfedavg:
+    fo | hf; its alpha is --lr), beta (perfedavg's outer step, default lr; pfedme's server mixing,
+    default 1), K (pfedme's inner steps, default 3), personal_lr (pfedme's inner step, default lr),
+    lam is also pfedme's lambda (default 15), knn_k (knnper's k, default 10), knn_scale (knnper's
+    distance scale T, default 100), interpolation (knnper's lambda, default 0.5; 0 = global model).
+    Every federated baseline but fedrep trains --local-steps (or --local-epochs) per round.
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.

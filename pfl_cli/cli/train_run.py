@@ -295,7 +295,10 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> No
     writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False), release=POST_PROCESSING)
     writer.path("model.pt", release=MECHANISM).write_bytes(torch_bytes(run.model))
     writer.save_json("privacy.json", run.dp.ledger().to_dict(accountant=cfg.dp_accountant), release=POST_PROCESSING)
-    public = {k: v for k, v in metrics.items() if k not in ("train", "holdout", "val", "dataset", "best_round")}
+    # Exact counts of the private data (clients without labels; the realized Poisson cohorts behind the
+    # communication totals) are diagnostics, not releases.
+    private_keys = ("train", "holdout", "val", "dataset", "best_round", "communication", "num_unlabeled_clients")
+    public = {k: v for k, v in metrics.items() if k not in private_keys}
     public["dataset"] = {"spec": metrics["dataset"]["spec"], "num_classes": metrics["dataset"]["num_classes"]}
     public["dp"] = clean(run.dp.info())
     writer.save_json("metrics.json", public, release=POST_PROCESSING)
@@ -303,7 +306,8 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> No
         outcome = run.outcome
         writer.save_json("nonprivate.json", {
             "note": "accuracies measured on the private clients: NOT covered by the DP guarantee of privacy.json",
-            **{g: metrics[g] for g in ("train", "holdout", "val") if g in metrics}}, release=NONPRIVATE)
+            **{g: metrics[g] for g in ("train", "holdout", "val", "communication", "num_unlabeled_clients")
+               if g in metrics}}, release=NONPRIVATE)
         writer.save_csv("nonprivate-metrics.csv", ["round", "group", "metric", "value"], outcome.history,
                         release=NONPRIVATE)
         writer.save_csv("nonprivate-clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy",
@@ -381,6 +385,7 @@ def _metrics(cfg, run, info: dict, device) -> dict:
     store = run.store
     metrics["num_unlabeled_clients"] = int(np.sum(~store.labeled))
     metrics["hidden_label_oracle"] = bool(cfg.evaluate_hidden_labels)
+    metrics["communication"] = run.algorithm.traffic.summary()
     return clean(metrics)
 
 

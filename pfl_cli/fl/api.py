@@ -66,6 +66,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in [0, 1); got {cfg.val_fraction!r}.")
     _validate_dp(cfg)
+    _validate_baselines(cfg)
     hidden = cfg.mlp_hidden if isinstance(cfg.mlp_hidden, (list, tuple)) else [cfg.mlp_hidden]
     if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
         raise ConfigError(f"mlp_hidden must be a list of positive layer widths; got {cfg.mlp_hidden!r}.")
@@ -93,6 +94,36 @@ def _validate_dp(cfg: TrainConfig) -> None:
         raise ConfigError(f"dp_accountant must be one of {', '.join(ACCOUNTANTS)}; got {cfg.dp_accountant!r}.")
     check_dp_options(cfg)
     cls.check_dp_config(cfg)
+
+
+def _validate_baselines(cfg: TrainConfig) -> None:
+    """The personalized baselines' keys (issue 13)."""
+    from pfl_cli.fl.config import VARIANTS
+
+    for name in ("head_epochs", "body_epochs", "new_client_epochs"):
+        _int(cfg, name, 0)
+    _int(cfg, "K", 1)
+    _int(cfg, "knn_k", 1)
+    if not (isinstance(cfg.interpolation, (int, float)) and 0.0 <= cfg.interpolation <= 1.0):
+        raise ConfigError(f"interpolation (knnper's lambda) must be in [0, 1]; got {cfg.interpolation!r}.")
+    if cfg.variant not in VARIANTS:
+        raise ConfigError(f"variant (perfedavg) must be one of {', '.join(VARIANTS)}; got {cfg.variant!r}.")
+    for name in ("beta", "personal_lr", "knn_scale"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not np.isfinite(value) or value <= 0):
+            raise ConfigError(f"{name} must be a finite number > 0; got {value!r}.")
+    for name in ("mu", "lam", "alpha_lr", "alpha"):
+        value = getattr(cfg, name)
+        if value is None and name != "mu" and name != "alpha":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if cfg.alpha > 1:
+        raise ConfigError(f"alpha (apfl's mixing weight) must be in [0, 1]; got {cfg.alpha!r}.")
+    if cfg.algorithm == "fedrep" and cfg.head_epochs + cfg.body_epochs == 0:
+        raise ConfigError("fedrep: head_epochs and body_epochs are both 0, so clients would never train; "
+                          "set at least one to >= 1.")
 
 
 def _int(cfg, name: str, low: int) -> None:
@@ -240,7 +271,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
 
     def keep_predictions(sel, params, personalized):
         for code, split in enumerate(("fit", "test")):
-            out = predict_samples(alg.net, params, store, sel, split, personalized=personalized,
+            out = predict_samples(alg.predict_net, params, store, sel, split, personalized=personalized,
                                   max_samples=cfg.batch_size * 32)
             parts.append({**out, "split": np.full(len(out["sample"]), code, dtype=np.uint8)})
 

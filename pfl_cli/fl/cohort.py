@@ -60,8 +60,10 @@ def _masked_mean_loss(logits, y, m):
     return (ce * m).sum(-1) / m.sum(-1).clamp_min(1.0)
 
 
-def _cohort_grads(model, theta: dict, x, y, m, how: str):
+def _cohort_grads(model, theta: dict, x, y, m, how: str, fixed: dict):
     """Every client's loss (c,) and gradients {name: (c, *shape)} at ``theta`` on its batch.
+
+    ``fixed`` {name: (c, *shape)}: per-client parameters the forward reads but nobody trains.
 
     ``vmap``: one vmapped forward and one ordinary backward; clients' losses are independent,
     so the gradient of their sum with respect to the stacked parameters is every client's own
@@ -74,14 +76,15 @@ def _cohort_grads(model, theta: dict, x, y, m, how: str):
     names = list(theta)
     if how == "vmap":
         leaves = {k: v.detach().requires_grad_(True) for k, v in theta.items()}
-        logits = cohort_forward(model, leaves, x, "vmap")
+        logits = cohort_forward(model, {**leaves, **fixed}, x, "vmap")
         loss = _masked_mean_loss(logits, y, m)
         grads = torch.autograd.grad(loss.sum(), [leaves[k] for k in names])
         return loss.detach(), dict(zip(names, grads))
     losses, per_client = [], []
     for i in range(x.shape[0]):
         leaves = {k: v[i].detach().requires_grad_(True) for k, v in theta.items()}
-        loss = _masked_mean_loss(functional_call(model, leaves, (x[i],)), y[i], m[i])
+        frozen = {k: v[i] for k, v in fixed.items()}
+        loss = _masked_mean_loss(functional_call(model, {**leaves, **frozen}, (x[i],)), y[i], m[i])
         per_client.append(torch.autograd.grad(loss, [leaves[k] for k in names]))
         losses.append(loss.detach())
     return torch.stack(losses), {k: torch.stack([g[j] for g in per_client]) for j, k in enumerate(names)}
@@ -101,7 +104,9 @@ def _steps(index, mask, active):
 
 
 def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *, lr: float, momentum: float = 0.0,
-              weight_decay: float = 0.0, clip: float = 0.0, active=None, cohort_exec: str = "auto"):
+              weight_decay: float = 0.0, clip: float = 0.0, active=None, cohort_exec: str = "auto",
+              fixed: Mapping[str, "object"] | None = None, prox_mu: float = 0.0,
+              prox_anchor: Mapping[str, "object"] | None = None):
     """Run every cohort client's local steps at once.
 
     Parameters
@@ -127,6 +132,13 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     cohort_exec : {"auto", "vmap", "loop"}
         How the cohort's gradients are computed (:func:`resolve_cohort_exec`); every path
         gives the same numbers up to float rounding.
+    fixed : dict name -> Tensor (c, *shape), optional
+        Per-client parameters the forward pass reads but the clients do not train (FedRep's
+        body while its head trains, and the other way round).
+    prox_mu, prox_anchor : float, dict name -> Tensor (c, *shape)
+        Proximal term ``prox_mu / 2 * ||theta - anchor||^2`` (FedProx Eq. 2, Ditto Eq. 2):
+        its gradient ``prox_mu * (theta - anchor)`` joins the step like weight decay (after
+        clipping). Anchors of ``fixed`` parameters are ignored.
 
     Returns
     -------
@@ -139,14 +151,16 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
 
     c, stream = _steps(index, mask, active)
     how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
-    opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip)
+    fixed = dict(fixed or {})
+    anchor = {k: prox_anchor[k] for k in params} if prox_mu else {}
+    opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, prox_mu=prox_mu)
     if world()[1] == 1:
-        return _train(model, params, store, stream, c, how, **opts)
+        return _train(model, params, store, stream, c, how, fixed=fixed, anchor=anchor, **opts)
     # Distributed: this rank trains its share of the clients; every rank gets all of them back.
     rows = own_rows(c)
-    mine = {k: v[rows] for k, v in params.items()}
+    mine, fixed, anchor = ({k: v[rows] for k, v in d.items()} for d in (params, fixed, anchor))
     share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
-    theta, loss = _train(model, mine, store, share, rows.stop - rows.start, how, **opts)
+    theta, loss = _train(model, mine, store, share, rows.stop - rows.start, how, fixed=fixed, anchor=anchor, **opts)
     whole = assemble({**theta, _LOSS: loss}, rows, c)
     return whole, whole.pop(_LOSS)
 
@@ -154,7 +168,8 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
 _LOSS = "\0loss"  # not a parameter name
 
 
-def _train(model, params, store, stream, c: int, how: str, *, lr, momentum, weight_decay, clip):
+def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, lr, momentum, weight_decay, clip,
+           prox_mu):
     """:func:`local_sgd` on ``c`` clients whose steps come from ``stream``."""
     import torch
 
@@ -166,8 +181,9 @@ def _train(model, params, store, stream, c: int, how: str, *, lr, momentum, weig
     loss_sum = torch.zeros(c, device=device)
     taken = torch.zeros(c, device=device)
     for idx, m, go in stream:
-        loss, grads = _cohort_grads(model, theta, store.inputs(idx), store.y[idx], m, how)
-        sgd_update_(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, active=go)
+        loss, grads = _cohort_grads(model, theta, store.inputs(idx), store.y[idx], m, how, fixed)
+        sgd_update_(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, active=go,
+                    prox_mu=prox_mu, prox_anchor=anchor)
         with torch.no_grad():
             w = torch.ones(c, device=device) if go is None else go.to(loss.dtype)
             loss_sum += loss * w
@@ -175,36 +191,69 @@ def _train(model, params, store, stream, c: int, how: str, *, lr, momentum, weig
     return theta, loss_sum / taken.clamp_min(1.0)
 
 
+def expand_as_params(v, like):
+    """A per-client vector (c,) viewed to broadcast against a stacked parameter (c, *shape)."""
+    return v.view(-1, *([1] * (like.dim() - 1)))
+
+
+def batch_loss_and_grads(forward, theta: Mapping, names, store, idx, m, *, create_graph: bool = False):
+    """Every client's masked mean cross-entropy on its batch ``idx`` (c, b) and its gradients.
+
+    ``forward`` is the vmapped ``functional_call`` of the client net; gradients are taken
+    with respect to ``theta[k]`` for ``k`` in ``names`` (leaves or graph nodes).
+    """
+    import torch
+
+    loss = batch_loss(forward, theta, store, idx, m)
+    grads = torch.autograd.grad(loss.sum(), [theta[k] for k in names], create_graph=create_graph)
+    return loss, dict(zip(names, grads))
+
+
+def batch_loss(forward, params: Mapping, store, idx, m):
+    """Every client's masked mean cross-entropy (c,) of its model ``params`` on its batch ``idx`` (c, b)."""
+    return _masked_mean_loss(forward(dict(params), store.inputs(idx)), store.y[idx], m)
+
+
+def clip_per_client(grads: dict, clip: float) -> dict:
+    """Scale each client's gradient to global norm at most ``clip`` (``clip_grad_norm_``'s coefficient)."""
+    import torch
+
+    if clip <= 0 or not grads:
+        return grads
+    norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
+    scale = (clip / (norm + 1e-6)).clamp(max=1.0)
+    return {k: g * expand_as_params(scale, g) for k, g in grads.items()}
+
+
 def sgd_update_(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                clip: float = 0.0, active=None) -> None:
+                clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None) -> None:
     """One ``torch.optim.SGD`` step per client on stacked tensors, in place, after ``clip_grad_norm_``.
 
     ``theta``, ``grads`` and ``buf`` (momentum buffers) map names to (c, *shape) tensors; the
     clip is over each client's whole gradient; ``active`` (c,) bool leaves inactive clients alone.
+    ``prox_mu * (theta - prox_anchor)`` (FedProx Eq. 2, Ditto Eq. 2) joins after clipping.
     """
     import torch
 
     with torch.no_grad():
-        if clip > 0:
-            norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
-            scale = (clip / (norm + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s coefficient
+        grads = clip_per_client(grads, clip)
         for k, g in grads.items():
-            if clip > 0:
-                g = g * scale.view(-1, *([1] * (g.dim() - 1)))
             if weight_decay:
                 g = g + weight_decay * theta[k]
+            if prox_mu:
+                g = g + prox_mu * (theta[k] - prox_anchor[k])
             new_buf = momentum * buf[k] + g if momentum else g
             if active is None:
                 buf[k] = new_buf
                 theta[k] -= lr * new_buf
             else:
-                sel = active.view(-1, *([1] * (g.dim() - 1)))
+                sel = expand_as_params(active, g)
                 buf[k] = torch.where(sel, new_buf, buf[k])
                 theta[k] -= lr * new_buf * sel
 
 
 def local_sgd_reference(model, params, store, index, mask=None, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,
-                        active=None, cohort_exec: str = "loop"):
+                        active=None, cohort_exec: str = "loop", fixed=None, prox_mu=0.0, prox_anchor=None):
     """:func:`local_sgd` one client at a time with ``torch.optim.SGD`` (tests and benchmarks).
 
     Takes the same arguments; ``cohort_exec`` is accepted so both share one options dict
@@ -221,12 +270,16 @@ def local_sgd_reference(model, params, store, index, mask=None, *, lr, momentum=
     c, steps = index.shape[:2]
     out = {k: [] for k in params}
     losses = []
+    everything = {**params, **(fixed or {})}
     for i in range(c):
         net = copy.deepcopy(model)
         with torch.no_grad():
             for k, p in net.named_parameters():
-                p.copy_(params[k][i])
-        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+                p.copy_(everything[k][i])
+        moving = [p for k, p in net.named_parameters() if k in params]
+        for k, p in net.named_parameters():
+            p.requires_grad_(k in params)
+        opt = torch.optim.SGD(moving, lr=lr, momentum=momentum, weight_decay=weight_decay)
         total, count = 0.0, 0
         for s in range(steps):
             if active is not None and not bool(active[i, s]):
@@ -240,10 +293,16 @@ def local_sgd_reference(model, params, store, index, mask=None, *, lr, momentum=
             opt.zero_grad()
             loss.backward()
             if clip > 0:
-                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+                torch.nn.utils.clip_grad_norm_(moving, clip)
+            if prox_mu:
+                with torch.no_grad():
+                    for k, p in net.named_parameters():
+                        if p.requires_grad:
+                            p.grad += prox_mu * (p - prox_anchor[k][i])
             opt.step()
             total, count = total + float(loss.detach()), count + 1
         for k, p in net.named_parameters():
-            out[k].append(p.detach().clone())
+            if k in out:
+                out[k].append(p.detach().clone())
         losses.append(total / max(count, 1))
     return {k: torch.stack(v) for k, v in out.items()}, torch.tensor(losses)

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-ALGORITHMS = ("pefll", "fedavg", "local", "flowdup", "ld-fedavg", "ldp-fedavg", "ppsgd", "centaur")
+ALGORITHMS = ("pefll", "fedavg", "local", "fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg",
+              "pfedme", "knnper", "flowdup", "ld-fedavg", "ldp-fedavg", "ppsgd", "centaur")
+VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
 CLIENT_ARCHS = ("auto", "lenet", "mlp")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
 HYPER_SIZES = ("S", "M", "L")
@@ -56,6 +58,21 @@ class TrainConfig:
     val_fraction: float = 0.1             # of every train client's train samples, for model selection
     normalize: bool = True                # standardize inputs with train-pool statistics (per channel / feature)
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
+    # ---- personalized-FL baselines (issue 13): each key is the symbol of its algorithm's paper ----
+    mu: float = 0.0                       # fedprox: proximal weight mu of Eq. 2 (0 = FedAvg)
+    lam: Optional[float] = None           # lambda: ditto's proximal weight to the global model (default 0.1); pfedme's Moreau-envelope weight (default 15)
+    head_epochs: int = 5                  # fedrep: epochs on the head per round, body frozen (PeFLL §4.1: 5)
+    body_epochs: int = 1                  # fedrep: epochs on the body per round, head frozen (PeFLL §4.1: 1)
+    new_client_epochs: int = 20           # fedrep/fedper: new head; lg-fedavg: new body; ditto: personal model; apfl: v and alpha
+    alpha: float = 0.5                    # apfl: initial mixing weight alpha in [0, 1]
+    alpha_lr: Optional[float] = None      # apfl: step size of alpha (default lr; 0 keeps alpha fixed)
+    variant: str = "fo"                   # perfedavg: fo (first-order) | hf (Hessian-free); its alpha is lr
+    beta: Optional[float] = None          # perfedavg: outer step beta (default lr); pfedme: server mixing beta (default 1)
+    K: int = 3                            # pfedme: gradient steps on the inner (personalized) problem
+    personal_lr: Optional[float] = None   # pfedme: step size of those K steps (default lr)
+    knn_k: int = 10                       # knnper: neighbours k (PeFLL §4.1: 5 or 10)
+    knn_scale: float = 100.0              # knnper: distance scale T of exp(-d / T) (PeFLL §4.1: 100)
+    interpolation: float = 0.5            # knnper: weight lambda of the kNN distribution (0 = the global model)
     device: str = "auto"
     cohort_exec: str = "auto"             # cohort local SGD: vmap | loop | auto (the faster one measured for device + net)
     seed: int = 0

@@ -222,7 +222,7 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
         sel = clients[lo:lo + chunk]
         params, personalized = alg.personalize(sel, gen)
         for split in splits:
-            parts[split].append(evaluate(alg.net, params, alg.store, sel, split, personalized=personalized,
+            parts[split].append(evaluate(alg.predict_net, params, alg.store, sel, split, personalized=personalized,
                                          max_samples=max_samples, cohort_exec=how))
         if each_chunk is not None:
             each_chunk(sel if personalized else clients[lo:], params, personalized)
@@ -232,7 +232,7 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
             rest = clients[lo + chunk:]
             if len(rest):
                 for split in splits:
-                    parts[split].append(evaluate(alg.net, params, alg.store, rest, split, personalized=False,
+                    parts[split].append(evaluate(alg.predict_net, params, alg.store, rest, split, personalized=False,
                                                  max_samples=max_samples))
             break
     out = None

@@ -108,6 +108,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     if resume is not None:
         alg.load_state(resume["algorithm"])
         start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
+        alg.traffic.load_state(resume["traffic"])
         best = resume["best"]
         last_ckpt = start
     if total:
@@ -117,6 +118,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
         gen = torch_generator(cfg.seed, f"round-{t}")
         cohort = alg.sample_cohort(train_clients, cfg.clients_per_round, gen)
         loss = alg.run_round(t, cohort, gen)
+        alg.traffic.close_round(len(cohort))
         mean_loss = float(loss.mean()) if len(loss) else float("nan")  # a Poisson cohort may be empty
         if len(loss) and not np.isfinite(mean_loss):
             raise TrainingDiverged(t + 1, mean_loss, last_ckpt)
@@ -134,7 +136,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
                       for g, s in ev.summaries().items()}
         if on_checkpoint is not None and (done % every_ckpt == 0 or done == total):
             on_checkpoint({"round": done, "algorithm": alg.state(), "history": [list(r) for r in history],
-                           "loss_acc": list(loss_acc), "best": best})
+                           "loss_acc": list(loss_acc), "best": best, "traffic": alg.traffic.state()})
             last_ckpt = done
         if on_progress is not None:
             on_progress(done, total, {"loss": mean_loss, **latest})

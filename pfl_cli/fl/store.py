@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pfl_cli.errors import InputError
+from pfl_cli.fl.client_state import partition_digest
 
 ROLE_TRAIN, ROLE_HOLDOUT = 0, 1
 
@@ -109,6 +110,7 @@ class ClientStore:
     input_shape: tuple[int, ...]
     device: object
     labeled: np.ndarray = None
+    partition_sha: bytes = b""  # fl.client_state.partition_digest: ties private per-client state to its clients
 
     @property
     def num_clients(self) -> int:
@@ -204,4 +206,5 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
         classes=torch.as_tensor(classes, device=device), role=role, client_id=np.asarray(partition.client_id),
         num_classes=int(num_classes), input_shape=tuple(int(s) for s in x.shape[1:]), device=device,
         labeled=fit_labels > 0,
+        partition_sha=partition_digest(partition.client_id, role, partition.train_offsets, partition.train_indices),
     )

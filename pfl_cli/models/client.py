@@ -204,7 +204,14 @@ class LeNet(LeNetTrunk):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of shape (B, C) for an image batch of shape (B, in_channels, H, W)."""
-        return self.fc3(self.trunk(self.pad(x)))  # FC3: no nonlinearity (softmax is in the loss)
+        return self.fc3(self.features(x))  # FC3: no nonlinearity (softmax is in the loss)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The (B, 84) representation the head FC3 reads (kNN-Per's feature space)."""
+        return self.trunk(self.pad(x))
+
+    def head(self) -> nn.Module:
+        return self.fc3
 
 
 class MLP(nn.Module):
@@ -243,10 +250,17 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of shape (B, num_classes) for a batch of shape (B, *input_shape)."""
+        return self.head()(self.features(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The representation the last layer reads: the last hidden activations (kNN-Per's feature space)."""
         x = torch.flatten(x, 1)
         for i in range(1, self.num_layers):
             x = F.relu(getattr(self, f"fc{i}")(x))
-        return getattr(self, f"fc{self.num_layers}")(x)
+        return x
+
+    def head(self) -> nn.Module:
+        return getattr(self, f"fc{self.num_layers}")
 
 
 def client_model(

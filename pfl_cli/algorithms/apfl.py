@@ -1,0 +1,129 @@
+"""APFL: adaptive personalized federated learning (Deng, Kamani, Mahdavi, 2020, Algorithm 1).
+
+Every client keeps a local model v_i and a mixing weight alpha_i; its personalized model is
+the parameter mixture v̄_i = alpha_i v_i + (1 - alpha_i) w with the global model w. On each
+local step a cohort client, on one batch, updates (Alg. 1 lines 6-8, Eq. 7)
+
+    w     <- w - eta grad f_i(w)
+    v_i   <- v_i - eta grad_v f_i(v̄_i)        = v_i - eta alpha_i grad f_i(v̄_i)
+    alpha <- alpha - eta_alpha <v_i - w, grad f_i(v̄_i)>,  projected onto [0, 1]
+
+all three from the same starting point, as plain SGD (the paper's update: no momentum, no
+clipping); the server averages the w's as FedAvg. v_i and alpha_i never leave the client.
+With alpha fixed at 1 (``alpha=1``, ``alpha_lr=0``) v̄_i = v_i is local training. A new
+client starts v from the global model and alpha from ``alpha``, and trains both for
+``new_client_epochs`` epochs with w frozen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import PrivateState, stack, weighted_mean
+from pfl_cli.algorithms.fedavg import FedAvg
+
+ALPHA = "alpha"  # the mixing weight's key in the private state
+
+
+def mixture(v: dict, w: dict, alpha) -> dict:
+    """alpha v + (1 - alpha) w, per client (alpha (c,), v and w stacked)."""
+    from pfl_cli.fl.cohort import expand_as_params
+
+    return {k: expand_as_params(alpha, v[k]) * v[k] + (1 - expand_as_params(alpha, v[k])) * w[k] for k in w}
+
+
+def apfl_steps(model, w: dict, v: dict, alpha, store, index, mask, *, lr: float, alpha_lr: float, active=None,
+               update_w: bool = True):
+    """The cohort's APFL local steps (Alg. 1), batched over clients with ``vmap``.
+
+    Returns (w, v, alpha, mean loss of f_i(v̄_i) over each client's active steps).
+    """
+    import torch
+    from torch.func import functional_call, vmap
+
+    from pfl_cli.fl.cohort import batch_loss, batch_loss_and_grads, expand_as_params
+
+    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    names = list(w)
+    w = {k: t.detach().clone() for k, t in w.items()}
+    v = {k: t.detach().clone() for k, t in v.items()}
+    alpha = alpha.detach().clone()
+    c, steps = index.shape[:2]
+    loss_sum = torch.zeros(c, device=index.device)
+    taken = torch.zeros(c, device=index.device)
+    for s in range(steps):
+        idx, m = index[:, s], mask[:, s]
+        go = torch.ones(c, dtype=torch.bool, device=index.device) if active is None else active[:, s]
+        gw = None
+        if update_w:
+            wl = {k: t.requires_grad_(True) for k, t in w.items()}
+            _, gw = batch_loss_and_grads(forward, wl, names, store, idx, m)
+            w = {k: t.detach() for k, t in wl.items()}
+        vl = {k: t.clone().requires_grad_(True) for k, t in v.items()}
+        al = alpha.clone().requires_grad_(True)
+        mixed = mixture(vl, w, al)
+        loss = batch_loss(forward, mixed, store, idx, m)
+        grads = torch.autograd.grad(loss.sum(), [vl[k] for k in names] + [al])
+        with torch.no_grad():
+            for k, g in zip(names, grads[:-1]):
+                sel = expand_as_params(go, g)
+                v[k] = v[k] - lr * g * sel
+                if gw is not None:
+                    w[k] = w[k] - lr * gw[k] * sel
+            alpha = torch.where(go, (alpha - alpha_lr * grads[-1]).clamp(0.0, 1.0), alpha)
+            loss_sum += loss.detach() * go
+            taken += go
+    return w, v, alpha, loss_sum / taken.clamp_min(1.0)
+
+
+class APFL(PrivateState, FedAvg):
+    name = "apfl"
+    dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
+
+    def build(self) -> None:
+        import torch
+
+        super().build()
+        self.personalized = True
+        template = {**self.global_params, ALPHA: torch.tensor(float(self.cfg.alpha), device=self.device)}
+        self.private = self.new_private_state(template)
+
+    def alpha_lr(self) -> float:
+        return self.cfg.lr if self.cfg.alpha_lr is None else float(self.cfg.alpha_lr)
+
+    def _steps(self, w, v, alpha, clients, gen, *, epochs=None, steps=None, update_w=True):
+        index, mask, active, taken = self.draw_batches(clients, gen, steps=steps, epochs=epochs)
+        out = apfl_steps(self.net, w, v, alpha, self.store, index, mask, lr=self.cfg.lr, alpha_lr=self.alpha_lr(),
+                         active=active, update_w=update_w)
+        return (*out, taken)
+
+    def run_round(self, t, cohort, gen):
+        row = self.private.gather(cohort)
+        alpha = row.pop(ALPHA)
+        w, v, alpha, loss, _ = self._steps(stack(self.global_params, len(cohort)), row, alpha, cohort, gen,
+                                           **self.round_schedule())
+        self.record_exchange(self.global_params, w, len(cohort))  # w only: v and alpha stay on the client
+        self.server_step(weighted_mean(self.store, cohort, w))
+        self.private.scatter(cohort, {**v, ALPHA: alpha})
+        return loss
+
+    def own_models(self, rows):
+        row = self.private.gather(rows)
+        alpha = row.pop(ALPHA)
+        return mixture(row, stack(self.global_params, len(alpha)), alpha)
+
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """v from the global model, alpha from ``alpha``; both trained with w frozen."""
+        import torch
+
+        def build(sel):
+            w = stack(self.global_params, len(sel))
+            alpha = torch.full((len(sel),), float(self.cfg.alpha), device=self.device)
+            v = {k: t.clone() for k, t in w.items()}
+            if self.cfg.new_client_epochs:
+                _, v, alpha, _, taken = self._steps(w, v, alpha, sel, gen, epochs=self.cfg.new_client_epochs,
+                                                    update_w=False)
+                self.client_sgd_steps += taken
+            return mixture(v, w, alpha)
+
+        return self.chunked(clients, build)

@@ -1,0 +1,51 @@
+"""Ditto (Li, Hu, Beirami, Smith, ICML 2021, Algorithm 1).
+
+A global model trained by FedAvg, and on every client a personal model v_k trained on
+F_k(v) + lambda/2 ||v - w^t||^2 (Eq. 2) around the round's global model w^t. A cohort
+client runs FedAvg's local steps on w (lines 5-6) and the same number of steps on its own
+v_k (line 7, s = the local steps); only w is exchanged. Personal models start from the
+initial global model w^0 (v_k^0 = w^0), live on the device for all clients and are saved.
+With lambda = 0 they are exactly local training. A new client trains its personal model
+from the global one for ``new_client_epochs`` epochs with the same proximal term.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import PrivateState, stack
+from pfl_cli.algorithms.fedavg import FedAvg
+
+DEFAULT_LAMBDA = 0.1  # one of the paper's grid {0.01, 0.05, 0.1, 0.2, 0.5, 1, 2} (Table 9)
+
+
+def ditto_lambda(cfg) -> float:
+    return DEFAULT_LAMBDA if cfg.lam is None else float(cfg.lam)
+
+
+class Ditto(PrivateState, FedAvg):
+    name = "ditto"
+    dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
+
+    def build(self) -> None:
+        super().build()
+        self.personalized = True
+        self.private = self.new_private_state(self.global_params)
+
+    def run_round(self, t, cohort, gen):
+        anchor = {k: v.clone() for k, v in self.global_params.items()}  # w^t
+        loss = super().run_round(t, cohort, gen)
+        v, _, _ = self.cohort_sgd(self.private.gather(cohort), cohort, gen, **self.round_schedule(),
+                                  prox_mu=ditto_lambda(self.cfg), prox_anchor=anchor)
+        self.private.scatter(cohort, v)
+        return loss
+
+    def own_models(self, rows):
+        return self.private.gather(rows)
+
+    def new_clients(self, clients: np.ndarray, gen):
+        """The personal model trained from the global one, with the proximal term to it."""
+        if not self.cfg.new_client_epochs:
+            return stack(self.global_params, len(clients))
+        return self.train_clients(self.global_params, clients, gen, epochs=self.cfg.new_client_epochs,
+                                  prox_mu=ditto_lambda(self.cfg), prox_anchor=self.global_params)

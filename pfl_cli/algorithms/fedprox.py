@@ -1,0 +1,18 @@
+"""FedProx (Li et al., MLSys 2020, Algorithm 2).
+
+FedAvg whose clients minimize the proximal objective h_k(w; w^t) = F_k(w) + mu/2 ||w - w^t||^2
+(Eq. 2) around the round's global model w^t; the server aggregates as FedAvg. With
+``mu = 0`` it is FedAvg exactly. A new client uses the global model (or fine-tunes it with
+``finetune_steps``, as FedAvg).
+"""
+
+from __future__ import annotations
+
+from pfl_cli.algorithms.fedavg import FedAvg
+
+
+class FedProx(FedAvg):
+    name = "fedprox"
+
+    def local_objective(self) -> dict:
+        return {"prox_mu": self.cfg.mu, "prox_anchor": self.global_params}

@@ -1,0 +1,98 @@
+"""kNN-Per (Marfoq, Neglia, Vidal, Kameni, Vidal, ICML 2022): a global model plus a local kNN memory.
+
+Training is FedAvg. A client, seen or new, builds a datastore of (phi(x), y) over its own
+train data, phi being the global model's representation (the input of its last layer),
+with one forward pass; a test point's prediction interpolates (Eq. 4)
+
+    p(y | x) = lambda p_kNN(y | x) + (1 - lambda) p_global(y | x),
+    p_kNN(y | x) proportional to sum over the k nearest x_j of 1[y_j = y] exp(-d(phi(x), phi(x_j)) / T)
+
+with d the Euclidean distance, lambda = ``interpolation``, k = ``knn_k`` and T = ``knn_scale``
+(PeFLL §4.1 used scale 100). The search is batched: all test points of a chunk of
+clients against their own datastores in one ``vmap``'d distance matrix and ``topk``.
+No optimizer step at prediction; no private state (the datastore is rebuilt from the
+client's data). Interpolation 0 is the global model. Not done: the paper's per-client
+cross-validation of k and lambda (one k and lambda for all clients here).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from pfl_cli.algorithms.base import stack
+from pfl_cli.algorithms.fedavg import FedAvg
+
+PREFIX = "net."
+
+
+class KNNPerNet(nn.Module):
+    """Client net + a kNN datastore held as buffers, so ``functional_call`` swaps in each client's."""
+
+    def __init__(self, net: nn.Module, k: int, scale: float, interpolation: float) -> None:
+        super().__init__()
+        self.net, self.k, self.scale, self.interpolation = net, int(k), float(scale), float(interpolation)
+        self.register_buffer("memory", torch.zeros(1, 1))        # (M, d) datastore features
+        self.register_buffer("memory_y", torch.zeros(1, 1))      # (M, C) one-hot labels
+        self.register_buffer("memory_valid", torch.zeros(1))     # (M,) 1 for real entries
+
+    def forward(self, x):
+        """log p(y | x) of the interpolated model (B, C): argmax and cross-entropy as for logits."""
+        h = self.net.features(x)
+        p_model = torch.softmax(self.net.head()(h), -1)
+        if self.interpolation == 0:
+            return torch.log(p_model.clamp_min(1e-30))
+        d2 = (h * h).sum(-1, keepdim=True) + (self.memory * self.memory).sum(-1)[None, :] - 2 * h @ self.memory.T
+        dist = d2.clamp_min(0.0).sqrt().masked_fill(self.memory_valid[None, :] == 0, float("inf"))
+        k = min(self.k, dist.shape[-1])
+        near, idx = torch.topk(dist, k, dim=-1, largest=False)
+        weight = torch.exp(-(near - near[:, :1].clamp_max(1e30)) / self.scale)  # shift by the nearest: stable
+        weight = torch.where(torch.isfinite(near), weight, torch.zeros_like(weight))
+        votes = torch.zeros_like(dist).scatter(-1, idx, weight) @ self.memory_y  # (B, C)
+        total = votes.sum(-1, keepdim=True)
+        p_knn = torch.where(total > 0, votes / total.clamp_min(1e-30), p_model)  # empty datastore: the model
+        p = self.interpolation * p_knn + (1 - self.interpolation) * p_model
+        return torch.log(p.clamp_min(1e-30))
+
+
+class _Features(nn.Module):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net.features(x)
+
+
+class KNNPer(FedAvg):
+    name = "knnper"
+    dp_unit = None  # no DP variant: its prediction reads each client's own datastore
+
+    def build(self) -> None:
+        super().build()
+        self.personalized = True
+        cfg = self.cfg
+        self.knn_net = KNNPerNet(self.net, cfg.knn_k, cfg.knn_scale, cfg.interpolation)
+        self.feature_net = _Features(self.net)
+
+    @property
+    def predict_net(self):
+        return self.knn_net
+
+    def personalize(self, clients: np.ndarray, gen):
+        """The global model and each client's datastore: one forward pass over its train data."""
+        from torch.func import functional_call
+
+        store = self.store
+        sel = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.device)
+        index, length = store.fit.rows(sel)
+        valid = torch.arange(index.shape[1], device=self.device)[None, :] < length[:, None]
+        params = {PREFIX + k: v for k, v in self.global_params.items()}
+        with torch.no_grad():
+            x = store.inputs(index)
+            feats = functional_call(self.feature_net, params, (x.flatten(0, 1),)).view(*index.shape, -1)
+        out = stack(params, len(sel))
+        out.update({"memory": feats, "memory_y": store.onehot(index) * valid[..., None],
+                    "memory_valid": valid.to(feats.dtype)})
+        return out, True

@@ -1,0 +1,18 @@
+"""LG-FedAvg (Liang et al., 2020, Algorithm 1): local representations, a global head.
+
+The mirror image of FedPer: every client keeps its own body (local representation) and
+the server averages only the head, weighted by client data size. Each round a cohort
+client trains its body and the global head jointly with k local SGD steps (or
+``local_epochs``). A new client trains its own body from the shared initialization for
+``new_client_epochs`` epochs under the frozen global head.
+"""
+
+from __future__ import annotations
+
+from pfl_cli.algorithms.partial import PartialSharing
+
+
+class LGFedAvg(PartialSharing):
+    name = "lg-fedavg"
+    shared_part = "head"
+

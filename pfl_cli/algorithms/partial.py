@@ -1,0 +1,89 @@
+"""Shared base of the algorithms that share one part of the client net and keep the other private.
+
+FedRep and FedPer share the body and keep a personal head; LG-FedAvg keeps a local body
+and shares the head (the split is :mod:`pfl_cli.fl.split`). The private part of every
+client lives in a :class:`~pfl_cli.fl.client_state.ClientState` on the device, is written
+after each round the client takes part in, checkpointed, saved in ``model.pt`` and used by
+``predict --clients train`` on the partition it was trained on. A client without private
+state (new, or never sampled) gets a fresh private part trained on its own data for
+``new_client_epochs`` epochs with the shared part frozen (``specs/pefll.md`` §4.1).
+Only the shared part is exchanged: 2 x |shared| floats per cohort client and round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import Algorithm, PrivateState, stack, weighted_mean
+
+
+class _GlobalModel(Algorithm):
+    """The server's state: one global client net (only its shared part is ever updated)."""
+
+    def state(self):
+        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
+
+    def load_state(self, state):
+        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
+
+    def weights(self):
+        return {"client": {k: v.detach().cpu() for k, v in self.global_params.items()}}
+
+    def load_weights(self, weights):
+        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
+
+
+class PartialSharing(PrivateState, _GlobalModel):
+    shared_part = "body"          # "body" (FedRep, FedPer) or "head" (LG-FedAvg)
+    average_by_size = True        # server mean weighted by client data size, or uniform
+
+    @classmethod
+    def floats_per_client_round(cls, arch: dict) -> int:
+        from pfl_cli.fl.split import split_names
+        from pfl_cli.models import build
+
+        net = build(arch["client"])
+        body, head = split_names(net, arch["client"], cls.name)
+        shared = set(body if cls.shared_part == "body" else head)
+        return 2 * sum(p.numel() for k, p in net.named_parameters() if k in shared)
+
+    def build(self) -> None:
+        from pfl_cli.fl.split import split_names
+
+        self.net = self.client_net()
+        self.body, self.head = split_names(self.net, self.arch["client"], self.name)
+        self.shared, self.private_names = ((self.body, self.head) if self.shared_part == "body"
+                                           else (self.head, self.body))
+        init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+        self.init_private = {k: init[k] for k in self.private_names}
+        self.global_params = init
+        self.private = self.new_private_state(self.init_private)
+
+    def local_update(self, start: dict, cohort, gen):
+        """The cohort's local training from ``start`` (stacked): (params, loss); default: the whole net jointly."""
+        theta, loss, _ = self.cohort_sgd(start, cohort, gen, **self.round_schedule())
+        return theta, loss
+
+    def run_round(self, t, cohort, gen):
+        start = stack(self.global_params, len(cohort))
+        start.update(self.private.gather(cohort))
+        theta, loss = self.local_update(start, cohort, gen)
+        self.record_exchange({k: self.global_params[k] for k in self.shared}, {k: theta[k] for k in self.shared},
+                             len(cohort))  # only the shared part travels
+        mean = weighted_mean(self.store, cohort, {k: theta[k] for k in self.shared}, by_size=self.average_by_size)
+        self.global_params.update(mean)
+        self.private.scatter(cohort, {k: theta[k] for k in self.private_names})
+        return loss
+
+    def own_models(self, rows):
+        own = stack({k: self.global_params[k] for k in self.shared}, len(rows))
+        own.update(self.private.gather(rows))
+        return own
+
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """A fresh private part trained ``new_client_epochs`` epochs on the frozen shared part."""
+        start = {**self.global_params, **self.init_private}
+        if self.cfg.new_client_epochs == 0:
+            return stack(start, len(clients))
+        return self.train_clients(start, clients, gen, epochs=self.cfg.new_client_epochs,
+                                  trainable=self.private_names)

@@ -1,0 +1,87 @@
+"""Per-FedAvg (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020, Algorithm 1): FedAvg of a MAML objective.
+
+Each local step of a cohort client takes independent batches D, D' (and D'' for HF):
+
+    temp = w - alpha grad f(w; D)                                      (one inner step)
+    FO:  w <- w - beta grad f(temp; D')                                (first-order MAML, Eq. 8)
+    HF:  w <- w - beta (I - alpha hess f(w; D'')) grad f(temp; D')     (Hessian-free, Eq. 9-10)
+
+with the Hessian-vector product taken exactly by double back-propagation. The server
+averages the clients' w by data size. alpha is ``lr``, beta is ``beta`` (default: lr);
+steps are plain SGD as in the paper (no momentum, no clipping). Every client, seen or new,
+personalizes by fine-tuning the global model: ``finetune_steps`` steps of size alpha on its
+own data (0 = one step, the paper's evaluation). No private state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import stack, weighted_mean
+from pfl_cli.algorithms.fedavg import FedAvg
+
+def perfedavg_steps(model, w: dict, store, index, mask, *, alpha: float, beta: float, variant: str, active=None):
+    """The cohort's Per-FedAvg local steps, batched with ``vmap``.
+
+    ``index`` and ``mask`` are (c, steps, k, b): k = 2 batches per step (FO) or 3 (HF).
+    Returns the clients' w and the mean loss of f(temp; D') over their active steps.
+    """
+    import torch
+    from torch.func import functional_call, vmap
+
+    from pfl_cli.fl.cohort import batch_loss_and_grads, expand_as_params
+
+    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    names = list(w)
+    w = {k: t.detach().clone() for k, t in w.items()}
+    c, steps = index.shape[:2]
+    loss_sum = torch.zeros(c, device=index.device)
+    taken = torch.zeros(c, device=index.device)
+    for s in range(steps):
+        go = torch.ones(c, dtype=torch.bool, device=index.device) if active is None else active[:, s]
+        wl = {k: t.clone().requires_grad_(True) for k, t in w.items()}
+        _, g1 = batch_loss_and_grads(forward, wl, names, store, index[:, s, 0], mask[:, s, 0])
+        temp = {k: (w[k] - alpha * g1[k]).requires_grad_(True) for k in names}
+        loss, g2 = batch_loss_and_grads(forward, temp, names, store, index[:, s, 1], mask[:, s, 1])
+        update = g2
+        if variant == "hf":
+            w3 = {k: t.clone().requires_grad_(True) for k, t in w.items()}
+            _, g3 = batch_loss_and_grads(forward, w3, names, store, index[:, s, 2], mask[:, s, 2], create_graph=True)
+            # clients' losses are independent: the gradient of sum_i <g3_i, g2_i> is each client's H_i g2_i
+            hv = torch.autograd.grad(sum((g3[k] * g2[k]).sum() for k in names), [w3[k] for k in names])
+            update = {k: g2[k] - alpha * h for k, h in zip(names, hv)}
+        with torch.no_grad():
+            for k in names:
+                w[k] = w[k] - beta * update[k] * expand_as_params(go, update[k])
+            loss_sum += loss.detach() * go
+            taken += go
+    return w, loss_sum / taken.clamp_min(1.0)
+
+
+class PerFedAvg(FedAvg):
+    name = "perfedavg"
+    dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
+
+    def build(self) -> None:
+        super().build()
+        self.personalized = True
+
+    def beta(self) -> float:
+        return self.cfg.lr if self.cfg.beta is None else float(self.cfg.beta)
+
+    def run_round(self, t, cohort, gen):
+        cfg = self.cfg
+        per_step = 3 if cfg.variant == "hf" else 2  # batches D, D' (and D'' for HF) per local step
+        index, mask, active, _ = self.draw_batches(cohort, gen, per_step=per_step, **self.round_schedule())
+        w, loss = perfedavg_steps(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
+                                  alpha=cfg.lr, beta=self.beta(), variant=cfg.variant, active=active)
+        self.record_exchange(self.global_params, w, len(cohort))
+        self.server_step(weighted_mean(self.store, cohort, w))
+        return loss
+
+    def sgd_options(self) -> dict:
+        """Fine-tuning: plain steps of size alpha (= lr), as the paper's one-step personalization."""
+        return {"lr": self.cfg.lr, "momentum": 0.0, "weight_decay": 0.0, "clip": 0.0}
+
+    def personalize(self, clients: np.ndarray, gen):
+        return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps or 1), True

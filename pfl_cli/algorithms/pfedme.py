@@ -1,0 +1,110 @@
+"""pFedMe: personalized FL with Moreau envelopes (Dinh, Tran, Nguyen, NeurIPS 2020, Algorithm 1).
+
+Each local step of a cohort client draws a batch D and
+
+1. solves the personalized problem  theta~ = argmin_theta f(theta; D) + lambda/2 ||theta - w||^2
+   approximately by K gradient steps of size ``personal_lr`` (Eq. 7; warm-started from the
+   previous step's theta~, from w at the start of the round);
+2. moves its local model  w <- w - eta lambda (w - theta~)  (Alg. 1 line 8; eta = ``lr``).
+
+The server mixes  w <- (1 - beta) w + beta * mean_i w_i  (line 11; data-size weighted mean).
+Steps are plain gradient steps (no momentum, no clipping). Each client's last theta~ is its
+personalized model, kept as private state. A new client (PeFLL §4.1) starts from the global
+model and runs the same local procedure for ``new_client_epochs`` epochs; its model is theta~.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import PrivateState, stack, weighted_mean
+from pfl_cli.algorithms.fedavg import FedAvg
+
+DEFAULT_LAMBDA = 15.0  # PeFLL §4.1: lambda = 15, K = 3, beta = 1
+
+
+def pfedme_lambda(cfg) -> float:
+    return DEFAULT_LAMBDA if cfg.lam is None else float(cfg.lam)
+
+
+def inner_solution(forward, theta: dict, w: dict, store, idx, m, *, lam: float, personal_lr: float, K: int):
+    """K gradient steps on f(theta; D) + lambda/2 ||theta - w||^2 for every client at once (Eq. 7)."""
+    from pfl_cli.fl.cohort import batch_loss_and_grads
+
+    names = list(w)
+    loss = None
+    for _ in range(K):
+        leaves = {k: t.detach().clone().requires_grad_(True) for k, t in theta.items()}
+        loss, g = batch_loss_and_grads(forward, leaves, names, store, idx, m)
+        theta = {k: leaves[k].detach() - personal_lr * (g[k] + lam * (leaves[k].detach() - w[k])) for k in names}
+    return theta, loss
+
+
+def pfedme_steps(model, w: dict, store, index, mask, *, lam: float, eta: float, personal_lr: float, K: int,
+                 active=None):
+    """The cohort's pFedMe local steps; returns (w, theta~, mean loss of f(theta~; D) over active steps)."""
+    import torch
+    from torch.func import functional_call, vmap
+
+    from pfl_cli.fl.cohort import expand_as_params
+
+    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    w = {k: t.detach().clone() for k, t in w.items()}
+    theta = {k: t.clone() for k, t in w.items()}
+    c, steps = index.shape[:2]
+    loss_sum = torch.zeros(c, device=index.device)
+    taken = torch.zeros(c, device=index.device)
+    for s in range(steps):
+        go = torch.ones(c, dtype=torch.bool, device=index.device) if active is None else active[:, s]
+        new_theta, loss = inner_solution(forward, theta, w, store, index[:, s], mask[:, s], lam=lam,
+                                         personal_lr=personal_lr, K=K)
+        for k in w:
+            sel = expand_as_params(go, w[k])
+            theta[k] = torch.where(sel, new_theta[k], theta[k])
+            w[k] = w[k] - eta * lam * (w[k] - theta[k]) * sel
+        loss_sum += loss.detach() * go
+        taken += go
+    return w, theta, loss_sum / taken.clamp_min(1.0)
+
+
+class PFedMe(PrivateState, FedAvg):
+    name = "pfedme"
+    dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
+
+    def build(self) -> None:
+        super().build()
+        self.personalized = True
+        self.private = self.new_private_state(self.global_params)
+
+    def _local(self, w, clients, gen, **schedule):
+        cfg = self.cfg
+        index, mask, active, taken = self.draw_batches(clients, gen, **schedule)
+        out = pfedme_steps(self.net, w, self.store, index, mask, lam=pfedme_lambda(cfg), eta=cfg.lr,
+                           personal_lr=cfg.lr if cfg.personal_lr is None else cfg.personal_lr, K=cfg.K,
+                           active=active)
+        return (*out, taken)
+
+    def run_round(self, t, cohort, gen):
+        w, theta, loss, _ = self._local(stack(self.global_params, len(cohort)), cohort, gen, **self.round_schedule())
+        self.record_exchange(self.global_params, w, len(cohort))  # w only: theta~ stays on the client
+        beta = 1.0 if self.cfg.beta is None else float(self.cfg.beta)
+        mean = weighted_mean(self.store, cohort, w)
+        for k, g in self.global_params.items():
+            self.global_params[k] = (1 - beta) * g + beta * mean[k]  # Alg. 1 line 11
+        self.private.scatter(cohort, theta)
+        return loss
+
+    def own_models(self, rows):
+        return self.private.gather(rows)
+
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """The global model, then pFedMe's local procedure for ``new_client_epochs`` epochs: its theta~."""
+        def build(sel):
+            w = stack(self.global_params, len(sel))
+            if not self.cfg.new_client_epochs:
+                return w
+            _, theta, _, taken = self._local(w, sel, gen, epochs=self.cfg.new_client_epochs)
+            self.client_sgd_steps += taken
+            return theta
+
+        return self.chunked(clients, build)
