@@ -26,6 +26,8 @@ from pfl_cli.cluster.feddp_lloyds import feddp_lloyds
 from pfl_cli.cluster.kmeans import kmeans, kmeans_cost, lloyd
 from pfl_cli.errors import InputError, check_param
 from pfl_cli.privacy import PrivacyLedger, UNITS, clip_l2
+from pfl_cli.privacy.mechanisms import GAUSSIAN_METHODS
+from pfl_cli.schema import register_choices
 
 INITS = ("feddp", *baselines.SERVER_INITS, "kfed")
 DEFAULT_DELTA = 1e-6
@@ -54,6 +56,10 @@ class ClusterConfig:
     reference_n_init: int = 2
     gaussian_method: str = "analytic"
     seed: int = 0
+
+
+register_choices(ClusterConfig, privacy_unit=UNITS, init=lambda: INITS, lloyds_calibration=budget.LLOYDS_CALIBRATIONS,
+                 composition=budget.COMPOSITIONS, gaussian_method=GAUSSIAN_METHODS)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from pfl_cli.schema import register_choices
+
 ALGORITHMS = ("pefll", "fedavg", "local")
 CLIENT_ARCHS = ("auto", "lenet", "mlp")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
@@ -71,6 +73,11 @@ class PredictConfig:
     batch_size: int = 256                 # evaluation chunk (samples per forward)
     device: str = "auto"
     seed: int = 0
+
+
+register_choices(TrainConfig, algorithm=lambda: ALGORITHMS, model_arch=CLIENT_ARCHS, embedding=EMBEDDINGS,
+                 hyper_size=HYPER_SIZES, server_optimizer=SERVER_OPTIMIZERS, eval_descriptor=EVAL_DESCRIPTORS)
+register_choices(PredictConfig, clients=CLIENT_SETS, eval_descriptor=EVAL_DESCRIPTORS)
 
 
 def hidden_sizes(value) -> tuple[int, ...]:

@@ -11,9 +11,11 @@ import numpy as np
 from pfl_cli.errors import ConfigError
 from pfl_cli.mdm.dp import DPMechanism, make_dp, parse_dp
 from pfl_cli.mdm.fit import MDMFit, check_counts, fit_mdm
+from pfl_cli.mdm.init import MOMENT_CATEGORIES
 from pfl_cli.mdm.model import params_to_dict
 from pfl_cli.mdm.sample import sample_clients
 from pfl_cli.mdm.select import Selection, parse_components, select_components
+from pfl_cli.schema import register_choices
 
 DEFAULT_RESTARTS = 3
 
@@ -36,6 +38,9 @@ class MDMFitConfig:
     dp: str | None = None
     plot: bool = False
     seed: int = 0
+
+
+register_choices(MDMFitConfig, moment_category=MOMENT_CATEGORIES)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pfl_cli.partition.quantity import client_sizes, parse_quantity, sized_owner
 from pfl_cli.partition.shards import shard_owners
 from pfl_cli.partition.split import holdout_count, mark_holdout, match_test_pool, split_fraction
 from pfl_cli.partition.stats import label_histograms
+from pfl_cli.schema import register_choices
 
 SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural")
 DEFAULT_TEST_FRACTION = 0.2
@@ -43,6 +44,9 @@ class PartitionConfig:
     holdout_clients: float = 0
     plot: bool = False
     seed: int = 0
+
+
+register_choices(PartitionConfig, scheme=SCHEMES, assign=ASSIGN_MODES, class_shares=SHARE_MODES)
 
 
 def resolve_scheme(cfg: PartitionConfig) -> str:
