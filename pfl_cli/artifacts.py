@@ -102,6 +102,19 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         raise ArtifactError(f"{path}: not a readable .npz file ({err}).") from None
 
 
+def read_utf8(path: str | Path, what: str, error: type[InputError] = InputError) -> str:
+    """The UTF-8 text of ``path`` (a leading byte-order mark dropped); else one-line ``error`` naming ``what``."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise error(f"{what} {path}: cannot be read ({err.strerror or err}).") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise error(f"{what} {path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); save it "
+                    "as UTF-8.") from None
+
+
 def dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, allow_nan=False) + "\n"
 

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 import yaml
 
 from pfl_cli import yaml12
+from pfl_cli.artifacts import read_utf8
 from pfl_cli.errors import ConfigError
 from pfl_cli.schema import coerce_field
 
@@ -67,7 +68,7 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         try:
             value = yaml12.loads(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
-            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({err.problem}).") from None
+            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({yaml12.describe_error(err)}).") from None
         result[_key(key)] = value
     return result
 
@@ -80,9 +81,9 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file.")
     try:
-        data = yaml12.loads(yaml12.read_text(path, "--config"))
+        data = yaml12.loads(read_utf8(path, "--config", ConfigError))
     except yaml.YAMLError as err:
-        raise ConfigError(f"--config {path}: not valid YAML ({err}).".replace("\n", " ")) from None
+        raise ConfigError(f"--config {path}: not valid YAML ({yaml12.describe_error(err)}).") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -91,10 +92,23 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
     if isinstance(section, dict):
         # A recipe: top-level scalars (seed, out_root, ...) are shared, the stage section wins.
         shared = {k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}
-        return {_key(k): v for k, v in {**shared, **section}.items()}
+        return _normalized_keys({**shared, **section}, path)
     if any(isinstance(data.get(s), dict) for s in STAGES):
-        return {_key(k): v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}
-    return {_key(k): v for k, v in data.items()}
+        return _normalized_keys({k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}, path)
+    return _normalized_keys(data, path)
+
+
+def _normalized_keys(data: Mapping[Any, Any], path: Path) -> dict[str, Any]:
+    """Keys in snake_case; a non-string key, or two spellings of one key (num-clients, num_clients), refused."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"--config {path}: keys must be option names; got {key!r}.")
+        name = _key(key)
+        if name in out:
+            raise ConfigError(f"--config {path}: duplicate key {name!r} (spelled twice, e.g. with - and _).")
+        out[name] = value
+    return out
 
 
 def resolve_config(

@@ -37,11 +37,11 @@ _NONE = type(None)
 
 
 def show(value: Any) -> str:
-    """A value as its text, identical whichever route it came by (``1.5`` for 1.5 and for '1.5')."""
+    """A refused value as the message shows it: strings quoted, so ``'false'`` is not mistaken for false."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return value if value.strip() and value == value.strip() else repr(value)
+        return repr(value)
     if value is None:
         return "null"
     return repr(value)
@@ -89,7 +89,7 @@ def coerce_field(cls: type, name: str, value: Any) -> Any:
     >>> coerce_field(C, "flag", "perhaps")
     Traceback (most recent call last):
     ...
-    pfl_cli.errors.ConfigError: flag must be true or false; got perhaps.
+    pfl_cli.errors.ConfigError: flag must be true or false; got 'perhaps'.
     """
     field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
     if field is None:

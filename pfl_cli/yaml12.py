@@ -5,18 +5,17 @@ octal, ``1e-3`` is a string and ``2020-01-01`` a date. pflx reads config files a
 values with the YAML 1.2 core schema instead (https://yaml.org/spec/1.2.2/#103-core-schema):
 only ``true``/``false`` are booleans, integers are decimal, ``0o`` octal or ``0x`` hex, ``1e-3``
 is a float, and everything else is a string that the stage's schema then types or refuses.
-A mapping that repeats a key is an error, not "the last one wins".
+A mapping that repeats a key is an error, not "the last one wins". Files are read as UTF-8
+(:func:`pfl_cli.artifacts.read_utf8`).
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pfl_cli.errors import ConfigError
 
 
 class Loader(yaml.SafeLoader):
@@ -78,14 +77,8 @@ def loads(text: str) -> Any:
     return yaml.load(text, Loader=Loader)  # noqa: S506 - Loader is a SafeLoader subclass
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of ``path``; anything else is a one-line :class:`ConfigError` naming ``what``."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise ConfigError(f"{what} {path}: cannot be read ({err.strerror or err}).") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{what} {path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
-                          "save it as UTF-8.") from None
+def describe_error(err: yaml.YAMLError) -> str:
+    """A YAML error as one short clause: the problem and its line."""
+    problem = getattr(err, "problem", None) or str(err)
+    mark = getattr(err, "problem_mark", None)
+    return " ".join((f"{problem}, line {mark.line + 1}" if mark is not None else str(problem)).split())

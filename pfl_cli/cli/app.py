@@ -94,9 +94,9 @@ def _wait_option():
 def _typed_flag(param) -> None:
     """Make a flag's parse error the stage schema's message, the same as through a config file or --set.
 
-    Typer parses the flag's text first (``--rounds abc``); when it refuses, the stage's schema
-    (:mod:`pfl_cli.schema`) parses the same text and raises its own error, so ``--rounds abc``,
-    ``rounds: abc`` and ``--set rounds=abc`` all read alike.
+    Typer parses the flag's text first (``--rounds abc``); when it refuses, the text is read as
+    ``--set`` reads it and typed by the stage's schema (:mod:`pfl_cli.schema`), which raises its
+    own error, so ``--rounds abc``, ``rounds: abc`` and ``--set rounds=abc`` all read alike.
     """
     original = param.process_value
 
@@ -110,11 +110,20 @@ def _typed_flag(param) -> None:
             cls = stage_config_class(ctx.command.name)
             texts = value if isinstance(value, (list, tuple)) else [value]
             if cls is not None and all(isinstance(t, str) for t in texts):
-                for text in texts:
-                    coerce_field(cls, param.name, text)  # raises the schema's ConfigError
+                for text in texts:  # read as --set reads it, then typed: raises the schema's ConfigError
+                    coerce_field(cls, param.name, _as_set_value(text))
             raise
 
     param.process_value = process_value
+
+
+def _as_set_value(text: str):
+    from pfl_cli import yaml12
+
+    try:
+        return yaml12.loads(text) if text.strip() else ""
+    except Exception:  # noqa: BLE001 - text that is not YAML stays text
+        return text
 
 
 def _command():
@@ -182,12 +191,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             error, code = interrupt.message(), EXIT_INTERRUPTED
         except MemoryError:
-            error, code = ("out of memory: the request needs more memory than this machine has; use smaller "
-                           "sizes (clients, classes, bins, batch) or a larger machine."), EXIT_RUNTIME
+            error, code = _OUT_OF_MEMORY.format(size="more memory than this machine has"), EXIT_RUNTIME
         except Exception as err:  # a bug in pflx: still one line unless debugging
             if debug:
                 raise
-            error = f"internal error: {type(err).__name__}: {err} (rerun with PFLX_DEBUG=1 for a traceback)"
+            size = _allocation_size(err)  # torch's own out-of-memory errors are RuntimeErrors
+            if size is not None:
+                error = _OUT_OF_MEMORY.format(size=size)
+            else:
+                error = f"internal error: {type(err).__name__}: {err} (rerun with PFLX_DEBUG=1 for a traceback)"
             code = EXIT_RUNTIME
         finally:
             _release_locks()
@@ -197,6 +209,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error is not None:
         _report_error(_one_line(error), code, stage, as_json=_json_errors(args))
     return code
+
+
+_OUT_OF_MEMORY = ("out of memory: the run needed {size}; use smaller sizes (widths, clients, classes, bins, "
+                  "batch size) or a machine with more memory.")
+
+
+def _allocation_size(err: Exception) -> str | None:
+    """For torch's failed allocations ("... tried to allocate N bytes"), the size in words."""
+    import re
+
+    text = str(err)
+    if not isinstance(err, RuntimeError) or ("allocate" not in text or "memory" not in text.lower()):
+        return None
+    match = re.search(r"allocate ([0-9.]+) ?(bytes|[KMGT]i?B)", text)
+    if match is None:
+        return "more memory than this machine has"
+    if match.group(2) == "bytes":
+        from pfl_cli.errors import format_bytes
+
+        return format_bytes(float(match.group(1))) + " for one array"
+    return f"{match.group(1)} {match.group(2)} for one array"
 
 
 def _release_locks() -> None:

@@ -148,7 +148,8 @@ def _validate(points, offsets, server, k, epsilon, delta, radius, privacy_unit, 
                 "must be an integer >= 0", lloyds_steps)
     _check_choice("lloyds calibration", lloyds_calibration, budget.LLOYDS_CALIBRATIONS)
     _check_choice("composition", composition, budget.COMPOSITIONS)
-    check_param("min server weight", math.isfinite(min_server_weight), "must be a finite number", min_server_weight)
+    check_param("min server weight", math.isfinite(min_server_weight) and min_server_weight >= 0,
+                "must be a finite number >= 0", min_server_weight)
     for kc in k_candidates or ():
         check_param("k candidates", isinstance(kc, (int, np.integer)) and 1 <= kc <= min(server.shape[0],
                     points.shape[1]), f"must be integers in [1, {min(server.shape[0], points.shape[1])}]", kc)

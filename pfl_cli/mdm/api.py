@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pfl_cli.errors import ConfigError
+from pfl_cli.errors import ConfigError, check_memory
 from pfl_cli.mdm.dp import DPMechanism, make_dp, parse_dp
 from pfl_cli.mdm.fit import MDMFit, check_counts, fit_mdm
 from pfl_cli.mdm.init import MOMENT_CATEGORIES
@@ -68,6 +68,12 @@ def validate_config(cfg: MDMFitConfig) -> tuple[Any, DPMechanism | None]:
         raise ConfigError(f"validation-fraction must be in (0, 1); got {cfg.validation_fraction!r}.")
     if cfg.moment_category not in ("argmax", "first"):
         raise ConfigError(f"moment-category must be argmax or first; got {cfg.moment_category!r}.")
+    sizes = [b for b in (cfg.max_samples, cfg.sample_bins) if b is not None]
+    if sizes:  # the size model holds K probabilities per size bin, and the fit a few such arrays
+        k_max = comps if isinstance(comps, int) else max(comps)
+        check_memory(f"a size model of {min(sizes)} bins x {k_max} components (--max-samples/--sample-bins)",
+                     8.0 * (min(sizes) + 1) * (k_max + 4) * 2, fix="Lower --max-samples, or bin sizes with "
+                     "--sample-bins B.")
     dp = None
     if cfg.dp is not None:
         opts = parse_dp(cfg.dp)

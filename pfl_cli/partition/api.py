@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pfl_cli.errors import ConfigError, InfeasibleError, PflxWarning
+from pfl_cli.errors import ConfigError, InfeasibleError, PflxWarning, check_memory
 from pfl_cli.partition.base import Partition, csr_from_assignment
 from pfl_cli.partition.dirichlet import dirichlet_owners
 from pfl_cli.partition.iid import iid_owners
@@ -111,6 +111,9 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
     scheme = resolve_scheme(cfg)
     if scheme != "natural":
         _check_int("num_clients", cfg.num_clients, 1)
+        # Label histograms, shares and stats hold a few float64 values per client and class.
+        check_memory(f"--num-clients {cfg.num_clients} x {num_classes} classes",
+                     8.0 * 4 * cfg.num_clients * (num_classes + 4), fix="Lower --num-clients.")
     _check_int("min_size", cfg.min_size, 0)
     if scheme in ("dirichlet", "pathological", "shards") and not has_labels:
         raise ConfigError(f"scheme {scheme} needs labels, and the dataset {cfg.dataset} has none.")
