@@ -126,10 +126,18 @@ def _as_set_value(text: str):
         return text
 
 
+_COMMAND: list = []
+
+
 def _command():
-    """The click command tree of `pflx`, with the parts every command shares added in one place."""
+    """The click command tree of `pflx`, with the parts every command shares added in one place.
+
+    Built once per process: the tree holds no state of a run (``--wait`` is reset by :func:`main`).
+    """
     from pfl_cli.cli.options import COMMAND_PARAMS
 
+    if _COMMAND:
+        return _COMMAND[0]
     command = typer.main.get_command(app)
     wait = _wait_option()
     for sub in getattr(command, "commands", {}).values():
@@ -139,6 +147,7 @@ def _command():
                 _typed_flag(param)
         if "out" in names and "wait" not in names:
             sub.params.append(wait)
+    _COMMAND.append(command)
     return command
 
 
