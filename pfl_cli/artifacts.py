@@ -261,6 +261,7 @@ class ArtifactWriter:
         self._check_target()
 
     def _check_target(self) -> None:
+        _check_name(self.out)
         if self.out.exists() and not self.out.is_dir():
             raise InputError(f"--out {self.out}: is a file; give a directory path.")
         parent = self.out.parent
@@ -392,6 +393,16 @@ def lock_file(out: str | Path) -> Path:
     """The sibling lock file of ``out``: ``.NAME.lock`` beside it."""
     out = Path(out)
     return out.parent / f".{out.name}.lock"
+
+
+def _check_name(out: Path) -> None:
+    # Path.exists() raises, rather than answers, for a name the file system cannot hold.
+    try:
+        os.lstat(out)
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise InputError(f"--out {str(out)[:60]}...: {err.strerror} (the name has {len(out.name)} characters); "
+                             "choose a shorter --out.") from None
 
 
 def check_out_location(out: str | Path) -> None:

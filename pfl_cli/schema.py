@@ -126,7 +126,8 @@ def _describe(tp: Any) -> str:
         return " or ".join(_describe(a) for a in args if a is not _NONE)
     if tp in (list, tuple) or origin in (list, tuple):
         inner = [a for a in args if a is not Ellipsis]
-        return "a list" + (f" of {_describe(inner[0])} values" if inner else "")
+        plural = {bool: "true/false values", int: "integers", float: "numbers", str: "strings"}
+        return "a list" + (f" of {plural.get(inner[0], 'values')}" if inner else "")
     if tp is dict or origin is dict:
         return "a mapping of key: value"
     return getattr(tp, "__name__", str(tp))
