@@ -89,6 +89,8 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of key: value; got {type(data).__name__}.")
     section = data.get(stage)
+    if stage in data and section is None:  # an empty `train:` section
+        section = {}
     if isinstance(section, dict):
         # A recipe: top-level scalars (seed, out_root, ...) are shared, the stage section wins.
         shared = {k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}
