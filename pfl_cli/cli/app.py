@@ -164,8 +164,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     An error is one line on stderr; with ``--format json`` it is also one JSON object on stdout,
     ``{"error": ..., "exit_code": ..., "stage": ...}``, so a ``jq`` pipeline sees why.
     """
-    from pfl_cli.artifacts import set_wait
-
     args = list(sys.argv[1:] if argv is None else argv)
     # dp_accounting logs, through absl, every RDP order it drops as unstable; dropping an order only
     # loosens the bound, so the result stays valid and one line per order would bury the answer.
@@ -174,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _command()
     stage = args[0] if args and args[0] in getattr(command, "commands", {}) else None
     error: str | None = None
-    set_wait(False)
+    if "pfl_cli.artifacts" in sys.modules:  # an earlier in-process run may have set --wait
+        sys.modules["pfl_cli.artifacts"].set_wait(False)
     interrupt.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PflxWarning)
@@ -212,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = EXIT_RUNTIME
         finally:
             _release_locks()
-    for w in caught:
+    for w in caught if error is None else ():  # a failed run says one line: why it failed
         if issubclass(w.category, PflxWarning):
             sys.stderr.write(f"pflx: warning: {w.message}\n")
     if error is not None:

@@ -15,7 +15,7 @@ from pfl_cli.artifacts import read_artifact
 from tests.fuzz import contract
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-PARTITION = [sys.executable, "-m", "pfl_cli", "partition", "--num-clients", "40", "--dirichlet", "0.5",
+PARTITION = [sys.executable, "-m", "pfl_cli", "partition", "--dataset", "ring:", "--num-clients", "40", "--dirichlet", "0.5",
              "--format", "quiet"]
 
 
