@@ -1,6 +1,6 @@
 """Fuzz every command with drawn flags, --set values and config files; fuzz the artifacts they read.
 
-Each drawn command line must keep the contract of :mod:`tests.fuzz.contract`. The default tier
+Each drawn command line must keep the contract of the contract module beside this file. The default tier
 runs a small, derandomized budget (seconds); ``-m slow`` runs a large one.
 """
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz import contract
-from tests.fuzz.strategies import NASTY, config_text, corruption, damage, flag_args, set_items, values
+from . import contract
+from .strategies import NASTY, config_text, corruption, damage, flag_args, set_items, values
 
 SMALL = settings(max_examples=6, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

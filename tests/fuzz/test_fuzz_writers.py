@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pfl_cli.artifacts import read_artifact
-from tests.fuzz import contract
+from . import contract
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 PARTITION = [sys.executable, "-m", "pfl_cli", "partition", "--dataset", "ring:", "--num-clients", "40", "--dirichlet", "0.5",
