@@ -223,3 +223,50 @@ def test_ctrl_c_in_train_says_what_was_kept_and_exits_130(trained, tmp_path):
     assert lines[0].startswith("pflx: error: interrupted; nothing was written to --out, and the checkpoint of round ")
     assert f"is kept at {ck}: run the same command with --resume" in lines[0]
     assert not out.exists() and ck.is_file() and not lock_file(out).exists()
+
+
+# ---------------------------------------------------------------------------- smaller items of issue 12
+def test_values_that_were_accepted_with_exit_0_are_refused(cli, trained, tmp_path, monkeypatch):
+    import importlib.util
+
+    import numpy as np
+
+    res = cli("predict", "--model", trained / "run", "--partition", trained / "part", "--clients", "train",
+              "--set", "batch_size=0", "--out", tmp_path / "pred")
+    assert res.code == 2 and "batch_size must be an integer >= 1" in res.err
+    cluster = ["cluster", "--partition", trained / "part", "--server-data", "builtin:digits", "--k", "2", "--no-dp",
+               "--out", tmp_path / "km"]
+    res = cli(*cluster, "--min-server-weight", "-1")
+    assert res.code == 2 and "min_server_weight must be a number >= 0; got -1.0." in res.err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    res = cli(*cluster, "--k-candidates", "1-3")
+    assert res.code == 2 and "--k-candidates plots W(k) to k_selection.png and needs matplotlib" in res.err
+    monkeypatch.undo()
+    np.savez(tmp_path / "d.npz", x=np.ones((6, 2)), y=np.arange(6) % 2, pool=np.full(6, np.nan))
+    res = cli("partition", "--dataset", f"npz:{tmp_path / 'd.npz'}", "--num-clients", "2", "--out", tmp_path / "p")
+    assert res.code == 2 and "pool must hold 0 (train) or 1 (test) for every sample; got [nan]." in res.err
+    (tmp_path / "bad.csv").write_bytes(b"a,label\n1,0\n\xff,1\n")
+    res = cli("partition", "--dataset", f"csv:{tmp_path / 'bad.csv'}?label=label", "--out", tmp_path / "p")
+    assert res.code == 2 and "not UTF-8 text (byte 0xff at offset 12)" in res.err
+    assert not any(p.name in ("pred", "km", "p") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args,size", [
+    (["mdm-fit", "--partition", "{part}", "--components", "2", "--max-samples", "1000000000000"], "TiB"),
+    (["simulate", "--model", "{mdm}", "--num-clients", "100000000000000"], "PiB"),
+    (["train", "--partition", "{part}", "--set", "hyper_hidden=10000000000"], "PiB"),
+    (["partition", "--dataset", "npz:{npz}?num_classes=100000000000"], "TiB"),
+])
+def test_memory_sized_requests_are_refused_with_the_size(cli, trained, tmp_path, args, size):
+    import numpy as np
+
+    np.savez(tmp_path / "d.npz", x=np.ones((6, 2)), y=np.arange(6) % 2)
+    mdm = tmp_path / "mdm"
+    if "{mdm}" in args[2]:
+        assert cli("mdm-fit", "--partition", trained / "part", "--components", "1", "--rounds", "2", "--out", mdm,
+                   "--format", "quiet").code == 0
+    argv = [a.format(part=trained / "part", mdm=mdm, npz=tmp_path / "d.npz") for a in args]
+    res = cli(*argv, "--out", tmp_path / "big")
+    assert res.code == 2 and "would need" in res.err and f"{size} of memory, more than this machine's" in res.err
+    assert not (tmp_path / "big").exists()
