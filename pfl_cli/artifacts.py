@@ -258,6 +258,7 @@ class ArtifactWriter:
         self.force = force
         self.argv = list(argv) if argv is not None else ["pflx", *sys.argv[1:]]
         self.dir: Path | None = None
+        self._after_swap: list = []
         self._check_target()
 
     def _check_target(self) -> None:
@@ -321,8 +322,15 @@ class ArtifactWriter:
             except BaseException:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 raise
+            for cleanup in self._after_swap:
+                cleanup()
         finally:
             release_out(self.out)
+
+    def after_swap(self, cleanup) -> None:
+        """Run ``cleanup()`` once the artifact is in place, still holding the lock of ``out``
+        (e.g. remove a checkpoint that the artifact now holds)."""
+        self._after_swap.append(cleanup)
 
     def path(self, name: str) -> Path:
         """Where to write payload file ``name`` (sub-directories are created)."""

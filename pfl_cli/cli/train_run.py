@@ -309,7 +309,7 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
                                            if g in run.outcome.best.groups]))
         if (written or state is not None) and ck_path.is_file():  # this run's checkpoint, not a stale one
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
-    shutil.rmtree(ck_dir, ignore_errors=True)
+        writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
     _print_summary(report, out, metrics)
 
 
