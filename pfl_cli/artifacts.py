@@ -404,6 +404,9 @@ def lock_file(out: str | Path) -> Path:
 
 
 def _check_name(out: Path) -> None:
+    if out.name in ("", ".", ".."):  # the artifact is renamed into place: it needs a name of its own
+        raise InputError(f"--out {out}: give the artifact directory a name of its own (e.g. runs/part), not "
+                         f"{str(out)!r}.")
     # Path.exists() raises, rather than answers, for a name the file system cannot hold.
     try:
         os.lstat(out)

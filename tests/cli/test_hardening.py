@@ -77,6 +77,7 @@ def test_stale_temp_folders_of_dead_writers_are_removed(cli, tmp_path):
     (lambda d: d / "file" / "out", "parent"),
     (lambda d: d / "dangling", "is a dangling symbolic link"),
     (lambda d: __import__("pathlib").Path("/proc/pflx-no-such/out"), "cannot create and rename a directory"),
+    (lambda d: d / "file" / "..", "give the artifact directory a name of its own"),
 ])
 def test_the_output_location_is_checked_before_any_input_is_read(cli, tmp_path, make_out, message):
     (tmp_path / "file").write_text("x")
