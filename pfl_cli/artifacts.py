@@ -389,6 +389,7 @@ class ArtifactWriter:
 # Locks this process holds: lock-file path -> open descriptor. A second ArtifactWriter on the same
 # --out in this process shares the lock; the OS drops it when the process dies, even by kill -9.
 _HELD: dict[str, int] = {}
+_CREATED: dict[str, list[Path]] = {}  # parents claim_out made, removed again if they stay empty
 _WAIT = [False]
 
 
@@ -416,12 +417,14 @@ def _check_name(out: Path) -> None:
                              "choose a shorter --out.") from None
 
 
-def check_out_location(out: str | Path) -> None:
+def check_out_location(out: str | Path) -> list[Path]:
     """Check up front that ``out``'s parent lets pflx create and rename a directory there.
 
     The artifact is built in a hidden sibling and renamed into place at the end, so a
     read-only parent, a name too long or a dangling symlink would otherwise surface only
     after the work. Raises :class:`InputError` naming the path and the system's reason.
+    Returns the parent directories it created (deepest first), for :func:`release_out` to
+    remove again when no artifact came of it.
     """
     out = Path(out)
     if out.is_symlink() and not out.exists():
@@ -431,6 +434,7 @@ def check_out_location(out: str | Path) -> None:
     for up in (parent, *parent.parents):
         if up.is_symlink() and not up.exists():
             raise InputError(f"--out {out}: {up} is a dangling symbolic link; remove it or choose another --out.")
+    created = [up for up in (parent, *parent.parents) if not up.exists()]
     try:
         parent.mkdir(parents=True, exist_ok=True)
         # Named longer than any sibling pflx makes (.NAME.tmp-*, .NAME.checkpoint), and never
@@ -447,6 +451,7 @@ def check_out_location(out: str | Path) -> None:
             reason += f" (the name {out.name[:40]}... has {len(out.name)} characters)"
         raise InputError(f"--out {out}: cannot create and rename a directory in {parent} ({reason}); choose "
                          "another --out.") from None
+    return created
 
 
 def claim_out(out: str | Path) -> None:
@@ -461,9 +466,16 @@ def claim_out(out: str | Path) -> None:
     key = os.path.abspath(path)
     if key in _HELD:
         return
-    check_out_location(out)
+    created, misses = check_out_location(out), 0
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # a failed writer removed the parent it had created: make it again
+            misses += 1
+            if misses > 10:
+                raise
+            created = check_out_location(out) or created
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if _WAIT[0] else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -481,6 +493,7 @@ def claim_out(out: str | Path) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _HELD[key] = fd
+    _CREATED[key] = created
     _remove_stale_temps(out)
 
 
@@ -494,26 +507,29 @@ def _remove_stale_temps(out: Path) -> None:
 
 def release_out(out: str | Path) -> None:
     """Give up the lock of ``out`` (no-op when this process does not hold it)."""
-    path = lock_file(out)
-    fd = _HELD.pop(os.path.abspath(path), None)
-    if fd is None:
-        return
-    try:
-        os.unlink(path)  # still locked: a waiting process re-checks the inode and retries
-    except OSError:
-        pass
-    os.close(fd)
+    _release(os.path.abspath(lock_file(out)))
 
 
 def release_all_outs() -> None:
     """Give up every lock this process holds (the CLI calls it when a command ends)."""
     for key in list(_HELD):
-        fd = _HELD.pop(key)
+        _release(key)
+
+
+def _release(key: str) -> None:
+    fd = _HELD.pop(key, None)
+    if fd is None:
+        return
+    try:
+        os.unlink(key)  # still locked: a waiting process re-checks the inode and retries
+    except OSError:
+        pass
+    os.close(fd)
+    for directory in _CREATED.pop(key, []):  # a refused run leaves no empty parents behind
         try:
-            os.unlink(key)
+            os.rmdir(directory)
         except OSError:
-            pass
-        os.close(fd)
+            break
 
 
 # ---------------------------------------------------------------------------- partition artifacts

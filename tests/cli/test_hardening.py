@@ -93,6 +93,13 @@ def test_the_output_location_is_checked_before_any_input_is_read(cli, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "file"]
 
 
+def test_a_refused_run_leaves_no_parent_directories_it_made(cli, tmp_path):
+    res = cli("partition", "--num-clients", "0", "--out", tmp_path / "runs" / "a" / "part")
+    assert res.code == 2 and list(tmp_path.iterdir()) == []
+    assert cli("partition", "--num-clients", "3", "--out", tmp_path / "runs" / "a" / "part").code == 0
+    read_artifact(tmp_path / "runs" / "a" / "part", "partition")
+
+
 def test_errors_are_one_json_object_on_stdout_with_format_json(cli, tmp_path):
     res = cli("partition", "--out", tmp_path / "p", "--num-clients", "0", "--format", "json")
     assert res.code == 2 and res.err.count("\n") == 1
