@@ -35,6 +35,9 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import errno
+import fcntl
+import glob
 import hashlib
 import io
 import json
@@ -113,6 +116,19 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise ArtifactError(f"{path}: not a readable .npz file ({err}).") from None
+
+
+def read_utf8(path: str | Path, what: str, error: type[InputError] = InputError) -> str:
+    """The UTF-8 text of ``path`` (a leading byte-order mark dropped); else one-line ``error`` naming ``what``."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise error(f"{what} {path}: cannot be read ({err.strerror or err}).") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise error(f"{what} {path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); save it "
+                    "as UTF-8.") from None
 
 
 def dump_json(obj: Any) -> str:
@@ -394,14 +410,17 @@ class ArtifactWriter:
         self.force = force
         self.argv = list(argv) if argv is not None else ["pflx", *sys.argv[1:]]
         self.dir: Path | None = None
+        self._after_swap: list = []
         self._check_target()
 
     def _check_target(self) -> None:
+        _check_name(self.out)
         if self.out.exists() and not self.out.is_dir():
             raise InputError(f"--out {self.out}: is a file; give a directory path.")
         parent = self.out.parent
         if parent.exists() and not parent.is_dir():
             raise InputError(f"--out {self.out}: parent {parent} is a file.")
+        claim_out(self.out)  # from here to the final rename, no other process writes this --out
 
     def _existing_manifest(self) -> dict[str, Any] | None:
         try:
@@ -452,15 +471,25 @@ class ArtifactWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self.dir is not None
-        if exc_type is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            return
         try:
-            self._write_manifest()
-            self._swap_into_place()
-        except BaseException:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            raise
+            if exc_type is not None:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                return
+            try:
+                self._write_manifest()
+                self._swap_into_place()
+            except BaseException:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
+            for cleanup in self._after_swap:
+                cleanup()
+        finally:
+            release_out(self.out)
+
+    def after_swap(self, cleanup) -> None:
+        """Run ``cleanup()`` once the artifact is in place, still holding the lock of ``out``
+        (e.g. remove a checkpoint that the artifact now holds)."""
+        self._after_swap.append(cleanup)
 
     def declare(self, name: str, release: str) -> None:
         """Record the DP release class of payload file ``name`` (see the module docstring)."""
@@ -533,6 +562,155 @@ class ArtifactWriter:
         os.replace(self.out, trash / "old")
         os.replace(self.dir, self.out)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- one writer per --out
+# Locks this process holds: lock-file path -> open descriptor. A second ArtifactWriter on the same
+# --out in this process shares the lock; the OS drops it when the process dies, even by kill -9.
+_HELD: dict[str, int] = {}
+_CREATED: dict[str, list[Path]] = {}  # parents claim_out made, removed again if they stay empty
+_WAIT = [False]
+
+
+def set_wait(wait: bool) -> None:
+    """Whether :func:`claim_out` waits for another process's lock (``--wait``) or refuses at once."""
+    _WAIT[0] = bool(wait)
+
+
+def lock_file(out: str | Path) -> Path:
+    """The sibling lock file of ``out``: ``.NAME.lock`` beside it."""
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+
+
+def _check_name(out: Path) -> None:
+    if out.name in ("", ".", ".."):  # the artifact is renamed into place: it needs a name of its own
+        raise InputError(f"--out {out}: give the artifact directory a name of its own (e.g. runs/part), not "
+                         f"{str(out)!r}.")
+    # Path.exists() raises, rather than answers, for a name the file system cannot hold.
+    try:
+        os.lstat(out)
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise InputError(f"--out {str(out)[:60]}...: {err.strerror} (the name has {len(out.name)} characters); "
+                             "choose a shorter --out.") from None
+
+
+def check_out_location(out: str | Path) -> list[Path]:
+    """Check up front that ``out``'s parent lets pflx create and rename a directory there.
+
+    The artifact is built in a hidden sibling and renamed into place at the end, so a
+    read-only parent, a name too long or a dangling symlink would otherwise surface only
+    after the work. Raises :class:`InputError` naming the path and the system's reason.
+    Returns the parent directories it created (deepest first), for :func:`release_out` to
+    remove again when no artifact came of it.
+    """
+    out = Path(out)
+    if out.is_symlink() and not out.exists():
+        raise InputError(f"--out {out}: is a dangling symbolic link (to {os.readlink(out)}); remove it or choose "
+                         "another --out.")
+    parent = out.parent
+    for up in (parent, *parent.parents):
+        if up.is_symlink() and not up.exists():
+            raise InputError(f"--out {out}: {up} is a dangling symbolic link; remove it or choose another --out.")
+    created = [up for up in (parent, *parent.parents) if not up.exists()]
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        # Named longer than any sibling pflx makes (.NAME.tmp-*, .NAME.checkpoint), and never
+        # matched by the stale-temp sweep of a writer that holds the lock meanwhile.
+        probe = Path(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=parent))
+        try:
+            os.rename(probe, probe.with_name(probe.name + "-renamed"))
+            probe = probe.with_name(probe.name + "-renamed")
+        finally:
+            os.rmdir(probe)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if err.errno == errno.ENAMETOOLONG:
+            reason += f" (the name {out.name[:40]}... has {len(out.name)} characters)"
+        raise InputError(f"--out {out}: cannot create and rename a directory in {parent} ({reason}); choose "
+                         "another --out.") from None
+    return created
+
+
+def claim_out(out: str | Path) -> None:
+    """Hold the lock of ``out`` for this process; refuse (exit 2) while another process holds it.
+
+    The lock is an ``fcntl`` lock on :func:`lock_file`, taken before the "already holds"
+    check and kept to the final rename. Holding it, hidden temp folders of earlier writers of
+    this ``out`` (killed mid-write) are known stale and removed.
+    """
+    out = Path(out)
+    if os.environ.get("RANK", "0") != "0":  # torchrun / --nproc: rank 0 writes and holds the lock for the job
+        return
+    path = lock_file(out)
+    key = os.path.abspath(path)
+    if key in _HELD:
+        return
+    created, misses = check_out_location(out), 0
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # a failed writer removed the parent it had created: make it again
+            misses += 1
+            if misses > 10:
+                raise
+            created = check_out_location(out) or created
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if _WAIT[0] else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise InputError(f"--out {out} is being written by process {holder}; wait for it to finish (or pass "
+                             "--wait), or choose another --out.") from None
+        try:  # a writer that releases unlinks the file: make sure ours is still the one at `path`
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+    _CREATED[key] = created
+    _remove_stale_temps(out)
+
+
+def _remove_stale_temps(out: Path) -> None:
+    pattern = glob.escape(f".{out.name}")
+    for suffix in (".tmp-*", ".old-*"):
+        for stale in out.parent.glob(pattern + suffix):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+def release_out(out: str | Path) -> None:
+    """Give up the lock of ``out`` (no-op when this process does not hold it)."""
+    _release(os.path.abspath(lock_file(out)))
+
+
+def release_all_outs() -> None:
+    """Give up every lock this process holds (the CLI calls it when a command ends)."""
+    for key in list(_HELD):
+        _release(key)
+
+
+def _release(key: str) -> None:
+    fd = _HELD.pop(key, None)
+    if fd is None:
+        return
+    try:
+        os.unlink(key)  # still locked: a waiting process re-checks the inode and retries
+    except OSError:
+        pass
+    os.close(fd)
+    for directory in _CREATED.pop(key, []):  # a refused run leaves no empty parents behind
+        try:
+            os.rmdir(directory)
+        except OSError:
+            break
 
 
 # ---------------------------------------------------------------------------- partition artifacts

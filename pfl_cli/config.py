@@ -16,11 +16,36 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 import yaml
 
+from pfl_cli import yaml12
+from pfl_cli.artifacts import read_utf8
 from pfl_cli.errors import ConfigError
+from pfl_cli.schema import coerce_field
 
 T = TypeVar("T")
 
 STAGES = ("partition", "mdm-fit", "simulate", "train", "predict", "cluster", "privacy-account")
+
+# Each stage's config dataclass, imported lazily (the CLI types flag text with it on a parse error).
+STAGE_CONFIGS = {
+    "partition": "pfl_cli.partition.api:PartitionConfig",
+    "mdm-fit": "pfl_cli.mdm.api:MDMFitConfig",
+    "simulate": "pfl_cli.simulate.api:SimulateConfig",
+    "train": "pfl_cli.fl.config:TrainConfig",
+    "predict": "pfl_cli.fl.config:PredictConfig",
+    "cluster": "pfl_cli.cluster.api:ClusterConfig",
+    "privacy-account": "pfl_cli.privacy.query:PrivacyAccountConfig",
+}
+
+
+def stage_config_class(stage: str) -> type | None:
+    """The config dataclass of ``stage`` (None for commands without one)."""
+    import importlib
+
+    target = STAGE_CONFIGS.get(stage)
+    if target is None:
+        return None
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _key(name: str) -> str:
@@ -30,7 +55,8 @@ def _key(name: str) -> str:
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """Parse ``key=value`` strings; values are YAML scalars or lists.
 
-    The split is on the first ``=`` so values may contain ``=`` themselves.
+    The split is on the first ``=`` so values may contain ``=`` themselves. Values are read
+    as YAML 1.2 (:mod:`pfl_cli.yaml12`): ``true``/``false`` are the only booleans.
     """
     result: dict[str, Any] = {}
     for item in items:
@@ -40,9 +66,9 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         if not key.strip():
             raise ConfigError(f"--set key must not be empty; got {item!r}.")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml12.loads(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
-            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({err.problem}).") from None
+            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({yaml12.describe_error(err)}).") from None
         result[_key(key)] = value
     return result
 
@@ -55,21 +81,36 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file.")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml12.loads(read_utf8(path, "--config", ConfigError))
     except yaml.YAMLError as err:
-        raise ConfigError(f"--config {path}: not valid YAML ({err}).".replace("\n", " ")) from None
+        raise ConfigError(f"--config {path}: not valid YAML ({yaml12.describe_error(err)}).") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of key: value; got {type(data).__name__}.")
     section = data.get(stage)
+    if stage in data and section is None:  # an empty `train:` section
+        section = {}
     if isinstance(section, dict):
         # A recipe: top-level scalars (seed, out_root, ...) are shared, the stage section wins.
         shared = {k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}
-        return {_key(k): v for k, v in {**shared, **section}.items()}
+        return _normalized_keys({**shared, **section}, path)
     if any(isinstance(data.get(s), dict) for s in STAGES):
-        return {_key(k): v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}
-    return {_key(k): v for k, v in data.items()}
+        return _normalized_keys({k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}, path)
+    return _normalized_keys(data, path)
+
+
+def _normalized_keys(data: Mapping[Any, Any], path: Path) -> dict[str, Any]:
+    """Keys in snake_case; a non-string key, or two spellings of one key (num-clients, num_clients), refused."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"--config {path}: keys must be option names; got {key!r}.")
+        name = _key(key)
+        if name in out:
+            raise ConfigError(f"--config {path}: duplicate key {name!r} (spelled twice, e.g. with - and _).")
+        out[name] = value
+    return out
 
 
 def resolve_config(
@@ -92,6 +133,9 @@ def resolve_config(
     ignore : sequence of str, default=()
         Keys a file may hold that belong to the command rather than to the config
         (``out``, ``force``); they are dropped without error.
+
+    Every value is typed by the field's annotation (:mod:`pfl_cli.schema`) as it is merged,
+    so a bad value is refused with the same message whichever layer it came from.
     """
     fields = {f.name for f in dataclasses.fields(cls)}
     merged: dict[str, Any] = {}
@@ -104,7 +148,7 @@ def resolve_config(
                 hint = difflib.get_close_matches(key, sorted(fields), n=1)
                 tip = f" Did you mean {hint[0]!r}?" if hint else f" Known keys: {', '.join(sorted(fields))}."
                 raise ConfigError(f"unknown {layer_name} key {key!r} for this stage.{tip}")
-            merged[key] = value
+            merged[key] = coerce_field(cls, key, value)
     try:
         return cls(**merged)
     except TypeError as err:

@@ -11,6 +11,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 
 
 class PflxError(Exception):
@@ -65,6 +66,44 @@ def check_param(name: str, ok: bool, rule: str, got: object, *, fix: str | None 
         if fix:
             message += f" {fix}"
         raise InputError(message)
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (a generous 1 TiB where the system does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 1 << 40
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"  # pragma: no cover
+
+
+def check_memory(what: str, num_bytes: float, *, fix: str) -> None:
+    """Refuse (exit 2) a request whose arrays alone would need more than this machine's memory.
+
+    ``num_bytes`` is what the arrays sized by user input would take; checking it up front turns
+    a MemoryError deep in the run into a message that names the request and the size.
+
+    Examples
+    --------
+    >>> check_memory("--num-clients 10 x 10 classes", 800, fix="")
+    >>> check_memory("--max-samples 10**15", 8e15, fix="Lower --max-samples.")
+    Traceback (most recent call last):
+    ...
+    pfl_cli.errors.InputError: --max-samples 10**15 would need 7.1 PiB of memory, ...
+    """
+    available = physical_memory()
+    if num_bytes > available:
+        raise InputError(f"{what} would need {format_bytes(num_bytes)} of memory, more than this machine's "
+                         f"{format_bytes(available)}. {fix}".strip())
 
 
 class PflxWarning(UserWarning):

@@ -103,3 +103,28 @@ def test_npz_bytes_are_deterministic_and_pickle_free(tmp_path):
     assert load_npz(a)["y"].tolist() == ["u1", "u2"]
     with pytest.raises(TypeError, match="never pickles"):
         save_npz(tmp_path / "c.npz", x=np.array([{}], dtype=object))
+
+
+def test_the_out_lock_lives_from_the_first_writer_to_the_final_rename(tmp_path):
+    import fcntl
+    import os
+
+    from pfl_cli.artifacts import lock_file
+
+    out = tmp_path / "art"
+    early = ArtifactWriter(out, stage="partition", config={}, seed=0)  # the "--out problems first" writer
+    assert lock_file(out).read_text() == f"{os.getpid()}\n"
+    fd = os.open(lock_file(out), os.O_RDWR)
+    try:  # another open file description cannot take it meanwhile
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    writer = ArtifactWriter(out, stage="partition", config={"a": 1}, seed=0)  # same process: shares the lock
+    assert not writer.up_to_date() and early is not writer
+    removed = []
+    with writer:
+        writer.save_json("x.json", {"a": 1})
+        writer.after_swap(lambda: removed.append(lock_file(out).exists()))
+    assert removed == [True]  # cleanups run while the lock is still held
+    assert not lock_file(out).exists() and sorted(p.name for p in tmp_path.iterdir()) == ["art"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -12,8 +13,8 @@ from typing import Annotated, Optional, Sequence
 import typer
 
 from pfl_cli import __version__
-from pfl_cli.cli import _click
-from pfl_cli.errors import EXIT_RUNTIME, EXIT_USAGE, PflxError, PflxWarning
+from pfl_cli.cli import _click, interrupt
+from pfl_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, PflxError, PflxWarning
 
 app = typer.Typer(
     name="pflx",
@@ -71,52 +72,193 @@ _register()
 INVOCATION: list[str] = []
 
 
-def _error(message: str) -> None:
-    sys.stderr.write(f"pflx: error: {' '.join(str(message).split())}\n")
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def _set_wait(ctx, param, value) -> None:
+    from pfl_cli.artifacts import set_wait
+
+    set_wait(bool(value))
+
+
+def _wait_option():
+    """A ``--wait`` option built by typer itself, to add to every command that writes ``--out``."""
+    helper = typer.Typer()
+
+    @helper.command()
+    def _cmd(wait: Annotated[bool, typer.Option(
+        "--wait", help="When another pflx process is writing --out, wait for it to finish instead of failing.",
+    )] = False) -> None:  # pragma: no cover - never run
+        pass
+
+    option = typer.main.get_command(helper).params[0]
+    option.expose_value, option.callback = False, _set_wait
+    return option
+
+
+def _typed_flag(param) -> None:
+    """Make a flag's parse error the stage schema's message, the same as through a config file or --set.
+
+    Typer parses the flag's text first (``--rounds abc``); when it refuses, the text is read as
+    ``--set`` reads it and typed by the stage's schema (:mod:`pfl_cli.schema`), which raises its
+    own error, so ``--rounds abc``, ``rounds: abc`` and ``--set rounds=abc`` all read alike.
+    """
+    original = param.process_value
+
+    def process_value(ctx, value):
+        try:
+            return original(ctx, value)
+        except _click.exceptions.BadParameter:
+            from pfl_cli.config import stage_config_class
+            from pfl_cli.schema import coerce_field
+
+            cls = stage_config_class(ctx.command.name)
+            texts = value if isinstance(value, (list, tuple)) else [value]
+            if cls is not None and all(isinstance(t, str) for t in texts):
+                for text in texts:  # read as --set reads it, then typed: raises the schema's ConfigError
+                    coerce_field(cls, param.name, _as_set_value(text))
+            raise
+
+    param.process_value = process_value
+
+
+def _as_set_value(text: str):
+    from pfl_cli import yaml12
+
+    try:
+        return yaml12.loads(text) if text.strip() else ""
+    except Exception:  # noqa: BLE001 - text that is not YAML stays text
+        return text
+
+
+_COMMAND: list = []
+
+
+def _command():
+    """The click command tree of `pflx`, with the parts every command shares added in one place.
+
+    Built once per process: the tree holds no state of a run (``--wait`` is reset by :func:`main`).
+    """
+    from pfl_cli.cli.options import COMMAND_PARAMS
+
+    if _COMMAND:
+        return _COMMAND[0]
+    command = typer.main.get_command(app)
+    wait = _wait_option()
+    for sub in getattr(command, "commands", {}).values():
+        names = {p.name for p in sub.params}
+        for param in sub.params:
+            if param.name not in COMMAND_PARAMS and param.param_type_name == "option":
+                _typed_flag(param)
+        if "out" in names and "wait" not in names:
+            sub.params.append(wait)
+    _COMMAND.append(command)
+    return command
+
+
+def _json_errors(args: Sequence[str]) -> bool:
+    for i, arg in enumerate(args):
+        if arg == "--format=json" or (arg == "--format" and i + 1 < len(args) and args[i + 1] == "json"):
+            return True
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run pflx; return the exit code (0 ok, 1 run-time failure, 2 bad usage or input)."""
+    """Run pflx; return the exit code (0 ok, 1 run-time failure, 2 bad usage or input, 130 interrupted).
+
+    An error is one line on stderr; with ``--format json`` it is also one JSON object on stdout,
+    ``{"error": ..., "exit_code": ..., "stage": ...}``, so a ``jq`` pipeline sees why.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     INVOCATION[:] = args
     # dp_accounting logs, through absl, every RDP order it drops as unstable; dropping an order only
     # loosens the bound, so the result stays valid and one line per order would bury the answer.
     logging.getLogger("absl").setLevel(logging.ERROR)
     debug = os.environ.get("PFLX_DEBUG", "") not in ("", "0")
+    command = _command()
+    stage = args[0] if args and args[0] in getattr(command, "commands", {}) else None
+    error: str | None = None
+    if "pfl_cli.artifacts" in sys.modules:  # an earlier in-process run may have set --wait
+        sys.modules["pfl_cli.artifacts"].set_wait(False)
+    interrupt.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PflxWarning)
         try:
-            result = app(args=args, prog_name="pflx", standalone_mode=False)
+            result = command(args=args, prog_name="pflx", standalone_mode=False)
             code = result if isinstance(result, int) else 0
+            if code == EXIT_INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130), silently
+                error = interrupt.message()
         except _click.NoArgsIsHelpError as err:  # bare `pflx partition`: help, not an error
             typer.echo(err.ctx.get_help() if err.ctx else "")
             code = 0
         except _click.UsageError as err:
             where = f" ({err.ctx.command_path} -h for help)" if err.ctx else ""
-            _error(f"{err.format_message()}{where}")
-            code = EXIT_USAGE
+            error, code = f"{err.format_message()}{where}", EXIT_USAGE
         except _click.Exit as err:
             code = err.exit_code
         except _click.Abort:
-            _error("aborted.")
-            code = EXIT_RUNTIME
+            error, code = "aborted.", EXIT_RUNTIME
         except PflxError as err:
             if debug:
                 traceback.print_exc()
-            _error(str(err))
-            code = err.exit_code
+            error, code = str(err), err.exit_code
         except KeyboardInterrupt:
-            _error("interrupted; no artifact was written.")
-            code = 130
+            error, code = interrupt.message(), EXIT_INTERRUPTED
+        except MemoryError:
+            error, code = _OUT_OF_MEMORY.format(size="more memory than this machine has"), EXIT_RUNTIME
         except Exception as err:  # a bug in pflx: still one line unless debugging
             if debug:
                 raise
-            _error(f"internal error: {type(err).__name__}: {err} (rerun with PFLX_DEBUG=1 for a traceback)")
+            size = _allocation_size(err)  # torch's own out-of-memory errors are RuntimeErrors
+            if size is not None:
+                error = _OUT_OF_MEMORY.format(size=size)
+            else:
+                error = f"internal error: {type(err).__name__}: {err} (rerun with PFLX_DEBUG=1 for a traceback)"
             code = EXIT_RUNTIME
-    for w in caught:
+        finally:
+            _release_locks()
+    for w in caught if error is None else ():  # a failed run says one line: why it failed
         if issubclass(w.category, PflxWarning):
             sys.stderr.write(f"pflx: warning: {w.message}\n")
+    if error is not None:
+        _report_error(_one_line(error), code, stage, as_json=_json_errors(args))
     return code
+
+
+_OUT_OF_MEMORY = ("out of memory: the run needed {size}; use smaller sizes (widths, clients, classes, bins, "
+                  "batch size) or a machine with more memory.")
+
+
+def _allocation_size(err: Exception) -> str | None:
+    """For torch's failed allocations ("... tried to allocate N bytes"), the size in words."""
+    import re
+
+    text = str(err)
+    if not isinstance(err, RuntimeError) or ("allocate" not in text or "memory" not in text.lower()):
+        return None
+    match = re.search(r"allocate ([0-9.]+) ?(bytes|[KMGT]i?B)", text)
+    if match is None:
+        return "more memory than this machine has"
+    if match.group(2) == "bytes":
+        from pfl_cli.errors import format_bytes
+
+        return format_bytes(float(match.group(1))) + " for one array"
+    return f"{match.group(1)} {match.group(2)} for one array"
+
+
+def _release_locks() -> None:
+    artifacts = sys.modules.get("pfl_cli.artifacts")
+    if artifacts is not None:
+        artifacts.release_all_outs()
+
+
+def _report_error(message: str, code: int, stage: str | None, *, as_json: bool) -> None:
+    sys.stderr.write(f"pflx: error: {message}\n")
+    if as_json:
+        sys.stdout.write(json.dumps({"error": message, "exit_code": code, "stage": stage}) + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def run() -> None:  # pragma: no cover - console-script shim

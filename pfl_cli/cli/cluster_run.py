@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,18 @@ def _check_config(cfg) -> None:
         raise ConfigError("--dp and --no-dp exclude each other; pass one.")
     if not cfg.no_dp and cfg.epsilon is None:
         raise ConfigError("pass a privacy budget with --dp eps=E[,delta=D], or --no-dp for the non-private variant.")
+    # Ranges that need no data, checked before any is read (the core checks the rest against the data).
+    for name, ok, rule in (("k", cfg.k >= 1, "an integer >= 1"),
+                           ("min_server_weight", cfg.min_server_weight >= 0, "a number >= 0"),
+                           ("radius", cfg.radius is None or cfg.radius > 0, "a number > 0"),
+                           ("lloyds_steps", cfg.lloyds_steps is None or cfg.lloyds_steps >= 0, "an integer >= 0"),
+                           ("reference_n_init", cfg.reference_n_init >= 1, "an integer >= 1"),
+                           ("server_n_init", cfg.server_n_init >= 1, "an integer >= 1")):
+        if not ok:
+            raise ConfigError(f"{name} must be {rule}; got {getattr(cfg, name)!r}.")
+    if cfg.k_candidates and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("--k-candidates plots W(k) to k_selection.png and needs matplotlib; install it with "
+                          "`pip install matplotlib`, or drop --k-candidates.")
     from pfl_cli.privacy.release import check_nonprivate_request, parse_dp_spec
 
     check_nonprivate_request(dp=not cfg.no_dp, write_nonprivate=cfg.write_nonprivate)

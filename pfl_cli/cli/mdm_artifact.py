@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pfl_cli.artifacts import Artifact, ArtifactWriter, sha256_file
+from pfl_cli.artifacts import Artifact, ArtifactWriter, read_utf8, sha256_file
 from pfl_cli.errors import ArtifactError, InputError
 
 
@@ -21,7 +22,7 @@ def partition_histograms(artifact: Artifact, *, flag: str) -> np.ndarray:
         header, body = rows[0], rows[1:]
         cls = [i for i, name in enumerate(header) if name.startswith("class_")]
         table = np.array([[int(r[i]) for i in [header.index("role"), *cls]] for r in body], dtype=np.int64)
-    except (OSError, IndexError, ValueError) as err:
+    except (OSError, IndexError, ValueError) as err:  # UnicodeDecodeError is a ValueError
         raise ArtifactError(f"{flag} {artifact.path}: stats.csv is unreadable ({err}); re-create the partition.") from None
     if not cls:
         raise ArtifactError(f"{flag} {artifact.path}: stats.csv has no class columns (a dataset without labels).")
@@ -37,8 +38,8 @@ def _read_table(path: Path) -> np.ndarray:
             raise InputError(f"--counts {path}: not a readable .npy array ({err}).") from None
     if path.suffix != ".csv":
         raise InputError(f"--counts {path}: expected a .csv or .npy file; got {path.suffix or 'no extension'}.")
-    with open(path, newline="") as fh:
-        rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
+    text = read_utf8(path, "--counts")
+    rows = [r for r in csv.reader(io.StringIO(text, newline="")) if r and any(c.strip() for c in r)]
     if rows:
         try:
             [float(c) for c in rows[0]]

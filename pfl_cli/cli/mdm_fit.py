@@ -56,6 +56,7 @@ def mdm_fit(
     validate_config(cfg)
     if (partition is None) == (counts is None):
         raise ConfigError("give exactly one input: --partition DIR (a partition artifact) or --counts FILE.")
+    ArtifactWriter(out, stage="mdm-fit", config={}, seed=cfg.seed, force=force)  # --out problems first
     if partition is not None:
         if cfg.bins is not None:
             raise ConfigError("--bins bins a continuous column of --counts client,value rows; a partition has class labels.")

@@ -16,7 +16,7 @@ class Format(str, enum.Enum):
 
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Artifact directory to write.", show_default=False)]
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of every random stream of this stage.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random stream of this stage.")]
 ConfigOpt = Annotated[
     Optional[Path], typer.Option("--config", "-c", help="YAML config or recipe file (flags and --set win).")
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pfl_cli.cli.options import Format
+from pfl_cli.errors import PflxWarning
 
 
 def _jsonable(obj: Any) -> Any:
@@ -56,8 +58,10 @@ class Reporter:
             self.err.print(message, markup=False)
 
     def warn(self, message: str) -> None:
+        """A warning, printed by the error boundary when the command ends, unless it fails: a failed
+        command says one line, why it failed."""
         if self.fmt is not Format.quiet:
-            self.err.print(f"pflx: warning: {message}", markup=False, style="yellow")
+            warnings.warn(message, PflxWarning, stacklevel=2)
 
     @contextmanager
     def progress(self, description: str, total: int | None) -> Iterator[Any]:

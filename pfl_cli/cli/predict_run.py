@@ -45,6 +45,10 @@ def _check_config(cfg) -> None:
     if cfg.eval_descriptor is not None and cfg.eval_descriptor not in EVAL_DESCRIPTORS:
         raise ConfigError(f"--eval-descriptor must be one of {', '.join(EVAL_DESCRIPTORS)}; "
                           f"got {cfg.eval_descriptor!r}.")
+    if cfg.batch_size < 1:
+        raise ConfigError(f"batch_size must be an integer >= 1 (samples per evaluation chunk); got {cfg.batch_size}.")
+    if cfg.finetune_steps is not None and cfg.finetune_steps < 0:
+        raise ConfigError(f"finetune_steps must be an integer >= 0; got {cfg.finetune_steps}.")
 
 
 def read_model(path: Path):

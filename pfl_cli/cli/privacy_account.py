@@ -88,6 +88,10 @@ def privacy_account(
 
     flags = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in explicit_flags(ctx, _FLAGS).items()}
     cfg = stage_config(PrivacyAccountConfig, "privacy-account", config_file=config, flags=flags, sets=set_)
+    if out is not None:
+        from pfl_cli.artifacts import ArtifactWriter
+
+        ArtifactWriter(out, stage="privacy-account", config={}, seed=seed, force=force)  # --out problems first
     read, inputs = _read_ledgers(list(ledgers or []))
     report = answer(cfg, read)
     if out is not None:

@@ -45,7 +45,7 @@ def simulate(
     from pfl_cli.cli.partition_artifact import write_partition_artifact
     from pfl_cli.config import config_to_dict
     from pfl_cli.data import load_dataset
-    from pfl_cli.errors import ArtifactError
+    from pfl_cli.errors import ArtifactError, check_memory
     from pfl_cli.mdm.model import params_from_dict
     from pfl_cli.rng import make_rng
     from pfl_cli.simulate import SimulateConfig, simulate_partition, validate_config
@@ -55,6 +55,7 @@ def simulate(
     if "holdout_clients" in flags:
         flags["holdout_clients"] = _number_or_list(flags["holdout_clients"])
     cfg = stage_config(SimulateConfig, "simulate", config_file=config, flags=flags, sets=set_)
+    ArtifactWriter(out, stage="partition", config={}, seed=cfg.seed, force=force)  # --out problems first
     params, like_counts, inputs = None, None, []
     if model is not None:
         art = read_artifact(model, "mdm-fit", flag="--model")
@@ -70,6 +71,9 @@ def simulate(
     ds = load_dataset(cfg.dataset)
     cfg = validate_config(cfg, has_model=params is not None, like_clients=None if like_counts is None else len(like_counts),
                           has_labels=ds.y is not None and bool((ds.y >= 0).all()))
+    # Histograms, CSR offsets and stats hold a few int64 values per client and class.
+    check_memory(f"--num-clients {cfg.num_clients} x {ds.num_classes} classes", 8.0 * 4 * cfg.num_clients *
+                 (ds.num_classes + 4), fix="Lower --num-clients.")
     writer = ArtifactWriter(out, stage="partition", config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[*inputs, ds.input_ref()], force=force)
     if writer.up_to_date():

@@ -13,8 +13,10 @@ The ``train`` artifact (DESIGN.md section 3):
 - ``checkpoint/state.pt``: the last checkpoint of the run (absent for ``local``, which has no rounds).
 
 While training, the latest checkpoint lives in ``.<out>.checkpoint/state.pt`` beside ``--out``,
-replaced atomically, with a fingerprint of the resolved config and the inputs; ``--resume`` continues
-from it only when the fingerprint matches. It moves into the artifact when the run completes.
+replaced atomically, with a fingerprint of the resolved config and the inputs and a sha256 of its
+content (:func:`seal_checkpoint`); ``--resume`` continues from it only when the content matches its
+sha256, the fingerprint matches this command's, and its round counter agrees with the evaluation
+history it stores. It moves into the artifact when the run completes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from pfl_cli.cli import interrupt
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.cli.output import Reporter
 from pfl_cli.errors import ArtifactError, ConfigError, InputError, RunError
@@ -133,21 +136,84 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)  # a kill leaves the previous checkpoint or this one, never a torn file
 
 
-def read_checkpoint(path: Path) -> dict:
+def content_sha256(obj: Any) -> str:
+    """sha256 of a checkpoint's content: dict keys, sequences, tensors' dtype, shape and bytes, scalars.
+
+    Computed from values rather than from the file's bytes, so the digest sealed into the file
+    covers everything in it, and any changed byte of a tensor or a number shows.
+    """
     import torch
 
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, dict):
+            digest.update(b"{%d" % len(value))
+            for key in sorted(value, key=repr):
+                feed(key)
+                feed(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(b"[%d" % len(value))
+            for item in value:
+                feed(item)
+        elif isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+    feed(obj)
+    return digest.hexdigest()
+
+
+def seal_checkpoint(state: dict, fp: str) -> dict:
+    """``state`` with the fingerprint ``fp`` and the sha256 of both (checked by :func:`read_checkpoint`)."""
+    body = {k: v for k, v in state.items() if k not in ("fingerprint", "sha256")}
+    body["fingerprint"] = fp
+    return {**body, "sha256": content_sha256(body)}
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint whose content matches its sealed sha256 (without the seal)."""
+    import torch
+
+    restart = f"delete {path.parent} and run without --resume to start over"
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise ArtifactError(f"--resume: checkpoint {path} is unreadable ({type(err).__name__}); delete "
-                            f"{path.parent} and run without --resume.") from None
-    if not isinstance(state, dict) or "fingerprint" not in state or "round" not in state:
-        raise ArtifactError(f"--resume: {path} is not a pflx train checkpoint; delete {path.parent} and run "
-                            "without --resume.")
+        raise ArtifactError(f"--resume: checkpoint {path} is unreadable or corrupt ({type(err).__name__}); "
+                            f"{restart}.") from None
+    if not isinstance(state, dict) or not {"fingerprint", "round", "sha256"} <= set(state):
+        raise ArtifactError(f"--resume: {path} is not a pflx train checkpoint (no fingerprint, round and sha256); "
+                            f"{restart}.")
+    claimed = state.pop("sha256")
+    if content_sha256(state) != claimed:
+        raise ArtifactError(f"--resume: checkpoint {path} is corrupt: its content does not match its sha256 "
+                            f"(a changed or damaged file); {restart}.")
     return state
 
 
-def _load_resume(path: Path, fp: str, report: Reporter) -> dict | None:
+def check_round_counter(state: dict, cfg, path: Path) -> None:
+    """The round counter must agree with the evaluations the checkpoint stores.
+
+    Evaluations run every ``eval_every`` rounds and at the last; a checkpoint of round r
+    therefore holds them up to the last multiple of ``eval_every`` at most r.
+    """
+    r = state["round"]
+    rounds = [row[0] for row in state.get("history", []) if isinstance(row, (list, tuple)) and row]
+    ok = isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= cfg.rounds
+    if ok:
+        expected = r if r == cfg.rounds else (r // cfg.eval_every) * cfg.eval_every
+        ok = (max(rounds) if rounds else 0) == expected and all(isinstance(x, int) and x <= r for x in rounds)
+    if not ok:
+        last = max(rounds) if rounds else None
+        raise ArtifactError(f"--resume: checkpoint {path} claims round {r!r}, but its history ends at round {last} "
+                            f"(evaluations every {cfg.eval_every} of {cfg.rounds} rounds); it is inconsistent. "
+                            f"Delete {path.parent} and run without --resume to start over.")
+
+
+def _load_resume(path: Path, fp: str, cfg, report: Reporter) -> dict | None:
     if not path.is_file():
         report.warn(f"--resume: no checkpoint at {path}; starting from scratch.")
         return None
@@ -157,6 +223,7 @@ def _load_resume(path: Path, fp: str, report: Reporter) -> dict | None:
                           f"(its fingerprint differs from this command's); resume only with the exact options "
                           f"and inputs of the interrupted run, or drop --resume (or delete {path.parent}) to "
                           "start over.")
+    check_round_counter(state, cfg, path)
     report.note(f"resuming from round {int(state['round'])} (checkpoint {path}).")
     return {k: v for k, v in state.items() if k != "fingerprint"}
 
@@ -219,19 +286,28 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     ck_dir = checkpoint_dir(out)
     ck_path = ck_dir / CHECKPOINT_FILE
     fp = fingerprint(config, inputs)
-    state = _load_resume(ck_path, fp, report) if resume else None
+    for stale in ck_dir.glob(f".{CHECKPOINT_FILE}.tmp-*"):  # a checkpoint write cut short by a kill
+        stale.unlink(missing_ok=True)
+    state = _load_resume(ck_path, fp, cfg, report) if resume else None
     if state is None and ck_path.is_file():
         report.warn(f"replacing the checkpoint an earlier run left at {ck_path} (pass --resume to continue it).")
     written: list[int] = []
 
     def on_checkpoint(ck: dict) -> None:
         if writes:
-            _write_atomic(ck_path, torch_bytes({**ck, "fingerprint": fp}))
+            _write_atomic(ck_path, torch_bytes(seal_checkpoint(ck, fp)))
         written.append(int(ck["round"]))
+        interrupt.kept(_kept_note(int(ck["round"]), ck_path))
 
     federated = REGISTRY[cfg.algorithm].federated
     total = cfg.rounds if federated else 0
     start = int(state["round"]) if state is not None else 0
+    if start:
+        interrupt.kept(_kept_note(start, ck_path))
+    elif federated:
+        interrupt.kept("interrupted before the first checkpoint (one comes every "
+                       f"{cfg.checkpoint_every or cfg.eval_every} rounds); nothing was kept; run the command again "
+                       "to start over.")
     with report.progress("train", total or None) as bar:
         seen = [start]
         if start:
@@ -255,7 +331,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     if private:
         with writer:
             write_dp_artifact(writer, cfg, config, run, part, metrics)
-        shutil.rmtree(ck_dir, ignore_errors=True)
+            writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
         _print_dp_summary(report, out, {**metrics, "dp": clean(run.dp.info())}, cfg.write_nonprivate)
         return
     with writer:
@@ -272,7 +348,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
             training_curves(writer.path("metrics.csv"), writer.path("metrics.json"), writer.path("curves.png"))
         if (written or state is not None) and ck_path.is_file():  # this run's checkpoint, not a stale one
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
-    shutil.rmtree(ck_dir, ignore_errors=True)
+        writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
     _print_summary(report, out, metrics)
 
 
@@ -333,6 +409,11 @@ def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) ->
         data["nonprivate_files"] = ["nonprivate.json", "nonprivate-metrics.csv", "nonprivate-clients.csv"]
         report.note(f"accuracies on the private clients (not covered by DP): {out}/nonprivate.json")
     report.result(data, table)
+
+
+def _kept_note(round_: int, ck_path: Path) -> str:
+    return (f"interrupted; nothing was written to --out, and the checkpoint of round {round_} is kept at {ck_path}: "
+            "run the same command with --resume to continue from it.")
 
 
 def _status(status: dict) -> str:

@@ -26,6 +26,8 @@ from pfl_cli.cluster.feddp_lloyds import feddp_lloyds
 from pfl_cli.cluster.kmeans import kmeans, kmeans_cost, lloyd
 from pfl_cli.errors import InputError, check_param
 from pfl_cli.privacy import PrivacyLedger, UNITS, clip_l2
+from pfl_cli.privacy.mechanisms import GAUSSIAN_METHODS
+from pfl_cli.schema import register_choices
 
 INITS = ("feddp", *baselines.SERVER_INITS, "kfed")
 DEFAULT_DELTA = 1e-6
@@ -56,6 +58,10 @@ class ClusterConfig:
     population: Optional[int] = None
     write_nonprivate: bool = False
     seed: int = 0
+
+
+register_choices(ClusterConfig, privacy_unit=UNITS, init=lambda: INITS, lloyds_calibration=budget.LLOYDS_CALIBRATIONS,
+                 composition=budget.COMPOSITIONS, gaussian_method=GAUSSIAN_METHODS)
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,8 @@ def _validate(points, offsets, server, k, epsilon, delta, radius, privacy_unit, 
                 "must be an integer >= 0", lloyds_steps)
     _check_choice("lloyds calibration", lloyds_calibration, budget.LLOYDS_CALIBRATIONS)
     _check_choice("composition", composition, budget.COMPOSITIONS)
-    check_param("min server weight", math.isfinite(min_server_weight), "must be a finite number", min_server_weight)
+    check_param("min server weight", math.isfinite(min_server_weight) and min_server_weight >= 0,
+                "must be a finite number >= 0", min_server_weight)
     for kc in k_candidates or ():
         check_param("k candidates", isinstance(kc, (int, np.integer)) and 1 <= kc <= server.shape[0],
                     f"must be integers in [1, {server.shape[0]}] (the number of server points)", kc)

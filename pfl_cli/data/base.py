@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pfl_cli.artifacts import sha256_array
-from pfl_cli.errors import DatasetError
+from pfl_cli.errors import DatasetError, check_memory
 
 POOL_TRAIN = 0
 POOL_TEST = 1
@@ -223,4 +223,6 @@ def option_num_classes(spec: str, options: Mapping[str, str]) -> int | None:
         value = 0
     if value < 1:
         raise DatasetError(f"{spec}: option num_classes must be a positive integer; got {raw!r}.")
+    # Per-class arrays (label histograms of every client, class shares) are sized by this number.
+    check_memory(f"{spec}: option num_classes {value}", 8.0 * 16 * value, fix="Give the real number of classes.")
     return value

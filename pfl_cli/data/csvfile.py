@@ -19,10 +19,12 @@ Sample order is the row order of the file; there is a single pool.
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import numpy as np
 
+from pfl_cli.artifacts import read_utf8
 from pfl_cli.data.base import Dataset, check_options, labels_from_array, option_num_classes
 from pfl_cli.errors import DatasetError
 
@@ -104,14 +106,13 @@ def _read_rows(path: Path, spec: str) -> tuple[list[str], list[list[str]]]:
     """Header and data rows; every row must have as many cells as the header."""
     if not path.is_file():
         raise DatasetError(f"{spec}: no such file {path}; give the path of a CSV file with a header row.")
-    # utf-8-sig drops the byte-order mark spreadsheet exports put before the first column name.
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if not header:
-            raise DatasetError(f"{spec}: the file is empty; a header row naming the columns is required.")
-        header = [name.strip() for name in header]
-        rows = [row for row in reader if row]
+    # read_utf8 drops the byte-order mark spreadsheet exports put before the first column name.
+    reader = csv.reader(io.StringIO(read_utf8(path, spec, DatasetError), newline=""))
+    header = next(reader, None)
+    if not header:
+        raise DatasetError(f"{spec}: the file is empty; a header row naming the columns is required.")
+    header = [name.strip() for name in header]
+    rows = [row for row in reader if row]
     duplicates = sorted({name for name in header if header.count(name) > 1})
     if duplicates:
         raise DatasetError(f"{spec}: column names must be unique; got duplicates {duplicates}.")

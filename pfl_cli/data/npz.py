@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pfl_cli.data.base import Dataset, labels_from_array
+from pfl_cli.data.base import Dataset, labels_from_array, option_num_classes
 from pfl_cli.errors import DatasetError
 
 
@@ -32,11 +32,14 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
         x = x[:, None]
     y = labels_from_array(arrays["y"], spec) if "y" in arrays else None
     client = arrays["client"].astype(str) if "client" in arrays else None
-    pool = arrays["pool"].astype(np.uint8) if "pool" in arrays else None
-    if pool is not None and not np.isin(pool, (0, 1)).all():
-        raise DatasetError(f"{spec}: pool must hold 0 (train) or 1 (test).")
+    pool = arrays.get("pool")
+    if pool is not None:  # checked before the cast: NaN or 2.5 must not become a valid uint8
+        if pool.dtype.kind not in "biuf" or not np.isin(pool, (0, 1)).all():
+            bad = pool.reshape(-1)[~np.isin(pool.reshape(-1), (0, 1))][:1] if pool.dtype.kind in "biuf" else pool.dtype
+            raise DatasetError(f"{spec}: pool must hold 0 (train) or 1 (test) for every sample; got {bad!s}.")
+        pool = pool.astype(np.uint8)
     if "num_classes" in options:
-        num_classes = int(options["num_classes"])
+        num_classes = option_num_classes(spec, options)
     else:
         num_classes = int(y.max()) + 1 if y is not None and len(y) else 0
     return Dataset(spec=spec, x=x, y=y, num_classes=num_classes, client=client, pool=pool)

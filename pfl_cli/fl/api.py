@@ -70,6 +70,22 @@ def validate_train_config(cfg: TrainConfig) -> None:
     hidden = cfg.mlp_hidden if isinstance(cfg.mlp_hidden, (list, tuple)) else [cfg.mlp_hidden]
     if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
         raise ConfigError(f"mlp_hidden must be a list of positive layer widths; got {cfg.mlp_hidden!r}.")
+    _check_model_memory(cfg, list(hidden))
+
+
+def _check_model_memory(cfg: TrainConfig, hidden: list[int]) -> None:
+    """Refuse widths whose weights alone outgrow memory, before any data is read.
+
+    A lower bound: the input and output layers (unknown until the data is read) count with one
+    unit each; weights, gradients and two Adam moments in float32.
+    """
+    from pfl_cli.errors import check_memory
+
+    widths = [1, *hidden, 1]
+    client = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    hyper = cfg.hyper_hidden * (cfg.hyper_hidden + client + max(cfg.embed_dim, 1)) if cfg.algorithm == "pefll" else 0
+    check_memory(f"a model with hidden widths {hidden}, hyper_hidden {cfg.hyper_hidden} and embed_dim "
+                 f"{cfg.embed_dim}", 4.0 * 4 * (client + hyper), fix="Lower the widths.")
 
 
 def _validate_dp(cfg: TrainConfig) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from pfl_cli.schema import register_choices
+
 ALGORITHMS = ("pefll", "fedavg", "local", "fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg",
               "pfedme", "knnper", "flowdup", "ld-fedavg", "ldp-fedavg", "ppsgd", "centaur")
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
@@ -114,6 +116,11 @@ class PredictConfig:
     # -- clients without labels (issue 15) --
     evaluate_hidden_labels: bool = False  # score unlabeled clients against their hidden labels (an oracle)
     predictions: bool = True              # write predictions.npz (client, sample, predicted class, probabilities)
+
+
+register_choices(TrainConfig, algorithm=lambda: ALGORITHMS, model_arch=CLIENT_ARCHS, embedding=EMBEDDINGS,
+                 hyper_size=HYPER_SIZES, server_optimizer=SERVER_OPTIMIZERS, eval_descriptor=EVAL_DESCRIPTORS)
+register_choices(PredictConfig, clients=CLIENT_SETS, eval_descriptor=EVAL_DESCRIPTORS)
 
 
 def hidden_sizes(value) -> tuple[int, ...]:

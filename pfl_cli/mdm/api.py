@@ -8,12 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from pfl_cli.errors import ConfigError
+from pfl_cli.errors import ConfigError, check_memory
 from pfl_cli.mdm.dp import DPMechanism, make_dp, parse_dp
 from pfl_cli.mdm.fit import MDMFit, check_counts, fit_mdm
+from pfl_cli.mdm.init import MOMENT_CATEGORIES
 from pfl_cli.mdm.model import params_to_dict
 from pfl_cli.mdm.sample import sample_clients
 from pfl_cli.mdm.select import Selection, parse_components, select_components
+from pfl_cli.schema import register_choices
 
 DEFAULT_RESTARTS = 3
 
@@ -37,6 +39,9 @@ class MDMFitConfig:
     plot: bool = False
     write_nonprivate: bool = False
     seed: int = 0
+
+
+register_choices(MDMFitConfig, moment_category=MOMENT_CATEGORIES)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,12 @@ def validate_config(cfg: MDMFitConfig) -> tuple[Any, DPMechanism | None]:
     from pfl_cli.privacy.release import check_nonprivate_request
 
     check_nonprivate_request(dp=cfg.dp is not None, write_nonprivate=cfg.write_nonprivate, plot=cfg.plot)
+    sizes = [b for b in (cfg.max_samples, cfg.sample_bins) if b is not None]
+    if sizes:  # the size model holds K probabilities per size bin, and the fit a few such arrays
+        k_max = comps if isinstance(comps, int) else max(comps)
+        check_memory(f"a size model of {min(sizes)} bins x {k_max} components (--max-samples/--sample-bins)",
+                     8.0 * (min(sizes) + 1) * (k_max + 4) * 2, fix="Lower --max-samples, or bin sizes with "
+                     "--sample-bins B.")
     dp = None
     if cfg.dp is not None:
         spec = parse_dp(cfg.dp)

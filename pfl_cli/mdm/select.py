@@ -21,6 +21,7 @@ from pfl_cli.mdm import _kernels as K
 from pfl_cli.mdm.fit import MDMFit, check_counts, fit_mdm
 
 DEFAULT_CANDIDATES = (1, 2, 3, 4, 5, 6)
+MAX_CANDIDATES = 1000
 TIE_TOLERANCE = 0.01
 
 
@@ -93,7 +94,7 @@ def parse_components(value: Any) -> tuple[int, ...] | int:
             return DEFAULT_CANDIDATES
         if "-" in text:
             lo, hi = (int(p) for p in text.split("-", 1))
-            values = tuple(range(lo, hi + 1))
+            values = _candidate_range(lo, hi)
         elif "," in text:
             values = tuple(sorted({int(p) for p in text.split(",") if p.strip()}))
         else:
@@ -101,11 +102,21 @@ def parse_components(value: Any) -> tuple[int, ...] | int:
             if single < 1:
                 raise bad
             return single
+    except InputError:
+        raise
     except ValueError:
         raise bad from None
     if not values or values[0] < 1:
         raise bad
     return values
+
+
+def _candidate_range(lo: int, hi: int) -> tuple[int, ...]:
+    # Every candidate is a whole fit; a range like 1-10**12 is a typo, refused before it is built.
+    if hi - lo + 1 > MAX_CANDIDATES:
+        raise InputError(f"components {lo}-{hi} names {hi - lo + 1} candidates, more than {MAX_CANDIDATES}; each is "
+                         "a whole fit. Give a shorter range.")
+    return tuple(range(lo, hi + 1))
 
 
 def select_components(

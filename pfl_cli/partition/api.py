@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pfl_cli.errors import ConfigError, InfeasibleError, PflxWarning
+from pfl_cli.errors import ConfigError, InfeasibleError, PflxWarning, check_memory
 from pfl_cli.partition.base import Partition, csr_from_assignment
 from pfl_cli.partition.continuous import check_strictness, continuous_owners
 from pfl_cli.partition.dirichlet import dirichlet_owners
@@ -23,6 +23,7 @@ from pfl_cli.partition.quantity import client_sizes, parse_quantity, sized_owner
 from pfl_cli.partition.shards import shard_owners
 from pfl_cli.partition.split import holdout_count, mark_holdout, match_test_pool, split_fraction
 from pfl_cli.partition.stats import label_histograms
+from pfl_cli.schema import register_choices
 
 SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural", "sizes", "distribution", "continuous")
 DEFAULT_TEST_FRACTION = 0.2
@@ -59,6 +60,9 @@ class PartitionConfig:
     continuous: str | int | None = None
     strictness: float | None = None
     client_alpha: list[float] | str | None = None
+
+
+register_choices(PartitionConfig, scheme=SCHEMES, assign=ASSIGN_MODES, class_shares=SHARE_MODES)
 
 
 def resolve_scheme(cfg: PartitionConfig) -> str:
@@ -148,6 +152,9 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
     cfg = _resolve_explicit(cfg, scheme, num_samples=num_samples, num_classes=num_classes)
     if scheme != "natural":
         _check_int("num_clients", cfg.num_clients, 1)
+        # Label histograms, shares and stats hold a few float64 values per client and class.
+        check_memory(f"--num-clients {cfg.num_clients} x {num_classes} classes",
+                     8.0 * 4 * cfg.num_clients * (num_classes + 4), fix="Lower --num-clients.")
     _check_int("min_size", cfg.min_size, 0)
     if scheme in ("dirichlet", "pathological", "shards") and not has_labels:
         raise ConfigError(f"scheme {scheme} needs every sample's label, and the dataset {cfg.dataset} has none or "

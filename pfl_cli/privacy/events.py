@@ -119,10 +119,48 @@ def event_from_dict(data: Mapping[str, Any], *, where: str = "event") -> dp_even
     if missing:
         raise InputError(f"{where}: {kind} is missing attribute {missing[0]!r}.")
     kwargs = {name: _field_from_json(data[name], f"{where}.{name}") for name in names if name in data}
+    _check_fields(kind, kwargs, where)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
         raise InputError(f"{where}: cannot build {kind} ({err}).") from None
+
+
+# What a read event's parameters must satisfy, by attribute name across dp_accounting's classes: an
+# event that breaks them (a negative count, a probability of 2, zero noise) would account to a
+# meaningless epsilon (a negative count composes to epsilon 0), so it is refused when read.
+_COUNTS = ("count", "num_buckets", "source_dataset_size", "sample_size", "dataset_size", "truncated_batch_size",
+           "step_counts", "sensitivity")
+_PROBABILITIES = ("sampling_probability", "sampling_probs")
+_POSITIVE = ("noise_multiplier", "standard_deviation")
+_NONNEGATIVE = ("noise_parameter", "mean", "shape", "rho", "xi", "sensitivities")
+
+
+def _check_fields(kind: str, kwargs: Mapping[str, Any], where: str) -> None:
+    def values(name: str) -> list:
+        value = kwargs[name]
+        return list(value) if isinstance(value, list) else [value]
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    for name in kwargs:
+        rule = None
+        if name in _COUNTS and not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                       for v in values(name)):
+            rule = "must be an integer >= 1"
+        elif name in _PROBABILITIES and not all(number(v) and 0 < v <= 1 for v in values(name)):
+            rule = "must be a probability in (0, 1]"
+        elif name in _POSITIVE and not all(number(v) and v > 0 for v in values(name)):
+            rule = "must be a finite number > 0"
+        elif name in _NONNEGATIVE and not all(number(v) and v >= 0 for v in values(name)):
+            rule = "must be a finite number >= 0"
+        if rule:
+            raise InputError(f"{where}: {kind}.{name} {rule}; got {kwargs[name]!r}. The ledger is invalid; "
+                             "re-create it with the stage that wrote it.")
+    if kind == "SampledWithoutReplacementDpEvent" and kwargs["sample_size"] > kwargs["source_dataset_size"]:
+        raise InputError(f"{where}: {kind}.sample_size {kwargs['sample_size']} exceeds source_dataset_size "
+                         f"{kwargs['source_dataset_size']}. The ledger is invalid; re-create it.")
 
 
 def event_key(event: dp_event.DpEvent) -> str:

@@ -24,6 +24,7 @@ from pfl_cli.privacy import accounting
 from pfl_cli.privacy.accounting import ACCOUNTANTS, calibrate_noise, compute_epsilon, max_steps
 from pfl_cli.privacy.events import event_to_dict, sampled_gaussian_event, sampled_without_replacement_gaussian_event
 from pfl_cli.privacy.ledger import UNITS, PrivacyLedger, compose_ledgers
+from pfl_cli.schema import register_choices
 
 SAMPLING = ("poisson", "without-replacement")
 _RELATION_WORDS = {"add-remove": "adding or removing", "replace": "replacing"}
@@ -47,6 +48,10 @@ class PrivacyAccountConfig:
     unit: str = "example"
     max_noise: float = accounting.DEFAULT_MAX_NOISE
     max_steps: int = accounting.DEFAULT_MAX_STEPS
+
+
+register_choices(PrivacyAccountConfig, accountant=(*ACCOUNTANTS, "all"), neighboring=lambda: tuple(accounting.NEIGHBORING),
+                 sampling=SAMPLING, unit=UNITS)
 
 
 @dataclass(frozen=True)

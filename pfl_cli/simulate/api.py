@@ -33,6 +33,7 @@ from pfl_cli.mdm.sample import sample_clients, sample_sizes
 from pfl_cli.partition._alloc import split_counts
 from pfl_cli.partition.base import Partition
 from pfl_cli.partition.split import holdout_count, mark_holdout, match_test_pool
+from pfl_cli.schema import register_choices
 from pfl_cli.simulate.draw import SHORTAGE_POLICIES, deal
 
 MODES = ("mdm", "iid", "conditional-iid")
@@ -52,6 +53,9 @@ class SimulateConfig:
     holdout_clients: float = 0
     plot: bool = False
     seed: int = 0
+
+
+register_choices(SimulateConfig, mode=lambda: MODES, shortage=SHORTAGE_POLICIES)
 
 
 def validate_config(cfg: SimulateConfig, *, has_model: bool, like_clients: int | None, has_labels: bool) -> SimulateConfig:

@@ -179,8 +179,8 @@ def test_partition_over_another_dataset_is_refused(root, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (("--clients", "everyone"), "--clients must be one of holdout, train, all"),
-    (("--eval-descriptor", "some"), "--eval-descriptor must be one of all, batch"),
+    (("--clients", "everyone"), "clients must be one of holdout, train, all; got 'everyone'."),
+    (("--eval-descriptor", "some"), "eval_descriptor must be one of all, batch; got 'some'."),
     (("--set", "batch_sise=3"), "Did you mean 'batch_size'"),
 ])
 def test_bad_options_exit_2(root, tmp_path, capsys, extra, message):

@@ -20,7 +20,7 @@ import yaml
 
 from pfl_cli.artifacts import load_partition
 from pfl_cli.cli.app import main
-from pfl_cli.cli.train_run import checkpoint_dir
+from pfl_cli.cli.train_run import checkpoint_dir, seal_checkpoint
 from pfl_cli.fl.config import TrainConfig
 
 FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--set", "hyper_hidden=16",
@@ -123,7 +123,7 @@ def test_artifact_files_parse_and_agree(root, trained, alg):
         assert params["embedding"] > 0 and params["hypernetwork"] > d
     if alg != "local":
         ckpt = torch.load(out / "checkpoint" / "state.pt", weights_only=True)
-        assert set(ckpt) == {"round", "algorithm", "history", "loss_acc", "best", "fingerprint", "traffic"}
+        assert set(ckpt) == {"round", "algorithm", "history", "loss_acc", "best", "fingerprint", "traffic", "sha256"}
         assert ckpt["round"] == 20 and len(ckpt["history"]) == len(rows)
 
 
@@ -183,7 +183,9 @@ def test_kill_and_resume_equals_an_uninterrupted_run(root, tmp_path):
         proc.kill()
         proc.wait()
     assert not killed.exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".killed")] == [".killed.checkpoint"]
+    # The checkpoint, and the lock file the OS released with the process (the next writer reuses it).
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".killed")) == [".killed.checkpoint",
+                                                                                           ".killed.lock"]
     saved = torch.load(ck, weights_only=True)
     assert 20 <= saved["round"] < 60 and len(saved["fingerprint"]) == 64
 
@@ -200,13 +202,14 @@ def test_kill_and_resume_equals_an_uninterrupted_run(root, tmp_path):
 def test_resume_really_continues_the_checkpoint(root, trained, tmp_path, capsys):
     # The finished run's last checkpoint (round 20 of 20), marked, placed where an interrupted run leaves it.
     state = torch.load(trained["pefll"] / "checkpoint" / "state.pt", weights_only=True)
-    state["history"].append([99, "marker", "resumed", 1.0])
+    state["history"].append([20, "marker", "resumed", 1.0])
+    state = seal_checkpoint(state, state["fingerprint"])  # an edit that re-seals: a valid checkpoint
     ck = checkpoint_dir(tmp_path / "r") / "state.pt"
     ck.parent.mkdir()
     torch.save(state, ck)
     assert train(root, tmp_path / "r", "--resume", fmt="human") == 0
     assert "resuming from round 20" in capsys.readouterr().err
-    assert "99,marker,resumed,1.0" in (tmp_path / "r" / "metrics.csv").read_text()
+    assert "20,marker,resumed,1.0" in (tmp_path / "r" / "metrics.csv").read_text()
     assert (tmp_path / "r" / "model.pt").read_bytes() == (trained["pefll"] / "model.pt").read_bytes()
     assert not ck.parent.exists()
     # Without --resume, a checkpoint left beside --out is replaced, not continued.
