@@ -130,7 +130,7 @@ def test_dp_with_noise_off_equals_the_non_private_fit(small_mixture):
     """sigma = 0 through the DP code path (a radius no point reaches) = the --no-dp fit, bit for bit up to rounding."""
     x, offsets, q = small_mixture
     big = 1e3 * float(np.linalg.norm(x, axis=1).max())
-    kw = dict(k=4, lloyds_steps=2, init="feddp", min_server_weight=-1.0)
+    kw = dict(k=4, lloyds_steps=2, init="feddp", min_server_weight=0.0)
     plain = fit_feddp_kmeans(x, offsets, q, rng=np.random.default_rng(5), **kw)
     off = fit_feddp_kmeans(x, offsets, q, epsilon=1.0, radius=big, rng=np.random.default_rng(5), _noise_factor=0.0,
                            **kw)
