@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pfl_cli.errors import RunError
+from pfl_cli.fl.communication import Traffic
 from pfl_cli.rng import seed_sequence
 
 
@@ -48,6 +49,8 @@ class Algorithm(ABC):
         self.device = store.device
         self.arch = arch if arch is not None else self.resolve_arch(cfg, store)
         self.client_sgd_steps = 0  # local SGD steps taken by personalize() (fine-tuning, Local)
+        self.new_client_steps = 0  # server-side steps of a new-client protocol (pFedHN embeddings)
+        self.traffic = Traffic()   # the tensors run_round exchanges (pfl_cli.fl.communication)
         self.build()
 
     # ------------------------------------------------------------------ hooks
@@ -65,6 +68,15 @@ class Algorithm(ABC):
     def run_round(self, t: int, cohort, gen):
         """One round on ``cohort`` (LongTensor of client positions); returns each client's mean loss."""
         raise RunError(f"algorithm {self.name!r} trains no federated rounds; its clients train in personalize().")
+
+    def cohort_size(self, t: int, total: int, available: int) -> int:
+        """Clients in round ``t`` (0-based) of ``total``: ``clients_per_round`` unless the paper says otherwise."""
+        return min(self.cfg.clients_per_round, available)
+
+    def exchanged(self) -> dict[str, dict[str, float]]:
+        """``{"down": {message: floats}, "up": {...}}`` per client and round, from the tensors recorded
+        in :attr:`traffic` by ``run_round`` (empty for an algorithm that communicates nothing)."""
+        return self.traffic.per_client_round()
 
     @abstractmethod
     def personalize(self, clients: np.ndarray, gen):

@@ -36,12 +36,15 @@ class FedAvg(Algorithm):
         else:
             steps, active = cfg.local_steps, None
         index, mask = sample_batches(self.store.fit, cohort, steps, cfg.batch_size, gen)
+        for k, g in self.global_params.items():
+            self.traffic.send(k, g, copies=len(cohort))                     # the global model to each client
         theta, loss = local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
                                 active=active, **self.sgd_options())
         size = self.store.fit.length[cohort].to(torch.float32)
         weight = size / size.sum()  # Alg. 3 line 9: m_i / m
         lr = cfg.server_lr if cfg.server_lr is not None else self.default_server_lr
         for k, g in self.global_params.items():
+            self.traffic.receive(k, theta[k])                               # each client's model (its delta)
             delta = torch.einsum("c,c...->...", weight, theta[k] - g)
             self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + delta
             self.global_params[k] = g + lr * self.server_buf[k]

@@ -120,7 +120,20 @@ class PeFLL(Algorithm):
                               index, mask, **self.sgd_options())
         neg_delta = [(theta[k].detach() - new[k]) / c for k in self.names]                            # -delta / |P|
         self._server_backward(theta, v, v_leaf, neg_delta)
+        self._record_traffic(c, v_leaf, theta, new)
         return loss
+
+    def _record_traffic(self, c, v, theta, new) -> None:
+        """§1.5: eta_v down, v up, theta down, delta theta up, dv down, d eta_v up, per cohort client."""
+        t = self.traffic
+        for k, p in self.embed.named_parameters():
+            t.send(f"embedding.{k}", p, copies=c)
+            t.receive(f"embedding_grad.{k}", p, copies=c)  # each client's own VJP into eta_v
+        t.receive("descriptor", v)
+        t.send("descriptor_grad", v)
+        for k in self.names:
+            t.send(k, theta[k])
+            t.receive(f"delta.{k}", new[k])
 
     def _server_backward(self, theta, v, v_leaf, neg_delta) -> None:
         """Steps 12-18: server VJP, client VJP, averaged regularized update."""

@@ -106,14 +106,16 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     if resume is not None:
         alg.load_state(resume["algorithm"])
         start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
+        alg.traffic.load_state(resume["traffic"])
         best = resume["best"]
         last_ckpt = start
-    c = min(cfg.clients_per_round, len(train_clients))
     latest: dict[str, float] = {}
     for t in range(start, total):
         gen = torch_generator(cfg.seed, f"round-{t}")
+        c = alg.cohort_size(t, total, len(train_clients))
         cohort = train_clients[torch.randperm(len(train_clients), generator=gen)[:c].to(store.device)]
         loss = alg.run_round(t, cohort, gen)
+        alg.traffic.close_round(len(cohort))
         mean_loss = float(loss.mean())
         if not np.isfinite(mean_loss):
             raise TrainingDiverged(t + 1, mean_loss, last_ckpt)
@@ -129,7 +131,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
                       for g, s in ev.summaries().items()}
         if on_checkpoint is not None and (done % every_ckpt == 0 or done == total):
             on_checkpoint({"round": done, "algorithm": alg.state(), "history": [list(r) for r in history],
-                           "loss_acc": list(loss_acc), "best": best})
+                           "loss_acc": list(loss_acc), "best": best, "traffic": alg.traffic.state()})
             last_ckpt = done
         if on_progress is not None:
             on_progress(done, total, {"loss": mean_loss, **latest})
