@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pfl_cli.errors import InputError
+from pfl_cli.fl.client_state import partition_digest
 
 ROLE_TRAIN, ROLE_HOLDOUT = 0, 1
 
@@ -100,6 +101,7 @@ class ClientStore:
     num_classes: int
     input_shape: tuple[int, ...]
     device: object
+    partition_sha: bytes = b""  # fl.client_state.partition_digest: ties private per-client state to its clients
 
     @property
     def num_clients(self) -> int:
@@ -166,4 +168,5 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
         test=Padded.from_csr(partition.test_owner(), np.asarray(partition.test_indices), n, device),
         classes=torch.as_tensor(classes, device=device), role=role, client_id=np.asarray(partition.client_id),
         num_classes=int(num_classes), input_shape=tuple(int(s) for s in x.shape[1:]), device=device,
+        partition_sha=partition_digest(partition.client_id, role, partition.train_offsets, partition.train_indices),
     )
