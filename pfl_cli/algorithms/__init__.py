@@ -6,7 +6,8 @@ from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.algorithms.fedavg import FedAvg
 from pfl_cli.algorithms.local import Local
 from pfl_cli.algorithms.pefll import PeFLL
+from pfl_cli.algorithms.pfedhn import PFedHN, PFedHNPC
 
-REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (PeFLL, FedAvg, Local)}
+REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (PeFLL, FedAvg, Local, PFedHN, PFedHNPC)}
 
-__all__ = ["Algorithm", "FedAvg", "Local", "PeFLL", "REGISTRY"]
+__all__ = ["Algorithm", "FedAvg", "Local", "PFedHN", "PFedHNPC", "PeFLL", "REGISTRY"]

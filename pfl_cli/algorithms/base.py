@@ -78,6 +78,14 @@ class Algorithm(ABC):
         in :attr:`traffic` by ``run_round`` (empty for an algorithm that communicates nothing)."""
         return self.traffic.per_client_round()
 
+    def has_state(self, clients: np.ndarray) -> np.ndarray:
+        """Which of ``clients`` have per-client trained state (embedding rows, private heads)."""
+        return np.zeros(len(clients), dtype=bool)
+
+    def protocol(self, new: bool) -> dict:
+        """How ``personalize`` serves clients with (``new=False``) or without trained state: ``protocol``, ``rounds``."""
+        return {"protocol": "as in training", "rounds": 0}
+
     @abstractmethod
     def personalize(self, clients: np.ndarray, gen):
         """``(params, personalized)``: one model per client (stacked), or one global model."""

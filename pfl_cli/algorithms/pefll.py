@@ -193,6 +193,10 @@ class PeFLL(Algorithm):
         return torch.cat(losses)
 
     # ------------------------------------------------------------------ Alg. 7
+    def protocol(self, new: bool) -> dict:
+        return {"protocol": f"descriptor ({self.cfg.eval_descriptor} fit samples) -> hypernetwork forward pass "
+                "(Alg. 7), no optimizer step", "rounds": 0}
+
     def personalize(self, clients: np.ndarray, gen):
         import torch
 

@@ -11,7 +11,8 @@ from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
 
-FLAGS = ("clients", "label_mask", "finetune_steps", "eval_descriptor", "save_models", "device", "seed")
+FLAGS = ("clients", "label_mask", "finetune_steps", "eval_descriptor", "embed_rounds", "local_epochs", "save_models",
+         "device", "seed")
 
 
 def predict(
@@ -23,6 +24,8 @@ def predict(
     label_mask: Annotated[Optional[bool], typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with label masking (default: as trained; both are always reported).", show_default=False)] = None,
     finetune_steps: Annotated[Optional[int], typer.Option("--finetune-steps", help="fedavg: local steps from the global model per client (default: as trained).")] = None,
     eval_descriptor: Annotated[Optional[str], typer.Option("--eval-descriptor", help="pefll descriptor: all (every train sample) | batch (one batch) (default: as trained).")] = None,
+    embed_rounds: Annotated[Optional[int], typer.Option("--embed-rounds", help="pfedhn, pfedhn-pc: rounds of --local-steps local steps that train a new client's embedding (hypernetwork frozen; default: as trained, 20).")] = None,
+    local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="hyperfl: epochs training a new client's embedding and classifier (global hypernetwork frozen); local: epochs per client (default: as trained).")] = None,
     save_models: Annotated[bool, typer.Option("--save-models", help="Also write models.pt: every client's model weights.")] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     seed: SeedOpt = 0,
@@ -35,7 +38,11 @@ def predict(
 
     PeFLL builds each client's model from its descriptor in one forward pass (no optimizer step);
     FedAvg uses the global model (fine-tuned --finetune-steps steps when asked); Local trains every
-    client from the shared initialization. --set batch_size=N sets the evaluation chunk.
+    client from the shared initialization; pFedHN / pFedHN-PC freeze the hypernetwork and train a
+    fresh embedding (and head) per new client for --embed-rounds rounds; HyperFL trains a new
+    embedding and classifier under the frozen global hypernetwork for --local-epochs. Clients the
+    model was trained on (--clients train) get their trained models. --set batch_size=N sets the
+    evaluation chunk.
 
     metrics.json: mean_accuracy / pooled_accuracy are the headline (label-masked when label_mask is
     true), mean_accuracy_nolm / pooled_accuracy_nolm without masking, mean_accuracy_lm /

@@ -37,12 +37,12 @@ def validate_train_config(cfg: TrainConfig) -> None:
         _int(cfg, name, 0)
     for name in ("clients_per_round", "local_steps", "batch_size", "descriptor_batch", "eval_every", "hyper_hidden"):
         _int(cfg, name, 1)
-    for name in ("embed_dim", "finetune_steps", "checkpoint_every", "seed"):
+    for name in ("embed_dim", "finetune_steps", "checkpoint_every", "seed", "embed_rounds"):
         _int(cfg, name, 0)
     if cfg.local_epochs is not None:
         _int(cfg, "local_epochs", 1)
     for name in ("lr", "momentum", "client_clip", "server_momentum", "server_clip", "lambda_h", "lambda_v",
-                 "lambda_theta"):
+                 "lambda_theta", "hn_momentum", "hn_weight_decay"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
@@ -50,8 +50,16 @@ def validate_train_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
     if cfg.momentum >= 1 or cfg.server_momentum >= 1:
         raise ConfigError(f"momentum and server_momentum must be < 1; got {cfg.momentum}, {cfg.server_momentum}.")
-    if cfg.server_lr is not None and (not np.isfinite(cfg.server_lr) or cfg.server_lr <= 0):
-        raise ConfigError(f"server_lr must be a finite number > 0; got {cfg.server_lr!r}.")
+    for name in ("server_lr", "embed_lr", "head_lr"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not np.isfinite(value) or value <= 0):
+            raise ConfigError(f"{name} must be a finite number > 0; got {value!r}.")
+    if cfg.hn_momentum >= 1:
+        raise ConfigError(f"hn_momentum must be < 1; got {cfg.hn_momentum!r}.")
+    if cfg.algorithm in ("pfedhn", "pfedhn-pc") and cfg.embed_rounds < 1:
+        raise ConfigError(f"embed_rounds must be >= 1 for {cfg.algorithm} (a new client's embedding is trained "
+                          f"for that many rounds; an untrained embedding is not a model); got {cfg.embed_rounds}.")
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in [0, 1); got {cfg.val_fraction!r}.")
     hidden = cfg.mlp_hidden if isinstance(cfg.mlp_hidden, (list, tuple)) else [cfg.mlp_hidden]
@@ -135,6 +143,7 @@ class PredictRun:
     params: dict | None          # per-client weights when requested
     personalized: bool
     optimizer_steps: int
+    protocol: dict               # how the clients' models were made: {"protocol": str, "rounds": int, "new_clients": int}
 
 
 def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
@@ -156,7 +165,12 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
         raise ConfigError(f"clients must be one of {', '.join(CLIENT_SETS)}; got {cfg.clients!r}.")
     if model.get("format") != MODEL_FORMAT:
         raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
-    overrides = {k: getattr(cfg, k) for k in ("label_mask", "finetune_steps", "eval_descriptor")
+    trained_classes = int(model["num_classes"])
+    if int(num_classes) != trained_classes:
+        raise InputError(f"num_classes: the partition's dataset must have the model's classes; the model was trained "
+                         f"on {trained_classes}, the dataset has {int(num_classes)}.")
+    overrides = {k: getattr(cfg, k) for k in ("label_mask", "finetune_steps", "eval_descriptor", "embed_rounds",
+                                              "local_epochs")
                  if getattr(cfg, k) is not None}
     train_cfg = dataclasses.replace(train_cfg, **overrides)
     validate_train_config(train_cfg)
@@ -174,15 +188,17 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
     alg.load_weights(model["weights"])
     steps_before = _optimizer_steps(alg)  # server steps; local SGD steps are counted from zero
+    new = int(np.sum(~alg.has_state(clients)))
+    protocol = {**alg.protocol(new > 0), "new_clients": new}
     evals, params, personalized = personalize_and_evaluate(
         alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
         max_samples=cfg.batch_size * 32)
     return PredictRun(clients=clients, evaluation=evals["test"], params=params, personalized=personalized,
-                      optimizer_steps=_optimizer_steps(alg) - steps_before)
+                      optimizer_steps=_optimizer_steps(alg) - steps_before, protocol=protocol)
 
 
 def _optimizer_steps(alg) -> int:
-    """Server optimizer steps taken (per parameter, summed) plus clients' local SGD steps."""
+    """Server optimizer steps taken (per parameter, summed), clients' local SGD steps and new-client server steps."""
     opt = getattr(alg, "opt", None)
     server = 0 if opt is None else sum(int(s.get("step", 0)) for s in opt.state.values())
-    return server + alg.client_sgd_steps
+    return server + alg.client_sgd_steps + alg.new_client_steps

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-ALGORITHMS = ("pefll", "fedavg", "local")
-CLIENT_ARCHS = ("auto", "lenet", "mlp")
+ALGORITHMS = ("pefll", "fedavg", "local", "pfedhn", "pfedhn-pc", "hyperfl")
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
 HYPER_SIZES = ("S", "M", "L")
 SERVER_OPTIMIZERS = ("adam", "sgd")
@@ -57,6 +57,12 @@ class TrainConfig:
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
     device: str = "auto"
     seed: int = 0
+    # --- hypernetwork family: pfedhn, pfedhn-pc, hyperfl (issue 11; specs/pfedhn-hyperfl.md A.8, B.6) ---
+    hn_momentum: float = 0.9              # pfedhn: momentum of the server SGD on (phi, embeddings)
+    hn_weight_decay: float = 1e-3         # pfedhn: its weight decay (touches the whole embedding table, A.4)
+    embed_lr: Optional[float] = None      # pfedhn: step of the embedding rows (default: the server lr); hyperfl: eta_v (default --lr)
+    head_lr: Optional[float] = None       # hyperfl: classifier step eta_g (default 0.1)
+    embed_rounds: int = 20                # pfedhn new clients: rounds of K local steps that train a fresh embedding
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class PredictConfig:
     label_mask: Optional[bool] = None     # None: as the model was trained
     finetune_steps: Optional[int] = None  # fedavg; None: as trained
     eval_descriptor: Optional[str] = None # pefll; None: as trained
+    # --- hypernetwork family (issue 11): new-client protocols; None: as trained ---
+    embed_rounds: Optional[int] = None    # pfedhn / pfedhn-pc: rounds training a new client's embedding
+    local_epochs: Optional[int] = None    # hyperfl: local epochs training a new client's embedding and classifier
     save_models: bool = False
     batch_size: int = 256                 # evaluation chunk (samples per forward)
     device: str = "auto"
