@@ -80,12 +80,12 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr, 
         ce = F.cross_entropy(logits.flatten(0, 1), store.y[idx].flatten(), reduction="none").view(m.shape)
         loss = (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
         grads = dict(zip(names, torch.autograd.grad(loss.sum(), [theta[k] for k in names])))
-        go = None if active is None else active[:, s]
+        go = None if active is None or bool(active[:, s].all()) else active[:, s]  # all active: no masking
         with torch.no_grad():
             scale = {}
             if clip > 0:
                 for group in groups:
-                    norm = torch.sqrt(sum(grads[k].pow(2).flatten(1).sum(1) for k in group))
+                    norm = torch.sqrt(sum(torch.linalg.vector_norm(grads[k].flatten(1), dim=1) ** 2 for k in group))
                     coef = (clip / (norm + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s coefficient
                     scale.update({k: coef for k in group})
             for k in names:
