@@ -78,6 +78,10 @@ class Algorithm(ABC):
         in :attr:`traffic` by ``run_round`` (empty for an algorithm that communicates nothing)."""
         return self.traffic.per_client_round()
 
+    def model_groups(self, clients: np.ndarray) -> list:
+        """``[(clients, net)]``: the clients grouped by the architecture of their models (one group here)."""
+        return [(np.asarray(clients, dtype=np.int64), self.net)]
+
     def has_state(self, clients: np.ndarray) -> np.ndarray:
         """Which of ``clients`` have per-client trained state (embedding rows, private heads)."""
         return np.zeros(len(clients), dtype=bool)

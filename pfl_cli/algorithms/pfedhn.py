@@ -37,16 +37,23 @@ class PFedHN(Algorithm):
 
     @classmethod
     def resolve_arch(cls, cfg, store) -> dict:
-        from pfl_cli.fl.config import hidden_sizes
+        from pfl_cli.fl.config import client_sizes, hidden_sizes
         from pfl_cli.fl.store import ROLE_TRAIN
         from pfl_cli.models import build, client_spec, hyper_spec, split_names, table_spec
 
-        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))
+        hidden = hidden_sizes(cfg.mlp_hidden)
+        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden)
         dim = descriptor_dim(cfg, store.num_clients)  # e = int(1 + n/4) over the partition's clients
         generate = split_names(build(client))[0] if cls.personal_head else None
         rows = max(len(store.clients(ROLE_TRAIN)), 1)   # one row per train client: holdout clients have none
-        return {"client": client, "table": table_spec(rows, dim),
-                "hypernetwork": hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden, generate=generate)}
+        arch = {"client": client, "table": table_spec(rows, dim)}
+        targets = None
+        if client_sizes(cfg.client_sizes):
+            targets = {s: sized_client(client, s) for s in dict.fromkeys(client_sizes(cfg.client_sizes))}
+            arch.update({f"client_{s}": spec for s, spec in targets.items()})
+        arch["hypernetwork"] = hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden, generate=generate,
+                                          targets=targets)
+        return arch
 
     def build(self) -> None:
         import torch
@@ -54,10 +61,20 @@ class PFedHN(Algorithm):
         from pfl_cli.fl.client_state import ClientState
         from pfl_cli.models import build
 
+        from pfl_cli.fl.config import client_sizes
+
         self.net = self.client_net()
         self.hnet = seeded(self.cfg.seed, "init-hypernetwork", lambda: build(self.arch["hypernetwork"])).to(self.device)
         self.table = seeded(self.cfg.seed, "init-embedding-table", lambda: build(self.arch["table"])).to(self.device)
-        self.names = list(self.hnet.target_names)                           # generated tensors
+        # Size slots (client j gets slot j mod len); one unnamed group when every client has the same net.
+        self.slots = client_sizes(self.cfg.client_sizes) or [""]
+        self.nets = {"": self.net} if self.slots == [""] else {
+            s: seeded(self.cfg.seed, f"init-client-{s}", lambda s=s: build(self.arch[f"client_{s}"])).to(self.device)
+            for s in dict.fromkeys(self.slots)}
+        # generated tensor names per group: (name in h's output, parameter name in the group's net)
+        self.generated = {g: [(k, k.split("/", 1)[1] if g else k) for k in self.hnet.target_names
+                              if not g or k.startswith(f"{g}/")] for g in self.nets}
+        self.names = [plain for _, plain in self.generated[self.slots[0]]]  # of the single-size net
         self.head_names = [k for k, _ in self.net.named_parameters() if k not in self.names]
         self.partition_sha = self.store.partition_sha
         self._map_rows()
@@ -90,42 +107,63 @@ class PFedHN(Algorithm):
     def has_state(self, clients: np.ndarray) -> np.ndarray:
         return self.row_of[np.asarray(clients, dtype=np.int64)].cpu().numpy() >= 0
 
+    def group_of(self, clients) -> np.ndarray:
+        """The size group of each client: slot (partition position mod the number of slots)."""
+        pos = np.asarray(clients.cpu() if hasattr(clients, "cpu") else clients, dtype=np.int64)
+        return np.asarray(self.slots, dtype=object)[pos % len(self.slots)]
+
+    def model_groups(self, clients: np.ndarray) -> list:
+        clients = np.asarray(clients, dtype=np.int64)
+        groups = self.group_of(clients)
+        return [(clients[groups == g], self.nets[g]) for g in self.nets if (groups == g).any()]
+
     # ------------------------------------------------------------------ Alg. 1 (errata fixed)
-    def _local(self, theta, clients, gen, heads=None, momentum=None):
-        """K local SGD steps from the generated ``theta`` (plus private heads); returns (theta~, heads, loss)."""
+    def _local(self, theta, clients, gen, heads=None, momentum=None, group: str = ""):
+        """K local SGD steps from the generated ``theta`` (h's output names; plus private heads) on the
+        group's net; returns (theta~ under h's output names, heads, loss)."""
         from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
 
         index, mask = sample_batches(self.store.fit, clients, self.cfg.local_steps, self.cfg.batch_size, gen)
-        start = {k: theta[k].detach() for k in self.names}
+        start = {plain: theta[out].detach() for out, plain in self.generated[group]}
         if heads is not None:
             start.update(heads)
-        new, loss = local_sgd(self.net, start, self.store, index, mask, momentum_state=momentum,
+        new, loss = local_sgd(self.nets[group], start, self.store, index, mask, momentum_state=momentum,
                               **self.sgd_options())
-        return {k: new[k] for k in self.names}, {k: new[k] for k in self.head_names if heads is not None}, loss
+        return ({out: new[plain] for out, plain in self.generated[group]},
+                {k: new[k] for k in self.head_names if heads is not None}, loss)
 
     def run_round(self, t, cohort, gen):
         import torch
 
         c = len(cohort)
-        rows = self.row_of[cohort]
-        v = self.table(rows)                                            # v_i (with graph)
-        theta = self.hnet(v)                                            # theta_i = h(v_i; phi)
-        heads = momentum = None
-        if self.personal_head:
-            private = self.heads.gather(cohort)
-            heads = {k: private[k] for k in self.head_names}
-            momentum = {k: private[f"momentum.{k}"] for k in self.head_names}
-        new, new_heads, loss = self._local(theta, cohort, gen, heads, momentum)
-        if self.personal_head:
-            self.heads.scatter(cohort, {**new_heads, **{f"momentum.{k}": b for k, b in momentum.items()}})
-        for k in self.names:
-            self.traffic.send(k, theta[k])                              # theta_i down
-            self.traffic.receive(f"delta.{k}", new[k])                  # delta theta_i up
-        # Erratum 2: grad = J^T (theta - theta~), descent on 1/2 ||theta~ - h(v; phi)||^2; averaged over the cohort.
+        v = self.table(self.row_of[cohort])                             # v_i (with graph)
+        theta = self.hnet(v)                                            # theta_i = h(v_i; phi), every size
+        neg_delta = {k: torch.zeros_like(t) for k, t in theta.items()}  # sizes a client does not use: no gradient
+        loss = torch.zeros(c, device=self.device)
+        groups = self.group_of(cohort)
+        for g in self.nets:
+            members = torch.as_tensor(np.flatnonzero(groups == g), device=self.device)
+            if len(members) == 0:
+                continue
+            clients = cohort[members]
+            heads = momentum = None
+            if self.personal_head:
+                private = self.heads.gather(clients)
+                heads = {k: private[k] for k in self.head_names}
+                momentum = {k: private[f"momentum.{k}"] for k in self.head_names}
+            mine = {out: theta[out][members] for out, _ in self.generated[g]}
+            new, new_heads, loss_g = self._local(mine, clients, gen, heads, momentum, g)
+            if self.personal_head:
+                self.heads.scatter(clients, {**new_heads, **{f"momentum.{k}": b for k, b in momentum.items()}})
+            for out, plain in self.generated[g]:
+                self.traffic.send(plain, mine[out])                     # theta_i down (the client's size only)
+                self.traffic.receive(f"delta.{plain}", new[out])        # delta theta_i up
+                # Erratum 2: J^T (theta - theta~), descent on 1/2 ||theta~ - h(v; phi)||^2; averaged over the cohort.
+                neg_delta[out][members] = (mine[out].detach() - new[out]) / c
+            loss[members] = loss_g
         params = [*self.hnet.parameters(), *self.table.parameters()]
-        grads = torch.autograd.grad([theta[k] for k in self.names], params,
-                                    grad_outputs=[(theta[k].detach() - new[k]) / c for k in self.names])
+        grads = torch.autograd.grad(list(theta.values()), params, grad_outputs=list(neg_delta.values()))
         self._server_step(params, grads)                                # erratum 1: once per round
         return loss
 
@@ -144,6 +182,7 @@ class PFedHN(Algorithm):
         import torch
 
         clients = np.asarray(clients, dtype=np.int64)
+        group = self.group_of(clients[:1])[0] if len(clients) else self.slots[0]   # model_groups: one size
         known = self.has_state(clients)
         out = {}
         parts = []
@@ -152,17 +191,18 @@ class PFedHN(Algorithm):
             with torch.no_grad():
                 theta = self.hnet(self.table(self.row_of[sel]))
             heads = self.heads.gather(sel) if self.personal_head else {}
-            parts.append((known, {**{k: theta[k] for k in self.names}, **{k: heads[k] for k in self.head_names}}))
+            parts.append((known, {**{plain: theta[out] for out, plain in self.generated[group]},
+                                  **{k: heads[k] for k in self.head_names}}))
         if (~known).any():
-            parts.append((~known, self.new_clients(clients[~known], gen)))
-        for k in (*self.names, *self.head_names):
+            parts.append((~known, self.new_clients(clients[~known], gen, group)))
+        for k in parts[0][1]:
             ref = parts[0][1][k]
             out[k] = ref.new_empty((len(clients), *ref.shape[1:]))
             for where, p in parts:
                 out[k][torch.as_tensor(np.flatnonzero(where), device=self.device)] = p[k]
         return out, True
 
-    def new_clients(self, clients: np.ndarray, gen) -> dict:
+    def new_clients(self, clients: np.ndarray, gen, group: str = "") -> dict:
         """A.9.4: phi frozen; a fresh embedding per client trained by the delta-VJP rule for ``embed_rounds``.
 
         The embedding takes the server's optimizer settings (embedding lr, momentum, weight decay,
@@ -184,12 +224,12 @@ class PFedHN(Algorithm):
         for _ in range(cfg.embed_rounds):
             leaf = v.detach().requires_grad_(True)
             theta = self.hnet(leaf)
-            new, new_heads, _ = self._local(theta, sel, gen, heads, momentum)
+            new, new_heads, _ = self._local(theta, sel, gen, heads, momentum, group)
             if heads is not None:
                 heads = new_heads
             # Per-client rows: the gradient of the sum is each client's own J_v^T (theta - theta~).
-            (g,) = torch.autograd.grad([theta[k] for k in self.names], [leaf],
-                                       grad_outputs=[theta[k].detach() - new[k] for k in self.names])
+            (g,) = torch.autograd.grad([theta[k] for k in new], [leaf],
+                                       grad_outputs=[theta[k].detach() - new[k] for k in new])
             with torch.no_grad():
                 if cfg.server_clip > 0:
                     g = g * (cfg.server_clip / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
@@ -200,7 +240,7 @@ class PFedHN(Algorithm):
             self.new_client_steps += c
         with torch.no_grad():
             theta = self.hnet(v)
-        out = {k: theta[k] for k in self.names}
+        out = {plain: theta[k] for k, plain in self.generated[group]}
         if heads is not None:
             out.update(heads)
         return out
@@ -244,6 +284,24 @@ class PFedHN(Algorithm):
         self._map_rows()
         if self.personal_head:
             self.heads = ClientState.from_state(weights["heads"], self.device)
+
+
+SIZE_KERNELS = {"S": 8, "M": 16, "L": 32}     # App. B: conv1 filters of the S / M / L LeNets
+SIZE_WIDTH = {"S": 0.5, "M": 1.0, "L": 2.0}   # the MLP analogue: hidden widths scaled
+
+
+def sized_client(client: dict, size: str) -> dict:
+    """The client spec of width ``size`` (pFedHN §5.2, Table 2): LeNet kernels, or MLP hidden widths scaled."""
+    from pfl_cli.errors import ConfigError
+    from pfl_cli.models import client_spec
+
+    arch, shape, classes = client["arch"], client["input_shape"], client["num_classes"]
+    if arch == "lenet":
+        return client_spec(arch, shape, classes, client["hidden"], kernels=SIZE_KERNELS[size])
+    if arch == "mlp":
+        return client_spec(arch, shape, classes, [max(1, round(h * SIZE_WIDTH[size])) for h in client["hidden"]])
+    raise ConfigError(f"client_sizes needs a lenet or mlp client net (their S/M/L widths are defined); got "
+                      f"model_arch {arch!r}.")
 
 
 def cpu_state(private) -> dict:

@@ -14,7 +14,7 @@ from pfl_cli.cli.output import Reporter
 FLAGS = (
     "algorithm", "rounds", "clients_per_round", "local_steps", "batch_size", "lr", "server_lr", "eval_every",
     "val_fraction", "label_mask", "finetune_steps", "local_epochs", "model_arch", "embedding", "embed_dim",
-    "hyper_size", "standardize_descriptor", "device", "seed",
+    "hyper_size", "standardize_descriptor", "device", "seed", "client_sizes",
 )
 
 # TrainConfig keys without a flag of their own: reachable through --config / --set (the help lists them).
@@ -48,6 +48,7 @@ def train(
     embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor / pfedhn embedding dimension (0 = int(1 + clients / 4)); hyperfl embedding (0 = 64).")] = 0,
     hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll / pfedhn hypernetwork: S | M | L (1 / 3 / 5 hidden layers; hyperfl has one, with a ReLU).")] = "M",
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
+    client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).")] = "",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     seed: SeedOpt = 0,

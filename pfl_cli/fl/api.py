@@ -20,8 +20,8 @@ from typing import Any, Callable
 import numpy as np
 
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import (ALGORITHMS, CLIENT_ARCHS, CLIENT_SETS, EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES,
-                               SERVER_OPTIMIZERS, PredictConfig, TrainConfig)
+from pfl_cli.fl.config import (ALGORITHMS, CLIENT_ARCHS, CLIENT_SETS, CLIENT_SIZES, EMBEDDINGS, EVAL_DESCRIPTORS,
+                               HYPER_SIZES, SERVER_OPTIMIZERS, PredictConfig, TrainConfig, client_sizes)
 
 MODEL_FORMAT = "pflx-model-1"
 
@@ -55,6 +55,14 @@ def validate_train_config(cfg: TrainConfig) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not np.isfinite(value) or value <= 0):
             raise ConfigError(f"{name} must be a finite number > 0; got {value!r}.")
+    sizes = client_sizes(cfg.client_sizes)
+    unknown = [s for s in sizes if s not in CLIENT_SIZES]
+    if unknown:
+        raise ConfigError(f"client_sizes must be a comma-separated list of {', '.join(CLIENT_SIZES)}; got "
+                          f"{cfg.client_sizes!r} (unknown {', '.join(map(repr, unknown))}).")
+    if sizes and cfg.algorithm != "pfedhn":
+        raise ConfigError(f"client_sizes (mixed model sizes, pFedHN §5.2) works with --algorithm pfedhn only; got "
+                          f"algorithm {cfg.algorithm!r}.")
     if cfg.hn_momentum >= 1:
         raise ConfigError(f"hn_momentum must be < 1; got {cfg.hn_momentum!r}.")
     if cfg.algorithm in ("pfedhn", "pfedhn-pc") and cfg.embed_rounds < 1:

@@ -63,6 +63,7 @@ class TrainConfig:
     embed_lr: Optional[float] = None      # pfedhn: step of the embedding rows (default: the server lr); hyperfl: eta_v (default --lr)
     head_lr: Optional[float] = None       # hyperfl: classifier step eta_g (default 0.1)
     embed_rounds: int = 20                # pfedhn new clients: rounds of K local steps that train a fresh embedding
+    client_sizes: str = ""                # pfedhn: target widths "S,M,L" (client j gets the size j mod 3); "" = one size
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,14 @@ class PredictConfig:
     batch_size: int = 256                 # evaluation chunk (samples per forward)
     device: str = "auto"
     seed: int = 0
+
+
+CLIENT_SIZES = ("S", "M", "L")  # pFedHN App. B: LeNet conv1 with 8 / 16 / 32 filters; MLP widths x 1/2, 1, 2
+
+
+def client_sizes(value: str) -> list[str]:
+    """``"S,M,L"`` -> ``["S", "M", "L"]``; ``""`` -> ``[]`` (one size)."""
+    return [s.strip() for s in str(value).split(",") if s.strip()]
 
 
 def hidden_sizes(value) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ parameter names and shapes as the one that was trained.
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any, Sequence
 
 from torch import nn
@@ -22,7 +23,7 @@ from torch import nn
 from pfl_cli.errors import InputError, check_param
 from pfl_cli.models.client import check_hidden, check_input_shape, check_int, client_model, resolve_arch
 from pfl_cli.models.embedding import embedding_net, resolve_embedding
-from pfl_cli.models.hypernetwork import hyper_layers, hypernetwork
+from pfl_cli.models.hypernetwork import HyperNetwork, hyper_layers
 from pfl_cli.models.util import count_parameters
 
 SPEC_KINDS = ("client", "embedding", "hypernetwork", "table")
@@ -75,11 +76,14 @@ def embedding_spec(
 
 
 def hyper_spec(in_dim: int, target_spec: dict, size: str = "M", hidden: int = 100, *,
-               n_hidden: int | None = None, relu_out: bool = False, generate: list[str] | None = None) -> dict:
+               n_hidden: int | None = None, relu_out: bool = False, generate: list[str] | None = None,
+               targets: dict[str, dict] | None = None) -> dict:
     """Spec of :func:`~pfl_cli.models.hypernetwork.hypernetwork` for the network ``target_spec``.
 
-    The optional keys (``n_hidden``, ``relu_out``, ``generate``) are written only when set, so
-    PeFLL's specs are unchanged.
+    The optional keys (``n_hidden``, ``relu_out``, ``generate``, ``targets``) are written only when
+    set, so PeFLL's specs are unchanged. ``targets`` (name -> client spec) makes one hypernetwork
+    generate several target nets at once, tensors named ``<name>/<parameter>`` (pFedHN's mixed model
+    sizes, §5.2: "size equal to the sum of the weights of the three sized networks combined").
     """
     hyper_layers(size)
     target_kind = _kind(target_spec)
@@ -97,7 +101,21 @@ def hyper_spec(in_dim: int, target_spec: dict, size: str = "M", hidden: int = 10
         spec["relu_out"] = True
     if generate is not None:
         spec["generate"] = list(generate)
+    if targets is not None:
+        spec["targets"] = {k: dict(v) for k, v in targets.items()}
     return spec
+
+
+def _generated_shapes(spec: dict) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor a hypernetwork spec generates."""
+    generate = spec.get("generate")
+    targets = spec.get("targets") or {"": _field(spec, "target")}
+    shapes = {}
+    for prefix, target in targets.items():
+        for k, p in build(target).named_parameters():
+            if generate is None or k in generate:
+                shapes[f"{prefix}/{k}" if prefix else k] = tuple(p.shape)
+    return shapes
 
 
 def table_spec(rows: int, dim: int) -> dict:
@@ -148,20 +166,16 @@ def build(spec: dict) -> nn.Module:
         )
     if kind == "table":
         return nn.Embedding(_field(spec, "rows"), _field(spec, "dim"))  # N(0, 1) init, as pFedHN's code
-    target = build(_field(spec, "target"))
-    return hypernetwork(
-        _field(spec, "in_dim"), target, size=_field(spec, "size"), hidden=spec.get("hidden", 100),
-        n_hidden=spec.get("n_hidden"), relu_out=bool(spec.get("relu_out", False)), generate=spec.get("generate"),
-    )
+    n_hidden = spec["n_hidden"] if "n_hidden" in spec else hyper_layers(_field(spec, "size"))
+    return HyperNetwork(_field(spec, "in_dim"), _generated_shapes(spec), hidden=spec.get("hidden", 100),
+                        n_hidden=n_hidden, relu_out=bool(spec.get("relu_out", False)))
 
 
 def num_parameters(spec: dict) -> int:
     """Parameter count of ``build(spec)``; for a hypernetwork without building its ~100x D heads."""
     if _kind(spec) != "hypernetwork":
         return count_parameters(build(spec))
-    generate = spec.get("generate")
-    target = build(_field(spec, "target"))
-    d = sum(p.numel() for k, p in target.named_parameters() if generate is None or k in generate)
+    d = sum(prod(shape) for shape in _generated_shapes(spec).values())
     h = check_int("hyper_hidden", spec.get("hidden", 100), 1)
     dim = check_int("embed_dim", _field(spec, "in_dim"), 1)
     n_hidden = spec["n_hidden"] if "n_hidden" in spec else hyper_layers(_field(spec, "size"))

@@ -82,8 +82,8 @@ def test_one_server_step_moves_h_towards_the_client_solution(store):
     seen = {}
     local = alg._local
 
-    def spy(theta, clients, gen, heads=None, momentum=None):
-        new, h, loss = local(theta, clients, gen, heads, momentum)
+    def spy(theta, clients, gen, heads=None, momentum=None, group=""):
+        new, h, loss = local(theta, clients, gen, heads, momentum, group)
         seen["new"] = new
         return new, h, loss
 
@@ -272,3 +272,17 @@ def test_prop1_linear_hypernetwork_is_uncentered_pca():
     Q = torch.linalg.qr(W.detach())[0]
     cosines = torch.linalg.svdvals(Q.T @ U[:, :k])
     assert float(cosines.min()) > 0.9999
+
+
+def test_a_client_updates_only_the_heads_of_its_size(store):
+    """Mixed sizes: the VJP reaches the trunk and the client's size's heads, no other size's heads."""
+    cfg = TrainConfig(**{**SMALL, **PLAIN}, client_sizes="S,M,L", local_steps=2)
+    alg = PFedHN(cfg, store)
+    names = alg.hnet.target_names
+    before = {k: p.detach().clone() for k, p in alg.hnet.named_parameters()}
+    alg.run_round(0, torch.tensor([4]), torch.Generator().manual_seed(0))  # position 4: slot 4 mod 3 = M
+    for i, name in enumerate(names):
+        moved = not torch.equal(before[f"heads.{i}.weight"], alg.hnet.heads[i].weight)
+        assert moved == name.startswith("M/"), name
+    assert not torch.equal(before["body.0.weight"], alg.hnet.body[0].weight)
+    assert alg.nets["S"].fc1.weight.shape == (4, 64) and alg.nets["L"].fc1.weight.shape == (16, 64)

@@ -128,3 +128,44 @@ def test_a_partition_with_more_classes_than_the_model_is_refused(root):
     ds = load_dataset(info["spec"])
     with pytest.raises(InputError, match="the model was trained on 10, the dataset has 11"):
         predict_clients(model, cfg, ds.x, np.asarray(ds.y), 11, part, PredictConfig(), device="cpu")
+
+
+def test_mixed_model_sizes_train_and_predict_a_client_of_each_size(root, tmp_path):
+    """pFedHN §5.2: one hypernetwork, S/M/L target nets; a client of each size trains and predicts."""
+    from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients
+    from pfl_cli.artifacts import load_partition
+    from pfl_cli.data import load_dataset
+
+    out = tmp_path / "sizes"
+    assert train(root, out, "--algorithm", "pfedhn", "--client-sizes", "S,M,L", "--clients-per-round", "3") == 0
+    model = torch.load(out / "model.pt", weights_only=True)
+    arch = model["arch"]
+    assert [arch[f"client_{s}"]["hidden"] for s in "SML"] == [[8], [16], [32]]
+    cfg = TrainConfig(**json.loads((out / "manifest.json").read_text())["config"])
+    part, info, _ = load_partition(root / "part")
+    ds = load_dataset(info["spec"])
+    for clients in ("train", "holdout"):
+        run = predict_clients(model, cfg, ds.x, np.asarray(ds.y), ds.num_classes, part, PredictConfig(clients=clients),
+                              device="cpu")
+        acc = run.evaluation.accuracy(False)
+        sizes = np.asarray(["S", "M", "L"])[run.evaluation.clients % 3]
+        assert np.isfinite(acc).all() and (clients == "holdout" or set(sizes) == {"S", "M", "L"})
+        assert list(run.evaluation.clients) == sorted(run.evaluation.clients)  # reported in partition order
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["parameters"]) == {"client", "client_S", "client_M", "client_L", "table", "hypernetwork"}
+    # each cohort client received its own size: the mean message lies strictly between S and L
+    comm = metrics["communication"]
+    sizes = [metrics["parameters"][f"client_{s}"] for s in "SML"]
+    assert sizes[0] < comm["floats_down_per_client_round"] < sizes[2]
+    assert main(["predict", "--model", str(out), "--partition", str(root / "part"), "--out", str(tmp_path / "saved"),
+                 "--format", "quiet", "--save-models"]) == 2  # one tensor per parameter cannot hold mixed sizes
+    assert not (tmp_path / "saved").exists()
+
+
+def test_client_sizes_bad_input(root, tmp_path, capsys):
+    capsys.readouterr()
+    assert train(root, tmp_path / "x", "--algorithm", "pfedhn", "--client-sizes", "S,XL") == 2
+    assert "client_sizes must be a comma-separated list of S, M, L" in capsys.readouterr().err
+    assert train(root, tmp_path / "x", "--algorithm", "hyperfl", "--client-sizes", "S,M") == 2
+    assert "works with --algorithm pfedhn only" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
