@@ -13,6 +13,7 @@ from pfl_cli.cli.output import Reporter
 FLAGS = (
     "dataset", "scheme", "num_clients", "alpha", "min_size", "self_balancing", "classes_per_client", "assign",
     "class_shares", "shards_per_client", "quantity", "natural_id", "test_fraction", "holdout_clients", "plot", "seed",
+    "dominant_classes", "uniform_share",
 )
 
 
@@ -35,7 +36,7 @@ def partition(
     num_clients: Annotated[int, typer.Option("--num-clients", "-n", help="Number of clients (train + holdout).")] = 10,
     iid: Annotated[bool, typer.Option("--iid", help="IID split (the default scheme).")] = False,
     dirichlet: Annotated[Optional[str], typer.Option("--dirichlet", metavar="A", help="Dirichlet label skew with concentration A (a float or one per class, comma-separated).")] = None,
-    scheme: Annotated[Optional[str], typer.Option("--scheme", help="iid | dirichlet | pathological | shards | quantity | natural.")] = None,
+    scheme: Annotated[Optional[str], typer.Option("--scheme", help="iid | dirichlet | pathological | shards | quantity | natural | dominant.")] = None,
     alpha: Annotated[Optional[str], typer.Option("--alpha", help="Dirichlet concentration (same as --dirichlet).")] = None,
     min_size: Annotated[int, typer.Option("--min-size", help="Smallest client size; missed draws are repaired, impossible requests refused.")] = 1,
     self_balancing: Annotated[bool, typer.Option("--self-balancing", help="Dirichlet: stop giving classes to clients already above n/J samples.")] = False,
@@ -44,6 +45,8 @@ def partition(
     class_shares: Annotated[str, typer.Option("--class-shares", help="Pathological shares within a class: uniform (U(0.4,0.6), pFedHN) | equal (PeFLL).")] = "uniform",
     shards_per_client: Annotated[Optional[int], typer.Option("--shards-per-client", help="FedAvg shards: label-sorted shards per client.")] = None,
     quantity: Annotated[Optional[str], typer.Option("--quantity", help="Size skew: lognormal:SIGMA | dirichlet:A | linear | square | exponential.")] = None,
+    dominant_classes: Annotated[Optional[int], typer.Option("--dominant-classes", metavar="D", help="HyperFL/FedPAC split: client i's group (i mod ceil(C/2)) has D dominant classes starting at class 2g; all clients one size.")] = None,
+    uniform_share: Annotated[float, typer.Option("--uniform-share", help="With --dominant-classes: share of each client spread uniformly over all classes (the rest over its dominant classes).")] = 0.2,
     natural_id: Annotated[bool, typer.Option("--natural-id", help="One client per natural id (LEAF users, the client column).")] = False,
     test_fraction: Annotated[Optional[float], typer.Option("--test-fraction", help="Split each client's samples; default: the official test pool if any, else 0.2.")] = None,
     holdout_clients: Annotated[str, typer.Option("--holdout-clients", metavar="F|N", help="Clients never used in training: a fraction F < 1 or a count N.")] = "0",

@@ -11,6 +11,7 @@ import numpy as np
 from pfl_cli.errors import ConfigError, InfeasibleError, PflxWarning
 from pfl_cli.partition.base import Partition, csr_from_assignment
 from pfl_cli.partition.dirichlet import dirichlet_owners
+from pfl_cli.partition.dominant import dominant_owners
 from pfl_cli.partition.iid import iid_owners
 from pfl_cli.partition.natural import natural_owners
 from pfl_cli.partition.pathological import ASSIGN_MODES, SHARE_MODES, pathological_owners
@@ -19,7 +20,7 @@ from pfl_cli.partition.shards import shard_owners
 from pfl_cli.partition.split import holdout_count, mark_holdout, match_test_pool, split_fraction
 from pfl_cli.partition.stats import label_histograms
 
-SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural")
+SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural", "dominant")
 DEFAULT_TEST_FRACTION = 0.2
 
 
@@ -39,6 +40,8 @@ class PartitionConfig:
     shards_per_client: int | None = None
     quantity: str | None = None
     natural_id: bool = False
+    dominant_classes: int | None = None   # HyperFL / FedPAC split: D dominant classes per client group
+    uniform_share: float = 0.2            # ... and this share of each client spread over all classes
     test_fraction: float | None = None
     holdout_clients: float = 0
     plot: bool = False
@@ -54,6 +57,7 @@ def resolve_scheme(cfg: PartitionConfig) -> str:
             ("pathological", cfg.classes_per_client is not None),
             ("shards", cfg.shards_per_client is not None),
             ("natural", cfg.natural_id),
+            ("dominant", cfg.dominant_classes is not None),
         )
         if on
     ]
@@ -108,7 +112,7 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
     if scheme != "natural":
         _check_int("num_clients", cfg.num_clients, 1)
     _check_int("min_size", cfg.min_size, 0)
-    if scheme in ("dirichlet", "pathological", "shards") and not has_labels:
+    if scheme in ("dirichlet", "pathological", "shards", "dominant") and not has_labels:
         raise ConfigError(f"scheme {scheme} needs labels, and the dataset {cfg.dataset} has none.")
     if scheme == "natural" and not has_clients:
         raise ConfigError(
@@ -133,6 +137,15 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
         k = _check_int("classes_per_client", cfg.classes_per_client, 1)
         if k > num_classes:
             raise ConfigError(f"classes-per-client must be <= the number of classes ({num_classes}); got {k}.")
+    if scheme == "dominant":
+        d = _check_int("dominant_classes", cfg.dominant_classes, 1)
+        if d > num_classes:
+            raise ConfigError(f"dominant-classes must be <= the number of classes ({num_classes}); got {d}.")
+        share = cfg.uniform_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise ConfigError(f"uniform-share must be a number in [0, 1]; got {share!r}.")
+        if cfg.quantity is not None:
+            raise ConfigError("--quantity does not combine with --dominant-classes (its clients all have one size).")
     if scheme == "shards":
         s = _check_int("shards_per_client", cfg.shards_per_client, 1)
         if s * cfg.num_clients > num_samples:
@@ -271,6 +284,9 @@ def _assign(scheme: str, labels: np.ndarray, cfg: PartitionConfig, num_clients: 
             labels, num_clients=num_clients, num_classes=num_classes, classes_per_client=cfg.classes_per_client,
             assign=cfg.assign, shares=cfg.class_shares, rng=rng,
         )
+    elif scheme == "dominant":
+        owner, extra = dominant_owners(labels, num_clients=num_clients, num_classes=num_classes,
+                                       dominant=cfg.dominant_classes, uniform_share=float(cfg.uniform_share), rng=rng)
     else:  # shards
         owner, extra = shard_owners(labels, num_clients=num_clients, shards_per_client=cfg.shards_per_client, rng=rng)
     info.update(extra)
