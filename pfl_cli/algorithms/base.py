@@ -161,6 +161,25 @@ class Algorithm(ABC):
         return {k: torch.cat(v) if v else start[k].unsqueeze(0)[:0] for k, v in out.items()}
 
 
+def cpu_state_dict(module) -> dict:
+    """Copies of a module's state dict on the CPU (``model.pt``, checkpoints)."""
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+class ServerOptimizerState:
+    """``state`` / ``load_state`` of an algorithm whose resumable state is ``weights()`` plus ``self.opt``."""
+
+    def state(self):
+        import copy
+
+        # Copies: a caller may keep the checkpoint in memory while training goes on.
+        return {**self.weights(), "optimizer": copy.deepcopy(self.opt.state_dict())}
+
+    def load_state(self, state):
+        self.load_weights(state)
+        self.opt.load_state_dict(state["optimizer"])
+
+
 def descriptor_dim(cfg, num_clients: int) -> int:
     """l = int(1 + n / 4) unless given (``specs/pefll.md`` §2.4)."""
     return int(cfg.embed_dim) if cfg.embed_dim else int(1 + num_clients / 4)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_cli.algorithms.base import Algorithm, seeded, stack
+from pfl_cli.algorithms.base import Algorithm, cpu_state_dict, seeded, stack
 from pfl_cli.algorithms.pfedhn import cpu_state
 
 DEFAULT_EMBED_DIM = 64    # B.4: "learnable vectors with dimension equals 64"
@@ -206,8 +206,7 @@ class HyperFL(Algorithm):
         self.load_weights(state)
 
     def weights(self):
-        return {"hypernetwork": {k: v.detach().cpu().clone() for k, v in self.hnet.state_dict().items()},
-                "private": cpu_state(self.private)}
+        return {"hypernetwork": cpu_state_dict(self.hnet), "private": cpu_state(self.private)}
 
     def load_weights(self, weights):
         from pfl_cli.fl.client_state import ClientState

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, descriptor_dim, seeded
+from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded
 
 DEFAULT_SERVER_LR = 2e-4
 
 
-class PeFLL(Algorithm):
+class PeFLL(ServerOptimizerState, Algorithm):
     name = "pefll"
 
     @staticmethod
@@ -204,20 +204,9 @@ class PeFLL(Algorithm):
         with torch.no_grad():
             return self.hnet(v), True
 
-    # ------------------------------------------------------------------ state
-    def state(self):
-        import copy
-
-        # Copies: a caller may keep the checkpoint in memory while training goes on.
-        return {**self.weights(), "optimizer": copy.deepcopy(self.opt.state_dict())}
-
-    def load_state(self, state):
-        self.load_weights(state)
-        self.opt.load_state_dict(state["optimizer"])
-
+    # ------------------------------------------------------------------ state (+ ServerOptimizerState)
     def weights(self):
-        out = {"hypernetwork": {k: v.detach().cpu().clone() for k, v in self.hnet.state_dict().items()},
-               "embedding": {k: v.detach().cpu().clone() for k, v in self.embed.state_dict().items()}}
+        out = {"hypernetwork": cpu_state_dict(self.hnet), "embedding": cpu_state_dict(self.embed)}
         if self.desc_stats is not None:
             out["descriptor_stats"] = self.desc_stats.detach().cpu().clone()
         return out

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, descriptor_dim, seeded, stack
+from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded, stack
 
 DEFAULT_SERVER_LR = 1e-2      # A.8: pFedHN's outer lr
 DEFAULT_SERVER_LR_PC = 5e-2   # A.7: pFedHN-PC's outer lr
 
 
-class PFedHN(Algorithm):
+class PFedHN(ServerOptimizerState, Algorithm):
     name = "pfedhn"
     personal_head = False
 
@@ -255,21 +255,11 @@ class PFedHN(Algorithm):
                              f"{self.cfg.local_steps} local steps"),
                 "rounds": int(self.cfg.embed_rounds)}
 
-    # ------------------------------------------------------------------ state
-    def state(self):
-        import copy
-
-        return {**self.weights(), "optimizer": copy.deepcopy(self.opt.state_dict())}
-
-    def load_state(self, state):
-        self.load_weights(state)
-        self.opt.load_state_dict(state["optimizer"])
-
+    # ------------------------------------------------------------------ state (+ ServerOptimizerState)
     def weights(self):
         import torch
 
-        out = {"hypernetwork": {k: v.detach().cpu().clone() for k, v in self.hnet.state_dict().items()},
-               "table": {k: v.detach().cpu().clone() for k, v in self.table.state_dict().items()},
+        out = {"hypernetwork": cpu_state_dict(self.hnet), "table": cpu_state_dict(self.table),
                "partition_sha": torch.tensor(list(self.partition_sha), dtype=torch.uint8)}
         if self.heads is not None:
             out["heads"] = cpu_state(self.heads)

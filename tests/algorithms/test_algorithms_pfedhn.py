@@ -266,7 +266,7 @@ def test_prop1_linear_hypernetwork_is_uncentered_pca():
     centred = theta_bar - theta_bar.mean(1, keepdim=True)
     Uc = torch.linalg.svd(centred)[0][:, :k]
     centered_basis = const + float(((theta_bar - Uc @ Uc.T @ theta_bar) ** 2).sum())
-    gd = float(loss())
+    gd = float(loss().detach())
     assert abs(gd - uncentered) <= 1e-6 * uncentered
     assert centered_basis > uncentered * (1 + 1e-3)  # the test tells the two apart
     Q = torch.linalg.qr(W.detach())[0]
