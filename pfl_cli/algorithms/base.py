@@ -42,6 +42,7 @@ class Algorithm(ABC):
     name = ""
     federated = True          # False: no rounds (Local), evaluation trains per client
     personalized = True       # whether personalize() returns one model per client
+    default_cohort: int | None = 5  # clients per round when --clients-per-round is not given (None: all)
 
     def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
         self.cfg = cfg
@@ -71,7 +72,8 @@ class Algorithm(ABC):
 
     def cohort_size(self, t: int, total: int, available: int) -> int:
         """Clients in round ``t`` (0-based) of ``total``: ``clients_per_round`` unless the paper says otherwise."""
-        return min(self.cfg.clients_per_round, available)
+        c = self.cfg.clients_per_round or self.default_cohort
+        return available if c is None else min(c, available)
 
     def exchanged(self) -> dict[str, dict[str, float]]:
         """``{"down": {message: floats}, "up": {...}}`` per client and round, from the tensors recorded

@@ -56,6 +56,7 @@ class GeneratedNet(nn.Module):
 
 class HyperFL(Algorithm):
     name = "hyperfl"
+    default_cohort = None  # B.6: full participation (20 clients); the 100-client setting samples 30
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
@@ -88,7 +89,7 @@ class HyperFL(Algorithm):
         self.generated = GeneratedNet(self.hnet, self.net, dim)
 
     def cohort_size(self, t: int, total: int, available: int) -> int:
-        return available if t == total - 1 else min(self.cfg.clients_per_round, available)  # B.6: last round full
+        return available if t == total - 1 else super().cohort_size(t, total, available)  # B.6: last round full
 
     def has_state(self, clients: np.ndarray) -> np.ndarray:
         return self.private.known(clients, self.store.partition_sha)

@@ -33,7 +33,7 @@ def train(
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
     algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl.")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
-    clients_per_round: Annotated[int, typer.Option("--clients-per-round", help="Cohort size of every round (pfedhn: 1 in the paper; hyperfl: the last round takes every client).")] = 5,
+    clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default 5; pfedhn 1, as its paper; hyperfl every client, and its last round always takes every client).", show_default=False)] = None,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (pefll, fedavg).")] = 50,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.")] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.")] = 2e-3,

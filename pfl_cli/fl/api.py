@@ -35,7 +35,9 @@ def validate_train_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}.")
     for name in ("rounds",):
         _int(cfg, name, 0)
-    for name in ("clients_per_round", "local_steps", "batch_size", "descriptor_batch", "eval_every", "hyper_hidden"):
+    if cfg.clients_per_round is not None:
+        _int(cfg, "clients_per_round", 1)
+    for name in ("local_steps", "batch_size", "descriptor_batch", "eval_every", "hyper_hidden"):
         _int(cfg, name, 1)
     for name in ("embed_dim", "finetune_steps", "checkpoint_every", "seed", "embed_rounds"):
         _int(cfg, name, 0)

@@ -26,7 +26,7 @@ class TrainConfig:
 
     algorithm: str = "pefll"
     rounds: int = 1000
-    clients_per_round: int = 5
+    clients_per_round: Optional[int] = None  # None: the algorithm's default (5; pfedhn 1 as its paper; hyperfl all)
     local_steps: int = 50                 # k: client SGD steps per round (FedAvg, PeFLL)
     batch_size: int = 32
     lr: float = 2e-3                      # client SGD step size

@@ -15,7 +15,7 @@ import yaml
 
 from pfl_cli.data import load_dataset
 from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients, train_federated
-from pfl_cli.partition import PartitionConfig, partition_labels
+from pfl_cli.partition import PartitionConfig, partition_labels, resolve_scheme
 from pfl_cli.rng import make_rng
 
 pytestmark = pytest.mark.slow
@@ -35,6 +35,7 @@ def _train(ds, part, cfg):
 
 def _partition(ds, options, seed):
     cfg = PartitionConfig(**{**options, "seed": seed})
+    cfg = dataclasses.replace(cfg, scheme=resolve_scheme(cfg))
     return partition_labels(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(seed, "partition"), pool=ds.pool)
 
 

@@ -286,3 +286,12 @@ def test_a_client_updates_only_the_heads_of_its_size(store):
         assert moved == name.startswith("M/"), name
     assert not torch.equal(before["body.0.weight"], alg.hnet.body[0].weight)
     assert alg.nets["S"].fc1.weight.shape == (4, 64) and alg.nets["L"].fc1.weight.shape == (16, 64)
+
+
+def test_default_cohorts_follow_the_papers(store):
+    from pfl_cli.algorithms import FedAvg, HyperFL
+
+    assert PFedHN(TrainConfig(**SMALL), store).cohort_size(0, 10, 16) == 1       # Alg. 1: one client per step
+    assert HyperFL(TrainConfig(**{**SMALL, "algorithm": "hyperfl"}), store).cohort_size(0, 10, 16) == 16
+    assert FedAvg(TrainConfig(algorithm="fedavg", mlp_hidden=(8,)), store).cohort_size(0, 10, 16) == 5
+    assert PFedHN(TrainConfig(**SMALL, clients_per_round=3), store).cohort_size(0, 10, 16) == 3
