@@ -60,9 +60,8 @@ class PFedHN(ServerOptimizerState, Algorithm):
         import torch
 
         from pfl_cli.fl.client_state import ClientState
-        from pfl_cli.models import build
-
         from pfl_cli.fl.config import client_sizes
+        from pfl_cli.models import build
 
         self.net = self.client_net()
         self.hnet = seeded(self.cfg.seed, "init-hypernetwork", lambda: build(self.arch["hypernetwork"])).to(self.device)

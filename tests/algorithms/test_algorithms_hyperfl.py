@@ -127,3 +127,25 @@ def test_resumed_training_ends_where_the_uninterrupted_run_ends(digits_clients):
                               resume=torch.load(io.BytesIO(saved[0]), weights_only=True))
     assert resumed.outcome.history == full.outcome.history
     assert torch_bytes(resumed.model) == torch_bytes(full.model)
+
+
+@pytest.mark.parametrize("shape,features", [((3, 32, 32), 106_400), ((1, 28, 28), 115_776)])
+def test_the_papers_cnns_train_through_the_generated_convolutions(shape, features):
+    """B.4: the CIFAR CNN (3 convolutions) and the (E)MNIST CNN (2), LeakyReLU, fc2 as the classifier."""
+    from pfl_cli.fl import train_federated
+    from pfl_cli.partition import PartitionConfig, partition_labels
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, size=(80, *shape), dtype=np.uint8)
+    y = np.repeat(np.arange(4), 20)
+    part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=4, test_fraction=0.25), num_classes=4,
+                            rng=make_rng(0, "p"))
+    cfg = TrainConfig(algorithm="hyperfl", model_arch="hyperfl-cnn", hyper_hidden=4, rounds=1, eval_every=1,
+                      local_epochs=1, batch_size=8, val_fraction=0.0)
+    run = train_federated(x, y, 4, part, cfg, device="cpu")
+    alg = run.algorithm
+    assert alg.head_names == ["fc2.weight", "fc2.bias"]
+    assert sum(t.numel() for k, t in alg.net.named_parameters() if k in alg.names) == features
+    assert np.isfinite(run.outcome.best.summaries()["train"]["loss"])
+    init = HyperFL(cfg, alg.store).hnet.state_dict()  # the same seeded initialization
+    assert all(not torch.equal(init[k], v) for k, v in alg.hnet.state_dict().items())
