@@ -191,7 +191,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
             with torch.no_grad():
                 theta = self.hnet(self.table(self.row_of[sel]))
             heads = self.heads.gather(sel) if self.personal_head else {}
-            parts.append((known, {**{plain: theta[out] for out, plain in self.generated[group]},
+            parts.append((known, {**{plain: theta[name] for name, plain in self.generated[group]},
                                   **{k: heads[k] for k in self.head_names}}))
         if (~known).any():
             parts.append((~known, self.new_clients(clients[~known], gen, group)))
