@@ -295,3 +295,25 @@ def test_default_cohorts_follow_the_papers(store):
     assert HyperFL(TrainConfig(**{**SMALL, "algorithm": "hyperfl"}), store).cohort_size(0, 10, 16) == 16
     assert FedAvg(TrainConfig(algorithm="fedavg", mlp_hidden=(8,)), store).cohort_size(0, 10, 16) == 5
     assert PFedHN(TrainConfig(**SMALL, clients_per_round=3), store).cohort_size(0, 10, 16) == 3
+
+
+def test_mixed_lenet_sizes_train_and_predict_on_images():
+    """Table 2's targets: LeNets with 8 / 16 / 32 first-layer filters from one hypernetwork."""
+    from pfl_cli.fl import PredictConfig, predict_clients, train_federated
+    from pfl_cli.models.util import count_parameters
+    from pfl_cli.partition import PartitionConfig, partition_labels
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, size=(120, 3, 32, 32), dtype=np.uint8)
+    y = np.repeat(np.arange(4), 30)
+    part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=6, holdout_clients=3, test_fraction=0.25),
+                            num_classes=4, rng=make_rng(0, "p"))
+    cfg = TrainConfig(algorithm="pfedhn", model_arch="lenet", client_sizes="S,M,L", hyper_hidden=4, rounds=2,
+                      eval_every=2, local_steps=2, clients_per_round=3, embed_rounds=1, val_fraction=0.0)
+    run = train_federated(x, y, 4, part, cfg, device="cpu")
+    nets = run.algorithm.nets
+    assert [nets[s].conv1.weight.shape[0] for s in "SML"] == [8, 16, 32]
+    assert count_parameters(nets["S"]) < count_parameters(nets["M"]) < count_parameters(nets["L"])
+    for clients in ("train", "holdout"):
+        out = predict_clients(run.model, cfg, x, y, 4, part, PredictConfig(clients=clients), device="cpu")
+        assert out.evaluation.n.sum() > 0 and np.isfinite(out.evaluation.loss).all()

@@ -80,6 +80,12 @@ def test_predict_runs_each_papers_protocol(root, tmp_path, alg):
     predicted = {r.split(",")[0]: r.split(",")[4] for r in (tmp_path / "train" / "clients.csv").read_text()
                  .splitlines()[1:]}
     assert predicted == trained
+    # --clients all: trained models for the train clients, the protocol for the new ones, in one run
+    assert predict(root, alg, tmp_path / "all", "--clients", "all") == 0
+    both = json.loads((tmp_path / "all" / "metrics.json").read_text())
+    assert both["num_clients"] == 12 and both["new_clients"] == 3
+    rows = {r.split(",")[0]: r.split(",")[4] for r in (tmp_path / "all" / "clients.csv").read_text().splitlines()[1:]}
+    assert {k: rows[k] for k in trained} == trained
 
 
 @pytest.mark.parametrize("alg", list(PER_ALGORITHM))
