@@ -50,6 +50,7 @@ class Algorithm(ABC):
     dp_required = False
     dp_contribution = "update"  # what one client contributes, named in the ledger
     dp = None
+    default_cohort: int | None = 5  # clients per round when --clients-per-round is not given (None: all)
 
     def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
         self.cfg = cfg
@@ -57,6 +58,7 @@ class Algorithm(ABC):
         self.device = store.device
         self.arch = arch if arch is not None else self.resolve_arch(cfg, store)
         self.client_sgd_steps = 0  # local SGD steps taken by personalize() (fine-tuning, Local)
+        self.new_client_steps = 0  # server-side steps of a new-client protocol (pFedHN embeddings)
         self.traffic = Traffic()   # the tensors run_round exchanges (pfl_cli.fl.communication)
         self.build()
 
@@ -118,11 +120,27 @@ class Algorithm(ABC):
         if not self.store.labeled[train_clients.cpu().numpy()].any():
             raise InputError(f"{self.name}: training needs train clients with labels; none of the "
                              f"{len(train_clients)} has any. Give the dataset labels, or raise --label-prevalence.")
+    def cohort_size(self, t: int, total: int, available: int) -> int:
+        """Clients in round ``t`` (0-based) of ``total``: ``clients_per_round`` unless the paper says otherwise."""
+        c = self.cfg.clients_per_round or self.default_cohort
+        return available if c is None else min(c, available)
 
     def exchanged(self) -> dict[str, dict[str, float]]:
         """``{"down": {message: floats}, "up": {...}}`` per client and round, from the tensors recorded
         in :attr:`traffic` by ``run_round`` (empty for an algorithm that communicates nothing)."""
         return self.traffic.per_client_round()
+
+    def model_groups(self, clients: np.ndarray) -> list:
+        """``[(clients, net)]``: the clients grouped by the architecture of their models (one group here)."""
+        return [(np.asarray(clients, dtype=np.int64), self.predict_net)]
+
+    def has_state(self, clients: np.ndarray) -> np.ndarray:
+        """Which of ``clients`` have per-client trained state (embedding rows, private heads)."""
+        return np.zeros(len(clients), dtype=bool)
+
+    def protocol(self, new: bool) -> dict:
+        """How ``personalize`` serves clients with (``new=False``) or without trained state: ``protocol``, ``rounds``."""
+        return {"protocol": "as in training", "rounds": 0}
 
     @abstractmethod
     def personalize(self, clients: np.ndarray, gen):
@@ -294,11 +312,15 @@ class PrivateState:
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         """Models for clients without private state (the paper's protocol for new clients)."""
 
+    def has_state(self, clients: np.ndarray) -> np.ndarray:
+        """Train clients of this partition have private state; every other client is new."""
+        return self.private.known(np.asarray(clients, dtype=np.int64), self.store.partition_sha)
+
     def personalize(self, clients: np.ndarray, gen):
         import torch
 
         clients = np.asarray(clients, dtype=np.int64)
-        known = self.private.known(clients, self.store.partition_sha)
+        known = self.has_state(clients)
         parts = []
         if known.any():
             parts.append((known, self.own_models(torch.as_tensor(clients[known], device=self.device))))
@@ -347,6 +369,25 @@ def weighted_mean(store, cohort, theta: dict, *, by_size: bool = True) -> dict:
     size = store.fit.length[cohort].to(torch.float32) if by_size else torch.ones(len(cohort), device=cohort.device)
     weight = size / size.sum().clamp_min(1.0)
     return {k: torch.einsum("c,c...->...", weight, v) for k, v in theta.items()}
+
+
+def cpu_state_dict(module) -> dict:
+    """Copies of a module's state dict on the CPU (``model.pt``, checkpoints)."""
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+class ServerOptimizerState:
+    """``state`` / ``load_state`` of an algorithm whose resumable state is ``weights()`` plus ``self.opt``."""
+
+    def state(self):
+        import copy
+
+        # Copies: a caller may keep the checkpoint in memory while training goes on.
+        return {**self.weights(), "optimizer": copy.deepcopy(self.opt.state_dict())}
+
+    def load_state(self, state):
+        self.load_weights(state)
+        self.opt.load_state_dict(state["optimizer"])
 
 
 def descriptor_dim(cfg, num_clients: int) -> int:

@@ -66,6 +66,11 @@ class FedAvg(Algorithm):
             self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + mean_delta[k]
             self.global_params[k] = g + lr * self.server_buf[k]
 
+    def protocol(self, new: bool) -> dict:
+        steps = self.cfg.finetune_steps
+        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model",
+                "rounds": 0}
+
     def personalize(self, clients: np.ndarray, gen):
         if self.cfg.finetune_steps > 0:
             return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True

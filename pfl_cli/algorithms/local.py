@@ -27,6 +27,10 @@ class Local(Algorithm):
     def floats_per_client_round(arch: dict) -> int:
         return 0  # no communication
 
+    def protocol(self, new: bool) -> dict:
+        epochs = self.cfg.local_epochs or DEFAULT_EPOCHS
+        return {"protocol": f"local training from the shared initialization, {epochs} epochs", "rounds": 0}
+
     def personalize(self, clients: np.ndarray, gen):
         epochs = self.cfg.local_epochs or DEFAULT_EPOCHS
         return self.train_clients(self.init_params, clients, gen, epochs=epochs), True

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, descriptor_dim, seeded
+from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded
 
 # Server step size and gradient clip per optimizer when not set: the authors' code runs Adam
 # 2e-4 with clip 50; Alg. 8 lines 17-18 add the averaged client updates with step size 1, unclipped.
 SERVER_DEFAULTS = {"adam": {"lr": 2e-4, "clip": 50.0}, "sgd": {"lr": 1.0, "clip": 0.0}}
 
 
-class PeFLL(Algorithm):
+class PeFLL(ServerOptimizerState, Algorithm):
     name = "pefll"
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
 
@@ -272,6 +272,10 @@ class PeFLL(Algorithm):
         return torch.cat(losses)
 
     # ------------------------------------------------------------------ Alg. 7
+    def protocol(self, new: bool) -> dict:
+        return {"protocol": f"descriptor ({self.cfg.eval_descriptor} fit samples) -> hypernetwork forward pass "
+                "(Alg. 7), no optimizer step", "rounds": 0}
+
     def personalize(self, clients: np.ndarray, gen):
         import torch
 
@@ -289,20 +293,9 @@ class PeFLL(Algorithm):
         rho = descriptor_rank_correlation(self, self.store.clients(ROLE_HOLDOUT))
         return {"holdout": {"descriptor_spearman": rho}}
 
-    # ------------------------------------------------------------------ state
-    def state(self):
-        import copy
-
-        # Copies: a caller may keep the checkpoint in memory while training goes on.
-        return {**self.weights(), "optimizer": copy.deepcopy(self.opt.state_dict())}
-
-    def load_state(self, state):
-        self.load_weights(state)
-        self.opt.load_state_dict(state["optimizer"])
-
+    # ------------------------------------------------------------------ state (+ ServerOptimizerState)
     def weights(self):
-        out = {"hypernetwork": {k: v.detach().cpu().clone() for k, v in self.hnet.state_dict().items()},
-               "embedding": {k: v.detach().cpu().clone() for k, v in self.embed.state_dict().items()}}
+        out = {"hypernetwork": cpu_state_dict(self.hnet), "embedding": cpu_state_dict(self.embed)}
         if self.desc_stats is not None:
             out["descriptor_stats"] = self.desc_stats.detach().cpu().clone()
         return out

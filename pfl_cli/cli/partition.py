@@ -15,6 +15,7 @@ FLAGS = (
     "class_shares", "shards_per_client", "quantity", "natural_id", "test_fraction", "holdout_clients", "plot", "seed",
     "label_prevalence", "rotations",
     "sizes", "distribution", "group_size", "group_mode", "continuous", "strictness", "client_alpha",
+    "dominant_classes", "uniform_share",
 )
 
 
@@ -45,7 +46,7 @@ def partition(
     num_clients: Annotated[int, typer.Option("--num-clients", "-n", help="Number of clients (train + holdout).")] = 10,
     iid: Annotated[bool, typer.Option("--iid", help="IID split (the default scheme).")] = False,
     dirichlet: Annotated[Optional[str], typer.Option("--dirichlet", metavar="A", help="Dirichlet label skew with concentration A (a float or one per class, comma-separated).")] = None,
-    scheme: Annotated[Optional[str], typer.Option("--scheme", help="iid | dirichlet | pathological | shards | quantity | natural | sizes | distribution | continuous.")] = None,
+    scheme: Annotated[Optional[str], typer.Option("--scheme", help="iid | dirichlet | pathological | shards | quantity | natural | sizes | distribution | continuous | dominant.")] = None,
     alpha: Annotated[Optional[str], typer.Option("--alpha", help="Dirichlet concentration (same as --dirichlet).")] = None,
     min_size: Annotated[int, typer.Option("--min-size", help="Smallest client size; missed draws are repaired, impossible requests refused.")] = 1,
     self_balancing: Annotated[bool, typer.Option("--self-balancing", help="Dirichlet: stop giving classes to clients already above n/J samples.")] = False,
@@ -54,6 +55,8 @@ def partition(
     class_shares: Annotated[str, typer.Option("--class-shares", help="Pathological shares within a class: uniform (U(0.4,0.6), pFedHN) | equal (PeFLL).")] = "uniform",
     shards_per_client: Annotated[Optional[int], typer.Option("--shards-per-client", help="FedAvg shards: label-sorted shards per client.")] = None,
     quantity: Annotated[Optional[str], typer.Option("--quantity", help="Size skew: lognormal:SIGMA | dirichlet:A | linear | square | exponential.")] = None,
+    dominant_classes: Annotated[Optional[int], typer.Option("--dominant-classes", metavar="D", help="HyperFL/FedPAC split: client i's group (i mod ceil(C/2)) has D dominant classes starting at class 2g; all clients one size.")] = None,
+    uniform_share: Annotated[float, typer.Option("--uniform-share", help="With --dominant-classes: share of each client spread uniformly over all classes (the rest over its dominant classes).")] = 0.2,
     natural_id: Annotated[bool, typer.Option("--natural-id", help="One client per natural id (LEAF users, the client column).")] = False,
     sizes: Annotated[Optional[str], typer.Option("--sizes", metavar="FILE|LIST", help="Explicit client sizes (Flower's SizePartitioner): 30,50,20 or a file, one per line. Alone: IID labels; with --dirichlet/--classes-per-client/--distribution: those labels at these sizes.")] = None,
     distribution: Annotated[Optional[str], typer.Option("--distribution", metavar="FILE", help="Client x class matrix (.csv/.txt/.npy), row j = client j's label distribution (Flower's DistributionPartitioner).")] = None,

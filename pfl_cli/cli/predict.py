@@ -11,8 +11,8 @@ from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
 
-FLAGS = ("clients", "label_mask", "finetune_steps", "eval_descriptor", "save_models", "device", "seed",
-         "evaluate_hidden_labels", "predictions")
+FLAGS = ("clients", "label_mask", "finetune_steps", "eval_descriptor", "embed_rounds", "local_epochs", "save_models",
+         "device", "seed", "evaluate_hidden_labels", "predictions")
 
 
 def predict(
@@ -24,6 +24,8 @@ def predict(
     label_mask: Annotated[Optional[bool], typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with label masking (default: as trained; both are always reported).", show_default=False)] = None,
     finetune_steps: Annotated[Optional[int], typer.Option("--finetune-steps", help="fedavg, fedprox, perfedavg: local steps from the global model per client (default: as trained).")] = None,
     eval_descriptor: Annotated[Optional[str], typer.Option("--eval-descriptor", help="pefll descriptor: all (every train sample) | batch (one batch) (default: as trained).")] = None,
+    embed_rounds: Annotated[Optional[int], typer.Option("--embed-rounds", help="pfedhn, pfedhn-pc: rounds of --local-steps local steps that train a new client's embedding (hypernetwork frozen; default: as trained, 20).")] = None,
+    local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="hyperfl: epochs training a new client's embedding and classifier (global hypernetwork frozen); local: epochs per client (default: as trained).")] = None,
     save_models: Annotated[bool, typer.Option("--save-models", help="Also write models.pt: every client's model weights.")] = False,
     evaluate_hidden_labels: Annotated[bool, typer.Option("--evaluate-hidden-labels", help="Also score unlabeled clients against their hidden labels: an oracle evaluation, recorded as such (the clients never show their labels to the model).")] = False,
     predictions: Annotated[bool, typer.Option("--predictions/--no-predictions", help="Write predictions.npz: client_id, split, sample, predicted class and probabilities of every train and test sample.")] = True,
@@ -39,7 +41,11 @@ def predict(
 
     PeFLL builds each client's model from its descriptor in one forward pass (no optimizer step);
     FedAvg uses the global model (fine-tuned --finetune-steps steps when asked); Local trains every
-    client from the shared initialization. The personalized baselines use each client's private
+    client from the shared initialization; pFedHN / pFedHN-PC freeze the hypernetwork and train a
+    fresh embedding (and head) per new client for --embed-rounds rounds; HyperFL trains a new
+    embedding and classifier under the frozen global hypernetwork for --local-epochs. Clients the
+    model was trained on (--clients train) get their trained models. --set batch_size=N sets the
+    evaluation chunk; the personalized baselines: each client's private
     state (heads, personal models) for the train clients of the partition they were trained on, and
     their paper's new-client protocol for every other client (fedrep/fedper: a new head on the frozen
     body; lg-fedavg: a new body under the global head; ditto, apfl, pfedme: personal training from

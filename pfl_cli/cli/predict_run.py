@@ -7,8 +7,10 @@ The ``predict`` artifact:
   ``pooled_accuracy``: the headline pair (label-masked when ``label_mask`` is true);
   ``mean_accuracy_nolm`` / ``pooled_accuracy_nolm``: without label masking;
   ``mean_accuracy_lm`` / ``pooled_accuracy_lm``: with label masking; ``loss`` (mean cross-entropy per
-  test sample); ``num_clients``, ``num_samples`` (test samples); ``optimizer_steps`` (server optimizer
-  steps taken while predicting; PeFLL takes none); ``personalized``; ``device``; ``model`` (the train
+  test sample); ``num_clients``, ``num_samples`` (test samples); ``protocol`` (how the models were made:
+  the algorithm's paper protocol for clients without trained state when there are any, ``new_clients`` of
+  them), ``rounds`` (of that protocol, e.g. pFedHN's embedding rounds); ``optimizer_steps`` (optimizer
+  steps taken while predicting: local SGD steps plus server-side embedding steps; PeFLL takes none); ``personalized``; ``device``; ``model`` (the train
   artifact's input reference). Mean accuracy averages per-client accuracies over clients with test
   samples; pooled accuracy is correct / total over all their test samples.
 - ``clients.csv``: client_id, role (0 train, 1 holdout), n_train, n_test, accuracy, accuracy_lm.
@@ -128,6 +130,9 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "num_unlabeled_clients": int(len(run.unlabeled)),
         "num_evaluated_clients": int(np.sum(run.evaluation.n > 0)),
         "hidden_label_oracle": bool(cfg.evaluate_hidden_labels),
+        "protocol": run.protocol["protocol"],
+        "rounds": int(run.protocol["rounds"]),
+        "new_clients": int(run.protocol["new_clients"]),
         "optimizer_steps": int(run.optimizer_steps),
         "personalized": bool(run.personalized),
         "device": str(device),

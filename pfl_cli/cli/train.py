@@ -1,4 +1,4 @@
-"""`pflx train`: train PeFLL, FedAvg, Local, a personalized baseline or a local-DP baseline on a partition's train clients."""
+"""`pflx train`: train PeFLL, FedAvg, Local, the hypernetwork family, a personalized baseline or a local-DP baseline on a partition's train clients."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pfl_cli.errors import InputError
 FLAGS = (
     "algorithm", "rounds", "clients_per_round", "local_steps", "batch_size", "lr", "server_lr", "eval_every",
     "val_fraction", "label_mask", "finetune_steps", "local_epochs", "model_arch", "embedding", "embed_dim",
-    "hyper_size", "standardize_descriptor", "write_nonprivate", "device", "seed",
+    "hyper_size", "standardize_descriptor", "write_nonprivate", "device", "seed", "client_sizes",
 )
 
 # TrainConfig keys without a flag of their own: reachable through --config / --set (the help lists them).
@@ -27,6 +27,8 @@ SET_ONLY = (
     "checkpoint_every", "cohort_exec", "dp_sampling_rate", "dp_accountant",
     "checkpoint_every", "mu", "lam", "head_epochs", "body_epochs", "new_client_epochs", "alpha", "alpha_lr",
     "variant", "beta", "K", "personal_lr", "knn_k", "knn_scale", "interpolation",
+    # hypernetwork family (issue 11)
+    "hn_momentum", "hn_weight_decay", "embed_lr", "head_lr", "embed_rounds",
 )
 
 
@@ -34,25 +36,26 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
-    clients_per_round: Annotated[int, typer.Option("--clients-per-round", help="Cohort size of every round.")] = 5,
+    clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default 5; pfedhn 1, as its paper; hyperfl every client, and its last round always takes every client).", show_default=False)] = None,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).")] = 50,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.")] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.")] = 2e-3,
-    server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1).")] = None,
+    server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1), pfedhn (1e-2), pfedhn-pc (5e-2).")] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Rounds between evaluations (and checkpoints).")] = 50,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each train client's samples held out for model selection (0 = keep the last model).")] = 0.1,
     label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out (both are always reported).")] = False,
     finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="fedavg, fedprox: local steps from the global model before evaluation; perfedavg: its fine-tuning steps (0 = one).")] = 0,
-    local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="local: epochs per client (default 200); fedavg: epochs instead of --local-steps.")] = None,
+    local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="local: epochs per client (default 200); fedavg: epochs instead of --local-steps; hyperfl: hypernetwork epochs per round (default 5).")] = None,
     model_arch: Annotated[str, typer.Option("--model-arch", help="Client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp.")] = "auto",
     embedding: Annotated[str, typer.Option("--embedding", help="pefll embedding net: auto | cnn | cnn-x | linear | mlp | mlp-x.")] = "auto",
-    embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor dimension l (0 = int(1 + clients / 4)).")] = 0,
-    hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll hypernetwork: S | M | L (1 / 3 / 5 hidden layers).")] = "M",
+    embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor / pfedhn embedding dimension (0 = int(1 + clients / 4)); hyperfl embedding (0 = 64).")] = 0,
+    hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll / pfedhn hypernetwork: S | M | L (1 / 3 / 5 hidden layers; hyperfl has one, with a ReLU).")] = "M",
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
     dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
+    client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).")] = "",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     plot: Annotated[bool, typer.Option("--plot", help="Also write curves.png: accuracy and loss against rounds, the selected round marked (not part of the config).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
@@ -95,6 +98,11 @@ def train(
     lam is also pfedme's lambda (default 15), knn_k (knnper's k, default 10), knn_scale (knnper's
     distance scale T, default 100), interpolation (knnper's lambda, default 0.5; 0 = global model).
     Every federated baseline but fedrep trains --local-steps (or --local-epochs) per round.
+
+    Hypernetwork family: pfedhn / pfedhn-pc / hyperfl: hn_momentum and
+    hn_weight_decay (pfedhn server SGD, default 0.9 and 1e-3), embed_lr (pfedhn embedding rows,
+    default the server lr; hyperfl eta_v, default --lr), head_lr (hyperfl classifier eta_g, default
+    0.1), embed_rounds (pfedhn new clients' embedding rounds, default 20).
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
     continues from it after a kill, with the same result as an uninterrupted run.

@@ -7,7 +7,9 @@ The ``train`` artifact (DESIGN.md section 3):
   ``torch.load(weights_only=True)``);
 - ``metrics.csv``: round, group, metric, value for every evaluation;
 - ``metrics.json``: the selected model's summaries per group (train, holdout, val), how it was
-  selected, parameter counts and floats communicated per client and round;
+  selected, parameter counts, floats communicated per client and round, and ``communication``: the
+  floats down / up per client and round, bytes per round (float32) and total bytes, summed from the
+  tensors the algorithm really exchanged (``pfl_cli.fl.communication``), with a per-message breakdown;
 - ``clients.csv``: client_id, role (0 train, 1 holdout, as in the partition's stats.csv), n_train
   (fit + validation samples), n_test, accuracy, accuracy_lm (label-masked) of the selected model;
 - ``checkpoint/state.pt``: the last checkpoint of the run (absent for ``local``, which has no rounds).

@@ -21,8 +21,9 @@ from typing import Any, Callable
 import numpy as np
 
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import (ALGORITHMS, CLIENT_ARCHS, CLIENT_SETS, COHORT_EXECS, EMBEDDINGS, EVAL_DESCRIPTORS,
-                               HYPER_SIZES, SERVER_OPTIMIZERS, PredictConfig, TrainConfig)
+from pfl_cli.fl.config import (ALGORITHMS, CLIENT_ARCHS, CLIENT_SETS, CLIENT_SIZES, COHORT_EXECS, EMBEDDINGS,
+                               EVAL_DESCRIPTORS, HYPER_SIZES, SERVER_OPTIMIZERS, PredictConfig, TrainConfig,
+                               client_sizes)
 
 MODEL_FORMAT = "pflx-model-1"
 
@@ -37,9 +38,11 @@ def validate_train_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}.")
     for name in ("rounds",):
         _int(cfg, name, 0)
-    for name in ("clients_per_round", "local_steps", "batch_size", "descriptor_batch", "eval_every", "hyper_hidden"):
+    if cfg.clients_per_round is not None:
+        _int(cfg, "clients_per_round", 1)
+    for name in ("local_steps", "batch_size", "descriptor_batch", "eval_every", "hyper_hidden"):
         _int(cfg, name, 1)
-    for name in ("embed_dim", "finetune_steps", "checkpoint_every", "seed"):
+    for name in ("embed_dim", "finetune_steps", "checkpoint_every", "seed", "embed_rounds"):
         _int(cfg, name, 0)
     for name in ("subspace_dim", "subspace_nnz", "feature_dim"):
         _int(cfg, name, 1)
@@ -49,7 +52,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     if cfg.local_epochs is not None:
         _int(cfg, "local_epochs", 1)
     for name in ("lr", "momentum", "client_clip", "server_momentum", "server_clip", "lambda_h", "lambda_v",
-                 "lambda_theta", "lambda_reg"):
+                 "lambda_theta", "lambda_reg", "hn_momentum", "hn_weight_decay"):
         value = getattr(cfg, name)
         if value is None and name == "server_clip":  # the optimizer's default
             continue
@@ -61,8 +64,24 @@ def validate_train_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
     if cfg.momentum >= 1 or cfg.server_momentum >= 1:
         raise ConfigError(f"momentum and server_momentum must be < 1; got {cfg.momentum}, {cfg.server_momentum}.")
-    if cfg.server_lr is not None and (not np.isfinite(cfg.server_lr) or cfg.server_lr <= 0):
-        raise ConfigError(f"server_lr must be a finite number > 0; got {cfg.server_lr!r}.")
+    for name in ("server_lr", "embed_lr", "head_lr"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not np.isfinite(value) or value <= 0):
+            raise ConfigError(f"{name} must be a finite number > 0; got {value!r}.")
+    sizes = client_sizes(cfg.client_sizes)
+    unknown = [s for s in sizes if s not in CLIENT_SIZES]
+    if unknown:
+        raise ConfigError(f"client_sizes must be a comma-separated list of {', '.join(CLIENT_SIZES)}; got "
+                          f"{cfg.client_sizes!r} (unknown {', '.join(map(repr, unknown))}).")
+    if sizes and cfg.algorithm != "pfedhn":
+        raise ConfigError(f"client_sizes (mixed model sizes, pFedHN §5.2) works with --algorithm pfedhn only; got "
+                          f"algorithm {cfg.algorithm!r}.")
+    if cfg.hn_momentum >= 1:
+        raise ConfigError(f"hn_momentum must be < 1; got {cfg.hn_momentum!r}.")
+    if cfg.algorithm in ("pfedhn", "pfedhn-pc") and cfg.embed_rounds < 1:
+        raise ConfigError(f"embed_rounds must be >= 1 for {cfg.algorithm} (a new client's embedding is trained "
+                          f"for that many rounds; an untrained embedding is not a model); got {cfg.embed_rounds}.")
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in [0, 1); got {cfg.val_fraction!r}.")
     _validate_dp(cfg)
@@ -236,6 +255,7 @@ class PredictRun:
     algorithm: Any = None        # the algorithm that predicted, with the weights it predicted from
     predictions: dict | None = None  # predict_samples' arrays over fit and test samples (split 0 / 1)
     unlabeled: np.ndarray | None = None  # positions (in the partition) of the predicted clients without labels
+    protocol: dict | None = None  # how the clients' models were made: {"protocol": str, "rounds": int, "new_clients": int}
 
 
 def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
@@ -262,7 +282,12 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
         raise ConfigError(f"clients must be one of {', '.join(CLIENT_SETS)}; got {cfg.clients!r}.")
     if model.get("format") != MODEL_FORMAT:
         raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
-    overrides = {k: getattr(cfg, k) for k in ("label_mask", "finetune_steps", "eval_descriptor")
+    trained_classes = int(model["num_classes"])
+    if int(num_classes) != trained_classes:
+        raise InputError(f"num_classes: the partition's dataset must have the model's classes; the model was trained "
+                         f"on {trained_classes}, the dataset has {int(num_classes)}.")
+    overrides = {k: getattr(cfg, k) for k in ("label_mask", "finetune_steps", "eval_descriptor", "embed_rounds",
+                                              "local_epochs")
                  if getattr(cfg, k) is not None}
     train_cfg = dataclasses.replace(train_cfg, **overrides)
     validate_train_config(train_cfg)
@@ -285,20 +310,22 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
         raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients)))
     parts: list[dict] = []
 
-    def keep_predictions(sel, params, personalized):
+    def keep_predictions(sel, params, personalized, net):
         for code, split in enumerate(("fit", "test")):
-            out = predict_samples(alg.predict_net, params, store, sel, split, personalized=personalized,
+            out = predict_samples(net, params, store, sel, split, personalized=personalized,
                                   max_samples=cfg.batch_size * 32)
             parts.append({**out, "split": np.full(len(out["sample"]), code, dtype=np.uint8)})
 
+    new = int(np.sum(~alg.has_state(clients)))
+    protocol = {**alg.protocol(new > 0), "new_clients": new}
     with count_optimizer_steps() as torch_steps:
         evals, params, personalized = personalize_and_evaluate(
             alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
             max_samples=cfg.batch_size * 32, each_chunk=keep_predictions if cfg.predictions else None)
     predictions = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else None
     return PredictRun(clients=clients, evaluation=evals["test"], params=params, personalized=personalized,
-                      optimizer_steps=torch_steps[0] + alg.client_sgd_steps, algorithm=alg,
-                      predictions=predictions, unlabeled=unlabeled)
+                      optimizer_steps=torch_steps[0] + alg.client_sgd_steps + alg.new_client_steps, algorithm=alg,
+                      predictions=predictions, unlabeled=unlabeled, protocol=protocol)
 
 
 def unlabeled_refusal(alg, client_ids: np.ndarray, total: int) -> str:

@@ -36,18 +36,20 @@ def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
     return "loop" if torch.device(device).type == "cpu" and convolutional else "vmap"
 
 
-def cohort_forward(model, params: Mapping[str, "object"], x, how: str):
+def cohort_forward(model, params: Mapping[str, "object"], x, how: str, shared: Mapping | None = None):
     """Each client's model on its own inputs: params {name: (c, *shape)}, x (c, b, ...) -> logits (c, b, C).
 
     ``how`` is ``vmap`` (one batched call) or ``loop`` (one call per client); see
-    :func:`resolve_cohort_exec`.
+    :func:`resolve_cohort_exec`. ``shared`` {name: tensor}: parameters common to the whole
+    cohort (no cohort axis).
     """
     import torch
     from torch.func import functional_call, vmap
 
+    shared = dict(shared or {})
     if how == "vmap":
-        return vmap(lambda p, xb: functional_call(model, p, (xb,)))(params, x)
-    return torch.stack([functional_call(model, {k: v[i] for k, v in params.items()}, (x[i],))
+        return vmap(lambda p, xb: functional_call(model, {**p, **shared}, (xb,)))(params, x)
+    return torch.stack([functional_call(model, {**{k: v[i] for k, v in params.items()}, **shared}, (x[i],))
                         for i in range(x.shape[0])])
 
 
@@ -60,7 +62,7 @@ def _masked_mean_loss(logits, y, m):
     return (ce * m).sum(-1) / m.sum(-1).clamp_min(1.0)
 
 
-def _cohort_grads(model, theta: dict, x, y, m, how: str, fixed: dict):
+def _cohort_grads(model, theta: dict, x, y, m, how: str, fixed: dict, shared: dict):
     """Every client's loss (c,) and gradients {name: (c, *shape)} at ``theta`` on its batch.
 
     ``fixed`` {name: (c, *shape)}: per-client parameters the forward reads but nobody trains.
@@ -76,7 +78,7 @@ def _cohort_grads(model, theta: dict, x, y, m, how: str, fixed: dict):
     names = list(theta)
     if how == "vmap":
         leaves = {k: v.detach().requires_grad_(True) for k, v in theta.items()}
-        logits = cohort_forward(model, {**leaves, **fixed}, x, "vmap")
+        logits = cohort_forward(model, {**leaves, **fixed}, x, "vmap", shared)
         loss = _masked_mean_loss(logits, y, m)
         grads = torch.autograd.grad(loss.sum(), [leaves[k] for k in names])
         return loss.detach(), dict(zip(names, grads))
@@ -84,7 +86,7 @@ def _cohort_grads(model, theta: dict, x, y, m, how: str, fixed: dict):
     for i in range(x.shape[0]):
         leaves = {k: v[i].detach().requires_grad_(True) for k, v in theta.items()}
         frozen = {k: v[i] for k, v in fixed.items()}
-        loss = _masked_mean_loss(functional_call(model, {**leaves, **frozen}, (x[i],)), y[i], m[i])
+        loss = _masked_mean_loss(functional_call(model, {**leaves, **frozen, **shared}, (x[i],)), y[i], m[i])
         per_client.append(torch.autograd.grad(loss, [leaves[k] for k in names]))
         losses.append(loss.detach())
     return torch.stack(losses), {k: torch.stack([g[j] for g in per_client]) for j, k in enumerate(names)}
@@ -106,7 +108,8 @@ def _steps(index, mask, active):
 def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *, lr: float, momentum: float = 0.0,
               weight_decay: float = 0.0, clip: float = 0.0, active=None, cohort_exec: str = "auto",
               fixed: Mapping[str, "object"] | None = None, prox_mu: float = 0.0,
-              prox_anchor: Mapping[str, "object"] | None = None):
+              prox_anchor: Mapping[str, "object"] | None = None, shared: Mapping[str, "object"] | None = None,
+              momentum_state: dict | None = None, clip_groups: list | None = None):
     """Run every cohort client's local steps at once.
 
     Parameters
@@ -121,7 +124,9 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
         tables of :func:`pfl_cli.fl.batches.sample_batches` with their ``mask``.
     mask : Tensor (c, steps, b), optional
         With table ``index`` only.
-    lr, momentum, weight_decay : float
+    lr : float, or dict name -> float
+        Step size (one per parameter when a dict: HyperFL's eta_h and eta_v).
+    momentum, weight_decay : float
         ``torch.optim.SGD`` semantics; ``weight_decay = 2 * lambda_theta`` adds the
         gradient of ``lambda_theta * ||theta||^2``.
     clip : float
@@ -134,11 +139,21 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
         gives the same numbers up to float rounding.
     fixed : dict name -> Tensor (c, *shape), optional
         Per-client parameters the forward pass reads but the clients do not train (FedRep's
-        body while its head trains, and the other way round).
+        body while its head trains, and the other way round; HyperFL step 1's generated feature
+        extractor, step 2's classifier).
     prox_mu, prox_anchor : float, dict name -> Tensor (c, *shape)
         Proximal term ``prox_mu / 2 * ||theta - anchor||^2`` (FedProx Eq. 2, Ditto Eq. 2):
         its gradient ``prox_mu * (theta - anchor)`` joins the step like weight decay (after
         clipping). Anchors of ``fixed`` parameters are ignored.
+    shared : dict name -> Tensor, optional
+        Untrained parameters common to the whole cohort (no cohort axis: a frozen hypernetwork).
+    momentum_state : dict name -> Tensor (c, *shape), optional
+        Starting momentum buffers of those parameters (the others start at zero, a fresh
+        optimizer); updated in place to the final buffers, so a client's private optimizer
+        persists across rounds (pFedHN-PC's heads).
+    clip_groups : list of lists of names, optional
+        Clip each group's gradient norm separately (HyperFL clips the hypernetwork and the
+        embedding apart); default: one group of all parameters.
 
     Returns
     -------
@@ -147,29 +162,43 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     loss : Tensor (c,)
         Each client's mean training loss over its active steps.
     """
+    import torch
+
     from pfl_cli.fl.distributed import assemble, own_rows, world
 
     c, stream = _steps(index, mask, active)
     how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
     fixed = dict(fixed or {})
     anchor = {k: prox_anchor[k] for k in params} if prox_mu else {}
-    opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, prox_mu=prox_mu)
+    buf = {k: (momentum_state[k].clone() if momentum_state is not None and k in momentum_state
+               else torch.zeros_like(v)) for k, v in params.items()}  # a private optimizer persists (pFedHN-PC)
+    opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, prox_mu=prox_mu,
+                clip_groups=clip_groups, shared=dict(shared or {}))
     if world()[1] == 1:
-        return _train(model, params, store, stream, c, how, fixed=fixed, anchor=anchor, **opts)
-    # Distributed: this rank trains its share of the clients; every rank gets all of them back.
-    rows = own_rows(c)
-    mine, fixed, anchor = ({k: v[rows] for k, v in d.items()} for d in (params, fixed, anchor))
-    share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
-    theta, loss = _train(model, mine, store, share, rows.stop - rows.start, how, fixed=fixed, anchor=anchor, **opts)
-    whole = assemble({**theta, _LOSS: loss}, rows, c)
-    return whole, whole.pop(_LOSS)
+        theta, loss = _train(model, params, store, stream, c, how, fixed=fixed, anchor=anchor, buf=buf, **opts)
+    else:
+        # Distributed: this rank trains its share of the clients; every rank gets all of them back.
+        rows = own_rows(c)
+        mine, fixed, anchor, buf = ({k: v[rows] for k, v in d.items()} for d in (params, fixed, anchor, buf))
+        share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
+        theta, loss = _train(model, mine, store, share, rows.stop - rows.start, how, fixed=fixed, anchor=anchor,
+                             buf=buf, **opts)
+        whole = assemble({**theta, **{_BUF + k: v for k, v in buf.items()}, _LOSS: loss}, rows, c)
+        loss = whole.pop(_LOSS)
+        buf = {k: whole.pop(_BUF + k) for k in params}
+        theta = whole
+    if momentum_state is not None:
+        for k in momentum_state:
+            momentum_state[k] = buf[k].detach()
+    return theta, loss
 
 
 _LOSS = "\0loss"  # not a parameter name
+_BUF = "\0buf."
 
 
-def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, lr, momentum, weight_decay, clip,
-           prox_mu):
+def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, buf, shared, lr, momentum,
+           weight_decay, clip, prox_mu, clip_groups):
     """:func:`local_sgd` on ``c`` clients whose steps come from ``stream``."""
     import torch
 
@@ -177,13 +206,12 @@ def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, lr,
     theta = {k: v.detach().clone() for k, v in params.items()}
     if c == 0:  # a rank with no clients of this cohort
         return theta, torch.zeros(0, device=device)
-    buf = {k: torch.zeros_like(v) for k, v in params.items()}
     loss_sum = torch.zeros(c, device=device)
     taken = torch.zeros(c, device=device)
     for idx, m, go in stream:
-        loss, grads = _cohort_grads(model, theta, store.inputs(idx), store.y[idx], m, how, fixed)
+        loss, grads = _cohort_grads(model, theta, store.inputs(idx), store.y[idx], m, how, fixed, shared)
         sgd_update_(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, active=go,
-                    prox_mu=prox_mu, prox_anchor=anchor)
+                    prox_mu=prox_mu, prox_anchor=anchor, clip_groups=clip_groups)
         with torch.no_grad():
             w = torch.ones(c, device=device) if go is None else go.to(loss.dtype)
             loss_sum += loss * w
@@ -226,18 +254,26 @@ def clip_per_client(grads: dict, clip: float) -> dict:
 
 
 def sgd_update_(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None) -> None:
+                clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None,
+                clip_groups: list | None = None) -> None:
     """One ``torch.optim.SGD`` step per client on stacked tensors, in place, after ``clip_grad_norm_``.
 
     ``theta``, ``grads`` and ``buf`` (momentum buffers) map names to (c, *shape) tensors; the
     clip is over each client's whole gradient; ``active`` (c,) bool leaves inactive clients alone.
     ``prox_mu * (theta - prox_anchor)`` (FedProx Eq. 2, Ditto Eq. 2) joins after clipping.
+    ``lr`` may be one step per name (a dict); ``clip_groups`` (lists of names) clips each
+    group's norm apart (HyperFL clips the hypernetwork and the embedding separately).
     """
     import torch
 
     with torch.no_grad():
-        grads = clip_per_client(grads, clip)
+        if clip_groups is None:
+            grads = clip_per_client(grads, clip)
+        else:
+            grads = {**grads, **{k: g for group in clip_groups
+                                 for k, g in clip_per_client({n: grads[n] for n in group}, clip).items()}}
         for k, g in grads.items():
+            step = lr[k] if isinstance(lr, dict) else lr
             if weight_decay:
                 g = g + weight_decay * theta[k]
             if prox_mu:
@@ -245,11 +281,11 @@ def sgd_update_(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: flo
             new_buf = momentum * buf[k] + g if momentum else g
             if active is None:
                 buf[k] = new_buf
-                theta[k] -= lr * new_buf
+                theta[k] -= step * new_buf
             else:
                 sel = expand_as_params(active, g)
                 buf[k] = torch.where(sel, new_buf, buf[k])
-                theta[k] -= lr * new_buf * sel
+                theta[k] -= step * new_buf * sel
 
 
 def local_sgd_reference(model, params, store, index, mask=None, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,

@@ -13,10 +13,10 @@ from typing import Optional
 
 from pfl_cli.schema import register_choices
 
-ALGORITHMS = ("pefll", "fedavg", "local", "fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg",
+ALGORITHMS = ("pefll", "fedavg", "local", "pfedhn", "pfedhn-pc", "hyperfl", "fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg",
               "pfedme", "knnper", "flowdup", "ld-fedavg", "ldp-fedavg", "ppsgd", "centaur")
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
-CLIENT_ARCHS = ("auto", "lenet", "mlp")
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
 HYPER_SIZES = ("S", "M", "L")
 SERVER_OPTIMIZERS = ("adam", "sgd")
@@ -31,7 +31,7 @@ class TrainConfig:
 
     algorithm: str = "pefll"
     rounds: int = 1000
-    clients_per_round: int = 5
+    clients_per_round: Optional[int] = None  # None: the algorithm's default (5; pfedhn 1 as its paper; hyperfl all)
     local_steps: int = 50                 # k: client SGD steps per round (FedAvg, PeFLL)
     batch_size: int = 32
     lr: float = 2e-3                      # client SGD step size
@@ -99,6 +99,13 @@ class TrainConfig:
                                               # train clients) or of a client's records (ldp-*; required)
     dp_accountant: str = "rdp"             # rdp | pld
     write_nonprivate: bool = False         # also write diagnostics computed on private data (nonprivate*)
+    # --- hypernetwork family: pfedhn, pfedhn-pc, hyperfl (issue 11; specs/pfedhn-hyperfl.md A.8, B.6) ---
+    hn_momentum: float = 0.9              # pfedhn: momentum of the server SGD on (phi, embeddings)
+    hn_weight_decay: float = 1e-3         # pfedhn: its weight decay (touches the whole embedding table, A.4)
+    embed_lr: Optional[float] = None      # pfedhn: step of the embedding rows (default: the server lr); hyperfl: eta_v (default --lr)
+    head_lr: Optional[float] = None       # hyperfl: classifier step eta_g (default 0.1)
+    embed_rounds: int = 20                # pfedhn new clients: rounds of K local steps that train a fresh embedding
+    client_sizes: str = ""                # pfedhn: target widths "S,M,L" (client j gets the size j mod 3); "" = one size
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,9 @@ class PredictConfig:
     label_mask: Optional[bool] = None     # None: as the model was trained
     finetune_steps: Optional[int] = None  # fedavg; None: as trained
     eval_descriptor: Optional[str] = None # pefll; None: as trained
+    # --- hypernetwork family (issue 11): new-client protocols; None: as trained ---
+    embed_rounds: Optional[int] = None    # pfedhn / pfedhn-pc: rounds training a new client's embedding
+    local_epochs: Optional[int] = None    # hyperfl: local epochs training a new client's embedding and classifier
     save_models: bool = False
     batch_size: int = 256                 # evaluation chunk (samples per forward)
     device: str = "auto"
@@ -123,6 +133,21 @@ register_choices(TrainConfig, algorithm=lambda: ALGORITHMS, model_arch=CLIENT_AR
 register_choices(PredictConfig, clients=CLIENT_SETS, eval_descriptor=EVAL_DESCRIPTORS)
 
 
+CLIENT_SIZES = ("S", "M", "L")  # pFedHN App. B: LeNet conv1 with 8 / 16 / 32 filters; MLP widths x 1/2, 1, 2
+
+
+def client_sizes(value: str) -> list[str]:
+    """``"S,M,L"`` -> ``["S", "M", "L"]``; ``""`` -> ``[]`` (one size)."""
+    return [s.strip() for s in str(value).split(",") if s.strip()]
+
+
 def hidden_sizes(value) -> tuple[int, ...]:
     """``mlp_hidden`` as a tuple: ``32`` and ``[32]`` both mean one hidden layer of 32."""
     return (value,) if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
+
+
+def planned_cohort(cfg) -> int | None:
+    """Clients per round: ``--clients-per-round``, or the algorithm's own default (None: every train client)."""
+    from pfl_cli.algorithms import REGISTRY
+
+    return cfg.clients_per_round if cfg.clients_per_round is not None else REGISTRY[cfg.algorithm].default_cohort

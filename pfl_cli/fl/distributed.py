@@ -60,9 +60,12 @@ def check_world_size(cfg, size: int, device) -> None:
     """Refuse more ranks than clients per round (ranks would idle) or than GPUs on a CUDA run."""
     import torch
 
-    if cfg.algorithm != "local" and size > cfg.clients_per_round:
-        raise InputError(f"--nproc / torchrun: {size} processes for a cohort of {cfg.clients_per_round} clients "
-                         f"would leave ranks idle; use at most --clients-per-round ({cfg.clients_per_round}).")
+    from pfl_cli.fl.config import planned_cohort
+
+    cohort = planned_cohort(cfg)  # None: every train client, which only the data tell
+    if cfg.algorithm != "local" and cohort is not None and size > cohort:
+        raise InputError(f"--nproc / torchrun: {size} processes for a cohort of {cohort} clients "
+                         f"would leave ranks idle; use at most --clients-per-round ({cohort}).")
     if device.type == "cuda" and size > torch.cuda.device_count():
         raise InputError(f"--nproc {size} with --device cuda: NCCL needs one GPU per process and this machine "
                          f"has {torch.cuda.device_count()}.")

@@ -192,6 +192,7 @@ def calibrate_client_dp(cfg, *, contribution: str = "update") -> ClientLevelDP:
 
     q is ``cfg.dp_sampling_rate`` or ``clients_per_round / dp_population`` (at most 1).
     """
+    from pfl_cli.fl.config import planned_cohort
     from pfl_cli.privacy import calibrate_noise
 
     check_dp_options(cfg)
@@ -200,8 +201,9 @@ def calibrate_client_dp(cfg, *, contribution: str = "update") -> ClientLevelDP:
         raise ConfigError("DP-FedAvg samples Poisson cohorts at rate q = clients-per-round / N, and the number of "
                           "clients is private: give a public bound, e.g. --dp eps=4,clip=1,population=1000 (the "
                           "enrolled clients), or the rate itself with --set dp_sampling_rate=Q.")
-    rate = cfg.dp_sampling_rate if cfg.dp_sampling_rate is not None else min(1.0, cfg.clients_per_round / population)
-    denominator = rate * population if population is not None else float(cfg.clients_per_round)
+    cohort = planned_cohort(cfg)
+    rate = cfg.dp_sampling_rate if cfg.dp_sampling_rate is not None else min(1.0, cohort / population)
+    denominator = rate * population if population is not None else float(cohort)
     rounds = int(cfg.rounds)
     check_param("rounds", rounds >= 1, "must be >= 1 with --dp", rounds)
     draft = ClientLevelDP(float(cfg.dp_epsilon), float(cfg.dp_delta), float(cfg.dp_clip), float(rate), population,

@@ -83,6 +83,7 @@ def calibrate_example_dp(cfg, *, steps_per_round: int, contribution: str = "mode
     Public inputs only: ``dp_population`` (if given) bounds one client's records and is
     where delta < 1/n is checked (:func:`~pfl_cli.fl.dp.check_dp_options`).
     """
+    from pfl_cli.fl.config import planned_cohort
     from pfl_cli.fl.dp import check_dp_options
     from pfl_cli.privacy import calibrate_noise
 
@@ -93,7 +94,7 @@ def calibrate_example_dp(cfg, *, steps_per_round: int, contribution: str = "mode
                           "--batch-size near it), e.g. --set dp_sampling_rate=0.25.")
     draft = ExampleLevelDP(float(cfg.dp_epsilon), float(cfg.dp_delta), float(cfg.dp_clip),
                            float(cfg.dp_sampling_rate), int(cfg.rounds) * int(steps_per_round), float("nan"),
-                           float(cfg.batch_size), int(cfg.clients_per_round), cfg.dp_accountant, contribution,
+                           float(cfg.batch_size), int(planned_cohort(cfg)), cfg.dp_accountant, contribution,
                            cfg.dp_population)
     cal = calibrate_noise(draft.event, draft.epsilon, draft.delta, accountant=cfg.dp_accountant)
     return dataclasses.replace(draft, noise_multiplier=float(cal.noise_multiplier))

@@ -208,34 +208,55 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
         The models, when ``keep_params``.
     personalized : bool
 
-    ``each_chunk(clients, params, personalized)``, when given, sees every chunk's models
+    ``each_chunk(clients, params, personalized, net)``, when given, sees every chunk's models
     (``predict`` writes the chunk's predictions with them).
     """
     import torch
 
+    from pfl_cli.errors import InputError
+
     clients = np.asarray(clients, dtype=np.int64)
     how = alg.cfg.cohort_exec
+    groups = alg.model_groups(clients)  # clients sharing one architecture (pFedHN's mixed sizes: one per size)
+    if keep_params and len(groups) > 1:
+        raise InputError("save_models: the clients have models of different sizes (client_sizes), which one "
+                         "models.pt tensor per parameter cannot hold; predict without --save-models.")
     parts: dict[str, list[GroupEval]] = {split: [] for split in splits}
     kept: list[dict] = []
+    personalized = True
+    for members, net in groups:
+        personalized = _personalize_group(alg, net, members, splits, gen, chunk, keep_params, max_samples, parts,
+                                          kept, how, each_chunk)
+    out = None
+    if keep_params:
+        out = kept[0] if not personalized else {k: torch.cat([p[k] for p in kept]) for k in kept[0]}
+    evals = {split: _concat(p) for split, p in parts.items()}
+    if len(groups) > 1:  # back to the order of ``clients``
+        where = {int(c): i for i, c in enumerate(clients)}
+        for split, ev in evals.items():
+            perm = np.argsort([where[int(c)] for c in ev.clients], kind="stable")
+            evals[split] = GroupEval(*(getattr(ev, f)[perm] for f in ("clients", "n", "correct", "correct_lm", "loss")))
+    return evals, out, personalized
+
+
+def _personalize_group(alg, net, clients, splits, gen, chunk, keep_params, max_samples, parts, kept, how,
+                       each_chunk) -> bool:
     personalized = True
     for lo in range(0, max(len(clients), 1), chunk):
         sel = clients[lo:lo + chunk]
         params, personalized = alg.personalize(sel, gen)
         for split in splits:
-            parts[split].append(evaluate(alg.predict_net, params, alg.store, sel, split, personalized=personalized,
+            parts[split].append(evaluate(net, params, alg.store, sel, split, personalized=personalized,
                                          max_samples=max_samples, cohort_exec=how))
         if each_chunk is not None:
-            each_chunk(sel if personalized else clients[lo:], params, personalized)
+            each_chunk(sel if personalized else clients[lo:], params, personalized, net)
         if keep_params:
             kept.append({k: v.detach().cpu() for k, v in params.items()})
         if not personalized:  # one global model serves every client: evaluate the rest in one go
             rest = clients[lo + chunk:]
             if len(rest):
                 for split in splits:
-                    parts[split].append(evaluate(alg.predict_net, params, alg.store, rest, split, personalized=False,
+                    parts[split].append(evaluate(net, params, alg.store, rest, split, personalized=False,
                                                  max_samples=max_samples))
             break
-    out = None
-    if keep_params:
-        out = kept[0] if not personalized else {k: torch.cat([p[k] for p in kept]) for k in kept[0]}
-    return {split: _concat(p) for split, p in parts.items()}, out, personalized
+    return personalized

@@ -116,7 +116,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     latest: dict[str, float] = {}
     for t in range(start, total):
         gen = torch_generator(cfg.seed, f"round-{t}")
-        cohort = alg.sample_cohort(train_clients, cfg.clients_per_round, gen)
+        cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
         loss = alg.run_round(t, cohort, gen)
         alg.traffic.close_round(len(cohort))
         mean_loss = float(loss.mean()) if len(loss) else float("nan")  # a Poisson cohort may be empty

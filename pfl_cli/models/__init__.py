@@ -7,7 +7,7 @@
 - parameter helpers for ``torch.func`` cohorts: :func:`stacked_params`, :func:`param_shapes`.
 """
 
-from pfl_cli.models.client import CLIENT_ARCHS, MLP, LeNet, client_model, is_image_shape
+from pfl_cli.models.client import CLIENT_ARCHS, MLP, HyperFLCNN, LeNet, client_model, is_image_shape, split_names
 from pfl_cli.models.embedding import (
     EMBEDDINGS,
     CNNEmbedding,
@@ -24,6 +24,7 @@ from pfl_cli.models.spec import (
     embedding_spec,
     hyper_spec,
     num_parameters,
+    table_spec,
 )
 from pfl_cli.models.util import count_parameters, param_shapes, stacked_params
 
@@ -33,6 +34,7 @@ __all__ = [
     "HYPER_SIZES",
     "SPEC_KINDS",
     "CNNEmbedding",
+    "HyperFLCNN",
     "HyperNetwork",
     "LeNet",
     "LinearEmbedding",
@@ -50,5 +52,7 @@ __all__ = [
     "is_image_shape",
     "num_parameters",
     "param_shapes",
+    "split_names",
     "stacked_params",
+    "table_spec",
 ]

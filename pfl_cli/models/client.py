@@ -21,7 +21,8 @@ from torch import nn
 
 from pfl_cli.errors import InputError, check_param
 
-CLIENT_ARCHS = ("auto", "lenet", "mlp")
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn")
+LENET_KERNELS = 16  # Conv1 filters of Table B.1; pFedHN's S / M / L targets use 8 / 16 / 32 (App. B)
 
 MIN_IMAGE_SIZE = 28  # MNIST / FEMNIST; smaller images go to the MLP
 LENET_SIZE = 32  # Table B.1 input: 32 -> 28 -> 14 -> 10 -> 5, FC1 = 32 * 5 * 5 = 800
@@ -104,7 +105,7 @@ def resolve_arch(arch: str, input_shape: Sequence[int]) -> str:
     shape = check_input_shape(input_shape)
     if arch == "auto":
         return "lenet" if is_image_shape(shape) else "mlp"
-    if arch == "lenet":
+    if arch in ("lenet", "hyperfl-cnn"):
         require_image("model_arch", arch, shape)
     return arch
 
@@ -125,15 +126,15 @@ def pad_amounts(height: int, width: int) -> tuple[int, int, int, int]:
     return pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2
 
 
-def lenet_flat_features(height: int, width: int) -> int:
-    """Input size of FC1: 32 channels x the spatial size after conv5, pool2, conv5, pool2.
+def lenet_flat_features(height: int, width: int, kernels: int = LENET_KERNELS) -> int:
+    """Input size of FC1: 2 x kernels channels x the spatial size after conv5, pool2, conv5, pool2.
 
     800 for every image of at most 32x32 (they are padded to 32x32 first, Table B.1).
     """
     h, w = max(height, LENET_SIZE), max(width, LENET_SIZE)
     h, w = (h - 4) // 2, (w - 4) // 2  # Conv1 5x5 (no padding), MaxPool 2
     h, w = (h - 4) // 2, (w - 4) // 2  # Conv2 5x5 (no padding), MaxPool 2
-    return 32 * h * w
+    return 2 * kernels * h * w
 
 
 class LeNetTrunk(nn.Module):
@@ -143,13 +144,14 @@ class LeNetTrunk(nn.Module):
     :meth:`pad` zero-pads small images to 32x32 and :meth:`trunk` runs everything up to FC3.
     """
 
-    def __init__(self, in_channels: int, out_features: int, image_size: tuple[int, int]):
+    def __init__(self, in_channels: int, out_features: int, image_size: tuple[int, int],
+                 kernels: int = LENET_KERNELS):
         super().__init__()
         self.image_size = image_size
         self._pad = pad_amounts(*image_size)
-        self.conv1 = nn.Conv2d(in_channels, 16, 5)  # Table B.1/B.2 Conv1: in x 5 x 5 x 16, ReLU
-        self.conv2 = nn.Conv2d(16, 32, 5)  # Conv2: 16 x 5 x 5 x 32, ReLU
-        self.fc1 = nn.Linear(lenet_flat_features(*image_size), 120)  # FC1: 800 x 120, ReLU
+        self.conv1 = nn.Conv2d(in_channels, kernels, 5)  # Table B.1/B.2 Conv1: in x 5 x 5 x 16, ReLU
+        self.conv2 = nn.Conv2d(kernels, 2 * kernels, 5)  # Conv2: 16 x 5 x 5 x 32, ReLU
+        self.fc1 = nn.Linear(lenet_flat_features(*image_size, kernels), 120)  # FC1: 800 x 120, ReLU
         self.fc2 = nn.Linear(120, 84)  # FC2: 120 x 84, ReLU
         self.fc3 = nn.Linear(84, out_features)  # FC3: 84 x C (logits) or 84 x l (embedding)
 
@@ -197,10 +199,14 @@ class LeNet(LeNetTrunk):
     torch.Size([2, 10])
     """
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int | Sequence[int] = 32):
+    classifier = "fc3"  # the last layer: pFedHN-PC's personal head, HyperFL's classifier
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int | Sequence[int] = 32,
+                 kernels: int = LENET_KERNELS):
         in_channels = check_int("in_channels", in_channels, 1)
         num_classes = check_int("num_classes", num_classes, 2)
-        super().__init__(in_channels, num_classes, check_image_size(image_size))
+        kernels = check_int("kernels", kernels, 1)
+        super().__init__(in_channels, num_classes, check_image_size(image_size), kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of shape (B, C) for an image batch of shape (B, in_channels, H, W)."""
@@ -212,6 +218,42 @@ class LeNet(LeNetTrunk):
 
     def head(self) -> nn.Module:
         return self.fc3
+
+
+class HyperFLCNN(nn.Module):
+    """HyperFL's target CNNs (Guo et al. 2025, App. D.1; ``specs/pfedhn-hyperfl.md`` §B.4), LeakyReLU.
+
+    3-channel images (CIFAR-10, CINIC-10): Conv(3,16,5) Pool Conv(16,32,5,p1) Pool Conv(32,64,3,p1) Pool,
+    FC1 576 -> 128, FC2 128 -> C. Other images ((E)MNIST, FMNIST): the first two convolutions only,
+    FC1 800 -> 128. The feature extractor is everything up to FC1 (106,400 / 115,776 parameters),
+    the classifier is FC2.
+    """
+
+    classifier = "fc2"
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int | Sequence[int] = 32):
+        super().__init__()
+        in_channels = check_int("in_channels", in_channels, 1)
+        num_classes = check_int("num_classes", num_classes, 2)
+        h, w = check_image_size(image_size)
+        self.conv1 = nn.Conv2d(in_channels, 16, 5)
+        self.conv2 = nn.Conv2d(16, 32, 5, padding=1)
+        h, w = (h - 4) // 2, (w - 4) // 2
+        h, w = (h - 2) // 2, (w - 2) // 2
+        self.deep = in_channels == 3  # "adds one more 64-channel convolution layer" for colour images
+        if self.deep:
+            self.conv3 = nn.Conv2d(32, 64, 3, padding=1)
+            h, w = h // 2, w // 2
+        self.fc1 = nn.Linear((64 if self.deep else 32) * h * w, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.leaky_relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.leaky_relu(self.conv2(x)), 2)
+        if self.deep:
+            x = F.max_pool2d(F.leaky_relu(self.conv3(x)), 2)
+        x = F.leaky_relu(self.fc1(torch.flatten(x, 1)))
+        return self.fc2(x)
 
 
 class MLP(nn.Module):
@@ -245,6 +287,7 @@ class MLP(nn.Module):
         self.hidden = check_hidden("mlp_hidden", hidden)
         widths = (in_features, *self.hidden, num_classes)
         self.num_layers = len(widths) - 1
+        self.classifier = f"fc{self.num_layers}"
         for i in range(self.num_layers):
             setattr(self, f"fc{i + 1}", nn.Linear(widths[i], widths[i + 1]))
 
@@ -269,6 +312,7 @@ def client_model(
     num_classes: int,
     *,
     hidden: Sequence[int] = (32,),
+    kernels: int = LENET_KERNELS,
 ) -> nn.Module:
     """Build a client network for inputs of one-sample shape ``input_shape``.
 
@@ -297,5 +341,24 @@ def client_model(
     resolved = resolve_arch(arch, input_shape)
     shape = check_input_shape(input_shape)
     if resolved == "lenet":
-        return LeNet(shape[0], num_classes, shape[1:])
+        return LeNet(shape[0], num_classes, shape[1:], kernels)
+    if resolved == "hyperfl-cnn":
+        return HyperFLCNN(shape[0], num_classes, shape[1:])
     return MLP(prod(shape), num_classes, hidden)
+
+
+def split_names(net: nn.Module) -> tuple[list[str], list[str]]:
+    """``(feature extractor, classifier)`` parameter names: the classifier is the net's last layer.
+
+    Raises :class:`InputError` when the net has no feature extractor before it (an MLP without
+    hidden layers), since pFedHN-PC and HyperFL generate the feature extractor only.
+    """
+    prefix = f"{net.classifier}."
+    names = [k for k, _ in net.named_parameters()]
+    head = [k for k in names if k.startswith(prefix)]
+    body = [k for k in names if not k.startswith(prefix)]
+    if not body:
+        raise InputError("client net: a feature extractor before the classifier is needed (the hypernetwork "
+                         "generates it); got a single linear layer (mlp_hidden=[]); give it hidden layers, "
+                         "e.g. --set mlp_hidden=[64,64].")
+    return body, head

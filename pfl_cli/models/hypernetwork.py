@@ -59,6 +59,7 @@ class HyperNetwork(nn.Module):
         *,
         hidden: int = 100,
         n_hidden: int = 3,
+        relu_out: bool = False,
     ):
         super().__init__()
         self.in_dim = check_int("embed_dim", in_dim, 1)
@@ -70,6 +71,8 @@ class HyperNetwork(nn.Module):
         layers: list[nn.Module] = [nn.Linear(self.in_dim, hidden)]  # Table B.3 FC1: l x 100
         for _ in range(n_hidden):  # FC2..FC4: 100 x 100 (n_hidden = 3)
             layers += [nn.ReLU(), nn.Linear(hidden, hidden)]
+        if relu_out:  # HyperFL: Linear(64, 128) -> ReLU -> heads (B.4)
+            layers.append(nn.ReLU())
         self.body = nn.Sequential(*layers)
         # Table B.3 FC5 (100 x D), split into one linear head per target tensor
         self.heads = nn.ModuleList(nn.Linear(hidden, prod(s)) for s in self.target_shapes.values())
@@ -107,7 +110,9 @@ def hyper_layers(size: str) -> int:
     return HYPER_SIZES[size]
 
 
-def hypernetwork(in_dim: int, target: nn.Module, *, size: str = "M", hidden: int = 100) -> HyperNetwork:
+def hypernetwork(in_dim: int, target: nn.Module, *, size: str = "M", hidden: int = 100,
+                 n_hidden: int | None = None, relu_out: bool = False,
+                 generate: list[str] | None = None) -> HyperNetwork:
     """Build a :class:`HyperNetwork` that generates every parameter of ``target``.
 
     Parameters
@@ -121,15 +126,21 @@ def hypernetwork(in_dim: int, target: nn.Module, *, size: str = "M", hidden: int
         1, 3 or 5 hidden layers (Table B.5).
     hidden : int, default 100
         Width of the body.
+    n_hidden : int, optional
+        Hidden 100 x 100 layers, overriding ``size`` (HyperFL: 0).
+    relu_out : bool, default False
+        A ReLU after the body (HyperFL's ``Linear -> ReLU -> heads``).
+    generate : list of str, optional
+        Generate only these target tensors (pFedHN-PC and HyperFL: the feature extractor).
 
     Raises
     ------
     InputError
         For an unknown ``size``, a target with buffers or without parameters.
     """
-    n_hidden = hyper_layers(size)
+    n_hidden = hyper_layers(size) if n_hidden is None else n_hidden
     buffers = [name for name, _ in target.named_buffers()]
     rule = "must hold no buffers (the hypernetwork generates parameters only)"
     check_param("target", not buffers, rule, buffers)
-    shapes = {name: tuple(p.shape) for name, p in target.named_parameters()}
-    return HyperNetwork(in_dim, shapes, hidden=hidden, n_hidden=n_hidden)
+    shapes = {name: tuple(p.shape) for name, p in target.named_parameters() if generate is None or name in generate}
+    return HyperNetwork(in_dim, shapes, hidden=hidden, n_hidden=n_hidden, relu_out=relu_out)

@@ -15,6 +15,7 @@ parameter names and shapes as the one that was trained.
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any, Sequence
 
 from torch import nn
@@ -22,14 +23,14 @@ from torch import nn
 from pfl_cli.errors import InputError, check_param
 from pfl_cli.models.client import check_hidden, check_input_shape, check_int, client_model, resolve_arch
 from pfl_cli.models.embedding import embedding_net, resolve_embedding
-from pfl_cli.models.hypernetwork import hyper_layers, hypernetwork
+from pfl_cli.models.hypernetwork import HyperNetwork, hyper_layers
 from pfl_cli.models.util import count_parameters
 
-SPEC_KINDS = ("client", "embedding", "hypernetwork")
+SPEC_KINDS = ("client", "embedding", "hypernetwork", "table")
 
 
 def client_spec(
-    arch: str, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32,)
+    arch: str, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32,), kernels: int = 16
 ) -> dict:
     """Spec of :func:`~pfl_cli.models.client.client_model` with ``arch`` resolved.
 
@@ -41,13 +42,16 @@ def client_spec(
     {'kind': 'client', 'arch': 'mlp', 'input_shape': [64], 'num_classes': 10, 'hidden': [32]}
     """
     resolved = resolve_arch(arch, input_shape)
-    return {
+    spec = {
         "kind": "client",
         "arch": resolved,
         "input_shape": list(check_input_shape(input_shape)),
         "num_classes": check_int("num_classes", num_classes, 2),
         "hidden": list(check_hidden("mlp_hidden", hidden)),
     }
+    if check_int("kernels", kernels, 1) != 16:  # pFedHN's S / L LeNets (the default M is Table B.1)
+        spec["kernels"] = kernels
+    return spec
 
 
 def embedding_spec(
@@ -71,18 +75,52 @@ def embedding_spec(
     }
 
 
-def hyper_spec(in_dim: int, target_spec: dict, size: str = "M", hidden: int = 100) -> dict:
-    """Spec of :func:`~pfl_cli.models.hypernetwork.hypernetwork` for the network ``target_spec``."""
+def hyper_spec(in_dim: int, target_spec: dict, size: str = "M", hidden: int = 100, *,
+               n_hidden: int | None = None, relu_out: bool = False, generate: list[str] | None = None,
+               targets: dict[str, dict] | None = None) -> dict:
+    """Spec of :func:`~pfl_cli.models.hypernetwork.hypernetwork` for the network ``target_spec``.
+
+    The optional keys (``n_hidden``, ``relu_out``, ``generate``, ``targets``) are written only when
+    set, so PeFLL's specs are unchanged. ``targets`` (name -> client spec) makes one hypernetwork
+    generate several target nets at once, tensors named ``<name>/<parameter>`` (pFedHN's mixed model
+    sizes, §5.2: "size equal to the sum of the weights of the three sized networks combined").
+    """
     hyper_layers(size)
     target_kind = _kind(target_spec)
     check_param("target_spec kind", target_kind != "hypernetwork", "must not be a hypernetwork", target_kind)
-    return {
+    spec = {
         "kind": "hypernetwork",
         "in_dim": check_int("embed_dim", in_dim, 1),
         "target": dict(target_spec),
         "size": size,
         "hidden": check_int("hyper_hidden", hidden, 1),
     }
+    if n_hidden is not None:
+        spec["n_hidden"] = check_int("n_hidden", n_hidden, 0)
+    if relu_out:
+        spec["relu_out"] = True
+    if generate is not None:
+        spec["generate"] = list(generate)
+    if targets is not None:
+        spec["targets"] = {k: dict(v) for k, v in targets.items()}
+    return spec
+
+
+def _generated_shapes(spec: dict) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor a hypernetwork spec generates."""
+    generate = spec.get("generate")
+    targets = spec.get("targets") or {"": _field(spec, "target")}
+    shapes = {}
+    for prefix, target in targets.items():
+        for k, p in build(target).named_parameters():
+            if generate is None or k in generate:
+                shapes[f"{prefix}/{k}" if prefix else k] = tuple(p.shape)
+    return shapes
+
+
+def table_spec(rows: int, dim: int) -> dict:
+    """Spec of a trainable embedding table ``nn.Embedding(rows, dim)`` (pFedHN's client embeddings v_i)."""
+    return {"kind": "table", "rows": check_int("rows", rows, 1), "dim": check_int("embed_dim", dim, 1)}
 
 
 def _kind(spec: Any) -> str:
@@ -116,6 +154,7 @@ def build(spec: dict) -> nn.Module:
             tuple(_field(spec, "input_shape")),
             _field(spec, "num_classes"),
             hidden=tuple(spec.get("hidden", (32,))),
+            kernels=spec.get("kernels", 16),
         )
     if kind == "embedding":
         return embedding_net(
@@ -125,20 +164,21 @@ def build(spec: dict) -> nn.Module:
             _field(spec, "dim"),
             hidden=spec.get("hidden", 64),
         )
-    target = build(_field(spec, "target"))
-    return hypernetwork(
-        _field(spec, "in_dim"), target, size=_field(spec, "size"), hidden=spec.get("hidden", 100)
-    )
+    if kind == "table":
+        return nn.Embedding(_field(spec, "rows"), _field(spec, "dim"))  # N(0, 1) init, as pFedHN's code
+    n_hidden = spec["n_hidden"] if "n_hidden" in spec else hyper_layers(_field(spec, "size"))
+    return HyperNetwork(_field(spec, "in_dim"), _generated_shapes(spec), hidden=spec.get("hidden", 100),
+                        n_hidden=n_hidden, relu_out=bool(spec.get("relu_out", False)))
 
 
 def num_parameters(spec: dict) -> int:
     """Parameter count of ``build(spec)``; for a hypernetwork without building its ~100x D heads."""
     if _kind(spec) != "hypernetwork":
         return count_parameters(build(spec))
-    d = count_parameters(build(_field(spec, "target")))
+    d = sum(prod(shape) for shape in _generated_shapes(spec).values())
     h = check_int("hyper_hidden", spec.get("hidden", 100), 1)
     dim = check_int("embed_dim", _field(spec, "in_dim"), 1)
-    n_hidden = hyper_layers(_field(spec, "size"))
+    n_hidden = spec["n_hidden"] if "n_hidden" in spec else hyper_layers(_field(spec, "size"))
     return h * dim + h + n_hidden * (h * h + h) + (h + 1) * d  # §2.3: 100 l + 100 + 10,100 n + 101 D
 
 
@@ -158,6 +198,8 @@ def describe(spec: dict) -> str:
         target = describe(spec["target"]).split(":")[0]
         width = spec.get("hidden", 100)
         return f"hypernetwork {spec['size']} (hidden {width}), {spec['in_dim']} -> [{target}]: {count}"
+    if kind == "table":
+        return f"embedding table, {spec['rows']} x {spec['dim']}: {count}"
     shape = tuple(spec["input_shape"])
     if kind == "client":
         return f"client {spec['arch']}, input {shape}, {spec['num_classes']} classes: {count}"

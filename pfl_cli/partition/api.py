@@ -14,6 +14,7 @@ from pfl_cli.partition.continuous import check_strictness, continuous_owners
 from pfl_cli.partition.dirichlet import dirichlet_owners
 from pfl_cli.partition.explicit import check_sizes, distribution_owners, read_distribution, read_sizes, size_owners
 from pfl_cli.partition.grouped import GROUP_MODES, group_owners
+from pfl_cli.partition.dominant import dominant_owners
 from pfl_cli.partition.iid import iid_owners
 from pfl_cli.partition.natural import natural_owners
 from pfl_cli.partition.prevalence import check_prevalence, labeled_clients
@@ -25,7 +26,8 @@ from pfl_cli.partition.split import holdout_count, mark_holdout, match_test_pool
 from pfl_cli.partition.stats import label_histograms
 from pfl_cli.schema import register_choices
 
-SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural", "sizes", "distribution", "continuous")
+SCHEMES = ("iid", "dirichlet", "pathological", "shards", "quantity", "natural", "sizes", "distribution", "continuous",
+           "dominant")
 DEFAULT_TEST_FRACTION = 0.2
 
 
@@ -45,6 +47,8 @@ class PartitionConfig:
     shards_per_client: int | None = None
     quantity: str | None = None
     natural_id: bool = False
+    dominant_classes: int | None = None   # HyperFL / FedPAC split: D dominant classes per client group
+    uniform_share: float = 0.2            # ... and this share of each client spread over all classes
     test_fraction: float | None = None
     holdout_clients: float = 0
     plot: bool = False
@@ -76,6 +80,7 @@ def resolve_scheme(cfg: PartitionConfig) -> str:
             ("natural", cfg.natural_id),
             ("distribution", cfg.distribution is not None),
             ("continuous", cfg.continuous is not None),
+            ("dominant", cfg.dominant_classes is not None),
         )
         if on
     ]
@@ -156,7 +161,7 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
         check_memory(f"--num-clients {cfg.num_clients} x {num_classes} classes",
                      8.0 * 4 * cfg.num_clients * (num_classes + 4), fix="Lower --num-clients.")
     _check_int("min_size", cfg.min_size, 0)
-    if scheme in ("dirichlet", "pathological", "shards") and not has_labels:
+    if scheme in ("dirichlet", "pathological", "shards", "dominant") and not has_labels:
         raise ConfigError(f"scheme {scheme} needs every sample's label, and the dataset {cfg.dataset} has none or "
                           "some unknown (-1); use --iid, --quantity or --natural-id.")
     if scheme == "natural" and not has_clients:
@@ -186,6 +191,15 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
         k = _check_int("classes_per_client", cfg.classes_per_client, 1)
         if k > num_classes:
             raise ConfigError(f"classes-per-client must be <= the number of classes ({num_classes}); got {k}.")
+    if scheme == "dominant":
+        d = _check_int("dominant_classes", cfg.dominant_classes, 1)
+        if d > num_classes:
+            raise ConfigError(f"dominant-classes must be <= the number of classes ({num_classes}); got {d}.")
+        share = cfg.uniform_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise ConfigError(f"uniform-share must be a number in [0, 1]; got {share!r}.")
+        if cfg.quantity is not None:
+            raise ConfigError("--quantity does not combine with --dominant-classes (its clients all have one size).")
     if scheme == "shards":
         s = _check_int("shards_per_client", cfg.shards_per_client, 1)
         if s * cfg.num_clients > num_samples:
@@ -411,6 +425,9 @@ def _assign(scheme: str, labels: np.ndarray, cfg: PartitionConfig, num_clients: 
             labels, num_clients=num_clients, num_classes=num_classes, classes_per_client=cfg.classes_per_client,
             assign=cfg.assign, shares=cfg.class_shares, rng=rng,
         )
+    elif scheme == "dominant":
+        owner, extra = dominant_owners(labels, num_clients=num_clients, num_classes=num_classes,
+                                       dominant=cfg.dominant_classes, uniform_share=float(cfg.uniform_share), rng=rng)
     else:  # shards
         owner, extra = shard_owners(labels, num_clients=num_clients, shards_per_client=cfg.shards_per_client, rng=rng)
     info.update(extra)

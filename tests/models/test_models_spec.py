@@ -85,7 +85,7 @@ def test_describe_lenet_hypernetwork_without_building_it():
 @pytest.mark.parametrize(
     ("spec", "pattern"),
     [
-        ({"kind": "optimizer"}, r"spec kind must be one of client, embedding, hypernetwork; got 'optimizer'"),
+        ({"kind": "optimizer"}, r"spec kind must be one of client, embedding, hypernetwork, table; got 'optimizer'"),
         ({"kind": "client", "arch": "lenet", "num_classes": 10}, r"client spec needs the key 'input_shape'"),
         (
             {"kind": "client", "arch": "lenet", "input_shape": [64], "num_classes": 10},
@@ -105,7 +105,7 @@ def test_bad_specs(spec, pattern):
 def test_bad_spec_arguments():
     with pytest.raises(InputError, match=r"hyper_size must be one of S, M, L; got 'm'"):
         hyper_spec(26, client_spec("auto", (64,), 10), "m")
-    with pytest.raises(InputError, match=r"model_arch must be one of auto, lenet, mlp; got 'cnn'"):
+    with pytest.raises(InputError, match=r"model_arch must be one of auto, lenet, mlp, hyperfl-cnn; got 'cnn'"):
         client_spec("cnn", (64,), 10)
     with pytest.raises(InputError, match=r"embed_dim must be an integer >= 1; got 0"):
         embedding_spec("linear", (64,), 10, 0)

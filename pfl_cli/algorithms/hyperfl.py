@@ -1,0 +1,216 @@
+"""HyperFL (Guo et al., AAAI 2025; ``specs/pfedhn-hyperfl.md`` B.1-B.4, B.6).
+
+Every client holds a copy of the hypernetwork phi plus a private embedding v_i (dim 64) and a
+private classifier (the client net's last layer). The feature extractor is never a free
+parameter: theta_i = h(v_i; phi) is generated. One round (B.3):
+
+1. each cohort client starts from the global phi (downloaded) and its private v_i, classifier;
+2. step 1 (eq. 4): one epoch of SGD on the classifier, the generated feature extractor frozen;
+3. step 2 (eq. 5): E epochs of SGD on (phi, v_i) through the generated weights, classifier frozen
+   (exact back-propagation through h, which equals the code's dL/dtheta VJP);
+4. the client uploads phi_i only; the server averages phi_i weighted by n_i over the cohort (eq. 6).
+
+Client sampling: ``clients_per_round`` (the paper: all 20, or 30 % of 100), and every client in the
+last round (B.6). Both optimizers are re-created every round (no momentum crosses rounds), so the
+private state is just (v_i, classifier_i), kept for every client in :class:`~pfl_cli.fl.client_state.ClientState`.
+
+A client never trained (a new client in ``predict``) starts from the shared initial embedding and
+classifier and trains them locally under the frozen global phi: ``local_epochs`` alternations of one
+classifier epoch (step 1) and one embedding epoch (step 2 without phi).
+
+Communication: the whole hypernetwork each way per participant, ~128x FedAvg's model on the CIFAR
+CNN (spec B.12); the ledger records it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from pfl_cli.algorithms.base import Algorithm, cpu_state_dict, seeded, stack
+from pfl_cli.algorithms.pfedhn import cpu_state
+
+DEFAULT_EMBED_DIM = 64    # B.4: "learnable vectors with dimension equals 64"
+DEFAULT_HEAD_LR = 0.1     # B.6: eta_g
+DEFAULT_EPOCHS = 5        # B.6: local epochs of step 2
+
+
+class GeneratedNet(nn.Module):
+    """The client net whose feature extractor is h(v; phi): parameters ``hnet.*``, ``v`` and ``net.<head>``.
+
+    ``torch.func.functional_call`` on it with per-client ``hnet.*`` / ``v`` trains phi and v through
+    the generated weights (HyperFL step 2) in the engine's vmapped local SGD.
+    """
+
+    def __init__(self, hnet: nn.Module, net: nn.Module, dim: int) -> None:
+        super().__init__()
+        self.hnet, self.net = hnet, net
+        self.v = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        from torch.func import functional_call
+
+        return functional_call(self.net, self.hnet(self.v), (x,))
+
+
+class HyperFL(Algorithm):
+    name = "hyperfl"
+    default_cohort = None  # B.6: full participation (20 clients); the 100-client setting samples 30
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.fl.config import hidden_sizes
+        from pfl_cli.models import build, client_spec, hyper_spec, split_names
+
+        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))
+        features = split_names(build(client))[0]
+        dim = int(cfg.embed_dim) or DEFAULT_EMBED_DIM
+        # B.4: Linear(64, hidden) -> ReLU -> one linear head per feature-extractor tensor
+        return {"client": client,
+                "hypernetwork": hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden, n_hidden=0, relu_out=True,
+                                           generate=features)}
+
+    def build(self) -> None:
+        from pfl_cli.fl.client_state import ClientState
+        from pfl_cli.models import build
+
+        self.net = self.client_net()
+        self.hnet = seeded(self.cfg.seed, "init-hypernetwork", lambda: build(self.arch["hypernetwork"])).to(self.device)
+        self.names = list(self.hnet.target_names)
+        self.head_names = [k for k, _ in self.net.named_parameters() if k not in self.names]
+        self.hn_names = [k for k, _ in self.hnet.named_parameters()]
+        dim = self.hnet.in_dim
+        # "These embedding vectors are randomly initialized to the same value" (App. D.2): one seeded draw.
+        v0 = seeded(self.cfg.seed, "init-embedding", lambda: nn.Embedding(1, dim)).weight[0].detach().to(self.device)
+        init = dict(self.net.named_parameters())
+        self.template = {"embedding": v0, **{k: init[k].detach().clone() for k in self.head_names}}
+        self.private = ClientState(self.template, self.store.num_clients, self.store.partition_sha)
+        self.generated = GeneratedNet(self.hnet, self.net, dim)
+
+    def cohort_size(self, t: int, total: int, available: int) -> int:
+        return available if t == total - 1 else super().cohort_size(t, total, available)  # B.6: last round full
+
+    def has_state(self, clients: np.ndarray) -> np.ndarray:
+        return self.private.known(clients, self.store.partition_sha)
+
+    # ------------------------------------------------------------------ client steps (eq. 4, eq. 5)
+    def _options(self) -> dict:
+        o = self.sgd_options()
+        return {"momentum": o["momentum"], "weight_decay": o["weight_decay"], "clip": o["clip"]}
+
+    def step_classifier(self, clients, v, head, gen, epochs: int = 1):
+        """Step 1: ``epochs`` of SGD on the classifier; the generated feature extractor is fixed."""
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd
+
+        with torch.no_grad():
+            theta = self.hnet(v)
+        steps, active = self.epoch_steps(clients, epochs)
+        index, mask = sample_batches(self.store.fit, clients, steps, self.cfg.batch_size, gen)
+        lr = self.cfg.head_lr if self.cfg.head_lr is not None else DEFAULT_HEAD_LR
+        new, loss = local_sgd(self.net, head, self.store, index, mask, lr=lr, active=active, fixed=theta,
+                              **self._options())
+        self.client_sgd_steps += int(active.sum())
+        return new, loss
+
+    def step_generator(self, clients, phi, v, head, gen, epochs: int):
+        """Step 2: ``epochs`` of SGD on (phi_i, v_i) through theta = h(v; phi); the classifier is fixed.
+
+        ``phi`` is a per-client stack (training), or None: the global phi frozen (new clients).
+        """
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd
+
+        steps, active = self.epoch_steps(clients, epochs)
+        index, mask = sample_batches(self.store.fit, clients, steps, self.cfg.batch_size, gen)
+        eta_h = self.cfg.lr
+        eta_v = self.cfg.embed_lr if self.cfg.embed_lr is not None else eta_h
+        params, shared, lrs, groups = {"v": v}, None, {"v": eta_v}, [["v"]]
+        if phi is None:
+            shared = {f"hnet.{k}": p.detach() for k, p in self.hnet.named_parameters()}
+        else:
+            params.update({f"hnet.{k}": phi[k] for k in self.hn_names})
+            lrs.update({f"hnet.{k}": eta_h for k in self.hn_names})
+            groups.append([f"hnet.{k}" for k in self.hn_names])  # clipped apart from v, as the code
+        new, loss = local_sgd(self.generated, params, self.store, index, mask, lr=lrs, active=active,
+                              fixed={f"net.{k}": head[k] for k in self.head_names}, shared=shared,
+                              clip_groups=groups, **self._options())
+        self.client_sgd_steps += int(active.sum())
+        phi_new = None if phi is None else {k: new[f"hnet.{k}"] for k in self.hn_names}
+        return phi_new, new["v"], loss
+
+    # ------------------------------------------------------------------ one round (B.3)
+    def run_round(self, t, cohort, gen):
+        c = len(cohort)
+        private = self.private.gather(cohort)
+        v, head = private["embedding"], {k: private[k] for k in self.head_names}
+        for k, p in self.hnet.named_parameters():
+            self.traffic.send(f"hypernetwork.{k}", p, copies=c)                   # global phi down
+        head, _ = self.step_classifier(cohort, v, head, gen)                        # step 1, eq. (4)
+        epochs = self.cfg.local_epochs or DEFAULT_EPOCHS
+        phi = stack(dict(self.hnet.named_parameters()), c)
+        phi, v, loss = self.step_generator(cohort, phi, v, head, gen, epochs)      # step 2, eq. (5)
+        for k in self.hn_names:
+            self.traffic.receive(f"hypernetwork.{k}", phi[k])                       # phi_i up, nothing else
+        self.private.scatter(cohort, {"embedding": v, **head})
+        self.aggregate(cohort, phi)
+        return loss
+
+    def aggregate(self, cohort, phi: dict) -> None:
+        """Eq. (6): phi = sum_i w_i phi_i with w_i = n_i / sum_j n_j over the cohort."""
+        size = self.store.fit.length[cohort].to(torch.float32)
+        weight = size / size.sum().clamp_min(1.0)
+        with torch.no_grad():
+            for k, p in self.hnet.named_parameters():
+                p.copy_(torch.einsum("c,c...->...", weight, phi[k]))
+
+    # ------------------------------------------------------------------ models for any client
+    def personalize(self, clients: np.ndarray, gen):
+        clients = np.asarray(clients, dtype=np.int64)
+        sel = torch.as_tensor(clients, device=self.device)
+        private = self.private.gather(sel)
+        v, head = private["embedding"], {k: private[k] for k in self.head_names}
+        new = ~self.has_state(clients)
+        if new.any():
+            idx = torch.as_tensor(np.flatnonzero(new), device=self.device)
+            v_new, head_new = self.new_clients(sel[idx], gen)
+            v[idx] = v_new
+            for k in self.head_names:
+                head[k][idx] = head_new[k]
+        with torch.no_grad():
+            theta = self.hnet(v)
+        return {**{k: theta[k] for k in self.names}, **head}, True
+
+    def new_clients(self, clients, gen):
+        """The shared initial embedding and classifier, trained locally under the frozen global phi."""
+        c = len(clients)
+        v = self.template["embedding"].unsqueeze(0).repeat(c, 1)
+        head = stack({k: self.template[k] for k in self.head_names}, c)
+        for _ in range(self.cfg.local_epochs or DEFAULT_EPOCHS):
+            head, _ = self.step_classifier(clients, v, head, gen)
+            _, v, _ = self.step_generator(clients, None, v, head, gen, 1)
+        return v, head
+
+    def protocol(self, new: bool) -> dict:
+        if not new:
+            return {"protocol": "private embedding and classifier with the global hypernetwork", "rounds": 0}
+        epochs = self.cfg.local_epochs or DEFAULT_EPOCHS
+        return {"protocol": (f"global hypernetwork frozen; a new embedding and classifier trained locally, "
+                             f"{epochs} x (1 classifier epoch + 1 embedding epoch)"), "rounds": 0}
+
+    # ------------------------------------------------------------------ state
+    def state(self):
+        return self.weights()  # optimizers are re-created every round (B.3): nothing else to keep
+
+    def load_state(self, state):
+        self.load_weights(state)
+
+    def weights(self):
+        return {"hypernetwork": cpu_state_dict(self.hnet), "private": cpu_state(self.private)}
+
+    def load_weights(self, weights):
+        from pfl_cli.fl.client_state import ClientState
+
+        self.hnet.load_state_dict(weights["hypernetwork"])
+        self.private = ClientState.from_state(weights["private"], self.device)

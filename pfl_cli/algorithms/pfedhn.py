@@ -1,0 +1,308 @@
+"""pFedHN and pFedHN-PC (Shamsian, Navon, Fetaya, Chechik, ICML 2021; ``specs/pfedhn-hyperfl.md`` A).
+
+A server-side hypernetwork h(v_i; phi) maps a trainable per-client embedding v_i (a row of a
+table over the train clients, dimension int(1 + n/4)) to the client's model theta_i. One round
+(Alg. 1 with the two errata of spec A.3 fixed):
+
+1. the server sends theta_i = h(v_i; phi) to each cohort client (one client per round in the paper);
+2. the client runs K local SGD steps and returns delta_i = theta~_i - theta_i;
+3. the server takes ONE step on (phi, v) with the gradient J^T (theta_i - theta~_i) -- descent on the
+   surrogate 1/2 ||theta~_i - h(v_i; phi)||^2 (A.3 erratum 2: the sign), after all K steps (erratum 1:
+   the indentation) -- by SGD with momentum, weight decay and clipping (A.4, A.8).
+
+A cohort of c > 1 clients runs as one batched computation (generated weights stacked, local steps
+vmapped) and averages the c VJPs.
+
+pFedHN-PC (A.7) generates the feature extractor only; every client keeps a private head (the
+client net's last layer) and its SGD momentum across rounds, stepped jointly with the K local steps.
+
+New clients (A.9.4; the PeFLL paper's protocol for pFedHN): phi frozen, a fresh embedding
+v_new ~ N(0, I) trained for ``embed_rounds`` rounds of the same delta-VJP rule (pFedHN-PC also
+trains a fresh head during the local steps).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded, stack
+
+DEFAULT_SERVER_LR = 1e-2      # A.8: pFedHN's outer lr
+DEFAULT_SERVER_LR_PC = 5e-2   # A.7: pFedHN-PC's outer lr
+
+
+class PFedHN(ServerOptimizerState, Algorithm):
+    name = "pfedhn"
+    personal_head = False
+    default_cohort = 1  # Alg. 1: "sample client i": one client per server step
+
+    @classmethod
+    def resolve_arch(cls, cfg, store) -> dict:
+        from pfl_cli.fl.config import client_sizes, hidden_sizes
+        from pfl_cli.fl.store import ROLE_TRAIN
+        from pfl_cli.models import build, client_spec, hyper_spec, split_names, table_spec
+
+        hidden = hidden_sizes(cfg.mlp_hidden)
+        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden)
+        dim = descriptor_dim(cfg, store.num_clients)  # e = int(1 + n/4) over the partition's clients
+        generate = split_names(build(client))[0] if cls.personal_head else None
+        rows = max(len(store.clients(ROLE_TRAIN)), 1)   # one row per train client: holdout clients have none
+        arch = {"client": client, "table": table_spec(rows, dim)}
+        targets = None
+        if client_sizes(cfg.client_sizes):
+            targets = {s: sized_client(client, s) for s in dict.fromkeys(client_sizes(cfg.client_sizes))}
+            arch.update({f"client_{s}": spec for s, spec in targets.items()})
+        arch["hypernetwork"] = hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden, generate=generate,
+                                          targets=targets)
+        return arch
+
+    def build(self) -> None:
+        import torch
+
+        from pfl_cli.fl.client_state import ClientState
+        from pfl_cli.fl.config import client_sizes
+        from pfl_cli.models import build
+
+        self.net = self.client_net()
+        self.hnet = seeded(self.cfg.seed, "init-hypernetwork", lambda: build(self.arch["hypernetwork"])).to(self.device)
+        self.table = seeded(self.cfg.seed, "init-embedding-table", lambda: build(self.arch["table"])).to(self.device)
+        # Size slots (client j gets slot j mod len); one unnamed group when every client has the same net.
+        self.slots = client_sizes(self.cfg.client_sizes) or [""]
+        self.nets = {"": self.net} if self.slots == [""] else {
+            s: seeded(self.cfg.seed, f"init-client-{s}", lambda s=s: build(self.arch[f"client_{s}"])).to(self.device)
+            for s in dict.fromkeys(self.slots)}
+        # generated tensor names per group: (name in h's output, parameter name in the group's net)
+        self.generated = {g: [(k, k.split("/", 1)[1] if g else k) for k in self.hnet.target_names
+                              if not g or k.startswith(f"{g}/")] for g in self.nets}
+        self.names = [plain for _, plain in self.generated[self.slots[0]]]  # of the single-size net
+        self.head_names = [k for k, _ in self.net.named_parameters() if k not in self.names]
+        self.partition_sha = self.store.partition_sha
+        self._map_rows()
+        default = DEFAULT_SERVER_LR_PC if self.personal_head else DEFAULT_SERVER_LR
+        lr = self.cfg.server_lr if self.cfg.server_lr is not None else default
+        embed_lr = self.cfg.embed_lr if self.cfg.embed_lr is not None else lr
+        self.opt = torch.optim.SGD([{"params": list(self.hnet.parameters()), "lr": lr},
+                                    {"params": list(self.table.parameters()), "lr": embed_lr}],
+                                   lr=lr, momentum=self.cfg.hn_momentum, weight_decay=self.cfg.hn_weight_decay)
+        self.heads = None
+        if self.personal_head:
+            init = dict(self.net.named_parameters())
+            self.head_init = {k: init[k].detach().clone() for k in self.head_names}  # a fresh client's head
+            template = dict(self.head_init)
+            template.update({f"momentum.{k}": torch.zeros_like(init[k]) for k in self.head_names})
+            self.heads = ClientState(template, self.store.num_clients, self.partition_sha)
+
+    def _map_rows(self) -> None:
+        """Row of every store client in the embedding table (-1: none), valid on the trained partition only."""
+        import torch
+
+        from pfl_cli.fl.store import ROLE_TRAIN
+
+        row = np.full(self.store.num_clients, -1, dtype=np.int64)
+        if bytes(self.partition_sha) == bytes(self.store.partition_sha):
+            train = self.store.clients(ROLE_TRAIN)
+            row[train] = np.arange(len(train))
+        self.row_of = torch.as_tensor(row, device=self.device)
+
+    def has_state(self, clients: np.ndarray) -> np.ndarray:
+        return self.row_of[np.asarray(clients, dtype=np.int64)].cpu().numpy() >= 0
+
+    def group_of(self, clients) -> np.ndarray:
+        """The size group of each client: slot (partition position mod the number of slots)."""
+        pos = np.asarray(clients.cpu() if hasattr(clients, "cpu") else clients, dtype=np.int64)
+        return np.asarray(self.slots, dtype=object)[pos % len(self.slots)]
+
+    def model_groups(self, clients: np.ndarray) -> list:
+        clients = np.asarray(clients, dtype=np.int64)
+        groups = self.group_of(clients)
+        return [(clients[groups == g], self.nets[g]) for g in self.nets if (groups == g).any()]
+
+    # ------------------------------------------------------------------ Alg. 1 (errata fixed)
+    def _local(self, theta, clients, gen, heads=None, momentum=None, group: str = ""):
+        """K local SGD steps from the generated ``theta`` (h's output names; plus private heads) on the
+        group's net; returns (theta~ under h's output names, heads, loss)."""
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd
+
+        index, mask = sample_batches(self.store.fit, clients, self.cfg.local_steps, self.cfg.batch_size, gen)
+        start = {plain: theta[out].detach() for out, plain in self.generated[group]}
+        if heads is not None:
+            start.update(heads)
+        new, loss = local_sgd(self.nets[group], start, self.store, index, mask, momentum_state=momentum,
+                              **self.sgd_options())
+        return ({out: new[plain] for out, plain in self.generated[group]},
+                {k: new[k] for k in self.head_names if heads is not None}, loss)
+
+    def run_round(self, t, cohort, gen):
+        import torch
+
+        c = len(cohort)
+        v = self.table(self.row_of[cohort])                             # v_i (with graph)
+        theta = self.hnet(v)                                            # theta_i = h(v_i; phi), every size
+        neg_delta = {k: torch.zeros_like(t) for k, t in theta.items()}  # sizes a client does not use: no gradient
+        loss = torch.zeros(c, device=self.device)
+        groups = self.group_of(cohort)
+        for g in self.nets:
+            members = torch.as_tensor(np.flatnonzero(groups == g), device=self.device)
+            if len(members) == 0:
+                continue
+            clients = cohort[members]
+            heads = momentum = None
+            if self.personal_head:
+                private = self.heads.gather(clients)
+                heads = {k: private[k] for k in self.head_names}
+                momentum = {k: private[f"momentum.{k}"] for k in self.head_names}
+            mine = {out: theta[out][members] for out, _ in self.generated[g]}
+            new, new_heads, loss_g = self._local(mine, clients, gen, heads, momentum, g)
+            if self.personal_head:
+                self.heads.scatter(clients, {**new_heads, **{f"momentum.{k}": b for k, b in momentum.items()}})
+            for out, plain in self.generated[g]:
+                self.traffic.send(plain, mine[out])                     # theta_i down (the client's size only)
+                self.traffic.receive(f"delta.{plain}", new[out])        # delta theta_i up
+                # Erratum 2: J^T (theta - theta~), descent on 1/2 ||theta~ - h(v; phi)||^2; averaged over the cohort.
+                neg_delta[out][members] = (mine[out].detach() - new[out]) / c
+            loss[members] = loss_g
+        params = [*self.hnet.parameters(), *self.table.parameters()]
+        grads = torch.autograd.grad(list(theta.values()), params, grad_outputs=list(neg_delta.values()))
+        self._server_step(params, grads)                                # erratum 1: once per round
+        return loss
+
+    def _server_step(self, params, grads) -> None:
+        import torch
+
+        self.opt.zero_grad(set_to_none=True)
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        if self.cfg.server_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.server_clip)
+        self.opt.step()
+
+    # ------------------------------------------------------------------ models for any client
+    def personalize(self, clients: np.ndarray, gen):
+        import torch
+
+        clients = np.asarray(clients, dtype=np.int64)
+        group = self.group_of(clients[:1])[0] if len(clients) else self.slots[0]   # model_groups: one size
+        known = self.has_state(clients)
+        out = {}
+        parts = []
+        if known.any():
+            sel = torch.as_tensor(clients[known], device=self.device)
+            with torch.no_grad():
+                theta = self.hnet(self.table(self.row_of[sel]))
+            heads = self.heads.gather(sel) if self.personal_head else {}
+            parts.append((known, {**{plain: theta[name] for name, plain in self.generated[group]},
+                                  **{k: heads[k] for k in self.head_names}}))
+        if (~known).any():
+            parts.append((~known, self.new_clients(clients[~known], gen, group)))
+        for k in parts[0][1]:
+            ref = parts[0][1][k]
+            out[k] = ref.new_empty((len(clients), *ref.shape[1:]))
+            for where, p in parts:
+                out[k][torch.as_tensor(np.flatnonzero(where), device=self.device)] = p[k]
+        return out, True
+
+    def new_clients(self, clients: np.ndarray, gen, group: str = "") -> dict:
+        """A.9.4: phi frozen; a fresh embedding per client trained by the delta-VJP rule for ``embed_rounds``.
+
+        The embedding takes the server's optimizer settings (embedding lr, momentum, weight decay,
+        clip per client); pFedHN-PC also trains a fresh head with a persistent momentum buffer.
+        Every client is independent: they run as one batched computation.
+        """
+        import torch
+
+        cfg, c = self.cfg, len(clients)
+        sel = torch.as_tensor(clients, device=self.device)
+        dim = self.table.embedding_dim
+        v = torch.randn((c, dim), generator=gen).to(self.device)         # nn.Embedding's N(0, 1) init
+        buf = torch.zeros_like(v)
+        lr = self.opt.param_groups[1]["lr"]
+        heads = momentum = None
+        if self.personal_head:
+            heads = stack(self.head_init, c)
+            momentum = {k: torch.zeros_like(heads[k]) for k in self.head_names}
+        for _ in range(cfg.embed_rounds):
+            leaf = v.detach().requires_grad_(True)
+            theta = self.hnet(leaf)
+            new, new_heads, _ = self._local(theta, sel, gen, heads, momentum, group)
+            if heads is not None:
+                heads = new_heads
+            # Per-client rows: the gradient of the sum is each client's own J_v^T (theta - theta~).
+            (g,) = torch.autograd.grad([theta[k] for k in new], [leaf],
+                                       grad_outputs=[theta[k].detach() - new[k] for k in new])
+            with torch.no_grad():
+                if cfg.server_clip > 0:
+                    g = g * (cfg.server_clip / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
+                g = g + cfg.hn_weight_decay * v
+                buf = cfg.hn_momentum * buf + g if cfg.hn_momentum else g
+                v = v - lr * buf
+            self.client_sgd_steps += cfg.local_steps * c
+            self.new_client_steps += c
+        with torch.no_grad():
+            theta = self.hnet(v)
+        out = {plain: theta[k] for k, plain in self.generated[group]}
+        if heads is not None:
+            out.update(heads)
+        return out
+
+    def protocol(self, new: bool) -> dict:
+        if not new:
+            return {"protocol": "trained embedding: theta_i = h(v_i; phi)" + (" + private head" if
+                                                                                self.personal_head else ""),
+                    "rounds": 0}
+        return {"protocol": (f"frozen hypernetwork; fresh embedding{' and head' if self.personal_head else ''} "
+                             f"trained by the delta-VJP rule, {self.cfg.embed_rounds} rounds x "
+                             f"{self.cfg.local_steps} local steps"),
+                "rounds": int(self.cfg.embed_rounds)}
+
+    # ------------------------------------------------------------------ state (+ ServerOptimizerState)
+    def weights(self):
+        import torch
+
+        out = {"hypernetwork": cpu_state_dict(self.hnet), "table": cpu_state_dict(self.table),
+               "partition_sha": torch.tensor(list(self.partition_sha), dtype=torch.uint8)}
+        if self.heads is not None:
+            out["heads"] = cpu_state(self.heads)
+        return out
+
+    def load_weights(self, weights):
+        from pfl_cli.fl.client_state import ClientState
+
+        self.hnet.load_state_dict(weights["hypernetwork"])
+        self.table.load_state_dict(weights["table"])
+        self.partition_sha = bytes(weights["partition_sha"].tolist())
+        self._map_rows()
+        if self.personal_head:
+            self.heads = ClientState.from_state(weights["heads"], self.device)
+
+
+SIZE_KERNELS = {"S": 8, "M": 16, "L": 32}     # App. B: conv1 filters of the S / M / L LeNets
+SIZE_WIDTH = {"S": 0.5, "M": 1.0, "L": 2.0}   # the MLP analogue: hidden widths scaled
+
+
+def sized_client(client: dict, size: str) -> dict:
+    """The client spec of width ``size`` (pFedHN §5.2, Table 2): LeNet kernels, or MLP hidden widths scaled."""
+    from pfl_cli.errors import ConfigError
+    from pfl_cli.models import client_spec
+
+    arch, shape, classes = client["arch"], client["input_shape"], client["num_classes"]
+    if arch == "lenet":
+        return client_spec(arch, shape, classes, client["hidden"], kernels=SIZE_KERNELS[size])
+    if arch == "mlp":
+        return client_spec(arch, shape, classes, [max(1, round(h * SIZE_WIDTH[size])) for h in client["hidden"]])
+    raise ConfigError(f"client_sizes needs a lenet or mlp client net (their S/M/L widths are defined); got "
+                      f"model_arch {arch!r}.")
+
+
+def cpu_state(private) -> dict:
+    """A ClientState's :meth:`state` with its tensors on the CPU (``model.pt``, checkpoints)."""
+    doc = private.state()
+    return {"values": {k: v.cpu() for k, v in doc["values"].items()}, "has": doc["has"].cpu(),
+            "partition_sha": doc["partition_sha"]}
+
+
+class PFedHNPC(PFedHN):
+    """pFedHN-PC (A.7): the hypernetwork generates the feature extractor; heads stay on the clients."""
+
+    name = "pfedhn-pc"
+    personal_head = True
