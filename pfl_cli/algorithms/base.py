@@ -86,6 +86,25 @@ class Algorithm(ABC):
     def load_weights(self, weights: dict[str, Any]) -> None:
         """Restore :meth:`weights` (prediction)."""
 
+    def upload(self, x, y, *, steps: int) -> tuple[dict, dict]:
+        """What a client holding batch ``(x, y)`` sends the server, differentiably in ``x``.
+
+        x (n, b, *input_shape), y (n, b): one batch per simulated client (attack target).
+        Returns ``(message, start)``: the uploaded tensors by name, each with a leading
+        target axis, and the client model ``theta`` the server sent (what an attacker knows).
+        Used by ``pflx attack`` (spec B.9) to simulate an honest-but-curious server.
+        """
+        from pfl_cli.errors import InputError
+
+        raise InputError(f"algorithm {self.name!r}: pflx attack does not model what its clients upload.")
+
+    def local_delta(self, start: dict, x, y, steps: int) -> dict:
+        """theta_new - theta after ``steps`` of this algorithm's local SGD on (x, y), on the autograd graph."""
+        from pfl_cli.fl.cohort import unrolled_sgd
+
+        new = unrolled_sgd(self.net, start, x, y, steps, **self.sgd_options())
+        return {k: new[k] - start[k] for k in start}
+
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
         """Floats a cohort client exchanges with the server per round: theta down and delta up."""

@@ -47,6 +47,11 @@ class FedAvg(Algorithm):
             self.global_params[k] = g + lr * self.server_buf[k]
         return loss
 
+    def upload(self, x, y, *, steps: int):
+        """Alg. 3 line 7: the client's delta after ``steps`` local steps from the global model."""
+        start = stack(self.global_params, x.shape[0])
+        return {f"delta/{k}": d for k, d in self.local_delta(start, x, y, steps).items()}, start
+
     def personalize(self, clients: np.ndarray, gen):
         if self.cfg.finetune_steps > 0:
             return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True

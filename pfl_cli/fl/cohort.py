@@ -64,27 +64,69 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask, *, lr: 
         grads = dict(zip(names, torch.autograd.grad(loss.sum(), [theta[k] for k in names])))
         go = None if active is None else active[:, s]
         with torch.no_grad():
-            if clip > 0:
-                norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
-                scale = (clip / (norm + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s coefficient
-            for k in names:
-                g = grads[k]
-                if clip > 0:
-                    g = g * scale.view(-1, *([1] * (g.dim() - 1)))
-                if weight_decay:
-                    g = g + weight_decay * theta[k]
-                new_buf = momentum * buf[k] + g if momentum else g
-                if go is None:
-                    buf[k] = new_buf
-                    theta[k] -= lr * new_buf
-                else:
-                    sel = go.view(-1, *([1] * (g.dim() - 1)))
-                    buf[k] = torch.where(sel, new_buf, buf[k])
-                    theta[k] -= lr * new_buf * sel
+            new, buf = sgd_step(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip,
+                                active=go)
+        theta = {k: v.requires_grad_(True) for k, v in new.items()}
+        with torch.no_grad():
             w = torch.ones(c, device=index.device) if go is None else go.to(loss.dtype)
             loss_sum += loss.detach() * w
             taken += w
     return {k: v.detach() for k, v in theta.items()}, loss_sum / taken.clamp_min(1.0)
+
+
+def sgd_step(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+             clip: float = 0.0, active=None) -> tuple[dict, dict]:
+    """One ``torch.optim.SGD`` step per client after ``clip_grad_norm_``; new ``(theta, buf)`` dicts.
+
+    Out of place, so the same step serves :func:`local_sgd` (under ``no_grad``) and
+    :func:`unrolled_sgd` (differentiable, for the attacks of ``pfl_cli.attack``).
+    ``active`` (c,) bool: clients whose step is skipped keep their parameters and momentum.
+    """
+    import torch
+
+    if clip > 0:
+        norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
+        scale = (clip / (norm + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s coefficient
+    new_theta, new_buf = {}, {}
+    for k, p in theta.items():
+        g = grads[k]
+        if clip > 0:
+            g = g * scale.view(-1, *([1] * (g.dim() - 1)))
+        if weight_decay:
+            g = g + weight_decay * p
+        nb = momentum * buf[k] + g if momentum else g
+        if active is None:
+            new_buf[k], new_theta[k] = nb, p - lr * nb
+        else:
+            sel = active.view(-1, *([1] * (g.dim() - 1)))
+            new_buf[k], new_theta[k] = torch.where(sel, nb, buf[k]), p - lr * nb * sel
+    return new_theta, new_buf
+
+
+def unrolled_sgd(model, params: Mapping[str, "object"], x, y, steps: int, *, lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0, clip: float = 0.0) -> dict:
+    """``steps`` full-batch local SGD steps per client, differentiable in ``x`` and ``params``.
+
+    The client update of :func:`local_sgd` (the same :func:`sgd_step`) on one fixed batch per
+    client, x (c, b, *input_shape) and y (c, b), kept on the autograd graph
+    (``create_graph``) so that a gradient-inversion attack can differentiate the uploaded
+    delta with respect to dummy data.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, vmap
+
+    names = list(params)
+    forward = vmap(lambda p, xb: functional_call(model, p, (xb,)))
+    # Starting points that are constants to the caller become leaves, so the steps can differentiate.
+    theta = {k: v if v.requires_grad else v.detach().requires_grad_(True) for k, v in params.items()}
+    buf = {k: torch.zeros_like(v) for k, v in params.items()}
+    for _ in range(steps):
+        logits = forward(theta, x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
+        grads = dict(zip(names, torch.autograd.grad(loss.sum(), [theta[k] for k in names], create_graph=True)))
+        theta, buf = sgd_step(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip)
+    return theta
 
 
 def local_sgd_reference(model, params, store, index, mask, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,

@@ -1,0 +1,239 @@
+"""The validated public entry point of ``pflx attack``: an honest-but-curious server (spec B.9).
+
+For each target (a batch of ``batch_size`` images of one client) the trained algorithm's own
+``upload`` hook computes the message that client would send; each attack then rebuilds the
+images from the message alone, every target at once, and the reconstructions are scored
+against the originals with PSNR and SSIM on images scaled to [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from pfl_cli.attack.config import ATTACK_CHOICES, ATTACK_CLIENTS, ATTACKS, AttackConfig
+from pfl_cli.errors import ConfigError, InputError
+
+ROLES = {"train": 0, "holdout": 1}
+
+
+@dataclass(frozen=True)
+class AttackRun:
+    """Targets, originals and reconstructions (inputs in [0, 1]), and their scores."""
+
+    client: np.ndarray               # (n_images,) partition position of each image's client
+    sample: np.ndarray               # (n_images,) dataset index
+    label: np.ndarray                # (n_images,)
+    original: np.ndarray             # (n_images, *input_shape) in [0, 1]
+    reconstruction: dict             # attack -> (n_images, *input_shape) in [0, 1]
+    psnr: dict                       # attack -> (n_images,)
+    ssim: dict                       # attack -> (n_images,) or None (vector data)
+    label_accuracy: float | None     # share of labels --infer-labels got right
+    image_shape: tuple | None        # (C, H, W) view of one input, None for vector data
+    upload: list                     # names of the message's tensors
+
+
+def validate_attack_config(cfg: AttackConfig) -> None:
+    if cfg.attack not in ATTACK_CHOICES:
+        raise ConfigError(f"attack must be one of {', '.join(ATTACK_CHOICES)}; got {cfg.attack!r}.")
+    if cfg.clients not in ATTACK_CLIENTS:
+        raise ConfigError(f"clients must be one of {', '.join(ATTACK_CLIENTS)}; got {cfg.clients!r}.")
+    for name, low in (("images", 1), ("batch_size", 1), ("iterations", 0), ("local_steps", 1), ("seed", 0)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ConfigError(f"{name} must be an integer >= {low}; got {value!r}.")
+    for name in ("lr", "tv"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if cfg.lr <= 0:
+        raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
+    if cfg.images % cfg.batch_size:
+        raise ConfigError(f"images must be a multiple of batch_size ({cfg.batch_size}); got {cfg.images}.")
+    if cfg.infer_labels and cfg.batch_size != 1:
+        raise ConfigError(f"infer_labels: the iDLG rule needs batch_size 1; got {cfg.batch_size}.")
+    if cfg.attack == "analytic" and (cfg.batch_size != 1 or cfg.local_steps != 1):
+        raise ConfigError("attack analytic: the closed form is exact for one image and one local step; got "
+                          f"batch_size {cfg.batch_size}, local_steps {cfg.local_steps}.")
+
+
+def attacks_of(cfg: AttackConfig, analytic_ok: bool) -> list[str]:
+    """The attacks ``cfg.attack`` runs; ``all`` includes analytic only where its closed form holds."""
+    if cfg.attack != "all":
+        return [cfg.attack]
+    return [a for a in ATTACKS if a != "analytic" or analytic_ok]
+
+
+def image_view(input_shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(C, H, W) of an image input; a square vector (digits: 64 = 8x8) is viewed as one channel."""
+    if len(input_shape) == 3:
+        return tuple(input_shape)
+    if len(input_shape) == 1 and math.isqrt(input_shape[0]) ** 2 == input_shape[0] and input_shape[0] >= 16:
+        r = math.isqrt(input_shape[0])
+        return (1, r, r)
+    return None
+
+
+def select_targets(partition, clients: str, n_targets: int, batch: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """``n_targets`` disjoint batches of ``batch`` train samples, each from one client, spread over the clients.
+
+    Clients are visited in a random order, round robin, each giving its next unused batch;
+    returns the client position (n_targets,) and the dataset indices (n_targets, batch).
+    """
+    positions = np.flatnonzero(np.asarray(partition.role) == ROLES[clients])
+    owner, samples = partition.train_owner(), np.asarray(partition.train_indices)
+    pools = []
+    for c in rng.permutation(positions):
+        mine = rng.permutation(samples[owner == c])
+        pools.append([(c, mine[i:i + batch]) for i in range(0, len(mine) - batch + 1, batch)])
+    available = sum(len(p) for p in pools)
+    if available < n_targets:
+        raise InputError(f"images: {n_targets * batch} images in batches of {batch} need {n_targets} batches; the "
+                         f"{len(positions)} {clients} clients hold only {available} such batches "
+                         f"({int(np.isin(owner, positions).sum())} train samples).")
+    picked = []
+    depth = 0
+    while len(picked) < n_targets:
+        for p in pools:
+            if depth < len(p) and len(picked) < n_targets:
+                picked.append(p[depth])
+        depth += 1
+    return np.array([c for c, _ in picked]), np.stack([s for _, s in picked])
+
+
+def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
+                 cfg: AttackConfig, *, device: Any = None,
+                 on_progress: Callable[[str, int, int, float], None] | None = None) -> AttackRun:
+    """Simulate the server's attack on the uploads of a partition's clients (spec B.9).
+
+    Parameters
+    ----------
+    model : dict
+        A ``model.pt`` payload of ``pflx train``.
+    train_cfg : TrainConfig
+        The run's config (learning rate, clipping, ... of the clients' local SGD).
+    x, y, num_classes, partition
+        The dataset in sample order and a partition over it; targets are train samples of
+        the ``cfg.clients`` clients.
+    cfg : AttackConfig
+    on_progress : callable (attack, iteration, iterations, mean PSNR)
+    """
+    import torch
+
+    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.algorithms.base import Algorithm
+    from pfl_cli.attack import analytic
+    from pfl_cli.attack.invert import invert_gradients
+    from pfl_cli.attack.metrics import psnr, ssim
+    from pfl_cli.fl.api import MODEL_FORMAT, make_algorithm, validate_train_config
+    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.store import build_store
+    from pfl_cli.rng import make_rng, torch_generator
+
+    validate_attack_config(cfg)
+    if model.get("format") != MODEL_FORMAT:
+        raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
+    validate_train_config(train_cfg)
+
+    if REGISTRY[train_cfg.algorithm].upload is Algorithm.upload:
+        raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
+                         "uploads of fedavg and pefll.")
+    device = device if device is not None else resolve_device(cfg.device)
+    n_targets, b = cfg.images // cfg.batch_size, cfg.batch_size
+    target_client, index = select_targets(partition, cfg.clients, n_targets, b, make_rng(cfg.seed, "attack-targets"))
+    norm = model["normalization"]
+    store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device, normalize=True,
+                        stats=(norm["mean"].numpy(), norm["std"].numpy()))
+    alg = make_algorithm(train_cfg, store, arch=model["arch"])
+    alg.load_weights(model["weights"])
+    for module in (m for m in vars(alg).values() if isinstance(m, torch.nn.Module)):
+        module.requires_grad_(False)  # the attacker differentiates in the dummy data only
+
+    idx = torch.as_tensor(index, device=device)
+    x_true, y_true = store.inputs(idx), store.y[idx]
+    steps = cfg.local_steps
+    message, start = alg.upload(x_true, y_true, steps=steps)
+    message = {k: v.detach() for k, v in message.items()}
+    start = {k: v.detach() for k, v in start.items()}
+    names = list(start)
+    sgd = alg.sgd_options()
+
+    def grad_of(name):
+        return analytic.scaled_gradient(message[f"delta/{name}"], start[name], lr=sgd["lr"],
+                                        weight_decay=sgd["weight_decay"])
+
+    labels, label_accuracy = y_true, None
+    if cfg.infer_labels:
+        lb = analytic.last_bias(names)
+        if lb is None:
+            raise InputError("infer_labels: the model's output layer has no bias for the iDLG rule.")
+        labels = analytic.infer_labels(grad_of(lb))[:, None]
+        label_accuracy = float((labels == y_true).to(torch.float64).mean())
+
+    affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in start.items()})
+    analytic_ok = affine is not None and b == 1 and steps == 1
+    chosen = attacks_of(cfg, analytic_ok)
+    if "analytic" in chosen and affine is None:
+        raise InputError(f"attack analytic: needs a first fully connected layer with bias; the "
+                         f"{model['arch']['client'].get('arch')} model's first layer is {names[0]!r}.")
+
+    # Pixels in [0, 1]: standardized -> raw -> the dataset's value range (public: the data format).
+    lo_raw, hi_raw = float(np.min(x)), float(np.max(x))
+    span = max(hi_raw - lo_raw, 1e-12)
+    mean, std = store.mean, store.std
+    box = ((lo_raw - mean) / std, (hi_raw - mean) / std)
+    shape = store.input_shape
+    view = image_view(shape)
+
+    def unit(t):  # (n, b, *shape) standardized -> (n * b, *shape) in [0, 1]
+        return ((t * std + mean - lo_raw) / span).clamp(0.0, 1.0).flatten(0, 1)
+
+    truth = unit(x_true)
+
+    def score(rec):
+        return psnr(rec.flatten(1), truth.flatten(1))
+
+    def upload(xd, yd):
+        return alg.upload(xd, yd, steps=steps)[0]
+
+    results, psnrs, ssims = {}, {}, {}
+    for a in chosen:
+        if a == "analytic":
+            w, bias = affine
+            rec = analytic.recover_affine_input(grad_of(w), grad_of(bias)).view(n_targets, 1, *shape)
+        else:
+            every = max(1, cfg.iterations // 100)
+
+            def on_step(it, xd, a=a):
+                if on_progress is not None and ((it + 1) % every == 0 or it + 1 == cfg.iterations):
+                    on_progress(a, it + 1, cfg.iterations, float(score(unit(xd)).mean()))
+
+            rec = invert_gradients(upload, message, labels, shape, loss="l2" if a == "dlg" else "cosine",
+                                   iterations=cfg.iterations, lr=cfg.lr, tv=cfg.tv if a == "ig" else 0.0, box=box,
+                                   image_shape=view, gen=torch_generator(cfg.seed, f"attack-{a}"), on_step=on_step)
+            rec = _match_order(rec, x_true)
+        r = unit(rec.detach())
+        results[a] = r.cpu().numpy()
+        psnrs[a] = score(r).cpu().numpy()
+        ssims[a] = None if view is None else ssim(r.view(-1, *view), truth.view(-1, *view)).cpu().numpy()
+    return AttackRun(client=np.repeat(target_client, b), sample=index.reshape(-1),
+                     label=y_true.flatten().cpu().numpy(), original=truth.cpu().numpy(), reconstruction=results,
+                     psnr=psnrs, ssim=ssims, label_accuracy=label_accuracy, image_shape=view, upload=list(message))
+
+
+def _match_order(rec, truth):
+    """Reorder each target's reconstructed batch to the originals (a batch's order is not recoverable)."""
+    import torch
+    from scipy.optimize import linear_sum_assignment
+
+    if rec.shape[1] == 1:
+        return rec
+    cost = torch.cdist(rec.flatten(2), truth.flatten(2)).cpu().numpy()  # (n, b, b)
+    out = rec.clone()
+    for i in range(rec.shape[0]):  # scipy's assignment per target: b is small
+        r, c = linear_sum_assignment(cost[i])
+        out[i, c] = rec[i, r]
+    return out

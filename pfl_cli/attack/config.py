@@ -1,0 +1,26 @@
+"""Options of ``pflx attack``; each field is the flag of the same name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ATTACKS = ("dlg", "ig", "analytic")
+ATTACK_CHOICES = (*ATTACKS, "all")
+ATTACK_CLIENTS = ("holdout", "train")
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """Options of ``pflx attack``."""
+
+    clients: str = "holdout"     # whose data is attacked: holdout | train clients of the partition
+    images: int = 8              # images attacked in all (a multiple of batch_size)
+    batch_size: int = 1          # images per upload (one client's batch)
+    attack: str = "ig"           # dlg | ig | analytic | all
+    iterations: int = 2000       # Adam steps of dlg / ig (the paper's IG protocol: 10000)
+    lr: float = 0.1              # initial Adam step of dlg / ig (paper: 0.1)
+    tv: float = 1e-6             # ig total-variation weight (paper: 1e-6)
+    local_steps: int = 1         # local SGD steps behind the upload (1: the gradient, scaled by -lr)
+    infer_labels: bool = False   # iDLG label rule (batch size 1) instead of the known labels
+    device: str = "auto"
+    seed: int = 0
