@@ -47,6 +47,7 @@ PRODUCER = {
     "train": "pflx train",
     "predict": "pflx predict",
     "cluster": "pflx cluster",
+    "attack": "pflx attack",
 }
 
 

@@ -40,7 +40,7 @@ def total_variation(images):
 
 def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[int, ...], *, loss: str,
                      iterations: int, lr: float, tv: float = 0.0, box=None, image_shape=None, gen=None,
-                     on_step: Callable | None = None):
+                     init=None, on_step: Callable | None = None):
     """Dummy inputs whose upload matches ``target``, for every target at once.
 
     Parameters
@@ -57,6 +57,7 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
     box : (low, high) tensors broadcastable to one input; pixels are clamped to it after each step.
     image_shape : (C, H, W) view of one input for TV, or None (no spatial prior).
     gen : torch.Generator of the dummy's Gaussian initialization.
+    init : Tensor (n, b, *input_shape), optional: the initialization instead of a draw from ``gen``.
     on_step : callable (iteration, x) called after every step.
 
     Returns
@@ -70,8 +71,9 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
         raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {loss!r}.")
     n, b = labels.shape
     device = labels.device
-    x = torch.randn((n, b, *input_shape), generator=gen, device=gen.device if gen is not None else device)
-    x = x.to(device).requires_grad_(True)
+    if init is None:
+        init = torch.randn((n, b, *input_shape), generator=gen, device=gen.device if gen is not None else device)
+    x = init.detach().clone().to(device).requires_grad_(True)
     opt = torch.optim.Adam([x], lr=lr)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(m * iterations) for m in MILESTONES], gamma=0.1)
     best = x.detach().clone()
