@@ -48,9 +48,9 @@ class FedAvg(Algorithm):
         return loss
 
     def upload(self, x, y, *, steps: int):
-        """Alg. 3 line 7: the client's delta after ``steps`` local steps from the global model."""
+        """Alg. 3 line 7: the client's delta after ``steps`` local steps from the global model (0: its gradient)."""
         start = stack(self.global_params, x.shape[0])
-        return {f"delta/{k}": d for k, d in self.local_delta(start, x, y, steps).items()}, start
+        return self.local_update(start, x, y, steps), start
 
     def personalize(self, clients: np.ndarray, gen):
         if self.cfg.finetune_steps > 0:

@@ -187,7 +187,7 @@ class PeFLL(Algorithm):
         """§1.5 messages 2 and 4: the descriptor v of the client's batch and its delta theta.
 
         The same batch builds the descriptor (steps 5-6) and feeds the ``steps`` local steps
-        from theta = h(v) (steps 8-11); message 6 (d eta_v) is a function of the server's dv
+        from theta = h(v) (steps 8-11; 0 steps: the gradient at theta); message 6 (d eta_v) is a function of the server's dv
         and is not modelled.
         """
         import torch
@@ -196,8 +196,7 @@ class PeFLL(Algorithm):
         v = self._standardize(self._embed_batch(x, onehot, torch.ones(y.shape, device=x.device)))
         start = self.hnet(v)
         start = {k: start[k] for k in self.names}
-        delta = self.local_delta(start, x, y, steps)
-        return {"v": v, **{f"delta/{k}": d for k, d in delta.items()}}, start
+        return {"v": v, **self.local_update(start, x, y, steps)}, start
 
     # ------------------------------------------------------------------ Alg. 7
     def personalize(self, clients: np.ndarray, gen):

@@ -41,7 +41,7 @@ def validate_attack_config(cfg: AttackConfig) -> None:
         raise ConfigError(f"attack must be one of {', '.join(ATTACK_CHOICES)}; got {cfg.attack!r}.")
     if cfg.clients not in ATTACK_CLIENTS:
         raise ConfigError(f"clients must be one of {', '.join(ATTACK_CLIENTS)}; got {cfg.clients!r}.")
-    for name, low in (("images", 1), ("batch_size", 1), ("iterations", 0), ("local_steps", 1), ("seed", 0)):
+    for name, low in (("images", 1), ("batch_size", 1), ("iterations", 0), ("local_steps", 0), ("seed", 0)):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}; got {value!r}.")
@@ -55,8 +55,8 @@ def validate_attack_config(cfg: AttackConfig) -> None:
         raise ConfigError(f"images must be a multiple of batch_size ({cfg.batch_size}); got {cfg.images}.")
     if cfg.infer_labels and cfg.batch_size != 1:
         raise ConfigError(f"infer_labels: the iDLG rule needs batch_size 1; got {cfg.batch_size}.")
-    if cfg.attack == "analytic" and (cfg.batch_size != 1 or cfg.local_steps != 1):
-        raise ConfigError("attack analytic: the closed form is exact for one image and one local step; got "
+    if cfg.attack == "analytic" and (cfg.batch_size != 1 or cfg.local_steps > 1):
+        raise ConfigError("attack analytic: the closed form is exact for one image and the gradient or one local step; got "
                           f"batch_size {cfg.batch_size}, local_steps {cfg.local_steps}.")
 
 
@@ -162,6 +162,8 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     sgd = alg.sgd_options()
 
     def grad_of(name):
+        if f"grad/{name}" in message:
+            return message[f"grad/{name}"]
         return analytic.scaled_gradient(message[f"delta/{name}"], start[name], lr=sgd["lr"],
                                         weight_decay=sgd["weight_decay"])
 
@@ -174,7 +176,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
         label_accuracy = float((labels == y_true).to(torch.float64).mean())
 
     affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in start.items()})
-    analytic_ok = affine is not None and b == 1 and steps == 1
+    analytic_ok = affine is not None and b == 1 and steps <= 1
     chosen = attacks_of(cfg, analytic_ok)
     if "analytic" in chosen and affine is None:
         raise InputError(f"attack analytic: needs a first fully connected layer with bias; the "

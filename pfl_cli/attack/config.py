@@ -20,7 +20,7 @@ class AttackConfig:
     iterations: int = 2000       # Adam steps of dlg / ig (the paper's IG protocol: 10000)
     lr: float = 0.1              # initial Adam step of dlg / ig (paper: 0.1)
     tv: float = 1e-6             # ig total-variation weight (paper: 1e-6)
-    local_steps: int = 1         # local SGD steps behind the upload (1: the gradient, scaled by -lr)
+    local_steps: int = 0         # 0: the upload is the gradient (FedSGD); k: the delta after k local SGD steps
     infer_labels: bool = False   # iDLG label rule (batch size 1) instead of the known labels
     device: str = "auto"
     seed: int = 0

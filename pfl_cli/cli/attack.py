@@ -27,7 +27,7 @@ def attack_command(
     iterations: Annotated[int, typer.Option("--iterations", help="Adam steps of dlg / ig (paper's IG: 10000).")] = 2000,
     lr: Annotated[float, typer.Option("--lr", help="Initial Adam step of dlg / ig, decayed 10x at 3/8, 5/8, 7/8.")] = 0.1,
     tv: Annotated[float, typer.Option("--tv", help="ig total-variation weight.")] = 1e-6,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="Local SGD steps behind the upload (1: the gradient step).")] = 1,
+    local_steps: Annotated[int, typer.Option("--local-steps", help="0: the client uploads its gradient at the server's model (the papers' setting); k: its delta after k local SGD steps as trained.")] = 0,
     infer_labels: Annotated[bool, typer.Option("--infer-labels", help="Infer labels with the iDLG rule (batch size 1) instead of knowing them.")] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     seed: SeedOpt = 0,
@@ -39,8 +39,8 @@ def attack_command(
     """Rebuild clients' images from what they would upload, as an honest-but-curious server.
 
     For each target (--batch-size train images of one client) the trained algorithm computes the
-    client's upload (fedavg: its delta after --local-steps local SGD steps from the global model;
-    pefll: its descriptor v and delta theta); the attacks rebuild the images from it, all targets
+    client's upload (fedavg: its gradient at the global model, or its delta after --local-steps
+    local SGD steps; pefll: its descriptor v and the same for theta = h(v)); the attacks rebuild the images from it, all targets
     as one batched optimization. Labels are known unless --infer-labels.
 
     Writes metrics.json (mean / median PSNR and SSIM per attack), images.csv (one row per image

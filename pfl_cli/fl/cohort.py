@@ -103,28 +103,37 @@ def sgd_step(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: float 
     return new_theta, new_buf
 
 
-def unrolled_sgd(model, params: Mapping[str, "object"], x, y, steps: int, *, lr: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0, clip: float = 0.0) -> dict:
-    """``steps`` full-batch local SGD steps per client, differentiable in ``x`` and ``params``.
+def batch_gradients(model, params: Mapping[str, "object"], x, y) -> dict:
+    """Each client's gradient of its mean cross-entropy on its batch, differentiable (``create_graph``).
 
-    The client update of :func:`local_sgd` (the same :func:`sgd_step`) on one fixed batch per
-    client, x (c, b, *input_shape) and y (c, b), kept on the autograd graph
-    (``create_graph``) so that a gradient-inversion attack can differentiate the uploaded
-    delta with respect to dummy data.
+    params (c, *shape) per name, x (c, b, *input_shape), y (c, b). Parameters that are
+    constants to the caller are made leaves so that they can be differentiated.
     """
     import torch
     import torch.nn.functional as F
     from torch.func import functional_call, vmap
 
     names = list(params)
-    forward = vmap(lambda p, xb: functional_call(model, p, (xb,)))
-    # Starting points that are constants to the caller become leaves, so the steps can differentiate.
+    theta = [params[k] if params[k].requires_grad else params[k].detach().requires_grad_(True) for k in names]
+    logits = vmap(lambda p, xb: functional_call(model, p, (xb,)))(dict(zip(names, theta)), x)
+    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
+    return dict(zip(names, torch.autograd.grad(loss.sum(), theta, create_graph=True)))
+
+
+def unrolled_sgd(model, params: Mapping[str, "object"], x, y, steps: int, *, lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0, clip: float = 0.0) -> dict:
+    """``steps`` full-batch local SGD steps per client, differentiable in ``x`` and ``params``.
+
+    The client update of :func:`local_sgd` (the same :func:`sgd_step`) on one fixed batch per
+    client, x (c, b, *input_shape) and y (c, b), kept on the autograd graph so that a
+    gradient-inversion attack can differentiate the uploaded delta with respect to dummy data.
+    """
+    import torch
+
     theta = {k: v if v.requires_grad else v.detach().requires_grad_(True) for k, v in params.items()}
     buf = {k: torch.zeros_like(v) for k, v in params.items()}
     for _ in range(steps):
-        logits = forward(theta, x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
-        grads = dict(zip(names, torch.autograd.grad(loss.sum(), [theta[k] for k in names], create_graph=True)))
+        grads = batch_gradients(model, theta, x, y)
         theta, buf = sgd_step(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip)
     return theta
 
