@@ -1,0 +1,81 @@
+"""`pflx attack` end to end: partition -> train -> attack, artifact consistency, bad input."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from pfl_cli.cli.app import main
+
+PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "20",
+        "--test-fraction", "0.3", "--holdout-clients", "4", "--format", "quiet"]
+FAST = ["--rounds", "6", "--eval-every", "6", "--local-steps", "3", "--set", "mlp_hidden=[16]", "--format", "quiet"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attack")
+    assert main(["partition", *PART, "--out", str(root / "part")]) == 0
+    for alg in ("fedavg", "local"):
+        extra = ["--local-epochs", "1"] if alg == "local" else []
+        assert main(["train", "--partition", str(root / "part"), "--algorithm", alg, "--out", str(root / alg),
+                     *FAST, *extra]) == 0
+    return root
+
+
+def attack(root, out, *extra, model="fedavg", fmt="json"):
+    return main(["attack", "--model", str(root / model), "--partition", str(root / "part"), "--out", str(out),
+                 "--format", fmt, *extra])
+
+
+def test_attack_all_writes_consistent_artifact(root, tmp_path, capsys):
+    out = tmp_path / "att"
+    assert attack(root, out, "--attack", "all", "--images", "4", "--iterations", "60", "--infer-labels") == 0
+    result = json.loads(capsys.readouterr().out)
+    m = json.loads((out / "metrics.json").read_text())
+    assert {k: result[k] for k in m} == m
+    assert m["algorithm"] == "fedavg" and m["attacks"] == ["dlg", "ig", "analytic"]
+    assert m["labels"] == "inferred" and m["label_accuracy"] == 1.0
+    assert m["upload"] == ["grad/fc1.weight", "grad/fc1.bias", "grad/fc2.weight", "grad/fc2.bias"]
+    with open(out / "images.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 3 * 4
+    for a, r in m["results"].items():
+        psnr = [float(row["psnr"]) for row in rows if row["attack"] == a]
+        ssim = [float(row["ssim"]) for row in rows if row["attack"] == a]
+        assert r["mean_psnr"] == pytest.approx(np.mean(psnr)) and r["median_psnr"] == pytest.approx(np.median(psnr))
+        assert r["mean_ssim"] == pytest.approx(np.mean(ssim))
+    assert m["results"]["analytic"]["median_psnr"] > 80      # exact leak
+    assert (out / "reconstructions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the same command again: nothing to do
+    assert attack(root, out, "--attack", "all", "--images", "4", "--iterations", "60", "--infer-labels") == 0
+    assert json.loads(capsys.readouterr().out)["up_to_date"] is True
+
+
+def test_batches_of_images_from_one_client(root, tmp_path, capsys):
+    out = tmp_path / "att"
+    assert attack(root, out, "--attack", "dlg", "--images", "4", "--batch-size", "2", "--iterations", "20",
+                  "--local-steps", "2", "--clients", "train") == 0
+    with open(out / "images.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["client_id"] for r in rows][0::2] == [r["client_id"] for r in rows][1::2]  # a batch is one client's
+    assert len({r["sample"] for r in rows}) == 4
+    assert json.loads(capsys.readouterr().out)["upload"][0] == "delta/fc1.weight"
+
+
+@pytest.mark.parametrize("extra, model, message", [
+    ((), "local", "algorithm 'local' is not attacked"),
+    (("--images", "0"), "fedavg", "images must be an integer >= 1"),
+    (("--images", "100000"), "fedavg", "the 4 holdout clients hold only"),
+    (("--images", "3", "--batch-size", "2"), "fedavg", "images must be a multiple of batch_size"),
+    (("--batch-size", "2", "--images", "4", "--infer-labels"), "fedavg", "iDLG rule needs batch_size 1"),
+    (("--attack", "rog"), "fedavg", "attack must be one of dlg, ig, analytic, all"),
+    (("--attack", "analytic", "--local-steps", "3"), "fedavg", "attack analytic: the closed form is exact"),
+])
+def test_bad_input_is_one_line_exit_2_no_artifact(root, tmp_path, capsys, extra, model, message):
+    out = tmp_path / "att"
+    assert attack(root, out, *extra, model=model) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
