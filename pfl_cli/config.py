@@ -20,7 +20,7 @@ from pfl_cli.errors import ConfigError
 
 T = TypeVar("T")
 
-STAGES = ("partition", "mdm-fit", "simulate", "train", "predict", "cluster", "privacy-account")
+STAGES = ("partition", "mdm-fit", "simulate", "train", "predict", "cluster", "privacy-account", "attack")
 
 
 def _key(name: str) -> str:

@@ -49,9 +49,13 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
-    with report.progress("attack", total=None) as bar:
+    optimized = [a for a in ("dlg", "ig") if cfg.attack in (a, "all")]
+    with report.progress("attack", total=cfg.iterations * len(optimized)) as bar:
+        done = {}
+
         def on_progress(name, it, total, mean_psnr):
-            bar.advance(0, status=f"{name} iteration {it}/{total}  mean PSNR {mean_psnr:.2f} dB")
+            bar.advance(it - done.get(name, 0), status=f"{name} iteration {it}/{total}, mean PSNR {mean_psnr:.2f} dB")
+            done[name] = it
 
         run = attack_model(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
                            on_progress=on_progress)
