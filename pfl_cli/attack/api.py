@@ -49,6 +49,8 @@ def validate_attack_config(cfg: AttackConfig) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if isinstance(cfg.rog_scale, bool) or not isinstance(cfg.rog_scale, (int, np.integer)) or cfg.rog_scale < 1:
+        raise ConfigError(f"rog_scale must be an integer >= 1; got {cfg.rog_scale!r}.")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
     if cfg.images % cfg.batch_size:
@@ -201,6 +203,21 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     def upload(xd, yd):
         return alg.upload(xd, yd, steps=steps)[0]
 
+    if "rog" in chosen and view is None:
+        raise InputError(f"attack rog: needs image inputs (its unknown is a low-resolution image); the data's "
+                         f"inputs have shape {shape}.")
+
+    def rog_decoder():
+        """z: a low-resolution image in [0, 1] -> the standardized full-size input (bilinear upsampling)."""
+        c, h, w = view
+        small = (max(1, h // cfg.rog_scale), max(1, w // cfg.rog_scale))
+
+        def decode(z):
+            up = torch.nn.functional.interpolate(z.flatten(0, 1), size=(h, w), mode="bilinear", align_corners=False)
+            return ((up * span + lo_raw).view(n_targets, b, *shape) - mean) / std
+
+        return decode, (c, *small)
+
     results, psnrs, ssims = {}, {}, {}
     for a in chosen:
         if a == "analytic":
@@ -213,9 +230,16 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
                 if on_progress is not None and ((it + 1) % every == 0 or it + 1 == cfg.iterations):
                     on_progress(a, it + 1, cfg.iterations, float(score(unit(xd)).mean()))
 
+            extra = {"box": box}
+            if a == "rog":
+                decode, latent = rog_decoder()
+                zero = torch.zeros((), device=device)
+                extra = {"decode": decode, "latent_shape": latent, "box": (zero, zero + 1),
+                         "init": torch.rand((n_targets, b, *latent), generator=torch_generator(cfg.seed, "attack-rog"))}
             rec = invert_gradients(upload, message, labels, shape, loss="l2" if a == "dlg" else "cosine",
-                                   iterations=cfg.iterations, lr=cfg.lr, tv=cfg.tv if a == "ig" else 0.0, box=box,
-                                   image_shape=view, gen=torch_generator(cfg.seed, f"attack-{a}"), on_step=on_step)
+                                   iterations=cfg.iterations, lr=cfg.lr, tv=cfg.tv if a == "ig" else 0.0,
+                                   image_shape=view, gen=torch_generator(cfg.seed, f"attack-{a}"), on_step=on_step,
+                                   **extra)
             rec = _match_order(rec, x_true)
         r = unit(rec.detach())
         results[a] = r.cpu().numpy()

@@ -9,6 +9,9 @@ attacks run as one batched computation on the device.
 - IG (Geiping et al. 2020): 1 - cosine similarity of the uploads plus ``tv`` times the total
   variation of the image, Adam with the learning rate decayed by 0.1 at 3/8, 5/8 and 7/8 of
   the iterations (HyperFL §5 protocol), pixels boxed to the data's valid range.
+- ROG-style (Yue et al. 2023): the unknown is a low-resolution image, upsampled bilinearly to the
+  input size before the upload is computed (``decode``), matched by cosine; a low-dimensional
+  search that ignores the detail a defence may hide in.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def total_variation(images):
 
 def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[int, ...], *, loss: str,
                      iterations: int, lr: float, tv: float = 0.0, box=None, image_shape=None, gen=None,
-                     init=None, on_step: Callable | None = None):
+                     init=None, decode: Callable | None = None, latent_shape=None,
+                     on_step: Callable | None = None):
     """Dummy inputs whose upload matches ``target``, for every target at once.
 
     Parameters
@@ -54,10 +58,13 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
     loss : "l2" (DLG) or "cosine" (IG)
     iterations, lr : Adam steps and initial learning rate (decayed 10x at :data:`MILESTONES`).
     tv : weight of the total-variation prior (needs ``image_shape``).
-    box : (low, high) tensors broadcastable to one input; pixels are clamped to it after each step.
+    box : (low, high) tensors broadcastable to the optimized variable (x, or z with ``decode``),
+        clamped to it after each step.
     image_shape : (C, H, W) view of one input for TV, or None (no spatial prior).
     gen : torch.Generator of the dummy's Gaussian initialization.
     init : Tensor (n, b, *input_shape), optional: the initialization instead of a draw from ``gen``.
+    decode, latent_shape : optimize z (n, b, *latent_shape) and attack x = decode(z) (n, b, *input_shape)
+        instead of x itself (ROG).
     on_step : callable (iteration, x) called after every step.
 
     Returns
@@ -71,15 +78,18 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
         raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {loss!r}.")
     n, b = labels.shape
     device = labels.device
+    decode = decode if decode is not None else (lambda z: z)
+    shape = latent_shape if latent_shape is not None else input_shape
     if init is None:
-        init = torch.randn((n, b, *input_shape), generator=gen, device=gen.device if gen is not None else device)
-    x = init.detach().clone().to(device).requires_grad_(True)
-    opt = torch.optim.Adam([x], lr=lr)
+        init = torch.randn((n, b, *shape), generator=gen, device=gen.device if gen is not None else device)
+    z = init.detach().clone().to(device).requires_grad_(True)
+    opt = torch.optim.Adam([z], lr=lr)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(m * iterations) for m in MILESTONES], gamma=0.1)
-    best = x.detach().clone()
+    best = decode(z).detach().clone()
     best_obj = torch.full((n,), float("inf"), device=device)
     for it in range(iterations):
         opt.zero_grad(set_to_none=True)
+        x = decode(z)
         obj = match_loss(upload(x, labels), target, loss)
         if tv and image_shape is not None:
             obj = obj + tv * total_variation(x.view(n, b, *image_shape))
@@ -89,13 +99,14 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
             best[better] = x.detach()[better]
         # a diverged target (NaN) must not poison the others through the shared backward pass
         torch.nan_to_num(obj, nan=0.0, posinf=0.0).sum().backward()
-        if x.grad is not None:
-            x.grad.nan_to_num_(0.0, 0.0, 0.0)
+        if z.grad is not None:
+            z.grad.nan_to_num_(0.0, 0.0, 0.0)
         opt.step()
         sched.step()
         if box is not None:
             with torch.no_grad():
-                x.copy_(torch.maximum(torch.minimum(x, box[1]), box[0]))
+                z.copy_(torch.maximum(torch.minimum(z, box[1]), box[0]))
         if on_step is not None:
-            on_step(it, x.detach())
+            with torch.no_grad():
+                on_step(it, decode(z))
     return best

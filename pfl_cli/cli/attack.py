@@ -11,8 +11,8 @@ from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
 
-FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "tv", "local_steps", "infer_labels",
-         "device", "seed")
+FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "tv", "rog_scale", "local_steps",
+         "infer_labels", "device", "seed")
 
 
 def attack_command(
@@ -23,10 +23,11 @@ def attack_command(
     clients: Annotated[str, typer.Option("--clients", help="Whose images: holdout | train clients.")] = "holdout",
     images: Annotated[int, typer.Option("--images", help="Images attacked in all (a multiple of --batch-size).")] = 8,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Images behind one upload (one client's batch).")] = 1,
-    attack: Annotated[str, typer.Option("--attack", help="dlg | ig | analytic | all (analytic where its closed form holds).")] = "ig",
-    iterations: Annotated[int, typer.Option("--iterations", help="Adam steps of dlg / ig (paper's IG: 10000).")] = 2000,
-    lr: Annotated[float, typer.Option("--lr", help="Initial Adam step of dlg / ig, decayed 10x at 3/8, 5/8, 7/8.")] = 0.1,
+    attack: Annotated[str, typer.Option("--attack", help="dlg | ig | rog | analytic | all (analytic where its closed form holds).")] = "ig",
+    iterations: Annotated[int, typer.Option("--iterations", help="Adam steps of dlg / ig / rog (paper: IG 10000, ROG 100).")] = 2000,
+    lr: Annotated[float, typer.Option("--lr", help="Initial Adam step of dlg / ig / rog (paper: IG 0.1, ROG 0.05), decayed 10x at 3/8, 5/8, 7/8.")] = 0.1,
     tv: Annotated[float, typer.Option("--tv", help="ig total-variation weight.")] = 1e-6,
+    rog_scale: Annotated[int, typer.Option("--rog-scale", help="rog: optimize the image at 1/N of its side, upsampled bilinearly.")] = 2,
     local_steps: Annotated[int, typer.Option("--local-steps", help="0: the client uploads its gradient at the server's model (the papers' setting); k: its delta after k local SGD steps as trained.")] = 0,
     infer_labels: Annotated[bool, typer.Option("--infer-labels", help="Infer labels with the iDLG rule (batch size 1) instead of knowing them.")] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",

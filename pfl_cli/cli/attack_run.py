@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pfl_cli.attack.config import OPTIMIZED
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.cli.output import Reporter
 from pfl_cli.cli.predict_run import read_model
@@ -49,7 +50,7 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
-    optimized = [a for a in ("dlg", "ig") if cfg.attack in (a, "all")]
+    optimized = [a for a in OPTIMIZED if cfg.attack in (a, "all")]
     with report.progress("attack", total=cfg.iterations * len(optimized)) as bar:
         done = {}
 

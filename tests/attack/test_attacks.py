@@ -143,3 +143,17 @@ def test_pefll_upload_is_attacked(digits, tmp_path):
     assert r.upload[0] == "v" and all(k.startswith("grad/") for k in r.upload[1:])
     assert np.abs(r.reconstruction["analytic"] - r.original).max() < 1e-5
 
+
+
+def test_rog_reaches_what_its_low_resolution_can_express(digits):
+    """ROG optimizes a half-resolution image: on 8x8 digits it can only approach the PSNR of the
+    original's own 4x4 average-pooled, bilinearly upsampled version; at full resolution it is exact-ish."""
+    half = run(digits, attack="rog", images=4, iterations=300, lr=0.05)
+    full = run(digits, attack="rog", images=4, iterations=300, lr=0.05, rog_scale=1)
+    x = torch.as_tensor(half.original).view(-1, 1, 8, 8).double()
+    up = torch.nn.functional.interpolate(torch.nn.functional.avg_pool2d(x, 2), size=(8, 8), mode="bilinear")
+    from pfl_cli.attack.metrics import psnr
+
+    ceiling = psnr(up.flatten(1), x.flatten(1)).numpy()
+    assert np.all(half.psnr["rog"] <= ceiling + 1.0) and np.all(half.psnr["rog"] >= ceiling - 3.0)
+    assert np.sum(full.psnr["rog"] >= 20) >= 3

@@ -35,12 +35,12 @@ def test_attack_all_writes_consistent_artifact(root, tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     m = json.loads((out / "metrics.json").read_text())
     assert {k: result[k] for k in m} == m
-    assert m["algorithm"] == "fedavg" and m["attacks"] == ["dlg", "ig", "analytic"]
+    assert m["algorithm"] == "fedavg" and m["attacks"] == ["dlg", "ig", "rog", "analytic"]
     assert m["labels"] == "inferred" and m["label_accuracy"] == 1.0
     assert m["upload"] == ["grad/fc1.weight", "grad/fc1.bias", "grad/fc2.weight", "grad/fc2.bias"]
     with open(out / "images.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == 3 * 4
+    assert len(rows) == 4 * 4
     for a, r in m["results"].items():
         psnr = [float(row["psnr"]) for row in rows if row["attack"] == a]
         ssim = [float(row["ssim"]) for row in rows if row["attack"] == a]
@@ -70,7 +70,7 @@ def test_batches_of_images_from_one_client(root, tmp_path, capsys):
     (("--images", "100000"), "fedavg", "the 4 holdout clients hold only"),
     (("--images", "3", "--batch-size", "2"), "fedavg", "images must be a multiple of batch_size"),
     (("--batch-size", "2", "--images", "4", "--infer-labels"), "fedavg", "iDLG rule needs batch_size 1"),
-    (("--attack", "rog"), "fedavg", "attack must be one of dlg, ig, analytic, all"),
+    (("--attack", "nope"), "fedavg", "attack must be one of dlg, ig, rog, analytic, all"),
     (("--attack", "analytic", "--local-steps", "3"), "fedavg", "attack analytic: the closed form is exact"),
 ])
 def test_bad_input_is_one_line_exit_2_no_artifact(root, tmp_path, capsys, extra, model, message):
