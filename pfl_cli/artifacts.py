@@ -13,6 +13,22 @@ place, so a killed run leaves no half-written artifact. Re-running with the same
 config and the same input hashes is a no-op. Readers check ``tool``, ``schema`` and
 ``stage`` and verify the payload hashes. Nothing is pickled: arrays are ``.npz`` written
 byte-for-byte deterministically, tables CSV, documents JSON.
+
+DP release contract. An artifact written under ``--dp`` (``ArtifactWriter(..., dp=True)``)
+carries ``"dp": true`` in its manifest, and every output entry a ``"release"`` class:
+
+- ``"mechanism"`` -- the output of a DP mechanism whose events are in ``privacy.json``;
+- ``"post-processing"`` -- a function of mechanism outputs and public inputs only (the
+  config, public data such as the server's dataset, user-given bounds); ``privacy.json``
+  itself is post-processing of the public config;
+- ``"nonprivate"`` -- a diagnostic computed on the private data. Written only when the user
+  asks (``--write-nonprivate``), to a file whose name starts with ``nonprivate``.
+
+The writer refuses to finish a DP artifact holding an unclassified file or a
+``nonprivate`` file under another name. Under ``--dp`` the manifest withholds the sha256
+of private inputs (a hash tells two neighbouring datasets apart with certainty); inputs
+marked with :func:`public_input` keep theirs. :func:`check_release_contract` checks a
+finished artifact directory file by file.
 """
 
 from __future__ import annotations
@@ -119,6 +135,137 @@ def dump_csv(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     writer.writerow(header)
     writer.writerows(rows)
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------- DP release contract
+MECHANISM = "mechanism"
+POST_PROCESSING = "post-processing"
+NONPRIVATE = "nonprivate"
+RELEASE_CLASSES = (MECHANISM, POST_PROCESSING, NONPRIVATE)
+NONPRIVATE_PREFIX = "nonprivate"
+PRIVACY_FILE = "privacy.json"
+# Keys that hold exact counts or exact statistics of the private data; a released (not
+# nonprivate) JSON document or CSV header under --dp must not contain them.
+EXACT_COUNT_KEYS = frozenset({
+    "num_clients", "num_points", "num_samples_seen", "cohort_size", "cohort_sizes", "clients", "clipped_fraction",
+    "skipped_empty_clients", "server_points_kept_exact", "kmeans_cost", "normalized_cost", "log_likelihood",
+    "mean_log_likelihood", "max_samples_seen", "holdout_normalized_cost", "centralized_normalized_cost",
+})
+
+
+def public_input(ref: Mapping[str, str]) -> dict[str, Any]:
+    """Mark an input reference as public data: a DP manifest keeps its sha256."""
+    return {**ref, "public": True}
+
+
+def is_nonprivate_name(name: str) -> bool:
+    return Path(name).name.startswith(NONPRIVATE_PREFIX)
+
+
+def _check_release(name: str, release: str | None) -> None:
+    if release not in RELEASE_CLASSES:
+        raise ValueError(f"release class of {name} must be one of {', '.join(RELEASE_CLASSES)}; got {release!r}.")
+    if (release == NONPRIVATE) != is_nonprivate_name(name):
+        raise ValueError(f"{name}: a file is release class {NONPRIVATE!r} exactly when its name starts with "
+                         f"{NONPRIVATE_PREFIX!r}; got class {release!r}.")
+
+
+def _json_keys(obj: Any) -> Iterable[str]:
+    """Keys of every nested object whose value is set (a ``null`` releases nothing)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if value is not None:
+                yield str(key)
+            yield from _json_keys(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            yield from _json_keys(value)
+
+
+def _numbers_in_text(text: str) -> set[float]:
+    import re
+
+    found = set()
+    for token in re.findall(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", text):
+        try:
+            found.add(float(token))
+        except ValueError:
+            pass
+    return found
+
+
+def release_contract_violations(path: str | Path, *, private_values: Iterable[float] = ()) -> list[str]:
+    """Every way the DP artifact at ``path`` breaks the release contract (empty: none).
+
+    Walks every file of the directory. Checks that the manifest says ``"dp": true``, that
+    each file is listed with a valid release class, that ``nonprivate`` files (and only
+    they) are named ``nonprivate*``, that ``privacy.json`` holds events and is not
+    nonprivate, that private inputs' hashes are withheld, that no released JSON document
+    or CSV header holds an exact-count key (:data:`EXACT_COUNT_KEYS`), and that no released
+    text file holds any number of ``private_values`` (exact counts the caller knows, e.g.
+    the true number of clients, written as a number token).
+    """
+    path = Path(path)
+    try:
+        manifest = load_json(path / MANIFEST)
+    except ArtifactError as err:
+        return [str(err)]
+    problems = []
+    if manifest.get("dp") is not True:
+        problems.append(f"{MANIFEST}: 'dp' is {manifest.get('dp')!r}, expected true for a DP artifact")
+    listed = {o.get("path"): o for o in manifest.get("outputs", [])}
+    on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST}
+    for name in sorted(on_disk - set(listed)):
+        problems.append(f"{name}: on disk but not in {MANIFEST} (unclassified)")
+    for name in sorted(set(listed) - on_disk):
+        problems.append(f"{name}: in {MANIFEST} but missing")
+    for ref in manifest.get("inputs", []):
+        if not ref.get("public") and ref.get("sha256") is not None:
+            problems.append(f"{MANIFEST}: private input {ref.get('path')} is fingerprinted by its sha256")
+    secrets = {float(v) for v in private_values}
+    for name in sorted(on_disk & set(listed)):
+        release = listed[name].get("release")
+        try:
+            _check_release(name, release)
+        except ValueError as err:
+            problems.append(str(err))
+            continue
+        if release == NONPRIVATE:
+            continue
+        problems.extend(_released_file_problems(path / name, name, secrets))
+    if PRIVACY_FILE not in listed:
+        problems.append(f"{PRIVACY_FILE}: missing; a DP artifact records its mechanisms' events there")
+    else:
+        doc = load_json(path / PRIVACY_FILE) if (path / PRIVACY_FILE).is_file() else {}
+        if not isinstance(doc, dict) or not doc.get("events"):
+            problems.append(f"{PRIVACY_FILE}: holds no events")
+    return problems
+
+
+def _released_file_problems(file: Path, name: str, secrets: set[float]) -> list[str]:
+    problems = []
+    suffix = file.suffix.lower()
+    if suffix in (".json", ".csv", ".txt", ".yaml", ".yml"):
+        text = file.read_text()
+        if suffix == ".json":
+            bad = sorted(set(_json_keys(json.loads(text))) & EXACT_COUNT_KEYS)
+        elif suffix == ".csv":
+            bad = sorted(set(text.splitlines()[0].split(",") if text else []) & EXACT_COUNT_KEYS)
+        else:
+            bad = []
+        if bad:
+            problems.append(f"{name}: released file holds exact-count fields {bad}")
+        leaked = sorted(_numbers_in_text(text) & secrets)
+        if leaked:
+            problems.append(f"{name}: released file contains the private value(s) {leaked}")
+    return problems
+
+
+def check_release_contract(path: str | Path, *, private_values: Iterable[float] = ()) -> None:
+    """Raise :class:`ArtifactError` listing every release-contract violation of a DP artifact."""
+    problems = release_contract_violations(path, private_values=private_values)
+    if problems:
+        raise ArtifactError(f"{path}: breaks the DP release contract: " + "; ".join(problems))
 
 
 # ---------------------------------------------------------------------------- reading
@@ -234,12 +381,17 @@ class ArtifactWriter:
         inputs: Sequence[Mapping[str, str]] = (),
         force: bool = False,
         argv: Sequence[str] | None = None,
+        dp: bool = False,
     ) -> None:
         self.out = Path(out)
+        self.dp = bool(dp)
+        self._release: dict[str, str] = {}
         self.stage = stage
         self.config = json.loads(canonical_json(dict(config)))  # normalized, JSON-safe
         self.seed = seed
-        self.inputs = [dict(i) for i in inputs]
+        # Under DP a private input's hash would tell neighbouring datasets apart: withhold it.
+        self.inputs = [dict(i) if (not self.dp or i.get("public")) else {**i, "sha256": None} for i in inputs]
+        self._input_hashes = [i.get("sha256") for i in inputs]
         self.force = force
         self.argv = list(argv) if argv is not None else ["pflx", *sys.argv[1:]]
         self.dir: Path | None = None
@@ -267,12 +419,19 @@ class ArtifactWriter:
         if not self.out.exists() or not any(self.out.iterdir()):
             return False
         manifest = self._existing_manifest()
-        same = (
+        same_run = (
             manifest is not None
             and manifest.get("stage") == self.stage
             and manifest.get("schema") == SCHEMA
             and canonical_json(manifest.get("config")) == canonical_json(self.config)
             and manifest.get("seed") == self.seed
+        )
+        if same_run and self.dp and any(i.get("sha256") is None for i in self.inputs):
+            # The private inputs' hashes are withheld, so the old result cannot be verified
+            # against them: recompute (same command, so replacing needs no --force).
+            return False
+        same = (
+            same_run
             and [i.get("sha256") for i in manifest.get("inputs", [])] == [i["sha256"] for i in self.inputs]
             and all(
                 (self.out / o["path"]).is_file() and sha256_file(self.out / o["path"]) == o["sha256"]
@@ -304,32 +463,50 @@ class ArtifactWriter:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
 
-    def path(self, name: str) -> Path:
-        """Where to write payload file ``name`` (sub-directories are created)."""
+    def declare(self, name: str, release: str) -> None:
+        """Record the DP release class of payload file ``name`` (see the module docstring)."""
+        _check_release(name, release)
+        self._release[name] = release
+
+    def path(self, name: str, *, release: str | None = None) -> Path:
+        """Where to write payload file ``name`` (sub-directories are created).
+
+        ``release`` declares its DP release class (:meth:`declare`); a DP artifact needs one
+        for every file before it can be finished.
+        """
         if self.dir is None:
             raise RuntimeError("ArtifactWriter.path() outside `with writer:`")
+        if release is not None:
+            self.declare(name, release)
         target = self.dir / name
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
-    def save_npz(self, name: str, **arrays: np.ndarray) -> None:
-        save_npz(self.path(name), **arrays)
+    def save_npz(self, name: str, *, release: str | None = None, **arrays: np.ndarray) -> None:
+        save_npz(self.path(name, release=release), **arrays)
 
-    def save_json(self, name: str, obj: Any) -> None:
-        self.path(name).write_text(dump_json(obj))
+    def save_json(self, name: str, obj: Any, *, release: str | None = None) -> None:
+        self.path(name, release=release).write_text(dump_json(obj))
 
-    def save_csv(self, name: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        self.path(name).write_text(dump_csv(header, rows))
+    def save_csv(self, name: str, header: Sequence[str], rows: Iterable[Sequence[Any]], *,
+                 release: str | None = None) -> None:
+        self.path(name, release=release).write_text(dump_csv(header, rows))
 
-    def save_text(self, name: str, text: str) -> None:
-        self.path(name).write_text(text)
+    def save_text(self, name: str, text: str, *, release: str | None = None) -> None:
+        self.path(name, release=release).write_text(text)
 
     def _write_manifest(self) -> None:
         assert self.dir is not None
         outputs = []
         for file in sorted(p for p in self.dir.rglob("*") if p.is_file()):
             rel = file.relative_to(self.dir).as_posix()
-            outputs.append({"path": rel, "sha256": sha256_file(file), "bytes": file.stat().st_size})
+            entry = {"path": rel, "sha256": sha256_file(file), "bytes": file.stat().st_size}
+            if self.dp:
+                if rel not in self._release:
+                    raise RuntimeError(f"DP artifact {self.out}: {rel} has no release class; declare it "
+                                       f"(mechanism, post-processing or nonprivate) before writing.")
+                entry["release"] = self._release[rel]
+            outputs.append(entry)
         manifest = {
             "tool": "pflx",
             "version": __version__,
@@ -342,6 +519,8 @@ class ArtifactWriter:
             "inputs": self.inputs,
             "outputs": outputs,
         }
+        if self.dp:
+            manifest["dp"] = True
         (self.dir / MANIFEST).write_text(dump_json(manifest))
 
     def _swap_into_place(self) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pfl_cli.algorithms.base import Algorithm
+from pfl_cli.algorithms.centaur import CENTAUR
 from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.ldp_fedavg import LDPFedAvg
 from pfl_cli.algorithms.local import Local
 from pfl_cli.algorithms.pefll import PeFLL
+from pfl_cli.algorithms.ppsgd import PPSGD
 
-REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (PeFLL, FedAvg, Local)}
+REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (PeFLL, FedAvg, Local, LDPFedAvg, PPSGD, CENTAUR)}
 
-__all__ = ["Algorithm", "FedAvg", "Local", "PeFLL", "REGISTRY"]
+__all__ = ["Algorithm", "CENTAUR", "FedAvg", "LDPFedAvg", "Local", "PPSGD", "PeFLL", "REGISTRY"]

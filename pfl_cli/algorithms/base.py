@@ -41,6 +41,13 @@ class Algorithm(ABC):
     name = ""
     federated = True          # False: no rounds (Local), evaluation trains per client
     personalized = True       # whether personalize() returns one model per client
+    # Differential privacy (issue 10): the privacy unit --dp protects ("client" or "example"),
+    # None when the algorithm has no DP variant; dp_required for algorithms that exist only
+    # as DP mechanisms. ``dp`` is the calibrated mechanism, set by the engine before training.
+    dp_unit: str | None = None
+    dp_required = False
+    dp_contribution = "update"  # what one client contributes, named in the ledger
+    dp = None
 
     def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
         self.cfg = cfg
@@ -61,6 +68,28 @@ class Algorithm(ABC):
     @abstractmethod
     def build(self) -> None:
         """Create the networks and the server optimizer."""
+
+    @staticmethod
+    def check_dp_config(cfg) -> None:
+        """Reject options that would release private data outside the DP mechanism (none by default)."""
+
+    @classmethod
+    def plan_dp(cls, cfg, store):
+        """The calibrated mechanism under --dp: client-level DP-FedAvg unless an algorithm says otherwise.
+
+        From public inputs only (``cfg``); ``store`` is not read for the calibration.
+        """
+        from pfl_cli.fl.dp import calibrate_client_dp
+
+        return calibrate_client_dp(cfg, contribution=cls.dp_contribution)
+
+    def sample_cohort(self, clients, size: int, gen):
+        """This round's cohort: ``size`` clients uniformly without replacement (DP: the mechanism's sampler)."""
+        import torch
+
+        if self.dp is not None:
+            return self.dp.sample_cohort(clients, size, gen)
+        return clients[torch.randperm(len(clients), generator=gen)[:size].to(clients.device)]
 
     def run_round(self, t: int, cohort, gen):
         """One round on ``cohort`` (LongTensor of client positions); returns each client's mean loss."""

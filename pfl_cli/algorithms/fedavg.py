@@ -12,10 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, stack
+from pfl_cli.rng import torch_generator
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    dp_unit = "client"
+    dp_contribution = "model delta"
     default_server_lr = 1.0
 
     def build(self) -> None:
@@ -31,21 +34,34 @@ class FedAvg(Algorithm):
         from pfl_cli.fl.cohort import local_sgd
 
         cfg = self.cfg
-        if cfg.local_epochs:
-            steps, active = self.epoch_steps(cohort, cfg.local_epochs)
+        if len(cohort) == 0:  # an empty Poisson cohort (DP): no client trains, the noise is still added
+            theta, loss = stack(self.global_params, 0), torch.zeros(0)
         else:
-            steps, active = cfg.local_steps, None
-        index, mask = sample_batches(self.store.fit, cohort, steps, cfg.batch_size, gen)
-        theta, loss = local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
-                                active=active, **self.sgd_options())
-        size = self.store.fit.length[cohort].to(torch.float32)
-        weight = size / size.sum()  # Alg. 3 line 9: m_i / m
+            if cfg.local_epochs:
+                steps, active = self.epoch_steps(cohort, cfg.local_epochs)
+            else:
+                steps, active = cfg.local_steps, None
+            index, mask = sample_batches(self.store.fit, cohort, steps, cfg.batch_size, gen)
+            theta, loss = local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
+                                    active=active, **self.sgd_options())
+        deltas = {k: theta[k] - g for k, g in self.global_params.items()}
+        if self.dp is not None:
+            # DP-FedAvg (McMahan et al. 2018, Alg. 1): clipped deltas, noisy sum / (q N).
+            mean = self.dp.private_mean(deltas, torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
+        else:
+            size = self.store.fit.length[cohort].to(torch.float32)
+            weight = size / size.sum()  # Alg. 3 line 9: m_i / m
+            mean = {k: torch.einsum("c,c...->...", weight, d) for k, d in deltas.items()}
+        self.server_update(mean)
+        return loss
+
+    def server_update(self, mean: dict) -> None:
+        """Move the global parameters by ``server_lr`` times the (momentum-averaged) mean delta."""
+        cfg = self.cfg
         lr = cfg.server_lr if cfg.server_lr is not None else self.default_server_lr
         for k, g in self.global_params.items():
-            delta = torch.einsum("c,c...->...", weight, theta[k] - g)
-            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + delta
+            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + mean[k]
             self.global_params[k] = g + lr * self.server_buf[k]
-        return loss
 
     def upload(self, x, y, *, steps: int):
         """Alg. 3 line 7: the client's delta after ``steps`` local steps from the global model (0: its gradient)."""

@@ -27,6 +27,19 @@ DEFAULT_SERVER_LR = 2e-4
 
 class PeFLL(Algorithm):
     name = "pefll"
+    dp_unit = "client"
+    dp_contribution = "server gradient of hypernetwork and embedding network"
+
+    @staticmethod
+    def check_dp_config(cfg) -> None:
+        from pfl_cli.errors import ConfigError
+
+        if cfg.standardize_descriptor:
+            raise ConfigError("standardize_descriptor freezes the mean and std of one private client's descriptor "
+                              "into the model, outside --dp's mechanism; pass --no-standardize-descriptor with --dp.")
+        if not cfg.embed_dim:
+            raise ConfigError("--embed-dim defaults to int(1 + clients / 4), which would put the private number of "
+                              "clients into the model's shape; give it with --dp, e.g. --embed-dim 8.")
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
@@ -114,6 +127,8 @@ class PeFLL(Algorithm):
         from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
 
+        if self.dp is not None:
+            return self._run_round_dp(t, cohort, gen)
         cfg, c = self.cfg, len(cohort)
         d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)       # step 5
         index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
@@ -125,6 +140,56 @@ class PeFLL(Algorithm):
         neg_delta = [(theta[k].detach() - new[k]) / c for k in self.names]                            # -delta / |P|
         self._server_backward(theta, v, v_leaf, neg_delta)
         return loss
+
+    def _run_round_dp(self, t, cohort, gen):
+        """Alg. 8 under client-level DP: each client's own (eta_h, eta_v) gradient is clipped, the sum noised.
+
+        Steps 5-11 as :meth:`run_round`; steps 12-14 per client (``torch.func.vmap`` over the
+        cohort), then :meth:`ClientLevelDP.private_mean` replaces the average of line 17.
+        """
+        import torch
+
+        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.cohort import local_sgd
+        from pfl_cli.rng import torch_generator
+
+        cfg = self.cfg
+        h_params, e_params = dict(self.hnet.named_parameters()), dict(self.embed.named_parameters())
+        if len(cohort) == 0:  # an empty Poisson cohort: only noise is added
+            contrib = {f"{n}.{k}": p.detach().new_zeros((0, *p.shape))
+                       for n, ps in (("h", h_params), ("e", e_params)) for k, p in ps.items()}
+            loss = torch.zeros(0)
+        else:
+            d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)      # step 5
+            index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
+            with torch.no_grad():
+                theta = self.hnet(self._embed_mean(d_index[:, 0], d_mask[:, 0]))                      # steps 6-8
+            new, loss = local_sgd(self.net, {k: theta[k] for k in self.names}, self.store, index, mask,  # step 10
+                                  **self.sgd_options())
+            neg_delta = {k: theta[k] - new[k] for k in self.names}                                     # -delta_i
+            contrib = self._client_gradients(h_params, e_params, d_index[:, 0], d_mask[:, 0], neg_delta)
+        mean = self.dp.private_mean(contrib, torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
+        self._server_step(list(h_params.values()), [mean[f"h.{k}"] for k in h_params],
+                          list(e_params.values()), [mean[f"e.{k}"] for k in e_params])
+        return loss
+
+    def _client_gradients(self, h_params, e_params, d_index, d_mask, neg_delta) -> dict:
+        """Each client's VJP of -delta_i through h(v_i) and v_i = mean_b phi(x_b, y_b) (steps 12, 14), vmapped."""
+        from torch.func import functional_call, grad, vmap
+
+        store, names = self.store, self.names
+
+        def inner(hp, ep, x, y1, m, nd):
+            e = functional_call(self.embed, ep, (x, y1))
+            v = (e * m[:, None]).sum(0) / m.sum().clamp_min(1.0)
+            theta = functional_call(self.hnet, hp, (v,))
+            return sum((theta[k] * nd[k]).sum() for k in names)  # its gradient is J^T (-delta_i)
+
+        hp = {k: p.detach() for k, p in h_params.items()}
+        ep = {k: p.detach() for k, p in e_params.items()}
+        g_h, g_e = vmap(grad(inner, argnums=(0, 1)), in_dims=(None, None, 0, 0, 0, 0))(
+            hp, ep, store.inputs(d_index), store.onehot(d_index), d_mask, neg_delta)
+        return {**{f"h.{k}": g for k, g in g_h.items()}, **{f"e.{k}": g for k, g in g_e.items()}}
 
     def _server_backward(self, theta, v, v_leaf, neg_delta) -> None:
         """Steps 12-18: server VJP, client VJP, averaged regularized update."""

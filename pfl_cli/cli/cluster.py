@@ -14,7 +14,7 @@ from pfl_cli.errors import ConfigError
 
 FLAGS = (
     "server_data", "k", "privacy_unit", "radius", "split", "min_server_weight", "lloyds_steps", "lloyds_calibration",
-    "composition", "init", "client_clip", "k_candidates", "reference_n_init", "seed",
+    "composition", "init", "client_clip", "k_candidates", "reference_n_init", "write_nonprivate", "seed",
 )
 
 
@@ -36,13 +36,14 @@ def _number(flag: str, key: str, value: str) -> float:
 
 
 def parse_dp(text: str) -> dict[str, float]:
-    """'eps=1' / 'eps=1,delta=1e-6' -> {'epsilon': 1.0, 'delta': 1e-6}."""
-    pairs = _pairs("--dp", text)
-    names = {"eps": "epsilon", "epsilon": "epsilon", "delta": "delta"}
-    unknown = sorted(set(pairs) - set(names))
-    if unknown or not any(names.get(key) == "epsilon" for key in pairs):
-        raise ConfigError(f"--dp takes eps=E[,delta=D] (e.g. --dp eps=1,delta=1e-6); got {text!r}.")
-    return {names[key]: _number("--dp", key, value) for key, value in pairs.items()}
+    """'eps=1' / 'eps=1,delta=1e-6,population=5000' -> {'epsilon': 1.0, 'delta': 1e-6, ...} (validated)."""
+    from pfl_cli.privacy.release import parse_dp_spec
+
+    spec = parse_dp_spec(text, keys=("eps", "delta", "population"))
+    out = {"epsilon": spec.epsilon, "delta": spec.delta}
+    if spec.population is not None:
+        out["population"] = spec.population
+    return out
 
 
 def parse_k_candidates(text: str) -> list[int]:
@@ -65,10 +66,10 @@ def cluster(
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: client i's points are its train samples' features.")],
     server_data: Annotated[Optional[str], typer.Option("--server-data", help="Server dataset spec (npz:PATH, gmm:server?seed=0, ...).")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="Number of clusters.")] = None,
-    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D]", help="Total privacy budget (delta default 1e-6).")] = None,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,population=N]", help="Total privacy budget (delta default 1e-6; population: public bound on the privacy units, delta < 1/N is checked).")] = None,
     no_dp: Annotated[bool, typer.Option("--no-dp", help="Non-private federated k-means (no clipping, no noise).")] = False,
     privacy_unit: Annotated[str, typer.Option("--privacy-unit", help="example (data-point level) | client (client level).")] = "example",
-    radius: Annotated[Optional[float], typer.Option("--radius", help="Clip every point to this norm (default: the server data's radius).")] = None,
+    radius: Annotated[Optional[float], typer.Option("--radius", help="Clip every point to this norm (a public bound; default: the public server data's radius).")] = None,
     split: Annotated[Optional[str], typer.Option("--split", help="Budget fractions eps1,eps2,eps3G,eps3L[,eps4G,eps4L] (default Tables D.2/D.3).")] = None,
     min_server_weight: Annotated[float, typer.Option("--min-server-weight", help="Drop server points with a smaller noisy weight.")] = 5.0,
     lloyds_steps: Annotated[Optional[int], typer.Option("--lloyds-steps", "-T", help="FedDP-Lloyds steps (default 0 after FedDP-Init, 2 after a baseline init).")] = None,
@@ -76,8 +77,9 @@ def cluster(
     composition: Annotated[str, typer.Option("--composition", help="pld: scale the split until the PLD total meets eps | basic: steps sum to eps.")] = "pld",
     init: Annotated[str, typer.Option("--init", help="feddp | server-kmeans++ | server-lloyds | sphere-packing | random | kfed (--no-dp).")] = "feddp",
     client_clip: Annotated[Optional[str], typer.Option("--client-clip", help="Client-level bounds, e.g. outer=1500,sums=21,lloyds_sums=120.")] = None,
-    k_candidates: Annotated[Optional[str], typer.Option("--k-candidates", help="Plot W(k) of the weighted server data for these k (e.g. 1-20): no extra privacy.")] = None,
+    k_candidates: Annotated[Optional[str], typer.Option("--k-candidates", help="Plot W(k) of the weighted server data for these k (e.g. 1-20), in the centers' own projection: no extra privacy.")] = None,
     reference_n_init: Annotated[int, typer.Option("--reference-n-init", help="Restarts of the centralized (non-private) reference k-means.")] = 2,
+    write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write nonprivate.json (costs, point counts, clipped fraction on the private data), flagged in manifest.json.")] = False,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,

@@ -19,6 +19,12 @@ def _check_config(cfg) -> None:
         raise ConfigError("--dp and --no-dp exclude each other; pass one.")
     if not cfg.no_dp and cfg.epsilon is None:
         raise ConfigError("pass a privacy budget with --dp eps=E[,delta=D], or --no-dp for the non-private variant.")
+    from pfl_cli.privacy.release import check_nonprivate_request, parse_dp_spec
+
+    check_nonprivate_request(dp=not cfg.no_dp, write_nonprivate=cfg.write_nonprivate)
+    if not cfg.no_dp:  # a budget from a config file or --set gets the --dp checks too
+        spec = f"eps={cfg.epsilon},delta={cfg.delta}" + ("" if cfg.population is None else f",population={cfg.population}")
+        parse_dp_spec(spec, keys=("eps", "delta", "population"))
 
 
 def client_points(partition: Path):
@@ -58,10 +64,36 @@ def _plot_k_selection(path: Path, sel: dict, k: int) -> None:
     plt.close(fig)
 
 
-def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporter) -> None:
-    from pfl_cli.artifacts import ArtifactWriter
-    from pfl_cli.cluster import evaluate_clustering, fit_feddp_kmeans
+def _metrics(cfg, res, points, offsets, holdout, server) -> tuple[dict, dict | None]:
+    """``metrics.json`` and, under DP, ``nonprivate.json``: what is computed on private data goes to the latter."""
+    from pfl_cli.cluster import evaluate_clustering
     from pfl_cli.cluster.kmeans import kmeans_cost
+    from pfl_cli.rng import make_rng
+
+    released = {
+        "k": res.k, "dimension": int(points.shape[1]), "init": res.init, "lloyds_steps": res.lloyds_steps,
+        "privacy_unit": res.privacy_unit if res.ledger else None, "epsilon": res.epsilon, "delta": res.delta,
+        "accountant": res.accountant, "radius": res.radius, "projection_dim": res.projection_dim,
+        "server_points": int(len(server)), "server_points_kept": res.server_points_kept, "budget": res.budget,
+    }
+    if res.k_selection:
+        released["k_selection"] = res.k_selection
+    if res.ledger is not None and not cfg.write_nonprivate:
+        return {**released, "population": cfg.population}, None  # nothing computed on the private data
+    private = evaluate_clustering(points, res.centers, rng=make_rng(cfg.seed, "cluster-reference"),
+                                  reference_n_init=cfg.reference_n_init, init_centers=res.init_centers)
+    private.update({"num_clients": len(offsets) - 1, "clipped_fraction": res.clipped_fraction})
+    if holdout is not None:
+        private["holdout_normalized_cost"] = kmeans_cost(holdout, res.centers) / len(holdout)
+    if res.ledger is None:
+        return {**released, **private}, None
+    released["population"] = cfg.population
+    return released, {"warning": "computed on the private data; not covered by privacy.json", **private}
+
+
+def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporter) -> None:
+    from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING, ArtifactWriter, public_input
+    from pfl_cli.cluster import fit_feddp_kmeans
     from pfl_cli.config import config_to_dict
     from pfl_cli.data import load_dataset
     from pfl_cli.rng import make_rng
@@ -72,7 +104,7 @@ def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporte
     server_ds = load_dataset(cfg.server_data)
     server = server_ds.features(np.arange(server_ds.num_samples))
     writer = ArtifactWriter(out, stage="cluster", config=config_to_dict(cfg), seed=cfg.seed,
-                            inputs=[*inputs, server_ds.input_ref()], force=force)
+                            inputs=[*inputs, public_input(server_ds.input_ref())], force=force, dp=not cfg.no_dp)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
@@ -84,26 +116,22 @@ def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporte
         init=cfg.init, client_clip=cfg.client_clip, k_candidates=cfg.k_candidates, server_n_init=cfg.server_n_init,
         gaussian_method=cfg.gaussian_method, rng=make_rng(cfg.seed, "cluster"),
     )
-    metrics = {"k": res.k, **evaluate_clustering(points, res.centers, rng=make_rng(cfg.seed, "cluster-reference"),
-                                                 reference_n_init=cfg.reference_n_init, init_centers=res.init_centers)}
-    metrics.update({
-        "num_clients": len(offsets) - 1, "dimension": int(points.shape[1]), "init": res.init,
-        "lloyds_steps": res.lloyds_steps, "privacy_unit": res.privacy_unit if res.ledger else None,
-        "epsilon": res.epsilon, "delta": res.delta, "accountant": res.accountant, "radius": res.radius,
-        "clipped_fraction": res.clipped_fraction, "projection_dim": res.projection_dim,
-        "server_points": int(len(server)), "server_points_kept": res.server_points_kept, "budget": res.budget,
-    })
-    if holdout is not None:
-        metrics["holdout_normalized_cost"] = kmeans_cost(holdout, res.centers) / len(holdout)
-    if res.k_selection:
-        metrics["k_selection"] = res.k_selection
+    metrics, nonprivate = _metrics(cfg, res, points, offsets, holdout, server)
+    dp = res.ledger is not None
     with writer:
-        np.save(writer.path("centers.npy"), res.centers)
-        writer.save_json("metrics.json", metrics)
-        if res.ledger is not None:
-            writer.save_json("privacy.json", res.ledger.to_dict(res.accountant))
-        if res.k_selection:
-            _plot_k_selection(writer.path("k_selection.png"), res.k_selection, res.k)
+        np.save(writer.path("centers.npy", release=MECHANISM if dp else None), res.centers)
+        writer.save_json("metrics.json", metrics, release=POST_PROCESSING if dp else None)
+        if dp:
+            from pfl_cli.privacy.release import population_note
+
+            ledger = res.ledger.to_dict(res.accountant)
+            ledger["notes"].append(population_note(cfg.population))
+            writer.save_json("privacy.json", ledger, release=POST_PROCESSING)
+            if cfg.write_nonprivate:
+                writer.save_json("nonprivate.json", nonprivate, release=NONPRIVATE)
+        if res.k_selection:  # noisy weights and the released projection: post-processing
+            _plot_k_selection(writer.path("k_selection.png", release=POST_PROCESSING if dp else None),
+                              res.k_selection, res.k)
     _print_summary(report, out, metrics)
 
 
@@ -114,14 +142,13 @@ def _print_summary(report: Reporter, out: Path, m: dict) -> None:
     table.add_column(style="bold")
     table.add_column()
     eps = "none (--no-dp)" if m["epsilon"] is None else f"{m['epsilon']:.4f} at delta {m['delta']:g} ({m['accountant']})"
-    rows = [
-        ("init", f"{m['init']} + {m['lloyds_steps']} FedDP-Lloyds steps"),
-        ("clients / points", f"{m['num_clients']} / {m['num_points']} (d = {m['dimension']})"),
-        ("k", str(m["k"])),
-        ("epsilon", eps),
-        ("cost / point", f"{m['normalized_cost']:.4f}"),
-        ("centralized k-means", f"{m['centralized_normalized_cost']:.4f} (gap {100 * m['relative_gap']:.2f}%)"),
-    ]
+    rows = [("init", f"{m['init']} + {m['lloyds_steps']} FedDP-Lloyds steps"), ("k", str(m["k"])), ("epsilon", eps)]
+    if "num_points" in m:  # without DP; under DP nothing computed on the private data is printed
+        rows += [
+            ("clients / points", f"{m['num_clients']} / {m['num_points']} (d = {m['dimension']})"),
+            ("cost / point", f"{m['normalized_cost']:.4f}"),
+            ("centralized k-means", f"{m['centralized_normalized_cost']:.4f} (gap {100 * m['relative_gap']:.2f}%)"),
+        ]
     for key, value in rows:
         table.add_row(key, value)
     report.result({"out": str(out), "up_to_date": False, **m}, table)

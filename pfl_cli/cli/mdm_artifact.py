@@ -70,21 +70,38 @@ def read_counts(path: Path, bins: str | None) -> tuple[np.ndarray, dict[str, str
     return counts, ref
 
 
-def write_mdm_artifact(writer: ArtifactWriter, result, true_counts: np.ndarray, *, plot: bool, seed: int) -> dict[str, Any]:
-    """Write mdm.json, trace.csv, privacy.json (DP) and mdm.png (``plot``); return the document."""
-    from pfl_cli.mdm.api import mdm_document, trace_rows
+def write_mdm_artifact(writer: ArtifactWriter, result, true_counts: np.ndarray, *, plot: bool, seed: int,
+                       write_nonprivate: bool = False) -> dict[str, Any]:
+    """Write the mdm-fit files; return the ``mdm.json`` document.
+
+    Without DP: mdm.json, trace.csv and mdm.png (``plot``). Under DP (release contract):
+    mdm.json (mechanism output: the post-processed noisy sums) and privacy.json; the
+    private-data diagnostics -- nonprivate.json, nonprivate_trace.csv and nonprivate.png
+    (``plot``) -- only with ``write_nonprivate``.
+    """
+    from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING
+    from pfl_cli.mdm.api import mdm_document, nonprivate_document, trace_rows
 
     doc = mdm_document(result)
-    writer.save_json("mdm.json", doc)
-    writer.save_csv("trace.csv", *trace_rows(result))
-    if result.fit.privacy is not None:
-        writer.save_json("privacy.json", result.fit.privacy.to_dict(accountant=result.dp.accountant))
-    if plot:
-        _plot_tsne(writer.path("mdm.png"), result, true_counts, seed)
+    if result.fit.privacy is None:
+        writer.save_json("mdm.json", doc)
+        writer.save_csv("trace.csv", *trace_rows(result))
+        if plot:
+            _plot_tsne(writer.path("mdm.png"), result, true_counts, seed)
+        return doc
+    writer.save_json("mdm.json", doc, release=MECHANISM)
+    writer.save_json("privacy.json", result.fit.privacy.to_dict(accountant=result.dp.accountant),
+                     release=POST_PROCESSING)
+    if write_nonprivate:
+        writer.save_json("nonprivate.json", nonprivate_document(result, true_counts), release=NONPRIVATE)
+        writer.save_csv("nonprivate_trace.csv", *trace_rows(result), release=NONPRIVATE)
+        if plot:
+            _plot_tsne(writer.path("nonprivate.png", release=NONPRIVATE), result, true_counts, seed,
+                       note="NONPRIVATE: draws the private histograms (not covered by privacy.json)\n")
     return doc
 
 
-def _plot_tsne(path: Path, result, true_counts: np.ndarray, seed: int) -> None:
+def _plot_tsne(path: Path, result, true_counts: np.ndarray, seed: int, note: str = "") -> None:
     try:
         import matplotlib
 
@@ -107,7 +124,8 @@ def _plot_tsne(path: Path, result, true_counts: np.ndarray, seed: int) -> None:
     for (lo, hi), colour, label in (((0, n), "green", "true clients"), ((n, 2 * n), "blue", "fully IID simulated"),
                                     ((2 * n, 3 * n), "red", "MDM simulated")):
         ax.scatter(xy[lo:hi, 0], xy[lo:hi, 1], s=9, c=colour, alpha=0.6, label=label)
-    ax.set_title(f"t-SNE of client histograms (K = {result.fit.params.num_components}; thesis Fig. 3.3)")
+    ax.set_title(f"{note}t-SNE of client histograms (K = {result.fit.params.num_components}; thesis Fig. 3.3)",
+                 fontsize=10 if note else None)
     ax.legend(loc="best", fontsize=8)
     ax.set_xticks([])
     ax.set_yticks([])

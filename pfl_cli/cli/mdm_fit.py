@@ -12,7 +12,7 @@ from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, 
 from pfl_cli.cli.output import Reporter
 
 FLAGS = ("components", "rounds", "cohort_size", "init_cohort_size", "restarts", "max_samples", "sample_bins", "bins",
-         "validation_fraction", "dp", "plot", "seed")
+         "validation_fraction", "dp", "plot", "write_nonprivate", "seed")
 
 
 def mdm_fit(
@@ -26,11 +26,12 @@ def mdm_fit(
     cohort_size: Annotated[Optional[int], typer.Option("--cohort-size", help="Clients per round (default all: full-batch EM).")] = None,
     init_cohort_size: Annotated[Optional[int], typer.Option("--init-cohort-size", help="Clients of Algorithm 5's cohort (default --cohort-size).")] = None,
     restarts: Annotated[Optional[int], typer.Option("--restarts", help="Initializations; keep the best log-likelihood (default 3; 1 with --dp).")] = None,
-    max_samples: Annotated[Optional[int], typer.Option("--max-samples", metavar="M", help="Largest client size the size model covers (default the largest seen).")] = None,
+    max_samples: Annotated[Optional[int], typer.Option("--max-samples", metavar="M", help="Largest client size the size model covers (default the largest seen; required with --dp: a public bound).")] = None,
     sample_bins: Annotated[Optional[int], typer.Option("--sample-bins", help="Model client sizes on this many bins instead of per integer.")] = None,
     validation_fraction: Annotated[float, typer.Option("--validation-fraction", help="Clients held out to choose K.")] = 0.2,
-    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=B]", help="Client-level DP: clipped uploads, Gaussian noise on the sums.")] = None,
-    plot: Annotated[bool, typer.Option("--plot", help="Also write mdm.png: t-SNE of true, IID and MDM-sampled histograms.")] = False,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=B][,population=N]", help="Client-level DP: clipped uploads, Gaussian noise on the sums (needs --max-samples).")] = None,
+    plot: Annotated[bool, typer.Option("--plot", help="Also write mdm.png: t-SNE of true, IID and MDM-sampled histograms (nonprivate.png with --dp --write-nonprivate).")] = False,
+    write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write diagnostics on the private data (nonprivate.json, nonprivate_trace.csv, --plot), flagged in manifest.json.")] = False,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -41,7 +42,7 @@ def mdm_fit(
 
     Examples: pflx mdm-fit --partition runs/part --components auto --out runs/mdm ;
     pflx mdm-fit --counts income.csv --bins 5000:41 --components 3 --out runs/income ;
-    pflx mdm-fit --partition runs/part --components 2 --dp eps=1,delta=1e-6 --out runs/mdm-dp
+    pflx mdm-fit --partition runs/part --components 2 --max-samples 200 --dp eps=1,delta=1e-6 --out runs/mdm-dp
     """
     from pfl_cli.artifacts import ArtifactWriter, read_artifact
     from pfl_cli.cli.mdm_artifact import partition_histograms, read_counts, write_mdm_artifact
@@ -62,14 +63,16 @@ def mdm_fit(
         hist, ref = partition_histograms(art, flag="--partition"), art.input_ref()
     else:
         hist, ref = read_counts(counts, cfg.bins)
-    writer = ArtifactWriter(out, stage="mdm-fit", config=config_to_dict(cfg), seed=cfg.seed, inputs=[ref], force=force)
+    writer = ArtifactWriter(out, stage="mdm-fit", config=config_to_dict(cfg), seed=cfg.seed, inputs=[ref], force=force,
+                            dp=cfg.dp is not None)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same config and input); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
     result = run_mdm_fit(hist, cfg, rng=make_rng(cfg.seed, "mdm-fit"))
     with writer:
-        doc = write_mdm_artifact(writer, result, hist, plot=cfg.plot, seed=cfg.seed)
+        doc = write_mdm_artifact(writer, result, hist, plot=cfg.plot, seed=cfg.seed,
+                                 write_nonprivate=cfg.write_nonprivate)
     _print_summary(report, out, doc, result)
 
 
@@ -78,9 +81,10 @@ def _print_summary(report: Reporter, out, doc: dict, result) -> None:
     from rich.table import Table
 
     params = result.fit.params
-    ll = doc["mean_log_likelihood"]
-    table = Table(title=f"mdm-fit -> {out}: K = {params.num_components}, {doc['num_clients']} clients, "
-                  f"{'LL not released (DP)' if ll is None else f'mean log-likelihood {ll:.4f}'}", title_justify="left")
+    # Under DP print only what mdm.json releases: no client count, no log-likelihood.
+    what = ("DP: only the noisy parameters are released" if "dp" in doc
+            else f"{doc['num_clients']} clients, mean log-likelihood {doc['mean_log_likelihood']:.4f}")
+    table = Table(title=f"mdm-fit -> {out}: K = {params.num_components}, {what}", title_justify="left")
     for col in ("component", "tau", "alpha_0", "mean size", "top categories (mean share)"):
         table.add_column(col)
     share = params.alpha / params.alpha.sum(axis=1, keepdims=True)

@@ -75,7 +75,12 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     model_art, payload, train_cfg, train_metrics = read_model(model)
     part, info, part_art, ds = load_partition_dataset(partition)
     trained_on = (train_metrics.get("dataset") or {}).get("labels_sha256")
-    if info.get("labels_sha256") != trained_on:
+    # A DP model withholds the hash of its (private) training data: only the label space is checked then.
+    withheld = trained_on is None and "dp" in train_metrics
+    if withheld and int(info["num_classes"]) != int(train_metrics["dataset"]["num_classes"]):
+        raise ArtifactError(f"--partition {partition}: {info['num_classes']} classes, but the model was trained on "
+                            f"{train_metrics['dataset']['num_classes']}; predict needs the same label space.")
+    if not withheld and info.get("labels_sha256") != trained_on:
         raise ArtifactError(
             f"--partition {partition}: the partition is over a different dataset than the model (labels hash "
             f"{str(info.get('labels_sha256'))[:12]} of {info['spec']}, the model's {str(trained_on)[:12]} of "

@@ -109,13 +109,16 @@ def _human(report) -> list:
 
 
 def _write(out: Path, cfg, report, seed: int, force: bool, inputs: list) -> None:
-    from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.artifacts import POST_PROCESSING, ArtifactWriter, public_input
     from pfl_cli.config import config_to_dict
 
-    writer = ArtifactWriter(out, stage="privacy-account", config=config_to_dict(cfg), seed=seed, inputs=inputs, force=force)
+    # Release contract: the answer is a function of public parameters and of released
+    # ledgers only, so both files are post-processing and the ledgers' hashes stay public.
+    writer = ArtifactWriter(out, stage="privacy-account", config=config_to_dict(cfg), seed=seed,
+                            inputs=[public_input(i) for i in inputs], force=force, dp=True)
     if writer.up_to_date():
         return
     accountant = report.accountant if report.accountant in ("rdp", "pld") else "rdp"
     with writer:
-        writer.save_json("privacy.json", report.ledger().to_dict(accountant))
-        writer.save_json("report.json", report.to_dict())
+        writer.save_json("privacy.json", report.ledger().to_dict(accountant), release=POST_PROCESSING)
+        writer.save_json("report.json", report.to_dict(), release=POST_PROCESSING)

@@ -185,7 +185,8 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
                          "--holdout-clients.")
     config = config_to_dict(cfg)
     inputs = [part_art.input_ref(), ds.input_ref()]
-    writer = ArtifactWriter(out, stage="train", config=config, seed=cfg.seed, inputs=inputs, force=force)
+    private = cfg.dp_epsilon is not None
+    writer = ArtifactWriter(out, stage="train", config=config, seed=cfg.seed, inputs=inputs, force=force, dp=private)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
@@ -212,7 +213,8 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
             bar.advance(start, status="resumed")
 
         def on_progress(done: int, _total: int, status: dict) -> None:
-            bar.advance(done - seen[0], status=_status(status))
+            # Under --dp the running loss and accuracies are private diagnostics: not shown.
+            bar.advance(done - seen[0], status="" if private else _status(status))
             seen[0] = done
 
         try:
@@ -223,6 +225,12 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
 
     outcome, model = run.outcome, run.model
     metrics = _metrics(cfg, run, info, device)
+    if private:
+        with writer:
+            write_dp_artifact(writer, cfg, config, run, part, metrics)
+        shutil.rmtree(ck_dir, ignore_errors=True)
+        _print_dp_summary(report, out, {**metrics, "dp": clean(run.dp.info())}, cfg.write_nonprivate)
+        return
     with writer:
         writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
         writer.path("model.pt").write_bytes(torch_bytes(model))
@@ -235,6 +243,61 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
     shutil.rmtree(ck_dir, ignore_errors=True)
     _print_summary(report, out, metrics)
+
+
+def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> None:
+    """The train artifact under --dp: only what the ledger covers, diagnostics as nonprivate* on request.
+
+    - ``model.pt``: the last round's model, the output of the DP mechanism (no selection by
+      private validation accuracy; inputs are not standardized with private statistics);
+    - ``privacy.json``: the ledger; ``config.yaml``: the public config;
+    - ``metrics.json``: public facts only (algorithm, rounds, sizes, the mechanism's calibration);
+    - with ``--write-nonprivate``: ``nonprivate.json`` (accuracies of the model on the private
+      clients), ``nonprivate-metrics.csv`` (every evaluation), ``nonprivate-clients.csv``.
+
+    The checkpoint is not part of a DP artifact (it holds the evaluation history).
+    """
+    import yaml
+
+    from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING
+
+    writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False), release=POST_PROCESSING)
+    writer.path("model.pt", release=MECHANISM).write_bytes(torch_bytes(run.model))
+    writer.save_json("privacy.json", run.dp.ledger().to_dict(accountant=cfg.dp_accountant), release=POST_PROCESSING)
+    public = {k: v for k, v in metrics.items() if k not in ("train", "holdout", "val", "dataset", "best_round")}
+    public["dataset"] = {"spec": metrics["dataset"]["spec"], "num_classes": metrics["dataset"]["num_classes"]}
+    public["dp"] = clean(run.dp.info())
+    writer.save_json("metrics.json", public, release=POST_PROCESSING)
+    if cfg.write_nonprivate:
+        outcome = run.outcome
+        writer.save_json("nonprivate.json", {
+            "note": "accuracies measured on the private clients: NOT covered by the DP guarantee of privacy.json",
+            **{g: metrics[g] for g in ("train", "holdout", "val") if g in metrics}}, release=NONPRIVATE)
+        writer.save_csv("nonprivate-metrics.csv", ["round", "group", "metric", "value"], outcome.history,
+                        release=NONPRIVATE)
+        writer.save_csv("nonprivate-clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy",
+                                                   "accuracy_lm"],
+                        client_rows(part, [outcome.best.groups[g] for g in ("train", "holdout")
+                                           if g in outcome.best.groups]), release=NONPRIVATE)
+
+
+def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) -> None:
+    from rich.table import Table
+
+    dp = m["dp"]
+    table = Table(title=f"train --dp -> {out}: {m['algorithm']}, model of the last round ({m['rounds']}), "
+                  f"{m['device']}", title_justify="left")
+    for col in ("unit", "epsilon", "delta", "clip", "noise multiplier", "sampling rate", "accountant"):
+        table.add_column(col, justify="right")
+    table.add_row(dp["unit"], f"{dp['epsilon']:g}", f"{dp['delta']:g}", f"{dp['clip']:g}",
+                  f"{dp['noise_multiplier']:.4g}", f"{dp.get('sampling_rate', float('nan')):.4g}", dp["accountant"])
+    data = {"out": str(out), "up_to_date": False, "dp": dp,
+            **{k: m[k] for k in ("algorithm", "rounds", "selection", "device")}}
+    # Printing is releasing too: accuracies on the private clients stay in the nonprivate* files.
+    if nonprivate:
+        data["nonprivate_files"] = ["nonprivate.json", "nonprivate-metrics.csv", "nonprivate-clients.csv"]
+        report.note(f"accuracies on the private clients (not covered by DP): {out}/nonprivate.json")
+    report.result(data, table)
 
 
 def _status(status: dict) -> str:

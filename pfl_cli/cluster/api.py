@@ -53,6 +53,8 @@ class ClusterConfig:
     server_n_init: int = 10
     reference_n_init: int = 2
     gaussian_method: str = "analytic"
+    population: Optional[int] = None
+    write_nonprivate: bool = False
     seed: int = 0
 
 
@@ -144,8 +146,8 @@ def _validate(points, offsets, server, k, epsilon, delta, radius, privacy_unit, 
     _check_choice("composition", composition, budget.COMPOSITIONS)
     check_param("min server weight", math.isfinite(min_server_weight), "must be a finite number", min_server_weight)
     for kc in k_candidates or ():
-        check_param("k candidates", isinstance(kc, (int, np.integer)) and 1 <= kc <= min(server.shape[0],
-                    points.shape[1]), f"must be integers in [1, {min(server.shape[0], points.shape[1])}]", kc)
+        check_param("k candidates", isinstance(kc, (int, np.integer)) and 1 <= kc <= server.shape[0],
+                    f"must be integers in [1, {server.shape[0]}] (the number of server points)", kc)
 
 
 def fit_feddp_kmeans(
@@ -169,6 +171,7 @@ def fit_feddp_kmeans(
     server_n_init: int = 10,
     gaussian_method: str = "analytic",
     rng: np.random.Generator,
+    _noise_factor: float = 1.0,
 ) -> ClusterResult:
     """Differentially private federated k-means: FedDP-Init + FedDP-Lloyds (thesis ch. 6).
 
@@ -205,12 +208,17 @@ def fit_feddp_kmeans(
         Client-level bounds by step (``outer``, ``weights``, ``sums``, ``counts``,
         ``lloyds_sums``, ``lloyds_counts``); defaults scale the authors' config with ``radius``.
     k_candidates : sequence of int, optional
-        Also report W(k) of the server's weighted k-means for these k (Fig. D.5, no extra
-        privacy); the projection then has dimension max(k, max(k_candidates)).
+        Also report W(k) of the server's weighted k-means for these k (Fig. D.5). It is
+        post-processing of the releases the centers already use -- the same rank-k
+        projection and the same noisy server weights -- so it costs no privacy and does
+        not change the released centers.
     server_n_init : int, default=10
         Restarts of the server's weighted k-means.
     gaussian_method : {"analytic", "classic"}, default="analytic"
     rng : numpy.random.Generator
+    _noise_factor : float, default=1.0
+        Testing hook: scales every calibrated noise scale (0 = noise off through the DP
+        code path, which is NOT private; the ledger still records the calibrated plan).
 
     Returns
     -------
@@ -253,13 +261,13 @@ def fit_feddp_kmeans(
         points = clip_l2(points, delta_radius)
     else:
         clipped_fraction = 0.0
-    scales = plan.scales if plan else {s: 0.0 for s in budget.STEPS}
+    scales = {s: v * _noise_factor for s, v in plan.scales.items()} if plan else {s: 0.0 for s in budget.STEPS}
     data = ClientData(points, offsets)
     init_rng, lloyds_rng = rng.spawn(2)
 
     projection_dim = kept = k_selection = None
     if feddp:
-        projection_dim = max(k, max(k_candidates) if k_candidates else k)
+        projection_dim = k  # k_candidates reuse this projection: the released centers never depend on them
         out = feddp_init(data, server, k, scales=scales, clip=clip, projection_dim=projection_dim,
                          min_weight=min_server_weight, rng=init_rng, n_init=server_n_init)
         init_centers, kept = out.centers, int(out.server_kept.sum())
@@ -286,7 +294,11 @@ def fit_feddp_kmeans(
     ledger = None
     info: dict[str, Any] = {}
     if plan is not None:
-        ledger = PrivacyLedger(privacy_unit, float(delta), plan.events, notes=plan.notes)
+        notes = tuple(plan.notes)
+        if k_selection:
+            notes += ("k selection (--k-candidates): weighted k-means of the projected server data with the released "
+                      "noisy weights and the same rank-k projection as the centers; post-processing, no privacy cost",)
+        ledger = PrivacyLedger(privacy_unit, float(delta), plan.events, notes=notes)
         info = {"epsilons": plan.epsilons, "noise_scales": plan.scales, "sensitivities": plan.sensitivities,
                 "nominal_scale": plan.nominal_scale, "composition": composition,
                 "lloyds_calibration": lloyds_calibration, "gaussian_method": gaussian_method}

@@ -54,9 +54,34 @@ def validate_train_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"server_lr must be a finite number > 0; got {cfg.server_lr!r}.")
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in [0, 1); got {cfg.val_fraction!r}.")
+    _validate_dp(cfg)
     hidden = cfg.mlp_hidden if isinstance(cfg.mlp_hidden, (list, tuple)) else [cfg.mlp_hidden]
     if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
         raise ConfigError(f"mlp_hidden must be a list of positive layer widths; got {cfg.mlp_hidden!r}.")
+
+
+def _validate_dp(cfg: TrainConfig) -> None:
+    """--dp on an algorithm that has a DP variant, with its public bounds (``pfl_cli.fl.dp``)."""
+    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.fl.dp import check_dp_options
+    from pfl_cli.privacy import ACCOUNTANTS
+
+    cls = REGISTRY[cfg.algorithm]
+    if cfg.dp_epsilon is None:
+        if cls.dp_required:
+            raise ConfigError(f"algorithm {cfg.algorithm!r} is a local-DP algorithm and needs --dp eps=E,clip=C "
+                              "(the paper ran eps=4,delta=1e-5,clip=0.04).")
+        if cfg.write_nonprivate:
+            raise ConfigError("--write-nonprivate only applies with --dp (without DP every file is written).")
+        return
+    if cls.dp_unit is None:
+        supported = ", ".join(name for name, c in REGISTRY.items() if c.dp_unit is not None)
+        raise ConfigError(f"--dp is not supported by algorithm {cfg.algorithm!r}; algorithms with a DP variant: "
+                          f"{supported}.")
+    if cfg.dp_accountant not in ACCOUNTANTS:
+        raise ConfigError(f"dp_accountant must be one of {', '.join(ACCOUNTANTS)}; got {cfg.dp_accountant!r}.")
+    check_dp_options(cfg)
+    cls.check_dp_config(cfg)
 
 
 def _int(cfg, name: str, low: int) -> None:
@@ -73,6 +98,7 @@ class TrainRun:
     outcome: Any                 # pfl_cli.fl.loop.TrainOutcome
     store: Any
     algorithm: Any
+    dp: Any = None               # the calibrated DP mechanism under --dp (``ledger()``, ``info()``)
 
 
 def make_algorithm(cfg: TrainConfig, store, *, arch: dict | None = None):
@@ -110,8 +136,18 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
     store = build_store(x, y, num_classes, partition, val_fraction=cfg.val_fraction,
                         rng=make_rng(cfg.seed, "validation-split"), device=device, normalize=cfg.normalize)
     alg = make_algorithm(cfg, store)
+    if cfg.dp_epsilon is not None:
+        alg.dp = plan_dp(cfg, store)  # calibrated before the first round
     outcome = run_rounds(alg, cfg, resume=resume, on_checkpoint=on_checkpoint, on_progress=on_progress)
-    return TrainRun(model=model_payload(alg, outcome.weights), outcome=outcome, store=store, algorithm=alg)
+    return TrainRun(model=model_payload(alg, outcome.weights), outcome=outcome, store=store, algorithm=alg,
+                    dp=alg.dp)
+
+
+def plan_dp(cfg: TrainConfig, store):
+    """The calibrated mechanism of ``cfg.algorithm`` under --dp (from public inputs only)."""
+    from pfl_cli.algorithms import REGISTRY
+
+    return REGISTRY[cfg.algorithm].plan_dp(cfg, store)
 
 
 def model_payload(alg, weights: dict) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-ALGORITHMS = ("pefll", "fedavg", "local")
+ALGORITHMS = ("pefll", "fedavg", "local", "ldp-fedavg", "ppsgd", "centaur")
 CLIENT_ARCHS = ("auto", "lenet", "mlp")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
 HYPER_SIZES = ("S", "M", "L")
@@ -57,6 +57,18 @@ class TrainConfig:
     checkpoint_every: int = 0             # rounds between checkpoints; 0 = at every evaluation
     device: str = "auto"
     seed: int = 0
+    # -- differential privacy (issue 10): --dp eps=E[,delta=D][,clip=C] and --write-nonprivate.
+    # fedavg, pefll: client-level DP-FedAvg (pfl_cli.fl.dp); ldp-fedavg, ppsgd, centaur: example-level
+    # DP-SGD on every client (pfl_cli.fl.dpsgd). dp_epsilon None = no DP.
+    dp_epsilon: Optional[float] = None
+    dp_delta: float = 1e-6                 # checked < 1/dp_population when that public bound is given
+    dp_clip: Optional[float] = None        # public L2 bound: a client's update, or one sample's gradient (ldp-*)
+    dp_population: Optional[int] = None    # public bound N on the privacy units: clients (client-level; sets
+                                           # q = clients_per_round / N) or one client's records (ldp-*)
+    dp_sampling_rate: Optional[float] = None  # Poisson rate q: of clients (client-level; None = clients_per_round /
+                                              # train clients) or of a client's records (ldp-*; required)
+    dp_accountant: str = "rdp"             # rdp | pld
+    write_nonprivate: bool = False         # also write diagnostics computed on private data (nonprivate*)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,9 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     if len(train_clients) == 0:
         raise RunError("training needs train clients (role 0); the partition has none.")
     total = cfg.rounds if alg.federated else 0
-    with_val = cfg.val_fraction > 0 and int(store.val.length.sum()) > 0
+    # Under DP, choosing a round by accuracy on private clients would be an unaccounted release:
+    # the model is the last round's.
+    with_val = cfg.val_fraction > 0 and int(store.val.length.sum()) > 0 and alg.dp is None
     every_ckpt = cfg.checkpoint_every or cfg.eval_every
     start, history, best, loss_acc, last_ckpt = 0, [], None, [0.0, 0], None
     if resume is not None:
@@ -112,12 +114,13 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     latest: dict[str, float] = {}
     for t in range(start, total):
         gen = torch_generator(cfg.seed, f"round-{t}")
-        cohort = train_clients[torch.randperm(len(train_clients), generator=gen)[:c].to(store.device)]
+        cohort = alg.sample_cohort(train_clients, c, gen)
         loss = alg.run_round(t, cohort, gen)
-        mean_loss = float(loss.mean())
-        if not np.isfinite(mean_loss):
+        mean_loss = float(loss.mean()) if len(loss) else float("nan")  # a Poisson cohort may be empty
+        if len(loss) and not np.isfinite(mean_loss):
             raise TrainingDiverged(t + 1, mean_loss, last_ckpt)
-        loss_acc = [loss_acc[0] + mean_loss, loss_acc[1] + 1]
+        if len(loss):
+            loss_acc = [loss_acc[0] + mean_loss, loss_acc[1] + 1]
         done = t + 1
         if done % cfg.eval_every == 0 or done == total:
             history.append([done, "train", "train_loss", loss_acc[0] / max(loss_acc[1], 1)])

@@ -35,6 +35,7 @@ class MDMFitConfig:
     moment_category: str = "argmax"
     dp: str | None = None
     plot: bool = False
+    write_nonprivate: bool = False
     seed: int = 0
 
 
@@ -63,16 +64,26 @@ def validate_config(cfg: MDMFitConfig) -> tuple[Any, DPMechanism | None]:
         raise ConfigError(f"validation-fraction must be in (0, 1); got {cfg.validation_fraction!r}.")
     if cfg.moment_category not in ("argmax", "first"):
         raise ConfigError(f"moment-category must be argmax or first; got {cfg.moment_category!r}.")
+    from pfl_cli.privacy.release import check_nonprivate_request
+
+    check_nonprivate_request(dp=cfg.dp is not None, write_nonprivate=cfg.write_nonprivate, plot=cfg.plot)
     dp = None
     if cfg.dp is not None:
-        opts = parse_dp(cfg.dp)
-        dp = make_dp(opts["epsilon"], opts.get("delta", 1e-6), clip=opts.get("clip"))
+        spec = parse_dp(cfg.dp)
         if not isinstance(comps, int):
             raise ConfigError("--dp needs a fixed --components K: choosing K compares log-likelihoods that DP does not "
                               "release. Fit without --dp to choose K, then refit with --dp --components K.")
         if cfg.restarts not in (None, 1):
             raise ConfigError(f"--dp runs one initialization (restarts 1): picking the best restart would use "
                               f"non-private log-likelihoods; got --restarts {cfg.restarts}.")
+        if cfg.max_samples is None:
+            raise ConfigError("--dp needs --max-samples M: a public bound on a client's size (the size model's "
+                              "support and the default clip), never read from the private data. Give it, e.g. "
+                              "--max-samples 500; larger clients are cut down to M.")
+        dp = make_dp(spec.epsilon, spec.delta, clip=spec.clip, population=spec.population)
+        for name in ("cohort_size", "init_cohort_size"):
+            if getattr(cfg, name) is not None:
+                dp._rate(getattr(cfg, name), name)  # the population bound is needed: say so before any work
     return comps, dp
 
 
@@ -96,9 +107,19 @@ def _finite(x: float) -> float | None:
 
 
 def mdm_document(result: MDMResult) -> dict[str, Any]:
-    """The ``mdm.json`` document (DESIGN.md §3)."""
+    """The ``mdm.json`` document (DESIGN.md §3).
+
+    Under DP it holds only the released parameters and public settings: no client count,
+    no cohort size, no log-likelihood (those go to :func:`nonprivate_document`).
+    """
     fit, cfg = result.fit, result.config
     doc: dict[str, Any] = params_to_dict(fit.params)
+    if fit.dp_info is not None:
+        doc["fit"] = {"rounds": fit.rounds, "cohort_size": cfg.cohort_size, "init_cohort_size": cfg.init_cohort_size,
+                      "restarts": 1, "max_samples": cfg.max_samples, "moment_category": cfg.moment_category,
+                      "algorithm": "thesis Algorithm 5 (init) + Algorithm 6 (generalized EM), client-level DP"}
+        doc["dp"] = fit.dp_info
+        return doc
     doc.update({
         "log_likelihood": _finite(fit.log_likelihood),
         "mean_log_likelihood": _finite(fit.mean_log_likelihood),
@@ -114,9 +135,29 @@ def mdm_document(result: MDMResult) -> dict[str, Any]:
     })
     if result.selection is not None:
         doc["selection"] = result.selection.to_dict()
-    if fit.dp_info is not None:
-        doc["dp"] = fit.dp_info
     return doc
+
+
+def nonprivate_document(result: MDMResult, counts: np.ndarray) -> dict[str, Any]:
+    """``nonprivate.json`` of a DP fit: exact counts and the log-likelihood on the private data.
+
+    Written only on request (``--write-nonprivate``); none of it is covered by the ledger.
+    """
+    from pfl_cli.mdm.dp import cap_client_sizes
+    from pfl_cli.mdm.model import log_likelihood
+
+    fit = result.fit
+    raw = check_counts(counts, private=True)[0]
+    x = cap_client_sizes(raw, fit.params.max_samples)  # what the fit saw
+    ll = float(log_likelihood(x, fit.params)) if len(x) else float("nan")
+    return {
+        "warning": "computed on the private data; not covered by privacy.json",
+        "num_clients": fit.num_clients, "skipped_empty_clients": fit.num_skipped,
+        "clients_capped_to_max_samples": int((raw.sum(axis=1) > fit.params.max_samples).sum()),
+        "log_likelihood": _finite(ll),
+        "mean_log_likelihood": _finite(ll / len(x)) if len(x) else None,
+        "cohort_sizes": [int(row[2]) for row in fit.trace[:-1]],
+    }
 
 
 def trace_rows(result: MDMResult) -> tuple[list[str], list[list[Any]]]:

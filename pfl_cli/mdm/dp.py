@@ -18,10 +18,18 @@ noise multiplier ``z`` (calibrated to the whole budget) covers it:
   -- and bounds the block by the client's counts (``a * (psi(c+a) - psi(a)) <= c``), so a
   ``clip`` of about the clients' size keeps most clients unclipped.
 
-Cohorts are Poisson samples (rate = cohort size / clients) so that the accountant's
-subsampling amplification applies; with the full population every round is a plain
-Gaussian release. The server post-processes the noisy sums into valid parameters
-(clamping at 0, floors, renormalization), which costs no privacy.
+Cohorts are Poisson samples so that the accountant's subsampling amplification applies.
+Their rate ``cohort size / population`` uses the *public* population bound N of
+``--dp ...,population=N``, never the private number of clients; with no cohort size every
+round uses all clients (rate 1, a plain Gaussian release). The server post-processes the
+noisy sums into valid parameters (clamping at 0, floors, renormalization), which costs no
+privacy.
+
+Public bounds (release contract, :mod:`pfl_cli.privacy.release`): the size model's
+support ``1..M`` and the default ``clip`` come from the user's ``max_samples`` M, never
+from the largest client seen; a client holding more than M samples is cut down to M
+before anything is computed (:func:`cap_client_sizes`), so one client's blocks keep
+their bound whatever its size.
 """
 
 from __future__ import annotations
@@ -41,28 +49,47 @@ INIT_BLOCKS = 3
 ROUND_BLOCKS = 2
 
 
-def parse_dp(text: str) -> dict[str, float]:
-    """Parse ``eps=E[,delta=D][,clip=B]`` (``epsilon=`` also accepted).
+def parse_dp(text: str):
+    """Parse ``eps=E[,delta=D][,clip=B][,population=N]`` into a :class:`~pfl_cli.privacy.release.DPSpec`.
 
     Examples
     --------
     >>> parse_dp("eps=1,delta=1e-6")
-    {'epsilon': 1.0, 'delta': 1e-06}
+    DPSpec(epsilon=1.0, delta=1e-06, clip=None, population=None)
     """
-    out: dict[str, float] = {}
-    names = {"eps": "epsilon", "epsilon": "epsilon", "delta": "delta", "clip": "clip"}
-    for part in (p.strip() for p in str(text).split(",") if p.strip()):
-        key, sep, raw = part.partition("=")
-        key = key.strip().lower()
-        if not sep or key not in names:
-            raise ConfigError(f"--dp takes eps=E[,delta=D][,clip=B]; got {text!r}. Example: --dp eps=1,delta=1e-6")
-        try:
-            out[names[key]] = float(raw)
-        except ValueError:
-            raise ConfigError(f"--dp {key} must be a number; got {raw!r}.") from None
-    if "epsilon" not in out:
-        raise ConfigError(f"--dp needs eps=E; got {text!r}. Example: --dp eps=1,delta=1e-6")
-    return out
+    from pfl_cli.privacy.release import parse_dp_spec
+
+    return parse_dp_spec(text)
+
+
+def cap_client_sizes(counts: np.ndarray, max_samples: int) -> np.ndarray:
+    """Cut every histogram with more than ``max_samples`` counts down to exactly that many.
+
+    Proportional scaling with largest-remainder rounding, all clients at once: a client's
+    capped histogram depends on its own counts only, so the per-client bounds (and the
+    sensitivity) hold with the public M whatever the private sizes are.
+
+    Examples
+    --------
+    >>> cap_client_sizes(np.array([[6, 3, 1], [1, 1, 0]]), 5).tolist()
+    [[3, 2, 0], [1, 1, 0]]
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    sizes = counts.sum(axis=1, keepdims=True)
+    big = sizes[:, 0] > max_samples
+    if not big.any():
+        return counts
+    share = counts[big] * (max_samples / sizes[big])
+    base = np.floor(share).astype(np.int64)
+    missing = max_samples - base.sum(axis=1)
+    # Rank each row's fractional parts (largest first, ties to the lower category) and
+    # give one more count to the `missing` largest.
+    order = np.argsort(-(share - base), axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(counts.shape[1])[None].repeat(len(order), 0), axis=1)
+    capped = counts.copy()
+    capped[big] = base + (rank < missing[:, None])
+    return capped
 
 
 @dataclass(frozen=True)
@@ -75,23 +102,34 @@ class DPMechanism:
         The client-level (epsilon, delta) budget of the whole fit.
     clip : float, optional
         L2 bound of a client's scaled ``(alpha * u, alpha_0 * v)`` upload; default M,
-        the largest client size the model covers.
+        the public largest client size the model covers.
     accountant : {"rdp", "pld"}, default="rdp"
+    population : int, optional
+        Public bound N on the number of clients: Poisson cohorts sample at rate
+        ``cohort_size / N``. Needed only with a cohort size.
     """
 
     epsilon: float
     delta: float = 1e-6
     clip: float | None = None
     accountant: str = "rdp"
+    population: int | None = None
+    # Testing hook: scales the calibrated noise (0 = noise off, which is NOT private; the
+    # ledger still records the calibrated mechanism). Never set by the CLI.
+    _noise_factor: float = 1.0
     # Filled by bind().
     noise_multiplier: float = float("nan")
     init_rate: float = 1.0
     round_rate: float = 1.0
     rounds: int = 0
 
-    def bind(self, *, num_clients: int, cohort_size: int, init_cohort_size: int, rounds: int, restarts: int,
+    def bind(self, *, cohort_size: int | None, init_cohort_size: int | None, rounds: int, restarts: int,
              max_samples: int) -> "DPMechanism":
-        """Calibrate the noise multiplier so the whole fit meets (epsilon, delta)."""
+        """Calibrate the noise multiplier so the whole fit meets (epsilon, delta).
+
+        Everything here is public: sizes and rates come from the arguments and the
+        population bound, never from the data.
+        """
         from pfl_cli.privacy import calibrate_noise
 
         check_param("epsilon", self.epsilon > 0 and math.isfinite(self.epsilon), "must be a finite number > 0", self.epsilon)
@@ -101,10 +139,19 @@ class DPMechanism:
                              f"log-likelihoods); got {restarts}.")
         clip = float(max_samples) if self.clip is None else float(self.clip)
         check_param("clip", clip > 0 and math.isfinite(clip), "must be a finite number > 0", self.clip)
-        bound = dataclasses.replace(self, clip=clip, init_rate=min(1.0, init_cohort_size / num_clients),
-                                    round_rate=min(1.0, cohort_size / num_clients), rounds=rounds)
+        bound = dataclasses.replace(self, clip=clip, init_rate=self._rate(init_cohort_size, "init_cohort_size"),
+                                    round_rate=self._rate(cohort_size, "cohort_size"), rounds=rounds)
         cal = calibrate_noise(bound._event, self.epsilon, self.delta, accountant=self.accountant)
         return dataclasses.replace(bound, noise_multiplier=float(cal.noise_multiplier))
+
+    def _rate(self, size: int | None, name: str) -> float:
+        if size is None:
+            return 1.0
+        if self.population is None:
+            raise ConfigError(f"--{name.replace('_', '-')} with --dp samples Poisson cohorts at rate size / population, "
+                              f"and the number of clients is private: give a public bound, e.g. --dp eps=1,"
+                              f"population=N, or drop --{name.replace('_', '-')} to use every client each round.")
+        return min(1.0, size / self.population)
 
     def _event(self, z: float):
         from dp_accounting import dp_event
@@ -117,19 +164,23 @@ class DPMechanism:
         return dp_event.ComposedDpEvent(events)
 
     # -- the releases ----------------------------------------------------------------
-    def cohort(self, n: int, size: int, rng: np.random.Generator) -> np.ndarray | slice:
-        """Poisson cohort with rate ``size / n`` (all clients when ``size >= n``)."""
-        if size >= n:
+    def cohort(self, n: int, rate: float, rng: np.random.Generator) -> np.ndarray | slice:
+        """Poisson cohort of the ``n`` clients with the public ``rate`` (all clients at rate 1)."""
+        if rate >= 1:
             return slice(0, n)
-        return np.flatnonzero(rng.random(n) < size / n)
+        return np.flatnonzero(rng.random(n) < rate)
 
     def _sigma(self, blocks: int) -> float:
-        return self.noise_multiplier * math.sqrt(blocks)
+        return self.noise_multiplier * math.sqrt(blocks) * self._noise_factor
+
+    def _noise(self, shape, sigma: float, rng: np.random.Generator) -> np.ndarray:
+        from pfl_cli.privacy import gaussian_noise
+
+        return gaussian_noise(shape, sigma, rng) if sigma > 0 else np.zeros(shape)
 
     def noisy_init_sums(self, counts, bins, k, s, r_init, r_noise) -> InitStatistics:
         """Algorithm 5's sums plus Gaussian noise (the blocks need no clipping)."""
         from pfl_cli.mdm.init import init_client_sums
-        from pfl_cli.privacy import gaussian_noise
 
         if len(counts):
             sums = init_client_sums(counts, bins, k, s, r_init)
@@ -137,14 +188,19 @@ class DPMechanism:
             sums = InitStatistics(np.zeros((k, s)), np.zeros((k, counts.shape[1])), np.zeros((k, counts.shape[1])))
         sigma = self._sigma(INIT_BLOCKS)
         return InitStatistics(
-            e=sums.e + gaussian_noise(sums.e.shape, sigma, r_noise),
-            p=sums.p + gaussian_noise(sums.p.shape, sigma, r_noise),
-            q=sums.q + gaussian_noise(sums.q.shape, sigma, r_noise),
+            e=sums.e + self._noise(sums.e.shape, sigma, r_noise),
+            p=sums.p + self._noise(sums.p.shape, sigma, r_noise),
+            q=sums.q + self._noise(sums.q.shape, sigma, r_noise),
         )
 
-    def noisy_round_sums(self, data: K.ClientData, params, r_noise: np.random.Generator) -> K.SummedStatistics:
-        """One round's clipped, summed, noised statistics, converted back to ``(omega, E, u, v)``."""
-        from pfl_cli.privacy import clip_l2, gaussian_noise
+    def release_round_sums(self, data: K.ClientData, params, r_noise: np.random.Generator):
+        """The mechanism of one Algorithm 6 round: noisy ``E`` and noisy clipped ``(alpha*u, alpha0*v)`` sums.
+
+        This is exactly what the ledger's round event covers (2 blocks, each of L2 norm
+        <= 1 per client after dividing the second by ``clip``); :meth:`noisy_round_sums`
+        post-processes it.
+        """
+        from pfl_cli.privacy import clip_l2
 
         k, c, s = params.num_components, params.num_categories, params.size_probs.shape[1]
         alpha0 = params.alpha.sum(axis=1)
@@ -158,8 +214,14 @@ class DPMechanism:
             vec = np.concatenate([(u * params.alpha[None]).reshape(len(w), -1), v * alpha0[None]], axis=1)
             scaled += clip_l2(vec, self.clip, axis=1).sum(axis=0)
         sigma = self._sigma(ROUND_BLOCKS)
-        e_noisy = e + gaussian_noise(e.shape, sigma, r_noise)
-        scaled = scaled + gaussian_noise(scaled.shape, sigma * self.clip, r_noise)
+        return e + self._noise(e.shape, sigma, r_noise), scaled + self._noise(scaled.shape, sigma * self.clip, r_noise)
+
+    def noisy_round_sums(self, data: K.ClientData, params, r_noise: np.random.Generator) -> K.SummedStatistics:
+        """One round's released sums (:meth:`release_round_sums`), converted back to ``(omega, E, u, v)``."""
+        k, c, s = params.num_components, params.num_categories, params.size_probs.shape[1]
+        alpha0 = params.alpha.sum(axis=1)
+        sigma = self._sigma(ROUND_BLOCKS)
+        e_noisy, scaled = self.release_round_sums(data, params, r_noise)
         omega = e_noisy.sum(axis=1)
         # A component whose noisy weight is within 3 noise std of zero is treated as empty.
         omega = np.where(omega > 3 * sigma * math.sqrt(s), omega, 0.0)
@@ -177,11 +239,15 @@ class DPMechanism:
         if self.rounds:
             notes.append(f"Algorithm 6: {self.rounds} rounds of sums of E and (alpha*u, alpha0*v) clipped to L2 "
                          f"{self.clip:g} (2 blocks), Gaussian noise")
+        from pfl_cli.privacy.release import population_note
+
+        notes.append(population_note(self.population))
         return PrivacyLedger("client", self.delta, self._event(self.noise_multiplier).events, "add-remove", tuple(notes))
 
     def info(self) -> dict[str, Any]:
         return {
             "epsilon": self.epsilon, "delta": self.delta, "unit": "client", "clip": self.clip,
+            "population": self.population,
             "noise_multiplier": self.noise_multiplier, "accountant": self.accountant,
             "init_sampling_rate": self.init_rate, "round_sampling_rate": self.round_rate, "rounds": self.rounds,
             "cohorts": "poisson" if self.round_rate < 1 or self.init_rate < 1 else "all clients",
@@ -190,7 +256,8 @@ class DPMechanism:
         }
 
 
-def make_dp(epsilon: float, delta: float = 1e-6, *, clip: float | None = None, accountant: str = "rdp") -> DPMechanism:
+def make_dp(epsilon: float, delta: float = 1e-6, *, clip: float | None = None, accountant: str = "rdp",
+            population: int | None = None) -> DPMechanism:
     """A DP mechanism for :func:`~pfl_cli.mdm.fit.fit_mdm` (calibrated when the fit starts).
 
     Examples
@@ -198,10 +265,11 @@ def make_dp(epsilon: float, delta: float = 1e-6, *, clip: float | None = None, a
     >>> from pfl_cli.mdm import MDMParams, fit_mdm, sample_clients
     >>> true = MDMParams(np.array([1.0]), np.array([[2.0, 1.0]]), np.array([[1.0]]), np.array([20, 21]))
     >>> counts = sample_clients(true, 3000, rng=np.random.default_rng(0)).counts
-    >>> fit = fit_mdm(counts, num_components=1, rounds=5, rng=np.random.default_rng(1), dp=make_dp(4.0, 1e-6))
+    >>> fit = fit_mdm(counts, num_components=1, rounds=5, max_samples=21, rng=np.random.default_rng(1),
+    ...               dp=make_dp(4.0, 1e-6))
     >>> fit.privacy.unit, len(fit.privacy.events)
     ('client', 2)
     """
     check_param("accountant", accountant in ("rdp", "pld"), "must be rdp or pld", accountant)
     return DPMechanism(epsilon=float(epsilon), delta=float(delta), clip=None if clip is None else float(clip),
-                       accountant=accountant)
+                       accountant=accountant, population=population)

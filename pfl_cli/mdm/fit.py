@@ -25,6 +25,7 @@ import numpy as np
 
 from pfl_cli.errors import InfeasibleError, InputError, PflxWarning, check_param
 from pfl_cli.mdm import _kernels as K
+from pfl_cli.mdm.dp import cap_client_sizes
 from pfl_cli.mdm.init import MOMENT_CATEGORIES, init_client_sums, init_from_sums
 from pfl_cli.mdm.model import ALPHA_FLOOR, TAU_FLOOR, MDMParams, binned_size_edges, integer_size_edges
 
@@ -75,11 +76,12 @@ class MDMFit:
 
 
 # ---------------------------------------------------------------------------- validation
-def check_counts(counts: Any, *, name: str = "counts") -> tuple[np.ndarray, np.ndarray]:
+def check_counts(counts: Any, *, name: str = "counts", private: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Validate client histograms; return the non-empty rows (int64) and the empty-row mask.
 
     Raises ``InputError`` for a non-2-D, non-finite, negative or non-integer input; rows
-    with zero samples are dropped with a :class:`~pfl_cli.errors.PflxWarning`.
+    with zero samples are dropped with a :class:`~pfl_cli.errors.PflxWarning` that counts
+    them, unless ``private`` (a DP fit prints no exact count).
     """
     try:
         arr = np.asarray(counts)
@@ -102,8 +104,8 @@ def check_counts(counts: Any, *, name: str = "counts") -> tuple[np.ndarray, np.n
     arr = arr.astype(np.int64)
     empty = arr.sum(axis=1) == 0
     if empty.any():
-        warnings.warn(f"skipped {int(empty.sum())} of {len(arr)} clients with zero samples (they carry no histogram).",
-                      PflxWarning, stacklevel=3)
+        what = "clients with zero samples" if private else f"{int(empty.sum())} of {len(arr)} clients with zero samples"
+        warnings.warn(f"skipped {what} (they carry no histogram).", PflxWarning, stacklevel=3)
     return arr[~empty], empty
 
 
@@ -190,6 +192,7 @@ def fit_mdm(
         (the objective is non-concave, specs/mdm.md §3).
     max_samples : int, optional
         M, the largest client size the model covers; default the largest size seen.
+        Required with ``dp`` (a public bound); larger clients are then cut down to M.
     sample_bins : int, optional
         Model sizes on this many equal-width bins of ``1..M`` instead of per integer.
     moment_category : {"argmax", "first"}, default="argmax"
@@ -217,10 +220,15 @@ def fit_mdm(
     >>> bool(np.allclose(fit.params.alpha, [[2.0, 1.0, 1.0]], rtol=0.15))
     True
     """
-    x, empty = check_counts(counts)
+    x, empty = check_counts(counts, private=dp is not None)
     n = x.shape[0]
     k = _check_int("num_components", num_components, 1)
-    if n < k:
+    if dp is not None:
+        if max_samples is None:
+            raise InputError("max_samples is required with dp: a public bound M on a client's size (the size "
+                             "model's support and the default clip); pflx never reads it from the private data.")
+        x = cap_client_sizes(x, _check_int("max_samples", max_samples, 1))
+    if n < k and dp is None:
         raise InfeasibleError(
             f"num_components {k} needs at least {k} clients with samples; got {n}"
             + (f" ({int(empty.sum())} empty clients skipped)" if empty.any() else "") + ". Lower --components."
@@ -235,8 +243,8 @@ def fit_mdm(
     edges = size_edges_for(x.sum(axis=1), max_samples=max_samples, sample_bins=sample_bins)
     data = K.encode(x)
     if dp is not None:
-        dp = dp.bind(num_clients=n, cohort_size=cohort, init_cohort_size=init_cohort, rounds=rounds,
-                     restarts=restarts, max_samples=int(edges[-1] - 1))
+        dp = dp.bind(cohort_size=cohort_size, init_cohort_size=init_cohort_size if init_cohort_size is not None
+                     else cohort_size, rounds=rounds, restarts=restarts, max_samples=int(edges[-1] - 1))
     runs = [
         _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, keep_history, dp, r, child)
         for r, child in enumerate(rng.spawn(restarts))
@@ -252,9 +260,9 @@ def fit_mdm(
     )
 
 
-def _cohort(n: int, size: int, rng: np.random.Generator, dp) -> np.ndarray | slice:
+def _cohort(n: int, size: int, rng: np.random.Generator, dp, rate: float = 1.0) -> np.ndarray | slice:
     if dp is not None:
-        return dp.cohort(n, size, rng)
+        return dp.cohort(n, rate, rng)
     if size >= n:
         return slice(0, n)
     return np.sort(rng.choice(n, size=size, replace=False))
@@ -264,7 +272,7 @@ def _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, k
     """One initialization and ``rounds`` EM rounds; returns (params, final LL, trace rows, history)."""
     r_init, r_rounds, r_noise = rng.spawn(3)
     s = len(edges) - 1
-    rows = _cohort(data.num_clients, init_cohort, r_init, dp)
+    rows = _cohort(data.num_clients, init_cohort, r_init, dp, dp.init_rate if dp is not None else 1.0)
     sizes = x[rows].sum(axis=1)
     bins = np.searchsorted(edges, sizes, side="right") - 1
     if dp is None:
@@ -275,7 +283,7 @@ def _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, k
     history = [params] if keep_history else None
     trace = []
     for t in range(rounds):
-        rows = _cohort(data.num_clients, cohort, r_rounds, dp)
+        rows = _cohort(data.num_clients, cohort, r_rounds, dp, dp.round_rate if dp is not None else 1.0)
         sub = data if isinstance(rows, slice) else data.rows(rows)  # full batch: reuse the cached chunks
         stats = K.summed_statistics(sub, params) if dp is None else dp.noisy_round_sums(sub, params, r_noise)
         trace.append((restart, t, sub.num_clients, float(stats.log_likelihood)))

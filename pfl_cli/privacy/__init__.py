@@ -6,6 +6,32 @@
 - :mod:`~pfl_cli.privacy.ledger` -- :class:`PrivacyLedger`, the ``privacy.json`` document.
 - :mod:`~pfl_cli.privacy.accounting` -- epsilon by RDP or PLD, noise and steps calibration.
 - :mod:`~pfl_cli.privacy.query` -- the four questions ``pflx privacy-account`` answers.
+- :mod:`~pfl_cli.privacy.release` -- the DP release contract's checks: ``--dp`` parsing
+  (eps > 0, delta in (0, 1) and < 1/population, clip > 0) and ``--write-nonprivate``.
+- :mod:`~pfl_cli.privacy.audit` -- the empirical privacy audit (Clopper-Pearson lower bound
+  on epsilon); :mod:`~pfl_cli.privacy.audit_cases` applies it to every release of pflx.
+
+The DP release contract
+-----------------------
+An (epsilon, delta) that pflx prints is a promise to the people whose data was used. Under
+``--dp`` every file a stage writes, and every number it prints, is one of:
+
+(a) ``mechanism`` -- the output of a mechanism whose dp_accounting events are in
+    ``privacy.json``;
+(b) ``post-processing`` -- a function of mechanism outputs and of public inputs only: the
+    config, public data (a server dataset), user-given bounds; ``privacy.json`` itself;
+(c) ``nonprivate`` -- a diagnostic computed on the private data. Off by default; written
+    only with ``--write-nonprivate`` to a file named ``nonprivate*``.
+
+``manifest.json`` carries ``"dp": true`` and a ``"release"`` class per output file
+(:class:`pfl_cli.artifacts.ArtifactWriter` with ``dp=True`` refuses to finish otherwise),
+and withholds the hashes of private inputs. Bounds that calibrate noise -- a maximum client
+size, clip norms, a radius -- are public: given by the user or computed from public data,
+never from the private data; a stage that needs one and lacks it says so and exits 2. No
+exact count of the private data (clients, cohort sizes, points, clipped fractions, costs)
+is released. ``delta < 1/n`` is checked against a public population bound
+(``population=N``), because n itself is private. :func:`pfl_cli.artifacts.check_release_contract`
+checks a finished artifact file by file.
 """
 
 from pfl_cli.privacy.accounting import (
@@ -30,6 +56,7 @@ from pfl_cli.privacy.events import (
 from pfl_cli.privacy.ledger import UNITS, PrivacyLedger, compose_ledgers
 from pfl_cli.privacy.mechanisms import (
     clip_l1,
+    clipped_gaussian_sum,
     clip_l2,
     gaussian_noise,
     gaussian_sigma,
@@ -50,6 +77,7 @@ __all__ = [
     "calibrate_noise",
     "clip_l1",
     "clip_l2",
+    "clipped_gaussian_sum",
     "compose_ledgers",
     "compute_epsilon",
     "event_from_dict",

@@ -202,3 +202,28 @@ def symmetric_gaussian_noise(d: int, sigma: float, rng: np.random.Generator) -> 
     noise[rows, cols] = _check_rng(rng).normal(0.0, sigma, size=rows.size)
     noise[cols, rows] = noise[rows, cols]
     return noise
+
+
+def clipped_gaussian_sum(rows: np.ndarray, *, clip: float, noise_multiplier: float,
+                         rng: np.random.Generator, draws: int | None = None) -> np.ndarray:
+    """The Gaussian sum mechanism: clip each row to L2 norm ``clip``, sum, add ``N(0, (z * clip)^2)``.
+
+    Adding or removing one row moves the sum by at most ``clip``, so one release is the
+    Gaussian mechanism with noise multiplier ``z`` (a ``GaussianDpEvent(z)``). This is the
+    step of DP-FedAvg (McMahan et al. 2018): rows are client updates; dividing by a public
+    (expected) cohort size afterwards is post-processing.
+
+    ``draws`` returns that many independent releases of the same sum, shape (draws, d):
+    what an empirical audit needs (:mod:`pfl_cli.privacy.audit`); each one costs epsilon.
+
+    Examples
+    --------
+    >>> out = clipped_gaussian_sum(np.array([[3.0, 4.0], [0.3, 0.4]]), clip=1.0, noise_multiplier=1e-12,
+    ...                            rng=np.random.default_rng(0))
+    >>> out.round(6).tolist()
+    [0.9, 1.2]
+    """
+    z = _check_positive("noise_multiplier", noise_multiplier)
+    total = clip_l2(rows, clip, axis=1).sum(axis=0)
+    shape = total.shape if draws is None else (int(draws), *total.shape)
+    return total + gaussian_noise(shape, z * float(clip), rng)

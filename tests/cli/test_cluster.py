@@ -26,28 +26,44 @@ def _cluster(part, out, *extra):
 
 
 def test_cluster_writes_centers_metrics_and_a_ledger_within_budget(part, tmp_path, capsys):
-    assert _cluster(part, tmp_path / "km", "--dp", "eps=1,delta=1e-6", "--k-candidates", "1-6") == 0
+    assert _cluster(part, tmp_path / "km", "--dp", "eps=1,delta=1e-6", "--k-candidates", "1-6",
+                    "--write-nonprivate") == 0
     result = json.loads(capsys.readouterr().out)
     files = {p.name for p in (tmp_path / "km").iterdir()}
-    assert {"centers.npy", "metrics.json", "privacy.json", "manifest.json", "k_selection.png"} <= files
+    assert files == {"centers.npy", "metrics.json", "privacy.json", "manifest.json", "k_selection.png",
+                     "nonprivate.json"}
     assert np.load(tmp_path / "km" / "centers.npy").shape == (4, 20)
     metrics = json.loads((tmp_path / "km" / "metrics.json").read_text())
-    for key in ("k", "kmeans_cost", "normalized_cost", "centralized_kmeans_cost", "k_selection"):
-        assert key in metrics
-    assert metrics["normalized_cost"] >= metrics["centralized_normalized_cost"]
+    assert metrics["k_selection"]["projection_dim"] == 4 and "num_clients" not in metrics
+    assert "kmeans_cost" not in metrics and "normalized_cost" not in result
+    private = json.loads((tmp_path / "km" / "nonprivate.json").read_text())
+    for key in ("kmeans_cost", "normalized_cost", "centralized_kmeans_cost", "num_points", "clipped_fraction"):
+        assert key in private
+    assert private["num_points"] == 12 * 150 and private["num_clients"] == 12
+    assert private["normalized_cost"] >= private["centralized_normalized_cost"]
     ledger = json.loads((tmp_path / "km" / "privacy.json").read_text())
     assert ledger["unit"] == "example" and ledger["delta"] == 1e-6 and 0.99 < ledger["epsilon"] <= 1.0
     assert len(ledger["events"]) == 4 and result["epsilon"] == ledger["epsilon"]
 
 
 def test_rerun_is_a_noop_and_output_is_byte_identical(part, tmp_path, capsys):
-    args = ("--dp", "eps=0.5", "--lloyds-steps", "1", "--seed", "3")
+    args = ("--no-dp", "--init", "server-lloyds", "--seed", "3")
     assert _cluster(part, tmp_path / "a", *args) == 0
     assert _cluster(part, tmp_path / "a", *args) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["up_to_date"] is True
+
+
+def test_dp_rerun_recomputes_the_same_bytes_without_force(part, tmp_path, capsys):
+    # A DP manifest withholds the private input's hash, so a rerun cannot prove the input is
+    # unchanged: it recomputes, and the same seed gives the same bytes.
+    args = ("--dp", "eps=0.5", "--lloyds-steps", "1", "--seed", "3")
+    assert _cluster(part, tmp_path / "a", *args) == 0
+    first = {n: (tmp_path / "a" / n).read_bytes() for n in ("centers.npy", "metrics.json", "privacy.json")}
+    assert _cluster(part, tmp_path / "a", *args) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["up_to_date"] is False
     assert _cluster(part, tmp_path / "b", *args) == 0
-    for name in ("centers.npy", "metrics.json", "privacy.json"):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    for name, data in first.items():
+        assert (tmp_path / "a" / name).read_bytes() == data == (tmp_path / "b" / name).read_bytes()
 
 
 @pytest.mark.parametrize("extra", [
@@ -66,12 +82,16 @@ def test_variants_run(part, tmp_path, capsys, extra):
 
 @pytest.mark.parametrize("extra,message", [
     (("--dp", "eps=1", "--k", "1000"), "k must be <= the number of server points"),
-    (("--dp", "eps=0"), "epsilon must be"),
-    (("--dp", "eps=-1"), "epsilon must be"),
+    (("--dp", "eps=0"), "--dp eps must be > 0"),
+    (("--dp", "eps=-1"), "--dp eps must be > 0"),
     (("--dp", "eps=1,delta=1.5"), "delta must be in the open interval"),
     (("--dp", "eps=1,delta=0"), "delta must be in the open interval"),
+    (("--dp", "eps=1,delta=1e-3,population=5000"), "--dp delta must be < 1/population"),
     (("--dp", "eps=1", "--radius", "0"), "radius must be"),
-    (("--dp", "delta=1e-6"), "--dp takes eps=E"),
+    (("--dp", "eps=1", "--radius", "-2"), "radius must be"),
+    (("--dp", "eps=1", "--privacy-unit", "client", "--client-clip", "sums=0"), "client clip sums must be > 0"),
+    (("--dp", "delta=1e-6"), "--dp needs eps=E"),
+    (("--no-dp", "--write-nonprivate"), "--write-nonprivate only applies with --dp"),
     ((), "pass a privacy budget"),
     (("--dp", "eps=1", "--no-dp"), "exclude each other"),
     (("--dp", "eps=1", "--server-data", "gmm:server?d=7&k=4&seed=1"), "server data dimension must equal"),

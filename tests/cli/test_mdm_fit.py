@@ -62,12 +62,14 @@ def test_binned_income_column(tmp_path, capsys):
 
 
 def test_dp_writes_a_privacy_ledger(part, tmp_path, capsys):
-    assert fit(tmp_path / "d", "--partition", str(part), "--components", "2", "--rounds", "5",
+    assert fit(tmp_path / "d", "--partition", str(part), "--components", "2", "--rounds", "5", "--max-samples", "400",
                "--dp", "eps=2,delta=1e-6") == 0
     privacy = json.loads((tmp_path / "d/privacy.json").read_text())
     assert privacy["unit"] == "client" and privacy["epsilon"] <= 2.0 and privacy["events"]
     doc = json.loads((tmp_path / "d/mdm.json").read_text())
-    assert doc["log_likelihood"] is None and doc["dp"]["noise_multiplier"] > 0
+    assert "log_likelihood" not in doc and "num_clients" not in doc and doc["dp"]["noise_multiplier"] > 0
+    assert doc["num_samples"]["support"][-1] == 400 and doc["dp"]["clip"] == 400.0   # the public M
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["manifest.json", "mdm.json", "privacy.json"]
     assert main(["privacy-account", str(tmp_path / "d"), "--format", "json"]) == 0
 
 

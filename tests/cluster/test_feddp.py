@@ -116,10 +116,26 @@ def test_client_level_run_and_k_selection(small_mixture):
     res = fit_feddp_kmeans(x, offsets, q, k=4, epsilon=2.0, privacy_unit="client", k_candidates=range(1, 9),
                            rng=np.random.default_rng(0))
     assert res.ledger.unit == "client" and res.epsilon <= 2.0
-    assert res.projection_dim == 8 and res.k_selection["k"] == list(range(1, 9))
+    assert res.projection_dim == 4 and res.k_selection["k"] == list(range(1, 9))
     w = res.k_selection["weighted_cost"]
     assert w[0] > w[3]  # the elbow side: more clusters, lower weighted cost
     assert len(res.ledger.events) == 4  # choosing k spends nothing extra
+    assert any("no privacy cost" in note for note in res.ledger.notes)
+    # The same projection as the released centers: asking for k candidates changes no released number.
+    plain = fit_feddp_kmeans(x, offsets, q, k=4, epsilon=2.0, privacy_unit="client", rng=np.random.default_rng(0))
+    assert np.array_equal(plain.centers, res.centers) and plain.ledger.events == res.ledger.events
+
+
+def test_dp_with_noise_off_equals_the_non_private_fit(small_mixture):
+    """sigma = 0 through the DP code path (a radius no point reaches) = the --no-dp fit, bit for bit up to rounding."""
+    x, offsets, q = small_mixture
+    big = 1e3 * float(np.linalg.norm(x, axis=1).max())
+    kw = dict(k=4, lloyds_steps=2, init="feddp", min_server_weight=-1.0)
+    plain = fit_feddp_kmeans(x, offsets, q, rng=np.random.default_rng(5), **kw)
+    off = fit_feddp_kmeans(x, offsets, q, epsilon=1.0, radius=big, rng=np.random.default_rng(5), _noise_factor=0.0,
+                           **kw)
+    assert off.ledger is not None and off.clipped_fraction == 0.0
+    np.testing.assert_allclose(off.centers, plain.centers, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("kw,match", [

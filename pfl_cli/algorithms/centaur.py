@@ -1,0 +1,26 @@
+"""CENTAUR (Shen et al. 2023) as HyperFL adapts it to ISRL-DP (B.10): a DP representation, personal heads.
+
+Each round a cohort client first fits its personal head on the frozen global representation
+(``local_steps`` plain SGD steps: the head never leaves the client), then takes ``local_steps``
+DP-SGD steps on the representation with the head frozen (per-sample clipping and Gaussian
+noise on the client) and uploads the representation delta.
+"""
+
+from __future__ import annotations
+
+from pfl_cli.algorithms.ldp_heads import PersonalHeadLDP
+
+
+class CENTAUR(PersonalHeadLDP):
+    name = "centaur"
+
+    def local_update(self, start, cohort, gen, noise_gen):
+        from pfl_cli.fl.dpsgd import dp_local_sgd, poisson_batches
+
+        cfg, dp = self.cfg, self.dp
+        heads, _ = self.head_steps(start, cohort, gen, cfg.local_steps)
+        index, mask = poisson_batches(self.store.fit, cohort, cfg.local_steps, dp.sampling_rate, gen)
+        return dp_local_sgd(self.net, heads, self.store, index, mask, private=list(self.global_params),
+                            frozen=self.head, clip=dp.clip, noise_multiplier=dp.noise_multiplier,
+                            denominator=dp.denominator, lr=cfg.lr, momentum=cfg.momentum,
+                            weight_decay=2.0 * cfg.lambda_theta, noise_gen=noise_gen)

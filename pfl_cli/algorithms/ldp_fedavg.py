@@ -1,0 +1,37 @@
+"""DP-FedAvg in the ISRL-DP setting: the local-DP baseline of HyperFL (``specs/pfedhn-hyperfl.md`` B.10).
+
+McMahan et al.'s DP-FedAvg "adapted to the ISRL-DP setting (Lowy and Razaviyayn 2023), where
+users trust their own client but not the server": every cohort client runs its ``local_steps``
+as DP-SGD steps (per-sample clipping, Gaussian noise on the client, ``pfl_cli.fl.dpsgd``) and
+uploads the resulting model delta; the server averages the deltas uniformly (FedAvg's size
+weights would need the private client sizes) and steps like FedAvg. Everything the server
+sees is already private, so aggregation and the released model are post-processing.
+A client's model is the global model (optionally fine-tuned, like FedAvg).
+"""
+
+from __future__ import annotations
+
+from pfl_cli.algorithms.base import stack
+from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.fl.dpsgd import LocalDP
+from pfl_cli.rng import torch_generator
+
+
+class LDPFedAvg(LocalDP, FedAvg):
+    name = "ldp-fedavg"
+    dp_contribution = "model delta"
+
+    def run_round(self, t, cohort, gen):
+        import torch
+
+        from pfl_cli.fl.dpsgd import dp_local_sgd, poisson_batches
+
+        cfg, dp = self.cfg, self.dp
+        index, mask = poisson_batches(self.store.fit, cohort, cfg.local_steps, dp.sampling_rate, gen)
+        theta, loss = dp_local_sgd(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
+                                   private=list(self.global_params), clip=dp.clip,
+                                   noise_multiplier=dp.noise_multiplier, denominator=dp.denominator, lr=cfg.lr,
+                                   momentum=cfg.momentum, weight_decay=2.0 * cfg.lambda_theta,
+                                   noise_gen=torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
+        self.server_update({k: (theta[k] - g).mean(0) for k, g in self.global_params.items()})
+        return loss if len(loss) else torch.zeros(0)

@@ -1,0 +1,208 @@
+"""Example-level DP-SGD on every client of a cohort at once: the ISRL-DP building block.
+
+Inter-silo record-level DP (Lowy and Razaviyayn 2023; the setting HyperFL's DP baselines are
+adapted to, ``specs/pfedhn-hyperfl.md`` B.10): each client trusts only itself, so every local
+step it takes on parameters it uploads is a DP-SGD step (Abadi et al. 2016, Alg. 1):
+
+- a Poisson batch: each of the client's records joins with probability q (public);
+- per-sample gradients (``torch.func.vmap`` over the cohort and over the batch), each clipped
+  to L2 norm C jointly over the private parameters;
+- the sum plus N(0, (z C)^2), divided by the fixed denominator ``batch_size`` (the expected
+  batch; public).
+
+Parameters a client never uploads (a personal classifier head) take ordinary minibatch steps.
+The noise multiplier is calibrated before training so that every client's records are
+(epsilon, delta)-DP with respect to everything the client sends over the whole run, counting
+``rounds x steps per round`` DP steps (a client in every round: the worst case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from pfl_cli.errors import ConfigError
+from pfl_cli.fl.dp import SampledGaussianRecord
+
+
+@dataclass(frozen=True)
+class ExampleLevelDP(SampledGaussianRecord):
+    """A calibrated local DP-SGD mechanism, the same on every client.
+
+    ``steps`` is the number of DP-SGD steps one client may take in the whole run; the
+    cohorts are ``cohort_size`` clients drawn uniformly (no amplification by client sampling
+    is claimed).
+    """
+
+    epsilon: float
+    delta: float
+    clip: float
+    sampling_rate: float
+    steps: int
+    noise_multiplier: float
+    denominator: float
+    cohort_size: int
+    accountant: str = "rdp"
+    contribution: str = "model delta"
+    population: int | None = None   # public bound on one client's records, where delta < 1/n was checked
+
+    def sample_cohort(self, clients, size: int, gen):
+        import torch
+
+        return clients[torch.randperm(len(clients), generator=gen)[:size].to(clients.device)]
+
+    unit = "example"
+
+    @property
+    def compositions(self) -> int:
+        return self.steps
+
+    def note(self) -> str:
+        from pfl_cli.privacy.release import population_note
+
+        return (f"ISRL-DP: every client runs DP-SGD on the parameters it uploads ({self.contribution}): at most "
+                f"{self.steps} steps, Poisson batches at rate q = {self.sampling_rate:g} of its records, per-sample "
+                f"gradients clipped to L2 {self.clip:g}, Gaussian noise std {self.noise_multiplier:.6g} x clip on the "
+                f"sum, divided by {self.denominator:g}; the guarantee holds for each client's records against "
+                f"everything that client sends; {population_note(self.population)}")
+
+    def info(self) -> dict[str, Any]:
+        return {"unit": "example", "setting": "ISRL-DP (local DP-SGD on every client)", "epsilon": self.epsilon,
+                "delta": self.delta, "clip": self.clip, "sampling_rate": self.sampling_rate,
+                "steps_per_client": self.steps, "noise_multiplier": self.noise_multiplier,
+                "noise_std_on_sum": self.noise_multiplier * self.clip, "denominator": self.denominator,
+                "population_bound": self.population,
+                "accountant": self.accountant, "cohorts": "uniform, fixed size", "selection": "last round"}
+
+
+def calibrate_example_dp(cfg, *, steps_per_round: int, contribution: str = "model delta") -> ExampleLevelDP:
+    """Calibrate z for ``rounds x steps_per_round`` Poisson-sampled DP-SGD steps per client.
+
+    Public inputs only: ``dp_population`` (if given) bounds one client's records and is
+    where delta < 1/n is checked (:func:`~pfl_cli.fl.dp.check_dp_options`).
+    """
+    from pfl_cli.fl.dp import check_dp_options
+    from pfl_cli.privacy import calibrate_noise
+
+    check_dp_options(cfg)
+    if cfg.dp_sampling_rate is None:
+        raise ConfigError("the local-DP algorithms need --set dp_sampling_rate=Q, the public Poisson rate at which a "
+                          "client's records join each DP-SGD batch (expected batch Q x its records; keep "
+                          "--batch-size near it), e.g. --set dp_sampling_rate=0.25.")
+    draft = ExampleLevelDP(float(cfg.dp_epsilon), float(cfg.dp_delta), float(cfg.dp_clip),
+                           float(cfg.dp_sampling_rate), int(cfg.rounds) * int(steps_per_round), float("nan"),
+                           float(cfg.batch_size), int(cfg.clients_per_round), cfg.dp_accountant, contribution,
+                           cfg.dp_population)
+    cal = calibrate_noise(draft.event, draft.epsilon, draft.delta, accountant=cfg.dp_accountant)
+    return dataclasses.replace(draft, noise_multiplier=float(cal.noise_multiplier))
+
+
+def poisson_batches(padded, clients, steps: int, rate: float, gen):
+    """Poisson batches: every record of every client joins each step with probability ``rate``.
+
+    Returns ``index, mask`` of shape (c, steps, b) like :func:`pfl_cli.fl.batches.sample_batches`,
+    with b the largest realized batch (at least 1) and ``mask`` 1 on real draws.
+    """
+    import torch
+
+    rows, length = padded.rows(clients)
+    c, width = rows.shape
+    keep = torch.rand((c, steps, width), generator=gen).to(rows.device) < rate
+    keep &= torch.arange(width, device=rows.device) < length[:, None, None]
+    b = max(int(keep.sum(-1).max()) if keep.numel() else 0, 1)
+    pos = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[..., :b]  # drawn records first
+    index = torch.gather(rows[:, None, :].expand(c, steps, width), 2, pos)
+    mask = torch.gather(keep, 2, pos).to(torch.float32)
+    return index, mask
+
+
+def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, private: Iterable[str],
+                 frozen: Iterable[str] = (), clip: float, noise_multiplier: float, denominator: float, lr: float,
+                 momentum: float = 0.0, weight_decay: float = 0.0, noise_gen):
+    """Local steps of every cohort client at once; DP-SGD on ``private`` parameters.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The client architecture.
+    params : dict name -> Tensor (c, *shape)
+    index, mask : Tensor (c, steps, b)
+        From :func:`poisson_batches` (private steps) or ``sample_batches``.
+    private : names
+        Parameters that take DP-SGD steps: per-sample gradients clipped jointly to ``clip``,
+        summed, ``N(0, (noise_multiplier * clip)^2)`` added, divided by ``denominator``.
+    frozen : names
+        Parameters left unchanged. The rest take ordinary steps on the batch mean gradient.
+    lr, momentum, weight_decay : float
+        ``torch.optim.SGD`` semantics (momentum buffer fresh each call).
+    noise_gen : torch.Generator
+
+    Returns
+    -------
+    params : dict name -> Tensor (c, *shape), loss : Tensor (c,)
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad_and_value, vmap
+
+    private, frozen = set(private), set(frozen)
+    names = list(params)
+
+    def sample_loss(p, x, y):
+        return F.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+    per_sample = vmap(vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0)), in_dims=(0, 0, 0))
+    theta = {k: v.detach().clone() for k, v in params.items()}
+    buf = {k: torch.zeros_like(v) for k in names for v in (params[k],)}
+    c, steps = index.shape[:2]
+    loss_sum = torch.zeros(c, device=index.device)
+    for s in range(steps):
+        idx, m = index[:, s], mask[:, s]
+        grads, losses = per_sample(theta, store.inputs(idx), store.y[idx])
+        loss_sum += (losses * m).sum(1) / m.sum(1).clamp_min(1.0)
+        scale = m
+        if private and clip < math.inf:
+            sq = sum(grads[k].pow(2).flatten(2).sum(2) for k in private)
+            scale = m * (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0)
+        for k in names:
+            if k in frozen:
+                continue
+            g = grads[k]
+            if k in private:
+                g = (g * scale.view(c, -1, *([1] * (g.dim() - 2)))).sum(1)
+                if noise_multiplier > 0:
+                    noise = torch.randn(g.shape, generator=noise_gen, device=noise_gen.device, dtype=g.dtype)
+                    g = g + noise_multiplier * clip * noise.to(g.device)
+                g = g / denominator
+            else:
+                g = (g * m.view(c, -1, *([1] * (g.dim() - 2)))).sum(1) / m.sum(1).clamp_min(1.0).view(
+                    c, *([1] * (g.dim() - 2)))
+            if weight_decay:
+                g = g + weight_decay * theta[k]
+            buf[k] = momentum * buf[k] + g if momentum else g
+            theta[k] = theta[k] - lr * buf[k]
+    return theta, loss_sum / max(steps, 1)
+
+
+def head_names(names: list[str]) -> list[str]:
+    """The classifier: the last layer's parameters (weight and bias) of a client net."""
+    layer = names[-1].rsplit(".", 1)[0]
+    return [n for n in names if n.rsplit(".", 1)[0] == layer]
+
+
+class LocalDP:
+    """Mixin of the ISRL-DP algorithms: example-level DP, required, ``local_steps`` DP steps per round."""
+
+    dp_unit = "example"
+    dp_required = True
+
+    @classmethod
+    def plan_dp(cls, cfg, store) -> ExampleLevelDP:
+        """:func:`calibrate_example_dp` (public inputs only; ``store`` is not read)."""
+        return calibrate_example_dp(cfg, steps_per_round=cls.dp_steps_per_round(cfg), contribution=cls.dp_contribution)
+
+    @staticmethod
+    def dp_steps_per_round(cfg) -> int:
+        return int(cfg.local_steps)
