@@ -248,7 +248,7 @@ class PeFLL(Algorithm):
         self._server_step(h_params, acc_h, e_params, acc_e)
         return torch.cat(losses)
 
-    def upload(self, x, y, *, steps: int):
+    def upload(self, x, y, *, steps: int, noise_gen=None):
         """§1.5 messages 2 and 4: the descriptor v of the client's batch and its delta theta.
 
         The same batch builds the descriptor (steps 5-6) and feeds the ``steps`` local steps

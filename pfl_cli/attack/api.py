@@ -140,9 +140,16 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
         raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
     validate_train_config(train_cfg)
 
-    if REGISTRY[train_cfg.algorithm].upload is Algorithm.upload:
+    cls = REGISTRY[train_cfg.algorithm]
+    if cls.upload is Algorithm.upload:
         raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
-                         "uploads of fedavg and pefll.")
+                         "uploads of fedavg, pefll and ldp-fedavg.")
+    dp = train_cfg.dp_epsilon is not None
+    if dp and not cls.upload_under_dp:
+        raise InputError(f"--model: a --dp {train_cfg.algorithm!r} run's uploads are not modelled by pflx attack.")
+    if dp and cfg.local_steps == 0:
+        raise InputError(f"local_steps 0: a client of a --dp run never uploads a raw gradient; attack the delta it "
+                         f"sends with --local-steps K (the run's local_steps: {train_cfg.local_steps}).")
     device = device if device is not None else resolve_device(cfg.device)
     n_targets, b = cfg.images // cfg.batch_size, cfg.batch_size
     target_client, index = select_targets(partition, cfg.clients, n_targets, b, make_rng(cfg.seed, "attack-targets"))
@@ -151,13 +158,18 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
                         stats=(norm["mean"].numpy(), norm["std"].numpy()))
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
     alg.load_weights(model["weights"])
+    if dp:
+        from pfl_cli.fl.api import plan_dp
+
+        alg.dp = plan_dp(train_cfg, store)  # the run's calibrated mechanism (public inputs only)
     for module in (m for m in vars(alg).values() if isinstance(m, torch.nn.Module)):
         module.requires_grad_(False)  # the attacker differentiates in the dummy data only
 
     idx = torch.as_tensor(index, device=device)
     x_true, y_true = store.inputs(idx), store.y[idx]
     steps = cfg.local_steps
-    message, start = alg.upload(x_true, y_true, steps=steps)
+    # The true upload carries the client's own noise (local DP); the attacker's model of it has none.
+    message, start = alg.upload(x_true, y_true, steps=steps, noise_gen=torch_generator(cfg.seed, "attack-dp-noise"))
     message = {k: v.detach() for k, v in message.items()}
     start = {k: v.detach() for k, v in start.items()}
     names = list(start)

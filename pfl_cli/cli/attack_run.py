@@ -21,9 +21,8 @@ import numpy as np
 from pfl_cli.attack.config import OPTIMIZED
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.cli.output import Reporter
-from pfl_cli.cli.predict_run import read_model
+from pfl_cli.cli.predict_run import check_same_dataset, read_model
 from pfl_cli.cli.train_run import clean
-from pfl_cli.errors import ArtifactError
 
 MAX_SHOWN = 16  # images per row of reconstructions.png
 
@@ -39,11 +38,7 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
     ArtifactWriter(out, stage="attack", config={}, seed=cfg.seed, force=force)  # --out problems first
     model_art, payload, train_cfg, train_metrics = read_model(model)
     part, info, part_art, ds = load_partition_dataset(partition)
-    trained_on = (train_metrics.get("dataset") or {}).get("labels_sha256")
-    if info.get("labels_sha256") != trained_on:
-        raise ArtifactError(f"--partition {partition}: the partition is over a different dataset than the model "
-                            f"({info['spec']} vs {(train_metrics.get('dataset') or {}).get('spec')}); attack needs "
-                            "a partition of the dataset the model was trained on.")
+    check_same_dataset(partition, info, train_metrics, "attack")
     writer = ArtifactWriter(out, stage="attack", config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
     if writer.up_to_date():

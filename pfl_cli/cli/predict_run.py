@@ -61,6 +61,22 @@ def read_model(path: Path):
     return art, payload, train_cfg, metrics
 
 
+def check_same_dataset(partition: Path, info: dict, train_metrics: dict, command: str) -> None:
+    """Refuse a partition over another dataset than the model's (labels hash; classes for a DP model)."""
+    trained_on = (train_metrics.get("dataset") or {}).get("labels_sha256")
+    # A DP model withholds the hash of its (private) training data: only the label space is checked then.
+    withheld = trained_on is None and "dp" in train_metrics
+    if withheld and int(info["num_classes"]) != int(train_metrics["dataset"]["num_classes"]):
+        raise ArtifactError(f"--partition {partition}: {info['num_classes']} classes, but the model was trained on "
+                            f"{train_metrics['dataset']['num_classes']}; {command} needs the same label space.")
+    if not withheld and info.get("labels_sha256") != trained_on:
+        raise ArtifactError(
+            f"--partition {partition}: the partition is over a different dataset than the model (labels hash "
+            f"{str(info.get('labels_sha256'))[:12]} of {info['spec']}, the model's {str(trained_on)[:12]} of "
+            f"{(train_metrics.get('dataset') or {}).get('spec')}); {command} needs a partition of the same dataset, "
+            "e.g. one from pflx simulate over it.")
+
+
 def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter) -> None:
     import torch
 
@@ -74,18 +90,7 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     ArtifactWriter(out, stage="predict", config={}, seed=cfg.seed, force=force)  # --out problems first
     model_art, payload, train_cfg, train_metrics = read_model(model)
     part, info, part_art, ds = load_partition_dataset(partition)
-    trained_on = (train_metrics.get("dataset") or {}).get("labels_sha256")
-    # A DP model withholds the hash of its (private) training data: only the label space is checked then.
-    withheld = trained_on is None and "dp" in train_metrics
-    if withheld and int(info["num_classes"]) != int(train_metrics["dataset"]["num_classes"]):
-        raise ArtifactError(f"--partition {partition}: {info['num_classes']} classes, but the model was trained on "
-                            f"{train_metrics['dataset']['num_classes']}; predict needs the same label space.")
-    if not withheld and info.get("labels_sha256") != trained_on:
-        raise ArtifactError(
-            f"--partition {partition}: the partition is over a different dataset than the model (labels hash "
-            f"{str(info.get('labels_sha256'))[:12]} of {info['spec']}, the model's {str(trained_on)[:12]} of "
-            f"{(train_metrics.get('dataset') or {}).get('spec')}); predict needs a partition of the same dataset, "
-            "e.g. one from pflx simulate over it.")
+    check_same_dataset(partition, info, train_metrics, "predict")
     writer = ArtifactWriter(out, stage="predict", config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
     if writer.up_to_date():
