@@ -157,3 +157,29 @@ def test_rog_reaches_what_its_low_resolution_can_express(digits):
     ceiling = psnr(up.flatten(1), x.flatten(1)).numpy()
     assert np.all(half.psnr["rog"] <= ceiling + 1.0) and np.all(half.psnr["rog"] >= ceiling - 3.0)
     assert np.sum(full.psnr["rog"] >= 20) >= 3
+
+
+def test_attack_on_a_local_dp_fedavg_upload_fails(digits, tmp_path, capsys):
+    """DP-FedAvg in the ISRL setting (noise on the client, eps 4): IG finds nothing (Table 3: ~7.7 dB),
+    while the same attack on the same model's upload with negligible noise (eps 1e7) works."""
+    import dataclasses
+    import json
+
+    part_dir = digits[4] / "part"
+    assert main(["train", "--partition", str(part_dir), "--algorithm", "ldp-fedavg", "--dp", "eps=4,delta=1e-5,clip=1",
+                 "--set", "dp_sampling_rate=0.25", "--set", "normalize=false", "--rounds", "10", "--eval-every", "10",
+                 "--local-steps", "5", "--lr", "0.05", "--set", "mlp_hidden=[32,32]", "--out", str(tmp_path / "ldp"),
+                 "--format", "quiet"]) == 0
+    model = torch.load(tmp_path / "ldp" / "model.pt", weights_only=True)
+    cfg = TrainConfig(**json.loads((tmp_path / "ldp" / "manifest.json").read_text())["config"])
+    _, _, part, ds, _ = digits
+    kw = dict(attack="ig", images=8, iterations=600, lr=1.0, tv=1e-4, local_steps=1)  # lr for raw 0-16 pixels
+    private = attack_model(model, cfg, ds.x, ds.y, 10, part, AttackConfig(**kw))
+    control = attack_model(model, dataclasses.replace(cfg, dp_epsilon=1e7), ds.x, ds.y, 10, part, AttackConfig(**kw))
+    assert np.median(private.psnr["ig"]) < 10 and np.all(private.ssim["ig"] < 0.3), private.psnr["ig"]
+    assert np.sum(control.psnr["ig"] >= 20) >= 6, control.psnr["ig"]
+    # a --dp client never uploads a raw gradient: attacking one is refused
+    capsys.readouterr()
+    assert main(["attack", "--model", str(tmp_path / "ldp"), "--partition", str(part_dir), "--local-steps", "0",
+                 "--out", str(tmp_path / "att")]) == 2
+    assert "never uploads a raw gradient" in capsys.readouterr().err and not (tmp_path / "att").exists()
