@@ -19,32 +19,23 @@ from pathlib import Path
 import numpy as np
 
 from pfl_cli.attack.config import OPTIMIZED
-from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.cli.output import Reporter
-from pfl_cli.cli.predict_run import check_same_dataset, read_model
+from pfl_cli.cli.predict_run import open_model_stage
 from pfl_cli.cli.train_run import clean
 
 MAX_SHOWN = 16  # images per row of reconstructions.png
 
 
 def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter) -> None:
-    from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.attack.api import attack_model, validate_attack_config
-    from pfl_cli.config import config_to_dict
     from pfl_cli.fl.device import resolve_device
 
     validate_attack_config(cfg)
     device = resolve_device(cfg.device)
-    ArtifactWriter(out, stage="attack", config={}, seed=cfg.seed, force=force)  # --out problems first
-    model_art, payload, train_cfg, train_metrics = read_model(model)
-    part, info, part_art, ds = load_partition_dataset(partition)
-    check_same_dataset(partition, info, train_metrics, "attack")
-    writer = ArtifactWriter(out, stage="attack", config=config_to_dict(cfg), seed=cfg.seed,
-                            inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
-    if writer.up_to_date():
-        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
-        report.result({"out": str(out), "up_to_date": True})
+    inputs = open_model_stage("attack", cfg, model=model, partition=partition, out=out, force=force, report=report)
+    if inputs is None:
         return
+    writer, model_art, payload, train_cfg, part, ds = inputs
     optimized = [a for a in OPTIMIZED if cfg.attack in (a, "all")]
     with report.progress("attack", total=cfg.iterations * len(optimized)) as bar:
         done = {}

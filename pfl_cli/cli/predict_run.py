@@ -77,26 +77,41 @@ def check_same_dataset(partition: Path, info: dict, train_metrics: dict, command
             "e.g. one from pflx simulate over it.")
 
 
+def open_model_stage(stage: str, cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter):
+    """What a stage reading a train artifact and a partition starts with (predict, attack).
+
+    Checks ``--out`` first, reads the model and the partition's dataset, refuses a partition
+    over another dataset, and returns ``(writer, model_art, payload, train_cfg, part, ds)``, or
+    None after reporting that ``out`` is up to date.
+    """
+    from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.config import config_to_dict
+
+    ArtifactWriter(out, stage=stage, config={}, seed=cfg.seed, force=force)  # --out problems first
+    model_art, payload, train_cfg, train_metrics = read_model(model)
+    part, info, part_art, ds = load_partition_dataset(partition)
+    check_same_dataset(partition, info, train_metrics, stage)
+    writer = ArtifactWriter(out, stage=stage, config=config_to_dict(cfg), seed=cfg.seed,
+                            inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
+    if writer.up_to_date():
+        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
+        report.result({"out": str(out), "up_to_date": True})
+        return None
+    return writer, model_art, payload, train_cfg, part, ds
+
+
 def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter) -> None:
     import torch
 
-    from pfl_cli.artifacts import ArtifactWriter
-    from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import predict_clients
     from pfl_cli.fl.device import resolve_device
 
     _check_config(cfg)
     device = resolve_device(cfg.device)
-    ArtifactWriter(out, stage="predict", config={}, seed=cfg.seed, force=force)  # --out problems first
-    model_art, payload, train_cfg, train_metrics = read_model(model)
-    part, info, part_art, ds = load_partition_dataset(partition)
-    check_same_dataset(partition, info, train_metrics, "predict")
-    writer = ArtifactWriter(out, stage="predict", config=config_to_dict(cfg), seed=cfg.seed,
-                            inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
-    if writer.up_to_date():
-        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
-        report.result({"out": str(out), "up_to_date": True})
+    inputs = open_model_stage("predict", cfg, model=model, partition=partition, out=out, force=force, report=report)
+    if inputs is None:
         return
+    writer, model_art, payload, train_cfg, part, ds = inputs
     run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device)
     label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask
     s = run.evaluation.summary()
