@@ -47,3 +47,30 @@ def first_affine(names: list[str], shapes: dict) -> tuple[str, str] | None:
 def last_bias(names: list[str]) -> str | None:
     """Name of the output layer's bias (the last parameter, when it is a bias)."""
     return names[-1] if names and names[-1].endswith("bias") else None
+
+
+def recover_generated_weights(hnet, grads: dict) -> tuple[object, dict]:
+    """The hypernetwork features z and the generated weights theta from one sample's hypernetwork gradient.
+
+    The heads are affine, theta_k = A_k z + b_k, so dL/dA_k = (dL/dtheta_k) z^T and
+    dL/db_k = dL/dtheta_k: z follows from any head by :func:`recover_affine_input`, and then
+    theta = h's heads at z, without the client's embedding v or its classifier (spec D.3 T-P3,
+    the leak through HyperFL's upload of phi when it is one gradient step).
+
+    Parameters
+    ----------
+    hnet : pfl_cli.models.hypernetwork.HyperNetwork (weights known to the server)
+    grads : dict name -> Tensor, the gradient for ``hnet.named_parameters()`` names.
+
+    Returns
+    -------
+    z : Tensor (hidden,), theta : dict target name -> Tensor
+    """
+    import torch
+
+    heads = [(f"heads.{i}.weight", f"heads.{i}.bias") for i in range(len(hnet.heads))]
+    best = max(heads, key=lambda h: float(grads[h[1]].abs().max()))  # the best-conditioned head
+    z = recover_affine_input(grads[best[0]][None], grads[best[1]][None])[0]
+    with torch.no_grad():
+        theta = {name: head(z).reshape(hnet.target_shapes[name]) for name, head in zip(hnet.target_names, hnet.heads)}
+    return z, theta

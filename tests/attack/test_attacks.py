@@ -183,3 +183,34 @@ def test_attack_on_a_local_dp_fedavg_upload_fails(digits, tmp_path, capsys):
     assert main(["attack", "--model", str(tmp_path / "ldp"), "--partition", str(part_dir), "--local-steps", "0",
                  "--out", str(tmp_path / "att")]) == 2
     assert "never uploads a raw gradient" in capsys.readouterr().err and not (tmp_path / "att").exists()
+
+
+def test_tp3_generated_weights_leak_from_a_hypernetwork_head_gradient():
+    """T-P3, second part: from one sample's gradient of the hypernetwork (what a HyperFL client uploads
+    after one step on phi), the server recovers z(v) and every generated weight without v or the classifier."""
+    from pfl_cli.attack.analytic import recover_generated_weights
+    from pfl_cli.models import build, client_spec, hyper_spec
+
+    torch.manual_seed(3)
+    client = client_spec("mlp", (64,), 10, (32,))
+    net = build(client)
+    hnet = build(hyper_spec(16, client, "S", 64))
+    v = torch.randn(16)                       # private embedding: unknown to the attacker
+    x, y = torch.randn(1, 64), torch.tensor([4])
+    from torch.func import functional_call
+
+    theta = hnet(v)
+    loss = torch.nn.functional.cross_entropy(functional_call(net, theta, (x,)), y)
+    names = [k for k, _ in hnet.named_parameters()]
+    grads = dict(zip(names, torch.autograd.grad(loss, list(hnet.parameters()))))
+    z, rec = recover_generated_weights(hnet, grads)
+    with torch.no_grad():
+        z_true = hnet.body(v)
+    assert float((z - z_true).abs().max()) < 1e-5
+    for k in theta:
+        assert float((rec[k] - theta[k].detach()).abs().max()) < 1e-5
+    # and with the generated first layer known, the image follows from the client-net gradient (T-P3 part 1)
+    rec = {k: t.requires_grad_(True) for k, t in rec.items()}
+    g = torch.autograd.grad(torch.nn.functional.cross_entropy(functional_call(net, rec, (x,)), y),
+                            [rec["fc1.weight"], rec["fc1.bias"]])
+    assert float((recover_affine_input(g[0][None], g[1][None])[0] - x[0]).abs().max()) < 1e-5
