@@ -79,3 +79,26 @@ def test_bad_input_is_one_line_exit_2_no_artifact(root, tmp_path, capsys, extra,
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_colour_images_on_lenet(tmp_path, capsys):
+    """CIFAR-shaped uint8 images: LeNet uploads, an image grid; no analytic leak through a first conv layer."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(10), 24)
+    x = (rng.integers(0, 96, size=(240, 3, 32, 32)) + 16 * y[:, None, None, None]).astype(np.uint8)
+    np.savez(tmp_path / "img.npz", x=x, y=y)
+    part, model = tmp_path / "part", tmp_path / "fedavg"
+    assert main(["partition", "--dataset", f"npz:{tmp_path / 'img.npz'}", "--classes-per-client", "2",
+                 "--class-shares", "equal", "--num-clients", "10", "--holdout-clients", "2", "--test-fraction", "0.25",
+                 "--out", str(part), "--format", "quiet"]) == 0
+    assert main(["train", "--partition", str(part), "--algorithm", "fedavg", "--rounds", "2", "--eval-every", "2",
+                 "--local-steps", "2", "--batch-size", "8", "--out", str(model), "--format", "quiet"]) == 0
+    common = ["attack", "--model", str(model), "--partition", str(part), "--images", "2", "--format", "json"]
+    assert main([*common, "--attack", "all", "--iterations", "10", "--out", str(tmp_path / "att")]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["attacks"] == ["dlg", "ig", "rog"] and m["upload"][0] == "grad/conv1.weight"
+    assert all(-1 <= r["mean_ssim"] <= 1 and r["mean_psnr"] > 0 for r in m["results"].values())
+    assert (tmp_path / "att" / "reconstructions.png").stat().st_size > 1000
+    assert main([*common, "--attack", "analytic", "--out", str(tmp_path / "bad")]) == 2
+    assert "needs a first fully connected layer with bias" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
