@@ -31,6 +31,7 @@ class AttackRun:
     reconstruction: dict             # attack -> (n_images, *input_shape) in [0, 1]
     psnr: dict                       # attack -> (n_images,)
     ssim: dict                       # attack -> (n_images,) or None (vector data)
+    lpips: dict                      # attack -> (n_images,) or None (no --lpips-weights)
     label_accuracy: float | None     # share of labels --infer-labels got right
     image_shape: tuple | None        # (C, H, W) view of one input, None for vector data
     upload: list                     # names of the message's tensors
@@ -150,6 +151,15 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     if dp and cfg.local_steps == 0:
         raise InputError(f"local_steps 0: a client of a --dp run never uploads a raw gradient; attack the delta it "
                          f"sends with --local-steps K (the run's local_steps: {train_cfg.local_steps}).")
+    lpips_weights = None
+    if cfg.lpips_weights is not None:
+        from pfl_cli.attack.lpips import MIN_SIZE, load_lpips_weights
+
+        lpips_weights = load_lpips_weights(cfg.lpips_weights)
+        view = image_view(tuple(x.shape[1:]))
+        if view is None or min(view[1:]) < MIN_SIZE:
+            raise InputError(f"--lpips-weights: LPIPS needs images of at least {MIN_SIZE}x{MIN_SIZE}; the data's "
+                             f"inputs have shape {tuple(x.shape[1:])}.")
     device = device if device is not None else resolve_device(cfg.device)
     n_targets, b = cfg.images // cfg.batch_size, cfg.batch_size
     target_client, index = select_targets(partition, cfg.clients, n_targets, b, make_rng(cfg.seed, "attack-targets"))
@@ -230,7 +240,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
 
         return decode, (c, *small)
 
-    results, psnrs, ssims = {}, {}, {}
+    results, psnrs, ssims, lpipss = {}, {}, {}, {}
     for a in chosen:
         if a == "analytic":
             w, bias = affine
@@ -257,9 +267,16 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
         results[a] = r.cpu().numpy()
         psnrs[a] = score(r).cpu().numpy()
         ssims[a] = None if view is None else ssim(r.view(-1, *view), truth.view(-1, *view)).cpu().numpy()
+        if lpips_weights is not None:
+            from pfl_cli.attack.lpips import lpips
+
+            with torch.no_grad():
+                lpipss[a] = lpips(r.view(-1, *view), truth.view(-1, *view), lpips_weights).cpu().numpy()
+        else:
+            lpipss[a] = None
     return AttackRun(client=np.repeat(target_client, b), sample=index.reshape(-1),
                      label=y_true.flatten().cpu().numpy(), original=truth.cpu().numpy(), reconstruction=results,
-                     psnr=psnrs, ssim=ssims, label_accuracy=label_accuracy, image_shape=view, upload=list(message))
+                     psnr=psnrs, ssim=ssims, lpips=lpipss, label_accuracy=label_accuracy, image_shape=view, upload=list(message))
 
 
 def _match_order(rec, truth):

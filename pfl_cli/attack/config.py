@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 ATTACKS = ("dlg", "ig", "rog", "analytic")
 OPTIMIZED = ("dlg", "ig", "rog")
@@ -24,5 +25,6 @@ class AttackConfig:
     tv: float = 1e-6             # ig total-variation weight (paper: 1e-6)
     local_steps: int = 0         # 0: the upload is the gradient (FedSGD); k: the delta after k local SGD steps
     infer_labels: bool = False   # iDLG label rule (batch size 1) instead of the known labels
+    lpips_weights: Optional[str] = None  # local AlexNet-LPIPS state dict; None: no LPIPS
     device: str = "auto"
     seed: int = 0

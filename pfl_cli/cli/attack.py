@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,7 +12,7 @@ from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, 
 from pfl_cli.cli.output import Reporter
 
 FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "tv", "rog_scale", "local_steps",
-         "infer_labels", "device", "seed")
+         "infer_labels", "lpips_weights", "device", "seed")
 
 
 def attack_command(
@@ -30,6 +30,7 @@ def attack_command(
     rog_scale: Annotated[int, typer.Option("--rog-scale", help="rog: optimize the image at 1/N of its side, upsampled bilinearly.")] = 2,
     local_steps: Annotated[int, typer.Option("--local-steps", help="0: the client uploads its gradient at the server's model (the papers' setting); k: its delta after k local SGD steps as trained.")] = 0,
     infer_labels: Annotated[bool, typer.Option("--infer-labels", help="Infer labels with the iDLG rule (batch size 1) instead of knowing them.")] = False,
+    lpips_weights: Annotated[Optional[str], typer.Option("--lpips-weights", help="Local AlexNet-LPIPS state dict (features.N.* + lin0..4.model.1.weight) to also score LPIPS; nothing is downloaded.")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     seed: SeedOpt = 0,
     config: ConfigOpt = None,

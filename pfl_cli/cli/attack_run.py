@@ -5,9 +5,9 @@ The ``attack`` artifact:
 - ``metrics.json``: ``algorithm``, ``attacks``, ``clients``, ``images``, ``batch_size``,
   ``local_steps``, ``iterations``, ``labels`` (known | inferred) and ``label_accuracy``,
   ``upload`` (names of the message's tensors), ``device``, ``model``; per attack
-  ``{attack: {mean_psnr, median_psnr, mean_ssim, median_ssim}}`` under ``results`` (SSIM null
-  for vector data). PSNR / SSIM compare images scaled to [0, 1] by the dataset's value range.
-- ``images.csv``: image, client_id, sample (dataset index), label, attack, psnr, ssim.
+  ``{attack: {mean_psnr, median_psnr, mean_ssim, median_ssim, mean_lpips, median_lpips}}`` under
+  ``results`` (SSIM null for vector data, LPIPS null without ``--lpips-weights``). PSNR / SSIM compare images scaled to [0, 1] by the dataset's value range.
+- ``images.csv``: image, client_id, sample (dataset index), label, attack, psnr, ssim, lpips.
 - ``reconstructions.png``: a row of originals and one row per attack (images), or each
   attack's mean absolute feature error (vector data).
 """
@@ -47,7 +47,7 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         run = attack_model(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
                            on_progress=on_progress)
     ids = np.asarray(part.client_id)[run.client]
-    results = {a: _summary(run.psnr[a], run.ssim[a]) for a in run.reconstruction}
+    results = {a: _summary(run.psnr[a], run.ssim[a], run.lpips[a]) for a in run.reconstruction}
     metrics = clean({
         "algorithm": payload["algorithm"],
         "attacks": list(run.reconstruction),
@@ -64,19 +64,23 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         "model": model_art.input_ref(),
     })
     rows = [[i, int(ids[i]), int(run.sample[i]), int(run.label[i]), a, float(run.psnr[a][i]),
-             None if run.ssim[a] is None else float(run.ssim[a][i])]
+             None if run.ssim[a] is None else float(run.ssim[a][i]),
+             None if run.lpips[a] is None else float(run.lpips[a][i])]
             for a in run.reconstruction for i in range(len(ids))]
     with writer:
         writer.save_json("metrics.json", metrics)
-        writer.save_csv("images.csv", ["image", "client_id", "sample", "label", "attack", "psnr", "ssim"], rows)
+        writer.save_csv("images.csv", ["image", "client_id", "sample", "label", "attack", "psnr", "ssim",
+                                        "lpips"], rows)
         _plot(writer.path("reconstructions.png"), run)
     _print_summary(report, out, metrics)
 
 
-def _summary(psnr: np.ndarray, ssim) -> dict:
-    return {"mean_psnr": float(np.mean(psnr)), "median_psnr": float(np.median(psnr)),
-            "mean_ssim": None if ssim is None else float(np.mean(ssim)),
-            "median_ssim": None if ssim is None else float(np.median(ssim))}
+def _summary(psnr: np.ndarray, ssim, lpips) -> dict:
+    out = {}
+    for name, v in (("psnr", psnr), ("ssim", ssim), ("lpips", lpips)):
+        out[f"mean_{name}"] = None if v is None else float(np.mean(v))
+        out[f"median_{name}"] = None if v is None else float(np.median(v))
+    return out
 
 
 def _plot(path: Path, run) -> None:
@@ -120,9 +124,11 @@ def _print_summary(report: Reporter, out: Path, m: dict) -> None:
 
     table = Table(title=f"attack -> {out}: {m['algorithm']} uploads, {m['images']} {m['clients']} images, "
                         f"batch {m['batch_size']}, labels {m['labels']}")
-    for col in ("attack", "mean PSNR", "median PSNR", "mean SSIM", "median SSIM"):
-        table.add_column(col)
+    keys = ["mean_psnr", "median_psnr", "mean_ssim", "median_ssim", "mean_lpips", "median_lpips"]
+    keys = [k for k in keys if any(r[k] is not None for r in m["results"].values())]
+    table.add_column("attack")
+    for k in keys:
+        table.add_column(k.replace("_", " ").replace("psnr", "PSNR").replace("ssim", "SSIM").replace("lpips", "LPIPS"))
     for a, r in m["results"].items():
-        table.add_row(a, *(f"{r[k]:.2f}" if r[k] is not None else "-"
-                           for k in ("mean_psnr", "median_psnr", "mean_ssim", "median_ssim")))
+        table.add_row(a, *(f"{r[k]:.3f}" if r[k] is not None else "-" for k in keys))
     report.result({"out": str(out), "up_to_date": False, **m}, table)

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from pfl_cli.cli.app import main
 
@@ -93,12 +94,32 @@ def test_colour_images_on_lenet(tmp_path, capsys):
                  "--out", str(part), "--format", "quiet"]) == 0
     assert main(["train", "--partition", str(part), "--algorithm", "fedavg", "--rounds", "2", "--eval-every", "2",
                  "--local-steps", "2", "--batch-size", "8", "--out", str(model), "--format", "quiet"]) == 0
+    from pfl_cli.attack.lpips import expected_shapes
+
+    g = torch.Generator().manual_seed(0)
+    torch.save({k: 0.05 * torch.rand(s, generator=g) for k, s in expected_shapes().items()}, tmp_path / "lpips.pt")
     common = ["attack", "--model", str(model), "--partition", str(part), "--images", "2", "--format", "json"]
-    assert main([*common, "--attack", "all", "--iterations", "10", "--out", str(tmp_path / "att")]) == 0
+    assert main([*common, "--attack", "all", "--iterations", "10", "--lpips-weights", str(tmp_path / "lpips.pt"),
+                 "--out", str(tmp_path / "att")]) == 0
     m = json.loads(capsys.readouterr().out)
+    with open(tmp_path / "att" / "images.csv", newline="") as fh:
+        lp = [float(r["lpips"]) for r in csv.DictReader(fh) if r["attack"] == "ig"]
+    assert m["results"]["ig"]["mean_lpips"] == pytest.approx(np.mean(lp)) and all(v > 0 for v in lp)
     assert m["attacks"] == ["dlg", "ig", "rog"] and m["upload"][0] == "grad/conv1.weight"
     assert all(-1 <= r["mean_ssim"] <= 1 and r["mean_psnr"] > 0 for r in m["results"].values())
     assert (tmp_path / "att" / "reconstructions.png").stat().st_size > 1000
     assert main([*common, "--attack", "analytic", "--out", str(tmp_path / "bad")]) == 2
     assert "needs a first fully connected layer with bias" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_lpips_weights_that_are_not_a_state_dict_or_small_images(root, tmp_path, capsys):
+    torch.save([1, 2], tmp_path / "list.pt")
+    assert attack(root, tmp_path / "a", "--lpips-weights", str(tmp_path / "list.pt")) == 2
+    err = capsys.readouterr().err
+    assert "expected a state dict" in err and err.count("\n") == 1 and not (tmp_path / "a").exists()
+    from pfl_cli.attack.lpips import expected_shapes
+
+    torch.save({k: torch.zeros(s) for k, s in expected_shapes().items()}, tmp_path / "ok.pt")
+    assert attack(root, tmp_path / "b", "--lpips-weights", str(tmp_path / "ok.pt")) == 2  # digits are 8x8
+    assert "at least 32x32" in capsys.readouterr().err and not (tmp_path / "b").exists()
