@@ -63,18 +63,25 @@ def validate_attack_config(cfg: AttackConfig) -> None:
                           f"batch_size {cfg.batch_size}, local_steps {cfg.local_steps}.")
 
 
-def attacks_of(cfg: AttackConfig, analytic_ok: bool) -> list[str]:
-    """The attacks ``cfg.attack`` runs; ``all`` includes analytic only where its closed form holds."""
+def attacks_of(cfg: AttackConfig, analytic_ok: bool, images: bool) -> list[str]:
+    """The attacks ``cfg.attack`` runs; ``all`` includes analytic only where its closed form holds
+    and rog only on images."""
     if cfg.attack != "all":
         return [cfg.attack]
-    return [a for a in ATTACKS if a != "analytic" or analytic_ok]
+    return [a for a in ATTACKS if (a != "analytic" or analytic_ok) and (a != "rog" or images)]
 
 
-def image_view(input_shape: tuple[int, ...]) -> tuple[int, int, int] | None:
-    """(C, H, W) of an image input; a square vector (digits: 64 = 8x8) is viewed as one channel."""
+def image_view(input_shape: tuple[int, ...], nonnegative: bool) -> tuple[int, int, int] | None:
+    """(C, H, W) of an image input, or None for vector data.
+
+    Datasets carry no image flag, so a flat vector is taken for a one-channel square image when
+    it has a square length of at least 16 and no negative value, like pixel intensities
+    (digits: 64 = 8x8 values in 0..16); features that go negative (ring) stay a vector.
+    """
     if len(input_shape) == 3:
         return tuple(input_shape)
-    if len(input_shape) == 1 and math.isqrt(input_shape[0]) ** 2 == input_shape[0] and input_shape[0] >= 16:
+    if (nonnegative and len(input_shape) == 1 and input_shape[0] >= 16
+            and math.isqrt(input_shape[0]) ** 2 == input_shape[0]):
         r = math.isqrt(input_shape[0])
         return (1, r, r)
     return None
@@ -156,7 +163,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
         from pfl_cli.attack.lpips import MIN_SIZE, load_lpips_weights
 
         lpips_weights = load_lpips_weights(cfg.lpips_weights)
-        view = image_view(tuple(x.shape[1:]))
+        view = image_view(tuple(x.shape[1:]), bool(np.min(x) >= 0))
         if view is None or min(view[1:]) < MIN_SIZE:
             raise InputError(f"--lpips-weights: LPIPS needs images of at least {MIN_SIZE}x{MIN_SIZE}; the data's "
                              f"inputs have shape {tuple(x.shape[1:])}.")
@@ -201,18 +208,18 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
 
     affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in start.items()})
     analytic_ok = affine is not None and b == 1 and steps <= 1
-    chosen = attacks_of(cfg, analytic_ok)
+    lo_raw, hi_raw = float(np.min(x)), float(np.max(x))
+    shape = store.input_shape
+    view = image_view(shape, lo_raw >= 0)
+    chosen = attacks_of(cfg, analytic_ok, view is not None)
     if "analytic" in chosen and affine is None:
         raise InputError(f"attack analytic: needs a first fully connected layer with bias; the "
                          f"{model['arch']['client'].get('arch')} model's first layer is {names[0]!r}.")
 
     # Pixels in [0, 1]: standardized -> raw -> the dataset's value range (public: the data format).
-    lo_raw, hi_raw = float(np.min(x)), float(np.max(x))
     span = max(hi_raw - lo_raw, 1e-12)
     mean, std = store.mean, store.std
     box = ((lo_raw - mean) / std, (hi_raw - mean) / std)
-    shape = store.input_shape
-    view = image_view(shape)
 
     def unit(t):  # (n, b, *shape) standardized -> (n * b, *shape) in [0, 1]
         return ((t * std + mean - lo_raw) / span).clamp(0.0, 1.0).flatten(0, 1)

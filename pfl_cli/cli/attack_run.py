@@ -91,13 +91,14 @@ def _plot(path: Path, run) -> None:
 
     attacks = list(run.reconstruction)
     if run.image_shape is None:
-        fig, ax = plt.subplots(figsize=(6, 3))
+        fig, ax = plt.subplots(figsize=(8, 3))
         err = [np.abs(run.reconstruction[a] - run.original).reshape(len(run.original), -1).mean(0) for a in attacks]
         width = 0.8 / len(attacks)
         for k, (a, e) in enumerate(zip(attacks, err)):
             ax.bar(np.arange(len(e)) + k * width, e, width=width, label=a)
         ax.set_xlabel("feature")
-        ax.set_ylabel("mean |recovered - true| (scaled to [0, 1])")
+        ax.set_ylabel("mean |error| (range 1)")
+        ax.set_title("recovered-feature error per feature, mean over images", fontsize=9)
         ax.legend()
     else:
         n = min(len(run.original), MAX_SHOWN)

@@ -123,3 +123,19 @@ def test_lpips_weights_that_are_not_a_state_dict_or_small_images(root, tmp_path,
     torch.save({k: torch.zeros(s) for k, s in expected_shapes().items()}, tmp_path / "ok.pt")
     assert attack(root, tmp_path / "b", "--lpips-weights", str(tmp_path / "ok.pt")) == 2  # digits are 8x8
     assert "at least 32x32" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+def test_vector_data_gets_feature_errors(tmp_path, capsys):
+    """Ring features (64 values, some negative) are a vector: no SSIM, no rog, a feature-error chart."""
+    part, model = tmp_path / "part", tmp_path / "fedavg"
+    assert main(["partition", "--dataset", "ring:?train_per_class=20&test_per_class=10", "--classes-per-client", "2",
+                 "--num-clients", "10", "--holdout-clients", "2", "--out", str(part), "--format", "quiet"]) == 0
+    assert main(["train", "--partition", str(part), "--algorithm", "fedavg", "--rounds", "2", "--eval-every", "2",
+                 "--local-steps", "2", "--out", str(model), "--format", "quiet"]) == 0
+    assert main(["attack", "--model", str(model), "--partition", str(part), "--images", "2", "--attack", "all",
+                 "--iterations", "50", "--out", str(tmp_path / "att"), "--format", "json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["attacks"] == ["dlg", "ig", "analytic"]
+    assert all(r["mean_ssim"] is None and r["mean_psnr"] > 0 for r in m["results"].values())
+    assert m["results"]["analytic"]["median_psnr"] > 80
+    assert (tmp_path / "att" / "reconstructions.png").stat().st_size > 1000
