@@ -117,13 +117,14 @@ class Algorithm(ABC):
 
     upload_under_dp = False   # whether upload() models what a client of a --dp run sends
 
-    def upload(self, x, y, *, steps: int, noise_gen=None) -> tuple[dict, dict]:
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None) -> tuple[dict, dict]:
         """What a client holding batch ``(x, y)`` sends the server, differentiably in ``x``.
 
         x (n, b, *input_shape), y (n, b): one batch per simulated client (attack target);
         ``steps`` as in :meth:`local_update`. ``noise_gen``: the simulated client's noise where
         the client itself adds noise (local DP); None gives the noise-free message (the
-        attacker's model of it).
+        attacker's model of it). ``start``: the client model the server sent, when the caller
+        knows it (the attacker does); None: the algorithm's own.
         Returns ``(message, start)``: the uploaded tensors by name, each with a leading
         target axis, and the client model ``theta`` the server sent (what an attacker knows).
         Used by ``pflx attack`` (spec B.9) to simulate an honest-but-curious server.

@@ -248,19 +248,21 @@ class PeFLL(Algorithm):
         self._server_step(h_params, acc_h, e_params, acc_e)
         return torch.cat(losses)
 
-    def upload(self, x, y, *, steps: int, noise_gen=None):
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None):
         """§1.5 messages 2 and 4: the descriptor v of the client's batch and its delta theta.
 
         The same batch builds the descriptor (steps 5-6) and feeds the ``steps`` local steps
-        from theta = h(v) (steps 8-11; 0 steps: the gradient at theta); message 6 (d eta_v) is a function of the server's dv
-        and is not modelled.
+        from theta = h(v) (steps 8-11; 0 steps: the gradient at theta). Message 6 (d eta_v) is a
+        function of the server's dv and is not modelled. ``start``: the theta the server sent,
+        when known (an attacker's model of the upload keeps it fixed rather than h(v(x))).
         """
         import torch
 
         onehot = torch.nn.functional.one_hot(y, self.store.num_classes).to(x.dtype)
         v = self._standardize(self._embed_batch(x, onehot, torch.ones(y.shape, device=x.device)))
-        start = self.hnet(v)
-        start = {k: start[k] for k in self.names}
+        if start is None:
+            start = self.hnet(v)
+            start = {k: start[k] for k in self.names}
         return {"v": v, **self.local_update(start, x, y, steps)}, start
 
     # ------------------------------------------------------------------ Alg. 7

@@ -229,8 +229,8 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     def score(rec):
         return psnr(rec.flatten(1), truth.flatten(1))
 
-    def upload(xd, yd):
-        return alg.upload(xd, yd, steps=steps)[0]
+    def upload(xd, yd):  # the server knows the model it sent: the dummy's upload starts from it too
+        return alg.upload(xd, yd, steps=steps, start=start)[0]
 
     if "rog" in chosen and view is None:
         raise InputError(f"attack rog: needs image inputs (its unknown is a low-resolution image); the data's "

@@ -142,6 +142,10 @@ def test_pefll_upload_is_attacked(digits, tmp_path):
     r = attack_model(model, cfg, ds.x, ds.y, ds.num_classes, part, AttackConfig(attack="analytic", images=4))
     assert r.upload[0] == "v" and all(k.startswith("grad/") for k in r.upload[1:])
     assert np.abs(r.reconstruction["analytic"] - r.original).max() < 1e-5
+    # IG through the descriptor and the gradient at the (known) generated model
+    ig = attack_model(model, cfg, ds.x, ds.y, ds.num_classes, part,
+                      AttackConfig(attack="ig", images=4, iterations=600, tv=1e-4))
+    assert np.median(ig.psnr["ig"]) >= 20, ig.psnr["ig"]
 
 
 
