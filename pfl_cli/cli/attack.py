@@ -18,7 +18,7 @@ FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "tv", 
 def attack_command(
     ctx: typer.Context,
     out: OutOpt,
-    model: Annotated[Path, typer.Option("--model", "-m", help="Train artifact (pflx train --out) of fedavg or pefll.")],
+    model: Annotated[Path, typer.Option("--model", "-m", help="Train artifact (pflx train --out) of fedavg, pefll or ldp-fedavg (--dp runs too).")],
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact over the model's dataset; its clients' train samples are attacked.")],
     clients: Annotated[str, typer.Option("--clients", help="Whose images: holdout | train clients.")] = "holdout",
     images: Annotated[int, typer.Option("--images", help="Images attacked in all (a multiple of --batch-size).")] = 8,
@@ -45,7 +45,7 @@ def attack_command(
     local SGD steps; pefll: its descriptor v and the same for theta = h(v)); the attacks rebuild the images from it, all targets
     as one batched optimization. Labels are known unless --infer-labels.
 
-    Writes metrics.json (mean / median PSNR and SSIM per attack), images.csv (one row per image
+    Writes metrics.json (mean / median PSNR, SSIM and, with --lpips-weights, LPIPS per attack), images.csv (one row per image
     and attack) and reconstructions.png (originals and reconstructions; a feature-error bar chart
     for vector data).
 
