@@ -59,7 +59,8 @@ def validate_attack_config(cfg: AttackConfig) -> None:
     if cfg.infer_labels and cfg.batch_size != 1:
         raise ConfigError(f"infer_labels: the iDLG rule needs batch_size 1; got {cfg.batch_size}.")
     if cfg.attack == "analytic" and (cfg.batch_size != 1 or cfg.local_steps > 1):
-        raise ConfigError("attack analytic: the closed form is exact for one image and the gradient or one local step; got "
+        raise ConfigError("attack analytic: the closed form is exact for one image and the gradient or one local "
+                          "step; got "
                           f"batch_size {cfg.batch_size}, local_steps {cfg.local_steps}.")
 
 
@@ -283,7 +284,8 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
             lpipss[a] = None
     return AttackRun(client=np.repeat(target_client, b), sample=index.reshape(-1),
                      label=y_true.flatten().cpu().numpy(), original=truth.cpu().numpy(), reconstruction=results,
-                     psnr=psnrs, ssim=ssims, lpips=lpipss, label_accuracy=label_accuracy, image_shape=view, upload=list(message))
+                     psnr=psnrs, ssim=ssims, lpips=lpipss, label_accuracy=label_accuracy, image_shape=view,
+                     upload=list(message))
 
 
 def _match_order(rec, truth):

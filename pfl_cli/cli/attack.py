@@ -42,12 +42,13 @@ def attack_command(
 
     For each target (--batch-size train images of one client) the trained algorithm computes the
     client's upload (fedavg: its gradient at the global model, or its delta after --local-steps
-    local SGD steps; pefll: its descriptor v and the same for theta = h(v)); the attacks rebuild the images from it, all targets
-    as one batched optimization. Labels are known unless --infer-labels.
+    local SGD steps; pefll: its descriptor v and the same for theta = h(v); ldp-fedavg: its
+    noised DP-SGD delta); the attacks rebuild the images from it, all targets as one batched
+    optimization. Labels are known unless --infer-labels.
 
-    Writes metrics.json (mean / median PSNR, SSIM and, with --lpips-weights, LPIPS per attack), images.csv (one row per image
-    and attack) and reconstructions.png (originals and reconstructions; a feature-error bar chart
-    for vector data).
+    Writes metrics.json (mean / median PSNR, SSIM and, with --lpips-weights, LPIPS per attack),
+    images.csv (one row per image and attack) and reconstructions.png (originals and
+    reconstructions; a feature-error bar chart for vector data).
 
     Example: pflx attack --model runs/fedavg --partition runs/part --images 8 --attack all --out runs/attack
     """
