@@ -66,6 +66,7 @@ PRODUCER = {
     "train": "pflx train",
     "predict": "pflx predict",
     "cluster": "pflx cluster",
+    "attack": "pflx attack",
 }
 
 

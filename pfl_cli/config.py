@@ -23,7 +23,7 @@ from pfl_cli.schema import coerce_field
 
 T = TypeVar("T")
 
-STAGES = ("partition", "mdm-fit", "simulate", "train", "predict", "cluster", "privacy-account")
+STAGES = ("partition", "mdm-fit", "simulate", "train", "predict", "cluster", "privacy-account", "attack")
 
 # Each stage's config dataclass, imported lazily (the CLI types flag text with it on a parse error).
 STAGE_CONFIGS = {

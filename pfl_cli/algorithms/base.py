@@ -162,6 +162,38 @@ class Algorithm(ABC):
     def load_weights(self, weights: dict[str, Any]) -> None:
         """Restore :meth:`weights` (prediction)."""
 
+    upload_under_dp = False   # whether upload() models what a client of a --dp run sends
+
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None) -> tuple[dict, dict]:
+        """What a client holding batch ``(x, y)`` sends the server, differentiably in ``x``.
+
+        x (n, b, *input_shape), y (n, b): one batch per simulated client (attack target);
+        ``steps`` as in :meth:`local_update`. ``noise_gen``: the simulated client's noise where
+        the client itself adds noise (local DP); None gives the noise-free message (the
+        attacker's model of it). ``start``: the client model the server sent, when the caller
+        knows it (the attacker does); None: the algorithm's own.
+        Returns ``(message, start)``: the uploaded tensors by name, each with a leading
+        target axis, and the client model ``theta`` the server sent (what an attacker knows).
+        Used by ``pflx attack`` (spec B.9) to simulate an honest-but-curious server.
+        """
+        from pfl_cli.errors import InputError
+
+        raise InputError(f"algorithm {self.name!r}: pflx attack does not model what its clients upload.")
+
+    def local_update(self, start: dict, x, y, steps: int) -> dict:
+        """The client's update from ``start`` on (x, y), on the autograd graph, with prefixed names.
+
+        ``steps = 0``: ``grad/<name>``, the gradient of the batch loss at ``start`` (FedSGD, the
+        papers' attack setting); ``steps = k``: ``delta/<name>``, theta_new - theta after k of
+        this algorithm's local SGD steps (clip, momentum, weight decay as trained).
+        """
+        from pfl_cli.fl.cohort import batch_gradients, unrolled_sgd
+
+        if steps == 0:
+            return {f"grad/{k}": g for k, g in batch_gradients(self.net, start, x, y).items()}
+        new = unrolled_sgd(self.net, start, x, y, steps, **self.sgd_update_options())
+        return {f"delta/{k}": new[k] - start[k] for k in start}
+
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
         """Floats a cohort client exchanges with the server per round: theta down and delta up."""

@@ -71,6 +71,17 @@ class FedAvg(Algorithm):
         return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model",
                 "rounds": 0}
 
+    upload_under_dp = True  # client-level DP-FedAvg: the client's delta, clipped and noised only in the sum
+
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None):
+        """Alg. 3 line 7: the client's delta after ``steps`` local steps from the global model (0: its gradient).
+
+        Under client-level ``--dp`` the server receives each delta before the noise of the sum is
+        added, clipped by a positive factor (which cosine matching does not see).
+        """
+        start = stack(self.global_params, x.shape[0]) if start is None else start
+        return self.local_update(start, x, y, steps), start
+
     def personalize(self, clients: np.ndarray, gen):
         if self.cfg.finetune_steps > 0:
             return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True

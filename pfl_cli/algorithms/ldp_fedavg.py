@@ -35,3 +35,24 @@ class LDPFedAvg(LocalDP, FedAvg):
                                    noise_gen=torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
         self.server_update({k: (theta[k] - g).mean(0) for k, g in self.global_params.items()})
         return loss if len(loss) else torch.zeros(0)
+
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None):
+        """The delta after ``steps`` DP-SGD steps on the batch (x, y) (every record drawn), noised
+        with ``noise_gen`` as the client would (``pflx attack``); without it, the noise-free delta."""
+        from types import SimpleNamespace
+
+        import torch
+
+        from pfl_cli.fl.dpsgd import dp_local_sgd
+
+        cfg, dp = self.cfg, self.dp
+        n, b = y.shape
+        batch = SimpleNamespace(inputs=lambda i: x.flatten(0, 1)[i], y=y.flatten())
+        index = torch.arange(n * b, device=y.device).view(n, 1, b).expand(n, steps, b)
+        start = stack(self.global_params, n) if start is None else start
+        theta, _ = dp_local_sgd(self.net, start, batch, index, torch.ones(index.shape, device=y.device),
+                                private=list(start), clip=dp.clip,
+                                noise_multiplier=dp.noise_multiplier if noise_gen is not None else 0.0,
+                                denominator=dp.denominator, lr=cfg.lr, momentum=cfg.momentum,
+                                weight_decay=2.0 * cfg.lambda_theta, noise_gen=noise_gen)
+        return {f"delta/{k}": theta[k] - start[k] for k in start}, start

@@ -92,8 +92,12 @@ class PeFLL(ServerOptimizerState, Algorithm):
     # ------------------------------------------------------------------ descriptors (§1.1)
     def _embed_mean(self, index, mask):
         """v = masked mean of phi(x, y) over each row of ``index`` (k, b) -> (k, l)."""
-        k, b = index.shape
-        e = self.embed(self.store.inputs(index).flatten(0, 1), self.store.onehot(index).flatten(0, 1)).view(k, b, -1)
+        return self._embed_batch(self.store.inputs(index), self.store.onehot(index), mask)
+
+    def _embed_batch(self, x, onehot, mask):
+        """Masked mean of phi over the b samples of each row: x (k, b, ...), onehot (k, b, C) -> (k, l)."""
+        k, b = mask.shape
+        e = self.embed(x.flatten(0, 1), onehot.flatten(0, 1)).view(k, b, -1)
         return (e * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1.0)
 
     def _standardize(self, v):
@@ -270,6 +274,23 @@ class PeFLL(ServerOptimizerState, Algorithm):
             losses.append(loss)
         self._server_step(h_params, acc_h, e_params, acc_e)
         return torch.cat(losses)
+
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None):
+        """§1.5 messages 2 and 4: the descriptor v of the client's batch and its delta theta.
+
+        The same batch builds the descriptor (steps 5-6) and feeds the ``steps`` local steps
+        from theta = h(v) (steps 8-11; 0 steps: the gradient at theta). Message 6 (d eta_v) is a
+        function of the server's dv and is not modelled. ``start``: the theta the server sent,
+        when known (an attacker's model of the upload keeps it fixed rather than h(v(x))).
+        """
+        import torch
+
+        onehot = torch.nn.functional.one_hot(y, self.store.num_classes).to(x.dtype)
+        v = self._standardize(self._embed_batch(x, onehot, torch.ones(y.shape, device=x.device)))
+        if start is None:
+            start = self.hnet(v)
+            start = {k: start[k] for k in self.names}
+        return {"v": v, **self.local_update(start, x, y, steps)}, start
 
     # ------------------------------------------------------------------ Alg. 7
     def protocol(self, new: bool) -> dict:

@@ -19,7 +19,7 @@ from pfl_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, PflxError
 app = typer.Typer(
     name="pflx",
     help="Personalized federated learning from the command line: partition, fit, simulate, train, predict, "
-    "cluster and account for privacy, with stages that chain through artifact directories.",
+    "cluster, account for privacy and attack uploads, with stages that chain through artifact directories.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -54,6 +54,7 @@ def _register() -> None:
     from pfl_cli.cli import train
     from pfl_cli.cli import predict
     from pfl_cli.cli import show
+    from pfl_cli.cli import attack
 
     app.command("partition", no_args_is_help=True)(partition.partition)
     app.command("privacy-account", no_args_is_help=True)(privacy_account.privacy_account)
@@ -63,6 +64,7 @@ def _register() -> None:
     app.command("train", no_args_is_help=True)(train.train)
     app.command("predict", no_args_is_help=True)(predict.predict)
     app.command("show", no_args_is_help=True)(show.show)
+    app.command("attack", no_args_is_help=True)(attack.attack_command)
 
 
 _register()

@@ -75,38 +75,59 @@ def read_model(path: Path):
     return art, payload, train_cfg, metrics
 
 
-def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter, plot: bool = False) -> None:
-    import torch
-
-    from pfl_cli.artifacts import ArtifactWriter
-    from pfl_cli.config import config_to_dict
-    from pfl_cli.fl.api import predict_clients
-    from pfl_cli.fl.device import resolve_device
-
-    _check_config(cfg)
-    device = resolve_device(cfg.device)
-    ArtifactWriter(out, stage="predict", config={}, seed=cfg.seed, force=force)  # --out problems first
-    model_art, payload, train_cfg, train_metrics = read_model(model)
-    part, info, part_art, ds = load_partition_dataset(partition)
+def check_same_dataset(partition: Path, info: dict, train_metrics: dict, command: str) -> None:
+    """Refuse a partition over another dataset than the model's (labels hash; classes for a DP model)."""
     trained_on = (train_metrics.get("dataset") or {}).get("labels_sha256")
     # A DP model withholds the hash of its (private) training data: only the label space is checked then.
     withheld = trained_on is None and "dp" in train_metrics
     if withheld and int(info["num_classes"]) != int(train_metrics["dataset"]["num_classes"]):
         raise ArtifactError(f"--partition {partition}: {info['num_classes']} classes, but the model was trained on "
-                            f"{train_metrics['dataset']['num_classes']}; predict needs the same label space.")
+                            f"{train_metrics['dataset']['num_classes']}; {command} needs the same label space.")
     if not withheld and info.get("labels_sha256") != trained_on:
         raise ArtifactError(
             f"--partition {partition}: the partition is over a different dataset than the model (labels hash "
             f"{str(info.get('labels_sha256'))[:12]} of {info['spec']}, the model's {str(trained_on)[:12]} of "
-            f"{(train_metrics.get('dataset') or {}).get('spec')}); predict needs a partition of the same dataset, "
+            f"{(train_metrics.get('dataset') or {}).get('spec')}); {command} needs a partition of the same dataset, "
             "e.g. one from pflx simulate over it.")
-    writer = ArtifactWriter(out, stage="predict", config=config_to_dict(cfg), seed=cfg.seed,
+
+
+def open_model_stage(stage: str, cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter,
+                     up_to_date_hint: str = ""):
+    """What a stage reading a train artifact and a partition starts with (predict, attack).
+
+    Checks ``--out`` first, reads the model and the partition's dataset, refuses a partition
+    over another dataset, and returns ``(writer, model_art, payload, train_cfg, part, ds)``, or
+    None after reporting that ``out`` is up to date.
+    """
+    from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.config import config_to_dict
+
+    ArtifactWriter(out, stage=stage, config={}, seed=cfg.seed, force=force)  # --out problems first
+    model_art, payload, train_cfg, train_metrics = read_model(model)
+    part, info, part_art, ds = load_partition_dataset(partition)
+    check_same_dataset(partition, info, train_metrics, stage)
+    writer = ArtifactWriter(out, stage=stage, config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
     if writer.up_to_date():
-        report.note(f"{out} is up to date (same config and inputs); nothing to do."
-                    + (f" `pflx show --plot {out}` draws its histogram." if plot else ""))
+        report.note(f"{out} is up to date (same config and inputs); nothing to do.{up_to_date_hint}")
         report.result({"out": str(out), "up_to_date": True})
+        return None
+    return writer, model_art, payload, train_cfg, part, ds
+
+
+def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter, plot: bool = False) -> None:
+    import torch
+
+    from pfl_cli.fl.api import predict_clients
+    from pfl_cli.fl.device import resolve_device
+
+    _check_config(cfg)
+    device = resolve_device(cfg.device)
+    inputs = open_model_stage("predict", cfg, model=model, partition=partition, out=out, force=force, report=report,
+                              up_to_date_hint=f" `pflx show --plot {out}` draws its histogram." if plot else "")
+    if inputs is None:
         return
+    writer, model_art, payload, train_cfg, part, ds = inputs
     run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
                           labeled=ds.labeled)
     label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask

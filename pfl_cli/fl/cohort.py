@@ -253,39 +253,87 @@ def clip_per_client(grads: dict, clip: float) -> dict:
     return {k: g * expand_as_params(scale, g) for k, g in grads.items()}
 
 
-def sgd_update_(theta: dict, grads: dict, buf: dict, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None,
-                clip_groups: list | None = None) -> None:
-    """One ``torch.optim.SGD`` step per client on stacked tensors, in place, after ``clip_grad_norm_``.
+def sgd_step(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 0.0, weight_decay: float = 0.0,
+             clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None,
+             clip_groups: list | None = None) -> tuple[dict, dict]:
+    """One ``torch.optim.SGD`` step per client after ``clip_grad_norm_``; new ``(theta, buf)`` dicts.
 
     ``theta``, ``grads`` and ``buf`` (momentum buffers) map names to (c, *shape) tensors; the
-    clip is over each client's whole gradient; ``active`` (c,) bool leaves inactive clients alone.
-    ``prox_mu * (theta - prox_anchor)`` (FedProx Eq. 2, Ditto Eq. 2) joins after clipping.
-    ``lr`` may be one step per name (a dict); ``clip_groups`` (lists of names) clips each
-    group's norm apart (HyperFL clips the hypernetwork and the embedding separately).
+    clip is over each client's whole gradient (``clip_groups``, lists of names: each group's
+    norm apart, as HyperFL clips the hypernetwork and the embedding); ``active`` (c,) bool
+    leaves inactive clients alone; ``prox_mu * (theta - prox_anchor)`` (FedProx Eq. 2, Ditto
+    Eq. 2) joins after clipping; ``lr`` may be one step per name (a dict). Out of place, so
+    the same step serves :func:`local_sgd` (under ``no_grad``) and :func:`unrolled_sgd`
+    (differentiable, for the attacks of ``pfl_cli.attack``).
     """
     import torch
 
-    with torch.no_grad():
-        if clip_groups is None:
-            grads = clip_per_client(grads, clip)
+    if clip_groups is None:
+        grads = clip_per_client(grads, clip)
+    else:
+        grads = {**grads, **{k: g for group in clip_groups
+                             for k, g in clip_per_client({n: grads[n] for n in group}, clip).items()}}
+    new_theta, new_buf = dict(theta), dict(buf)  # parameters without a gradient stay as they are
+    for k, g in grads.items():
+        p = theta[k]
+        step = lr[k] if isinstance(lr, dict) else lr
+        if weight_decay:
+            g = g + weight_decay * p
+        if prox_mu:
+            g = g + prox_mu * (p - prox_anchor[k])
+        nb = momentum * buf[k] + g if momentum else g
+        if active is None:
+            new_buf[k], new_theta[k] = nb, p - step * nb
         else:
-            grads = {**grads, **{k: g for group in clip_groups
-                                 for k, g in clip_per_client({n: grads[n] for n in group}, clip).items()}}
-        for k, g in grads.items():
-            step = lr[k] if isinstance(lr, dict) else lr
-            if weight_decay:
-                g = g + weight_decay * theta[k]
-            if prox_mu:
-                g = g + prox_mu * (theta[k] - prox_anchor[k])
-            new_buf = momentum * buf[k] + g if momentum else g
-            if active is None:
-                buf[k] = new_buf
-                theta[k] -= step * new_buf
-            else:
-                sel = expand_as_params(active, g)
-                buf[k] = torch.where(sel, new_buf, buf[k])
-                theta[k] -= step * new_buf * sel
+            sel = expand_as_params(active, g)
+            new_buf[k], new_theta[k] = torch.where(sel, nb, buf[k]), p - step * nb * sel
+    return new_theta, new_buf
+
+
+def sgd_update_(theta: dict, grads: dict, buf: dict, **options) -> None:
+    """:func:`sgd_step` in place, into the tensors of ``theta`` and ``buf`` (leaves keep ``requires_grad``)."""
+    import torch
+
+    with torch.no_grad():
+        new_theta, new_buf = sgd_step(theta, grads, buf, **options)
+        for k in grads:
+            theta[k].copy_(new_theta[k])
+            buf[k].copy_(new_buf[k])
+
+
+def batch_gradients(model, params: Mapping[str, "object"], x, y) -> dict:
+    """Each client's gradient of its mean cross-entropy on its batch, differentiable (``create_graph``).
+
+    params (c, *shape) per name, x (c, b, *input_shape), y (c, b). Parameters that are
+    constants to the caller are made leaves so that they can be differentiated.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, vmap
+
+    names = list(params)
+    theta = [params[k] if params[k].requires_grad else params[k].detach().requires_grad_(True) for k in names]
+    logits = vmap(lambda p, xb: functional_call(model, p, (xb,)))(dict(zip(names, theta)), x)
+    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
+    return dict(zip(names, torch.autograd.grad(loss.sum(), theta, create_graph=True)))
+
+
+def unrolled_sgd(model, params: Mapping[str, "object"], x, y, steps: int, *, lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0, clip: float = 0.0) -> dict:
+    """``steps`` full-batch local SGD steps per client, differentiable in ``x`` and ``params``.
+
+    The client update of :func:`local_sgd` (the same :func:`sgd_step`) on one fixed batch per
+    client, x (c, b, *input_shape) and y (c, b), kept on the autograd graph so that a
+    gradient-inversion attack can differentiate the uploaded delta with respect to dummy data.
+    """
+    import torch
+
+    theta = {k: v if v.requires_grad else v.detach().requires_grad_(True) for k, v in params.items()}
+    buf = {k: torch.zeros_like(v) for k, v in params.items()}
+    for _ in range(steps):
+        grads = batch_gradients(model, theta, x, y)
+        theta, buf = sgd_step(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip)
+    return theta
 
 
 def local_sgd_reference(model, params, store, index, mask=None, *, lr, momentum=0.0, weight_decay=0.0, clip=0.0,

@@ -20,6 +20,7 @@ CONFIG_CLASSES = {
     "privacy-account": ("pfl_cli.privacy.query", "PrivacyAccountConfig"),
     "train": ("pfl_cli.fl.config", "TrainConfig"),
     "predict": ("pfl_cli.fl.config", "PredictConfig"),
+    "attack": ("pfl_cli.attack.config", "AttackConfig"),
 }
 
 

@@ -1,0 +1,303 @@
+"""The validated public entry point of ``pflx attack``: an honest-but-curious server (spec B.9).
+
+For each target (a batch of ``batch_size`` images of one client) the trained algorithm's own
+``upload`` hook computes the message that client would send; each attack then rebuilds the
+images from the message alone, every target at once, and the reconstructions are scored
+against the originals with PSNR and SSIM on images scaled to [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from pfl_cli.attack.config import ATTACK_CHOICES, ATTACK_CLIENTS, ATTACKS, AttackConfig
+from pfl_cli.errors import ConfigError, InputError
+
+ROLES = {"train": 0, "holdout": 1}
+
+
+@dataclass(frozen=True)
+class AttackRun:
+    """Targets, originals and reconstructions (inputs in [0, 1]), and their scores."""
+
+    client: np.ndarray               # (n_images,) partition position of each image's client
+    sample: np.ndarray               # (n_images,) dataset index
+    label: np.ndarray                # (n_images,)
+    original: np.ndarray             # (n_images, *input_shape) in [0, 1]
+    reconstruction: dict             # attack -> (n_images, *input_shape) in [0, 1]
+    psnr: dict                       # attack -> (n_images,)
+    ssim: dict                       # attack -> (n_images,) or None (vector data)
+    lpips: dict                      # attack -> (n_images,) or None (no --lpips-weights)
+    label_accuracy: float | None     # share of labels --infer-labels got right
+    image_shape: tuple | None        # (C, H, W) view of one input, None for vector data
+    upload: list                     # names of the message's tensors
+
+
+def validate_attack_config(cfg: AttackConfig) -> None:
+    if cfg.attack not in ATTACK_CHOICES:
+        raise ConfigError(f"attack must be one of {', '.join(ATTACK_CHOICES)}; got {cfg.attack!r}.")
+    if cfg.clients not in ATTACK_CLIENTS:
+        raise ConfigError(f"clients must be one of {', '.join(ATTACK_CLIENTS)}; got {cfg.clients!r}.")
+    for name, low in (("images", 1), ("batch_size", 1), ("iterations", 0), ("local_steps", 0), ("seed", 0)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ConfigError(f"{name} must be an integer >= {low}; got {value!r}.")
+    for name in ("lr", "tv"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if isinstance(cfg.rog_scale, bool) or not isinstance(cfg.rog_scale, (int, np.integer)) or cfg.rog_scale < 1:
+        raise ConfigError(f"rog_scale must be an integer >= 1; got {cfg.rog_scale!r}.")
+    if cfg.lr <= 0:
+        raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
+    if cfg.images % cfg.batch_size:
+        raise ConfigError(f"images must be a multiple of batch_size ({cfg.batch_size}); got {cfg.images}.")
+    if cfg.infer_labels and cfg.batch_size != 1:
+        raise ConfigError(f"infer_labels: the iDLG rule needs batch_size 1; got {cfg.batch_size}.")
+    if cfg.attack == "analytic" and (cfg.batch_size != 1 or cfg.local_steps > 1):
+        raise ConfigError("attack analytic: the closed form is exact for one image and the gradient or one local "
+                          "step; got "
+                          f"batch_size {cfg.batch_size}, local_steps {cfg.local_steps}.")
+
+
+def attacks_of(cfg: AttackConfig, analytic_ok: bool, images: bool) -> list[str]:
+    """The attacks ``cfg.attack`` runs; ``all`` includes analytic only where its closed form holds
+    and rog only on images."""
+    if cfg.attack != "all":
+        return [cfg.attack]
+    return [a for a in ATTACKS if (a != "analytic" or analytic_ok) and (a != "rog" or images)]
+
+
+def image_view(input_shape: tuple[int, ...], nonnegative: bool) -> tuple[int, int, int] | None:
+    """(C, H, W) of an image input, or None for vector data.
+
+    Datasets carry no image flag, so a flat vector is taken for a one-channel square image when
+    it has a square length of at least 16 and no negative value, like pixel intensities
+    (digits: 64 = 8x8 values in 0..16); features that go negative (ring) stay a vector.
+    """
+    if len(input_shape) == 3:
+        return tuple(input_shape)
+    if (nonnegative and len(input_shape) == 1 and input_shape[0] >= 16
+            and math.isqrt(input_shape[0]) ** 2 == input_shape[0]):
+        r = math.isqrt(input_shape[0])
+        return (1, r, r)
+    return None
+
+
+def select_targets(partition, clients: str, n_targets: int, batch: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """``n_targets`` disjoint batches of ``batch`` train samples, each from one client, spread over the clients.
+
+    Clients are visited in a random order, round robin, each giving its next unused batch;
+    returns the client position (n_targets,) and the dataset indices (n_targets, batch).
+    """
+    positions = np.flatnonzero(np.asarray(partition.role) == ROLES[clients])
+    owner, samples = partition.train_owner(), np.asarray(partition.train_indices)
+    pools = []
+    for c in rng.permutation(positions):
+        mine = rng.permutation(samples[owner == c])
+        pools.append([(c, mine[i:i + batch]) for i in range(0, len(mine) - batch + 1, batch)])
+    available = sum(len(p) for p in pools)
+    if available < n_targets:
+        raise InputError(f"images: {n_targets * batch} images in batches of {batch} need {n_targets} batches; the "
+                         f"{len(positions)} {clients} clients hold only {available} such batches "
+                         f"({int(np.isin(owner, positions).sum())} train samples).")
+    picked = []
+    depth = 0
+    while len(picked) < n_targets:
+        for p in pools:
+            if depth < len(p) and len(picked) < n_targets:
+                picked.append(p[depth])
+        depth += 1
+    return np.array([c for c, _ in picked]), np.stack([s for _, s in picked])
+
+
+def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
+                 cfg: AttackConfig, *, device: Any = None,
+                 on_progress: Callable[[str, int, int, float], None] | None = None) -> AttackRun:
+    """Simulate the server's attack on the uploads of a partition's clients (spec B.9).
+
+    Parameters
+    ----------
+    model : dict
+        A ``model.pt`` payload of ``pflx train``.
+    train_cfg : TrainConfig
+        The run's config (learning rate, clipping, ... of the clients' local SGD).
+    x, y, num_classes, partition
+        The dataset in sample order and a partition over it; targets are train samples of
+        the ``cfg.clients`` clients.
+    cfg : AttackConfig
+    on_progress : callable (attack, iteration, iterations, mean PSNR)
+    """
+    import torch
+
+    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.algorithms.base import Algorithm
+    from pfl_cli.attack import analytic
+    from pfl_cli.attack.invert import invert_gradients
+    from pfl_cli.attack.metrics import psnr, ssim
+    from pfl_cli.fl.api import MODEL_FORMAT, make_algorithm, validate_train_config
+    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.store import build_store
+    from pfl_cli.rng import make_rng, torch_generator
+
+    validate_attack_config(cfg)
+    if model.get("format") != MODEL_FORMAT:
+        raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
+    validate_train_config(train_cfg)
+
+    cls = REGISTRY[train_cfg.algorithm]
+    if cls.upload is Algorithm.upload:
+        raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
+                         "uploads of fedavg, pefll and ldp-fedavg.")
+    dp = train_cfg.dp_epsilon is not None
+    if dp and not cls.upload_under_dp:
+        raise InputError(f"--model: a --dp {train_cfg.algorithm!r} run's uploads are not modelled by pflx attack.")
+    if dp and cfg.local_steps == 0:
+        raise InputError(f"local_steps 0: a client of a --dp run never uploads a raw gradient; attack the delta it "
+                         f"sends with --local-steps K (the run's local_steps: {train_cfg.local_steps}).")
+    lpips_weights = None
+    if cfg.lpips_weights is not None:
+        from pfl_cli.attack.lpips import MIN_SIZE, load_lpips_weights
+
+        lpips_weights = load_lpips_weights(cfg.lpips_weights)
+        view = image_view(tuple(x.shape[1:]), bool(np.min(x) >= 0))
+        if view is None or min(view[1:]) < MIN_SIZE:
+            raise InputError(f"--lpips-weights: LPIPS needs images of at least {MIN_SIZE}x{MIN_SIZE}; the data's "
+                             f"inputs have shape {tuple(x.shape[1:])}.")
+    device = device if device is not None else resolve_device(cfg.device)
+    n_targets, b = cfg.images // cfg.batch_size, cfg.batch_size
+    target_client, index = select_targets(partition, cfg.clients, n_targets, b, make_rng(cfg.seed, "attack-targets"))
+    norm = model["normalization"]
+    store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device, normalize=True,
+                        stats=(norm["mean"].numpy(), norm["std"].numpy()))
+    alg = make_algorithm(train_cfg, store, arch=model["arch"])
+    alg.load_weights(model["weights"])
+    if dp:
+        from pfl_cli.fl.api import plan_dp
+
+        alg.dp = plan_dp(train_cfg, store)  # the run's calibrated mechanism (public inputs only)
+    for module in (m for m in vars(alg).values() if isinstance(m, torch.nn.Module)):
+        module.requires_grad_(False)  # the attacker differentiates in the dummy data only
+
+    idx = torch.as_tensor(index, device=device)
+    x_true, y_true = store.inputs(idx), store.y[idx]
+    steps = cfg.local_steps
+    # The true upload carries the client's own noise (local DP); the attacker's model of it has none.
+    message, start = alg.upload(x_true, y_true, steps=steps, noise_gen=torch_generator(cfg.seed, "attack-dp-noise"))
+    message = {k: v.detach() for k, v in message.items()}
+    start = {k: v.detach() for k, v in start.items()}
+    names = list(start)
+    sgd = alg.sgd_options()
+
+    def grad_of(name):
+        if f"grad/{name}" in message:
+            return message[f"grad/{name}"]
+        return analytic.scaled_gradient(message[f"delta/{name}"], start[name], lr=sgd["lr"],
+                                        weight_decay=sgd["weight_decay"])
+
+    labels, label_accuracy = y_true, None
+    if cfg.infer_labels:
+        lb = analytic.last_bias(names)
+        if lb is None:
+            raise InputError("infer_labels: the model's output layer has no bias for the iDLG rule.")
+        labels = analytic.infer_labels(grad_of(lb))[:, None]
+        label_accuracy = float((labels == y_true).to(torch.float64).mean())
+
+    affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in start.items()})
+    analytic_ok = affine is not None and b == 1 and steps <= 1
+    lo_raw, hi_raw = float(np.min(x)), float(np.max(x))
+    shape = store.input_shape
+    view = image_view(shape, lo_raw >= 0)
+    chosen = attacks_of(cfg, analytic_ok, view is not None)
+    if "analytic" in chosen and affine is None:
+        raise InputError(f"attack analytic: needs a first fully connected layer with bias; the "
+                         f"{model['arch']['client'].get('arch')} model's first layer is {names[0]!r}.")
+
+    # Pixels in [0, 1]: standardized -> raw -> the dataset's value range (public: the data format).
+    span = max(hi_raw - lo_raw, 1e-12)
+    mean, std = store.mean, store.std
+    box = ((lo_raw - mean) / std, (hi_raw - mean) / std)
+
+    def unit(t):  # (n, b, *shape) standardized -> (n * b, *shape) in [0, 1]
+        return ((t * std + mean - lo_raw) / span).clamp(0.0, 1.0).flatten(0, 1)
+
+    truth = unit(x_true)
+
+    def score(rec):
+        return psnr(rec.flatten(1), truth.flatten(1))
+
+    def upload(xd, yd):  # the server knows the model it sent: the dummy's upload starts from it too
+        return alg.upload(xd, yd, steps=steps, start=start)[0]
+
+    if "rog" in chosen and view is None:
+        raise InputError(f"attack rog: needs image inputs (its unknown is a low-resolution image); the data's "
+                         f"inputs have shape {shape}.")
+
+    def rog_decoder():
+        """z: a low-resolution image in [0, 1] -> the standardized full-size input (bilinear upsampling)."""
+        c, h, w = view
+        small = (max(1, h // cfg.rog_scale), max(1, w // cfg.rog_scale))
+
+        def decode(z):
+            up = torch.nn.functional.interpolate(z.flatten(0, 1), size=(h, w), mode="bilinear", align_corners=False)
+            return ((up * span + lo_raw).view(n_targets, b, *shape) - mean) / std
+
+        return decode, (c, *small)
+
+    results, psnrs, ssims, lpipss = {}, {}, {}, {}
+    for a in chosen:
+        if a == "analytic":
+            w, bias = affine
+            rec = analytic.recover_affine_input(grad_of(w), grad_of(bias)).view(n_targets, 1, *shape)
+        else:
+            every = max(1, cfg.iterations // 100)
+
+            def on_step(it, xd, a=a):
+                if on_progress is not None and ((it + 1) % every == 0 or it + 1 == cfg.iterations):
+                    on_progress(a, it + 1, cfg.iterations, float(score(unit(xd)).mean()))
+
+            extra = {"box": box}
+            if a == "rog":
+                decode, latent = rog_decoder()
+                zero = torch.zeros((), device=device)
+                extra = {"decode": decode, "latent_shape": latent, "box": (zero, zero + 1),
+                         "init": torch.rand((n_targets, b, *latent), generator=torch_generator(cfg.seed, "attack-rog"))}
+            rec = invert_gradients(upload, message, labels, shape, loss="l2" if a == "dlg" else "cosine",
+                                   iterations=cfg.iterations, lr=cfg.lr, tv=cfg.tv if a == "ig" else 0.0,
+                                   image_shape=view, gen=torch_generator(cfg.seed, f"attack-{a}"), on_step=on_step,
+                                   **extra)
+            rec = _match_order(rec, x_true)
+        r = unit(rec.detach())
+        results[a] = r.cpu().numpy()
+        psnrs[a] = score(r).cpu().numpy()
+        ssims[a] = None if view is None else ssim(r.view(-1, *view), truth.view(-1, *view)).cpu().numpy()
+        if lpips_weights is not None:
+            from pfl_cli.attack.lpips import lpips
+
+            with torch.no_grad():
+                lpipss[a] = lpips(r.view(-1, *view), truth.view(-1, *view), lpips_weights).cpu().numpy()
+        else:
+            lpipss[a] = None
+    return AttackRun(client=np.repeat(target_client, b), sample=index.reshape(-1),
+                     label=y_true.flatten().cpu().numpy(), original=truth.cpu().numpy(), reconstruction=results,
+                     psnr=psnrs, ssim=ssims, lpips=lpipss, label_accuracy=label_accuracy, image_shape=view,
+                     upload=list(message))
+
+
+def _match_order(rec, truth):
+    """Reorder each target's reconstructed batch to the originals (a batch's order is not recoverable)."""
+    import torch
+    from scipy.optimize import linear_sum_assignment
+
+    if rec.shape[1] == 1:
+        return rec
+    cost = torch.cdist(rec.flatten(2), truth.flatten(2)).cpu().numpy()  # (n, b, b)
+    out = rec.clone()
+    for i in range(rec.shape[0]):  # scipy's assignment per target: b is small
+        r, c = linear_sum_assignment(cost[i])
+        out[i, c] = rec[i, r]
+    return out

@@ -1,0 +1,30 @@
+"""Options of ``pflx attack``; each field is the flag of the same name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+ATTACKS = ("dlg", "ig", "rog", "analytic")
+OPTIMIZED = ("dlg", "ig", "rog")
+ATTACK_CHOICES = (*ATTACKS, "all")
+ATTACK_CLIENTS = ("holdout", "train")
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """Options of ``pflx attack``."""
+
+    clients: str = "holdout"     # whose data is attacked: holdout | train clients of the partition
+    images: int = 8              # images attacked in all (a multiple of batch_size)
+    batch_size: int = 1          # images per upload (one client's batch)
+    attack: str = "ig"           # dlg | ig | rog | analytic | all
+    rog_scale: int = 2           # rog: the image is optimized at 1/rog_scale of its side
+    iterations: int = 2000       # Adam steps of dlg / ig / rog (the paper: IG 10000, ROG 100)
+    lr: float = 0.1              # initial Adam step of dlg / ig / rog (paper: IG 0.1, ROG 0.05)
+    tv: float = 1e-6             # ig total-variation weight (paper: 1e-6)
+    local_steps: int = 0         # 0: the upload is the gradient (FedSGD); k: the delta after k local SGD steps
+    infer_labels: bool = False   # iDLG label rule (batch size 1) instead of the known labels
+    lpips_weights: Optional[str] = None  # local AlexNet-LPIPS state dict; None: no LPIPS
+    device: str = "auto"
+    seed: int = 0
