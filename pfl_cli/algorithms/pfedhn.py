@@ -56,6 +56,11 @@ class PFedHN(ServerOptimizerState, Algorithm):
                                           targets=targets)
         return arch
 
+    @property
+    def server_clip(self) -> float:
+        """The clip of the server gradient: --set server_clip, else 50 (spec A.8's default)."""
+        return 50.0 if self.cfg.server_clip is None else float(self.cfg.server_clip)
+
     def build(self) -> None:
         import torch
 
@@ -173,8 +178,8 @@ class PFedHN(ServerOptimizerState, Algorithm):
         self.opt.zero_grad(set_to_none=True)
         for p, g in zip(params, grads):
             p.grad = g.clone()
-        if self.cfg.server_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, self.cfg.server_clip)
+        if self.server_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.server_clip)
         self.opt.step()
 
     # ------------------------------------------------------------------ models for any client
@@ -231,8 +236,8 @@ class PFedHN(ServerOptimizerState, Algorithm):
             (g,) = torch.autograd.grad([theta[k] for k in new], [leaf],
                                        grad_outputs=[theta[k].detach() - new[k] for k in new])
             with torch.no_grad():
-                if cfg.server_clip > 0:
-                    g = g * (cfg.server_clip / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
+                if self.server_clip > 0:
+                    g = g * (self.server_clip / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
                 g = g + cfg.hn_weight_decay * v
                 buf = cfg.hn_momentum * buf + g if cfg.hn_momentum else g
                 v = v - lr * buf
