@@ -112,7 +112,7 @@ def test_hyperfl_generated_weights_leak_from_its_upload(trained):
     c = [int(store.clients(ROLE_TRAIN)[0])]
     _, x, y = client_batch(store, c, b=1)
     msg, _ = a.upload(x, y, steps=0, clients=torch.as_tensor(c))
-    _, theta = recover_generated_weights(a.hnet, {k: msg[f"grad/{k}"][0] for k in a.hn_names})
+    _, theta = recover_generated_weights(a.hnet, {k: msg[f"grad/{k}"][0].detach() for k in a.hn_names})
     with torch.no_grad():
         want = a.hnet(a.private.gather(torch.as_tensor(c))["embedding"][0])
     for k in a.names:
