@@ -164,14 +164,17 @@ class Algorithm(ABC):
 
     upload_under_dp = False   # whether upload() models what a client of a --dp run sends
 
-    def upload(self, x, y, *, steps: int, noise_gen=None, start=None) -> tuple[dict, dict]:
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None) -> tuple[dict, dict]:
         """What a client holding batch ``(x, y)`` sends the server, differentiably in ``x``.
 
         x (n, b, *input_shape), y (n, b): one batch per simulated client (attack target);
         ``steps`` as in :meth:`local_update`. ``noise_gen``: the simulated client's noise where
         the client itself adds noise (local DP); None gives the noise-free message (the
         attacker's model of it). ``start``: the client model the server sent, when the caller
-        knows it (the attacker does); None: the algorithm's own.
+        knows it (the attacker does); None: the algorithm's own. ``clients`` (n,): the
+        partition position of each target's client (whose server-side state picks ``start``).
+        ``private``: the client's private tensors (:meth:`attack_private`), the attacker's
+        guesses; None: the client's own.
         Returns ``(message, start)``: the uploaded tensors by name, each with a leading
         target axis, and the client model ``theta`` the server sent (what an attacker knows).
         Used by ``pflx attack`` (spec B.9) to simulate an honest-but-curious server.
@@ -179,6 +182,33 @@ class Algorithm(ABC):
         from pfl_cli.errors import InputError
 
         raise InputError(f"algorithm {self.name!r}: pflx attack does not model what its clients upload.")
+
+    def attack_private(self, n: int) -> dict:
+        """The attacker's starting guess (n, *shape) per name of the client state it never sees.
+
+        The attack optimizes these jointly with the images (HyperFL's joint attack, spec B.9);
+        empty when the server knows every input of the upload but the data.
+        """
+        return {}
+
+    def leaked_gradients(self, message: dict, start: dict) -> dict:
+        """The client net's gradients (up to one positive factor per target) that a one-step upload reveals.
+
+        For the closed-form attacks (spec D.3 T-P3, iDLG): ``grad/<name>`` as sent, or
+        ``delta/<name>`` of one SGD step with its known learning rate and weight decay undone.
+        Names in the client net's order.
+        """
+        from pfl_cli.attack.analytic import scaled_gradient
+
+        sgd = self.sgd_update_options()
+        out = {}
+        for k in start:
+            if f"grad/{k}" in message:
+                out[k] = message[f"grad/{k}"]
+            elif f"delta/{k}" in message:
+                out[k] = scaled_gradient(message[f"delta/{k}"], start[k], lr=sgd["lr"],
+                                         weight_decay=sgd["weight_decay"])
+        return out
 
     def local_update(self, start: dict, x, y, steps: int) -> dict:
         """The client's update from ``start`` on (x, y), on the autograd graph, with prefixed names.

@@ -73,7 +73,7 @@ class FedAvg(Algorithm):
 
     upload_under_dp = True  # client-level DP-FedAvg: the client's delta, clipped and noised only in the sum
 
-    def upload(self, x, y, *, steps: int, noise_gen=None, start=None):
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
         """Alg. 3 line 7: the client's delta after ``steps`` local steps from the global model (0: its gradient).
 
         Under client-level ``--dp`` the server receives each delta before the noise of the sum is

@@ -124,21 +124,87 @@ class HyperFL(Algorithm):
 
         steps, active = self.epoch_steps(clients, epochs)
         index, mask = sample_batches(self.store.fit, clients, steps, self.cfg.batch_size, gen)
-        eta_h = self.cfg.lr
-        eta_v = self.cfg.embed_lr if self.cfg.embed_lr is not None else eta_h
-        params, shared, lrs, groups = {"v": v}, None, {"v": eta_v}, [["v"]]
-        if phi is None:
-            shared = {f"hnet.{k}": p.detach() for k, p in self.hnet.named_parameters()}
-        else:
-            params.update({f"hnet.{k}": phi[k] for k in self.hn_names})
-            lrs.update({f"hnet.{k}": eta_h for k in self.hn_names})
-            groups.append([f"hnet.{k}" for k in self.hn_names])  # clipped apart from v, as the code
+        params, lrs, groups = self._generator_step(phi, v)
+        shared = {f"hnet.{k}": p.detach() for k, p in self.hnet.named_parameters()} if phi is None else None
         new, loss = local_sgd(self.generated, params, self.store, index, mask, lr=lrs, active=active,
                               fixed={f"net.{k}": head[k] for k in self.head_names}, shared=shared,
                               clip_groups=groups, **self._options())
         self.client_sgd_steps += int(active.sum())
         phi_new = None if phi is None else {k: new[f"hnet.{k}"] for k in self.hn_names}
         return phi_new, new["v"], loss
+
+    def _generator_step(self, phi, v):
+        """Step 2's trained parameters of :class:`GeneratedNet`, their step sizes (eta_h, eta_v) and clip groups."""
+        eta_h = self.cfg.lr
+        eta_v = self.cfg.embed_lr if self.cfg.embed_lr is not None else eta_h
+        params, lrs, groups = {"v": v}, {"v": eta_v}, [["v"]]
+        if phi is not None:
+            params.update({f"hnet.{k}": phi[k] for k in self.hn_names})
+            lrs.update({f"hnet.{k}": eta_h for k in self.hn_names})
+            groups.append([f"hnet.{k}" for k in self.hn_names])  # clipped apart from v, as the code
+        return params, lrs, groups
+
+    # ------------------------------------------------------------------ the client's message (pflx attack)
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
+        """Eq. (5)-(6): what leaves the client is phi_i only (B.2).
+
+        ``steps = 0``: ``grad/<phi name>``, the hypernetwork gradient at the global phi through
+        theta = h(v_i; phi) and the private classifier (the paper's eq. 8 setting); ``steps = k``:
+        ``delta/<phi name>`` = phi_i - phi after k of step 2's SGD steps on (phi, v_i), the
+        uploaded weights less the global phi the server sent. ``private``: the embedding and
+        classifier (the attacker's unknowns, spec B.9's joint attack); None: the client's own
+        (a client never trained gets them by the new-client protocol on its data).
+        """
+        from pfl_cli.fl.cohort import batch_gradients, unrolled_sgd
+        from pfl_cli.rng import torch_generator
+
+        n = y.shape[0]
+        if start is None:
+            start = stack({k: p.detach() for k, p in self.hnet.named_parameters()}, n)
+        if private is None:
+            private = self._private_of(clients, torch_generator(self.cfg.seed, "attack-new-clients", self.device))
+        params, lrs, groups = self._generator_step(start, private["embedding"])
+        fixed = {f"net.{k}": private[k] for k in self.head_names}
+        if steps == 0:
+            g = batch_gradients(self.generated, params, x, y, fixed)
+            return {f"grad/{k}": g[f"hnet.{k}"] for k in self.hn_names}, start
+        new = unrolled_sgd(self.generated, params, x, y, steps, lr=lrs, fixed=fixed, clip_groups=groups,
+                           **self._options())
+        return {f"delta/{k}": new[f"hnet.{k}"] - start[k] for k in self.hn_names}, start
+
+    def attack_private(self, n: int) -> dict:
+        """The embedding and classifier every client starts from (App. D.2: one shared initial value)."""
+        return stack(self.template, n)
+
+    def _private_of(self, clients, gen) -> dict:
+        """Each client's embedding and classifier; a client never trained gets them as in ``predict``."""
+        clients = np.asarray(clients.cpu() if hasattr(clients, "cpu") else clients, dtype=np.int64)
+        sel = torch.as_tensor(clients, device=self.device)
+        private = self.private.gather(sel)
+        new = ~self.has_state(clients)
+        if new.any():
+            idx = torch.as_tensor(np.flatnonzero(new), device=self.device)
+            v_new, head_new = self.new_clients(sel[idx], gen)
+            private["embedding"][idx] = v_new
+            for k in self.head_names:
+                private[k][idx] = head_new[k]
+        return private
+
+    def leaked_gradients(self, message: dict, start: dict) -> dict:
+        """The generated feature extractor's gradient: head k is affine, theta_k = A_k z + b_k, so
+        dL/db_k = dL/dtheta_k exactly (spec D.3 T-P3), without the embedding or the classifier."""
+        from pfl_cli.attack.analytic import scaled_gradient
+
+        o = self._options()
+        out = {}
+        for i, name in enumerate(self.names):
+            b = f"heads.{i}.bias"
+            g = message.get(f"grad/{b}")
+            if g is None and f"delta/{b}" in message:
+                g = scaled_gradient(message[f"delta/{b}"], start[b], lr=self.cfg.lr, weight_decay=o["weight_decay"])
+            if g is not None:
+                out[name] = g.reshape(g.shape[0], *self.hnet.target_shapes[name])
+        return out
 
     # ------------------------------------------------------------------ one round (B.3)
     def run_round(self, t, cohort, gen):

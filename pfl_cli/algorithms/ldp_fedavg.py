@@ -36,7 +36,7 @@ class LDPFedAvg(LocalDP, FedAvg):
         self.server_update({k: (theta[k] - g).mean(0) for k, g in self.global_params.items()})
         return loss if len(loss) else torch.zeros(0)
 
-    def upload(self, x, y, *, steps: int, noise_gen=None, start=None):
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
         """The delta after ``steps`` DP-SGD steps on the batch (x, y) (every record drawn), noised
         with ``noise_gen`` as the client would (``pflx attack``); without it, the noise-free delta."""
         from types import SimpleNamespace

@@ -182,6 +182,57 @@ class PFedHN(ServerOptimizerState, Algorithm):
             torch.nn.utils.clip_grad_norm_(params, self.server_clip)
         self.opt.step()
 
+    # ------------------------------------------------------------------ the client's message (pflx attack)
+    def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
+        """Alg. 1 step 2: delta theta_i after ``steps`` local steps from theta_i = h(v_i) (0: the gradient there).
+
+        A train client gets h of its trained embedding; a client without one (holdout) the
+        first model A.9.4 sends it, h of a fresh v ~ N(0, I). pFedHN-PC: the private head joins
+        the local steps (``private``: the attacker's guess of it) and only the feature
+        extractor's delta goes up. The steps are the trainer's (same clip, momentum, decay).
+        """
+        from pfl_cli.errors import InputError
+
+        if len(self.nets) > 1:
+            raise InputError(f"--model: a {self.name!r} run with client_sizes has several client nets; pflx attack "
+                             "models the uploads of a single-size run.")
+        if start is None:
+            start = self._sent(clients)
+        heads = private if private is not None else self._heads_of(clients)
+        update = self.local_update({**start, **heads}, x, y, steps)
+        return {k: v for k, v in update.items() if k.split("/", 1)[1] in start}, start
+
+    def attack_private(self, n: int) -> dict:
+        """pFedHN-PC: the head the server never sees, guessed as a fresh client's (the public init)."""
+        return stack(self.head_init, n) if self.personal_head else {}
+
+    def _sent(self, clients) -> dict:
+        """theta_i = h(v_i) the server sends each of ``clients`` (a fresh seeded v for clients without a row)."""
+        import torch
+
+        from pfl_cli.rng import torch_generator
+
+        clients = torch.as_tensor(clients, device=self.device)
+        rows = self.row_of[clients]
+        fresh = torch.randn((len(clients), self.table.embedding_dim),
+                            generator=torch_generator(self.cfg.seed, "attack-new-embedding")).to(self.device)
+        with torch.no_grad():
+            v = torch.where((rows >= 0)[:, None], self.table(rows.clamp_min(0)), fresh)
+            theta = self.hnet(v)
+        return {plain: theta[out] for out, plain in self.generated[""]}
+
+    def _heads_of(self, clients) -> dict:
+        """pFedHN-PC: each client's private head (a fresh client's for clients never trained)."""
+        import torch
+
+        if not self.personal_head:
+            return {}
+        clients = torch.as_tensor(clients, device=self.device)
+        known = torch.as_tensor(self.has_state(clients.cpu().numpy()), device=self.device)
+        mine = self.heads.gather(clients)
+        return {k: torch.where(known.view(-1, *[1] * self.head_init[k].dim()), mine[k], self.head_init[k])
+                for k in self.head_names}
+
     # ------------------------------------------------------------------ models for any client
     def personalize(self, clients: np.ndarray, gen):
         import torch

@@ -152,7 +152,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     cls = REGISTRY[train_cfg.algorithm]
     if cls.upload is Algorithm.upload:
         raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
-                         "uploads of fedavg, pefll and ldp-fedavg.")
+                         "uploads of fedavg, pefll, ldp-fedavg, pfedhn, pfedhn-pc and hyperfl.")
     dp = train_cfg.dp_epsilon is not None
     if dp and not cls.upload_under_dp:
         raise InputError(f"--model: a --dp {train_cfg.algorithm!r} run's uploads are not modelled by pflx attack.")
@@ -187,27 +187,25 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     x_true, y_true = store.inputs(idx), store.y[idx]
     steps = cfg.local_steps
     # The true upload carries the client's own noise (local DP); the attacker's model of it has none.
-    message, start = alg.upload(x_true, y_true, steps=steps, noise_gen=torch_generator(cfg.seed, "attack-dp-noise"))
+    clients = torch.as_tensor(target_client, device=device)
+    message, start = alg.upload(x_true, y_true, steps=steps, noise_gen=torch_generator(cfg.seed, "attack-dp-noise"),
+                                clients=clients)
     message = {k: v.detach() for k, v in message.items()}
     start = {k: v.detach() for k, v in start.items()}
-    names = list(start)
-    sgd = alg.sgd_options()
-
-    def grad_of(name):
-        if f"grad/{name}" in message:
-            return message[f"grad/{name}"]
-        return analytic.scaled_gradient(message[f"delta/{name}"], start[name], lr=sgd["lr"],
-                                        weight_decay=sgd["weight_decay"])
+    leaked = alg.leaked_gradients(message, start)  # client-net gradients a one-step message reveals
+    names = list(leaked)
+    unknowns = alg.attack_private(n_targets)       # client state the server never sees (joint attack)
 
     labels, label_accuracy = y_true, None
     if cfg.infer_labels:
         lb = analytic.last_bias(names)
-        if lb is None:
-            raise InputError("infer_labels: the model's output layer has no bias for the iDLG rule.")
-        labels = analytic.infer_labels(grad_of(lb))[:, None]
+        if lb is None or lb != list(dict(alg.net.named_parameters()))[-1]:
+            raise InputError("infer_labels: the upload reveals no gradient of the model's output bias for the "
+                             "iDLG rule.")
+        labels = analytic.infer_labels(leaked[lb])[:, None]
         label_accuracy = float((labels == y_true).to(torch.float64).mean())
 
-    affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in start.items()})
+    affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in leaked.items()})
     analytic_ok = affine is not None and b == 1 and steps <= 1
     lo_raw, hi_raw = float(np.min(x)), float(np.max(x))
     shape = store.input_shape
@@ -230,8 +228,8 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     def score(rec):
         return psnr(rec.flatten(1), truth.flatten(1))
 
-    def upload(xd, yd):  # the server knows the model it sent: the dummy's upload starts from it too
-        return alg.upload(xd, yd, steps=steps, start=start)[0]
+    def upload(xd, yd, private=None):  # the server knows the model it sent: the dummy's upload starts from it too
+        return alg.upload(xd, yd, steps=steps, start=start, private=private)[0]
 
     if "rog" in chosen and view is None:
         raise InputError(f"attack rog: needs image inputs (its unknown is a low-resolution image); the data's "
@@ -252,7 +250,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     for a in chosen:
         if a == "analytic":
             w, bias = affine
-            rec = analytic.recover_affine_input(grad_of(w), grad_of(bias)).view(n_targets, 1, *shape)
+            rec = analytic.recover_affine_input(leaked[w], leaked[bias]).view(n_targets, 1, *shape)
         else:
             every = max(1, cfg.iterations // 100)
 
@@ -269,7 +267,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
             rec = invert_gradients(upload, message, labels, shape, loss="l2" if a == "dlg" else "cosine",
                                    iterations=cfg.iterations, lr=cfg.lr, tv=cfg.tv if a == "ig" else 0.0,
                                    image_shape=view, gen=torch_generator(cfg.seed, f"attack-{a}"), on_step=on_step,
-                                   **extra)
+                                   unknowns=unknowns or None, **extra)
             rec = _match_order(rec, x_true)
         r = unit(rec.detach())
         results[a] = r.cpu().numpy()

@@ -44,7 +44,7 @@ def total_variation(images):
 def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[int, ...], *, loss: str,
                      iterations: int, lr: float, tv: float = 0.0, box=None, image_shape=None, gen=None,
                      init=None, decode: Callable | None = None, latent_shape=None,
-                     on_step: Callable | None = None):
+                     unknowns: dict | None = None, on_step: Callable | None = None):
     """Dummy inputs whose upload matches ``target``, for every target at once.
 
     Parameters
@@ -65,6 +65,10 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
     init : Tensor (n, b, *input_shape), optional: the initialization instead of a draw from ``gen``.
     decode, latent_shape : optimize z (n, b, *latent_shape) and attack x = decode(z) (n, b, *input_shape)
         instead of x itself (ROG).
+    unknowns : dict name -> Tensor (n, ...), optional
+        Starting guesses of the client state the attacker does not know (HyperFL's embedding and
+        classifier, spec B.9's joint attack), optimized with the images by the same Adam;
+        ``upload`` is then called as ``upload(x, labels, unknowns)``.
     on_step : callable (iteration, x) called after every step.
 
     Returns
@@ -83,14 +87,15 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
     if init is None:
         init = torch.randn((n, b, *shape), generator=gen, device=gen.device if gen is not None else device)
     z = init.detach().clone().to(device).requires_grad_(True)
-    opt = torch.optim.Adam([z], lr=lr)
+    extra = {k: v.detach().clone().to(device).requires_grad_(True) for k, v in (unknowns or {}).items()}
+    opt = torch.optim.Adam([z, *extra.values()], lr=lr)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(m * iterations) for m in MILESTONES], gamma=0.1)
     best = decode(z).detach().clone()
     best_obj = torch.full((n,), float("inf"), device=device)
     for it in range(iterations):
         opt.zero_grad(set_to_none=True)
         x = decode(z)
-        obj = match_loss(upload(x, labels), target, loss)
+        obj = match_loss(upload(x, labels, extra) if unknowns is not None else upload(x, labels), target, loss)
         if tv and image_shape is not None:
             obj = obj + tv * total_variation(x.view(n, b, *image_shape))
         with torch.no_grad():  # keep each target's best iterate (IG keeps the best of its trials)
@@ -99,8 +104,9 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
             best[better] = x.detach()[better]
         # a diverged target (NaN) must not poison the others through the shared backward pass
         torch.nan_to_num(obj, nan=0.0, posinf=0.0).sum().backward()
-        if z.grad is not None:
-            z.grad.nan_to_num_(0.0, 0.0, 0.0)
+        for t in (z, *extra.values()):
+            if t.grad is not None:
+                t.grad.nan_to_num_(0.0, 0.0, 0.0)
         opt.step()
         sched.step()
         if box is not None:

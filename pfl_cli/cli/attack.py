@@ -18,7 +18,7 @@ FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "tv", 
 def attack_command(
     ctx: typer.Context,
     out: OutOpt,
-    model: Annotated[Path, typer.Option("--model", "-m", help="Train artifact (pflx train --out) of fedavg, pefll or ldp-fedavg (--dp runs too).")],
+    model: Annotated[Path, typer.Option("--model", "-m", help="Train artifact (pflx train --out) of fedavg, pefll, ldp-fedavg (--dp runs too), pfedhn, pfedhn-pc or hyperfl.")],
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact over the model's dataset; its clients' train samples are attacked.")],
     clients: Annotated[str, typer.Option("--clients", help="Whose images: holdout | train clients.")] = "holdout",
     images: Annotated[int, typer.Option("--images", help="Images attacked in all (a multiple of --batch-size).")] = 8,
@@ -43,8 +43,11 @@ def attack_command(
     For each target (--batch-size train images of one client) the trained algorithm computes the
     client's upload (fedavg: its gradient at the global model, or its delta after --local-steps
     local SGD steps; pefll: its descriptor v and the same for theta = h(v); ldp-fedavg: its
-    noised DP-SGD delta); the attacks rebuild the images from it, all targets as one batched
-    optimization. Labels are known unless --infer-labels.
+    noised DP-SGD delta; pfedhn / pfedhn-pc: the same for theta = h(v_i), pfedhn-pc's feature
+    extractor only; hyperfl: its hypernetwork gradient, or phi_i - phi after --local-steps); the
+    attacks rebuild the images from it, all targets as one batched optimization, HyperFL's
+    embedding and classifier (pfedhn-pc's head) optimized with them. Labels are known unless
+    --infer-labels.
 
     Writes metrics.json (mean / median PSNR, SSIM and, with --lpips-weights, LPIPS per attack),
     images.csv (one row per image and attack) and reconstructions.png (originals and

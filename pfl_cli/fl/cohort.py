@@ -301,11 +301,13 @@ def sgd_update_(theta: dict, grads: dict, buf: dict, **options) -> None:
             buf[k].copy_(new_buf[k])
 
 
-def batch_gradients(model, params: Mapping[str, "object"], x, y) -> dict:
+def batch_gradients(model, params: Mapping[str, "object"], x, y, fixed: Mapping[str, "object"] | None = None) -> dict:
     """Each client's gradient of its mean cross-entropy on its batch, differentiable (``create_graph``).
 
     params (c, *shape) per name, x (c, b, *input_shape), y (c, b). Parameters that are
-    constants to the caller are made leaves so that they can be differentiated.
+    constants to the caller are made leaves so that they can be differentiated. ``fixed``
+    (c, *shape) per name: parameters the forward pass reads without a gradient of their own
+    (HyperFL's classifier in step 2); still differentiable through when they require grad.
     """
     import torch
     import torch.nn.functional as F
@@ -313,26 +315,30 @@ def batch_gradients(model, params: Mapping[str, "object"], x, y) -> dict:
 
     names = list(params)
     theta = [params[k] if params[k].requires_grad else params[k].detach().requires_grad_(True) for k in names]
-    logits = vmap(lambda p, xb: functional_call(model, p, (xb,)))(dict(zip(names, theta)), x)
+    fixed = dict(fixed or {})
+    logits = vmap(lambda p, f, xb: functional_call(model, {**p, **f}, (xb,)))(dict(zip(names, theta)), fixed, x)
     loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
     return dict(zip(names, torch.autograd.grad(loss.sum(), theta, create_graph=True)))
 
 
-def unrolled_sgd(model, params: Mapping[str, "object"], x, y, steps: int, *, lr: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0, clip: float = 0.0) -> dict:
+def unrolled_sgd(model, params: Mapping[str, "object"], x, y, steps: int, *, lr, momentum: float = 0.0,
+                 weight_decay: float = 0.0, clip: float = 0.0, fixed: Mapping[str, "object"] | None = None,
+                 clip_groups: list | None = None) -> dict:
     """``steps`` full-batch local SGD steps per client, differentiable in ``x`` and ``params``.
 
     The client update of :func:`local_sgd` (the same :func:`sgd_step`) on one fixed batch per
     client, x (c, b, *input_shape) and y (c, b), kept on the autograd graph so that a
     gradient-inversion attack can differentiate the uploaded delta with respect to dummy data.
+    ``lr`` (one per name when a dict), ``fixed`` and ``clip_groups`` as in :func:`local_sgd`.
     """
     import torch
 
     theta = {k: v if v.requires_grad else v.detach().requires_grad_(True) for k, v in params.items()}
     buf = {k: torch.zeros_like(v) for k, v in params.items()}
     for _ in range(steps):
-        grads = batch_gradients(model, theta, x, y)
-        theta, buf = sgd_step(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip)
+        grads = batch_gradients(model, theta, x, y, fixed)
+        theta, buf = sgd_step(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip,
+                              clip_groups=clip_groups)
     return theta
 
 
