@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pfl_cli.cli.app import main
-from pfl_cli.cli.train_run import checkpoint_dir
+from pfl_cli.fl.checkpoint import checkpoint_dir
 
 FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--clients-per-round", "5",
         "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--format", "quiet"]
