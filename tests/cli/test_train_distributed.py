@@ -67,7 +67,8 @@ EVERY = {
     "pefll": [], "fedavg": ["--finetune-steps", "3"], "local": ["--local-epochs", "2"], "pfedhn": [],
     "pfedhn-pc": [], "hyperfl": [], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
     "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [],
-    "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP, "pefll --dp": DP,
+    "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
+    "pefll --dp": [*DP, "--no-standardize-descriptor"],
 }
 CHEAP = {"fedavg --dp", "knnper"}
 
