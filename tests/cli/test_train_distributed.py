@@ -68,7 +68,7 @@ EVERY = {
     "pfedhn-pc": [], "hyperfl": [], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
     "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
-    "pefll --dp": [*DP, "--no-standardize-descriptor"],
+    "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }
 CHEAP = {"fedavg --dp", "knnper"}
 
