@@ -95,6 +95,18 @@ def canonical_json(obj: Any) -> str:
 
 
 # ---------------------------------------------------------------------------- file formats
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a kill leaves the previous file or this one, never a torn file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def save_npz(path: str | Path, **arrays: np.ndarray) -> None:
     """Write an ``.npz`` whose bytes depend only on the arrays (fixed zip timestamps)."""
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:

@@ -51,6 +51,9 @@ class Algorithm(ABC):
     dp_contribution = "update"  # what one client contributes, named in the ledger
     dp = None
     default_cohort: int | None = 5  # clients per round when --clients-per-round is not given (None: all)
+    # Why the algorithm cannot run split across ranks (torchrun, --nproc), named in the error that
+    # refuses it up front; "" when its N-rank run equals its 1-process run (tests/cli/test_train_distributed.py).
+    not_distributed = ""
 
     def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
         self.cfg = cfg

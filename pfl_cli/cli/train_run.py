@@ -14,21 +14,15 @@ The ``train`` artifact (DESIGN.md section 3):
   (fit + validation samples), n_test, accuracy, accuracy_lm (label-masked) of the selected model;
 - ``checkpoint/state.pt``: the last checkpoint of the run (absent for ``local``, which has no rounds).
 
-While training, the latest checkpoint lives in ``.<out>.checkpoint/state.pt`` beside ``--out``,
-replaced atomically, with a fingerprint of the resolved config and the inputs and a sha256 of its
-content (:func:`seal_checkpoint`); ``--resume`` continues from it only when the content matches its
-sha256, the fingerprint matches this command's, and its round counter agrees with the evaluation
-history it stores. It moves into the artifact when the run completes.
+While training, the latest checkpoint lives in ``.<out>.checkpoint/state.pt`` beside ``--out``
+(:mod:`pfl_cli.fl.checkpoint`: sealed, fingerprinted, written atomically by rank 0); it moves into
+the artifact when the run completes.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import math
-import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +31,8 @@ import numpy as np
 from pfl_cli.cli import interrupt
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.cli.output import Reporter
-from pfl_cli.errors import ArtifactError, ConfigError, InputError, RunError
-
-CHECKPOINT_FILE = "state.pt"
+from pfl_cli.errors import InputError, RunError
+from pfl_cli.fl.checkpoint import CHECKPOINT_FILE, Checkpointer, fingerprint, torch_bytes
 METRIC_NAMES = ("mean_accuracy", "pooled_accuracy", "mean_accuracy_lm", "pooled_accuracy_lm")
 
 
@@ -55,33 +48,6 @@ def clean(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
-
-
-def _canonical(obj: Any) -> Any:
-    """A copy whose pickle depends on values only: fresh containers, interned strings.
-
-    Pickle memoizes by object identity, so equal values that are one object in one run (a
-    literal key) and two objects in another (keys read back from a checkpoint) would give
-    different bytes.
-    """
-    if isinstance(obj, dict):
-        return {_canonical(k): _canonical(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_canonical(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple([_canonical(v) for v in obj])
-    if type(obj) is str:
-        return sys.intern(obj)
-    return obj
-
-
-def torch_bytes(obj: Any) -> bytes:
-    """``torch.save`` into memory, byte-identical for equal values (whatever file name or origin)."""
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(_canonical(obj), buf)
-    return buf.getvalue()
 
 
 def csv_float(value: float) -> Any:
@@ -113,123 +79,6 @@ def accuracy_table(title: str, groups: dict[str, dict], label_mask: bool, captio
     return table
 
 
-# ---------------------------------------------------------------------------- checkpoints
-def checkpoint_dir(out: Path) -> Path:
-    """Where a running ``train --out OUT`` keeps its latest checkpoint: ``.OUT.checkpoint`` beside OUT."""
-    out = Path(out)
-    return out.parent / f".{out.name}.checkpoint"
-
-
-def fingerprint(config: dict, inputs: list[dict]) -> str:
-    """What a checkpoint must match to be resumed: the resolved config and the input hashes."""
-    from pfl_cli.artifacts import canonical_json
-
-    doc = {"config": config, "inputs": [[i["stage"], i["sha256"]] for i in inputs]}
-    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)  # a kill leaves the previous checkpoint or this one, never a torn file
-
-
-def content_sha256(obj: Any) -> str:
-    """sha256 of a checkpoint's content: dict keys, sequences, tensors' dtype, shape and bytes, scalars.
-
-    Computed from values rather than from the file's bytes, so the digest sealed into the file
-    covers everything in it, and any changed byte of a tensor or a number shows.
-    """
-    import torch
-
-    digest = hashlib.sha256()
-
-    def feed(value: Any) -> None:
-        if isinstance(value, dict):
-            digest.update(b"{%d" % len(value))
-            for key in sorted(value, key=repr):
-                feed(key)
-                feed(value[key])
-        elif isinstance(value, (list, tuple)):
-            digest.update(b"[%d" % len(value))
-            for item in value:
-                feed(item)
-        elif isinstance(value, torch.Tensor):
-            t = value.detach().cpu().contiguous()
-            digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(f"{type(value).__name__}:{value!r};".encode())
-
-    feed(obj)
-    return digest.hexdigest()
-
-
-def seal_checkpoint(state: dict, fp: str) -> dict:
-    """``state`` with the fingerprint ``fp`` and the sha256 of both (checked by :func:`read_checkpoint`)."""
-    body = {k: v for k, v in state.items() if k not in ("fingerprint", "sha256")}
-    body["fingerprint"] = fp
-    return {**body, "sha256": content_sha256(body)}
-
-
-def read_checkpoint(path: Path) -> dict:
-    """A checkpoint whose content matches its sealed sha256 (without the seal)."""
-    import torch
-
-    restart = f"delete {path.parent} and run without --resume to start over"
-    try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise ArtifactError(f"--resume: checkpoint {path} is unreadable or corrupt ({type(err).__name__}); "
-                            f"{restart}.") from None
-    if not isinstance(state, dict) or not {"fingerprint", "round", "sha256"} <= set(state):
-        raise ArtifactError(f"--resume: {path} is not a pflx train checkpoint (no fingerprint, round and sha256); "
-                            f"{restart}.")
-    claimed = state.pop("sha256")
-    if content_sha256(state) != claimed:
-        raise ArtifactError(f"--resume: checkpoint {path} is corrupt: its content does not match its sha256 "
-                            f"(a changed or damaged file); {restart}.")
-    return state
-
-
-def check_round_counter(state: dict, cfg, path: Path) -> None:
-    """The round counter must agree with the evaluations the checkpoint stores.
-
-    Evaluations run every ``eval_every`` rounds and at the last; a checkpoint of round r
-    therefore holds them up to the last multiple of ``eval_every`` at most r.
-    """
-    r = state["round"]
-    rounds = [row[0] for row in state.get("history", []) if isinstance(row, (list, tuple)) and row]
-    ok = isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= cfg.rounds
-    if ok:
-        expected = r if r == cfg.rounds else (r // cfg.eval_every) * cfg.eval_every
-        ok = (max(rounds) if rounds else 0) == expected and all(isinstance(x, int) and x <= r for x in rounds)
-    if not ok:
-        last = max(rounds) if rounds else None
-        raise ArtifactError(f"--resume: checkpoint {path} claims round {r!r}, but its history ends at round {last} "
-                            f"(evaluations every {cfg.eval_every} of {cfg.rounds} rounds); it is inconsistent. "
-                            f"Delete {path.parent} and run without --resume to start over.")
-
-
-def _load_resume(path: Path, fp: str, cfg, report: Reporter) -> dict | None:
-    if not path.is_file():
-        report.warn(f"--resume: no checkpoint at {path}; starting from scratch.")
-        return None
-    state = read_checkpoint(path)
-    if state["fingerprint"] != fp:
-        raise ConfigError(f"--resume: the checkpoint {path} belongs to a different config or different inputs "
-                          f"(its fingerprint differs from this command's); resume only with the exact options "
-                          f"and inputs of the interrupted run, or drop --resume (or delete {path.parent}) to "
-                          "start over.")
-    check_round_counter(state, cfg, path)
-    report.note(f"resuming from round {int(state['round'])} (checkpoint {path}).")
-    return {k: v for k, v in state.items() if k != "fingerprint"}
-
-
 # ---------------------------------------------------------------------------- the command
 def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
               plot: bool = False) -> None:
@@ -256,7 +105,6 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
                plot: bool = False) -> None:
-    import torch
     import yaml
 
     from pfl_cli.algorithms import REGISTRY
@@ -285,21 +133,16 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         report.result({"out": str(out), "up_to_date": True})
         return
 
-    ck_dir = checkpoint_dir(out)
-    ck_path = ck_dir / CHECKPOINT_FILE
-    fp = fingerprint(config, inputs)
-    for stale in ck_dir.glob(f".{CHECKPOINT_FILE}.tmp-*"):  # a checkpoint write cut short by a kill
-        stale.unlink(missing_ok=True)
-    state = _load_resume(ck_path, fp, cfg, report) if resume else None
+    ck = Checkpointer(out, fingerprint(config, inputs))
+    ck_path, ck_dir = ck.path, ck.dir
+    ck.remove_torn_writes()
+    state = _resume(ck, cfg, report) if resume else None
     if state is None and ck_path.is_file():
         report.warn(f"replacing the checkpoint an earlier run left at {ck_path} (pass --resume to continue it).")
-    written: list[int] = []
 
-    def on_checkpoint(ck: dict) -> None:
-        if writes:
-            _write_atomic(ck_path, torch_bytes(seal_checkpoint(ck, fp)))
-        written.append(int(ck["round"]))
-        interrupt.kept(_kept_note(int(ck["round"]), ck_path))
+    def on_checkpoint(snapshot: dict) -> None:
+        ck.write(snapshot)
+        interrupt.kept(_kept_note(int(snapshot["round"]), ck_path))
 
     federated = REGISTRY[cfg.algorithm].federated
     total = cfg.rounds if federated else 0
@@ -348,7 +191,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
             from pfl_cli.cli.figures import training_curves
 
             training_curves(writer.path("metrics.csv"), writer.path("metrics.json"), writer.path("curves.png"))
-        if (written or state is not None) and ck_path.is_file():  # this run's checkpoint, not a stale one
+        if (ck.written or state is not None) and ck_path.is_file():  # this run's checkpoint, not a stale one
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
         writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
     _print_summary(report, out, metrics)
@@ -411,6 +254,15 @@ def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) ->
         data["nonprivate_files"] = ["nonprivate.json", "nonprivate-metrics.csv", "nonprivate-clients.csv"]
         report.note(f"accuracies on the private clients (not covered by DP): {out}/nonprivate.json")
     report.result(data, table)
+
+
+def _resume(ck: Checkpointer, cfg, report: Reporter) -> dict | None:
+    state = ck.resume(cfg)
+    if state is None:
+        report.warn(f"--resume: no checkpoint at {ck.path}; starting from scratch.")
+    else:
+        report.note(f"resuming from round {int(state['round'])} (checkpoint {ck.path}).")
+    return state
 
 
 def _kept_note(round_: int, ck_path: Path) -> str:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pfl_cli.artifacts import lock_file, read_artifact, sha256_file
-from pfl_cli.cli.train_run import checkpoint_dir, seal_checkpoint
+from pfl_cli.fl.checkpoint import checkpoint_dir, seal_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 TRAIN = ["--rounds", "4", "--eval-every", "2", "--local-steps", "2", "--set", "hyper_hidden=8",

@@ -20,7 +20,7 @@ import yaml
 
 from pfl_cli.artifacts import load_partition
 from pfl_cli.cli.app import main
-from pfl_cli.cli.train_run import checkpoint_dir, seal_checkpoint
+from pfl_cli.fl.checkpoint import checkpoint_dir, seal_checkpoint
 from pfl_cli.fl.config import TrainConfig
 
 FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--set", "hyper_hidden=16",

@@ -6,6 +6,7 @@ reassembly of per-client results is an exact sum, so on one machine they are ide
 """
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from pfl_cli.cli.app import main
-from pfl_cli.cli.train_run import checkpoint_dir
+from pfl_cli.fl.checkpoint import checkpoint_dir
 
 FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--clients-per-round", "5",
         "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--format", "quiet"]
@@ -32,7 +33,8 @@ def root(tmp_path_factory):
 
 
 def _rows(out):
-    with open(out / "metrics.csv", newline="") as fh:
+    name = "metrics.csv" if (out / "metrics.csv").is_file() else "nonprivate-metrics.csv"  # --dp
+    with open(out / name, newline="") as fh:
         return list(csv.DictReader(fh))
 
 
@@ -48,11 +50,65 @@ def _same_run(a, b):
     assert fa.keys() == fb.keys() and fa
     for k in fa:
         torch.testing.assert_close(fa[k], fb[k], rtol=1e-5, atol=1e-6)
-    assert (a / "clients.csv").read_text() == (b / "clients.csv").read_text()
+    clients = "clients.csv" if (a / "clients.csv").is_file() else "nonprivate-clients.csv"
+    assert (a / clients).read_text() == (b / clients).read_text()
 
 
 def _train(root, out, *extra):
     return main(["train", "--partition", str(root / "part"), "--out", str(out), *FAST, *extra])
+
+
+# Every algorithm of `train`, each with the options it needs, on a shorter run; the cheap ones in the
+# normal tier. The local-DP baselines exist only under --dp; their accuracies are nonprivate files.
+DP = ["--dp", "eps=8,clip=1,population=1000", "--write-nonprivate", "--set", "normalize=false"]
+LDP = [*DP, "--set", "dp_sampling_rate=0.25"]
+SHORT = ["--rounds", "6", "--eval-every", "3", "--local-steps", "3", "--clients-per-round", "4"]
+EVERY = {
+    "pefll": [], "fedavg": ["--finetune-steps", "3"], "local": ["--local-epochs", "2"], "pfedhn": [],
+    "pfedhn-pc": [], "hyperfl": [], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
+    "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [],
+    "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
+    "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
+}
+CHEAP = {"fedavg --dp", "knnper"}
+
+
+def test_every_algorithm_of_train_is_covered():
+    from pfl_cli.algorithms import REGISTRY
+
+    assert {a.split()[0] for a in EVERY} == set(REGISTRY)
+
+
+@pytest.mark.parametrize("algorithm", [a if a in CHEAP else pytest.param(a, marks=pytest.mark.slow) for a in EVERY])
+def test_every_algorithm_on_two_gloo_ranks_equals_one_process(root, tmp_path, algorithm):
+    from pfl_cli.algorithms import REGISTRY
+
+    name = algorithm.split()[0]
+    if REGISTRY[name].not_distributed:  # refused up front instead (test below)
+        assert _train(root, tmp_path / "x", "--algorithm", name, *SHORT, *EVERY[algorithm], "--nproc", "2") == 2
+        return
+    assert _train(root, tmp_path / "one", "--algorithm", name, *SHORT, *EVERY[algorithm]) == 0
+    assert _train(root, tmp_path / "two", "--algorithm", name, *SHORT, *EVERY[algorithm], "--nproc", "2") == 0
+    _same_run(tmp_path / "one", tmp_path / "two")
+    one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
+    assert one.get("best_round") == two.get("best_round") and one.get("rounds") == two.get("rounds")
+
+
+def test_an_algorithm_that_cannot_be_split_is_refused_up_front(root, tmp_path, capsys, monkeypatch):
+    from pfl_cli.algorithms import REGISTRY
+
+    monkeypatch.setattr(REGISTRY["fedavg"], "not_distributed", "its server step reads every client's data")
+    assert _train(root, tmp_path / "x", "--algorithm", "fedavg", "--nproc", "2") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("--algorithm fedavg runs in one process only: its server step reads every "
+                                     "client's data; drop --nproc") in err
+    assert not (tmp_path / "x").exists()
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun: refused before joining the process group
+    assert _train(root, tmp_path / "x", "--algorithm", "fedavg") == 2
+    assert "runs in one process only" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    # In one process it runs.
+    monkeypatch.delenv("WORLD_SIZE")
+    assert _train(root, tmp_path / "x", "--algorithm", "fedavg", *SHORT) == 0
 
 
 @pytest.mark.parametrize("algorithm", [

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from pfl_cli.cli import train_run
+from pfl_cli import artifacts
 from pfl_cli.cli.app import main
-from pfl_cli.cli.train_run import checkpoint_dir
+from pfl_cli.fl.checkpoint import checkpoint_dir
 
 FAST = ["--rounds", "6", "--eval-every", "3", "--local-steps", "5", "--set", "hyper_hidden=16",
         "--set", "mlp_hidden=[16]", "--set", "embed_rounds=2", "--batch-size", "16"]
@@ -93,16 +93,16 @@ def test_an_interrupted_run_resumes_byte_identically(root, tmp_path, monkeypatch
     """A run stopped right after its round-3 checkpoint (as by a kill) and resumed equals an uninterrupted one."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert train(root, whole, "--algorithm", alg, *PER_ALGORITHM[alg], "--set", "checkpoint_every=2") == 0
-    real = train_run._write_atomic
+    real = artifacts.write_atomic
 
     def write_then_die(path, data):
         real(path, data)
         raise KeyboardInterrupt  # the process dies after the checkpoint reached the disk
 
-    monkeypatch.setattr(train_run, "_write_atomic", write_then_die)
+    monkeypatch.setattr(artifacts, "write_atomic", write_then_die)
     assert train(root, killed, "--algorithm", alg, *PER_ALGORITHM[alg], "--set", "checkpoint_every=2") != 0
     assert not killed.exists() and torch.load(checkpoint_dir(killed) / "state.pt", weights_only=True)["round"] == 2
-    monkeypatch.setattr(train_run, "_write_atomic", real)
+    monkeypatch.setattr(artifacts, "write_atomic", real)
     assert train(root, killed, "--algorithm", alg, *PER_ALGORITHM[alg], "--set", "checkpoint_every=2",
                  "--resume") == 0
     for name in ("metrics.csv", "metrics.json", "clients.csv", "model.pt", "checkpoint/state.pt"):

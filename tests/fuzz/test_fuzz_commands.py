@@ -180,7 +180,7 @@ def test_fuzz_damaged_artifacts_large(cli, tmp_path, artifacts, case):
 
 
 def _run_damaged_checkpoint(cli, tmp_path, artifacts, how) -> None:
-    from pfl_cli.cli.train_run import checkpoint_dir
+    from pfl_cli.fl.checkpoint import checkpoint_dir
 
     work = Path(tempfile.mkdtemp(dir=tmp_path))
     out = work / "run"
