@@ -15,6 +15,8 @@ vmapped) and averages the c VJPs.
 
 pFedHN-PC (A.7) generates the feature extractor only; every client keeps a private head (the
 client net's last layer) and its SGD momentum across rounds, stepped jointly with the K local steps.
+With mixed sizes (``client_sizes``, §5.2) h generates each size's feature extractor and a client's
+head has its own size's shape (one private-head store per size).
 
 New clients (A.9.4; the PeFLL paper's protocol for pFedHN): phi frozen, a fresh embedding
 v_new ~ N(0, I) trained for ``embed_rounds`` rounds of the same delta-VJP rule (pFedHN-PC also
@@ -91,11 +93,15 @@ class PFedHN(ServerOptimizerState, Algorithm):
                                    lr=lr, momentum=self.cfg.hn_momentum, weight_decay=self.cfg.hn_weight_decay)
         self.heads = None
         if self.personal_head:
-            init = dict(self.net.named_parameters())
-            self.head_init = {k: init[k].detach().clone() for k in self.head_names}  # a fresh client's head
-            template = dict(self.head_init)
-            template.update({f"momentum.{k}": torch.zeros_like(init[k]) for k in self.head_names})
-            self.heads = ClientState(template, self.store.num_clients, self.partition_sha)
+            # Per size group: a fresh client's head (its size's initial last layer) and every client's
+            # private head + momentum. Rows of a group's state that belong to another size stay unused.
+            self.head_init, self.heads = {}, {}
+            for g, net in self.nets.items():
+                init = dict(net.named_parameters())
+                self.head_init[g] = {k: init[k].detach().clone() for k in self.head_names}
+                template = dict(self.head_init[g])
+                template.update({f"momentum.{k}": torch.zeros_like(init[k]) for k in self.head_names})
+                self.heads[g] = ClientState(template, self.store.num_clients, self.partition_sha)
 
     def _map_rows(self) -> None:
         """Row of every store client in the embedding table (-1: none), valid on the trained partition only."""
@@ -154,13 +160,13 @@ class PFedHN(ServerOptimizerState, Algorithm):
             clients = cohort[members]
             heads = momentum = None
             if self.personal_head:
-                private = self.heads.gather(clients)
+                private = self.heads[g].gather(clients)
                 heads = {k: private[k] for k in self.head_names}
                 momentum = {k: private[f"momentum.{k}"] for k in self.head_names}
             mine = {out: theta[out][members] for out, _ in self.generated[g]}
             new, new_heads, loss_g = self._local(mine, clients, gen, heads, momentum, g)
             if self.personal_head:
-                self.heads.scatter(clients, {**new_heads, **{f"momentum.{k}": b for k, b in momentum.items()}})
+                self.heads[g].scatter(clients, {**new_heads, **{f"momentum.{k}": b for k, b in momentum.items()}})
             for out, plain in self.generated[g]:
                 self.traffic.send(plain, mine[out])                     # theta_i down (the client's size only)
                 self.traffic.receive(f"delta.{plain}", new[out])        # delta theta_i up
@@ -246,7 +252,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
             sel = torch.as_tensor(clients[known], device=self.device)
             with torch.no_grad():
                 theta = self.hnet(self.table(self.row_of[sel]))
-            heads = self.heads.gather(sel) if self.personal_head else {}
+            heads = self.heads[group].gather(sel) if self.personal_head else {}
             parts.append((known, {**{plain: theta[name] for name, plain in self.generated[group]},
                                   **{k: heads[k] for k in self.head_names}}))
         if (~known).any():
@@ -275,7 +281,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
         lr = self.opt.param_groups[1]["lr"]
         heads = momentum = None
         if self.personal_head:
-            heads = stack(self.head_init, c)
+            heads = stack(self.head_init[group], c)
             momentum = {k: torch.zeros_like(heads[k]) for k in self.head_names}
         for _ in range(cfg.embed_rounds):
             leaf = v.detach().requires_grad_(True)
@@ -318,7 +324,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
         out = {"hypernetwork": cpu_state_dict(self.hnet), "table": cpu_state_dict(self.table),
                "partition_sha": torch.tensor(list(self.partition_sha), dtype=torch.uint8)}
         if self.heads is not None:
-            out["heads"] = cpu_state(self.heads)
+            out.update({head_key(g): cpu_state(state) for g, state in self.heads.items()})
         return out
 
     def load_weights(self, weights):
@@ -329,7 +335,12 @@ class PFedHN(ServerOptimizerState, Algorithm):
         self.partition_sha = bytes(weights["partition_sha"].tolist())
         self._map_rows()
         if self.personal_head:
-            self.heads = ClientState.from_state(weights["heads"], self.device)
+            self.heads = {g: ClientState.from_state(weights[head_key(g)], self.device) for g in self.nets}
+
+
+def head_key(group: str) -> str:
+    """Key of a size group's private heads in ``weights()``: "heads" for one size, else "heads_<size>"."""
+    return f"heads_{group}" if group else "heads"
 
 
 SIZE_KERNELS = {"S": 8, "M": 16, "L": 32}     # App. B: conv1 filters of the S / M / L LeNets

@@ -74,8 +74,9 @@ def validate_train_config(cfg: TrainConfig) -> None:
     if unknown:
         raise ConfigError(f"client_sizes must be a comma-separated list of {', '.join(CLIENT_SIZES)}; got "
                           f"{cfg.client_sizes!r} (unknown {', '.join(map(repr, unknown))}).")
-    if sizes and cfg.algorithm != "pfedhn":
-        raise ConfigError(f"client_sizes (mixed model sizes, pFedHN §5.2) works with --algorithm pfedhn only; got "
+    if sizes and cfg.algorithm not in ("pfedhn", "pfedhn-pc"):
+        raise ConfigError(f"client_sizes (mixed model sizes, pFedHN §5.2) works with --algorithm pfedhn or "
+                          f"pfedhn-pc only; got "
                           f"algorithm {cfg.algorithm!r}.")
     if cfg.hn_momentum >= 1:
         raise ConfigError(f"hn_momentum must be < 1; got {cfg.hn_momentum!r}.")

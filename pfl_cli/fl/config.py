@@ -105,7 +105,7 @@ class TrainConfig:
     embed_lr: Optional[float] = None      # pfedhn: step of the embedding rows (default: the server lr); hyperfl: eta_v (default --lr)
     head_lr: Optional[float] = None       # hyperfl: classifier step eta_g (default 0.1)
     embed_rounds: int = 20                # pfedhn new clients: rounds of K local steps that train a fresh embedding
-    client_sizes: str = ""                # pfedhn: target widths "S,M,L" (client j gets the size j mod 3); "" = one size
+    client_sizes: str = ""                # pfedhn(-pc): target widths "S,M,L" (client j gets the size j mod 3); "" = one size
 
 
 @dataclass(frozen=True)

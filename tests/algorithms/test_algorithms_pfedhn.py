@@ -148,12 +148,12 @@ def test_pc_heads_are_private_persistent_and_not_generated(store):
     cfg = TrainConfig(**{**SMALL, "algorithm": "pfedhn-pc"}, local_steps=3)
     alg = PFedHNPC(cfg, store)
     assert alg.head_names == ["fc2.weight", "fc2.bias"] and alg.names == ["fc1.weight", "fc1.bias"]
-    head0 = alg.heads.gather(torch.tensor([4]))
+    head0 = alg.heads[""].gather(torch.tensor([4]))
     alg.run_round(0, torch.tensor([4]), torch.Generator().manual_seed(0))
-    head1 = alg.heads.gather(torch.tensor([4]))
+    head1 = alg.heads[""].gather(torch.tensor([4]))
     assert not torch.equal(head0["fc2.weight"], head1["fc2.weight"])
     assert float(head1["momentum.fc2.weight"].abs().sum()) > 0  # the optimizer state persists
-    untouched = alg.heads.gather(torch.tensor([5]))
+    untouched = alg.heads[""].gather(torch.tensor([5]))
     assert torch.equal(untouched["fc2.weight"], head0["fc2.weight"])
     # nothing of the head crosses the network
     assert not any("fc2" in k for k in (*alg.traffic.down, *alg.traffic.up))
@@ -202,7 +202,7 @@ def test_new_clients_train_an_embedding_under_a_frozen_hypernetwork(digits_clien
     gen = __import__("pfl_cli.rng", fromlist=["torch_generator"]).torch_generator(0, "predict")
     with torch.no_grad():
         theta = alg.hnet(torch.randn(len(holdout), alg.table.embedding_dim, generator=gen))
-    heads = {k: v.detach().unsqueeze(0).expand(len(holdout), *v.shape) for k, v in alg.head_init.items()} \
+    heads = {k: v.detach().unsqueeze(0).expand(len(holdout), *v.shape) for k, v in alg.head_init[""].items()} \
         if alg.personal_head else {}
     rand = {**{k: theta[k] for k in alg.names}, **heads}
     kept = predict_clients(run.model, cfg, ds.x, ds.y, ds.num_classes, part,
@@ -286,6 +286,30 @@ def test_a_client_updates_only_the_heads_of_its_size(store):
         assert moved == name.startswith("M/"), name
     assert not torch.equal(before["body.0.weight"], alg.hnet.body[0].weight)
     assert alg.nets["S"].fc1.weight.shape == (4, 64) and alg.nets["L"].fc1.weight.shape == (16, 64)
+
+
+def test_pc_mixed_sizes_keep_one_private_head_per_client_of_its_size(store):
+    """pFedHN-PC with sizes: h generates only the feature extractors; a cohort of an S, an M and an L client
+    moves exactly those clients' heads, each in its own size's store and shape, and no generated head of h
+    is a classifier."""
+    cfg = TrainConfig(**{**SMALL, **PLAIN, "algorithm": "pfedhn-pc"}, client_sizes="S,M,L", local_steps=2)
+    alg = PFedHNPC(cfg, store)
+    assert {k.split("/", 1)[1] for k in alg.hnet.target_names} == {"fc1.weight", "fc1.bias"}
+    assert {g: tuple(alg.heads[g].values["fc2.weight"].shape) for g in "SML"} == \
+        {"S": (store.num_clients, 10, 4), "M": (store.num_clients, 10, 8), "L": (store.num_clients, 10, 16)}
+    before = {g: alg.heads[g].values["fc2.weight"].clone() for g in "SML"}
+    cohort = torch.tensor([3, 4, 5])                          # positions mod 3: S, M, L
+    alg.run_round(0, cohort, torch.Generator().manual_seed(0))
+    for g, mine in zip("SML", (3, 4, 5)):
+        moved = (alg.heads[g].values["fc2.weight"] != before[g]).flatten(1).any(1)
+        assert moved.nonzero().flatten().tolist() == [mine], g
+    for g, client, width in zip("SML", (3, 4, 5), (4, 8, 16)):   # each predicts with its own size and head
+        params, personalized = alg.personalize(np.array([client]), torch.Generator().manual_seed(1))
+        assert personalized and params["fc1.weight"].shape == (1, width, 64)
+        assert torch.equal(params["fc2.weight"][0], alg.heads[g].values["fc2.weight"][client])
+        logits = torch.func.functional_call(alg.nets[g], {k: v[0] for k, v in params.items()},
+                                            (store.x[:5].to(torch.float32).reshape(5, -1),))
+        assert logits.shape == (5, 10) and torch.isfinite(logits).all()
 
 
 def test_default_cohorts_follow_the_papers(store):

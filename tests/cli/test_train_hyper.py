@@ -88,11 +88,15 @@ def test_predict_runs_each_papers_protocol(root, tmp_path, alg):
     assert {k: rows[k] for k in trained} == trained
 
 
-@pytest.mark.parametrize("alg", list(PER_ALGORITHM))
-def test_an_interrupted_run_resumes_byte_identically(root, tmp_path, monkeypatch, alg):
+MIXED_PC = ["--client-sizes", "S,M,L", "--clients-per-round", "3"]   # pfedhn-pc: per-size private heads
+
+
+@pytest.mark.parametrize("alg, extra", [*PER_ALGORITHM.items(), ("pfedhn-pc", MIXED_PC)],
+                         ids=[*PER_ALGORITHM, "pfedhn-pc-sizes"])
+def test_an_interrupted_run_resumes_byte_identically(root, tmp_path, monkeypatch, alg, extra):
     """A run stopped right after its round-3 checkpoint (as by a kill) and resumed equals an uninterrupted one."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    assert train(root, whole, "--algorithm", alg, *PER_ALGORITHM[alg], "--set", "checkpoint_every=2") == 0
+    assert train(root, whole, "--algorithm", alg, *extra, "--set", "checkpoint_every=2") == 0
     real = artifacts.write_atomic
 
     def write_then_die(path, data):
@@ -100,10 +104,10 @@ def test_an_interrupted_run_resumes_byte_identically(root, tmp_path, monkeypatch
         raise KeyboardInterrupt  # the process dies after the checkpoint reached the disk
 
     monkeypatch.setattr(artifacts, "write_atomic", write_then_die)
-    assert train(root, killed, "--algorithm", alg, *PER_ALGORITHM[alg], "--set", "checkpoint_every=2") != 0
+    assert train(root, killed, "--algorithm", alg, *extra, "--set", "checkpoint_every=2") != 0
     assert not killed.exists() and torch.load(checkpoint_dir(killed) / "state.pt", weights_only=True)["round"] == 2
     monkeypatch.setattr(artifacts, "write_atomic", real)
-    assert train(root, killed, "--algorithm", alg, *PER_ALGORITHM[alg], "--set", "checkpoint_every=2",
+    assert train(root, killed, "--algorithm", alg, *extra, "--set", "checkpoint_every=2",
                  "--resume") == 0
     for name in ("metrics.csv", "metrics.json", "clients.csv", "model.pt", "checkpoint/state.pt"):
         assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
@@ -136,17 +140,28 @@ def test_a_partition_with_more_classes_than_the_model_is_refused(root):
         predict_clients(model, cfg, ds.x, np.asarray(ds.y), 11, part, PredictConfig(), device="cpu")
 
 
-def test_mixed_model_sizes_train_and_predict_a_client_of_each_size(root, tmp_path):
-    """pFedHN §5.2: one hypernetwork, S/M/L target nets; a client of each size trains and predicts."""
+@pytest.mark.parametrize("alg", ["pfedhn", "pfedhn-pc"])
+def test_mixed_model_sizes_train_and_predict_a_client_of_each_size(root, tmp_path, alg):
+    """pFedHN §5.2: one hypernetwork, S/M/L target nets; a client of each size trains and predicts.
+    pFedHN-PC: h generates each size's feature extractor; each client's private head has its size's width."""
     from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients
     from pfl_cli.artifacts import load_partition
     from pfl_cli.data import load_dataset
 
     out = tmp_path / "sizes"
-    assert train(root, out, "--algorithm", "pfedhn", "--client-sizes", "S,M,L", "--clients-per-round", "3") == 0
+    assert train(root, out, "--algorithm", alg, "--client-sizes", "S,M,L", "--clients-per-round", "3") == 0
     model = torch.load(out / "model.pt", weights_only=True)
     arch = model["arch"]
     assert [arch[f"client_{s}"]["hidden"] for s in "SML"] == [[8], [16], [32]]
+    if alg == "pfedhn-pc":
+        generated = {k.split("/", 1)[1] for k in _generated_names(arch)}      # e.g. fc1.weight of S/M/L
+        for s, width in zip("SML", (8, 16, 32)):
+            heads = model["weights"][f"heads_{s}"]
+            assert set(heads["values"]) & generated == set()         # the head is private, never generated
+            weight = next(v for k, v in heads["values"].items() if k.endswith("weight") and "momentum" not in k)
+            assert weight.shape == (12, 10, width)                    # a row per client, its size's head
+            trained = heads["has"].nonzero().flatten().numpy()
+            assert len(trained) and set(trained % 3) <= {"SML".index(s)}  # only clients of that size own a head
     cfg = TrainConfig(**json.loads((out / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     ds = load_dataset(info["spec"])
@@ -168,10 +183,16 @@ def test_mixed_model_sizes_train_and_predict_a_client_of_each_size(root, tmp_pat
     assert not (tmp_path / "saved").exists()
 
 
+def _generated_names(arch):
+    from pfl_cli.models import build
+
+    return build(arch["hypernetwork"]).target_names
+
+
 def test_client_sizes_bad_input(root, tmp_path, capsys):
     capsys.readouterr()
     assert train(root, tmp_path / "x", "--algorithm", "pfedhn", "--client-sizes", "S,XL") == 2
     assert "client_sizes must be a comma-separated list of S, M, L" in capsys.readouterr().err
     assert train(root, tmp_path / "x", "--algorithm", "hyperfl", "--client-sizes", "S,M") == 2
-    assert "works with --algorithm pfedhn only" in capsys.readouterr().err
+    assert "works with --algorithm pfedhn or pfedhn-pc only" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
