@@ -210,7 +210,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
 
     def attack_private(self, n: int) -> dict:
         """pFedHN-PC: the head the server never sees, guessed as a fresh client's (the public init)."""
-        return stack(self.head_init, n) if self.personal_head else {}
+        return stack(self.head_init[""], n) if self.personal_head else {}  # a single-size run (upload refuses others)
 
     def _sent(self, clients) -> dict:
         """theta_i = h(v_i) the server sends each of ``clients`` (a fresh seeded v for clients without a row)."""
@@ -235,9 +235,8 @@ class PFedHN(ServerOptimizerState, Algorithm):
             return {}
         clients = torch.as_tensor(clients, device=self.device)
         known = torch.as_tensor(self.has_state(clients.cpu().numpy()), device=self.device)
-        mine = self.heads.gather(clients)
-        return {k: torch.where(known.view(-1, *[1] * self.head_init[k].dim()), mine[k], self.head_init[k])
-                for k in self.head_names}
+        mine, init = self.heads[""].gather(clients), self.head_init[""]  # single size: the one group ""
+        return {k: torch.where(known.view(-1, *[1] * init[k].dim()), mine[k], init[k]) for k in self.head_names}
 
     # ------------------------------------------------------------------ models for any client
     def personalize(self, clients: np.ndarray, gen):
