@@ -125,15 +125,12 @@ class LDFedAvg(Algorithm):
     def run_round(self, t, cohort, gen):
         import torch
 
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import sgd_update_
 
         cfg, c = self.cfg, len(cohort)
-        if cfg.local_epochs:
-            steps, active = self.epoch_steps(cohort, cfg.local_epochs)
-        else:
-            steps, active = cfg.local_steps, None
-        index, mask = sample_batches(self.store.fit, cohort, steps, cfg.batch_size, gen)
+        index, mask, active, _ = self.draw_batches(cohort, gen, steps=cfg.local_steps,
+                                                   epochs=cfg.local_epochs or None)
+        steps = index.shape[1]
         generate, evaluate = self.halves(mask, gen)
         start = {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in self.psi.items()}
         psi = {k: v.clone().requires_grad_(k not in self.frozen) for k, v in start.items()}

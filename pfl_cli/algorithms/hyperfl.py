@@ -101,13 +101,11 @@ class HyperFL(Algorithm):
 
     def step_classifier(self, clients, v, head, gen, epochs: int = 1):
         """Step 1: ``epochs`` of SGD on the classifier; the generated feature extractor is fixed."""
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
 
         with torch.no_grad():
             theta = self.hnet(v)
-        steps, active = self.epoch_steps(clients, epochs)
-        index, mask = sample_batches(self.store.fit, clients, steps, self.cfg.batch_size, gen)
+        index, mask, active, _ = self.draw_batches(clients, gen, epochs=epochs)
         lr = self.cfg.head_lr if self.cfg.head_lr is not None else DEFAULT_HEAD_LR
         new, loss = local_sgd(self.net, head, self.store, index, mask, lr=lr, active=active, fixed=theta,
                               **self._options())
@@ -119,11 +117,9 @@ class HyperFL(Algorithm):
 
         ``phi`` is a per-client stack (training), or None: the global phi frozen (new clients).
         """
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
 
-        steps, active = self.epoch_steps(clients, epochs)
-        index, mask = sample_batches(self.store.fit, clients, steps, self.cfg.batch_size, gen)
+        index, mask, active, _ = self.draw_batches(clients, gen, epochs=epochs)
         params, lrs, groups = self._generator_step(phi, v)
         shared = {f"hnet.{k}": p.detach() for k, p in self.hnet.named_parameters()} if phi is None else None
         new, loss = local_sgd(self.generated, params, self.store, index, mask, lr=lrs, active=active,
