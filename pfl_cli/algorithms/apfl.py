@@ -92,9 +92,13 @@ class APFL(PrivateState, FedAvg):
         return self.cfg.lr if self.cfg.alpha_lr is None else float(self.cfg.alpha_lr)
 
     def _steps(self, w, v, alpha, clients, gen, *, epochs=None, steps=None, update_w=True):
+        from pfl_cli.fl.distributed import split_cohort
+
         index, mask, active, taken = self.draw_batches(clients, gen, steps=steps, epochs=epochs)
-        out = apfl_steps(self.net, w, v, alpha, self.store, index, mask, lr=self.cfg.lr, alpha_lr=self.alpha_lr(),
-                         active=active, update_w=update_w)
+        out = split_cohort(apfl_steps, self.store, index,
+                           {"w": w, "v": v, "alpha": alpha, "index": index, "mask": mask, "active": active},
+                           model=self.net, store=self.store, lr=self.cfg.lr, alpha_lr=self.alpha_lr(),
+                           update_w=update_w)
         return (*out, taken)
 
     def run_round(self, t, cohort, gen):

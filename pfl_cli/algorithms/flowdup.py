@@ -123,21 +123,32 @@ class LDFedAvg(Algorithm):
 
     # ------------------------------------------------------------------ Alg. 9 / 10
     def run_round(self, t, cohort, gen):
-        import torch
-
-        from pfl_cli.fl.cohort import sgd_update_
+        from pfl_cli.fl.distributed import split_cohort
 
         cfg, c = self.cfg, len(cohort)
         index, mask, active, _ = self.draw_batches(cohort, gen, steps=cfg.local_steps,
                                                    epochs=cfg.local_epochs or None)
-        steps = index.shape[1]
-        generate, evaluate = self.halves(mask, gen)
+        generate, evaluate = self.halves(mask, gen)  # drawn for the whole cohort: the same on every rank
         start = {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in self.psi.items()}
+        psi, loss = split_cohort(self._local_steps, self.store, index, {
+            "start": start, "index": index, "generate": generate, "evaluate": evaluate, "active": active})
+        lr = cfg.server_lr if cfg.server_lr is not None else 1.0
+        for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
+            self.psi[k] = self.psi[k] + lr * (psi[k] - start[k]).mean(0)
+        return loss
+
+    def _local_steps(self, start, index, generate, evaluate, active):
+        """Alg. 10: every client's SGD steps on its psi_i; its final psi_i (c, ...) and mean loss (c,)."""
+        import torch
+
+        from pfl_cli.fl.cohort import sgd_update_
+
+        c = len(index)
         psi = {k: v.clone().requires_grad_(k not in self.frozen) for k, v in start.items()}
         buf = {k: torch.zeros_like(v) for k, v in start.items()}
         loss_sum = torch.zeros(c, device=self.device)
         taken = torch.zeros(c, device=self.device)
-        for s in range(steps):
+        for s in range(index.shape[1]):
             obj, loss, _, _ = self.objective(psi, index[:, s], generate[:, s], evaluate[:, s])
             names = [k for k in psi if psi[k].requires_grad]
             grads = dict(zip(names, torch.autograd.grad(obj.sum(), [psi[k] for k in names], allow_unused=True)))
@@ -147,10 +158,7 @@ class LDFedAvg(Algorithm):
             w = torch.ones(c, device=self.device) if go is None else go.to(loss.dtype)
             loss_sum += loss.detach() * w
             taken += w
-        lr = cfg.server_lr if cfg.server_lr is not None else 1.0
-        for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
-            self.psi[k] = self.psi[k] + lr * (psi[k].detach() - start[k]).mean(0)
-        return loss_sum / taken.clamp_min(1.0)
+        return {k: v.detach() for k, v in psi.items()}, loss_sum / taken.clamp_min(1.0)
 
     def personalize(self, clients: np.ndarray, gen):
         return {k: v.detach() for k, v in self.subspace.params(self.psi["v"]).items()}, False
@@ -256,13 +264,21 @@ class FLowDUP(LDFedAvg):
         """r(X) of each client's fit samples (n, e): the dataset embeddings of Fig. 5.1."""
         import torch
 
+        from pfl_cli.fl.distributed import split_cohort
+
         sel = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.device)
         rows, length = self.store.fit.rows(sel)
+        return split_cohort(self._embeddings, self.store, rows, {"rows": rows, "length": length},
+                            chunk_samples=chunk_samples)
+
+    def _embeddings(self, rows, length, chunk_samples):
+        import torch
+
         per = max(1, chunk_samples // rows.shape[1])
         psi = {k: v.detach().unsqueeze(0) for k, v in self.psi.items()}
         out = []
         with torch.no_grad():
-            for lo in range(0, len(sel), per):
+            for lo in range(0, len(rows), per):
                 r, n = rows[lo:lo + per], length[lo:lo + per]
                 weight = torch.arange(r.shape[1], device=r.device) < n[:, None]
                 p = {k: v.expand(len(r), *v.shape[1:]) for k, v in psi.items()}

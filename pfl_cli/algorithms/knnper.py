@@ -82,17 +82,24 @@ class KNNPer(FedAvg):
 
     def personalize(self, clients: np.ndarray, gen):
         """The global model and each client's datastore: one forward pass over its train data."""
+        from pfl_cli.fl.distributed import split_cohort
+
+        sel = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.device)
+        index, length = self.store.fit.rows(sel)
+        params = {PREFIX + k: v for k, v in self.global_params.items()}
+        out = stack(params, len(sel))
+        out.update(split_cohort(self._datastores, self.store, index, {"index": index, "length": length}, params=params))
+        return out, True
+
+    def _datastores(self, index, length, params) -> dict:
+        """Each client's memory: features and one-hot labels of its fit samples (rows of ``index``)."""
         from torch.func import functional_call
 
         store = self.store
-        sel = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.device)
-        index, length = store.fit.rows(sel)
         valid = torch.arange(index.shape[1], device=self.device)[None, :] < length[:, None]
-        params = {PREFIX + k: v for k, v in self.global_params.items()}
         with torch.no_grad():
             x = store.inputs(index)
-            feats = functional_call(self.feature_net, params, (x.flatten(0, 1),)).view(*index.shape, -1)
-        out = stack(params, len(sel))
-        out.update({"memory": feats, "memory_y": store.onehot(index) * valid[..., None],
-                    "memory_valid": valid.to(feats.dtype)})
-        return out, True
+            feats = functional_call(self.feature_net, params, (x.flatten(0, 1),))
+            feats = feats.view(*index.shape, feats.shape[-1])
+        return {"memory": feats, "memory_y": store.onehot(index) * valid[..., None],
+                "memory_valid": valid.to(feats.dtype)}

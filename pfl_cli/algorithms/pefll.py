@@ -97,8 +97,27 @@ class PeFLL(ServerOptimizerState, Algorithm):
     def _embed_batch(self, x, onehot, mask):
         """Masked mean of phi over the b samples of each row: x (k, b, ...), onehot (k, b, C) -> (k, l)."""
         k, b = mask.shape
-        e = self.embed(x.flatten(0, 1), onehot.flatten(0, 1)).view(k, b, -1)
+        e = self.embed(x.flatten(0, 1), onehot.flatten(0, 1))
+        e = e.view(k, b, e.shape[-1])
         return (e * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1.0)
+
+    def _embed_cohort(self, index, mask, *, chunk_samples: int | None = None):
+        """Raw descriptors (c, l) of a cohort's rows ``index`` (c, b), ``chunk_samples`` samples per pass.
+
+        Distributed, each rank embeds the clients whose data it holds and the rows come back
+        whole through :func:`~pfl_cli.fl.distributed.gather_rows` (differentiable: the
+        embedding network's gradient is then each rank's share, summed in :meth:`_server_backward`).
+        """
+        import torch
+
+        from pfl_cli.fl.distributed import gather_rows, rows_here, world
+
+        rows = slice(None) if world()[1] == 1 else rows_here(self.store, index)
+        index, mask = index[rows], mask[rows]
+        per = len(index) if chunk_samples is None else max(1, chunk_samples // max(index.shape[1], 1))
+        parts = [self._embed_mean(index[lo:lo + per], mask[lo:lo + per]) for lo in range(0, len(index), max(per, 1))]
+        raw = torch.cat(parts) if parts else self._embed_mean(index, mask)
+        return raw if isinstance(rows, slice) else gather_rows(raw, rows, len(rows))
 
     def _standardize(self, v):
         if not self.cfg.standardize_descriptor:
@@ -123,15 +142,10 @@ class PeFLL(ServerOptimizerState, Algorithm):
         with torch.no_grad():
             if self.cfg.eval_descriptor == "batch":
                 index, mask = sample_batches(self.store.fit, sel, 1, self.cfg.descriptor_batch, gen)
-                return self._standardize(self._embed_mean(index[:, 0], mask[:, 0]))
+                return self._standardize(self._embed_cohort(index[:, 0], mask[:, 0]))
             rows, length = self.store.fit.rows(sel)
-            per = max(1, chunk_samples // rows.shape[1])
-            parts = []
-            for lo in range(0, len(sel), per):
-                r, n = rows[lo:lo + per], length[lo:lo + per]
-                mask = (torch.arange(r.shape[1], device=r.device) < n[:, None]).to(torch.float32)
-                parts.append(self._embed_mean(r, mask))
-            return self._standardize(torch.cat(parts))
+            mask = (torch.arange(rows.shape[1], device=rows.device) < length[:, None]).to(torch.float32)
+            return self._standardize(self._embed_cohort(rows, mask, chunk_samples=chunk_samples))
 
     # ------------------------------------------------------------------ Alg. 8
     def run_round(self, t, cohort, gen):
@@ -144,7 +158,7 @@ class PeFLL(ServerOptimizerState, Algorithm):
         cfg, c = self.cfg, len(cohort)
         d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)       # step 5
         index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
-        v = self._standardize(self._embed_mean(d_index[:, 0], d_mask[:, 0]))                          # step 6
+        v = self._standardize(self._embed_cohort(d_index[:, 0], d_mask[:, 0]))                        # step 6
         v_leaf = v.detach().requires_grad_(True)                                                      # step 7
         theta = self.hnet(v_leaf)                                                                     # step 8
         new, loss = local_sgd(self.net, {k: theta[k].detach() for k in self.names}, self.store,      # step 10
@@ -176,7 +190,7 @@ class PeFLL(ServerOptimizerState, Algorithm):
             d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)      # step 5
             index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
             with torch.no_grad():
-                v = self._embed_mean(d_index[:, 0], d_mask[:, 0])                                       # steps 6-7
+                v = self._embed_cohort(d_index[:, 0], d_mask[:, 0])                                     # steps 6-7
                 theta = self.hnet(v)                                                                    # step 8
             new, loss = local_sgd(self.net, {k: theta[k] for k in self.names}, self.store, index, mask,  # step 10
                                   **self.sgd_options())
@@ -190,6 +204,13 @@ class PeFLL(ServerOptimizerState, Algorithm):
 
     def _client_gradients(self, h_params, e_params, d_index, d_mask, neg_delta) -> dict:
         """Each client's VJP of -delta_i through h(v_i) and v_i = mean_b phi(x_b, y_b) (steps 12, 14), vmapped."""
+        from pfl_cli.fl.distributed import split_cohort
+
+        return split_cohort(self._client_vjps, self.store, d_index, {"d_index": d_index, "d_mask": d_mask,
+                                                                     "neg_delta": neg_delta},
+                            h_params=h_params, e_params=e_params)
+
+    def _client_vjps(self, h_params, e_params, d_index, d_mask, neg_delta) -> dict:
         from torch.func import functional_call, grad, vmap
 
         store, names = self.store, self.names
@@ -222,12 +243,14 @@ class PeFLL(ServerOptimizerState, Algorithm):
         """Steps 12-18: server VJP, client VJP, averaged regularized update."""
         import torch
 
+        from pfl_cli.fl.distributed import sum_grads
+
         h_params = list(self.hnet.parameters())
         e_params = list(self.embed.parameters())
         grads = torch.autograd.grad([theta[k] for k in self.names], [*h_params, v_leaf], grad_outputs=neg_delta)
         g_h, g_v = grads[:-1], grads[-1]                                                              # step 12
         g_e = torch.autograd.grad(v, e_params, grad_outputs=g_v, allow_unused=True)                   # step 14
-        self._server_step(h_params, g_h, e_params, g_e)
+        self._server_step(h_params, g_h, e_params, sum_grads(g_e, e_params))  # distributed: each rank's clients' share
 
     def _server_step(self, h_params, g_h, e_params, g_e) -> None:
         """Lines 17-18: the averaged gradients plus 2 lambda eta, clipped, one optimizer step."""

@@ -70,11 +70,15 @@ class PerFedAvg(FedAvg):
         return self.cfg.lr if self.cfg.beta is None else float(self.cfg.beta)
 
     def run_round(self, t, cohort, gen):
+        from pfl_cli.fl.distributed import split_cohort
+
         cfg = self.cfg
         per_step = 3 if cfg.variant == "hf" else 2  # batches D, D' (and D'' for HF) per local step
         index, mask, active, _ = self.draw_batches(cohort, gen, per_step=per_step, **self.round_schedule())
-        w, loss = perfedavg_steps(self.net, stack(self.global_params, len(cohort)), self.store, index, mask,
-                                  alpha=cfg.lr, beta=self.beta(), variant=cfg.variant, active=active)
+        w, loss = split_cohort(perfedavg_steps, self.store, index,
+                               {"w": stack(self.global_params, len(cohort)), "index": index, "mask": mask,
+                                "active": active},
+                               model=self.net, store=self.store, alpha=cfg.lr, beta=self.beta(), variant=cfg.variant)
         self.record_exchange(self.global_params, w, len(cohort))
         self.server_step(weighted_mean(self.store, cohort, w))
         return loss

@@ -78,10 +78,12 @@ class PFedMe(PrivateState, FedAvg):
 
     def _local(self, w, clients, gen, **schedule):
         cfg = self.cfg
+        from pfl_cli.fl.distributed import split_cohort
+
         index, mask, active, taken = self.draw_batches(clients, gen, **schedule)
-        out = pfedme_steps(self.net, w, self.store, index, mask, lam=pfedme_lambda(cfg), eta=cfg.lr,
-                           personal_lr=cfg.lr if cfg.personal_lr is None else cfg.personal_lr, K=cfg.K,
-                           active=active)
+        out = split_cohort(pfedme_steps, self.store, index, {"w": w, "index": index, "mask": mask, "active": active},
+                           model=self.net, store=self.store, lam=pfedme_lambda(cfg), eta=cfg.lr,
+                           personal_lr=cfg.lr if cfg.personal_lr is None else cfg.personal_lr, K=cfg.K)
         return (*out, taken)
 
     def run_round(self, t, cohort, gen):

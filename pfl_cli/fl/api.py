@@ -208,6 +208,7 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
         partition marks unlabeled are unlabeled in any case.
     """
     from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.distributed import held_clients
     from pfl_cli.fl.loop import run_rounds
     from pfl_cli.fl.store import build_store
     from pfl_cli.rng import make_rng
@@ -216,7 +217,8 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
     device = device if device is not None else resolve_device(cfg.device)
     store = build_store(x, y, num_classes, partition, val_fraction=cfg.val_fraction,
                         rng=make_rng(cfg.seed, "validation-split"), device=device, normalize=cfg.normalize,
-                        labeled=labeled, hidden_labels=cfg.evaluate_hidden_labels)
+                        labeled=labeled, hidden_labels=cfg.evaluate_hidden_labels,
+                        held=held_clients(partition.num_clients))  # a rank loads only its own clients
     alg = make_algorithm(cfg, store)
     if cfg.dp_epsilon is not None:
         alg.dp = plan_dp(cfg, store)  # calibrated before the first round

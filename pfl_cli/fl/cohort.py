@@ -164,7 +164,8 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     """
     import torch
 
-    from pfl_cli.fl.distributed import assemble, own_rows, world
+    from pfl_cli.fl.batches import CohortBatches
+    from pfl_cli.fl.distributed import assemble, count, rows_here, world
 
     c, stream = _steps(index, mask, active)
     how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
@@ -177,11 +178,11 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     if world()[1] == 1:
         theta, loss = _train(model, params, store, stream, c, how, fixed=fixed, anchor=anchor, buf=buf, **opts)
     else:
-        # Distributed: this rank trains its share of the clients; every rank gets all of them back.
-        rows = own_rows(c)
+        # Distributed: this rank trains the clients whose data it holds; every rank gets all of them back.
+        rows = rows_here(store, index.rows if isinstance(index, CohortBatches) else index)
         mine, fixed, anchor, buf = ({k: v[rows] for k, v in d.items()} for d in (params, fixed, anchor, buf))
         share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
-        theta, loss = _train(model, mine, store, share, rows.stop - rows.start, how, fixed=fixed, anchor=anchor,
+        theta, loss = _train(model, mine, store, share, count(rows, c), how, fixed=fixed, anchor=anchor,
                              buf=buf, **opts)
         whole = assemble({**theta, **{_BUF + k: v for k, v in buf.items()}, _LOSS: loss}, rows, c)
         loss = whole.pop(_LOSS)

@@ -16,13 +16,21 @@ def label_distributions(store, clients: np.ndarray) -> np.ndarray:
     """pi (n, C): the class proportions of each client's fit samples with labels (zeros for none)."""
     import torch
 
+    from pfl_cli.fl.distributed import split_cohort
+
     sel = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=store.device)
     rows, length = store.fit.rows(sel)
+    return split_cohort(_label_distributions, store, rows, {"rows": rows, "length": length}, store=store).cpu().numpy()
+
+
+def _label_distributions(store, rows, length):
+    import torch
+
     y = store.y_eval[rows]
     valid = (torch.arange(rows.shape[1], device=rows.device) < length[:, None]) & (y >= 0)
-    counts = torch.zeros(len(sel), store.num_classes, device=rows.device)
+    counts = torch.zeros(len(rows), store.num_classes, device=rows.device)
     counts.scatter_add_(1, y.clamp_min(0), valid.to(counts.dtype))
-    return (counts / counts.sum(1, keepdim=True).clamp_min(1.0)).cpu().numpy()
+    return counts / counts.sum(1, keepdim=True).clamp_min(1.0)
 
 
 def mean_spearman(queries: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:

@@ -1,13 +1,17 @@
-"""Scale-out on ``torch.distributed``: cohort clients and evaluation clients split across ranks.
+"""Scale-out on ``torch.distributed``: every rank holds its own clients' data and trains them.
 
-Every rank runs the same round loop on the same data with the same generators, so the
-cohort, the batches and the server state agree everywhere. The per-client work is split:
-:func:`pfl_cli.fl.cohort.local_sgd` trains only this rank's contiguous share of the cohort
-and :func:`pfl_cli.fl.evaluate.evaluate` evaluates only its share of the clients; the
-per-client results are then put back together on every rank by one ``all_reduce`` (sum) of
-tensors in which each rank filled its own rows and left the others zero, which is exact.
-The server step then runs on identical inputs on every rank (replicated, not reduced by
-averaging), so all ranks hold the same model; rank 0 alone writes files.
+Client ``i`` belongs to rank ``i mod N`` (:func:`held_clients`), and a rank's device holds only
+those clients' samples (``build_store(held=...)``), so the data's memory per rank falls with N.
+Every rank runs the same round loop with the same generators, so the cohort, the batches'
+random draws and the server state agree everywhere; the per-client work is split by owner:
+:func:`pfl_cli.fl.cohort.local_sgd`, :func:`pfl_cli.fl.evaluate.evaluate` and the algorithms'
+own per-client computations (:func:`split_cohort`) run only the cohort rows whose data this
+rank holds. The per-client results are then put back together on every rank by one
+``all_reduce`` (sum) of tensors in which each rank filled its own rows and left the others
+zero, which is exact; a gradient through per-client results (PeFLL's embedding network)
+comes back through :func:`gather_rows`, whose backward hands each rank its rows and sums the
+parameter gradients over ranks. The server step then runs on identical inputs on every rank
+(replicated), so all ranks hold the same model; rank 0 alone writes files.
 
 Started by ``torchrun`` (or ``pflx train --nproc N``), which sets ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``: gloo on CPU, NCCL on CUDA (one GPU per
@@ -85,16 +89,163 @@ def stop() -> None:
         dist.destroy_process_group()
 
 
+def held_clients(num_clients: int):
+    """The clients whose data this rank holds (bool, per client): client i on rank i mod N; None alone."""
+    import numpy as np
+
+    rank, size = world()
+    return None if size == 1 else np.arange(num_clients) % size == rank
+
+
 def own_rows(n: int) -> slice:
-    """This rank's contiguous share of ``n`` rows (the first ranks take one more when uneven)."""
+    """This rank's contiguous share of ``n`` rows (the first ranks take one more when uneven): the split of
+    work that reads no client data (a cohort with zero local steps)."""
     rank, size = world()
     per, extra = divmod(n, size)
     lo = rank * per + min(rank, extra)
     return slice(lo, lo + per + (rank < extra))
 
 
-def assemble(parts: dict, rows: slice, n: int) -> dict:
-    """Whole (n, ...) tensors on every rank from each rank's ``rows`` of them (one all_reduce per dtype)."""
+def rows_here(store, index):
+    """This rank's rows of a cohort whose sample ``index`` is (c, ...): those whose data it holds."""
+    rows = store.holds(index)
+    return own_rows(index.shape[0]) if rows is None else rows
+
+
+def count(rows, n: int) -> int:
+    return rows.stop - rows.start if isinstance(rows, slice) else int(rows.sum())
+
+
+def _take(value, rows):
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {k: v[rows] for k, v in value.items()}
+    return value[rows]
+
+
+def split_cohort(fn, store, index, per_client: dict, /, **common):
+    """``fn(**per_client, **common)`` on the cohort rows whose data this rank holds; whole results everywhere.
+
+    ``per_client`` holds the arguments with a leading cohort axis (tensors, dicts of tensors
+    or None), ``index`` the cohort's sample indices (c, ...) that say which rows are here;
+    ``fn`` must treat the clients independently and return a tensor, or a dict, tuple or list
+    of tensors, each with the cohort axis first (non-tensors pass through unchanged). One
+    process: ``fn`` runs on everything.
+    """
+    rank, size = world()
+    if size == 1:
+        return fn(**per_client, **common)
+    rows = rows_here(store, index)
+    if count(rows, index.shape[0]) == 0:
+        # vmap cannot run every function on an empty cohort: run one placeholder client on this
+        # rank's first sample and keep none of it (the shapes of the rows the others fill in).
+        out = fn(**{k: _placeholder(_take(v, slice(0, 1))) for k, v in per_client.items()}, **common)
+        out = _map_tensors(out, lambda t: t[:0])
+    else:
+        out = fn(**{k: _take(v, rows) for k, v in per_client.items()}, **common)
+    return assemble_tree(out, rows, index.shape[0])
+
+
+def _placeholder(value):
+    """Index tensors with the samples of other ranks pointed at this rank's first sample instead."""
+    import torch
+
+    from pfl_cli.fl.store import NOT_HERE
+
+    if isinstance(value, dict):
+        return {k: _placeholder(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor) and value.dtype == torch.long:
+        return value.masked_fill(value == NOT_HERE, 0)
+    return value
+
+
+def _map_tensors(node, fn):
+    import torch
+
+    if isinstance(node, torch.Tensor):
+        return fn(node)
+    if isinstance(node, dict):
+        return {k: _map_tensors(v, fn) for k, v in node.items()}
+    if isinstance(node, (tuple, list)):
+        return type(node)(_map_tensors(v, fn) for v in node)
+    return node
+
+
+def assemble_tree(out, rows, n: int):
+    """:func:`assemble` of every tensor in a nest of dicts, tuples and lists (one all_reduce per dtype)."""
+    import torch
+
+    leaves: dict = {}
+
+    def collect(node, path):
+        if isinstance(node, torch.Tensor):
+            leaves[path] = node
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                collect(v, (*path, k))
+        elif isinstance(node, (tuple, list)):
+            for i, v in enumerate(node):
+                collect(v, (*path, i))
+
+    collect(out, ())
+    whole = assemble(leaves, rows, n) if leaves else {}
+
+    def rebuild(node, path):
+        if isinstance(node, torch.Tensor):
+            return whole[path]
+        if isinstance(node, dict):
+            return {k: rebuild(v, (*path, k)) for k, v in node.items()}
+        if isinstance(node, (tuple, list)):
+            return type(node)(rebuild(v, (*path, i)) for i, v in enumerate(node))
+        return node
+
+    return rebuild(out, ())
+
+
+def gather_rows(part, rows, n: int):
+    """The whole (n, ...) tensor from each rank's ``rows``, differentiably.
+
+    Backward: each rank takes its rows of the (identical, replicated) incoming gradient, so
+    the parameters behind ``part`` get this rank's clients' share; :func:`sum_grads` adds the
+    shares up.
+    """
+    import torch
+
+    class _Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return assemble({"x": x}, rows, n)["x"]
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad[rows]
+
+    if world()[1] == 1:
+        return part
+    return _Gather.apply(part)
+
+
+def sum_grads(grads, params):
+    """Each rank's share of a sum of per-client gradients of ``params`` -> the whole sum on every rank.
+
+    A None gradient (no path from this rank's clients) counts as zero, so every rank reduces
+    the same tensors."""
+    import torch
+    import torch.distributed as dist
+
+    if world()[1] == 1:
+        return grads
+    grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    return list(flat.split([g.numel() for g in grads])[i].view(g.shape) for i, g in enumerate(grads))
+
+
+def assemble(parts: dict, rows, n: int) -> dict:
+    """Whole (n, ...) tensors on every rank from each rank's ``rows`` (a slice or a bool mask) of them.
+
+    One all_reduce per dtype; the other ranks' rows are zero here, so the sum is exact."""
     import torch
     import torch.distributed as dist
 

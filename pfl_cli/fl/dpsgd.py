@@ -148,6 +148,8 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
     import torch.nn.functional as F
     from torch.func import functional_call, grad_and_value, vmap
 
+    from pfl_cli.fl.distributed import assemble_tree, rows_here, world
+
     private, frozen = set(private), set(frozen)
     names = list(params)
 
@@ -155,9 +157,14 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
         return F.cross_entropy(functional_call(model, p, (x[None],)), y[None])
 
     per_sample = vmap(vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0)), in_dims=(0, 0, 0))
-    theta = {k: v.detach().clone() for k, v in params.items()}
-    buf = {k: torch.zeros_like(v) for k in names for v in (params[k],)}
-    c, steps = index.shape[:2]
+    whole, steps = index.shape[:2]
+    # Distributed: this rank steps the clients whose data it holds; the noise is drawn for the whole
+    # cohort on every rank and each takes its rows, so the draws are those of one process.
+    rows = slice(None) if world()[1] == 1 else rows_here(store, index)
+    index, mask = index[rows], mask[rows]
+    theta = {k: v[rows].detach().clone() for k, v in params.items()}
+    buf = {k: torch.zeros_like(v) for k, v in theta.items()}
+    c = index.shape[0]
     loss_sum = torch.zeros(c, device=index.device)
     for s in range(steps):
         idx, m = index[:, s], mask[:, s]
@@ -172,19 +179,21 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
                 continue
             g = grads[k]
             if k in private:
-                g = (g * scale.view(c, -1, *([1] * (g.dim() - 2)))).sum(1)
+                g = (g * scale.view(c, scale.shape[1], *([1] * (g.dim() - 2)))).sum(1)
                 if noise_multiplier > 0:
-                    noise = torch.randn(g.shape, generator=noise_gen, device=noise_gen.device, dtype=g.dtype)
-                    g = g + noise_multiplier * clip * noise.to(g.device)
+                    noise = torch.randn((whole, *g.shape[1:]), generator=noise_gen, device=noise_gen.device,
+                                        dtype=g.dtype)
+                    g = g + noise_multiplier * clip * noise.to(g.device)[rows]
                 g = g / denominator
             else:
-                g = (g * m.view(c, -1, *([1] * (g.dim() - 2)))).sum(1) / m.sum(1).clamp_min(1.0).view(
+                g = (g * m.view(c, m.shape[1], *([1] * (g.dim() - 2)))).sum(1) / m.sum(1).clamp_min(1.0).view(
                     c, *([1] * (g.dim() - 2)))
             if weight_decay:
                 g = g + weight_decay * theta[k]
             buf[k] = momentum * buf[k] + g if momentum else g
             theta[k] = theta[k] - lr * buf[k]
-    return theta, loss_sum / max(steps, 1)
+    out = theta, loss_sum / max(steps, 1)
+    return out if isinstance(rows, slice) else assemble_tree(out, rows, whole)
 
 
 def head_names(names: list[str]) -> list[str]:

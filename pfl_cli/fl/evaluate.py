@@ -124,17 +124,18 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
     import torch
 
     from pfl_cli.fl.cohort import resolve_cohort_exec
-    from pfl_cli.fl.distributed import assemble, own_rows, world
+    from pfl_cli.fl.distributed import assemble, world
 
     clients = np.asarray(clients, dtype=np.int64)
     how = resolve_cohort_exec(cohort_exec, model, store.device)
     if world()[1] == 1:
         return _evaluate(model, params, store, clients, split, personalized, max_samples, how)
-    # Distributed: this rank evaluates its share of the clients; the counts come back whole.
+    # Distributed: this rank evaluates the clients whose data it holds; the counts come back whole.
     k = len(clients)
-    rows = own_rows(k)
-    mine = {name: p[rows] for name, p in params.items()} if personalized else params
-    part = _evaluate(model, mine, store, clients[rows], split, personalized, max_samples, how)
+    held = store.held[clients]
+    rows = torch.as_tensor(held)
+    mine = {name: p[rows.to(p.device)] for name, p in params.items()} if personalized else params
+    part = _evaluate(model, mine, store, clients[held], split, personalized, max_samples, how)
     fields = ("n", "correct", "correct_lm", "loss")
     whole = assemble({f: torch.as_tensor(getattr(part, f)) for f in fields}, rows, k)
     return GroupEval(clients, *(whole[f].numpy() for f in fields))

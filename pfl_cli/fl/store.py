@@ -17,6 +17,9 @@ from pfl_cli.errors import InputError
 from pfl_cli.fl.client_state import partition_digest
 
 ROLE_TRAIN, ROLE_HOLDOUT = 0, 1
+# The sample index of a client whose data this process does not hold (a distributed run gives each
+# rank only its own clients' data): reading it fails loudly instead of returning another sample.
+NOT_HERE = 2**62
 
 
 @dataclass
@@ -27,8 +30,13 @@ class Padded:
     length: "object"  # LongTensor (n_clients,)
 
     @classmethod
-    def from_csr(cls, owner: np.ndarray, samples: np.ndarray, num_clients: int, device) -> "Padded":
-        """From each sample's owning client (non-decreasing) and the sample indices."""
+    def from_csr(cls, owner: np.ndarray, samples: np.ndarray, num_clients: int, device,
+                 held: np.ndarray | None = None) -> "Padded":
+        """From each sample's owning client (non-decreasing) and the sample indices.
+
+        ``held`` (bool, per client): the clients whose samples this process holds; the rows
+        of the others are all :data:`NOT_HERE` (their lengths stay: sizes are metadata).
+        """
         import torch
 
         lengths = np.bincount(owner, minlength=num_clients).astype(np.int64)
@@ -36,6 +44,8 @@ class Padded:
         mat = np.zeros((num_clients, width), dtype=np.int64)
         starts = np.cumsum(lengths) - lengths
         mat[owner, np.arange(len(owner)) - starts[owner]] = samples
+        if held is not None:
+            mat[~held] = NOT_HERE
         return cls(torch.as_tensor(mat, device=device), torch.as_tensor(lengths, device=device))
 
     def rows(self, clients):
@@ -111,10 +121,21 @@ class ClientStore:
     device: object
     labeled: np.ndarray = None
     partition_sha: bytes = b""  # fl.client_state.partition_digest: ties private per-client state to its clients
+    held: np.ndarray = None  # bool (n_clients,): clients whose samples are in ``x``; None: all of them
 
     @property
     def num_clients(self) -> int:
         return len(self.role)
+
+    def holds(self, index):
+        """Which rows of a cohort's sample ``index`` (c, ...) this process holds the data of: BoolTensor (c,).
+
+        Every client's samples live on exactly one rank, so these rows are this rank's share of
+        the cohort (:mod:`pfl_cli.fl.distributed`); ``None`` when the rows hold no index to tell
+        (zero steps: nothing is read).
+        """
+        flat = index.reshape(index.shape[0], -1)
+        return None if flat.shape[1] == 0 else flat[:, 0] != NOT_HERE
 
     def clients(self, role: int) -> np.ndarray:
         return np.flatnonzero(self.role == role)
@@ -153,7 +174,8 @@ def visible_labels(y: np.ndarray | None, n: int, partition, labeled: np.ndarray 
 
 def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, val_fraction: float, rng, device,
                 normalize: bool = True, stats: tuple[np.ndarray, np.ndarray] | None = None,
-                labeled: np.ndarray | None = None, hidden_labels: bool = False) -> ClientStore:
+                labeled: np.ndarray | None = None, hidden_labels: bool = False,
+                held: np.ndarray | None = None) -> ClientStore:
     """Load a partition's clients onto ``device``.
 
     Parameters
@@ -173,6 +195,11 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
         ``labeled`` column); unknown labels (-1) are unlabeled in any case.
     hidden_labels : bool
         Score evaluation against every known label, hidden ones included (an oracle).
+    held : ndarray of bool (n_clients,), optional
+        Load only these clients' samples onto ``device`` (a distributed rank's own clients,
+        :func:`pfl_cli.fl.distributed.held_clients`); the others' index rows are
+        :data:`NOT_HERE`. Statistics, validation split, label masks and sizes are computed
+        from the whole partition first, so they are the same on every rank. Default: all.
     """
     import torch
 
@@ -181,10 +208,10 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
     n = partition.num_clients
     role = np.asarray(partition.role)
     owner, samples = partition.train_owner(), np.asarray(partition.train_indices)
-    held = split_validation(owner, role == ROLE_TRAIN, val_fraction, rng)
+    val = split_validation(owner, role == ROLE_TRAIN, val_fraction, rng)
     if normalize:
         if stats is None:
-            stats = normalization_stats(x, samples[~held & (role[owner] == ROLE_TRAIN)])
+            stats = normalization_stats(x, samples[~val & (role[owner] == ROLE_TRAIN)])
         mean, std = stats
     else:
         shape = (1,) * (x.ndim - 1)
@@ -194,17 +221,28 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
     classes = np.zeros((n, num_classes), dtype=bool)
     seen = y_train[samples] >= 0
     classes[owner[seen], y_train[samples][seen]] = True
-    fit_labels = np.bincount(owner[~held & seen], minlength=n)
+    fit_labels = np.bincount(owner[~val & seen], minlength=n)
+    test_owner, test_samples = partition.test_owner(), np.asarray(partition.test_indices)
+    y_eval = y_all if hidden_labels else y_train
+    if held is not None:  # keep only the held clients' samples, renumbered in dataset order
+        held = np.asarray(held, dtype=bool)
+        keep = np.zeros(len(x), dtype=bool)
+        keep[samples[held[owner]]] = True
+        keep[test_samples[held[test_owner]]] = True
+        position = np.cumsum(keep) - 1
+        samples, test_samples = position[samples], position[test_samples]
+        x, y_train, y_eval = x[keep], y_train[keep], y_eval[keep]
     x_t = torch.as_tensor(np.ascontiguousarray(x)).to(device)
     return ClientStore(
         x=x_t, y=torch.as_tensor(y_train, device=device),
-        y_eval=torch.as_tensor(y_all if hidden_labels else y_train, device=device),
+        y_eval=torch.as_tensor(y_eval, device=device),
         mean=torch.as_tensor(mean, device=device), std=torch.as_tensor(std, device=device),
-        fit=Padded.from_csr(owner[~held], samples[~held], n, device),
-        val=Padded.from_csr(owner[held], samples[held], n, device),
-        test=Padded.from_csr(partition.test_owner(), np.asarray(partition.test_indices), n, device),
+        fit=Padded.from_csr(owner[~val], samples[~val], n, device, held),
+        val=Padded.from_csr(owner[val], samples[val], n, device, held),
+        test=Padded.from_csr(test_owner, test_samples, n, device, held),
         classes=torch.as_tensor(classes, device=device), role=role, client_id=np.asarray(partition.client_id),
         num_classes=int(num_classes), input_shape=tuple(int(s) for s in x.shape[1:]), device=device,
         labeled=fit_labels > 0,
         partition_sha=partition_digest(partition.client_id, role, partition.train_offsets, partition.train_indices),
+        held=held,
     )

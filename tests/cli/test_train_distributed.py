@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -163,3 +164,44 @@ def test_nproc_inside_torchrun_is_refused(root, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert _train(root, tmp_path / "x", "--nproc", "2") == 2
     assert "already runs under torchrun" in capsys.readouterr().err
+
+
+RANK_SCRIPT = """
+import json, sys
+from pathlib import Path
+import torch
+from pfl_cli.cli.common import load_partition_dataset
+from pfl_cli.fl import distributed
+from pfl_cli.fl.api import train_federated
+from pfl_cli.fl.config import TrainConfig
+
+device = distributed.start(torch.device("cpu"))
+part, _, _, ds = load_partition_dataset(Path(sys.argv[1]))
+cfg = TrainConfig(algorithm="fedavg", rounds=2, eval_every=1, local_steps=2, clients_per_round=4, mlp_hidden=[16])
+run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device)
+rank = distributed.world()[0]
+(Path(sys.argv[2]) / f"rank{rank}.json").write_text(json.dumps({
+    "samples": int(run.store.x.shape[0]), "bytes": run.store.x.numel() * run.store.x.element_size(),
+    "held": [int(i) for i in run.store.held.nonzero()[0]], "total": int(ds.x.shape[0])}))
+distributed.stop()
+"""
+
+
+def test_each_rank_holds_only_the_data_of_its_own_clients(root, tmp_path):
+    """Two real gloo ranks (torchrun): each loads only its clients' samples, together every client once."""
+    from pfl_cli.artifacts import load_partition
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    str(script), str(root / "part"), str(tmp_path)], env=env, check=True, timeout=300)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    part, _, _ = load_partition(root / "part")
+    assert sorted(ranks[0]["held"] + ranks[1]["held"]) == list(range(part.num_clients))   # every client once
+    assert ranks[0]["held"] == list(range(0, part.num_clients, 2))                         # client i on rank i mod 2
+    for r in ranks:
+        clients = r["held"]
+        own = np.unique(np.concatenate([np.asarray(part.train_indices)[np.isin(part.train_owner(), clients)],
+                                        np.asarray(part.test_indices)[np.isin(part.test_owner(), clients)]]))
+        assert r["samples"] == len(own) < 0.75 * r["total"]                                  # memory falls with N

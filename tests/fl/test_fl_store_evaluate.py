@@ -186,3 +186,35 @@ def test_chunked_personalization_equals_one_pass(store, algorithm):
         torch.testing.assert_close(p1[k], p2[k])
         expected = (store.num_clients, *shapes[k].shape) if pers else shapes[k].shape  # a global model once
         assert p1[k].shape == expected
+
+
+def test_a_rank_holds_only_its_own_clients_samples(digits_clients):
+    """build_store(held=...): the held clients' samples only, the same values through renumbered indices,
+    the others' rows unreadable; statistics and metadata as the whole store's."""
+    from pfl_cli.fl.store import NOT_HERE
+
+    ds, part = digits_clients
+    whole = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.25, rng=make_rng(0, "v"), device="cpu")
+    mine = np.arange(part.num_clients) % 2 == 0
+    half = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.25, rng=make_rng(0, "v"), device="cpu",
+                       held=mine)
+    clients = np.flatnonzero(mine)
+    own = np.unique(np.concatenate([
+        np.asarray(part.train_indices)[np.isin(part.train_owner(), clients)],
+        np.asarray(part.test_indices)[np.isin(part.test_owner(), clients)]]))
+    assert len(half.x) == len(own) < len(whole.x)                     # memory falls with the share held
+    torch.testing.assert_close(half.mean, whole.mean)                  # statistics of every train client
+    assert torch.equal(half.classes, whole.classes) and np.array_equal(half.labeled, whole.labeled)
+    for split in ("fit", "val", "test"):
+        a, b = getattr(whole, split), getattr(half, split)
+        assert torch.equal(a.length, b.length)                         # sizes are metadata: kept for all
+        rows, length = b.rows(torch.as_tensor(clients))
+        ref, _ = a.rows(torch.as_tensor(clients))
+        valid = torch.arange(rows.shape[1]) < length[:, None]
+        assert torch.equal(half.inputs(rows)[valid], whole.inputs(ref)[valid])
+        assert torch.equal(half.y[rows][valid], whole.y[ref][valid])
+        assert (b.index[torch.as_tensor(~mine)] == NOT_HERE).all()
+    other = torch.as_tensor(np.flatnonzero(~mine))
+    assert not half.holds(half.fit.rows(other)[0]).any() and half.holds(half.fit.rows(torch.as_tensor(clients))[0]).all()
+    with pytest.raises(IndexError):
+        half.inputs(half.fit.rows(other)[0])                           # another rank's client cannot be read
