@@ -32,9 +32,10 @@ def mixture(v: dict, w: dict, alpha) -> dict:
     return {k: expand_as_params(alpha, v[k]) * v[k] + (1 - expand_as_params(alpha, v[k])) * w[k] for k in w}
 
 
-def apfl_steps(model, w: dict, v: dict, alpha, store, index, mask, *, lr: float, alpha_lr: float, active=None,
-               update_w: bool = True):
+def apfl_steps(model, w: dict, v: dict, alpha, store, steps, *, lr: float, alpha_lr: float, update_w: bool = True):
     """The cohort's APFL local steps (Alg. 1), batched over clients with ``vmap``.
+
+    ``steps``: the cohort's :class:`~pfl_cli.fl.batches.LocalSteps` (one batch per step).
 
     Returns (w, v, alpha, mean loss of f_i(v̄_i) over each client's active steps).
     """
@@ -48,12 +49,11 @@ def apfl_steps(model, w: dict, v: dict, alpha, store, index, mask, *, lr: float,
     w = {k: t.detach().clone() for k, t in w.items()}
     v = {k: t.detach().clone() for k, t in v.items()}
     alpha = alpha.detach().clone()
-    c, steps = index.shape[:2]
-    loss_sum = torch.zeros(c, device=index.device)
-    taken = torch.zeros(c, device=index.device)
-    for s in range(steps):
-        idx, m = index[:, s], mask[:, s]
-        go = torch.ones(c, dtype=torch.bool, device=index.device) if active is None else active[:, s]
+    c = steps.num_clients
+    loss_sum = torch.zeros(c, device=alpha.device)
+    taken = torch.zeros(c, device=alpha.device)
+    for idx, m, go in steps:
+        go = torch.ones(c, dtype=torch.bool, device=alpha.device) if go is None else go
         gw = None
         if update_w:
             wl = {k: t.requires_grad_(True) for k, t in w.items()}
@@ -94,9 +94,8 @@ class APFL(PrivateState, FedAvg):
     def _steps(self, w, v, alpha, clients, gen, *, epochs=None, steps=None, update_w=True):
         from pfl_cli.fl.distributed import split_cohort
 
-        index, mask, active, taken = self.draw_batches(clients, gen, steps=steps, epochs=epochs)
-        out = split_cohort(apfl_steps, self.store, index,
-                           {"w": w, "v": v, "alpha": alpha, "index": index, "mask": mask, "active": active},
+        batches, taken = self.draw_batches(clients, gen, steps=steps, epochs=epochs)
+        out = split_cohort(apfl_steps, self.store, batches, {"w": w, "v": v, "alpha": alpha, "steps": batches},
                            model=self.net, store=self.store, lr=self.cfg.lr, alpha_lr=self.alpha_lr(),
                            update_w=update_w)
         return (*out, taken)

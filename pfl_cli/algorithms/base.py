@@ -328,23 +328,21 @@ class Algorithm(ABC):
 
     def draw_batches(self, clients, gen, *, steps: int | None = None, epochs: int | None = None,
                      per_step: int = 1):
-        """Batches for ``steps`` local steps (or ``epochs`` epochs) of ``clients``, ``per_step`` per step.
+        """Lazy batches for ``steps`` local steps (or ``epochs`` epochs) of ``clients``, ``per_step`` per step.
 
-        Returns index and mask (c, total, b), or (c, total, per_step, b) when ``per_step > 1``,
-        the active-step mask (None for a fixed step count) and the number of steps taken in all.
+        Returns the :class:`~pfl_cli.fl.batches.LocalSteps` (memory O(c * per_step * b) per step,
+        whatever the number of steps) and the number of steps taken in all. With ``epochs``,
+        client i takes ``epochs * ceil(n_i / b)`` steps and sits out the rest (``active``).
         """
-        from pfl_cli.fl.batches import sample_batches
+        from pfl_cli.fl.batches import CohortBatches, LocalSteps
 
         if epochs is not None:
             total, active = self.epoch_steps(clients, epochs)
         else:
             total, active = steps, None
-        index, mask = sample_batches(self.store.fit, clients, total * per_step, self.cfg.batch_size, gen)
-        if per_step > 1:
-            shape = (len(clients), total, per_step, index.shape[-1])
-            index, mask = index.view(shape), mask.reshape(shape)
+        batches = CohortBatches(self.store.fit, clients, total * per_step, self.cfg.batch_size, gen)
         taken = int(active.sum()) if active is not None else total * len(clients)
-        return index, mask, active, taken
+        return LocalSteps(batches, per_step, active), taken
 
     def chunked(self, clients: np.ndarray, build, chunk: int = 64) -> dict:
         """``build(LongTensor of clients)`` -> stacked models, ``chunk`` clients at a time, concatenated."""

@@ -126,34 +126,34 @@ class LDFedAvg(Algorithm):
         from pfl_cli.fl.distributed import split_cohort
 
         cfg, c = self.cfg, len(cohort)
-        index, mask, active, _ = self.draw_batches(cohort, gen, steps=cfg.local_steps,
-                                                   epochs=cfg.local_epochs or None)
-        generate, evaluate = self.halves(mask, gen)  # drawn for the whole cohort: the same on every rank
+        batches, _ = self.draw_batches(cohort, gen, steps=cfg.local_steps, epochs=cfg.local_epochs or None)
+        batches = batches.with_draws((self.halves, gen))  # drawn for the whole cohort: the same on every rank
         start = {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in self.psi.items()}
-        psi, loss = split_cohort(self._local_steps, self.store, index, {
-            "start": start, "index": index, "generate": generate, "evaluate": evaluate, "active": active})
+        psi, loss = split_cohort(self._local_steps, self.store, batches, {"start": start, "steps": batches})
         lr = cfg.server_lr if cfg.server_lr is not None else 1.0
         for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
             self.psi[k] = self.psi[k] + lr * (psi[k] - start[k]).mean(0)
         return loss
 
-    def _local_steps(self, start, index, generate, evaluate, active):
-        """Alg. 10: every client's SGD steps on its psi_i; its final psi_i (c, ...) and mean loss (c,)."""
+    def _local_steps(self, start, steps):
+        """Alg. 10: every client's SGD steps on its psi_i; its final psi_i (c, ...) and mean loss (c,).
+
+        ``steps`` yields (index, mask, active, generate, evaluate) per step (``halves`` drawn).
+        """
         import torch
 
         from pfl_cli.fl.cohort import sgd_update_
 
-        c = len(index)
+        c = steps.num_clients
         psi = {k: v.clone().requires_grad_(k not in self.frozen) for k, v in start.items()}
         buf = {k: torch.zeros_like(v) for k, v in start.items()}
         loss_sum = torch.zeros(c, device=self.device)
         taken = torch.zeros(c, device=self.device)
-        for s in range(index.shape[1]):
-            obj, loss, _, _ = self.objective(psi, index[:, s], generate[:, s], evaluate[:, s])
+        for index, _, go, generate, evaluate in steps:
+            obj, loss, _, _ = self.objective(psi, index, generate, evaluate)
             names = [k for k in psi if psi[k].requires_grad]
             grads = dict(zip(names, torch.autograd.grad(obj.sum(), [psi[k] for k in names], allow_unused=True)))
             grads = {k: torch.zeros_like(psi[k]) if g is None else g for k, g in grads.items()}
-            go = None if active is None else active[:, s]
             sgd_update_(psi, grads, buf, **self.sgd_update_options(), active=go)
             w = torch.ones(c, device=self.device) if go is None else go.to(loss.dtype)
             loss_sum += loss.detach() * w

@@ -105,11 +105,10 @@ class HyperFL(Algorithm):
 
         with torch.no_grad():
             theta = self.hnet(v)
-        index, mask, active, _ = self.draw_batches(clients, gen, epochs=epochs)
+        batches, taken = self.draw_batches(clients, gen, epochs=epochs)
         lr = self.cfg.head_lr if self.cfg.head_lr is not None else DEFAULT_HEAD_LR
-        new, loss = local_sgd(self.net, head, self.store, index, mask, lr=lr, active=active, fixed=theta,
-                              **self._options())
-        self.client_sgd_steps += int(active.sum())
+        new, loss = local_sgd(self.net, head, self.store, batches, lr=lr, fixed=theta, **self._options())
+        self.client_sgd_steps += taken
         return new, loss
 
     def step_generator(self, clients, phi, v, head, gen, epochs: int):
@@ -119,13 +118,13 @@ class HyperFL(Algorithm):
         """
         from pfl_cli.fl.cohort import local_sgd
 
-        index, mask, active, _ = self.draw_batches(clients, gen, epochs=epochs)
+        batches, taken = self.draw_batches(clients, gen, epochs=epochs)
         params, lrs, groups = self._generator_step(phi, v)
         shared = {f"hnet.{k}": p.detach() for k, p in self.hnet.named_parameters()} if phi is None else None
-        new, loss = local_sgd(self.generated, params, self.store, index, mask, lr=lrs, active=active,
+        new, loss = local_sgd(self.generated, params, self.store, batches, lr=lrs,
                               fixed={f"net.{k}": head[k] for k in self.head_names}, shared=shared,
                               clip_groups=groups, **self._options())
-        self.client_sgd_steps += int(active.sum())
+        self.client_sgd_steps += taken
         phi_new = None if phi is None else {k: new[f"hnet.{k}"] for k in self.hn_names}
         return phi_new, new["v"], loss
 

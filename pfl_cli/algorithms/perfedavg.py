@@ -20,10 +20,11 @@ import numpy as np
 from pfl_cli.algorithms.base import stack, weighted_mean
 from pfl_cli.algorithms.fedavg import FedAvg
 
-def perfedavg_steps(model, w: dict, store, index, mask, *, alpha: float, beta: float, variant: str, active=None):
+def perfedavg_steps(model, w: dict, store, steps, *, alpha: float, beta: float, variant: str):
     """The cohort's Per-FedAvg local steps, batched with ``vmap``.
 
-    ``index`` and ``mask`` are (c, steps, k, b): k = 2 batches per step (FO) or 3 (HF).
+    ``steps``: :class:`~pfl_cli.fl.batches.LocalSteps` of k batches per step, index and mask
+    (c, k, b): k = 2 (D, D'; FO) or 3 (and D''; HF).
     Returns the clients' w and the mean loss of f(temp; D') over their active steps.
     """
     import torch
@@ -34,19 +35,20 @@ def perfedavg_steps(model, w: dict, store, index, mask, *, alpha: float, beta: f
     forward = vmap(lambda p, x: functional_call(model, p, (x,)))
     names = list(w)
     w = {k: t.detach().clone() for k, t in w.items()}
-    c, steps = index.shape[:2]
-    loss_sum = torch.zeros(c, device=index.device)
-    taken = torch.zeros(c, device=index.device)
-    for s in range(steps):
-        go = torch.ones(c, dtype=torch.bool, device=index.device) if active is None else active[:, s]
+    c = steps.num_clients
+    device = next(iter(w.values())).device
+    loss_sum = torch.zeros(c, device=device)
+    taken = torch.zeros(c, device=device)
+    for index, mask, go in steps:
+        go = torch.ones(c, dtype=torch.bool, device=device) if go is None else go
         wl = {k: t.clone().requires_grad_(True) for k, t in w.items()}
-        _, g1 = batch_loss_and_grads(forward, wl, names, store, index[:, s, 0], mask[:, s, 0])
+        _, g1 = batch_loss_and_grads(forward, wl, names, store, index[:, 0], mask[:, 0])
         temp = {k: (w[k] - alpha * g1[k]).requires_grad_(True) for k in names}
-        loss, g2 = batch_loss_and_grads(forward, temp, names, store, index[:, s, 1], mask[:, s, 1])
+        loss, g2 = batch_loss_and_grads(forward, temp, names, store, index[:, 1], mask[:, 1])
         update = g2
         if variant == "hf":
             w3 = {k: t.clone().requires_grad_(True) for k, t in w.items()}
-            _, g3 = batch_loss_and_grads(forward, w3, names, store, index[:, s, 2], mask[:, s, 2], create_graph=True)
+            _, g3 = batch_loss_and_grads(forward, w3, names, store, index[:, 2], mask[:, 2], create_graph=True)
             # clients' losses are independent: the gradient of sum_i <g3_i, g2_i> is each client's H_i g2_i
             hv = torch.autograd.grad(sum((g3[k] * g2[k]).sum() for k in names), [w3[k] for k in names])
             update = {k: g2[k] - alpha * h for k, h in zip(names, hv)}
@@ -74,10 +76,9 @@ class PerFedAvg(FedAvg):
 
         cfg = self.cfg
         per_step = 3 if cfg.variant == "hf" else 2  # batches D, D' (and D'' for HF) per local step
-        index, mask, active, _ = self.draw_batches(cohort, gen, per_step=per_step, **self.round_schedule())
-        w, loss = split_cohort(perfedavg_steps, self.store, index,
-                               {"w": stack(self.global_params, len(cohort)), "index": index, "mask": mask,
-                                "active": active},
+        batches, _ = self.draw_batches(cohort, gen, per_step=per_step, **self.round_schedule())
+        w, loss = split_cohort(perfedavg_steps, self.store, batches,
+                               {"w": stack(self.global_params, len(cohort)), "steps": batches},
                                model=self.net, store=self.store, alpha=cfg.lr, beta=self.beta(), variant=cfg.variant)
         self.record_exchange(self.global_params, w, len(cohort))
         self.server_step(weighted_mean(self.store, cohort, w))

@@ -40,9 +40,11 @@ def inner_solution(forward, theta: dict, w: dict, store, idx, m, *, lam: float, 
     return theta, loss
 
 
-def pfedme_steps(model, w: dict, store, index, mask, *, lam: float, eta: float, personal_lr: float, K: int,
-                 active=None):
-    """The cohort's pFedMe local steps; returns (w, theta~, mean loss of f(theta~; D) over active steps)."""
+def pfedme_steps(model, w: dict, store, steps, *, lam: float, eta: float, personal_lr: float, K: int):
+    """The cohort's pFedMe local steps over ``steps`` (:class:`~pfl_cli.fl.batches.LocalSteps`).
+
+    Returns (w, theta~, mean loss of f(theta~; D) over active steps).
+    """
     import torch
     from torch.func import functional_call, vmap
 
@@ -51,12 +53,13 @@ def pfedme_steps(model, w: dict, store, index, mask, *, lam: float, eta: float, 
     forward = vmap(lambda p, x: functional_call(model, p, (x,)))
     w = {k: t.detach().clone() for k, t in w.items()}
     theta = {k: t.clone() for k, t in w.items()}
-    c, steps = index.shape[:2]
-    loss_sum = torch.zeros(c, device=index.device)
-    taken = torch.zeros(c, device=index.device)
-    for s in range(steps):
-        go = torch.ones(c, dtype=torch.bool, device=index.device) if active is None else active[:, s]
-        new_theta, loss = inner_solution(forward, theta, w, store, index[:, s], mask[:, s], lam=lam,
+    c = steps.num_clients
+    device = next(iter(w.values())).device
+    loss_sum = torch.zeros(c, device=device)
+    taken = torch.zeros(c, device=device)
+    for index, mask, go in steps:
+        go = torch.ones(c, dtype=torch.bool, device=device) if go is None else go
+        new_theta, loss = inner_solution(forward, theta, w, store, index, mask, lam=lam,
                                          personal_lr=personal_lr, K=K)
         for k in w:
             sel = expand_as_params(go, w[k])
@@ -80,8 +83,8 @@ class PFedMe(PrivateState, FedAvg):
         cfg = self.cfg
         from pfl_cli.fl.distributed import split_cohort
 
-        index, mask, active, taken = self.draw_batches(clients, gen, **schedule)
-        out = split_cohort(pfedme_steps, self.store, index, {"w": w, "index": index, "mask": mask, "active": active},
+        batches, taken = self.draw_batches(clients, gen, **schedule)
+        out = split_cohort(pfedme_steps, self.store, batches, {"w": w, "steps": batches},
                            model=self.net, store=self.store, lam=pfedme_lambda(cfg), eta=cfg.lr,
                            personal_lr=cfg.lr if cfg.personal_lr is None else cfg.personal_lr, K=cfg.K)
         return (*out, taken)

@@ -117,6 +117,93 @@ class CohortBatches:
         return index, mask, active
 
 
+class LocalSteps:
+    """A round's local steps for algorithms with their own step loop, lazily: ``per_step`` batches a step.
+
+    Iterating yields ``(index, mask, active, *extras)`` per local step: ``index`` and ``mask``
+    (c, b), or (c, per_step, b) when ``per_step > 1`` (Per-FedAvg's D, D', D''); ``active``
+    (c,) BoolTensor or None; ``extras`` the tensors each ``draw`` of :meth:`with_draws` made
+    of the whole cohort's mask. The batches are those of ``CohortBatches(steps=len(active) * per_step)``
+    grouped ``per_step`` at a time (the same numbers as ``sample_batches`` of that many steps).
+
+    :meth:`take` gives a view of some of the clients (a distributed rank's): the batches and
+    every draw are still made for the whole cohort and then sliced, so each client's numbers
+    do not depend on who else is in the view.
+    """
+
+    def __init__(self, batches: CohortBatches, per_step: int, active, *, draws=(), rows=None,
+                 placeholder: bool = False):
+        self.batches, self.per_step, self.active = batches, int(per_step), active
+        self.draws, self._rows, self._placeholder = tuple(draws), rows, placeholder
+
+    @property
+    def rows(self):
+        """The clients' padded sample rows (c, width): what says whose data they are."""
+        return self.batches.rows if self._rows is None else self.batches.rows[self._rows]
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.rows.shape[0])
+
+    def __len__(self) -> int:
+        return len(self.batches) // self.per_step
+
+    def with_draws(self, *draws) -> "LocalSteps":
+        """Add per-step random draws: ``draw(mask, gen)`` on the whole cohort's mask, ``gen`` private.
+
+        Each draw gets its own CPU generator seeded now from the one it is given, so the draws
+        depend only on that seed: ``with_draws((split_halves, gen))``.
+        """
+        import torch
+
+        seeded = tuple((fn, int(torch.randint(0, _SEED_HIGH, (1,), generator=gen))) for fn, gen in draws)
+        return LocalSteps(self.batches, self.per_step, self.active, draws=self.draws + seeded, rows=self._rows,
+                          placeholder=self._placeholder)
+
+    def take(self, rows, *, placeholder: bool = False) -> "LocalSteps":
+        """The steps of the cohort's ``rows`` only (a slice or a bool mask); ``placeholder``: indices of
+        samples this process does not hold point at its first sample instead (a stand-in client)."""
+        return LocalSteps(self.batches, self.per_step, self.active, draws=self.draws, rows=rows,
+                          placeholder=placeholder)
+
+    def materialize(self):
+        """``(index, mask)`` (c, steps, [per_step,] b) and ``active`` (c, steps) or None: the whole table
+        (for references and tests)."""
+        import torch
+
+        parts = list(self)
+        if not parts:
+            index, mask, _ = self.batches.materialize()
+            return index, mask, self.active
+        index = torch.stack([p[0] for p in parts], 1)
+        mask = torch.stack([p[1] for p in parts], 1)
+        return index, mask, None if parts[0][2] is None else torch.stack([p[2] for p in parts], 1)
+
+    def __iter__(self):
+        import torch
+
+        from pfl_cli.fl.store import NOT_HERE
+
+        stream = iter(self.batches)
+        gens = [(fn, torch.Generator().manual_seed(seed)) for fn, seed in self.draws]
+        rows = slice(None) if self._rows is None else self._rows
+        for s in range(len(self)):
+            group = [next(stream) for _ in range(self.per_step)]
+            if self.per_step == 1:
+                index, mask = group[0][0], group[0][1]
+            else:
+                index, mask = torch.stack([g[0] for g in group], 1), torch.stack([g[1] for g in group], 1)
+            active = None if self.active is None else self.active[:, s]
+            extras = []  # the whole cohort's draws (a tensor or a tuple of them each), then this view's rows
+            for fn, gen in gens:
+                drawn = fn(mask, gen)
+                extras.extend(drawn if isinstance(drawn, tuple) else (drawn,))
+            index = index[rows]
+            if self._placeholder:
+                index = index.masked_fill(index == NOT_HERE, 0)
+            yield (index, mask[rows], None if active is None else active[rows], *(e[rows] for e in extras))
+
+
 def draw_batches(padded, clients, steps: int | None, batch_size: int, gen, *, epochs: int | None = None):
     """A lazy :class:`CohortBatches`: what :func:`pfl_cli.fl.cohort.local_sgd` consumes step by step."""
     return CohortBatches(padded, clients, steps, batch_size, gen, epochs=epochs)

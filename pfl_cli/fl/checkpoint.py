@@ -145,6 +145,11 @@ def check_round_counter(state: dict, cfg, path: Path) -> None:
 def load_resume(path: Path, fp: str, cfg) -> dict:
     """The state of the checkpoint at ``path`` (which exists) to resume, once sealed, fingerprinted and consistent."""
     state = read_checkpoint(path)
+    name = state.get("algorithm_name")
+    if name is not None and name != cfg.algorithm:
+        raise ConfigError(f"--resume: the checkpoint {path} is of an --algorithm {name} run and this command trains "
+                          f"--algorithm {cfg.algorithm}; resume with --algorithm {name}, or drop --resume (or delete "
+                          f"{path.parent}) to start over.")
     if state["fingerprint"] != fp:
         raise ConfigError(f"--resume: the checkpoint {path} belongs to a different config or different inputs "
                           f"(its fingerprint differs from this command's); resume only with the exact options "

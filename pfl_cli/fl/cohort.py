@@ -94,12 +94,14 @@ def _cohort_grads(model, theta: dict, x, y, m, how: str, fixed: dict, shared: di
 
 def _steps(index, mask, active):
     """``(index, mask, active)`` per step from a lazy :class:`CohortBatches` or (c, steps, b) tables."""
-    from pfl_cli.fl.batches import CohortBatches
+    from pfl_cli.fl.batches import CohortBatches, LocalSteps
 
-    if isinstance(index, CohortBatches):
+    if isinstance(index, (CohortBatches, LocalSteps)):
         if mask is not None or active is not None:
-            raise ValueError("local_sgd: a CohortBatches carries its own masks and active steps; "
-                             "pass mask=None and active=None with it.")
+            raise ValueError("local_sgd: lazy batches carry their own masks and active steps; "
+                             "pass mask=None and active=None with them.")
+        if getattr(index, "per_step", 1) != 1:
+            raise ValueError(f"local_sgd: one batch per step; got LocalSteps with per_step={index.per_step}.")
         return index.num_clients, iter(index)
     return index.shape[0], ((index[:, s], mask[:, s], None if active is None else active[:, s])
                             for s in range(index.shape[1]))
@@ -164,7 +166,6 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     """
     import torch
 
-    from pfl_cli.fl.batches import CohortBatches
     from pfl_cli.fl.distributed import assemble, count, rows_here, world
 
     c, stream = _steps(index, mask, active)
@@ -179,7 +180,7 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
         theta, loss = _train(model, params, store, stream, c, how, fixed=fixed, anchor=anchor, buf=buf, **opts)
     else:
         # Distributed: this rank trains the clients whose data it holds; every rank gets all of them back.
-        rows = rows_here(store, index.rows if isinstance(index, CohortBatches) else index)
+        rows = rows_here(store, index)
         mine, fixed, anchor, buf = ({k: v[rows] for k, v in d.items()} for d in (params, fixed, anchor, buf))
         share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
         theta, loss = _train(model, mine, store, share, count(rows, c), how, fixed=fixed, anchor=anchor,
@@ -354,9 +355,7 @@ def local_sgd_reference(model, params, store, index, mask=None, *, lr, momentum=
 
     import torch
 
-    from pfl_cli.fl.batches import CohortBatches
-
-    if isinstance(index, CohortBatches):
+    if hasattr(index, "materialize"):  # lazy batches (CohortBatches, LocalSteps)
         index, mask, active = index.materialize()
     c, steps = index.shape[:2]
     out = {k: [] for k in params}

@@ -107,7 +107,9 @@ def own_rows(n: int) -> slice:
 
 
 def rows_here(store, index):
-    """This rank's rows of a cohort whose sample ``index`` is (c, ...): those whose data it holds."""
+    """This rank's rows of a cohort whose sample ``index`` is (c, ...) (or lazy batches with their ``rows``):
+    those whose data it holds."""
+    index = getattr(index, "rows", index)
     rows = store.holds(index)
     return own_rows(index.shape[0]) if rows is None else rows
 
@@ -116,12 +118,24 @@ def count(rows, n: int) -> int:
     return rows.stop - rows.start if isinstance(rows, slice) else int(rows.sum())
 
 
-def _take(value, rows):
+def _take(value, rows, placeholder: bool = False):
+    """``rows`` of a per-client argument; ``placeholder``: indices of samples held elsewhere point at this
+    rank's first sample instead (a stand-in client that only gives the results their shapes)."""
+    import torch
+
+    from pfl_cli.fl.batches import LocalSteps
+    from pfl_cli.fl.store import NOT_HERE
+
     if value is None:
         return None
     if isinstance(value, dict):
-        return {k: v[rows] for k, v in value.items()}
-    return value[rows]
+        return {k: _take(v, rows, placeholder) for k, v in value.items()}
+    if isinstance(value, LocalSteps):  # lazy batches: sliced step by step
+        return value.take(rows, placeholder=placeholder)
+    value = value[rows]
+    if placeholder and value.dtype == torch.long:
+        value = value.masked_fill(value == NOT_HERE, 0)
+    return value
 
 
 def split_cohort(fn, store, index, per_client: dict, /, **common):
@@ -137,27 +151,15 @@ def split_cohort(fn, store, index, per_client: dict, /, **common):
     if size == 1:
         return fn(**per_client, **common)
     rows = rows_here(store, index)
-    if count(rows, index.shape[0]) == 0:
+    n = getattr(index, "rows", index).shape[0]
+    if count(rows, n) == 0:
         # vmap cannot run every function on an empty cohort: run one placeholder client on this
         # rank's first sample and keep none of it (the shapes of the rows the others fill in).
-        out = fn(**{k: _placeholder(_take(v, slice(0, 1))) for k, v in per_client.items()}, **common)
+        out = fn(**{k: _take(v, slice(0, 1), placeholder=True) for k, v in per_client.items()}, **common)
         out = _map_tensors(out, lambda t: t[:0])
     else:
         out = fn(**{k: _take(v, rows) for k, v in per_client.items()}, **common)
-    return assemble_tree(out, rows, index.shape[0])
-
-
-def _placeholder(value):
-    """Index tensors with the samples of other ranks pointed at this rank's first sample instead."""
-    import torch
-
-    from pfl_cli.fl.store import NOT_HERE
-
-    if isinstance(value, dict):
-        return {k: _placeholder(v) for k, v in value.items()}
-    if isinstance(value, torch.Tensor) and value.dtype == torch.long:
-        return value.masked_fill(value == NOT_HERE, 0)
-    return value
+    return assemble_tree(out, rows, n)
 
 
 def _map_tensors(node, fn):

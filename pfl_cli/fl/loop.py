@@ -135,7 +135,8 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
                       for g, s in ev.summaries().items()}
         if on_checkpoint is not None and (done % every_ckpt == 0 or done == total):
-            on_checkpoint({"round": done, "algorithm": alg.state(), "history": [list(r) for r in history],
+            on_checkpoint({"round": done, "algorithm_name": alg.name, "algorithm": alg.state(),
+                           "history": [list(r) for r in history],
                            "loss_acc": list(loss_acc), "best": best, "traffic": alg.traffic.state()})
             last_ckpt = done
         if on_progress is not None:

@@ -237,6 +237,11 @@ def test_divergence_keeps_the_last_checkpoint_and_writes_nothing(root, tmp_path,
     assert train(root, out, *diverge[:1], "1e-3", *diverge[2:], "--resume") == 2
     err = capsys.readouterr().err
     assert "different config" in err and "drop --resume" in err and ck.is_file()
+    # ... and a checkpoint of another algorithm is refused by name.
+    assert train(root, out, *diverge, "--algorithm", "fedavg", "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and (f"the checkpoint {ck} is of an --algorithm pefll run and this command trains "
+                                      "--algorithm fedavg") in err and ck.is_file() and not out.exists()
     # Checkpoints every 10 rounds: none exists when the loss blows up at round 2.
     assert train(root, tmp_path / "nan10", "--server-lr", "1000") == 1
     err = capsys.readouterr().err

@@ -119,6 +119,35 @@ def test_lazy_batches_equal_the_tables_and_replay():
             assert torch.equal(idx, index[:, s]) and torch.equal(m, mask[:, s]) and active is None
 
 
+def test_local_steps_group_the_table_slice_by_rows_and_stay_lazy():
+    """Algorithm.draw_batches' LocalSteps: the sample_batches table grouped per_step at a time; a view of
+    some rows (a rank's) has those rows' batches and draws; a billion steps cost nothing until iterated."""
+    from pfl_cli.algorithms.flowdup import split_halves
+    from pfl_cli.fl.batches import CohortBatches, LocalSteps
+    from pfl_cli.fl.store import Padded
+
+    padded = Padded.from_csr(np.repeat(np.arange(4), [7, 1, 30, 12]), np.arange(50), 4, "cpu")
+    clients = torch.arange(4)
+    active = torch.rand(4, 6, generator=torch.Generator().manual_seed(1)) < 0.7
+    steps = LocalSteps(CohortBatches(padded, clients, 6 * 3, 5, torch.Generator().manual_seed(3)), 3, active)
+    index, mask = sample_batches(padded, clients, 18, 5, torch.Generator().manual_seed(3))
+    got_index, got_mask, got_active = steps.materialize()
+    assert torch.equal(got_index, index.view(4, 6, 3, -1)) and torch.equal(got_mask, mask.view(4, 6, 3, -1))
+    assert torch.equal(got_active, active) and len(steps) == 6 and steps.num_clients == 4
+
+    drawn = steps.with_draws((split_halves, torch.Generator().manual_seed(8)))
+    rows = torch.tensor([False, True, False, True])
+    whole, part = list(drawn), list(drawn.take(rows))
+    assert part[0][0].shape[0] == 2 and drawn.take(rows).num_clients == 2
+    for w, p in zip(whole, part):
+        assert len(w) == len(p) == 5                     # index, mask, active, generate, evaluate
+        for a, b in zip(w, p):
+            assert torch.equal(a[rows], b)               # the rows' own batches and halves, whoever else is in
+    huge = LocalSteps(CohortBatches(padded, clients, 10**9, 5, torch.Generator().manual_seed(0)), 1, None)
+    first = next(iter(huge))                             # a table would be 4 x 1e9 x 5 indices: 160 GB
+    assert first[0].shape == (4, 5) and len(huge) == 10**9
+
+
 def test_a_client_smaller_than_the_batch_uses_all_its_samples():
     from pfl_cli.fl.store import Padded
 
