@@ -41,16 +41,19 @@ def csr_from_assignment(owner: np.ndarray, num_clients: int, indices: np.ndarray
     Within a client the sample order of ``indices`` is kept (a stable sort), so the
     result is deterministic. Samples with ``owner < 0`` are dropped.
     """
-    owner = np.asarray(owner, dtype=np.int64)
+    owner = np.asarray(owner)
+    if owner.dtype.kind not in "iu":
+        owner = owner.astype(np.int64)
     if indices is None:
         indices = np.arange(len(owner), dtype=np.int64)
     indices = np.asarray(indices, dtype=np.int64)
     if len(owner) and owner.min() < 0:
         keep = owner >= 0
         owner, indices = owner[keep], indices[keep]
-    order = stable_argsort(owner, num_clients)
     sizes = np.bincount(owner, minlength=num_clients)
-    return offsets_from_sizes(sizes), indices[order]
+    if np.all(owner[1:] >= owner[:-1]):  # already grouped by client (a CSR re-split): the stable sort is the identity
+        return offsets_from_sizes(sizes), indices.copy()
+    return offsets_from_sizes(sizes), indices[stable_argsort(owner, num_clients)]
 
 
 def csr_from_lists(lists: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
