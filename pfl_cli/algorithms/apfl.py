@@ -42,6 +42,7 @@ def apfl_steps(model, w: dict, v: dict, alpha, store, steps, *, lr: float, alpha
     import torch
     from torch.func import functional_call, vmap
 
+    from pfl_cli.fl.batches import ActiveMean
     from pfl_cli.fl.cohort import batch_loss, batch_loss_and_grads, expand_as_params
 
     forward = vmap(lambda p, x: functional_call(model, p, (x,)))
@@ -50,8 +51,7 @@ def apfl_steps(model, w: dict, v: dict, alpha, store, steps, *, lr: float, alpha
     v = {k: t.detach().clone() for k, t in v.items()}
     alpha = alpha.detach().clone()
     c = steps.num_clients
-    loss_sum = torch.zeros(c, device=alpha.device)
-    taken = torch.zeros(c, device=alpha.device)
+    mean_loss = ActiveMean(c, alpha.device)
     for idx, m, go in steps:
         go = torch.ones(c, dtype=torch.bool, device=alpha.device) if go is None else go
         gw = None
@@ -71,9 +71,8 @@ def apfl_steps(model, w: dict, v: dict, alpha, store, steps, *, lr: float, alpha
                 if gw is not None:
                     w[k] = w[k] - lr * gw[k] * sel
             alpha = torch.where(go, (alpha - alpha_lr * grads[-1]).clamp(0.0, 1.0), alpha)
-            loss_sum += loss.detach() * go
-            taken += go
-    return w, v, alpha, loss_sum / taken.clamp_min(1.0)
+            mean_loss.add(loss, go)
+    return w, v, alpha, mean_loss.mean()
 
 
 class APFL(PrivateState, FedAvg):

@@ -142,23 +142,21 @@ class LDFedAvg(Algorithm):
         """
         import torch
 
+        from pfl_cli.fl.batches import ActiveMean
         from pfl_cli.fl.cohort import sgd_update_
 
         c = steps.num_clients
         psi = {k: v.clone().requires_grad_(k not in self.frozen) for k, v in start.items()}
         buf = {k: torch.zeros_like(v) for k, v in start.items()}
-        loss_sum = torch.zeros(c, device=self.device)
-        taken = torch.zeros(c, device=self.device)
+        mean_loss = ActiveMean(c, self.device)
         for index, _, go, generate, evaluate in steps:
             obj, loss, _, _ = self.objective(psi, index, generate, evaluate)
             names = [k for k in psi if psi[k].requires_grad]
             grads = dict(zip(names, torch.autograd.grad(obj.sum(), [psi[k] for k in names], allow_unused=True)))
             grads = {k: torch.zeros_like(psi[k]) if g is None else g for k, g in grads.items()}
             sgd_update_(psi, grads, buf, **self.sgd_update_options(), active=go)
-            w = torch.ones(c, device=self.device) if go is None else go.to(loss.dtype)
-            loss_sum += loss.detach() * w
-            taken += w
-        return {k: v.detach() for k, v in psi.items()}, loss_sum / taken.clamp_min(1.0)
+            mean_loss.add(loss, go)
+        return {k: v.detach() for k, v in psi.items()}, mean_loss.mean()
 
     def personalize(self, clients: np.ndarray, gen):
         return {k: v.detach() for k, v in self.subspace.params(self.psi["v"]).items()}, False

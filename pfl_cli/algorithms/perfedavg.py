@@ -30,15 +30,14 @@ def perfedavg_steps(model, w: dict, store, steps, *, alpha: float, beta: float, 
     import torch
     from torch.func import functional_call, vmap
 
+    from pfl_cli.fl.batches import ActiveMean
     from pfl_cli.fl.cohort import batch_loss_and_grads, expand_as_params
 
     forward = vmap(lambda p, x: functional_call(model, p, (x,)))
     names = list(w)
     w = {k: t.detach().clone() for k, t in w.items()}
-    c = steps.num_clients
-    device = next(iter(w.values())).device
-    loss_sum = torch.zeros(c, device=device)
-    taken = torch.zeros(c, device=device)
+    c, device = steps.num_clients, next(iter(w.values())).device
+    mean_loss = ActiveMean(c, device)
     for index, mask, go in steps:
         go = torch.ones(c, dtype=torch.bool, device=device) if go is None else go
         wl = {k: t.clone().requires_grad_(True) for k, t in w.items()}
@@ -55,9 +54,8 @@ def perfedavg_steps(model, w: dict, store, steps, *, alpha: float, beta: float, 
         with torch.no_grad():
             for k in names:
                 w[k] = w[k] - beta * update[k] * expand_as_params(go, update[k])
-            loss_sum += loss.detach() * go
-            taken += go
-    return w, loss_sum / taken.clamp_min(1.0)
+            mean_loss.add(loss, go)
+    return w, mean_loss.mean()
 
 
 class PerFedAvg(FedAvg):

@@ -48,15 +48,14 @@ def pfedme_steps(model, w: dict, store, steps, *, lam: float, eta: float, person
     import torch
     from torch.func import functional_call, vmap
 
+    from pfl_cli.fl.batches import ActiveMean
     from pfl_cli.fl.cohort import expand_as_params
 
     forward = vmap(lambda p, x: functional_call(model, p, (x,)))
     w = {k: t.detach().clone() for k, t in w.items()}
     theta = {k: t.clone() for k, t in w.items()}
-    c = steps.num_clients
-    device = next(iter(w.values())).device
-    loss_sum = torch.zeros(c, device=device)
-    taken = torch.zeros(c, device=device)
+    c, device = steps.num_clients, next(iter(w.values())).device
+    mean_loss = ActiveMean(c, device)
     for index, mask, go in steps:
         go = torch.ones(c, dtype=torch.bool, device=device) if go is None else go
         new_theta, loss = inner_solution(forward, theta, w, store, index, mask, lam=lam,
@@ -65,9 +64,8 @@ def pfedme_steps(model, w: dict, store, steps, *, lam: float, eta: float, person
             sel = expand_as_params(go, w[k])
             theta[k] = torch.where(sel, new_theta[k], theta[k])
             w[k] = w[k] - eta * lam * (w[k] - theta[k]) * sel
-        loss_sum += loss.detach() * go
-        taken += go
-    return w, theta, loss_sum / taken.clamp_min(1.0)
+        mean_loss.add(loss, go)
+    return w, theta, mean_loss.mean()
 
 
 class PFedMe(PrivateState, FedAvg):

@@ -204,6 +204,29 @@ class LocalSteps:
             yield (index, mask[rows], None if active is None else active[rows], *(e[rows] for e in extras))
 
 
+class ActiveMean:
+    """Each of ``c`` clients' mean of a per-step value (its loss) over the steps it took.
+
+    ``add(value, active)``: ``active`` (c,) bool or None (every client took the step).
+    """
+
+    def __init__(self, c: int, device):
+        import torch
+
+        self.total = torch.zeros(c, device=device)
+        self.taken = torch.zeros(c, device=device)
+
+    def add(self, value, active) -> None:
+        import torch
+
+        w = torch.ones_like(self.taken) if active is None else active.to(self.taken.dtype)
+        self.total += value.detach() * w
+        self.taken += w
+
+    def mean(self):
+        return self.total / self.taken.clamp_min(1.0)
+
+
 def draw_batches(padded, clients, steps: int | None, batch_size: int, gen, *, epochs: int | None = None):
     """A lazy :class:`CohortBatches`: what :func:`pfl_cli.fl.cohort.local_sgd` consumes step by step."""
     return CohortBatches(padded, clients, steps, batch_size, gen, epochs=epochs)

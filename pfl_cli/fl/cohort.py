@@ -204,21 +204,19 @@ def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, buf
     """:func:`local_sgd` on ``c`` clients whose steps come from ``stream``."""
     import torch
 
+    from pfl_cli.fl.batches import ActiveMean
+
     device = next(iter(params.values())).device
     theta = {k: v.detach().clone() for k, v in params.items()}
     if c == 0:  # a rank with no clients of this cohort
         return theta, torch.zeros(0, device=device)
-    loss_sum = torch.zeros(c, device=device)
-    taken = torch.zeros(c, device=device)
+    mean_loss = ActiveMean(c, device)
     for idx, m, go in stream:
         loss, grads = _cohort_grads(model, theta, store.inputs(idx), store.y[idx], m, how, fixed, shared)
         sgd_update_(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, active=go,
                     prox_mu=prox_mu, prox_anchor=anchor, clip_groups=clip_groups)
-        with torch.no_grad():
-            w = torch.ones(c, device=device) if go is None else go.to(loss.dtype)
-            loss_sum += loss * w
-            taken += w
-    return theta, loss_sum / taken.clamp_min(1.0)
+        mean_loss.add(loss, go)
+    return theta, mean_loss.mean()
 
 
 def expand_as_params(v, like):
