@@ -3,7 +3,7 @@
 The ``attack`` artifact:
 
 - ``metrics.json``: ``algorithm``, ``attacks``, ``clients``, ``images``, ``batch_size``,
-  ``local_steps``, ``iterations``, ``labels`` (known | inferred) and ``label_accuracy``,
+  ``upload_mode`` (gradient | weights), ``local_steps``, ``upload_steps`` (SGD steps behind the message), ``iterations``, ``labels`` (known | inferred) and ``label_accuracy``,
   ``upload`` (names of the message's tensors), ``device``, ``model``; per attack
   ``{attack: {mean_psnr, median_psnr, mean_ssim, median_ssim, mean_lpips, median_lpips}}`` under
   ``results`` (SSIM null for vector data, LPIPS null without ``--lpips-weights``). PSNR / SSIM compare images scaled to [0, 1] by the dataset's value range.
@@ -54,7 +54,9 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         "clients": cfg.clients,
         "images": cfg.images,
         "batch_size": cfg.batch_size,
+        "upload_mode": cfg.upload,
         "local_steps": cfg.local_steps,
+        "upload_steps": run.upload_steps,
         "iterations": cfg.iterations,
         "labels": "inferred" if cfg.infer_labels else "known",
         "label_accuracy": run.label_accuracy,

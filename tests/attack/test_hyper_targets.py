@@ -153,3 +153,31 @@ def test_cli_attacks_hypernetwork_artifacts(trained, tmp_path, capsys, alg, uplo
         err = capsys.readouterr().err
         assert "reveals no gradient of the model's output bias" in err and err.count("\n") == 1
         assert not (tmp_path / "bad").exists()
+
+
+def test_cli_attacks_uploaded_weights(trained, tmp_path, capsys):
+    """--upload weights end to end: HyperFL's phi_i - phi after its round (one classifier epoch, one step-2
+    epoch: a single step on phi, so the head-bias leak stays exact); FedAvg's delta after its 3 trained steps."""
+    root, _, _ = trained
+    base = ["attack", "--partition", str(root / "part"), "--upload", "weights", "--images", "2", "--iterations", "20",
+            "--format", "quiet"]
+    assert main([*base, "--model", str(root / "hyperfl"), "--attack", "all", "--out", str(tmp_path / "h")]) == 0
+    m = json.loads((tmp_path / "h" / "metrics.json").read_text())
+    assert m["upload_mode"] == "weights" and m["upload_steps"] == 1 and m["attacks"] == ["dlg", "ig", "rog", "analytic"]
+    assert all(k.startswith("delta/") for k in m["upload"])
+    # exact up to float32 rounding of phi_i - phi, a small step (lr 2e-3) on large phi: > 40 dB, not the 120 cap
+    assert m["results"]["analytic"]["median_psnr"] > 40
+    assert main([*base, "--model", str(root / "fedavg"), "--attack", "ig", "--out", str(tmp_path / "f")]) == 0
+    m = json.loads((tmp_path / "f" / "metrics.json").read_text())
+    assert m["upload_steps"] == 3 and all(k.startswith("delta/") for k in m["upload"])
+    capsys.readouterr()
+    bad = [(["--model", str(root / "fedavg"), "--attack", "analytic"], "round takes 3 steps"),
+           (["--model", str(root / "hyperfl"), "--local-steps", "2"], "--local-steps K is for --upload gradient"),
+           (["--model", str(root / "hyperfl"), "--batch-size", "33", "--images", "33"],
+            "must not exceed the run's batch_size 32"),
+           (["--model", str(root / "hyperfl"), "--upload", "bogus"], "upload must be one of gradient, weights")]
+    for args, text in bad:
+        assert main([*base, *args, "--out", str(tmp_path / "bad")]) == 2, args
+        err = capsys.readouterr().err
+        assert text in err and err.count("\n") == 1, err
+        assert not (tmp_path / "bad").exists()
