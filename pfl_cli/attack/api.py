@@ -57,6 +57,9 @@ def validate_attack_config(cfg: AttackConfig) -> None:
         raise ConfigError(f"rog_scale must be an integer >= 1; got {cfg.rog_scale!r}.")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
+    u = cfg.unknowns_lr
+    if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not math.isfinite(u) or u <= 0):
+        raise ConfigError(f"unknowns_lr must be a finite number > 0 (or unset: lr); got {u!r}.")
     if cfg.images % cfg.batch_size:
         raise ConfigError(f"images must be a multiple of batch_size ({cfg.batch_size}); got {cfg.images}.")
     if cfg.infer_labels and cfg.batch_size != 1:
@@ -283,7 +286,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
             rec = invert_gradients(upload, message, labels, shape, loss="l2" if a == "dlg" else "cosine",
                                    iterations=cfg.iterations, lr=cfg.lr, tv=cfg.tv if a == "ig" else 0.0,
                                    image_shape=view, gen=torch_generator(cfg.seed, f"attack-{a}"), on_step=on_step,
-                                   unknowns=unknowns or None, **extra)
+                                   unknowns=unknowns or None, unknowns_lr=cfg.unknowns_lr, **extra)
             rec = _match_order(rec, x_true)
         r = unit(rec.detach())
         results[a] = r.cpu().numpy()

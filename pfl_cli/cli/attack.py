@@ -11,7 +11,7 @@ from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
 
-FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "tv", "rog_scale", "upload", "local_steps",
+FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "unknowns_lr", "tv", "rog_scale", "upload", "local_steps",
          "infer_labels", "lpips_weights", "device", "seed")
 
 
@@ -26,6 +26,7 @@ def attack_command(
     attack: Annotated[str, typer.Option("--attack", help="dlg | ig | rog | analytic | all (analytic where its closed form holds).")] = "ig",
     iterations: Annotated[int, typer.Option("--iterations", help="Adam steps of dlg / ig / rog (paper: IG 10000, ROG 100).")] = 2000,
     lr: Annotated[float, typer.Option("--lr", help="Initial Adam step of dlg / ig / rog (paper: IG 0.1, ROG 0.05), decayed 10x at 3/8, 5/8, 7/8.")] = 0.1,
+    unknowns_lr: Annotated[Optional[float], typer.Option("--unknowns-lr", help="Initial Adam step of the joint attack's unknowns (hyperfl's embedding and classifier, pfedhn-pc's head); default --lr, the paper's one optimizer.")] = None,
     tv: Annotated[float, typer.Option("--tv", help="ig total-variation weight.")] = 1e-6,
     rog_scale: Annotated[int, typer.Option("--rog-scale", help="rog: optimize the image at 1/N of its side, upsampled bilinearly.")] = 2,
     upload: Annotated[str, typer.Option("--upload", help="gradient: the gradient, or the delta after --local-steps k steps; weights: the weights after the client's whole local update of a trained round (less the model the server sent).")] = "gradient",

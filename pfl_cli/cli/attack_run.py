@@ -58,6 +58,8 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         "local_steps": cfg.local_steps,
         "upload_steps": run.upload_steps,
         "iterations": cfg.iterations,
+        "lr": cfg.lr,
+        "unknowns_lr": cfg.unknowns_lr if cfg.unknowns_lr is not None else cfg.lr,
         "labels": "inferred" if cfg.infer_labels else "known",
         "label_accuracy": run.label_accuracy,
         "upload": run.upload,
