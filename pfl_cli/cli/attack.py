@@ -54,8 +54,9 @@ def attack_command(
     --infer-labels.
 
     Writes metrics.json (mean / median PSNR, SSIM and, with --lpips-weights, LPIPS per attack),
-    images.csv (one row per image and attack) and reconstructions.png (originals and
-    reconstructions; a feature-error bar chart for vector data).
+    images.csv (one row per image and attack), reconstructions.png (originals and
+    reconstructions; a feature-error bar chart for vector data) and reconstructions.npz (the
+    images the figure draws, as arrays).
 
     Example: pflx attack --model runs/fedavg --partition runs/part --images 8 --attack all --out runs/attack
     """
