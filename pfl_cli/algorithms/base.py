@@ -171,7 +171,9 @@ class Algorithm(ABC):
         """What a client holding batch ``(x, y)`` sends the server, differentiably in ``x``.
 
         x (n, b, *input_shape), y (n, b): one batch per simulated client (attack target);
-        ``steps`` as in :meth:`local_update`. ``noise_gen``: the simulated client's noise where
+        ``steps`` as in :meth:`local_update`: 0 the gradient, k the delta after k local SGD steps,
+        None (``--upload weights``) the delta of the client's whole local update in a trained
+        round with (x, y) as its data, one batch (:meth:`round_upload_steps`). ``noise_gen``: the simulated client's noise where
         the client itself adds noise (local DP); None gives the noise-free message (the
         attacker's model of it). ``start``: the client model the server sent, when the caller
         knows it (the attacker does); None: the algorithm's own. ``clients`` (n,): the
@@ -213,19 +215,31 @@ class Algorithm(ABC):
                                          weight_decay=sgd["weight_decay"])
         return out
 
-    def local_update(self, start: dict, x, y, steps: int) -> dict:
+    def local_update(self, start: dict, x, y, steps: int | None) -> dict:
         """The client's update from ``start`` on (x, y), on the autograd graph, with prefixed names.
 
         ``steps = 0``: ``grad/<name>``, the gradient of the batch loss at ``start`` (FedSGD, the
         papers' attack setting); ``steps = k``: ``delta/<name>``, theta_new - theta after k of
-        this algorithm's local SGD steps (clip, momentum, weight decay as trained).
+        this algorithm's local SGD steps (clip, momentum, weight decay as trained); ``None``:
+        the :meth:`round_upload_steps` of a trained round.
         """
         from pfl_cli.fl.cohort import batch_gradients, unrolled_sgd
 
+        if steps is None:
+            steps = self.round_upload_steps()
         if steps == 0:
             return {f"grad/{k}": g for k, g in batch_gradients(self.net, start, x, y).items()}
         new = unrolled_sgd(self.net, start, x, y, steps, **self.sgd_update_options())
         return {f"delta/{k}": new[k] - start[k] for k in start}
+
+    def round_upload_steps(self) -> int:
+        """Local SGD steps behind a client's uploaded weights in a trained round when its data is one
+        batch no larger than ``batch_size`` (an epoch is then one step): ``--upload weights``.
+
+        The round's schedule (:meth:`round_schedule`); algorithms whose rounds always take
+        ``local_steps`` (pFedHN, PeFLL, DP-FedAvg) or run stages (HyperFL) say so.
+        """
+        return self.cfg.local_epochs or self.cfg.local_steps
 
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:

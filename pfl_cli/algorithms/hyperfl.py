@@ -99,34 +99,64 @@ class HyperFL(Algorithm):
         o = self.sgd_options()
         return {"momentum": o["momentum"], "weight_decay": o["weight_decay"], "clip": o["clip"]}
 
-    def step_classifier(self, clients, v, head, gen, epochs: int = 1):
-        """Step 1: ``epochs`` of SGD on the classifier; the generated feature extractor is fixed."""
-        from pfl_cli.fl.cohort import local_sgd
+    def step_classifier(self, clients, v, head, gen, epochs: int = 1, batch=None):
+        """Step 1: ``epochs`` of SGD on the classifier; the generated feature extractor is fixed.
 
+        ``batch`` (x, y) of shapes (c, b, ...), (c, b): each client's whole data as one batch
+        (``pflx attack``, ``--upload weights``): the same SGD steps, one per epoch, unrolled on
+        the autograd graph (:func:`~pfl_cli.fl.cohort.unrolled_sgd`) so the attacker can
+        differentiate them in the data, the embedding and the classifier.
+        """
+        from pfl_cli.fl.cohort import local_sgd, unrolled_sgd
+
+        lr = self.cfg.head_lr if self.cfg.head_lr is not None else DEFAULT_HEAD_LR
+        if batch is not None:
+            theta = self.hnet(v)  # on the graph: v may be the attacker's unknown
+            return unrolled_sgd(self.net, head, *batch, epochs, lr=lr, fixed=theta, **self._options()), None
         with torch.no_grad():
             theta = self.hnet(v)
         batches, taken = self.draw_batches(clients, gen, epochs=epochs)
-        lr = self.cfg.head_lr if self.cfg.head_lr is not None else DEFAULT_HEAD_LR
         new, loss = local_sgd(self.net, head, self.store, batches, lr=lr, fixed=theta, **self._options())
         self.client_sgd_steps += taken
         return new, loss
 
-    def step_generator(self, clients, phi, v, head, gen, epochs: int):
+    def step_generator(self, clients, phi, v, head, gen, epochs: int, batch=None):
         """Step 2: ``epochs`` of SGD on (phi_i, v_i) through theta = h(v; phi); the classifier is fixed.
 
         ``phi`` is a per-client stack (training), or None: the global phi frozen (new clients).
+        ``batch``: as in :meth:`step_classifier` (with a ``phi`` stack).
         """
-        from pfl_cli.fl.cohort import local_sgd
+        from pfl_cli.fl.cohort import local_sgd, unrolled_sgd
 
-        batches, taken = self.draw_batches(clients, gen, epochs=epochs)
         params, lrs, groups = self._generator_step(phi, v)
-        shared = {f"hnet.{k}": p.detach() for k, p in self.hnet.named_parameters()} if phi is None else None
-        new, loss = local_sgd(self.generated, params, self.store, batches, lr=lrs,
-                              fixed={f"net.{k}": head[k] for k in self.head_names}, shared=shared,
-                              clip_groups=groups, **self._options())
-        self.client_sgd_steps += taken
+        fixed = {f"net.{k}": head[k] for k in self.head_names}
+        if batch is not None:
+            new = unrolled_sgd(self.generated, params, *batch, epochs, lr=lrs, fixed=fixed, clip_groups=groups,
+                               **self._options())
+            loss = None
+        else:
+            batches, taken = self.draw_batches(clients, gen, epochs=epochs)
+            shared = {f"hnet.{k}": p.detach() for k, p in self.hnet.named_parameters()} if phi is None else None
+            new, loss = local_sgd(self.generated, params, self.store, batches, lr=lrs, fixed=fixed, shared=shared,
+                                  clip_groups=groups, **self._options())
+            self.client_sgd_steps += taken
         phi_new = None if phi is None else {k: new[f"hnet.{k}"] for k in self.hn_names}
         return phi_new, new["v"], loss
+
+    def local_round(self, cohort, phi, v, head, gen, batch=None):
+        """A cohort client's local update in one round (B.3 steps 1-2): ``(phi_i, v_i, classifier_i, loss)``.
+
+        The round (:meth:`run_round`) and the attacker's model of a client's uploaded weights
+        (:meth:`upload` with ``steps=None``, on one fixed ``batch``) both run it.
+        """
+        head, _ = self.step_classifier(cohort, v, head, gen, batch=batch)           # step 1, eq. (4)
+        phi, v, loss = self.step_generator(cohort, phi, v, head, gen, self.round_upload_steps(),
+                                           batch=batch)                               # step 2, eq. (5)
+        return phi, v, head, loss
+
+    def round_upload_steps(self) -> int:
+        """Step 2's epochs: the SGD steps on phi behind phi_i when the client's data is one batch."""
+        return self.cfg.local_epochs or DEFAULT_EPOCHS
 
     def _generator_step(self, phi, v):
         """Step 2's trained parameters of :class:`GeneratedNet`, their step sizes (eta_h, eta_v) and clip groups."""
@@ -140,15 +170,18 @@ class HyperFL(Algorithm):
         return params, lrs, groups
 
     # ------------------------------------------------------------------ the client's message (pflx attack)
-    def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
+    def upload(self, x, y, *, steps, noise_gen=None, start=None, clients=None, private=None):
         """Eq. (5)-(6): what leaves the client is phi_i only (B.2).
 
-        ``steps = 0``: ``grad/<phi name>``, the hypernetwork gradient at the global phi through
-        theta = h(v_i; phi) and the private classifier (the paper's eq. 8 setting); ``steps = k``:
-        ``delta/<phi name>`` = phi_i - phi after k of step 2's SGD steps on (phi, v_i), the
-        uploaded weights less the global phi the server sent. ``private``: the embedding and
-        classifier (the attacker's unknowns, spec B.9's joint attack); None: the client's own
-        (a client never trained gets them by the new-client protocol on its data).
+        ``steps = None`` (``--upload weights``): ``delta/<phi name>`` = phi_i - phi after the
+        client's whole local update of a round as trained (:meth:`local_round`: one classifier
+        epoch, then the step-2 epochs on (phi, v_i)) on its data (x, y) as one batch: what it
+        uploads, less the global phi the server sent. ``steps = 0``: ``grad/<phi name>``, the
+        hypernetwork gradient at the global phi through theta = h(v_i; phi) and the private
+        classifier (the paper's eq. 8 setting); ``steps = k``: ``delta/<phi name>`` after k of
+        step 2's SGD steps alone. ``private``: the embedding and classifier (the attacker's
+        unknowns, spec B.9's joint attack); None: the client's own (a client never trained gets
+        them by the new-client protocol on its data).
         """
         from pfl_cli.fl.cohort import batch_gradients, unrolled_sgd
         from pfl_cli.rng import torch_generator
@@ -158,8 +191,12 @@ class HyperFL(Algorithm):
             start = stack({k: p.detach() for k, p in self.hnet.named_parameters()}, n)
         if private is None:
             private = self._private_of(clients, torch_generator(self.cfg.seed, "attack-new-clients", self.device))
+        head = {k: private[k] for k in self.head_names}
+        if steps is None:
+            new, _, _, _ = self.local_round(None, start, private["embedding"], head, None, batch=(x, y))
+            return {f"delta/{k}": new[k] - start[k] for k in self.hn_names}, start
         params, lrs, groups = self._generator_step(start, private["embedding"])
-        fixed = {f"net.{k}": private[k] for k in self.head_names}
+        fixed = {f"net.{k}": head[k] for k in self.head_names}
         if steps == 0:
             g = batch_gradients(self.generated, params, x, y, fixed)
             return {f"grad/{k}": g[f"hnet.{k}"] for k in self.hn_names}, start
@@ -208,10 +245,8 @@ class HyperFL(Algorithm):
         v, head = private["embedding"], {k: private[k] for k in self.head_names}
         for k, p in self.hnet.named_parameters():
             self.traffic.send(f"hypernetwork.{k}", p, copies=c)                   # global phi down
-        head, _ = self.step_classifier(cohort, v, head, gen)                        # step 1, eq. (4)
-        epochs = self.cfg.local_epochs or DEFAULT_EPOCHS
         phi = stack(dict(self.hnet.named_parameters()), c)
-        phi, v, loss = self.step_generator(cohort, phi, v, head, gen, epochs)      # step 2, eq. (5)
+        phi, v, head, loss = self.local_round(cohort, phi, v, head, gen)            # steps 1-2, eqs. (4)-(5)
         for k in self.hn_names:
             self.traffic.receive(f"hypernetwork.{k}", phi[k])                       # phi_i up, nothing else
         self.private.scatter(cohort, {"embedding": v, **head})

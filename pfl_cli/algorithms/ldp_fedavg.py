@@ -36,8 +36,12 @@ class LDPFedAvg(LocalDP, FedAvg):
         self.server_update({k: (theta[k] - g).mean(0) for k, g in self.global_params.items()})
         return loss if len(loss) else torch.zeros(0)
 
+    def round_upload_steps(self) -> int:
+        """Its rounds take ``local_steps`` SGD steps of DP-SGD (``local_epochs`` is not read)."""
+        return self.cfg.local_steps
+
     def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
-        """The delta after ``steps`` DP-SGD steps on the batch (x, y) (every record drawn), noised
+        """The delta after ``steps`` (None: the round's) DP-SGD steps on the batch (x, y) (every record drawn), noised
         with ``noise_gen`` as the client would (``pflx attack``); without it, the noise-free delta."""
         from types import SimpleNamespace
 
@@ -46,6 +50,7 @@ class LDPFedAvg(LocalDP, FedAvg):
         from pfl_cli.fl.dpsgd import dp_local_sgd
 
         cfg, dp = self.cfg, self.dp
+        steps = self.round_upload_steps() if steps is None else steps
         n, b = y.shape
         batch = SimpleNamespace(inputs=lambda i: x.flatten(0, 1)[i], y=y.flatten())
         index = torch.arange(n * b, device=y.device).view(n, 1, b).expand(n, steps, b)

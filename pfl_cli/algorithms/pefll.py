@@ -298,6 +298,10 @@ class PeFLL(ServerOptimizerState, Algorithm):
         self._server_step(h_params, acc_h, e_params, acc_e)
         return torch.cat(losses)
 
+    def round_upload_steps(self) -> int:
+        """Its rounds take ``local_steps`` SGD steps (``local_epochs`` is not read)."""
+        return self.cfg.local_steps
+
     def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
         """§1.5 messages 2 and 4: the descriptor v of the client's batch and its delta theta.
 

@@ -189,6 +189,10 @@ class PFedHN(ServerOptimizerState, Algorithm):
         self.opt.step()
 
     # ------------------------------------------------------------------ the client's message (pflx attack)
+    def round_upload_steps(self) -> int:
+        """Its rounds take ``local_steps`` SGD steps (``local_epochs`` is not read)."""
+        return self.cfg.local_steps
+
     def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
         """Alg. 1 step 2: delta theta_i after ``steps`` local steps from theta_i = h(v_i) (0: the gradient there).
 

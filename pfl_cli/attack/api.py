@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pfl_cli.attack.config import ATTACK_CHOICES, ATTACK_CLIENTS, ATTACKS, AttackConfig
+from pfl_cli.attack.config import ATTACK_CHOICES, ATTACK_CLIENTS, ATTACKS, UPLOADS, AttackConfig
 from pfl_cli.errors import ConfigError, InputError
 
 ROLES = {"train": 0, "holdout": 1}
@@ -35,11 +35,14 @@ class AttackRun:
     label_accuracy: float | None     # share of labels --infer-labels got right
     image_shape: tuple | None        # (C, H, W) view of one input, None for vector data
     upload: list                     # names of the message's tensors
+    upload_steps: int                # local SGD steps behind the message (0: a gradient)
 
 
 def validate_attack_config(cfg: AttackConfig) -> None:
     if cfg.attack not in ATTACK_CHOICES:
         raise ConfigError(f"attack must be one of {', '.join(ATTACK_CHOICES)}; got {cfg.attack!r}.")
+    if cfg.upload not in UPLOADS:
+        raise ConfigError(f"upload must be one of {', '.join(UPLOADS)}; got {cfg.upload!r}.")
     if cfg.clients not in ATTACK_CLIENTS:
         raise ConfigError(f"clients must be one of {', '.join(ATTACK_CLIENTS)}; got {cfg.clients!r}.")
     for name, low in (("images", 1), ("batch_size", 1), ("iterations", 0), ("local_steps", 0), ("seed", 0)):
@@ -54,10 +57,16 @@ def validate_attack_config(cfg: AttackConfig) -> None:
         raise ConfigError(f"rog_scale must be an integer >= 1; got {cfg.rog_scale!r}.")
     if cfg.lr <= 0:
         raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
+    u = cfg.unknowns_lr
+    if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not math.isfinite(u) or u <= 0):
+        raise ConfigError(f"unknowns_lr must be a finite number > 0 (or unset: lr); got {u!r}.")
     if cfg.images % cfg.batch_size:
         raise ConfigError(f"images must be a multiple of batch_size ({cfg.batch_size}); got {cfg.images}.")
     if cfg.infer_labels and cfg.batch_size != 1:
         raise ConfigError(f"infer_labels: the iDLG rule needs batch_size 1; got {cfg.batch_size}.")
+    if cfg.upload == "weights" and cfg.local_steps:
+        raise ConfigError(f"local_steps: --upload weights sends the trained round's local update (its own steps); "
+                          f"--local-steps K is for --upload gradient; got local_steps {cfg.local_steps}.")
     if cfg.attack == "analytic" and (cfg.batch_size != 1 or cfg.local_steps > 1):
         raise ConfigError("attack analytic: the closed form is exact for one image and the gradient or one local "
                           "step; got "
@@ -156,9 +165,14 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     dp = train_cfg.dp_epsilon is not None
     if dp and not cls.upload_under_dp:
         raise InputError(f"--model: a --dp {train_cfg.algorithm!r} run's uploads are not modelled by pflx attack.")
-    if dp and cfg.local_steps == 0:
+    if dp and cfg.upload == "gradient" and cfg.local_steps == 0:
         raise InputError(f"local_steps 0: a client of a --dp run never uploads a raw gradient; attack the delta it "
-                         f"sends with --local-steps K (the run's local_steps: {train_cfg.local_steps}).")
+                         f"sends with --upload weights or --local-steps K (the run's local_steps: "
+                         f"{train_cfg.local_steps}).")
+    if cfg.upload == "weights" and cfg.batch_size > train_cfg.batch_size:
+        raise InputError(f"batch_size: --upload weights replays the trained round on the client's batch as one "
+                         f"minibatch, so it must not exceed the run's batch_size {train_cfg.batch_size}; got "
+                         f"{cfg.batch_size}.")
     lpips_weights = None
     if cfg.lpips_weights is not None:
         from pfl_cli.attack.lpips import MIN_SIZE, load_lpips_weights
@@ -185,7 +199,9 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
 
     idx = torch.as_tensor(index, device=device)
     x_true, y_true = store.inputs(idx), store.y[idx]
-    steps = cfg.local_steps
+    # None: the round's whole local update as trained (--upload weights); its SGD steps bound the closed form
+    steps = cfg.local_steps if cfg.upload == "gradient" else None
+    upload_steps = cfg.local_steps if steps is not None else alg.round_upload_steps()
     # The true upload carries the client's own noise (local DP); the attacker's model of it has none.
     clients = torch.as_tensor(target_client, device=device)
     message, start = alg.upload(x_true, y_true, steps=steps, noise_gen=torch_generator(cfg.seed, "attack-dp-noise"),
@@ -206,11 +222,14 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
         label_accuracy = float((labels == y_true).to(torch.float64).mean())
 
     affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in leaked.items()})
-    analytic_ok = affine is not None and b == 1 and steps <= 1
+    analytic_ok = affine is not None and b == 1 and upload_steps <= 1
     lo_raw, hi_raw = float(np.min(x)), float(np.max(x))
     shape = store.input_shape
     view = image_view(shape, lo_raw >= 0)
     chosen = attacks_of(cfg, analytic_ok, view is not None)
+    if "analytic" in chosen and upload_steps > 1:
+        raise InputError(f"attack analytic: the closed form is exact for the gradient or one local step; the "
+                         f"{train_cfg.algorithm!r} run's round takes {upload_steps} steps (--upload weights).")
     if "analytic" in chosen and affine is None:
         raise InputError(f"attack analytic: needs a first fully connected layer with bias; the "
                          f"{model['arch']['client'].get('arch')} model's first layer is {names[0]!r}.")
@@ -267,7 +286,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
             rec = invert_gradients(upload, message, labels, shape, loss="l2" if a == "dlg" else "cosine",
                                    iterations=cfg.iterations, lr=cfg.lr, tv=cfg.tv if a == "ig" else 0.0,
                                    image_shape=view, gen=torch_generator(cfg.seed, f"attack-{a}"), on_step=on_step,
-                                   unknowns=unknowns or None, **extra)
+                                   unknowns=unknowns or None, unknowns_lr=cfg.unknowns_lr, **extra)
             rec = _match_order(rec, x_true)
         r = unit(rec.detach())
         results[a] = r.cpu().numpy()
@@ -283,7 +302,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     return AttackRun(client=np.repeat(target_client, b), sample=index.reshape(-1),
                      label=y_true.flatten().cpu().numpy(), original=truth.cpu().numpy(), reconstruction=results,
                      psnr=psnrs, ssim=ssims, lpips=lpipss, label_accuracy=label_accuracy, image_shape=view,
-                     upload=list(message))
+                     upload=list(message), upload_steps=upload_steps)
 
 
 def _match_order(rec, truth):

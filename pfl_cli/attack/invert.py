@@ -44,7 +44,8 @@ def total_variation(images):
 def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[int, ...], *, loss: str,
                      iterations: int, lr: float, tv: float = 0.0, box=None, image_shape=None, gen=None,
                      init=None, decode: Callable | None = None, latent_shape=None,
-                     unknowns: dict | None = None, on_step: Callable | None = None):
+                     unknowns: dict | None = None, unknowns_lr: float | None = None,
+                     on_step: Callable | None = None):
     """Dummy inputs whose upload matches ``target``, for every target at once.
 
     Parameters
@@ -69,6 +70,8 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
         Starting guesses of the client state the attacker does not know (HyperFL's embedding and
         classifier, spec B.9's joint attack), optimized with the images by the same Adam;
         ``upload`` is then called as ``upload(x, labels, unknowns)``.
+    unknowns_lr : initial Adam step of the unknowns (decayed with ``lr``); None: ``lr`` (the paper's
+        protocol optimizes everything "simultaneously" with one optimizer).
     on_step : callable (iteration, x) called after every step.
 
     Returns
@@ -88,7 +91,10 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
         init = torch.randn((n, b, *shape), generator=gen, device=gen.device if gen is not None else device)
     z = init.detach().clone().to(device).requires_grad_(True)
     extra = {k: v.detach().clone().to(device).requires_grad_(True) for k, v in (unknowns or {}).items()}
-    opt = torch.optim.Adam([z, *extra.values()], lr=lr)
+    groups = [{"params": [z], "lr": lr}]
+    if extra:
+        groups.append({"params": list(extra.values()), "lr": lr if unknowns_lr is None else unknowns_lr})
+    opt = torch.optim.Adam(groups)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(m * iterations) for m in MILESTONES], gamma=0.1)
     best = decode(z).detach().clone()
     best_obj = torch.full((n,), float("inf"), device=device)

@@ -265,3 +265,7 @@ def _report_error(message: str, code: int, stage: str | None, *, as_json: bool) 
 
 def run() -> None:  # pragma: no cover - console-script shim
     raise SystemExit(main())
+
+
+if __name__ == "__main__":  # `python -m pfl_cli.cli.app` runs pflx like `python -m pfl_cli`
+    raise SystemExit(main())

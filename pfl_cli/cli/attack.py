@@ -11,7 +11,7 @@ from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
 
-FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "tv", "rog_scale", "local_steps",
+FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "unknowns_lr", "tv", "rog_scale", "upload", "local_steps",
          "infer_labels", "lpips_weights", "device", "seed")
 
 
@@ -26,9 +26,11 @@ def attack_command(
     attack: Annotated[str, typer.Option("--attack", help="dlg | ig | rog | analytic | all (analytic where its closed form holds).")] = "ig",
     iterations: Annotated[int, typer.Option("--iterations", help="Adam steps of dlg / ig / rog (paper: IG 10000, ROG 100).")] = 2000,
     lr: Annotated[float, typer.Option("--lr", help="Initial Adam step of dlg / ig / rog (paper: IG 0.1, ROG 0.05), decayed 10x at 3/8, 5/8, 7/8.")] = 0.1,
+    unknowns_lr: Annotated[Optional[float], typer.Option("--unknowns-lr", help="Initial Adam step of the joint attack's unknowns (hyperfl's embedding and classifier, pfedhn-pc's head); default --lr, the paper's one optimizer.")] = None,
     tv: Annotated[float, typer.Option("--tv", help="ig total-variation weight.")] = 1e-6,
     rog_scale: Annotated[int, typer.Option("--rog-scale", help="rog: optimize the image at 1/N of its side, upsampled bilinearly.")] = 2,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="0: the client uploads its gradient at the server's model (the papers' setting); k: its delta after k local SGD steps as trained.")] = 0,
+    upload: Annotated[str, typer.Option("--upload", help="gradient: the gradient, or the delta after --local-steps k steps; weights: the weights after the client's whole local update of a trained round (less the model the server sent).")] = "gradient",
+    local_steps: Annotated[int, typer.Option("--local-steps", help="--upload gradient: 0 the client uploads its gradient at the server's model (the papers' setting); k its delta after k local SGD steps as trained.")] = 0,
     infer_labels: Annotated[bool, typer.Option("--infer-labels", help="Infer labels with the iDLG rule (batch size 1) instead of knowing them.")] = False,
     lpips_weights: Annotated[Optional[str], typer.Option("--lpips-weights", help="Local AlexNet-LPIPS state dict (features.N.* + lin0..4.model.1.weight) to also score LPIPS; nothing is downloaded.")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
@@ -44,14 +46,17 @@ def attack_command(
     client's upload (fedavg: its gradient at the global model, or its delta after --local-steps
     local SGD steps; pefll: its descriptor v and the same for theta = h(v); ldp-fedavg: its
     noised DP-SGD delta; pfedhn / pfedhn-pc: the same for theta = h(v_i), pfedhn-pc's feature
-    extractor only; hyperfl: its hypernetwork gradient, or phi_i - phi after --local-steps); the
+    extractor only; hyperfl: its hypernetwork gradient, or phi_i - phi after --local-steps of step
+    2; --upload weights: the weights after the round's local update as trained, less the model
+    the server sent: hyperfl's classifier epoch and hypernetwork epochs, the others' local steps); the
     attacks rebuild the images from it, all targets as one batched optimization, HyperFL's
     embedding and classifier (pfedhn-pc's head) optimized with them. Labels are known unless
     --infer-labels.
 
     Writes metrics.json (mean / median PSNR, SSIM and, with --lpips-weights, LPIPS per attack),
-    images.csv (one row per image and attack) and reconstructions.png (originals and
-    reconstructions; a feature-error bar chart for vector data).
+    images.csv (one row per image and attack), reconstructions.png (originals and
+    reconstructions; a feature-error bar chart for vector data) and reconstructions.npz (the
+    images the figure draws, as arrays).
 
     Example: pflx attack --model runs/fedavg --partition runs/part --images 8 --attack all --out runs/attack
     """

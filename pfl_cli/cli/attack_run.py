@@ -3,13 +3,18 @@
 The ``attack`` artifact:
 
 - ``metrics.json``: ``algorithm``, ``attacks``, ``clients``, ``images``, ``batch_size``,
-  ``local_steps``, ``iterations``, ``labels`` (known | inferred) and ``label_accuracy``,
+  ``upload_mode`` (gradient | weights), ``local_steps``, ``upload_steps`` (SGD steps behind
+  the message), ``iterations``, ``lr``, ``unknowns_lr``, ``labels`` (known | inferred) and
+  ``label_accuracy``,
   ``upload`` (names of the message's tensors), ``device``, ``model``; per attack
   ``{attack: {mean_psnr, median_psnr, mean_ssim, median_ssim, mean_lpips, median_lpips}}`` under
   ``results`` (SSIM null for vector data, LPIPS null without ``--lpips-weights``). PSNR / SSIM compare images scaled to [0, 1] by the dataset's value range.
 - ``images.csv``: image, client_id, sample (dataset index), label, attack, psnr, ssim, lpips.
-- ``reconstructions.png``: a row of originals and one row per attack (images), or each
-  attack's mean absolute feature error (vector data).
+- ``reconstructions.png``: a row of originals and one row per attack (images, the first
+  16), or each attack's mean absolute feature error (vector data).
+- ``reconstructions.npz``: what the figure draws, every image: ``original`` and
+  ``reconstruction_<attack>`` in [0, 1], shaped (n, C, H, W) for images or (n, features),
+  with ``client_id``, ``sample`` and ``label`` per image (the rows of ``images.csv``).
 """
 
 from __future__ import annotations
@@ -54,8 +59,12 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         "clients": cfg.clients,
         "images": cfg.images,
         "batch_size": cfg.batch_size,
+        "upload_mode": cfg.upload,
         "local_steps": cfg.local_steps,
+        "upload_steps": run.upload_steps,
         "iterations": cfg.iterations,
+        "lr": cfg.lr,
+        "unknowns_lr": cfg.unknowns_lr if cfg.unknowns_lr is not None else cfg.lr,
         "labels": "inferred" if cfg.infer_labels else "known",
         "label_accuracy": run.label_accuracy,
         "upload": run.upload,
@@ -71,8 +80,19 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         writer.save_json("metrics.json", metrics)
         writer.save_csv("images.csv", ["image", "client_id", "sample", "label", "attack", "psnr", "ssim",
                                         "lpips"], rows)
+        writer.save_npz("reconstructions.npz", **_arrays(run, ids))
         _plot(writer.path("reconstructions.png"), run)
     _print_summary(report, out, metrics)
+
+
+def _arrays(run, ids: np.ndarray) -> dict:
+    """What reconstructions.png draws, as numbers: originals and each attack's reconstructions in [0, 1]."""
+    shape = run.image_shape if run.image_shape is not None else run.original.shape[1:]
+    arrays = {"client_id": ids.astype(np.int64), "sample": run.sample.astype(np.int64),
+              "label": run.label.astype(np.int64), "original": run.original.reshape(-1, *shape)}
+    for a, rec in run.reconstruction.items():
+        arrays[f"reconstruction_{a}"] = rec.reshape(-1, *shape)
+    return arrays
 
 
 def _summary(psnr: np.ndarray, ssim, lpips) -> dict:

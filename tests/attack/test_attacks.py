@@ -218,3 +218,71 @@ def test_tp3_generated_weights_leak_from_a_hypernetwork_head_gradient():
     g = torch.autograd.grad(torch.nn.functional.cross_entropy(functional_call(net, rec, (x,)), y),
                             [rec["fc1.weight"], rec["fc1.bias"]])
     assert float((recover_affine_input(g[0][None], g[1][None])[0] - x[0]).abs().max()) < 1e-5
+
+
+def png_panels(path):
+    """The image panels of reconstructions.png, read back from its pixels: [(top, left, bottom, right)]
+    in reading order. A panel is the region inside a closed axes frame (its black spines): filling the
+    holes of the non-white mask makes each frame a solid box; text and tick-free labels stay small."""
+    import matplotlib.image as mpimg
+    from scipy import ndimage
+
+    img = mpimg.imread(path)[..., :3]
+    solid = ndimage.binary_fill_holes((img < 0.98).any(-1))
+    labels, _ = ndimage.label(solid)
+    boxes = []
+    for sl in ndimage.find_objects(labels):
+        h, w = sl[0].stop - sl[0].start, sl[1].stop - sl[1].start
+        if h > 20 and w > 20:
+            boxes.append((sl[0].start, sl[1].start, sl[0].stop, sl[1].stop))
+    rows = sorted({b[0] // 10 for b in boxes})  # panels of one row share their top edge (within a few pixels)
+    return img, sorted(boxes, key=lambda b: (rows.index(b[0] // 10), b[1]))
+
+
+def panel_pixels(img, box, side):
+    """The side x side picture inside a panel: the gray level at the centre of each image cell."""
+    top, left, bottom, right = box
+    top, left, bottom, right = top + 1, left + 1, bottom - 1, right - 1  # inside the 1-pixel frame
+    rows = top + (np.arange(side) + 0.5) * (bottom - top) / side
+    cols = left + (np.arange(side) + 0.5) * (right - left) / side
+    return img[rows.astype(int)[:, None], cols.astype(int)[None, :], 0]
+
+
+def test_reconstructions_png_shows_the_images_metrics_json_scores(digits, tmp_path):
+    """The figures of metrics.json and images.csv are those of reconstructions.npz (PSNR recomputed here,
+    10 log10(1 / MSE)), and reconstructions.png draws those arrays: every panel, read back from the PNG's
+    pixels, is its npz image up to 8-bit rounding, originals in the first row and one row per attack."""
+    import csv
+    import json
+
+    root = digits[4]
+    out = tmp_path / "att"
+    assert main(["attack", "--model", str(root / "fedavg"), "--partition", str(root / "part"), "--attack", "all",
+                 "--images", "6", "--iterations", "60", "--out", str(out), "--format", "quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    arrays = np.load(out / "reconstructions.npz", allow_pickle=False)
+    original = arrays["original"].astype(np.float64)
+    rows = list(csv.DictReader((out / "images.csv").open()))
+    assert original.shape == (6, 1, 8, 8)
+    spread = []
+    for a in metrics["attacks"]:
+        rec = arrays[f"reconstruction_{a}"].astype(np.float64)
+        mse = ((rec - original) ** 2).reshape(6, -1).mean(1)
+        psnr = 10 * np.log10(1 / np.maximum(mse, 1e-12))
+        np.testing.assert_allclose(psnr.mean(), metrics["results"][a]["mean_psnr"], rtol=1e-4)
+        np.testing.assert_allclose(np.median(psnr), metrics["results"][a]["median_psnr"], rtol=1e-4)
+        csv_psnr = [float(r["psnr"]) for r in rows if r["attack"] == a]
+        np.testing.assert_allclose(psnr, csv_psnr, rtol=1e-4)
+        spread.append(psnr)
+    assert np.ptp(np.concatenate(spread)) > 10  # some panels differ visibly from their originals (a real check)
+    img, boxes = png_panels(out / "reconstructions.png")
+    shown = [original] + [arrays[f"reconstruction_{a}"] for a in metrics["attacks"]]
+    assert len(boxes) == len(shown) * 6
+    far = 0
+    for k, box in enumerate(boxes):
+        want = shown[k // 6][k % 6, 0]
+        got = panel_pixels(img, box, 8)
+        # the gray colormap's 256 levels and the PNG's 8 bits: within 2/255
+        assert np.abs(got - want).max() <= 2 / 255, (k, np.abs(got - want).max())
+        far += int(np.abs(got - original[k % 6, 0]).max() > 0.1)
+    assert far >= 3  # panels that do not show their original: a row drawn from the wrong array would fail

@@ -23,9 +23,12 @@ def test_usage_errors_are_one_line_exit_2(cli):
         assert res.code == 2 and res.err.count("\n") == 1 and text in res.err and res.err.startswith("pflx: error:")
 
 
-def test_python_dash_m_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "pfl_cli", "-V"], capture_output=True, text=True, check=True)
-    assert proc.stdout.strip() == f"pflx {__version__}"
+def test_python_dash_m_entry_points():
+    for module in ("pfl_cli", "pfl_cli.cli.app"):  # both run pflx, not just import it
+        proc = subprocess.run([sys.executable, "-m", module, "-V"], capture_output=True, text=True, check=True)
+        assert proc.stdout.strip() == f"pflx {__version__}"
+        bad = subprocess.run([sys.executable, "-m", module, "nosuch"], capture_output=True, text=True)
+        assert bad.returncode == 2 and "No such command 'nosuch'" in bad.stderr
 
 
 def test_core_packages_never_import_the_cli_layer():
