@@ -77,6 +77,7 @@ def apfl_steps(model, w: dict, v: dict, alpha, store, steps, *, lr: float, alpha
 
 class APFL(PrivateState, FedAvg):
     name = "apfl"
+    models_upload = False  # its w steps are plain SGD beside v and alpha, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
 
     def build(self) -> None:

@@ -166,6 +166,9 @@ class Algorithm(ABC):
         """Restore :meth:`weights` (prediction)."""
 
     upload_under_dp = False   # whether upload() models what a client of a --dp run sends
+    # Whether upload() is what this algorithm's clients really send (pflx attack refuses the others):
+    # a subclass whose round differs from the parent's must say False (FedProx's proximal steps).
+    models_upload = False
 
     def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None) -> tuple[dict, dict]:
         """What a client holding batch ``(x, y)`` sends the server, differentiably in ``x``.

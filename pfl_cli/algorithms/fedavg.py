@@ -71,6 +71,7 @@ class FedAvg(Algorithm):
         return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model",
                 "rounds": 0}
 
+    models_upload = True     # also Ditto's and kNN-Per's: their global model takes FedAvg's round
     upload_under_dp = True  # client-level DP-FedAvg: the client's delta, clipped and noised only in the sum
 
     def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):

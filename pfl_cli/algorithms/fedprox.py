@@ -13,6 +13,7 @@ from pfl_cli.algorithms.fedavg import FedAvg
 
 class FedProx(FedAvg):
     name = "fedprox"
+    models_upload = False  # its local steps add the proximal term, not FedAvg's upload
 
     def local_objective(self) -> dict:
         return {"prox_mu": self.cfg.mu, "prox_anchor": self.global_params}

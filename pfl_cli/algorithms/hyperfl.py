@@ -56,6 +56,7 @@ class GeneratedNet(nn.Module):
 
 class HyperFL(Algorithm):
     name = "hyperfl"
+    models_upload = True
     default_cohort = None  # B.6: full participation (20 clients); the 100-client setting samples 30
 
     @staticmethod

@@ -29,6 +29,7 @@ SERVER_DEFAULTS = {"adam": {"lr": 2e-4, "clip": 50.0}, "sgd": {"lr": 1.0, "clip"
 
 class PeFLL(ServerOptimizerState, Algorithm):
     name = "pefll"
+    models_upload = True
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
 
     @property

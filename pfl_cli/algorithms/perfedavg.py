@@ -60,6 +60,7 @@ def perfedavg_steps(model, w: dict, store, steps, *, alpha: float, beta: float, 
 
 class PerFedAvg(FedAvg):
     name = "perfedavg"
+    models_upload = False  # its steps are MAML steps on two batches, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
 
     def build(self) -> None:

@@ -35,6 +35,7 @@ DEFAULT_SERVER_LR_PC = 5e-2   # A.7: pFedHN-PC's outer lr
 
 class PFedHN(ServerOptimizerState, Algorithm):
     name = "pfedhn"
+    models_upload = True
     personal_head = False
     default_cohort = 1  # Alg. 1: "sample client i": one client per server step
 

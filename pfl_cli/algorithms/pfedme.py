@@ -70,6 +70,7 @@ def pfedme_steps(model, w: dict, store, steps, *, lam: float, eta: float, person
 
 class PFedMe(PrivateState, FedAvg):
     name = "pfedme"
+    models_upload = False  # its w follows the Moreau envelope's inner solution, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
 
     def build(self) -> None:

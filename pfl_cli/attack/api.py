@@ -144,7 +144,6 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     import torch
 
     from pfl_cli.algorithms import REGISTRY
-    from pfl_cli.algorithms.base import Algorithm
     from pfl_cli.attack import analytic
     from pfl_cli.attack.invert import invert_gradients
     from pfl_cli.attack.metrics import psnr, ssim
@@ -159,9 +158,10 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     validate_train_config(train_cfg)
 
     cls = REGISTRY[train_cfg.algorithm]
-    if cls.upload is Algorithm.upload:
+    if not cls.models_upload:
+        attacked = ", ".join(sorted(name for name, c in REGISTRY.items() if c.models_upload))
         raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
-                         "uploads of fedavg, pefll, ldp-fedavg, pfedhn, pfedhn-pc and hyperfl.")
+                         f"uploads of {attacked}.")
     dp = train_cfg.dp_epsilon is not None
     if dp and not cls.upload_under_dp:
         raise InputError(f"--model: a --dp {train_cfg.algorithm!r} run's uploads are not modelled by pflx attack.")

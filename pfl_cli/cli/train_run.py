@@ -95,10 +95,13 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
         distributed.check_world_size(cfg, distributed.launched_size(), device)
         device = distributed.start(device)
         try:
-            return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                              plot=plot)
-        finally:
+            _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
+                       plot=plot)
+        except BaseException:
             distributed.stop()
+            raise
+        distributed.stop(finished=True)
+        return None
     return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
                               plot=plot)
 

@@ -82,10 +82,18 @@ def check_world_size(cfg, size: int, device) -> None:
                          f"has {torch.cuda.device_count()}.")
 
 
-def stop() -> None:
+def stop(*, finished: bool = False) -> None:
+    """Leave the process group. ``finished``: every rank got to the end, so wait for the others first.
+
+    Rank 0 still writes the artifact when the others are done; a rank that exits then closes
+    its gloo connections under a rank still tearing down, which can abort it (SIGABRT from a
+    background thread). After a failure there is no barrier: the others may never reach it.
+    """
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 

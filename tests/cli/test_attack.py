@@ -18,7 +18,7 @@ FAST = ["--rounds", "6", "--eval-every", "6", "--local-steps", "3", "--set", "ml
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("attack")
     assert main(["partition", *PART, "--out", str(root / "part")]) == 0
-    for alg in ("fedavg", "local"):
+    for alg in ("fedavg", "local", "fedprox"):
         extra = ["--local-epochs", "1"] if alg == "local" else []
         assert main(["train", "--partition", str(root / "part"), "--algorithm", alg, "--out", str(root / alg),
                      *FAST, *extra]) == 0
@@ -67,6 +67,9 @@ def test_batches_of_images_from_one_client(root, tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, model, message", [
     ((), "local", "algorithm 'local' is not attacked"),
+    # FedProx inherits FedAvg's upload code but its clients send proximal steps' deltas: refused, not mis-modelled.
+    ((), "fedprox", "algorithm 'fedprox' is not attacked: pflx attack models the uploads of ditto, fedavg, hyperfl, "
+                    "knnper, ldp-fedavg, pefll, pfedhn, pfedhn-pc."),
     (("--images", "0"), "fedavg", "images must be an integer >= 1"),
     (("--images", "100000"), "fedavg", "the 4 holdout clients hold only"),
     (("--images", "3", "--batch-size", "2"), "fedavg", "images must be a multiple of batch_size"),

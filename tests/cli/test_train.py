@@ -123,7 +123,7 @@ def test_artifact_files_parse_and_agree(root, trained, alg):
         assert params["embedding"] > 0 and params["hypernetwork"] > d
     if alg != "local":
         ckpt = torch.load(out / "checkpoint" / "state.pt", weights_only=True)
-        assert set(ckpt) == {"round", "algorithm", "history", "loss_acc", "best", "fingerprint", "traffic", "sha256"}
+        assert set(ckpt) == {"round", "algorithm_name", "algorithm", "history", "loss_acc", "best", "fingerprint", "traffic", "sha256"}
         assert ckpt["round"] == 20 and len(ckpt["history"]) == len(rows)
 
 

@@ -183,7 +183,7 @@ rank = distributed.world()[0]
 (Path(sys.argv[2]) / f"rank{rank}.json").write_text(json.dumps({
     "samples": int(run.store.x.shape[0]), "bytes": run.store.x.numel() * run.store.x.element_size(),
     "held": [int(i) for i in run.store.held.nonzero()[0]], "total": int(ds.x.shape[0])}))
-distributed.stop()
+distributed.stop(finished=True)
 """
 
 

@@ -1,0 +1,23 @@
+"""The GPU benchmark that no CI machine can run in full still runs end to end (a CPU smoke run)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_pefll_paper_configuration_benchmark_runs_on_cpu(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pefll_paper_run.py"), "--device", "cpu", "--rounds", "1",
+         "--eval-every", "1", "--images", "5000", "--out", str(tmp_path)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 rounds, evaluation every 1, 5,000 + 1,000 synthetic 3x32x32 images, on CPU" in proc.stdout
+    assert "target n/a: only a full 5000-round run on CUDA" in proc.stdout  # no verdict from a short run
+    assert (tmp_path / "data" / "cifar-10-batches-py" / "data_batch_5").is_file()
+    assert (tmp_path / "train" / "model.pt").is_file() and (tmp_path / "part" / "manifest.json").is_file()
