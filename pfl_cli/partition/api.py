@@ -351,8 +351,11 @@ def partition_labels(
         info["test_split"] = "official test pool, matched to each client's train labels"
     else:
         fraction = DEFAULT_TEST_FRACTION if cfg.test_fraction is None else cfg.test_fraction
-        owner_tr = np.repeat(np.arange(num_clients), np.diff(train[0]))
-        train, test = split_fraction(owner_tr, train[1], num_clients, fraction, r_test)
+        if fraction == 0:  # nothing to split off: the train CSR stands (split_fraction would rebuild it as is)
+            test = (np.zeros(num_clients + 1, np.int64), np.zeros(0, np.int64))
+        else:
+            owner_tr = np.repeat(np.arange(num_clients), np.diff(train[0]))
+            train, test = split_fraction(owner_tr, train[1], num_clients, fraction, r_test)
         info["test_split"] = f"fraction {fraction} of each client's samples"
     n_hold = holdout_count(cfg.holdout_clients, num_clients)
     if n_hold >= num_clients:

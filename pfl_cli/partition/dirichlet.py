@@ -33,7 +33,8 @@ def class_proportions(alpha: np.ndarray, num_clients: int, rng: np.random.Genera
     if dead.any():
         gam[dead, rng.integers(num_clients, size=int(dead.sum()))] = 1.0
         total = gam.sum(axis=1, keepdims=True)
-    return gam / total
+    gam /= total  # in place: one (C, J) array fewer
+    return gam
 
 
 def dirichlet_owners(
