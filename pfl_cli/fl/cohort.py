@@ -183,7 +183,7 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
         rows = rows_here(store, index)
         mine, fixed, anchor, buf = ({k: v[rows] for k, v in d.items()} for d in (params, fixed, anchor, buf))
         share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
-        theta, loss = _train(model, mine, store, share, count(rows, c), how, fixed=fixed, anchor=anchor,
+        theta, loss = _train(model, mine, store, share, count(rows), how, fixed=fixed, anchor=anchor,
                              buf=buf, **opts)
         whole = assemble({**theta, **{_BUF + k: v for k, v in buf.items()}, _LOSS: loss}, rows, c)
         loss = whole.pop(_LOSS)

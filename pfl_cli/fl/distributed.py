@@ -122,7 +122,8 @@ def rows_here(store, index):
     return own_rows(index.shape[0]) if rows is None else rows
 
 
-def count(rows, n: int) -> int:
+def count(rows) -> int:
+    """How many rows a slice or a bool mask selects."""
     return rows.stop - rows.start if isinstance(rows, slice) else int(rows.sum())
 
 
@@ -160,7 +161,7 @@ def split_cohort(fn, store, index, per_client: dict, /, **common):
         return fn(**per_client, **common)
     rows = rows_here(store, index)
     n = getattr(index, "rows", index).shape[0]
-    if count(rows, n) == 0:
+    if count(rows) == 0:
         # vmap cannot run every function on an empty cohort: run one placeholder client on this
         # rank's first sample and keep none of it (the shapes of the rows the others fill in).
         out = fn(**{k: _take(v, slice(0, 1), placeholder=True) for k, v in per_client.items()}, **common)
@@ -184,33 +185,11 @@ def _map_tensors(node, fn):
 
 def assemble_tree(out, rows, n: int):
     """:func:`assemble` of every tensor in a nest of dicts, tuples and lists (one all_reduce per dtype)."""
-    import torch
-
-    leaves: dict = {}
-
-    def collect(node, path):
-        if isinstance(node, torch.Tensor):
-            leaves[path] = node
-        elif isinstance(node, dict):
-            for k, v in node.items():
-                collect(v, (*path, k))
-        elif isinstance(node, (tuple, list)):
-            for i, v in enumerate(node):
-                collect(v, (*path, i))
-
-    collect(out, ())
-    whole = assemble(leaves, rows, n) if leaves else {}
-
-    def rebuild(node, path):
-        if isinstance(node, torch.Tensor):
-            return whole[path]
-        if isinstance(node, dict):
-            return {k: rebuild(v, (*path, k)) for k, v in node.items()}
-        if isinstance(node, (tuple, list)):
-            return type(node)(rebuild(v, (*path, i)) for i, v in enumerate(node))
-        return node
-
-    return rebuild(out, ())
+    leaves: list = []
+    _map_tensors(out, leaves.append)
+    whole = assemble(dict(enumerate(leaves)), rows, n) if leaves else {}
+    position = iter(range(len(leaves)))  # _map_tensors visits the leaves in the same order again
+    return _map_tensors(out, lambda _: whole[next(position)])
 
 
 def gather_rows(part, rows, n: int):

@@ -142,3 +142,15 @@ def test_vector_data_gets_feature_errors(tmp_path, capsys):
     assert all(r["mean_ssim"] is None and r["mean_psnr"] > 0 for r in m["results"].values())
     assert m["results"]["analytic"]["median_psnr"] > 80
     assert (tmp_path / "att" / "reconstructions.png").stat().st_size > 1000
+
+
+def test_model_help_names_exactly_the_attacked_algorithms():
+    import re
+    import typing
+
+    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.cli.attack import attack_command
+
+    help_text = typing.get_type_hints(attack_command, include_extras=True)["model"].__metadata__[0].help
+    named = set(re.findall(r"[a-z]+(?:-[a-z]+)*", help_text.split(":", 1)[1].split("(", 1)[0])) - {"or"}
+    assert named == {name for name, cls in REGISTRY.items() if cls.models_upload}
