@@ -104,10 +104,9 @@ def _summary(psnr: np.ndarray, ssim, lpips) -> dict:
 
 
 def _plot(path: Path, run) -> None:
-    import matplotlib
+    from pfl_cli.cli.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     attacks = list(run.reconstruction)
     if run.image_shape is None:

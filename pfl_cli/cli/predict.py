@@ -68,4 +68,8 @@ def predict(
     from pfl_cli.fl.config import PredictConfig
 
     cfg = stage_config(PredictConfig, "predict", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
+    if plot:
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
     run_predict(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot)

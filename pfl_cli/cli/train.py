@@ -121,6 +121,10 @@ def train(
         spec = parse_dp_spec(dp, keys=("eps", "delta", "clip", "population"))
         flags.update({f"dp_{k}": v for k, v in dataclasses.asdict(spec).items() if v is not None})
     cfg = stage_config(TrainConfig, "train", config_file=config, flags=flags, sets=set_)
+    if plot:
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
     if nproc != 1:
         _launch(cfg, nproc)
     rank = int(os.environ.get("RANK", "0"))
