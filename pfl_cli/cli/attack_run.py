@@ -42,7 +42,7 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         return
     writer, model_art, payload, train_cfg, part, ds = inputs
     optimized = [a for a in OPTIMIZED if cfg.attack in (a, "all")]
-    with report.progress("attack", total=cfg.iterations * len(optimized)) as bar:
+    with report.progress("attack", total=cfg.iterations * len(optimized), unit="iteration") as bar:
         done = {}
 
         def on_progress(name, it, total, mean_psnr):

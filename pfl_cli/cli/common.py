@@ -8,7 +8,6 @@ from typing import Any, Iterable, Mapping, Sequence, TypeVar
 import typer
 
 from pfl_cli.cli._click import given_on_command_line
-from pfl_cli.config import load_config_file, parse_overrides, resolve_config
 
 T = TypeVar("T")
 
@@ -35,6 +34,8 @@ def stage_config(
     A config that asks for a figure (``plot: true`` from any layer) is refused here, before any
     work, when matplotlib is not installed (the one rule of a plain install, :mod:`figures`).
     """
+    from pfl_cli.config import load_config_file, parse_overrides, resolve_config  # numpy, yaml: not for --help
+
     cfg = resolve_config(
         cls,
         file_values=load_config_file(config_file, stage),

@@ -156,7 +156,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         interrupt.kept("interrupted before the first checkpoint (one comes every "
                        f"{cfg.checkpoint_every or cfg.eval_every} rounds); nothing was kept; run the command again "
                        "to start over.")
-    with report.progress("train", total or None) as bar:
+    with report.progress("train", total or None, unit="round") as bar:
         seen = [start]
         if start:
             bar.advance(start, status="resumed")
