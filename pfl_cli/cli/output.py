@@ -64,7 +64,9 @@ class PlainProgress:
         self.last_line: float | None = None
         self.finished = False
 
-    def advance(self, n: int = 1, status: str = "") -> None:
+    def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
+        if total is not None:  # known once the work is resolved (predict's client set)
+            self.total = total
         if self.done == 0 and self.last_line is None and status == "resumed":
             self.first = n  # a resumed run: its first steps took no time here
         self.done += n
@@ -151,12 +153,12 @@ class Reporter:
             task = bar.add_task(description, total=total, status="")
 
             class _Handle:
-                def advance(self, n: int = 1, status: str = "") -> None:
-                    bar.update(task, advance=n, status=status)
+                def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
+                    bar.update(task, advance=n, status=status, **({} if total is None else {"total": total}))
 
             yield _Handle()
 
 
 class _Silent:
-    def advance(self, n: int = 1, status: str = "") -> None:
+    def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
         pass

@@ -128,8 +128,15 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     if inputs is None:
         return
     writer, model_art, payload, train_cfg, part, ds = inputs
-    run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
-                          labeled=ds.labeled)
+    with report.progress("predict", None, unit="client") as bar:
+        seen = [0]
+
+        def on_progress(done: int, total: int) -> None:
+            bar.advance(done - seen[0], total=total)
+            seen[0] = done
+
+        run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
+                              labeled=ds.labeled, on_progress=on_progress)
     label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask
     s = run.evaluation.summary()
     metrics = clean({
