@@ -279,7 +279,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     import dataclasses
 
     from pfl_cli.fl.device import resolve_device
-    from pfl_cli.fl.evaluate import personalize_and_evaluate, predict_samples
+    from pfl_cli.fl.evaluate import NEW_CLIENT_STREAM, personalize_and_evaluate, predict_samples
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
     from pfl_cli.rng import torch_generator
 
@@ -334,7 +334,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     protocol = {**alg.protocol(new > 0), "new_clients": new}
     with count_optimizer_steps() as torch_steps:
         evals, params, personalized = personalize_and_evaluate(
-            alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
+            alg, clients, ("test",), torch_generator(cfg.seed, NEW_CLIENT_STREAM), keep_params=cfg.save_models,
             max_samples=cfg.batch_size * 32,
             each_chunk=each_chunk if cfg.predictions or on_progress is not None else None)
     predictions = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else None
