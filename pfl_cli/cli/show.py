@@ -12,7 +12,7 @@ from pfl_cli.cli.output import Reporter
 
 
 def show(
-    path: Annotated[Path, typer.Argument(help="An artifact directory written by any pflx command (--out).", show_default=False)],
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="An artifact directory written by any pflx command (--out).", show_default=False)],
     lineage: Annotated[bool, typer.Option("--lineage", help="Also list the chain of artifacts it came from, back to the datasets.")] = False,
     plot: Annotated[bool, typer.Option("--plot", help="Redraw the stage's figure from the artifact's CSVs (partition: partition.png, train: curves.png, predict: clients.png) into --plot-dir.")] = False,
     plot_dir: Annotated[Path, typer.Option("--plot-dir", help="Where --plot writes NAME-partition.png / NAME-curves.png / NAME-clients.png (the artifact itself is never modified).")] = Path("."),
