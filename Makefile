@@ -10,8 +10,9 @@ PY := $(VENV)/bin/python
 # A CPU build where one is provided locally; on a GPU machine `make TORCH=torch install` takes the CUDA build.
 TORCH ?= torch==2.13.0
 # `make test` installs the test extras: hf and flower so their tests run (markers `hf` and `flower`),
-# docs so the site is built (`mkdocs build --strict`). `make demo` installs the runtime and nothing else.
-EXTRAS ?= test,hf,flower,docs
+# docs so the site is built (`mkdocs build --strict`), tensorboard for `train --log tensorboard`.
+# `make demo` installs the runtime and nothing else.
+EXTRAS ?= test,hf,flower,docs,tensorboard
 PYTEST_ARGS ?=
 
 .PHONY: install install-runtime test test-all docs demo bench scaling clean

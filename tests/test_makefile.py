@@ -31,7 +31,7 @@ def test_no_active_env_creates_and_uses_dot_venv(tmp_path):
     assert len(steps) == 5, steps
     assert all(l.lstrip("@").split("NO_MKDOCS_2_WARNING=1 ")[-1].startswith(".venv/bin/python ") for l in steps), steps
     assert 'pip install -q "torch==2.13.0"' in run.stdout
-    assert 'pip install -q -e ".[test,hf,flower,docs]"' in run.stdout
+    assert 'pip install -q -e ".[test,hf,flower,docs,tensorboard]"' in run.stdout
     # The docs site is built strict after the tests (CI runs `make test`).
     assert steps[-1].endswith("-m mkdocs build --strict --quiet --site-dir site")
 

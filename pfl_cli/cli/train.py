@@ -58,6 +58,8 @@ def train(
     client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).")] = "",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     plot: Annotated[bool, typer.Option("--plot", help="Also write curves.png: accuracy and loss against rounds, the selected round marked (not part of the config).")] = False,
+    log: Annotated[Optional[list[str]], typer.Option("--log", help="Also log per-round metrics while training for an experiment tracker: tensorboard | csv | jsonl (repeatable), into --log-dir; under --dp only released values (none per round: elapsed time only). Not part of the config.")] = None,
+    log_dir: Annotated[Optional[Path], typer.Option("--log-dir", help="Where --log writes (default: OUT.logs beside --out; tensorboard --logdir it).", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (torch.distributed: gloo on CPU, NCCL with --device cuda, one GPU each); cohort and evaluation clients are split across them. At most the cohort size.")] = 1,
     seed: SeedOpt = 0,
@@ -125,11 +127,15 @@ def train(
         from pfl_cli.cli.figures import require_matplotlib
 
         require_matplotlib("--plot")
+    from pfl_cli.cli.loggers import check_loggers, default_log_dir
+
+    logs = check_loggers(log or ())  # an unknown or uninstalled logger is refused before any work
     if nproc != 1:
         _launch(cfg, nproc)
     rank = int(os.environ.get("RANK", "0"))
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
-              report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot)  # rank 0 alone reports and writes
+              report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot,  # rank 0 alone reports and writes
+              logs=logs, log_dir=log_dir or default_log_dir(out))
 
 
 def _launch(cfg, nproc: int) -> None:

@@ -81,7 +81,7 @@ def accuracy_table(title: str, groups: dict[str, dict], label_mask: bool, captio
 
 # ---------------------------------------------------------------------------- the command
 def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-              plot: bool = False) -> None:
+              plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
@@ -96,18 +96,18 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
         device = distributed.start(device)
         try:
             _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                       plot=plot)
+                       plot=plot, logs=logs, log_dir=log_dir)
         except BaseException:
             distributed.stop()
             raise
         distributed.stop(finished=True)
         return None
     return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                              plot=plot)
+                      plot=plot, logs=logs, log_dir=log_dir)
 
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-               plot: bool = False) -> None:
+               plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
     import yaml
 
     from pfl_cli.algorithms import REGISTRY
@@ -156,21 +156,27 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         interrupt.kept("interrupted before the first checkpoint (one comes every "
                        f"{cfg.checkpoint_every or cfg.eval_every} rounds); nothing was kept; run the command again "
                        "to start over.")
+    from pfl_cli.cli.loggers import RunLoggers, round_values
+
+    loggers = RunLoggers(logs if writes else (), log_dir or out, private=private, resume=state is not None)
     with report.progress("train", total or None, unit="round") as bar:
         seen = [start]
         if start:
             bar.advance(start, status="resumed")
 
         def on_progress(done: int, _total: int, status: dict) -> None:
-            # Under --dp the running loss and accuracies are private diagnostics: not shown.
+            # Under --dp the running loss and accuracies are private diagnostics: not shown, not logged.
             bar.advance(done - seen[0], status="" if private else _status(status))
             seen[0] = done
+            loggers.log(done, round_values(status, done % cfg.eval_every == 0 or done == _total))
 
         try:
             run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device, resume=state,
                                   labeled=ds.labeled, on_checkpoint=on_checkpoint, on_progress=on_progress)
         except TrainingDiverged as err:
             raise RunError(_diverged_message(err, cfg, ck_path, out)) from None
+        finally:
+            loggers.close()
 
     outcome, model = run.outcome, run.model
     metrics = _metrics(cfg, run, info, device)
