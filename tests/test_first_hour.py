@@ -128,3 +128,22 @@ def test_predict_notes_each_client_with_test_classes_absent_from_its_train_data(
     assert expected and len(notes) == len(expected)
     for (client, unseen, total), line in zip(expected, notes):
         assert line.startswith(f"note: client {client}: {unseen} of its {total} test samples")
+
+
+def test_top_level_help_gives_each_command_its_whole_first_sentence(cli):
+    run = cli("--help")
+    commands = run.out.split("Commands:", 1)[1]
+    assert run.code == 0 and "..." not in commands
+    assert "honest-but-curious server." in " ".join(commands.split())
+
+
+def test_summaries_say_what_happened(cli, tmp_path):
+    assert cli("partition", "--dirichlet", "0.5", "-n", "10", "--holdout-clients", "2", "--out", tmp_path / "p",
+               "--format", "quiet").code == 0
+    local = cli("train", "--partition", tmp_path / "p", "--algorithm", "local", "--set", "local_epochs=1",
+                "--out", tmp_path / "local")
+    assert local.code == 0 and "no federated rounds (each client trains alone)" in local.out
+    assert "round 0 of 0" not in local.out
+    # mdm-fit choosing K says where the held-out clients went (8 train clients: 6 fit, 2 validate K).
+    mdm = cli("mdm-fit", "--partition", tmp_path / "p", "--components", "1-2", "--out", tmp_path / "mdm")
+    assert mdm.code == 0 and "fitted on 6 clients (2 more held out to choose K" in " ".join(mdm.out.split())

@@ -346,9 +346,12 @@ def client_rows(part, evals) -> list[list]:
 
 def _print_summary(report: Reporter, out: Path, m: dict) -> None:
     groups = {g: m[g] for g in ("train", "holdout", "val") if g in m}
-    title = (f"train -> {out}: {m['algorithm']}, model of round {m['best_round']} of {m['rounds']} "
-             f"(selected by {'validation accuracy' if m['selection'] == 'val' else 'last evaluation'}), "
-             f"{m['device']}")
+    if m["rounds"] == 0:  # a non-federated algorithm (local): no rounds, nothing selected
+        which = "no federated rounds (each client trains alone)"
+    else:
+        which = (f"model of round {m['best_round']} of {m['rounds']} "
+                 f"(selected by {'validation accuracy' if m['selection'] == 'val' else 'last evaluation'})")
+    title = f"train -> {out}: {m['algorithm']}, {which}, {m['device']}"
     table = accuracy_table(title, groups, m["label_mask"])
     data = {"out": str(out), "up_to_date": False,
             **{k: m[k] for k in ("algorithm", "best_round", "rounds", "selection", "label_mask", "headline_metric",
