@@ -45,6 +45,15 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _progress_every() -> float:
+    """PFLX_PROGRESS_EVERY seconds when it is a number >= 0, else the default (a bad value is not worth a failed run)."""
+    try:
+        every = float(os.environ.get("PFLX_PROGRESS_EVERY", PROGRESS_EVERY_S))
+    except ValueError:
+        return PROGRESS_EVERY_S
+    return every if every >= 0 else PROGRESS_EVERY_S
+
+
 class PlainProgress:
     """Progress as plain lines on a stream that is not a terminal, like the logs of Lightning or Flower.
 
@@ -132,8 +141,7 @@ class Reporter:
             yield _Silent()
             return
         if not self.err.is_terminal:
-            every = float(os.environ.get("PFLX_PROGRESS_EVERY", PROGRESS_EVERY_S))
-            yield PlainProgress(description, total, unit, sys.stderr, every)
+            yield PlainProgress(description, total, unit, sys.stderr, _progress_every())
             return
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
