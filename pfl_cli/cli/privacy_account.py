@@ -14,6 +14,7 @@ from pfl_cli.cli.output import Reporter
 
 
 class Accountant(str, enum.Enum):
+    auto = "auto"
     rdp = "rdp"
     pld = "pld"
     all = "all"
@@ -65,7 +66,7 @@ def privacy_account(
     steps: Annotated[Optional[int], typer.Option("--steps", "--rounds", help="Number of steps or rounds (default 1).")] = None,
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="Target epsilon: calibrate the noise, or with --noise-multiplier the steps.")] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="Target delta in (0, 1) (default with --population: 1/N^1.1).")] = None,
-    accountant: Annotated[Accountant, typer.Option("--accountant", help="rdp (fast), pld (tight) or all (side by side).")] = Accountant.rdp,
+    accountant: Annotated[Accountant, typer.Option("--accountant", help="auto: a ledger's own (the one its stage calibrated with), the tightest for a composition, rdp for a mechanism; rdp (fast), pld (tight) or all (side by side).")] = Accountant.auto,
     neighboring: Annotated[Neighboring, typer.Option("--neighboring", help="Neighbouring relation of the guarantee.")] = Neighboring.add_remove,
     sampling: Annotated[Sampling, typer.Option("--sampling", help="How each step's sample is drawn.")] = Sampling.poisson,
     unit: Annotated[Unit, typer.Option("--unit", help="The privacy unit one record stands for.")] = Unit.example,
