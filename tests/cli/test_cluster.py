@@ -55,8 +55,8 @@ def test_rerun_is_a_noop_and_output_is_byte_identical(part, tmp_path, capsys):
 
 def test_dp_rerun_recomputes_the_same_bytes_without_force(part, tmp_path, capsys):
     # A DP manifest withholds the private input's hash, so a rerun cannot prove the input is
-    # unchanged: it recomputes, and the same seed gives the same bytes.
-    args = ("--dp", "eps=0.5", "--lloyds-steps", "1", "--seed", "3")
+    # unchanged: it recomputes, and under noise=seeded the same seed gives the same bytes.
+    args = ("--dp", "eps=0.5,noise=seeded", "--lloyds-steps", "1", "--seed", "3")
     assert _cluster(part, tmp_path / "a", *args) == 0
     first = {n: (tmp_path / "a" / n).read_bytes() for n in ("centers.npy", "metrics.json", "privacy.json")}
     assert _cluster(part, tmp_path / "a", *args) == 0
@@ -64,6 +64,19 @@ def test_dp_rerun_recomputes_the_same_bytes_without_force(part, tmp_path, capsys
     assert _cluster(part, tmp_path / "b", *args) == 0
     for name, data in first.items():
         assert (tmp_path / "a" / name).read_bytes() == data == (tmp_path / "b" / name).read_bytes()
+    assert json.loads(first["privacy.json"])["noise"] == "seeded"
+
+
+def test_secure_dp_runs_with_one_seed_release_different_centers(part, tmp_path, capsys):
+    """The default noise=secure draws from OS entropy, so the seed does not decide the released centers."""
+    args = ("--dp", "eps=0.5", "--lloyds-steps", "1", "--seed", "3", "--format", "human")
+    for name in ("a", "b"):
+        capsys.readouterr()
+        assert _cluster(part, tmp_path / name, *args) == 0
+        assert "noise=secure" in capsys.readouterr().out
+    a, b = (np.load(tmp_path / n / "centers.npy") for n in "ab")
+    assert not np.array_equal(a, b)
+    assert json.loads((tmp_path / "a" / "privacy.json").read_text())["noise"] == "secure"
 
 
 @pytest.mark.parametrize("extra", [

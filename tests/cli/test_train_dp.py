@@ -13,6 +13,7 @@ from pfl_cli.cli.app import main
 FAST = ["--rounds", "6", "--eval-every", "3", "--local-steps", "3", "--clients-per-round", "4",
         "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--set", "normalize=false"]
 DP = ["--dp", "eps=4,delta=1e-6,clip=0.5,population=1000"]
+SEEDED = ["--dp", "eps=4,delta=1e-6,clip=0.5,population=1000,noise=seeded"]  # repeatable: simulation only
 PER_ALGORITHM = {"fedavg": [], "pefll": ["--no-standardize-descriptor", "--embed-dim", "4"]}
 
 
@@ -64,7 +65,7 @@ def test_dp_artifact_holds_only_released_files(root, algorithm, capsys):
 
 def test_write_nonprivate_adds_only_nonprivate_files(root):
     out = root / "fedavg-np"
-    assert train(root, out, "--algorithm", "fedavg", *DP, "--write-nonprivate") == 0
+    assert train(root, out, "--algorithm", "fedavg", *SEEDED, "--write-nonprivate") == 0
     manifest = json.loads((out / "manifest.json").read_text())
     extra = {o["path"]: o["release"] for o in manifest["outputs"]} .items() - {
         ("config.yaml", POST_PROCESSING), ("model.pt", MECHANISM), ("privacy.json", POST_PROCESSING),
@@ -74,15 +75,17 @@ def test_write_nonprivate_adds_only_nonprivate_files(root):
     assert release_contract_violations(out, private_values=_private_values(root)) == []
     diag = json.loads((out / "nonprivate.json").read_text())
     assert 0.0 <= diag["holdout"]["mean_accuracy"] <= 1.0
-    # The released model is the same with or without the diagnostics.
-    assert (out / "model.pt").read_bytes() == (root / "fedavg-dp" / "model.pt").read_bytes()
+    # The released model is the same with or without the diagnostics (seeded noise, so comparable).
+    assert train(root, root / "fedavg-seeded", "--algorithm", "fedavg", *SEEDED) == 0
+    assert (out / "model.pt").read_bytes() == (root / "fedavg-seeded" / "model.pt").read_bytes()
 
 
 def test_privacy_account_composes_train_and_mdm_ledgers(root, capsys):
     assert main(["mdm-fit", "--partition", str(root / "part"), "--components", "1", "--rounds", "3",
                  "--max-samples", "200", "--dp", "eps=1,delta=1e-6", "--out", str(root / "mdm"), "--format", "quiet"]) == 0
     capsys.readouterr()
-    assert main(["privacy-account", str(root / "fedavg-dp"), str(root / "mdm"), "--format", "json"]) == 0
+    assert main(["privacy-account", str(root / "fedavg-dp"), str(root / "mdm"), "--accountant", "rdp",
+                 "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     events = []
     for name in ("fedavg-dp", "mdm"):
@@ -110,9 +113,11 @@ def test_privacy_account_composes_train_and_mdm_ledgers(root, capsys):
     (["--dp", "eps=4,clip=1,population=100", "--algorithm", "pefll", "--no-standardize-descriptor"],
      "give it with --dp, e.g. --embed-dim 8"),
     (["--dp", "rho=4"], "--dp takes eps=E"),
+    (["--dp", "eps=4,clip=1,population=100,noise=fast"], "--dp noise must be one of secure, seeded"),
+    (["--dp", "eps=4,clip=1,population=100", "--set", "dp_noise=os"], "dp_noise"),
     (["--write-nonprivate"], "--write-nonprivate only applies with --dp"),
 ], ids=["eps0", "eps-neg", "delta-big", "clip0", "clip-neg", "no-clip", "no-population", "local", "normalize",
-        "standardize", "embed-dim", "bad-key", "np-without-dp"])
+        "standardize", "embed-dim", "bad-key", "noise", "noise-set", "np-without-dp"])
 def test_bad_dp_input_is_one_line_exit_2_and_no_artifact(root, capsys, extra, message):
     out = root / "bad"
     capsys.readouterr()
@@ -123,18 +128,49 @@ def test_bad_dp_input_is_one_line_exit_2_and_no_artifact(root, capsys, extra, me
     assert not any(p.name.startswith(".bad") for p in root.iterdir())
 
 
-def test_dp_run_is_deterministic_and_noise_depends_on_the_seed(root):
+def _weights(out):
+    return torch.load(out / "model.pt", weights_only=True)["weights"]["client"]
+
+
+def test_seeded_dp_run_is_deterministic_and_noise_depends_on_the_seed(root):
     a, b, c = root / "det-a", root / "det-b", root / "det-c"
     for out, seed in ((a, "0"), (b, "0"), (c, "1")):
-        assert train(root, out, "--algorithm", "fedavg", *DP, "--seed", seed) == 0
+        assert train(root, out, "--algorithm", "fedavg", *SEEDED, "--seed", seed) == 0
     assert (a / "model.pt").read_bytes() == (b / "model.pt").read_bytes()
-    wa = torch.load(a / "model.pt", weights_only=True)["weights"]["client"]
-    wc = torch.load(c / "model.pt", weights_only=True)["weights"]["client"]
+    wa, wc = _weights(a), _weights(c)
     assert not all(torch.equal(wa[k], wc[k]) for k in wa)
     assert np.isfinite(np.concatenate([v.numpy().ravel() for v in wa.values()])).all()
+    ledger = json.loads((a / "privacy.json").read_text())
+    assert ledger["noise"] == "seeded" and ledger["noise_statement"].startswith("simulation only")
 
 
 LDP = ["--dp", "eps=4,delta=1e-5,clip=0.5,population=10000", "--set", "dp_sampling_rate=0.25", "--batch-size", "8"]
+SECURE_CASES = {"fedavg": DP, "pefll": [*DP, *PER_ALGORITHM["pefll"]], "ldp-fedavg": LDP}
+
+
+@pytest.mark.parametrize("algorithm", list(SECURE_CASES))
+def test_secure_dp_runs_with_one_seed_differ_only_where_the_mechanism_drew(root, algorithm, capsys):
+    """The default noise=secure draws from OS entropy: the same seed gives a different released model."""
+    outs = [root / f"{algorithm}-sec-{i}" for i in range(2)]
+    for out in outs:
+        capsys.readouterr()
+        assert main(["train", "--partition", str(root / "part"), "--out", str(out), *FAST, "--algorithm", algorithm,
+                     *SECURE_CASES[algorithm], "--format", "human"]) == 0
+        assert "noise=secure" in capsys.readouterr().out
+        ledger = json.loads((out / "privacy.json").read_text())
+        assert ledger["noise"] == "secure" and "os.urandom" in ledger["noise_statement"]
+    first, second = (torch.load(o / "model.pt", weights_only=True)["weights"] for o in outs)
+    flat = lambda w: torch.cat([v.reshape(-1) for d in w.values() for v in d.values()])  # noqa: E731
+    assert not torch.equal(flat(first), flat(second))
+    # what the seed decides (config, the public initialization) is still the same
+    assert (outs[0] / "config.yaml").read_bytes() == (outs[1] / "config.yaml").read_bytes()
+
+
+def test_seeded_local_dp_run_is_repeatable(root):
+    outs = [root / f"ldp-seeded-{i}" for i in range(2)]
+    for out in outs:
+        assert train(root, out, "--algorithm", "ldp-fedavg", LDP[0], LDP[1] + ",noise=seeded", *LDP[2:]) == 0
+    assert (outs[0] / "model.pt").read_bytes() == (outs[1] / "model.pt").read_bytes()
 
 
 @pytest.mark.parametrize("algorithm", ["ldp-fedavg", "ppsgd", "centaur"])
@@ -146,6 +182,12 @@ def test_local_dp_baselines_end_to_end(root, algorithm, capsys):
     (event,) = ledger["events"]
     assert ledger["unit"] == "example" and ledger["delta"] == 1e-5 and ledger["epsilon"] <= 4.0
     assert event["count"] == 6 * 3 and event["event"]["sampling_probability"] == 0.25  # rounds x local steps
+    # What the ledger covers (issue 21): PPSGD/CENTAUR's non-private heads feed the DP steps.
+    (note,) = [n for n in ledger["notes"] if n.startswith("ISRL-DP")]
+    if algorithm == "ldp-fedavg":
+        assert "the guarantee holds for each client's records against everything that client sends" in note
+    else:
+        assert "NOT formally (epsilon, delta)-DP" in note and "everything that client sends" not in note
     # New clients get models through predict, by the algorithm's own protocol.
     capsys.readouterr()
     assert main(["predict", "--model", str(out), "--partition", str(root / "part"), "--out", str(root / f"{algorithm}-pred"),
