@@ -123,3 +123,21 @@ def test_partition_without_features_is_refused(tmp_path, capsys):
     code = main(["cluster", "--partition", str(tmp_path / "p"), "--server-data", SERVER, "--k", "2",
                  "--dp", "eps=1", "--out", str(tmp_path / "km")])
     assert code == 2 and "no features" in capsys.readouterr().err
+
+
+def test_privacy_account_prints_the_stage_own_epsilon(part, tmp_path, capsys):
+    """Issue 21: cluster states its epsilon by PLD; privacy-account of the artifact prints that one by default."""
+    out = tmp_path / "km"
+    assert _cluster(part, out, "--dp", "eps=1") == 0
+    claimed = json.loads((out / "privacy.json").read_text())
+    assert claimed["accountant"] == "pld" and claimed["epsilon"] <= 1.0
+    capsys.readouterr()
+    assert main(["privacy-account", str(out), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["accountant"] == "pld" and doc["epsilon"] == pytest.approx(claimed["epsilon"], rel=1e-9)
+    assert "the one " + str(out) + " calibrated with" in doc["statement"]
+    # Forcing the looser RDP accountant prints a larger epsilon, and a line that says why.
+    assert main(["privacy-account", str(out), "--accountant", "rdp", "--format", "json"]) == 0
+    rdp = json.loads(capsys.readouterr().out)
+    assert rdp["epsilon"] > claimed["epsilon"]
+    assert f"above the {claimed['epsilon']:.4g} that {out} states by the PLD accountant" in rdp["statement"]

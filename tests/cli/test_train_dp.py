@@ -97,6 +97,13 @@ def test_privacy_account_composes_train_and_mdm_ledgers(root, capsys):
     assert doc["unit"] == "client" and len(doc["events"]) == len(events) >= 2
     assert doc["epsilon"] == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
     assert doc["epsilon"] > 4.0  # more than the train ledger alone
+    # One ledger alone: privacy-account prints the stage's own epsilon, by the accountant it calibrated with.
+    for name in ("fedavg-dp", "mdm"):
+        claimed = json.loads((root / name / "privacy.json").read_text())
+        assert main(["privacy-account", str(root / name), "--format", "json"]) == 0
+        own = json.loads(capsys.readouterr().out)
+        assert own["accountant"] == claimed["accountant"] and own["epsilon"] == pytest.approx(claimed["epsilon"],
+                                                                                              rel=1e-9)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -208,3 +215,59 @@ def test_bad_local_dp_input(root, capsys, extra, message):
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not (root / "bad-ldp").exists()
+
+
+def test_interrupted_dp_run_keeps_a_private_checkpoint_and_resumes_only_with_its_noise_mode(root, monkeypatch,
+                                                                                            capsys):
+    """Issue 21: a --dp checkpoint holds released and client-held state only (mode 0600, beside --out); the
+    interrupt message says so; --resume under the other noise mode is refused; under its own it finishes."""
+    import os
+    import stat
+
+    from pfl_cli import artifacts
+    from pfl_cli.fl.checkpoint import checkpoint_dir
+
+    out = root / "ppsgd-killed"
+    args = ["--algorithm", "ppsgd", *LDP]
+    real, writes = artifacts.write_atomic, []
+
+    def write_then_die(path, data):
+        if len(writes) == 3:
+            raise KeyboardInterrupt  # the process dies in round 4, after the round-3 checkpoint reached the disk
+        real(path, data)
+        writes.append(path)
+
+    monkeypatch.setattr(artifacts, "write_atomic", write_then_die)
+    capsys.readouterr()
+    assert train(root, out, *args) == 130
+    err = capsys.readouterr().err.strip()
+    ck = checkpoint_dir(out) / "state.pt"
+    assert len(err.splitlines()) == 1 and f"the checkpoint of round 3 is kept at {ck} (mode 0600; it holds " \
+        "released model state" in err and "no evaluation on private data" in err
+    assert not out.exists() and ck.parent != out and out not in ck.parents
+    assert stat.S_IMODE(os.stat(ck).st_mode) == 0o600 and stat.S_IMODE(os.stat(ck.parent).st_mode) == 0o700
+    state = torch.load(ck, weights_only=True)
+    assert state["round"] == 3 and state["private_run"] and state["dp_noise"] == "secure"
+    assert not {"history", "best", "loss_acc", "traffic"} & set(state)
+    assert set(state["client_held"]) == {"heads", "has_head"} and "heads" not in state["algorithm"]
+    monkeypatch.setattr(artifacts, "write_atomic", real)
+    # The other noise mode: one line naming the parameter, exit 2, nothing written, the checkpoint kept.
+    seeded = [args[0], args[1], args[2], args[3] + ",noise=seeded", *args[4:]]
+    assert train(root, out, *seeded, "--resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("pflx: error: --dp noise: the checkpoint") and \
+        "noise=secure" in err and "noise=seeded" in err
+    assert not out.exists() and ck.is_file()
+    # Its own mode: continues from round 3 with fresh entropy and finishes; the checkpoint goes away.
+    assert train(root, out, *args, "--resume") == 0
+    assert json.loads((out / "metrics.json").read_text())["rounds"] == 6 and not ck.parent.exists()
+    assert release_contract_violations(out, private_values=_private_values(root)) == []
+
+
+def test_divergence_under_dp_prints_no_private_number(root, capsys):
+    """Under --dp divergence is judged on the released model; the message carries no training loss."""
+    capsys.readouterr()
+    assert train(root, root / "dp-diverge", "--algorithm", "fedavg", *DP, "--lr", "1e30", "--set", "server_lr=1e30") == 1
+    err = capsys.readouterr().err.strip()
+    assert "the released model stopped being finite" in err and "loss" not in err.split(";")[0]
+    assert not (root / "dp-diverge").exists()
