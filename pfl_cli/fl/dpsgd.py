@@ -13,7 +13,9 @@ step it takes on parameters it uploads is a DP-SGD step (Abadi et al. 2016, Alg.
 Parameters a client never uploads (a personal classifier head) take ordinary minibatch steps.
 The noise multiplier is calibrated before training so that every client's records are
 (epsilon, delta)-DP with respect to everything the client sends over the whole run, counting
-``rounds x steps per round`` DP steps (a client in every round: the worst case).
+``rounds x steps per round`` DP steps (a client in every round: the worst case). Where a client
+also trains state without noise on the same records that feeds those steps (PPSGD's and
+CENTAUR's heads), the claim is narrower; the algorithm says so in ``dp_coverage``.
 """
 
 from __future__ import annotations
