@@ -86,3 +86,24 @@ def test_statement_says_which():
     assert "not defended" in R.statement("secure")["noise_statement"].lower()
     with pytest.raises(ConfigError):
         R.statement("maybe")
+
+
+def _draw_on_rank(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        gen = R.secure_torch_generator()
+        draws = torch.cat([R.standard_normal(gen, (4,), dtype=torch.float64), R.uniform(gen, (3,))])
+        torch.save(draws, f"{out}-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_secure_draws_are_rank_0s_on_every_rank(tmp_path):
+    """Distributed ranks split one cohort, so they must share its OS-entropy draws (seeded ones agree by seed)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_draw_on_rank, args=(f"file://{tmp_path / 'store'}", str(tmp_path / "draw")), nprocs=2, join=True)
+    a, b = (torch.load(tmp_path / f"draw-{r}.pt") for r in (0, 1))
+    assert torch.equal(a, b) and a.std() > 0
