@@ -45,15 +45,18 @@ def _read_ledgers(dirs: list[Path]):
     from pfl_cli.privacy.ledger import PrivacyLedger
 
     stages = ["mdm-fit", *[s for s in PRODUCER if s != "mdm-fit"], "privacy-account"]
-    ledgers, inputs = [], []
+    ledgers, inputs, seeded = [], [], []
     for path in dirs:
         art = read_artifact(path, stages, flag="ledger")
         if not art.has("privacy.json"):
             raise ArtifactError(f"ledger {path}: no privacy.json; this {art.stage!r} run was not differentially private "
                                 "(ledgers are written by mdm-fit --dp, cluster --dp and DP train).")
-        ledgers.append((str(path), PrivacyLedger.from_dict(load_json(art.file("privacy.json")), where=f"{path}/privacy.json")))
+        doc = load_json(art.file("privacy.json"))
+        ledgers.append((str(path), PrivacyLedger.from_dict(doc, where=f"{path}/privacy.json")))
         inputs.append(art.input_ref())
-    return ledgers, inputs
+        if isinstance(doc, dict) and doc.get("noise") == "seeded":
+            seeded.append(str(path))
+    return ledgers, inputs, seeded
 
 
 def privacy_account(
@@ -93,11 +96,18 @@ def privacy_account(
         from pfl_cli.artifacts import ArtifactWriter
 
         ArtifactWriter(out, stage="privacy-account", config={}, seed=seed, force=force)  # --out problems first
-    read, inputs = _read_ledgers(list(ledgers or []))
+    read, inputs, seeded = _read_ledgers(list(ledgers or []))
     report = answer(cfg, read)
     if out is not None:
         _write(out, cfg, report, seed, force, inputs)
-    Reporter(fmt).result(report.to_dict(), *_human(report))
+    data, human = report.to_dict(), _human(report)
+    if seeded:  # a ledger whose noise anyone holding its config can rebuild (issue 21)
+        from pfl_cli.privacy.randomness import SEEDED_STATEMENT
+
+        data["noise"] = "seeded"
+        data["noise_statement"] = f"{', '.join(seeded)} drew with noise=seeded: {SEEDED_STATEMENT}"
+        human.append(f"Note: {data['noise_statement']}.")
+    Reporter(fmt).result(data, *human)
 
 
 def _human(report) -> list:

@@ -65,6 +65,11 @@ def test_dp_rerun_recomputes_the_same_bytes_without_force(part, tmp_path, capsys
     for name, data in first.items():
         assert (tmp_path / "a" / name).read_bytes() == data == (tmp_path / "b" / name).read_bytes()
     assert json.loads(first["privacy.json"])["noise"] == "seeded"
+    # privacy-account passes the warning on: that epsilon holds only inside the simulation.
+    capsys.readouterr()
+    assert main(["privacy-account", str(tmp_path / "a"), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["noise"] == "seeded" and "simulation only: the noise can be rebuilt" in doc["noise_statement"]
 
 
 def test_secure_dp_runs_with_one_seed_release_different_centers(part, tmp_path, capsys):
