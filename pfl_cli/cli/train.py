@@ -82,7 +82,8 @@ def train(
 
     checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
-    dp_clip and dp_population.
+    dp_clip, dp_population and dp_noise (secure: noise and sampling from OS entropy, the default;
+    seeded: repeatable from the published seed, simulation only).
 
     Under --dp the artifact holds only what the DP guarantee covers (config.yaml, model.pt of the
     last round, privacy.json, metrics.json without accuracies); accuracies on the private clients go
