@@ -53,3 +53,66 @@ def test_secure_gaussian_sum_passes_the_clopper_pearson_audit():
                         confidence=cases.CONFIDENCE)
     assert res.passed, res.row()
     assert res.epsilon_lower_bound > 0.3 * res.claimed_epsilon, res.row()  # not a vacuous pass
+
+
+@pytest.fixture(scope="module")
+def digits_part(tmp_path_factory):
+    from pfl_cli.cli.app import main
+
+    root = tmp_path_factory.mktemp("holder")
+    assert main(["partition", "--dataset", "builtin:digits", "--num-clients", "10", "--holdout-clients", "2",
+                 "--out", str(root / "part"), "--format", "quiet"]) == 0
+    return root
+
+
+def _holder_residual(out):
+    """What the holder of a one-round `train --dp` fedavg artifact computes from its files alone.
+
+    config.yaml gives the seed; model.pt the architecture and the released model; metrics.json
+    (privacy.json's mechanism) the noise multiplier, clip and denominator. With server lr 1 and no
+    momentum the release is init + (sum of clipped deltas + z C n) / denominator, and the holder
+    subtracts the initialization (rebuilt from the seed) and the noise the seed would give.
+    """
+    import json
+
+    import torch
+    import yaml
+
+    from pfl_cli.algorithms.base import seeded
+    from pfl_cli.models import build
+    from pfl_cli.rng import torch_generator
+
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    model = torch.load(out / "model.pt", weights_only=True)
+    dp = json.loads((out / "metrics.json").read_text())["dp"]
+    init = dict(seeded(cfg["seed"], "init-client", lambda: build(model["arch"]["client"])).named_parameters())
+    gen = torch_generator(cfg["seed"], "dp-noise-0")
+    parts = []
+    for name, start in init.items():
+        noise = torch.randn(start.shape, generator=gen, dtype=start.dtype)
+        released = model["weights"]["client"][name]
+        parts.append(((released - start.detach()) * dp["denominator"] - dp["noise_std_on_sum"] * noise).reshape(-1))
+    return torch.cat(parts).double(), dp
+
+
+@pytest.mark.parametrize("noise", ["seeded", "secure"])
+def test_holder_of_a_real_train_artifact(digits_part, noise):
+    """End to end: under noise=seeded the holder recovers the exact clipped sum of the clients' updates from
+    the artifact (its norm is within the clip times the clients); under secure the residual is noise."""
+    from pfl_cli.artifacts import load_partition
+    from pfl_cli.cli.app import main
+
+    out = digits_part / f"fedavg-{noise}"
+    assert main(["train", "--partition", str(digits_part / "part"), "--algorithm", "fedavg", "--rounds", "1",
+                 "--eval-every", "1", "--local-steps", "3", "--set", "mlp_hidden=[64]", "--set", "normalize=false",
+                 "--set", "dp_sampling_rate=1", "--dp", f"eps=1,clip=0.5,population=1000,noise={noise}",
+                 "--out", str(out), "--format", "quiet"]) == 0
+    residual, dp = _holder_residual(out)
+    part, _, _ = load_partition(digits_part / "part")
+    bound = int((part.role == 0).sum()) * dp["clip"]      # a sum of that many vectors of norm <= clip
+    noise_norm = dp["noise_std_on_sum"] * residual.numel() ** 0.5
+    assert noise_norm > 20 * bound                         # the noise alone would hide the sum
+    if noise == "seeded":
+        assert float(residual.norm()) <= bound * (1 + 1e-3)  # the holder has the noiseless clipped sum
+    else:
+        assert float(residual.norm()) > 0.5 * noise_norm    # the seed's noise is not the noise that was drawn
