@@ -153,9 +153,10 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     if start:
         interrupt.kept(_kept_note(start, ck_path, private))
     elif federated:
-        interrupt.kept("interrupted before the first checkpoint (one comes every "
-                       f"{cfg.checkpoint_every or cfg.eval_every} rounds); nothing was kept; run the command again "
-                       "to start over.")
+        # --dp checkpoints after every round (fl.loop: no round is released twice)
+        when = "after every round" if private else f"every {cfg.checkpoint_every or cfg.eval_every} rounds"
+        interrupt.kept(f"interrupted before the first checkpoint (one comes {when}); nothing was kept; run the "
+                       "command again to start over.")
     with report.progress("train", total or None) as bar:
         seen = [start]
         if start:

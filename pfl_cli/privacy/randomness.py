@@ -108,10 +108,8 @@ def secure_standard_normal(size: int | tuple[int, ...] | None = None) -> np.ndar
     """N(0, 1) draws from the OS CSPRNG, each the sum of 4 Box-Muller draws divided by 2 (Holohan & Braghin)."""
     shape = () if size is None else ((int(size),) if np.isscalar(size) else tuple(int(s) for s in size))
     n = math.prod(shape)
-    total = np.zeros(n)
-    for _ in range(_GAUSSIAN_SUMMANDS):
-        total += _box_muller(n)
-    out = total / math.sqrt(_GAUSSIAN_SUMMANDS)
+    # One CSPRNG read for all summands; summing in a fixed order keeps the result a plain float64 sum.
+    out = _box_muller(_GAUSSIAN_SUMMANDS * n).reshape(_GAUSSIAN_SUMMANDS, n).sum(0) / math.sqrt(_GAUSSIAN_SUMMANDS)
     return float(out[0]) if size is None else out.reshape(shape)
 
 
