@@ -171,9 +171,16 @@ SecureTorchGenerator: Any = None  # defined on first use, so that importing this
 
 
 def secure_torch_generator(device: Any = "cpu"):
-    """A :class:`SecureTorchGenerator` on ``device``, its own state seeded from 63 fresh bits of OS entropy."""
+    """A :class:`SecureTorchGenerator` on ``device``, its own state seeded from 63 fresh bits of OS entropy.
+
+    That state serves the draws that are not a mechanism's (a uniform cohort, the batches of a head
+    trained on the client); in a distributed run every rank takes rank 0's seed, so they agree.
+    """
+    import torch
+
+    seed = torch.tensor([int.from_bytes(os.urandom(8), "little") & 0x7FFF_FFFF_FFFF_FFFF], dtype=torch.int64)
     gen = _torch_generator_class()(device=device)
-    gen.manual_seed(int.from_bytes(os.urandom(8), "little") & 0x7FFF_FFFF_FFFF_FFFF)
+    gen.manual_seed(int(_same_on_every_rank(seed)[0]))
     return gen
 
 

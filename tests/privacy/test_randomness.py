@@ -94,7 +94,8 @@ def _draw_on_rank(rank: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         gen = R.secure_torch_generator()
-        draws = torch.cat([R.standard_normal(gen, (4,), dtype=torch.float64), R.uniform(gen, (3,))])
+        draws = torch.cat([R.standard_normal(gen, (4,), dtype=torch.float64), R.uniform(gen, (3,)),
+                           torch.randperm(5, generator=gen).double()])  # its own state too: rank 0's seed
         torch.save(draws, f"{out}-{rank}.pt")
     finally:
         dist.destroy_process_group()
