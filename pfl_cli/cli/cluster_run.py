@@ -143,9 +143,8 @@ def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporte
         np.save(writer.path("centers.npy", release=MECHANISM if dp else None), res.centers)
         writer.save_json("metrics.json", metrics, release=POST_PROCESSING if dp else None)
         if dp:
-            from pfl_cli.privacy.release import population_note
-
             from pfl_cli.privacy.randomness import statement
+            from pfl_cli.privacy.release import population_note
 
             ledger = {**res.ledger.to_dict(res.accountant), **statement(cfg.noise)}
             ledger["notes"].append(population_note(cfg.population))

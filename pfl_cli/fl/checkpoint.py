@@ -14,8 +14,8 @@ checkpoint is therefore resumable with any number of ranks.
 from __future__ import annotations
 
 import hashlib
-import os
 import io
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -153,7 +153,8 @@ def check_noise_mode(state: dict, cfg, path: Path) -> None:
     now = getattr(cfg, "dp_noise", None) if getattr(cfg, "dp_epsilon", None) is not None else None
     if was != now:
         said = lambda mode: "no --dp" if mode is None else f"--dp ...,noise={mode}"  # noqa: E731
-        raise ConfigError(f"--dp noise: the checkpoint {path} was trained with {said(was)} and this command asks "
+        param = "--dp" if None in (was, now) else "--dp noise"
+        raise ConfigError(f"{param}: the checkpoint {path} was trained with {said(was)} and this command asks "
                           f"{said(now)}; resume with {said(was)}, or drop --resume (or delete {path.parent}) to "
                           "start over.")
 
