@@ -18,10 +18,12 @@ Samplers (what a secure draw is):
 - uniform: 53 random bits from the CSPRNG per float64, ``(k + 1/2) 2^-53`` for k uniform on
   [0, 2^53): never 0 or 1.
 - Gaussian: Box-Muller on CSPRNG uniforms, and Opacus's ``secure_mode`` defence against the
-  floating-point attacks on Gaussian samplers (Holohan & Braghin 2021, "Secure random sampling in
-  differential privacy", ESORICS; the attack is the Gaussian version of Mironov 2012): a draw of
-  N(0, s^2) is the sum of 4 independent N(0, s^2) draws divided by 2, so the set of floats a
-  draw can land on no longer reveals the value it was added to.
+  floating-point attacks on Gaussian samplers (Jin et al. 2022, "Are we there yet? Timing and
+  floating-point attacks on differential privacy systems", arXiv:2112.05307, after Mironov 2012):
+  following Holohan & Braghin 2021 ("Secure random sampling in differential privacy",
+  arXiv:2107.10138) a draw of N(0, s^2) is the sum of 2n = 4 independent N(0, s^2) draws divided
+  by sqrt(2n) = 2, so the set of floats a draw can land on no longer reveals the value it was
+  added to.
 - Laplace: the difference of two exponentials ``-ln U`` on CSPRNG uniforms. This is a
   floating-point sampler: it does not implement Mironov's snapping mechanism, so the
   porous-float attack on the Laplace mechanism (Mironov 2012) is not defended against;
