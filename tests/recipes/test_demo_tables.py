@@ -40,5 +40,6 @@ def test_tables_show_unmasked_new_and_training_clients_and_caption_the_gaps(tmp_
     assert rows["FedAvg"] == ["31.0%", "33.0%", "78.0%"]
     assert "new clients | training clients | new clients, label masking" in ring_part.replace("  ", "")
     # PeFLL new 72.0 vs FedAvg new 31.0; pFedHN train 69.0 vs FedAvg train 33.0
-    assert "+41.0 points and +36.0 points from FedAvg" in ring_part
+    assert "+41.0 points and +36.0 points from FedAvg's single model (31.0% / 33.0%" in ring_part
+    assert "pFedHN's new clients, which only train a fresh embedding, are +2.0 points from it." in ring_part
     assert "spans 3.0 points (best: Local)" in out[:out.index("ring:")]
