@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's demo: every stage of pflx that exists, chained through artifact directories,
 # on scikit-learn's bundled digits (no download). Usage: bash recipes/quickstart/demo.sh [OUT_ROOT]
-# About two and a half minutes on 2 CPU cores; re-running is a no-op per stage (same config and inputs).
+# About six minutes on 2 idle CPU cores (pFedHN's one-client server steps are most of the added time);
+# re-running is a no-op per stage (same config and inputs).
 set -euo pipefail
 root=${1:-runs/demo}
 pflx() { python -m pfl_cli "$@"; }
