@@ -90,8 +90,8 @@ def _load(arg: str, options: dict[str, str], spec: str, class_names: tuple[str, 
         raise DatasetError(f"{spec}: no such directory {root}; point to the directory holding the IDX files.")
     xs, ys = [], []
     for split in ("train", "t10k"):
-        images = read_idx(_find(root, f"{split}-images-idx3-ubyte", spec), IMAGES_MAGIC, spec)
-        labels = read_idx(_find(root, f"{split}-labels-idx1-ubyte", spec), LABELS_MAGIC, spec)
+        images = read_idx(find_idx(root, f"{split}-images-idx3-ubyte", spec), IMAGES_MAGIC, spec)
+        labels = read_idx(find_idx(root, f"{split}-labels-idx1-ubyte", spec), LABELS_MAGIC, spec)
         if images.shape[0] != labels.shape[0]:
             raise DatasetError(
                 f"{spec}: {split} images and labels must have the same count; got {images.shape[0]} "
@@ -110,7 +110,7 @@ def _load(arg: str, options: dict[str, str], spec: str, class_names: tuple[str, 
     )
 
 
-def _find(root: Path, name: str, spec: str) -> Path:
+def find_idx(root: Path, name: str, spec: str) -> Path:
     """The file ``name`` in ``root``, plain preferred over ``.gz``."""
     for candidate in (root / name, root / f"{name}.gz"):
         if candidate.is_file():
