@@ -36,7 +36,7 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl | hyperfl-lpm | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
     clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default 5; pfedhn 1, as its paper; hyperfl every client, and its last round always takes every client).", show_default=False)] = None,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).")] = 50,
