@@ -35,7 +35,10 @@ class Attention(nn.Module):
     def forward(self, x):
         b, n, d = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v)
+        # Written out rather than F.scaled_dot_product_attention: its fused CPU kernel has no second
+        # derivative, and `pflx attack` differentiates the upload's gradient in the images.
+        weights = torch.softmax((q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5, dim=-1)
+        out = weights @ v
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 
