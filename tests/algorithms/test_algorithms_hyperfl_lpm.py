@@ -121,3 +121,15 @@ def test_attack_models_the_lpm_upload(tmp_path, cli):
     assert m["algorithm"] == "hyperfl-lpm"
     assert m["upload"] and all(k.startswith("grad/heads.") or k.startswith("grad/body.") for k in m["upload"])
     assert np.isfinite(m["results"]["ig"]["mean_psnr"])
+
+
+def test_the_cpu_smoke_recipe_runs_partition_train_predict(tmp_path, cli):
+    recipe = "recipes/hyperfl/lpm-digits-smoke.yaml"
+    assert cli("partition", "--config", recipe, "--out", tmp_path / "p", "--format", "quiet").code == 0
+    run = cli("train", "--config", recipe, "--partition", tmp_path / "p", "--out", tmp_path / "t", "--rounds", "2",
+              "--eval-every", "2", "--format", "quiet")
+    assert run.code == 0, run.err
+    run = cli("predict", "--config", recipe, "--model", tmp_path / "t", "--partition", tmp_path / "p",
+              "--out", tmp_path / "n", "--format", "json")
+    assert run.code == 0, run.err
+    assert json.loads((tmp_path / "t" / "metrics.json").read_text())["algorithm"] == "hyperfl-lpm"
