@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pfl_cli.data.base import POOL_TEST, POOL_TRAIN, Dataset, check_options
-from pfl_cli.data.mnist import IMAGES_MAGIC, LABELS_MAGIC, find_idx, read_idx
+from pfl_cli.data.base import Dataset, check_options
+from pfl_cli.data.mnist import read_split, train_test_dataset
 from pfl_cli.errors import DatasetError
 
 # Classes per split (EMNIST paper, Table II); letters' labels start at 1 in the files.
@@ -61,13 +61,7 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
     offset = 1 if split == "letters" else 0
     xs, ys = [], []
     for part in ("train", "test"):
-        images = read_idx(find_idx(root, f"emnist-{split}-{part}-images-idx3-ubyte", spec), IMAGES_MAGIC, spec)
-        labels = read_idx(find_idx(root, f"emnist-{split}-{part}-labels-idx1-ubyte", spec), LABELS_MAGIC, spec)
-        if images.shape[0] != labels.shape[0]:
-            raise DatasetError(
-                f"{spec}: emnist-{split}-{part}: images and labels must have the same count; got "
-                f"{images.shape[0]} images and {labels.shape[0]} labels. Re-download the mismatched file."
-            )
+        images, labels = read_split(root, f"emnist-{split}-{part}", spec)
         y = labels.astype(np.int64) - offset
         bad = np.flatnonzero((y < 0) | (y >= num_classes))
         if bad.size:
@@ -78,16 +72,8 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
         # The release writes each image transposed: swap rows and columns to stand it upright.
         xs.append(np.ascontiguousarray(images.transpose(0, 2, 1))[:, None])
         ys.append(y)
-    pool = np.concatenate([np.full(len(y), p, dtype=np.uint8) for y, p in zip(ys, (POOL_TRAIN, POOL_TEST))])
-    return Dataset(
-        spec=spec,
-        x=np.concatenate(xs),
-        y=np.concatenate(ys),
-        num_classes=num_classes,
-        pool=pool,
-        class_names=_class_names(root / f"emnist-{split}-mapping.txt", num_classes, offset, spec),
-        extra={"emnist_split": split},
-    )
+    names = _class_names(root / f"emnist-{split}-mapping.txt", num_classes, offset, spec)
+    return train_test_dataset(spec, xs, ys, num_classes, names, {"emnist_split": split})
 
 
 def _release_dir(path: Path, split: str, spec: str) -> Path:

@@ -3,7 +3,6 @@ the Table 2 baselines through `train`, and the attack's model of its upload."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -57,17 +56,12 @@ def test_hyperfl_lpm_needs_a_backbone_tuned_by_adapters(store):
 
 def test_new_clients_resume_and_predict(digits_clients):
     from pfl_cli.cli.train_run import torch_bytes
-    from pfl_cli.fl import PredictConfig, predict_clients, train_federated
+    from pfl_cli.fl import PredictConfig, predict_clients
+    from tests.algorithms.test_algorithms_hyperfl import assert_resume_ends_where_the_run_ends
 
     ds, part = digits_clients
     cfg = TrainConfig(**SMALL, rounds=3, eval_every=1)
-    saved = []
-    full = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu",
-                           on_checkpoint=lambda ck: saved.append(torch_bytes(ck)))
-    resumed = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu",
-                              resume=torch.load(io.BytesIO(saved[0]), weights_only=True))
-    assert resumed.outcome.history == full.outcome.history
-    assert torch_bytes(resumed.model) == torch_bytes(full.model)
+    full = assert_resume_ends_where_the_run_ends(ds, part, cfg)
     assert set(full.model["weights"]) == {"hypernetwork", "private"}  # no backbone in the model: it is the file's
     frozen = torch_bytes(full.model["weights"])
     out = predict_clients(full.model, cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(local_epochs=2), device="cpu")

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from pfl_cli.data import load_dataset
-from pfl_cli.errors import ConfigError, DatasetError
+from pfl_cli.errors import DatasetError
 from tests.data.test_data_mnist import IMAGES, LABELS, make_mnist, write_idx
 
 CINIC_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -151,7 +151,7 @@ def test_emnist_refuses_labels_outside_the_split_and_a_bad_mapping(tmp_path):
 def test_emnist_images_and_labels_counts_must_agree(tmp_path):
     root, _, _ = make_emnist(tmp_path)
     write_idx(root / "gzip" / "emnist-byclass-test-labels-idx1-ubyte", np.zeros(5), LABELS, gz=False)
-    with pytest.raises(DatasetError, match="emnist-byclass-test: images and labels must have the same count; got 3 images and 5"):
+    with pytest.raises(DatasetError, match="emnist-byclass-test images and labels must have the same count; got 3 images and 5"):
         load_dataset(f"emnist:{root}")
 
 

@@ -34,6 +34,15 @@ def write_acs(path, n=1200, seed=0):
     return path
 
 
+def partition_and_cluster(cli, recipe, clients, server, tmp_path):
+    """The recipe's two commands with the test's files: ``pflx partition`` -> p, ``pflx cluster`` -> km."""
+    run = cli("partition", "--config", RECIPES / recipe, "--dataset", clients, "--out", tmp_path / "p", "--format", "quiet")
+    assert run.code == 0, run.err
+    run = cli("cluster", "--config", RECIPES / recipe, "--server-data", server, "--partition", tmp_path / "p",
+              "--out", tmp_path / "km", "--format", "json")
+    assert run.code == 0, run.err
+
+
 def test_census_csv_follows_acs_income_and_one_hot_encodes(tmp_path):
     mod = census_csv()
     acs = mod.read_acs(write_acs(tmp_path / "acs.csv"))
@@ -55,13 +64,8 @@ def test_census_csv_follows_acs_income_and_one_hot_encodes(tmp_path):
 def test_census_recipe_end_to_end(tmp_path, cli):
     census_csv().main(["--acs", str(write_acs(tmp_path / "acs.csv")), "--cow", "5", "--server-other", "100",
                        "--out", str(tmp_path / "census")])
-    recipe = RECIPES / "census.yaml"
-    run = cli("partition", "--config", recipe, "--dataset", f"csv:{tmp_path}/census/clients.csv?client=ST&label=",
-              "--out", tmp_path / "p", "--format", "quiet")
-    assert run.code == 0, run.err
-    run = cli("cluster", "--config", recipe, "--server-data", f"csv:{tmp_path}/census/server.csv?label=",
-              "--partition", tmp_path / "p", "--out", tmp_path / "km", "--format", "json")
-    assert run.code == 0, run.err
+    partition_and_cluster(cli, "census.yaml", f"csv:{tmp_path}/census/clients.csv?client=ST&label=",
+                          f"csv:{tmp_path}/census/server.csv?label=", tmp_path)
     d = len((tmp_path / "census" / "server.csv").read_text().splitlines()[0].split(","))
     assert np.load(tmp_path / "km" / "centers.npy").shape == (10, d)
     manifest = json.loads((tmp_path / "km" / "manifest.json").read_text())
@@ -84,12 +88,7 @@ def test_stackoverflow_recipe_end_to_end(tmp_path, cli):
 
     write(tmp_path / "clients.csv", 1500, 200)
     write(tmp_path / "server.csv", 300, None)
-    recipe = RECIPES / "stackoverflow.yaml"
-    run = cli("partition", "--config", recipe, "--dataset", f"csv:{tmp_path}/clients.csv?client=client_id&label=",
-              "--out", tmp_path / "p", "--format", "quiet")
-    assert run.code == 0, run.err
-    run = cli("cluster", "--config", recipe, "--server-data", f"csv:{tmp_path}/server.csv?label=",
-              "--partition", tmp_path / "p", "--out", tmp_path / "km", "--format", "json")
-    assert run.code == 0, run.err
+    partition_and_cluster(cli, "stackoverflow.yaml", f"csv:{tmp_path}/clients.csv?client=client_id&label=",
+                          f"csv:{tmp_path}/server.csv?label=", tmp_path)
     metrics = json.loads((tmp_path / "km" / "metrics.json").read_text())
     assert metrics["privacy_unit"] == "client" and metrics["dimension"] == 12
