@@ -38,7 +38,8 @@ class HyperFLLPM(HyperFL):
                               f"(the probe and FPT baselines are --algorithm fedavg / local).")
         client = backbone_spec(cfg.backbone, store.input_shape, store.num_classes, tune="adapters",
                                weights=cfg.backbone_weights or None)
-        adapters = split_names(build(client))[0]
+        # the adapter names need no weights: build the net without reading the file
+        adapters = split_names(build({k: v for k, v in client.items() if k != "weights"}))[0]
         dim = int(cfg.embed_dim) or DEFAULT_EMBED_DIM
         # App. D.1 / B.4: Linear(64, hidden) -> ReLU -> one linear head per adapter tensor
         return {"client": client,

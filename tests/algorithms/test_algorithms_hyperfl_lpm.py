@@ -77,7 +77,7 @@ def test_table2_baselines_train_end_to_end(tmp_path, cli):
     _published("resnet-micro", tmp_path / "r.pth")
     assert cli("partition", "--dataset", "builtin:digits", "--num-clients", "6", "--dirichlet", "0.5",
                "--holdout-clients", "1", "--out", tmp_path / "p", "--format", "quiet").code == 0
-    common = ["--partition", tmp_path / "p", "--rounds", "2", "--eval-every", "2", "--local-epochs", "1",
+    common = ["--partition", tmp_path / "p", "--rounds", "1", "--eval-every", "1", "--local-epochs", "1",
               "--batch-size", "32", "--lr", "0.05", "--device", "cpu", "--format", "quiet",
               "--set", "backbone=resnet-micro", "--set", f"backbone_weights={tmp_path / 'r.pth'}"]
     counts = {}
@@ -117,6 +117,7 @@ def test_attack_models_the_lpm_upload(tmp_path, cli):
     assert np.isfinite(m["results"]["ig"]["mean_psnr"])
 
 
+@pytest.mark.slow
 def test_the_cpu_smoke_recipe_runs_partition_train_predict(tmp_path, cli):
     recipe = "recipes/hyperfl/lpm-digits-smoke.yaml"
     assert cli("partition", "--config", recipe, "--out", tmp_path / "p", "--format", "quiet").code == 0
@@ -127,3 +128,17 @@ def test_the_cpu_smoke_recipe_runs_partition_train_predict(tmp_path, cli):
               "--out", tmp_path / "n", "--format", "json")
     assert run.code == 0, run.err
     assert json.loads((tmp_path / "t" / "metrics.json").read_text())["algorithm"] == "hyperfl-lpm"
+
+
+def test_predict_refuses_a_weights_file_changed_after_training(tmp_path, cli):
+    _published("resnet-micro", tmp_path / "w.pth")
+    assert cli("partition", "--dataset", "builtin:digits", "--num-clients", "6", "--dirichlet", "0.5",
+               "--holdout-clients", "1", "--out", tmp_path / "p", "--format", "quiet").code == 0
+    assert cli("train", "--partition", tmp_path / "p", "--algorithm", "hyperfl-lpm", "--set", "backbone=resnet-micro",
+               "--set", f"backbone_weights={tmp_path / 'w.pth'}", "--set", "hyper_hidden=8", "--set", "embed_dim=8",
+               "--rounds", "1", "--local-epochs", "1", "--device", "cpu", "--out", tmp_path / "m",
+               "--format", "quiet").code == 0
+    _published("resnet-micro", tmp_path / "w.pth", head=False)  # same keys, another file
+    run = cli("predict", "--model", tmp_path / "m", "--partition", tmp_path / "p", "--out", tmp_path / "n",
+              "--device", "cpu", "--format", "quiet")
+    assert run.code == 2 and "missing or changed since the model was built" in run.err and not (tmp_path / "n").exists()
