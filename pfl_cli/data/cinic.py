@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pfl_cli.data.base import POOL_TEST, POOL_TRAIN, Dataset, check_options
-from pfl_cli.data.pngs import pillow_image, png_files, read_pngs
+from pfl_cli.data.pngs import png_files, read_pngs
 from pfl_cli.errors import DatasetError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -66,7 +66,6 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
                 raise DatasetError(f"{spec}: missing folder {split}/{name} in {root}; CINIC-10 has "
                                    f"{'/'.join(SPLITS)}/<class>/*.png for its 10 classes.")
             files.append(png_files(folder, spec))
-    pillow_image(spec)
     x = read_pngs([p for group in files for p in group], "RGB", None, spec, side=32)
     counts = [len(group) for group in files]
     y = np.repeat(np.tile(np.arange(len(CLASSES), dtype=np.int64), len(splits)), counts)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from pfl_cli.data.base import Dataset, check_options
-from pfl_cli.data.pngs import pillow_image, png_files, read_pngs
+from pfl_cli.data.pngs import png_files, read_pngs
 from pfl_cli.errors import DatasetError
 
 SETS = {"all": ("background", "evaluation"), "background": ("background",), "evaluation": ("evaluation",)}
@@ -72,7 +72,6 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
                 files.append(png_files(character, spec))
                 class_names.append(f"{alphabet.name}/{character.name}")
                 alphabets.append(alphabet.name)
-    pillow_image(spec)
     x = read_pngs([p for group in files for p in group], "L", size, spec)
     counts = [len(group) for group in files]
     return Dataset(
