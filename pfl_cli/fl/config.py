@@ -18,6 +18,7 @@ ALGORITHMS = ("pefll", "fedavg", "local", "pfedhn", "pfedhn-pc", "hyperfl", "hyp
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
 CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
+BACKBONE_TUNES = ("adapters", "probe", "full")  # models.pretrained.TUNES (kept here: no torch import for the schema)
 HYPER_SIZES = ("S", "M", "L")
 SERVER_OPTIMIZERS = ("adam", "sgd")
 EVAL_DESCRIPTORS = ("all", "batch")
@@ -132,7 +133,8 @@ class PredictConfig:
 
 
 register_choices(TrainConfig, algorithm=lambda: ALGORITHMS, model_arch=CLIENT_ARCHS, embedding=EMBEDDINGS,
-                 hyper_size=HYPER_SIZES, server_optimizer=SERVER_OPTIMIZERS, eval_descriptor=EVAL_DESCRIPTORS)
+                 hyper_size=HYPER_SIZES, server_optimizer=SERVER_OPTIMIZERS, eval_descriptor=EVAL_DESCRIPTORS,
+                 backbone_tune=BACKBONE_TUNES)
 register_choices(PredictConfig, clients=CLIENT_SETS, eval_descriptor=EVAL_DESCRIPTORS)
 
 

@@ -159,3 +159,10 @@ def test_safetensors_file_loads_when_the_package_is_there(tmp_path):
     st.save_file(state, str(tmp_path / "w.safetensors"))
     net = build(backbone_spec("resnet-micro", (3, 32, 32), 10, weights=str(tmp_path / "w.safetensors")))
     assert torch.equal(net.backbone.conv1.weight, state["conv1.weight"])
+
+
+def test_the_config_schema_offers_exactly_the_models_tunes():
+    from pfl_cli.fl.config import BACKBONE_TUNES
+    from pfl_cli.models.pretrained import TUNES
+
+    assert BACKBONE_TUNES == TUNES
