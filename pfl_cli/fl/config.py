@@ -102,6 +102,7 @@ class TrainConfig:
     dp_sampling_rate: Optional[float] = None  # Poisson rate q: of clients (client-level; None = clients_per_round /
                                               # train clients) or of a client's records (ldp-*; required)
     dp_accountant: str = "rdp"             # rdp | pld
+    dp_noise: str = "secure"               # secure (OS entropy) | seeded (repeatable; simulation only)
     write_nonprivate: bool = False         # also write diagnostics computed on private data (nonprivate*)
     # --- hypernetwork family: pfedhn, pfedhn-pc, hyperfl (issue 11; specs/pfedhn-hyperfl.md A.8, B.6) ---
     hn_momentum: float = 0.9              # pfedhn: momentum of the server SGD on (phi, embeddings)
