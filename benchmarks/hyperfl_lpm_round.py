@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from pefll_paper_run import write_synthetic_cifar10
+from pefll_paper_run import timed_pflx, write_synthetic_cifar10
 from verdict import Verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +26,6 @@ RECIPE = ROOT / "recipes" / "hyperfl" / "lpm-table2.yaml"
 
 
 def main(argv=None) -> int:
-    import torch
-
     from pfl_cli.cli.app import main as pflx
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -46,19 +43,14 @@ def main(argv=None) -> int:
                      "--format", "quiet"])
         if code:
             return code
-        cuda = torch.cuda.is_available() and args.device in ("auto", "cuda") or args.device.startswith("cuda")
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        code = pflx(["train", "--config", str(RECIPE), "--partition", str(out / "part"), "--out", str(out / "train"),
-                     "--format", "quiet", "--set", f"rounds={args.rounds}", "--set", f"eval_every={args.rounds}",
-                     "--set", f"backbone={args.backbone}", "--set", "backbone_weights=",
-                     "--set", f"local_epochs={args.local_epochs}", "--set", f"device={args.device}"])
-        wall = time.perf_counter() - t0
+        code, wall, device, memory = timed_pflx(
+            ["train", "--config", str(RECIPE), "--partition", str(out / "part"), "--out", str(out / "train"),
+             "--format", "quiet", "--set", f"rounds={args.rounds}", "--set", f"eval_every={args.rounds}",
+             "--set", f"backbone={args.backbone}", "--set", "backbone_weights=",
+             "--set", f"local_epochs={args.local_epochs}", "--set", f"device={args.device}"], args.device)
         if code:
             return code
-        device = torch.cuda.get_device_name() if cuda else "CPU"
-        memory = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+        cuda = device != "CPU"
 
     print(f"HyperFL-LPM ({RECIPE.relative_to(ROOT)}), backbone {args.backbone} (random weights), {args.rounds} rounds "
           f"of 20 clients x {args.local_epochs} local epochs, {args.images:,} synthetic 3x32x32 images, on {device}")
