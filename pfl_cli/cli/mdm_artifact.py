@@ -15,6 +15,8 @@ from pfl_cli.errors import ArtifactError, InputError
 
 def partition_histograms(artifact: Artifact, *, flag: str) -> np.ndarray:
     """Train clients' train-label histograms from a partition artifact's ``stats.csv``."""
+    from pfl_cli.readers import read_partition_files
+
     path = artifact.file("stats.csv")
     try:
         with open(path, newline="") as fh:
@@ -27,6 +29,11 @@ def partition_histograms(artifact: Artifact, *, flag: str) -> np.ndarray:
     if not cls:
         raise ArtifactError(f"{flag} {artifact.path}: stats.csv has no class columns (a dataset without labels).")
     table = table.reshape(-1, 1 + len(cls))
+    _, arrays, _ = read_partition_files(artifact, flag)  # the other files, and stats.csv against them
+    if len(table) != len(arrays["role"]) or not np.array_equal(table[:, 0], arrays["role"]) or (table[:, 1:] < 0).any():
+        raise ArtifactError(f"{flag} {artifact.path}: stats.csv must hold one row per client of clients.npz, with its "
+                            f"role and counts >= 0; got {len(table)} rows for {len(arrays['role'])} clients. "
+                            "Re-create the partition.")
     return table[table[:, 0] == 0, 1:]
 
 

@@ -39,9 +39,9 @@ _FLAGS = ("noise_multiplier", "sampling_rate", "population", "cohort_size", "ste
 
 
 def _read_ledgers(dirs: list[Path]):
-    from pfl_cli.artifacts import PRODUCER, load_json, read_artifact
+    from pfl_cli.artifacts import PRODUCER, read_artifact
     from pfl_cli.errors import ArtifactError
-    from pfl_cli.privacy.ledger import PrivacyLedger
+    from pfl_cli.readers import read_ledger
 
     stages = ["mdm-fit", *[s for s in PRODUCER if s != "mdm-fit"], "privacy-account"]
     ledgers, inputs = [], []
@@ -50,7 +50,7 @@ def _read_ledgers(dirs: list[Path]):
         if not art.has("privacy.json"):
             raise ArtifactError(f"ledger {path}: no privacy.json; this {art.stage!r} run was not differentially private "
                                 "(ledgers are written by mdm-fit --dp, cluster --dp and DP train).")
-        ledgers.append((str(path), PrivacyLedger.from_dict(load_json(art.file("privacy.json")), where=f"{path}/privacy.json")))
+        ledgers.append((str(path), read_ledger(art, "ledger")[1]))
         inputs.append(art.input_ref())
     return ledgers, inputs
 
