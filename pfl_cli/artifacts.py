@@ -53,7 +53,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from pfl_cli import __version__
-from pfl_cli.errors import ArtifactError, InputError
+from pfl_cli.errors import ArtifactError, ConfigError, InputError
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -432,6 +432,18 @@ def read_artifact(path: str | Path, stage: str | Sequence[str], *, flag: str = "
 
 
 # ---------------------------------------------------------------------------- writing
+def _non_finite(obj: Any, where: str = "") -> tuple[str, float] | None:
+    """The first (key path, value) of ``obj`` holding a NaN or an infinity, else None."""
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return where or "value", obj
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = _non_finite(value, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip("."))
+        if found:
+            return found
+    return None
+
+
 class ArtifactWriter:
     """Build an artifact in a temporary sibling directory and move it into place.
 
@@ -460,12 +472,16 @@ class ArtifactWriter:
         self.dp = bool(dp)
         self._release: dict[str, str] = {}
         self.stage = stage
+        bad = _non_finite(dict(config))
+        if bad:  # JSON has no NaN or infinity, and no option means anything with one
+            raise ConfigError(f"{bad[0]} must be a finite number; got {bad[1]!r}.")
         self.config = json.loads(canonical_json(dict(config)))  # normalized, JSON-safe
         self.seed = seed
         # Under DP a private input's hash would tell neighbouring datasets apart: withhold it.
         self.inputs = [dict(i) if (not self.dp or i.get("public")) else {**i, "sha256": None} for i in inputs]
         self._input_hashes = [i.get("sha256") for i in inputs]
         self.force = force
+        check_out_apart(self.out, inputs)
         self.argv = list(argv) if argv is not None else ["pflx", *sys.argv[1:]]
         self.dir: Path | None = None
         self._after_swap: list = []
@@ -652,6 +668,36 @@ def _check_name(out: Path) -> None:
         if err.errno == errno.ENAMETOOLONG:
             raise InputError(f"--out {str(out)[:60]}...: {err.strerror} (the name has {len(out.name)} characters); "
                              "choose a shorter --out.") from None
+
+
+def _input_location(ref: Mapping[str, Any]) -> Path | None:
+    """The file or directory an input reference reads (a dataset spec's path after ``SCHEME:``), if on disk."""
+    text = str(ref.get("path", ""))
+    if ref.get("stage") == "dataset":
+        text = text.split(":", 1)[1].split("?", 1)[0] if ":" in text else ""
+    if not text:
+        return None
+    path = Path(text)
+    return path if path.exists() else None
+
+
+def check_out_apart(out: str | Path, inputs: Iterable[Mapping[str, Any]]) -> None:
+    """Refuse an ``--out`` that is, lies inside, or contains one of the command's inputs, ``--force`` or not.
+
+    Replacing ``--out`` would destroy (or, inside it, orphan) the input the result was computed from.
+    """
+    target = Path(os.path.abspath(out))
+    for ref in inputs:
+        where = _input_location(ref)
+        if where is None:
+            continue
+        source = Path(os.path.realpath(where))
+        resolved = Path(os.path.realpath(target))
+        how = ("is" if resolved == source else "is inside" if source in resolved.parents
+               else "contains" if resolved in source.parents else None)
+        if how:
+            raise InputError(f"--out {out}: {how} the input {ref.get('path')}; writing there would replace what "
+                             "this command reads, so it is refused even with --force. Choose another --out.")
 
 
 def check_out_location(out: str | Path) -> list[Path]:

@@ -38,6 +38,10 @@ class AttackRun:
     upload_steps: int                # local SGD steps behind the message (0: a gradient)
 
 
+# Bound on --iterations: an unbounded request would run with no end and no message (issue 25).
+MAX_ITERATIONS = 100_000
+
+
 def validate_attack_config(cfg: AttackConfig) -> None:
     if cfg.attack not in ATTACK_CHOICES:
         raise ConfigError(f"attack must be one of {', '.join(ATTACK_CHOICES)}; got {cfg.attack!r}.")
@@ -49,6 +53,9 @@ def validate_attack_config(cfg: AttackConfig) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}; got {value!r}.")
+    if cfg.iterations > MAX_ITERATIONS:
+        raise ConfigError(f"iterations must be <= {MAX_ITERATIONS} (ten times the longest attack of the papers, IG's "
+                          f"10000 Adam steps); got {cfg.iterations}.")
     for name in ("lr", "tv"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

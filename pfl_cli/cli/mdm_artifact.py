@@ -74,7 +74,8 @@ def read_counts(path: Path, bins: str | None) -> tuple[np.ndarray, dict[str, str
     if table.ndim != 2 or table.shape[1] != 2:
         raise InputError(f"--counts {path} with --bins must hold two columns, client and value, one row per sample; "
                          f"got shape {table.shape}.")
-    counts, _ = counts_from_values(table[:, 0], table[:, 1], parse_bins(bins))
+    edges = parse_bins(bins, clients=len(np.unique(table[:, 0])))
+    counts, _ = counts_from_values(table[:, 0], table[:, 1], edges)
     return counts, ref
 
 

@@ -117,6 +117,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     from pfl_cli.fl.distributed import world
     from pfl_cli.fl.loop import TrainingDiverged
     from pfl_cli.fl.store import ROLE_TRAIN
+    from pfl_cli.readers import check_checkpoint_location
 
     writes = world()[0] == 0
     ArtifactWriter(out, stage="train", config={}, seed=cfg.seed, force=force)  # --out problems first
@@ -138,6 +139,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
 
     ck = Checkpointer(out, fingerprint(config, inputs))
     ck_path, ck_dir = ck.path, ck.dir
+    check_checkpoint_location(ck_dir, ck_path, resume=resume)
     ck.remove_torn_writes()
     state = _resume(ck, cfg, report) if resume else None
     if state is None and ck_path.is_file():

@@ -129,7 +129,20 @@ def _validate_dp(cfg: TrainConfig) -> None:
     if cfg.dp_accountant not in ACCOUNTANTS:
         raise ConfigError(f"dp_accountant must be one of {', '.join(ACCOUNTANTS)}; got {cfg.dp_accountant!r}.")
     check_dp_options(cfg)
+    _check_population_bound(cfg)
     cls.check_dp_config(cfg)
+
+
+def _check_population_bound(cfg: TrainConfig) -> None:
+    """A public population bound N below the cohort asked for contradicts it (q = cohort / N would exceed 1)."""
+    from pfl_cli.fl.config import planned_cohort
+
+    cohort = planned_cohort(cfg)
+    if cfg.dp_population is not None and cfg.dp_sampling_rate is None and cohort is not None \
+            and cohort > cfg.dp_population:
+        raise ConfigError(f"--dp population={cfg.dp_population:g} is a public bound on the enrolled clients, but "
+                          f"--clients-per-round asks for {cohort} per round; the population must be at least the "
+                          "cohort. Raise population= to the number of enrolled clients or lower --clients-per-round.")
 
 
 def _validate_baselines(cfg: TrainConfig) -> None:
