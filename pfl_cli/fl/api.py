@@ -38,6 +38,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}.")
     for name in ("rounds",):
         _int(cfg, name, 0)
+    _check_degenerate(cfg)
     if cfg.clients_per_round is not None:
         _int(cfg, "clients_per_round", 1)
     for name in ("local_steps", "batch_size", "descriptor_batch", "eval_every", "hyper_hidden"):
@@ -108,6 +109,18 @@ def _check_model_memory(cfg: TrainConfig, hidden: list[int]) -> None:
                  f"{cfg.embed_dim}", 4.0 * 4 * (client + hyper), fix="Lower the widths.")
 
 
+def _check_degenerate(cfg: TrainConfig) -> None:
+    """Values that pass their type's range but cannot mean anything (issue 25; docs/reference/artifact-checks.md)."""
+    from pfl_cli.algorithms import REGISTRY
+
+    if cfg.rounds == 0 and cfg.algorithm in REGISTRY and REGISTRY[cfg.algorithm].federated:
+        raise ConfigError(f"rounds must be >= 1 for the federated algorithm {cfg.algorithm!r} (0 rounds train "
+                          "nothing); got 0. --algorithm local trains without rounds.")
+    if cfg.algorithm == "fedrep" and cfg.head_epochs == 0:
+        raise ConfigError("head_epochs must be >= 1 for fedrep: the head is what FedRep personalizes, and with 0 "
+                          "epochs every client keeps its random initial head; got 0.")
+
+
 def _validate_dp(cfg: TrainConfig) -> None:
     """--dp on an algorithm that has a DP variant, with its public bounds (``pfl_cli.fl.dp``)."""
     from pfl_cli.algorithms import REGISTRY
@@ -170,9 +183,6 @@ def _validate_baselines(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
     if cfg.alpha > 1:
         raise ConfigError(f"alpha (apfl's mixing weight) must be in [0, 1]; got {cfg.alpha!r}.")
-    if cfg.algorithm == "fedrep" and cfg.head_epochs + cfg.body_epochs == 0:
-        raise ConfigError("fedrep: head_epochs and body_epochs are both 0, so clients would never train; "
-                          "set at least one to >= 1.")
 
 
 def _int(cfg, name: str, low: int) -> None:
