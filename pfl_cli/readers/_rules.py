@@ -19,7 +19,7 @@ def refuse(art: Artifact, flag: str, name: str, rule: str, got: Any = ..., fix: 
 def producer(art: Artifact) -> str:
     from pfl_cli.artifacts import PRODUCER
 
-    return PRODUCER.get(art.stage, "the pflx command that wrote it")
+    return PRODUCER.get(art.stage, f"pflx {art.stage}")
 
 
 def shown(value: Any) -> str:

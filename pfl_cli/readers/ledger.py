@@ -20,6 +20,9 @@ def read_ledger(art: Artifact, flag: str):
 
     name = "privacy.json"
     doc = _document(art, flag, name)
+    for key in ("unit", "neighboring", "accountant"):  # names, compared against the known ones
+        if key in doc and not isinstance(doc[key], str):
+            raise refuse(art, flag, name, f"{key} must be a string", doc[key])
     try:
         ledger = PrivacyLedger.from_dict(doc, where=f"{flag} {art.path}/{name}")
     except InputError as err:
@@ -27,7 +30,5 @@ def read_ledger(art: Artifact, flag: str):
     eps = doc.get("epsilon")
     if eps is not None and not (is_number(eps) and eps >= 0):
         raise refuse(art, flag, name, "epsilon must be a finite number >= 0", eps)
-    if "accountant" in doc and not isinstance(doc["accountant"], str):
-        raise refuse(art, flag, name, "accountant must be a string", doc["accountant"])
     return doc, ledger
 
