@@ -24,7 +24,7 @@ def read_ledger(art: Artifact, flag: str):
         if key in doc and not isinstance(doc[key], str):
             raise refuse(art, flag, name, f"{key} must be a string", doc[key])
     try:
-        ledger = PrivacyLedger.from_dict(doc, where=f"{flag} {art.path}/{name}")
+        ledger = PrivacyLedger.from_dict(doc, where=f"{art.path}/{name}")
     except InputError as err:
         raise type(err)(str(err).rstrip(".") + f". Re-create it with `{producer(art)}`.") from None
     eps = doc.get("epsilon")

@@ -308,7 +308,7 @@ def test_an_empty_client_sizes_is_the_default_one_size(cli, root, tmp_path):
     from pfl_cli.fl.config import TrainConfig
 
     assert TrainConfig().client_sizes == ""
-    res = cli("train", "--partition", root / "part", "--algorithm", "pfedhn", "--rounds", "1", *TINY,
+    res = cli("train", "--partition", root / "part", "--algorithm", "fedavg", "--rounds", "1", *TINY,
               "--set", "client_sizes=", "--out", tmp_path / "t", "--format", "quiet")
     assert res.code == 0
     assert json.loads((tmp_path / "t" / "manifest.json").read_text())["config"]["client_sizes"] == ""
