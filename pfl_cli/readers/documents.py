@@ -64,7 +64,7 @@ def read_dataset_info(art: Artifact, flag: str) -> dict:
 
     Rules: an object with ``spec`` (non-empty, and the manifest config's ``dataset`` when it
     names one), ``num_samples`` (integer >= 1), ``num_classes`` (integer >= 0), ``input_shape``
-    (a list of integers >= 1), ``labels_sha256`` (64 hex digits or null).
+    (a list of integers >= 0), ``labels_sha256`` (64 hex digits or null).
     """
     name = "dataset.json"
     doc = _document(art, flag, name)
@@ -74,8 +74,8 @@ def read_dataset_info(art: Artifact, flag: str) -> dict:
     if doc["num_samples"] < 1:
         raise refuse(art, flag, name, "num_samples must be >= 1", doc["num_samples"])
     shape = doc.get("input_shape", [])
-    if not all(is_int(d) and d >= 1 for d in shape):
-        raise refuse(art, flag, name, "input_shape must be a list of integers >= 1", shape)
+    if not all(is_int(d) and d >= 0 for d in shape):  # 0: a dataset without features (refused where they are used)
+        raise refuse(art, flag, name, "input_shape must be a list of integers >= 0", shape)
     said = art.config.get("dataset")
     if isinstance(said, str) and said != doc["spec"]:
         raise refuse(art, flag, name, f"spec must be the dataset of the manifest's config ({said!r})", doc["spec"])
