@@ -158,6 +158,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.store import build_store
     from pfl_cli.rng import make_rng, torch_generator
+    from pfl_cli.readers.model import restore
 
     validate_attack_config(cfg)
     if model.get("format") != MODEL_FORMAT:
@@ -196,7 +197,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device, normalize=True,
                         stats=(norm["mean"].numpy(), norm["std"].numpy()))
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
-    alg.load_weights(model["weights"])
+    restore(alg.load_weights, model["weights"], "model.pt: weights", fix="Re-create it with pflx train.")
     if dp:
         from pfl_cli.fl.api import plan_dp
 

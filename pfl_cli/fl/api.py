@@ -303,6 +303,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     from pfl_cli.fl.evaluate import personalize_and_evaluate, predict_samples
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
     from pfl_cli.rng import torch_generator
+    from pfl_cli.readers.model import restore
 
     if cfg.clients not in CLIENT_SETS:
         raise ConfigError(f"clients must be one of {', '.join(CLIENT_SETS)}; got {cfg.clients!r}.")
@@ -330,7 +331,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                         normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()), labeled=labeled,
                         hidden_labels=cfg.evaluate_hidden_labels)
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
-    alg.load_weights(model["weights"])
+    restore(alg.load_weights, model["weights"], "model.pt: weights", fix="Re-create it with pflx train.")
     unlabeled = clients[~store.labeled[clients]]
     if len(unlabeled) and alg.needs_labels_to_predict:
         raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients)))

@@ -15,6 +15,7 @@ import numpy as np
 from pfl_cli.errors import RunError
 from pfl_cli.fl.evaluate import GroupEval, personalize_and_evaluate
 from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
+from pfl_cli.readers.model import restore
 from pfl_cli.rng import torch_generator
 
 GROUPS = ("train", "holdout", "val")
@@ -106,9 +107,9 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     every_ckpt = cfg.checkpoint_every or cfg.eval_every
     start, history, best, loss_acc, last_ckpt = 0, [], None, [0.0, 0], None
     if resume is not None:
-        alg.load_state(resume["algorithm"])
+        restore(lambda state: _load_resume(alg, state), resume, "--resume: the checkpoint's state",
+                fix="Delete the checkpoint folder and run without --resume to start over.")
         start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
-        alg.traffic.load_state(resume["traffic"])
         best = resume["best"]
         last_ckpt = start
     if total:
@@ -150,6 +151,22 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     ev = _evaluation_from(best["evaluation"])
     return TrainOutcome(weights=best["weights"], history=history, best=ev, last_round=total,
                         selection="val" if with_val else "last")
+
+
+def _load_resume(alg, state: dict) -> None:
+    """Restore the algorithm and its traffic from a checkpoint; its best model must fit the algorithm too."""
+    alg.load_state(state["algorithm"])
+    alg.traffic.load_state(state["traffic"])
+    best = state["best"]
+    if best is not None:
+        _evaluation_from(best["evaluation"])
+        float(best["score"])
+        if _shapes(best["weights"]) != _shapes(alg.weights()):
+            raise ValueError("the best model's tensors differ from the algorithm's in names or shapes")
+
+
+def _shapes(tree) -> dict:
+    return {k: _shapes(v) if isinstance(v, dict) else tuple(v.shape) for k, v in tree.items()}
 
 
 def _evaluation_to(ev: Evaluation) -> dict:

@@ -6,30 +6,24 @@ payload file through the reader of its kind, which checks types, shapes, dtypes,
 consistency with the other files of the artifact (and with the manifest's config), and refuses
 anything else with one line naming the artifact, the file and the rule (ArtifactError, exit 2).
 
-===================  ==========================================  ==============================
-file                 reader                                      module
-===================  ==========================================  ==============================
-manifest.json        :func:`pfl_cli.artifacts.check_manifest`    (inside ``read_artifact``)
-dataset.json         :func:`read_dataset_info`                   :mod:`.documents`
-stats.json           :func:`read_stats`                          :mod:`.documents`
-metrics.json         :func:`read_metrics`                        :mod:`.documents`
-clients.npz          :func:`read_clients`                        :mod:`.clients`
-model.pt             :func:`read_model_payload`                  :mod:`.model` (imports torch)
-privacy.json         :func:`read_ledger`                         :mod:`.ledger`
-checkpoint           :func:`check_checkpoint_location`           :mod:`.checkpoint`
-===================  ==========================================  ==============================
+- ``manifest.json``: :func:`pfl_cli.artifacts.check_manifest` (inside ``read_artifact``);
+- ``dataset.json``, ``stats.json``, ``metrics.json``, ``mdm.json``: :mod:`.documents`;
+- ``clients.npz`` (and the partition's files together): :mod:`.clients`;
+- ``model.pt``: :mod:`.model` (imports torch when called);
+- ``privacy.json``: :mod:`.ledger`;
+- the checkpoint: its location and its state's fields, :mod:`.checkpoint`.
 
 ``docs/reference/artifact-checks.md`` lists each rule. Nothing here imports torch at module
 level: ``show`` and ``privacy-account`` use these readers and never import torch.
 """
 
-from pfl_cli.readers.checkpoint import check_checkpoint_location
+from pfl_cli.readers.checkpoint import check_checkpoint_location, check_checkpoint_state
 from pfl_cli.readers.clients import read_clients, read_partition_files
 from pfl_cli.readers.documents import read_dataset_info, read_mdm, read_metrics, read_stats
 from pfl_cli.readers.ledger import read_ledger
 
-__all__ = ["check_checkpoint_location", "read_clients", "read_dataset_info", "read_ledger", "read_mdm", "read_metrics",
-           "read_model_payload", "read_partition_files", "read_stats"]
+__all__ = ["check_checkpoint_location", "check_checkpoint_state", "read_clients", "read_dataset_info", "read_ledger",
+           "read_mdm", "read_metrics", "read_model_payload", "read_partition_files", "read_stats"]
 
 
 def read_model_payload(*args, **kwargs):

@@ -59,3 +59,24 @@ def read_model_payload(art: Artifact, flag: str, *, num_classes: int | None = No
     if num_classes is not None and is_int(num_classes) and int(classes) != num_classes:
         raise refuse(art, flag, name, f"num_classes must be metrics.json's {num_classes}", int(classes))
     return payload
+
+
+# What restoring a state dict raises when the tree does not fit the model: a missing key, a tensor of
+# another shape (RuntimeError from load_state_dict), a value that is not a tensor.
+LOAD_ERRORS = (KeyError, RuntimeError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def restore(load, tree: Any, what: str, *, fix: str) -> None:
+    """``load(tree)``, or ArtifactError (exit 2) when ``tree`` does not fit the model that ``what`` describes.
+
+    The readers check a payload's structure; only the algorithm knows its tensors' names and
+    shapes, so the load itself is the last check of a weights or checkpoint tree.
+    """
+    from pfl_cli.errors import ArtifactError
+
+    try:
+        load(tree)
+    except LOAD_ERRORS as err:
+        detail = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        raise ArtifactError(f"{what} does not fit the model it describes ({type(err).__name__}: {detail}). {fix}") \
+            from None

@@ -121,8 +121,9 @@ def _torch_junk(kind: str):
 @st.composite
 def torch_edits(draw, name: str = "model.pt"):
     """Replace ``name`` by another torch payload, or break one field of its dict."""
-    how = draw(st.sampled_from(["whole", "delete", "set", "set"]))
+    how = draw(st.sampled_from(["whole", "delete", "set", "set", "leaf"]))
     whole = draw(st.sampled_from(["tensor", "list", "empty", "string", "int"]))
+    leaf = draw(leaf_edits())
     pick = draw(st.floats(0, 1, exclude_max=True))
     junk = draw(st.sampled_from(["x", 3, None, "tensor", "float-classes", "negative-std"]))
 
@@ -132,6 +133,9 @@ def torch_edits(draw, name: str = "model.pt"):
         path = artifact / name
         if how == "whole":
             payload = _torch_junk(whole)
+        elif how == "leaf":
+            payload = torch.load(path, weights_only=True, map_location="cpu")
+            leaf(payload["weights"])
         else:
             payload = torch.load(path, weights_only=True, map_location="cpu")
             key = sorted(payload)[int(pick * len(payload))]
@@ -149,6 +153,76 @@ def torch_edits(draw, name: str = "model.pt"):
         torch.save(payload, buf)
         path.write_bytes(buf.getvalue())
         rehash(artifact, name)
+
+    return edit
+
+
+def _leaves(tree, prefix=()):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield (*prefix, key)
+
+
+@st.composite
+def leaf_edits(draw):
+    """Damage one tensor of a nested state tree: drop it, change its shape, or empty the tree."""
+    how = draw(st.sampled_from(["drop", "reshape", "empty", "rename"]))
+    pick = draw(st.floats(0, 1, exclude_max=True))
+
+    def edit(tree: dict) -> None:
+        import torch
+
+        leaves = list(_leaves(tree))
+        if how == "empty" or not leaves:
+            tree.clear()
+            return
+        path = leaves[int(pick * len(leaves))]
+        parent = _at(tree, path[:-1])
+        if how == "drop":
+            del parent[path[-1]]
+        elif how == "rename":
+            parent["renamed_" + str(path[-1])] = parent.pop(path[-1])
+        else:
+            parent[path[-1]] = torch.zeros(3, 1, 2)
+
+    return edit
+
+
+@st.composite
+def checkpoint_edits(draw):
+    """Damage a train checkpoint folder: its location's kind, or its content re-sealed with its fingerprint."""
+    how = draw(st.sampled_from(["folder-file", "state-dir", "field", "field", "leaf", "leaf"]))
+    pick = draw(st.floats(0, 1, exclude_max=True))
+    junk = draw(st.sampled_from(JUNK))
+    leaf = draw(leaf_edits())
+
+    def edit(folder: Path) -> None:
+        import shutil
+
+        import torch
+
+        from pfl_cli.fl.checkpoint import seal_checkpoint, torch_bytes
+
+        state_file = folder / "state.pt"
+        if how == "folder-file":
+            shutil.rmtree(folder)
+            folder.write_text("not a folder")
+            return
+        if how == "state-dir":
+            state_file.unlink()
+            state_file.mkdir()
+            return
+        state = torch.load(state_file, weights_only=True, map_location="cpu")
+        fp = state.pop("fingerprint")
+        state.pop("sha256")
+        if how == "leaf":
+            leaf(state["algorithm"])
+        else:
+            key = sorted(state)[int(pick * len(state))]
+            state[key] = junk
+        state_file.write_bytes(torch_bytes(seal_checkpoint(state, fp)))  # a valid seal: the content is checked
 
     return edit
 

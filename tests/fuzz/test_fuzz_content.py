@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from . import contract
-from .damaged import json_edits, manifest_edits, npz_edits, torch_edits
+from .damaged import checkpoint_edits, json_edits, manifest_edits, npz_edits, torch_edits
+from .test_fuzz_commands import COMMANDS
 
 SMALL = settings(max_examples=3, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -86,3 +87,36 @@ def test_fuzz_damaged_content(cli, tmp_path, artifacts, kind, data):
 @given(data=st.data())
 def test_fuzz_damaged_content_large(cli, tmp_path, artifacts, kind, data):
     _run(cli, tmp_path, artifacts, kind, data)
+
+
+def _run_checkpoint(cli, tmp_path, artifacts, edit) -> None:
+    """Resume the fixture's train run from a damaged copy of its checkpoint (re-sealed: its content is checked)."""
+    from pfl_cli.fl.checkpoint import checkpoint_dir
+
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    out = work / "run"
+    folder = checkpoint_dir(out)
+    shutil.copytree(artifacts / "model" / "checkpoint", folder)
+    edit(folder)
+    before = contract.snapshot(folder) if folder.is_dir() else folder.read_bytes()
+    args = ["train", *COMMANDS["train"][0](artifacts), "--out", out, "--resume", "--format", "quiet"]
+    res = cli(*args)
+    contract.check(res, out=out, before=None, stage="train", args=args)
+    assert res.code in (0, 2), (args, res.err)
+    if res.code == 2:
+        assert not out.exists() and "checkpoint" in res.err, res.err
+        assert (contract.snapshot(folder) if folder.is_dir() else folder.read_bytes()) == before
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@settings(SMALL, max_examples=4)
+@given(edit=checkpoint_edits())
+def test_fuzz_damaged_checkpoint_content(cli, tmp_path, artifacts, edit):
+    _run_checkpoint(cli, tmp_path, artifacts, edit)
+
+
+@pytest.mark.slow
+@settings(LARGE, max_examples=40)
+@given(edit=checkpoint_edits())
+def test_fuzz_damaged_checkpoint_content_large(cli, tmp_path, artifacts, edit):
+    _run_checkpoint(cli, tmp_path, artifacts, edit)
