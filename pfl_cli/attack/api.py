@@ -197,7 +197,8 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device, normalize=True,
                         stats=(norm["mean"].numpy(), norm["std"].numpy()))
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
-    restore(alg.load_weights, model["weights"], "model.pt: weights", fix="Re-create it with pflx train.")
+    restore(alg.load_weights, model["weights"], "model.pt: the weights tree", fix="Re-create it with pflx train.",
+            like=alg.weights())
     if dp:
         from pfl_cli.fl.api import plan_dp
 

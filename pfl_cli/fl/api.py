@@ -331,7 +331,8 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                         normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()), labeled=labeled,
                         hidden_labels=cfg.evaluate_hidden_labels)
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
-    restore(alg.load_weights, model["weights"], "model.pt: weights", fix="Re-create it with pflx train.")
+    restore(alg.load_weights, model["weights"], "model.pt: the weights tree", fix="Re-create it with pflx train.",
+            like=alg.weights())
     unlabeled = clients[~store.labeled[clients]]
     if len(unlabeled) and alg.needs_labels_to_predict:
         raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients)))

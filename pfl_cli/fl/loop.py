@@ -15,7 +15,7 @@ import numpy as np
 from pfl_cli.errors import RunError
 from pfl_cli.fl.evaluate import GroupEval, personalize_and_evaluate
 from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
-from pfl_cli.readers.model import restore
+from pfl_cli.readers.model import restore, weights_mismatch
 from pfl_cli.rng import torch_generator
 
 GROUPS = ("train", "holdout", "val")
@@ -155,18 +155,16 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
 
 def _load_resume(alg, state: dict) -> None:
     """Restore the algorithm and its traffic from a checkpoint; its best model must fit the algorithm too."""
+    fresh = alg.weights()
     alg.load_state(state["algorithm"])
     alg.traffic.load_state(state["traffic"])
-    best = state["best"]
-    if best is not None:
-        _evaluation_from(best["evaluation"])
-        float(best["score"])
-        if _shapes(best["weights"]) != _shapes(alg.weights()):
-            raise ValueError("the best model's tensors differ from the algorithm's in names or shapes")
-
-
-def _shapes(tree) -> dict:
-    return {k: _shapes(v) if isinstance(v, dict) else tuple(v.shape) for k, v in tree.items()}
+    for what, tree in (("its algorithm state", alg.weights()), ("its best model", (state["best"] or {}).get("weights"))):
+        mismatch = weights_mismatch(tree, fresh) if tree is not None else None
+        if mismatch:
+            raise ValueError(f"{what}: {mismatch}")
+    if state["best"] is not None:
+        _evaluation_from(state["best"]["evaluation"])
+        float(state["best"]["score"])
 
 
 def _evaluation_to(ev: Evaluation) -> dict:

@@ -66,17 +66,45 @@ def read_model_payload(art: Artifact, flag: str, *, num_classes: int | None = No
 LOAD_ERRORS = (KeyError, RuntimeError, TypeError, ValueError, AttributeError, IndexError)
 
 
-def restore(load, tree: Any, what: str, *, fix: str) -> None:
+def weights_mismatch(tree: Any, like: dict, path: str = "") -> str | None:
+    """The first way ``tree`` differs from the weights tree ``like`` in names or tensor shapes (None: none).
+
+    Per-client rows (``private``, a :class:`pfl_cli.fl.client_state.ClientState`) are skipped: their
+    leading axis is the clients of the partition they were trained on, checked when they load.
+    """
+    if not isinstance(tree, dict):
+        return f"{path or 'the tree'} must be an object"
+    for key, ref in like.items():
+        if key == "private":
+            continue
+        if key not in tree:
+            return f"{path}{key} is missing"
+        got = tree[key]
+        if isinstance(ref, dict):
+            found = weights_mismatch(got, ref, f"{path}{key}.")
+            if found:
+                return found
+        elif not hasattr(got, "shape") or tuple(got.shape) != tuple(ref.shape):
+            return f"{path}{key} must have shape {tuple(ref.shape)}; got {tuple(getattr(got, 'shape', ())) or got!r:.40}"
+    return None
+
+
+def restore(load, tree: Any, what: str, *, fix: str, like: dict | None = None) -> None:
     """``load(tree)``, or ArtifactError (exit 2) when ``tree`` does not fit the model that ``what`` describes.
 
     The readers check a payload's structure; only the algorithm knows its tensors' names and
-    shapes, so the load itself is the last check of a weights or checkpoint tree.
+    shapes: ``like`` (the algorithm's own weights) gives them, and the load itself is the last check.
     """
     from pfl_cli.errors import ArtifactError
 
+    def refused(detail: str) -> ArtifactError:
+        return ArtifactError(f"{what} does not fit the model it describes ({detail}). {fix}")
+
+    mismatch = weights_mismatch(tree, like) if like is not None else None
+    if mismatch:
+        raise refused(mismatch)
     try:
         load(tree)
     except LOAD_ERRORS as err:
-        detail = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        raise ArtifactError(f"{what} does not fit the model it describes ({type(err).__name__}: {detail}). {fix}") \
-            from None
+        detail = str(err).splitlines()[0][:120] if str(err) else ""
+        raise refused(f"{type(err).__name__}: {detail}".rstrip(": ")) from None

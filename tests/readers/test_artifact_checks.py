@@ -332,3 +332,42 @@ def test_show_refuses_rehashed_junk_and_makes_no_plot_dir(cli, root, copy, tmp_p
     part = copy("part")
     write_json(part, "stats.json", {"heterogeneity": {"js_divergence_to_global": "high"}})
     refused(cli("show", part), "stats.json: heterogeneity.js_divergence_to_global must be an object with a finite mean")
+
+
+# ---------------------------------------------------------------------------- content only the algorithm can check
+def test_weights_that_do_not_fit_the_model_are_refused(cli, root, copy, tmp_path):
+    import torch
+
+    model = copy("model")
+    payload = torch.load(model / "model.pt", weights_only=True)
+    tree = payload["weights"]
+    while isinstance(next(iter(tree.values())), dict):
+        tree = next(iter(tree.values()))
+    first = next(iter(tree))
+    tree[first] = torch.zeros(3, 1, 2)  # right structure, wrong shape
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    (model / "model.pt").write_bytes(buf.getvalue())
+    rehash(model, "model.pt")
+    res, out = _run(cli, ["predict", "--model", model, "--partition", root / "part"], tmp_path)
+    refused(res, "model.pt: the weights tree does not fit the model it describes (client.fc1.weight must have "
+            "shape (8, 64); got (3, 1, 2))", out=out)
+
+
+def test_a_resealed_checkpoint_whose_state_does_not_fit_is_refused(cli, root, tmp_path):
+    import torch
+
+    from pfl_cli.fl.checkpoint import checkpoint_dir, seal_checkpoint, torch_bytes
+
+    args = ["train", "--partition", root / "part", "--algorithm", "fedavg", "--rounds", "2", "--eval-every", "1",
+            *TINY]
+    out = tmp_path / "run"
+    folder = checkpoint_dir(out)
+    shutil.copytree(root / "model" / "checkpoint", folder)
+    state = torch.load(folder / "state.pt", weights_only=True)
+    fp = state.pop("fingerprint")
+    state.pop("sha256")
+    state["traffic"] = {}  # a valid seal over content the round loop cannot use
+    (folder / "state.pt").write_bytes(torch_bytes(seal_checkpoint(state, fp)))
+    res = cli(*args, "--out", out, "--resume", "--format", "quiet")  # human format notes "resuming from round 2" first
+    refused(res, "--resume: the checkpoint's state does not fit the model it describes (KeyError", out=out)
