@@ -670,11 +670,16 @@ def _check_name(out: Path) -> None:
                              "choose a shorter --out.") from None
 
 
+GENERATED_SCHEMES = ("builtin", "gmm", "ring")
+
+
 def _input_location(ref: Mapping[str, Any]) -> Path | None:
     """The file or directory an input reference reads (a dataset spec's path after ``SCHEME:``), if on disk."""
     text = str(ref.get("path", ""))
     if ref.get("stage") == "dataset":
-        text = text.split(":", 1)[1].split("?", 1)[0] if ":" in text else ""
+        scheme, _, arg = text.partition(":")
+        # Generated datasets name no file: builtin:digits, gmm:clients?..., ring:?seed=1.
+        text = "" if scheme in GENERATED_SCHEMES else arg.split("?", 1)[0]
     if not text:
         return None
     path = Path(text)

@@ -157,8 +157,8 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     from pfl_cli.fl.api import MODEL_FORMAT, make_algorithm, validate_train_config
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.store import build_store
-    from pfl_cli.rng import make_rng, torch_generator
     from pfl_cli.readers.model import restore
+    from pfl_cli.rng import make_rng, torch_generator
 
     validate_attack_config(cfg)
     if model.get("format") != MODEL_FORMAT:

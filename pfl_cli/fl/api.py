@@ -154,8 +154,8 @@ def _check_population_bound(cfg: TrainConfig) -> None:
     if cfg.dp_population is not None and cfg.dp_sampling_rate is None and cohort is not None \
             and cohort > cfg.dp_population:
         raise ConfigError(f"--dp population={cfg.dp_population:g} is a public bound on the enrolled clients, but "
-                          f"--clients-per-round asks for {cohort} per round; the population must be at least the "
-                          "cohort. Raise population= to the number of enrolled clients or lower --clients-per-round.")
+                          f"the cohort is {cohort} clients per round (--clients-per-round, or the algorithm's default); "
+                          "the population must be at least the cohort. Raise population= to the number of enrolled clients or lower --clients-per-round.")
 
 
 def _validate_baselines(cfg: TrainConfig) -> None:
@@ -302,8 +302,8 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.evaluate import personalize_and_evaluate, predict_samples
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
-    from pfl_cli.rng import torch_generator
     from pfl_cli.readers.model import restore
+    from pfl_cli.rng import torch_generator
 
     if cfg.clients not in CLIENT_SETS:
         raise ConfigError(f"clients must be one of {', '.join(CLIENT_SETS)}; got {cfg.clients!r}.")

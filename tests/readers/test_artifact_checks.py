@@ -245,7 +245,7 @@ def test_a_dp_population_bound_below_the_cohort_is_refused(cli, root, tmp_path):
     res = cli("train", "--partition", root / "part", "--algorithm", "fedavg", "--rounds", "1", *TINY,
               "--dp", "eps=1,clip=1,population=1", "--clients-per-round", "2", "--set", "normalize=false",
               "--out", tmp_path / "dp")
-    refused(res, "--dp population=1 is a public bound on the enrolled clients, but --clients-per-round asks for 2",
+    refused(res, "--dp population=1 is a public bound on the enrolled clients, but the cohort is 2 clients per round",
             out=tmp_path / "dp")
 
 
@@ -270,6 +270,13 @@ def test_out_inside_a_dataset_file_input_is_refused(cli, tmp_path):
     res = cli("partition", "--dataset", f"npz:{data / 'd.npz'}", "--num-clients", "2", "--out", data, "--force")
     refused(res, f"--out {data}: contains the input npz:{data / 'd.npz'}")
     assert (data / "d.npz").is_file()
+
+
+def test_a_generated_dataset_names_no_file_to_protect(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "digits").mkdir()  # "builtin:digits" is no path: a folder of that name is not its input
+    assert cli("partition", "--dataset", "builtin:digits", "--num-clients", "3", "--out", "digits/p",
+               "--format", "quiet").code == 0
 
 
 # ---------------------------------------------------------------------------- arguable: degenerate values
