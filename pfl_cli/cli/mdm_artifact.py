@@ -16,7 +16,9 @@ from pfl_cli.errors import ArtifactError, InputError
 def partition_histograms(artifact: Artifact, *, flag: str) -> np.ndarray:
     """Train clients' train-label histograms from a partition artifact's ``stats.csv``."""
     from pfl_cli.readers import read_partition_files
+    from pfl_cli.readers._rules import listed
 
+    listed(artifact, flag, "stats.csv")
     path = artifact.file("stats.csv")
     try:
         with open(path, newline="") as fh:

@@ -33,3 +33,10 @@ def is_int(value: Any) -> bool:
 
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def listed(art: Artifact, flag: str, name: str) -> None:
+    """Refuse to read a payload file the manifest does not list (its hash was never verified)."""
+    if not art.has(name):
+        raise refuse(art, flag, name, "missing from manifest.json's outputs, so its content is unverified",
+                     fix="The artifact is incomplete; re-create it" + f" with `{producer(art)}`.")

@@ -6,7 +6,7 @@ import numpy as np
 
 from pfl_cli.artifacts import Artifact, load_npz
 from pfl_cli.errors import ArtifactError
-from pfl_cli.readers._rules import refuse
+from pfl_cli.readers._rules import listed, refuse
 
 REQUIRED = ("client_id", "role", "train_offsets", "train_indices", "test_offsets", "test_indices")
 OPTIONAL = ("client_name", "labeled", "rotation")
@@ -32,6 +32,7 @@ def read_clients(art: Artifact, flag: str, *, num_samples: int) -> dict[str, np.
     from pfl_cli.partition.base import Partition
 
     name = "clients.npz"
+    listed(art, flag, name)
     try:
         arrays = load_npz(art.file(name))
     except ArtifactError as err:

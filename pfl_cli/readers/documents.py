@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 
 from pfl_cli.artifacts import Artifact, load_json
 from pfl_cli.errors import ArtifactError
-from pfl_cli.readers._rules import is_int, is_number, refuse
+from pfl_cli.readers._rules import is_int, is_number, listed, refuse
 
 # kind -> (test, description); "?" after a kind: null allowed.
 _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -29,6 +29,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def _document(art: Artifact, flag: str, name: str) -> dict:
+    listed(art, flag, name)
     try:
         doc = load_json(art.file(name))
     except ArtifactError as err:

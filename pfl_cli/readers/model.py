@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pfl_cli.artifacts import Artifact
-from pfl_cli.readers._rules import is_int, refuse
+from pfl_cli.readers._rules import is_int, listed, refuse
 
 
 def _tensors_only(tree: Any) -> bool:
@@ -30,6 +30,7 @@ def read_model_payload(art: Artifact, flag: str, *, num_classes: int | None = No
     from pfl_cli.fl.api import MODEL_FORMAT
 
     name = "model.pt"
+    listed(art, flag, name)
     try:
         payload = torch.load(art.file(name), weights_only=True, map_location="cpu")
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice

@@ -378,3 +378,12 @@ def test_a_resealed_checkpoint_whose_state_does_not_fit_is_refused(cli, root, tm
     (folder / "state.pt").write_bytes(torch_bytes(seal_checkpoint(state, fp)))
     res = cli(*args, "--out", out, "--resume", "--format", "quiet")  # human format notes "resuming from round 2" first
     refused(res, "--resume: the checkpoint's state does not fit the model it describes (KeyError", out=out)
+
+
+def test_a_payload_file_the_manifest_does_not_list_is_not_read(cli, root, copy, tmp_path):
+    part = copy("part")
+    manifest = json.loads((part / "manifest.json").read_text())
+    manifest["outputs"] = [o for o in manifest["outputs"] if o["path"] != "clients.npz"]  # its hash goes unchecked
+    (part / "manifest.json").write_text(json.dumps(manifest))
+    res, out = _run(cli, _commands(root, part, root / "model")["train"], tmp_path)
+    refused(res, "clients.npz: missing from manifest.json's outputs, so its content is unverified", out=out)
