@@ -36,8 +36,8 @@ def read_clients(art: Artifact, flag: str, *, num_samples: int) -> dict[str, np.
     try:
         arrays = load_npz(art.file(name))
     except ArtifactError as err:
-        raise refuse(art, flag, name, f"must be a readable .npz of plain arrays ({str(err).split('(', 1)[-1]}") \
-            from None
+        reason = str(err).split("(", 1)[-1].rstrip(".").removesuffix(")")
+        raise refuse(art, flag, name, f"must be a readable .npz of plain arrays ({reason})") from None
     missing = sorted(set(REQUIRED) - set(arrays))
     if missing:
         raise refuse(art, flag, name, f"lacks the arrays {missing}")
