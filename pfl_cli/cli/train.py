@@ -36,7 +36,7 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl | hyperfl-lpm | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
     clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default 5; pfedhn 1, as its paper; hyperfl every client, and its last round always takes every client).", show_default=False)] = None,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).")] = 50,
@@ -81,6 +81,11 @@ def train(
     feature_dim (e), lambda_reg, labeled_rate (alpha), learnable_centre; flowdup's h_1 is --embedding
     (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden. PeFLL descriptor analysis:
     track_descriptors (Spearman of descriptor vs label-distribution distances of holdout clients).
+
+    Pre-trained backbones (hyperfl-lpm and HyperFL Table 2's local / fedavg baselines): backbone
+    (vit-s16 | resnet18 | vit-micro | resnet-micro), backbone_weights (a local .pth / .safetensors
+    state dict in timm's / torchvision's key layout; empty: random), backbone_tune (adapters | probe
+    | full).
 
     DP keys: dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
