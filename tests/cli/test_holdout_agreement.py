@@ -20,6 +20,7 @@ FAST = ["--rounds", "2", "--eval-every", "1", "--local-steps", "2", "--clients-p
         "--set", "mlp_hidden=[8]", "--set", "hyper_hidden=16", "--set", "new_client_epochs=1", "--set", "head_epochs=1"]
 EXTRA = {"perfedavg": ["--finetune-steps", "2"], "fedavg": ["--finetune-steps", "2"],
          "pfedhn": ["--set", "embed_rounds=2"], "pfedhn-pc": ["--set", "embed_rounds=2"],
+         "hyperfl-lpm": ["--set", "backbone=resnet-micro"],  # a random-weight micro backbone: no weights file
          # local-DP algorithms need a budget; their DP artifact releases no holdout accuracy to compare
          **{n: ["--dp", "eps=4,delta=1e-5,clip=0.5", "--set", "normalize=false",
                "--set", "dp_sampling_rate=0.25"]
