@@ -8,7 +8,6 @@ from typing import Any, Iterable, Mapping, Sequence, TypeVar
 import typer
 
 from pfl_cli.cli._click import given_on_command_line
-from pfl_cli.config import load_config_file, parse_overrides, resolve_config
 
 T = TypeVar("T")
 
@@ -30,14 +29,25 @@ def stage_config(
     flags: Mapping[str, Any],
     sets: Sequence[str] | None,
 ) -> T:
-    """Defaults < config file < explicit flags < ``--set``, as a frozen dataclass."""
-    return resolve_config(
+    """Defaults < config file < explicit flags < ``--set``, as a frozen dataclass.
+
+    A config that asks for a figure (``plot: true`` from any layer) is refused here, before any
+    work, when matplotlib is not installed (the one rule of a plain install, :mod:`figures`).
+    """
+    from pfl_cli.config import load_config_file, parse_overrides, resolve_config  # numpy, yaml: not for --help
+
+    cfg = resolve_config(
         cls,
         file_values=load_config_file(config_file, stage),
         flag_values=flags,
         overrides=parse_overrides(sets or ()),
         ignore=("out", "force", "format", "out_root", "config"),
     )
+    if getattr(cfg, "plot", False):
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
+    return cfg
 
 
 def load_partition_dataset(partition: Path, *, flag: str = "--partition"):
