@@ -55,6 +55,7 @@ def _register() -> None:
     from pfl_cli.cli import predict
     from pfl_cli.cli import show
     from pfl_cli.cli import attack
+    from pfl_cli.cli import flower
 
     app.command("partition", no_args_is_help=True)(partition.partition)
     app.command("privacy-account", no_args_is_help=True)(privacy_account.privacy_account)
@@ -65,6 +66,7 @@ def _register() -> None:
     app.command("predict", no_args_is_help=True)(predict.predict)
     app.command("show", no_args_is_help=True)(show.show)
     app.command("attack", no_args_is_help=True)(attack.attack_command)
+    app.add_typer(flower.flower_app, name="flower")
 
 
 _register()
