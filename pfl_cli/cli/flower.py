@@ -41,7 +41,7 @@ def app(
     from pfl_cli.errors import InputError
     from pfl_cli.fl.config import TrainConfig
     from pfl_cli.interop.flower_app import check_deployable
-    from pfl_cli.interop.flower_app.app_files import app_files
+    from pfl_cli.cli.flower_app_files import app_files
 
     cfg = stage_config(TrainConfig, "train", config_file=config, flags={"seed": seed} if seed else {}, sets=set_)
     check_deployable(cfg)
@@ -80,3 +80,43 @@ def _write_dir(out: Path, files: dict[str, str], force: bool) -> None:
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def server_main(grid, context) -> None:
+    """The generated ServerApp's ``main``: run the deployment (``pfl_cli.interop.flower_app.server.serve``),
+    then write its ``train`` artifact atomically with ``pflx train``'s own writer."""
+    from logging import INFO
+
+    from pfl_cli.interop.flower_app.server import log, serve
+
+    run = serve(grid, context)
+    write_deployment(run)
+    log(INFO, f"wrote the train artifact {run.out}")
+
+
+def write_deployment(run) -> None:
+    """The train artifact of a Flower run: train's files plus participation.csv and metrics.json's
+    ``wire`` (bytes measured on the wire) and ``deployment`` (which node held which client)."""
+    import flwr
+
+    from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.cli.train_run import train_metrics, write_train_files
+    from pfl_cli.config import config_to_dict
+    from pfl_cli.fl.api import TrainRun, model_payload
+    from pfl_cli.fl.loop import TrainOutcome, evaluation_rows
+
+    cfg, alg, part = run.cfg, run.algorithm, run.partition
+    weights = alg.weights()
+    outcome = TrainOutcome(weights=weights, history=run.history + evaluation_rows(run.evaluation),
+                           best=run.evaluation, last_round=cfg.rounds, selection="last")
+    train = TrainRun(model=model_payload(alg, weights), outcome=outcome, store=run.store, algorithm=alg)
+    metrics = train_metrics(cfg, train, run.info, run.store.device)
+    metrics["wire"] = run.meter.summary(metrics["communication"])
+    metrics["deployment"] = {"engine": "flower", "flwr": flwr.__version__,
+                             "nodes": {str(int(part.client_id[c])): int(n) for c, n in sorted(run.accepted.items())}}
+    config = config_to_dict(cfg)
+    writer = ArtifactWriter(run.out, stage="train", config=config, seed=cfg.seed,
+                            inputs=[run.partition_artifact.input_ref()], force=run.force)
+    with writer:
+        write_train_files(writer, config, train, part, metrics)
+        writer.save_csv("participation.csv", ["round", "client_id", "node_id", "status"], run.participation)

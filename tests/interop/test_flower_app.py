@@ -88,9 +88,9 @@ def _train_node(setup, k=0):
 
 
 def _serve(grid):
-    from pfl_cli.interop.flower_app.server import serve
+    from pfl_cli.cli.flower import server_main  # what the generated server_app.py registers
 
-    serve(grid, grid.server_context())
+    server_main(grid, grid.server_context())
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox"])

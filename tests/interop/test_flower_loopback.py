@@ -121,7 +121,7 @@ def _run_script(tmp_path, app: Path, part: Path, nodes: int, on_tick=None) -> tu
 def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     assert cli("partition", "--config", RECIPE, "--out", tmp_path / "part", "--format", "quiet").code == 0
     r = cli("flower", "app", "--config", RECIPE, "--partition", tmp_path / "part", "--out", tmp_path / "app",
-            "--round-timeout", "300", "--format", "quiet")
+            "--round-timeout", "300", "--connect-timeout", "300", "--format", "quiet")
     assert r.code == 0, r.err
     code, log, _ = _run_script(tmp_path, tmp_path / "app", tmp_path / "part", 3)
     assert code == 0, log
@@ -157,7 +157,7 @@ def test_a_supernode_killed_mid_run_is_dropped_and_recorded(tmp_path, cli):
 
     assert cli("partition", "--config", RECIPE, "--out", tmp_path / "part", "--format", "quiet").code == 0
     r = cli("flower", "app", "--config", RECIPE, "--partition", tmp_path / "part", "--out", tmp_path / "app",
-            "--round-timeout", "60", "--set", "clients_per_round=3", "--format", "quiet")
+            "--round-timeout", "90", "--connect-timeout", "300", "--set", "clients_per_round=3", "--format", "quiet")
     assert r.code == 0, r.err
     run_log = tmp_path / "app.logs" / "run.log"
     killed: list[int] = []

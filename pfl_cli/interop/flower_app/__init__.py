@@ -1,10 +1,10 @@
 """pflx's algorithms on Flower's deployment engine (``pip install "pflx[flower]"``, flwr 1.42).
 
 ``pflx flower app --config RECIPE.yaml --partition PART --out APPDIR`` writes a Flower app
-(:mod:`.app_files`) whose ServerApp (:mod:`.server`) runs the algorithm's server side and whose
-ClientApp (:mod:`.node`) runs its client side on the one client a SuperNode holds (its node
-config names a pflx partition and a partition id). The ServerApp writes a normal ``train``
-artifact. Only the algorithms in :data:`SUPPORTED` run there; :func:`check_deployable` refuses
+(``pfl_cli.cli.flower_app_files``) whose ServerApp (:mod:`.server`) runs the algorithm's server side
+and whose ClientApp (:mod:`.node`) runs its client side on the one client a SuperNode holds (its node
+config names a pflx partition and a partition id). The ServerApp then writes a normal ``train``
+artifact (``pfl_cli.cli.flower.write_deployment``: the cli layer writes artifacts). Only the algorithms in :data:`SUPPORTED` run there; :func:`check_deployable` refuses
 the rest, and options the deployment does not implement, in one line.
 
 The messages carry exactly the tensors the algorithm's traffic ledger counts (the global model

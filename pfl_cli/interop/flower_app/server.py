@@ -12,7 +12,7 @@ One run, in order:
    generator state (so its batch draws are the simulation's) and sends back its model; the
    server takes the data-size-weighted mean and its server step (:meth:`FedAvg.server_step`).
 3. **Evaluation** of the last round's model on every accepted client's test samples.
-4. **Artifact**: ``model.pt``, ``config.yaml``, ``metrics.csv``, ``metrics.json`` (with
+4. **Artifact** (written by ``pfl_cli.cli.flower.write_deployment``, the ServerApp's writer): ``model.pt``, ``config.yaml``, ``metrics.csv``, ``metrics.json`` (with
    ``communication``, the ledger, and ``wire``, the bytes measured on the wire), ``clients.csv``
    and ``participation.csv`` (round, client, node, status), written atomically at the end.
 
@@ -66,10 +66,28 @@ class ServerStore:
     partition_sha: str
 
 
-def serve(grid, context) -> None:
-    """The ServerApp's ``main``: see the module docstring."""
+@dataclass
+class Deployment:
+    """A finished run on Flower: what the writer of the ``train`` artifact needs (``pfl_cli.cli.flower``)."""
+
+    cfg: object
+    out: Path
+    force: bool
+    algorithm: object
+    store: ServerStore
+    partition: object
+    info: dict
+    partition_artifact: object
+    history: list
+    evaluation: object
+    participation: list
+    meter: object
+    accepted: dict
+
+
+def serve(grid, context) -> Deployment:
+    """Steps 1-3 of the module docstring; the ServerApp (``pfl_cli.cli.flower.server_main``) writes step 4."""
     from pfl_cli.artifacts import ArtifactWriter, load_partition
-    from pfl_cli.config import config_to_dict
     from pfl_cli.interop.flower_app import check_deployable
 
     run_config = context.run_config
@@ -79,8 +97,10 @@ def serve(grid, context) -> None:
     force = bool(run_config.get("force", False))
     ArtifactWriter(out, stage="train", config={}, seed=cfg.seed, force=force)  # --out problems first
     part, info, part_art = load_partition(partition, flag="run config partition")
-    nodes = _wait_for_nodes(grid, part.num_clients, float(run_config.get("connect-timeout", 120)))
-    accepted, facts, norm = _handshake(grid, nodes, part, info, part_art, float(run_config.get("round-timeout", 120)))
+    connect_timeout = float(run_config.get("connect-timeout", 120))
+    nodes = _wait_for_nodes(grid, part.num_clients, connect_timeout)
+    # The handshake waits connect-timeout too: a node's first ClientApp start (torch, the dataset) is its slowest.
+    accepted, facts, norm = _handshake(grid, nodes, part, info, part_art, connect_timeout)
     store = _server_store(cfg, part, info, part_art, facts, norm)
     from pfl_cli.fl.api import make_algorithm
 
@@ -90,9 +110,8 @@ def serve(grid, context) -> None:
     meter = WireMeter()
     history, participation = _train(grid, alg, cfg, accepted, part, meter, run_config)
     evaluation = _evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
-    _write(out, cfg, config_to_dict(cfg), alg, store, part, info, part_art, history, evaluation, participation,
-           meter, accepted, force)
-    log(INFO, f"wrote the train artifact {out}")
+    return Deployment(cfg, out, force, alg, store, part, info, part_art, history, evaluation, participation, meter,
+                      accepted)
 
 
 def _wait_for_nodes(grid, wanted: int, timeout: float) -> list[int]:
@@ -258,27 +277,3 @@ def _evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):
     if not groups:
         raise RunError("flower: no node returned an evaluation; nothing was written.")
     return Evaluation(cfg.rounds, groups)
-
-
-def _write(out: Path, cfg, config: dict, alg, store, part, info, part_art, history, evaluation, participation,
-           meter, accepted: dict, force: bool) -> None:
-    import flwr
-
-    from pfl_cli.artifacts import ArtifactWriter
-    from pfl_cli.cli.train_run import train_metrics, write_train_files
-    from pfl_cli.fl.api import TrainRun, model_payload
-    from pfl_cli.fl.loop import TrainOutcome, evaluation_rows
-
-    weights = alg.weights()
-    outcome = TrainOutcome(weights=weights, history=history + evaluation_rows(evaluation), best=evaluation,
-                           last_round=cfg.rounds, selection="last")
-    run = TrainRun(model=model_payload(alg, weights), outcome=outcome, store=store, algorithm=alg)
-    metrics = train_metrics(cfg, run, info, store.device)
-    metrics["wire"] = meter.summary(metrics["communication"])
-    metrics["deployment"] = {"engine": "flower", "flwr": flwr.__version__,
-                             "nodes": {str(int(part.client_id[c])): int(n) for c, n in sorted(accepted.items())}}
-    writer = ArtifactWriter(out, stage="train", config=config, seed=cfg.seed, inputs=[part_art.input_ref()],
-                            force=force)
-    with writer:
-        write_train_files(writer, config, run, part, metrics)
-        writer.save_csv("participation.csv", ["round", "client_id", "node_id", "status"], participation)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 PACKAGE = "pflx_flower_app"
 
-SERVER_APP = '''"""ServerApp: pflx's server side (pfl_cli.interop.flower_app.server)."""
+SERVER_APP = '''"""ServerApp: pflx's server side (pfl_cli.interop.flower_app.server), writing a train artifact."""
 
 from flwr.serverapp import ServerApp
 
-from pfl_cli.interop.flower_app.server import serve
+from pfl_cli.cli.flower import server_main
 
 app = ServerApp()
-app.main()(serve)
+app.main()(server_main)
 '''
 
 CLIENT_APP = '''"""ClientApp: pflx's client side on the SuperNode's own client (pfl_cli.interop.flower_app.node)."""
