@@ -203,15 +203,16 @@ def _train(grid, alg, cfg, accepted: dict, part, meter, run_config):
     from pfl_cli.algorithms.base import weighted_mean
     from pfl_cli.fl.store import ROLE_TRAIN
     from pfl_cli.interop.flower_app.wire import from_record, to_record
-    from pfl_cli.rng import torch_generator
+    from pfl_cli.privacy.randomness import train_randomness
 
+    randomness = train_randomness(cfg)  # seeded: a deployment runs without --dp (check_deployable)
     timeout = float(run_config.get("round-timeout", 120))
     min_clients = int(run_config.get("min-clients", 1))
     train_clients = torch.as_tensor(np.flatnonzero(part.role == ROLE_TRAIN), device=alg.device)
     alg.check_trainable(train_clients)
     total, losses, participation = cfg.rounds, [], []
     for t in range(total):
-        gen = torch_generator(cfg.seed, f"round-{t}")  # the simulation's round generator (pfl_cli.fl.loop)
+        gen = randomness.torch(f"round-{t}")  # the simulation's round generator (pfl_cli.fl.loop)
         cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
         members = [int(c) for c in cohort]
         state = bytes(gen.get_state().numpy().tobytes())
