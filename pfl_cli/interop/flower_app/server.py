@@ -136,14 +136,21 @@ def _send(grid, messages: list, timeout: float, meter, kind: str) -> list:
     return replies
 
 
+def _origin(reply, messages) -> int:
+    """The node a reply answers for: an error the SuperLink writes for an unavailable node comes from the
+    SuperLink, so the node is found through the message it replies to (ids are set when pushed)."""
+    sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+    return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+
+
 def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
     """Ask every node what it holds; accept those whose client and dataset are the partition's."""
     from flwr.app import Message, RecordDict
 
     from pfl_cli.interop.flower_app.wire import WireMeter, from_record
 
-    replies = _send(grid, [Message(RecordDict(), dst_node_id=n, message_type=HELLO) for n in nodes], timeout,
-                    WireMeter(), "hello")
+    messages = [Message(RecordDict(), dst_node_id=n, message_type=HELLO) for n in nodes]
+    replies = _send(grid, messages, timeout, WireMeter(), "hello")
     accepted: dict[int, int] = {}      # client position -> node id
     facts: dict[int, dict] = {}
     norm = None
@@ -151,7 +158,7 @@ def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
                 "num-classes": int(info["num_classes"]), "num-samples": int(info["num_samples"]),
                 "labels-sha256": str(info.get("labels_sha256") or "")}
     for reply in replies:
-        node = reply.metadata.src_node_id
+        node = _origin(reply, messages)
         if reply.has_error():
             log(WARNING, f"node {node} refused: its ClientApp failed the handshake: {reply.error.reason}")
             continue
@@ -223,7 +230,7 @@ def _train(grid, alg, cfg, accepted: dict, part, meter, run_config):
         theta, loss, kept, why = {}, {}, [], {}
         for reply in replies:
             if reply.has_error():
-                why[reply.metadata.src_node_id] = f"failed: {reply.error.reason}"
+                why[_origin(reply, messages)] = f"failed: {reply.error.reason}"
                 continue
             position = int(reply.content["result"]["partition-id"])
             theta[position] = from_record(reply.content["theta"], alg.device)
@@ -265,7 +272,7 @@ def _evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):
     results = {}
     for reply in _send(grid, messages, timeout, meter, "evaluate"):
         if reply.has_error():
-            log(WARNING, f"node {reply.metadata.src_node_id}: evaluation failed: {reply.error.reason}")
+            log(WARNING, f"node {_origin(reply, messages)}: evaluation failed: {reply.error.reason}")
             continue
         r = reply.content["result"]
         results[int(r["partition-id"])] = r
