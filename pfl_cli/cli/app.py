@@ -55,6 +55,7 @@ def _register() -> None:
     from pfl_cli.cli import predict
     from pfl_cli.cli import show
     from pfl_cli.cli import attack
+    from pfl_cli.cli import flower
 
     for name, command in (("partition", partition.partition),
                           ("privacy-account", privacy_account.privacy_account),
@@ -66,6 +67,7 @@ def _register() -> None:
                           ("show", show.show),
                           ("attack", attack.attack_command)):
         app.command(name, no_args_is_help=True, short_help=_first_sentence(command))(command)
+    app.add_typer(flower.flower_app, name="flower")
 
 
 def _first_sentence(command) -> str:

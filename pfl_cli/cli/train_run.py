@@ -108,8 +108,6 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
                plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
-    import yaml
-
     from pfl_cli.algorithms import REGISTRY
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
@@ -183,8 +181,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         finally:
             loggers.close()
 
-    outcome, model = run.outcome, run.model
-    metrics = _metrics(cfg, run, info, device)
+    metrics = train_metrics(cfg, run, info, device)
     if not writes:  # a rank other than 0 (distributed): rank 0 alone writes
         return
     if private:
@@ -195,13 +192,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
                           cfg.write_nonprivate)
         return
     with writer:
-        writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
-        writer.path("model.pt").write_bytes(torch_bytes(model))
-        writer.save_csv("metrics.csv", ["round", "group", "metric", "value"], outcome.history)
-        writer.save_json("metrics.json", metrics)
-        writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
-                        client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
-                                           if g in run.outcome.best.groups]))
+        write_train_files(writer, config, run, part, metrics)
         if plot:  # drawn from the CSV just written, exactly as `pflx show --plot` redraws it
             from pfl_cli.cli.figures import training_curves
 
@@ -210,6 +201,22 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
         writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
     _print_summary(report, out, metrics)
+
+
+def write_train_files(writer, config: dict, run, part, metrics: dict) -> None:
+    """The files of a train artifact without DP: config.yaml, model.pt, metrics.csv, metrics.json, clients.csv.
+
+    Also what the Flower ServerApp writes (``pfl_cli.interop.flower_app.server``).
+    """
+    import yaml
+
+    writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
+    writer.path("model.pt").write_bytes(torch_bytes(run.model))
+    writer.save_csv("metrics.csv", ["round", "group", "metric", "value"], run.outcome.history)
+    writer.save_json("metrics.json", metrics)
+    writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
+                    client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
+                                       if g in run.outcome.best.groups]))
 
 
 def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> None:
@@ -333,7 +340,7 @@ def _diverged_message(err, cfg, ck_path: Path, out: Path) -> str:
             "a lower learning rate starts from round 0.")
 
 
-def _metrics(cfg, run, info: dict, device) -> dict:
+def train_metrics(cfg, run, info: dict, device) -> dict:
     from pfl_cli.algorithms import REGISTRY
     from pfl_cli.models import num_parameters
 

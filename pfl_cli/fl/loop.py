@@ -76,7 +76,7 @@ def evaluate_groups(alg, round_: int, *, seed: int, with_val: bool) -> Evaluatio
     return Evaluation(round_, groups)
 
 
-def _rows(ev: Evaluation) -> list[list]:
+def evaluation_rows(ev: Evaluation) -> list[list]:
     rows = []
     for group, summary in ev.summaries().items():
         for metric in ("mean_accuracy", "pooled_accuracy", "mean_accuracy_lm", "pooled_accuracy_lm", "loss"):
@@ -149,7 +149,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             history.append([done, "train", "train_loss", loss_acc[0] / max(loss_acc[1], 1)])
             loss_acc = [0.0, 0]
             ev = evaluate_groups(alg, done, seed=cfg.seed, with_val=with_val)
-            history.extend(_rows(ev))
+            history.extend(evaluation_rows(ev))
             history.extend([done, g, name, value] for g, d in alg.diagnostics().items() for name, value in d.items())
             best = _select(best, ev, alg, with_val)
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
@@ -164,7 +164,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             on_progress(done, total, {"loss": mean_loss, **latest})
     if total == 0 or (private and best is None):  # (a --dp resume of a finished run keeps no evaluation)
         ev = evaluate_groups(alg, total, seed=cfg.seed, with_val=with_val)
-        history.extend(_rows(ev))
+        history.extend(evaluation_rows(ev))
         best = _select(None, ev, alg, with_val)
     if best is None:  # rounds fewer than one evaluation period never happens (last round evaluates)
         raise RunError("no evaluation ran; set --eval-every to at most --rounds.")
