@@ -8,10 +8,21 @@ fresh head trained ``new_client_epochs`` epochs on the frozen body.
 
 from __future__ import annotations
 
-from pfl_cli.algorithms.partial import PartialSharing
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.partial import PartialSharing, PartialSharingConfig
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class FedPerConfig(PartialSharingConfig):
+    """FedPer's keys."""
+
+    algorithm: str = key("fedper", "the algorithm these keys configure")
 
 
 class FedPer(PartialSharing):
     name = "fedper"
+    config = FedPerConfig
     shared_part = "body"
 

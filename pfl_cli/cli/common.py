@@ -22,6 +22,9 @@ def explicit_flags(ctx: typer.Context, names: Iterable[str]) -> dict[str, Any]:
     return given
 
 
+IGNORED_KEYS = ("out", "force", "format", "out_root", "config")  # a config file's command keys, not the stage's
+
+
 def stage_config(
     cls: type[T],
     stage: str,
@@ -36,8 +39,21 @@ def stage_config(
         file_values=load_config_file(config_file, stage),
         flag_values=flags,
         overrides=parse_overrides(sets or ()),
-        ignore=("out", "force", "format", "out_root", "config"),
+        ignore=IGNORED_KEYS,
     )
+
+
+def train_stage_config(*, config_file: Path | None, flags: Mapping[str, Any], sets: Sequence[str] | None):
+    """``pflx train``'s config: the named algorithm's own config class (:mod:`pfl_cli.registry`), its
+    defaults < config file < explicit flags < ``--set``; a key the algorithm does not take is refused."""
+    from pfl_cli import registry
+
+    for line in registry.plugin_problems():
+        import sys
+
+        print(f"warning: {line}", file=sys.stderr)
+    return registry.resolve_train_config(file_values=load_config_file(config_file, "train"), flag_values=flags,
+                                         overrides=parse_overrides(sets or ()), ignore=IGNORED_KEYS)
 
 
 def load_partition_dataset(partition: Path, *, flag: str = "--partition"):

@@ -58,7 +58,7 @@ def read_model(path: Path):
     import torch
 
     from pfl_cli.artifacts import load_json, read_artifact
-    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.registry import config_from_artifact
 
     art = read_artifact(path, "train", flag="--model")
     try:
@@ -66,11 +66,7 @@ def read_model(path: Path):
     except Exception as err:  # noqa: BLE001
         raise ArtifactError(f"--model {path}: model.pt is unreadable ({type(err).__name__}: {err}); re-create "
                             "it with pflx train.") from None
-    try:
-        train_cfg = TrainConfig(**art.config)
-    except TypeError as err:
-        raise ArtifactError(f"--model {path}: its config does not fit this pflx's TrainConfig ({err}); re-create "
-                            "it with this version of pflx train.") from None
+    train_cfg = config_from_artifact(art.config, what=f"--model {path}", made_by=art.manifest.get("version"))
     metrics = load_json(art.file("metrics.json"))
     return art, payload, train_cfg, metrics
 
@@ -137,8 +133,8 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "clients": cfg.clients,
         "label_mask": bool(label_mask),
         "headline_metric": "mean_accuracy_lm" if label_mask else "mean_accuracy_nolm",
-        "finetune_steps": train_cfg.finetune_steps if cfg.finetune_steps is None else cfg.finetune_steps,
-        "eval_descriptor": train_cfg.eval_descriptor if cfg.eval_descriptor is None else cfg.eval_descriptor,
+        "finetune_steps": getattr(train_cfg, "finetune_steps", None) if cfg.finetune_steps is None else cfg.finetune_steps,
+        "eval_descriptor": getattr(train_cfg, "eval_descriptor", None) if cfg.eval_descriptor is None else cfg.eval_descriptor,
         "mean_accuracy": s["mean_accuracy_lm" if label_mask else "mean_accuracy"],
         "pooled_accuracy": s["pooled_accuracy_lm" if label_mask else "pooled_accuracy"],
         "mean_accuracy_nolm": s["mean_accuracy"],

@@ -35,10 +35,14 @@ pflx partition --config "$recipe" --out "$root/digits" --force --format quiet
 echo "== train: PeFLL, 400 rounds of 5 clients x 50 local steps (client MLP 64-32-10, hypernetwork M)"
 pflx train --config "$recipe" --partition "$root/digits" --out "$root/pefll" --force --plot  # + curves.png
 echo "== train: FedAvg, same rounds; client lr 0.005 (stable under label skew), server step 1 on the mean delta"
-pflx train --config "$recipe" --partition "$root/digits" --out "$root/fedavg" --force \
-  --set algorithm=fedavg --lr 0.005 --server-lr 1
+# The recipe is PeFLL's (embedding, hypernetwork...): FedAvg and Local own other keys, so they get the
+# shared client settings as flags (`pflx algorithms fedavg` lists a FedAvg run's keys).
+client=(--batch-size 32 --model-arch mlp --set "mlp_hidden=[32]" --val-fraction 0.1 --device cpu --seed 0)
+pflx train --partition "$root/digits" --out "$root/fedavg" --force --algorithm fedavg "${client[@]}" \
+  --rounds 400 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 --server-lr 1 --no-label-mask
 echo "== train: Local, 200 epochs per client, no communication"
-pflx train --config "$recipe" --partition "$root/digits" --out "$root/local" --force --set algorithm=local
+pflx train --partition "$root/digits" --out "$root/local" --force --algorithm local "${client[@]}" --lr 0.05 \
+  --local-epochs 200
 
 echo "== predict: models for the 10 holdout clients, never seen in training, without and with label masking"
 for m in pefll fedavg local; do
@@ -53,10 +57,11 @@ ring=recipes/quickstart/ring-pefll.yaml
 pflx partition --config "$ring" --out "$root/ring" --force --format quiet
 echo "== ring train: PeFLL (300 rounds), FedAvg (150 rounds, client lr 0.005), Local (50 epochs)"
 pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-pefll" --force --format quiet --plot
-pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-fedavg" --force --format quiet \
-  --set algorithm=fedavg --lr 0.005 --server-lr 1 --rounds 150
-pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-local" --force --format quiet \
-  --set algorithm=local --set local_epochs=50
+pflx train --partition "$root/ring" --out "$root/ring-fedavg" --force --format quiet --algorithm fedavg \
+  "${client[@]}" --rounds 150 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 --server-lr 1 \
+  --label-mask
+pflx train --partition "$root/ring" --out "$root/ring-local" --force --format quiet --algorithm local \
+  "${client[@]}" --lr 0.05 --local-epochs 50 --label-mask
 for m in pefll fedavg local; do
   pflx predict --config "$ring" --model "$root/ring-$m" --partition "$root/ring" --no-label-mask \
     --out "$root/ring-$m-holdout" --force --format quiet
