@@ -18,13 +18,13 @@ from pfl_cli.errors import InputError
 from pfl_cli.fl.api import make_algorithm
 from pfl_cli.fl.batches import sample_batches
 from pfl_cli.fl.cohort import local_sgd, local_sgd_reference
-from pfl_cli.fl.config import TrainConfig
+from pfl_cli.registry import train_config
 from pfl_cli.fl.split import split_names
 from pfl_cli.fl.store import ROLE_TRAIN, build_store
 from pfl_cli.models import num_parameters
 from pfl_cli.rng import make_rng
 
-BASE = TrainConfig(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
+BASE = train_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
                    head_epochs=1, body_epochs=1)
 TOL = dict(atol=2e-5, rtol=1e-4)
 NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg", "pfedme", "knnper")

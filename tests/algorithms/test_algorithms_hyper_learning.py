@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from pfl_cli.data import load_dataset
-from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients, train_federated
+from pfl_cli.fl import PredictConfig, predict_clients, train_federated
+from pfl_cli.registry import train_config
 from pfl_cli.partition import PartitionConfig, partition_labels, resolve_scheme
 from pfl_cli.rng import make_rng
 
@@ -31,7 +32,7 @@ RECIPES = pathlib.Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
 def _recipe(name):
     doc = yaml.safe_load((RECIPES / f"digits-{name}.yaml").read_text())
     part = {k.replace("-", "_"): v for k, v in doc["partition"].items()}
-    return part, TrainConfig(**doc["train"])
+    return part, train_config(**doc["train"])
 
 
 def _train(ds, part, cfg):

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from pfl_cli.data import load_dataset
-from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients, train_federated
+from pfl_cli.fl import PredictConfig, predict_clients, train_federated
+from pfl_cli.registry import train_config
 from pfl_cli.partition import PartitionConfig, partition_labels
 from pfl_cli.rng import make_rng
 
 SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
-PEFLL = TrainConfig(algorithm="pefll", lr=0.05, server_lr=5e-4, rounds=300, eval_every=50, embedding="mlp")
+PEFLL = train_config(algorithm="pefll", lr=0.05, server_lr=5e-4, rounds=300, eval_every=50, embedding="mlp")
 
 
 def _clients(spec, num_clients, holdout, seed):
@@ -70,10 +71,10 @@ def test_ring_pefll_with_label_masking_beats_fedavg_and_local_on_holdout_clients
     pefll_lm, _ = _holdout(pefll, cfg, ds, part, label_mask=True)
     pefll_train_lm = pefll.outcome.best.summaries()["train"]["mean_accuracy_lm"]
 
-    fedavg_run, fedavg_cfg = _tuned(ds, part, TrainConfig(algorithm="fedavg", rounds=300, eval_every=50, seed=seed),
+    fedavg_run, fedavg_cfg = _tuned(ds, part, train_config(algorithm="fedavg", rounds=300, eval_every=50, seed=seed),
                                     [{"lr": 0.005}, {"lr": 0.02}])
     fedavg, _ = _holdout(fedavg_run, fedavg_cfg, ds, part, label_mask=False)
-    local_run, local_cfg = _tuned(ds, part, TrainConfig(algorithm="local", seed=seed),
+    local_run, local_cfg = _tuned(ds, part, train_config(algorithm="local", seed=seed),
                                   [{"lr": lr, "local_epochs": e} for lr in (0.005, 0.02, 0.05) for e in (50, 200)])
     local, _ = _holdout(local_run, local_cfg, ds, part, label_mask=False)
 

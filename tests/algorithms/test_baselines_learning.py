@@ -12,11 +12,12 @@ import dataclasses
 import pytest
 
 from pfl_cli.data import load_dataset
-from pfl_cli.fl import TrainConfig, train_federated
+from pfl_cli.fl import train_federated
+from pfl_cli.registry import train_config
 from pfl_cli.partition import PartitionConfig, partition_labels
 from pfl_cli.rng import make_rng
 
-BASE = TrainConfig(rounds=200, eval_every=50, clients_per_round=10, local_steps=20, lr=0.05, new_client_epochs=10)
+BASE = train_config(rounds=200, eval_every=50, clients_per_round=10, local_steps=20, lr=0.05, new_client_epochs=10)
 SETTINGS = {
     "fedper": {}, "lg-fedavg": {}, "ditto": {}, "knnper": {},
     "fedrep": {"head_epochs": 10, "body_epochs": 5},

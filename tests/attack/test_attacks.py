@@ -11,7 +11,7 @@ from pfl_cli.attack.invert import invert_gradients
 from pfl_cli.cli.app import main
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.cohort import local_sgd, unrolled_sgd
-from pfl_cli.fl.config import TrainConfig
+from pfl_cli.registry import train_config
 
 PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "20",
         "--test-fraction", "0.3", "--holdout-clients", "4", "--format", "quiet"]
@@ -28,7 +28,7 @@ def digits(tmp_path_factory):
                  "--rounds", "10", "--eval-every", "10", "--local-steps", "5", "--set", "mlp_hidden=[32,32]",
                  "--format", "quiet"]) == 0
     model = torch.load(root / "fedavg" / "model.pt", weights_only=True)
-    cfg = TrainConfig(**json.loads((root / "fedavg" / "manifest.json").read_text())["config"])
+    cfg = train_config(**json.loads((root / "fedavg" / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     return model, cfg, part, load_dataset(info["spec"]), root
 
@@ -137,7 +137,7 @@ def test_pefll_upload_is_attacked(digits, tmp_path):
     import json
 
     model = torch.load(root / "pefll" / "model.pt", weights_only=True)
-    cfg = TrainConfig(**json.loads((root / "pefll" / "manifest.json").read_text())["config"])
+    cfg = train_config(**json.loads((root / "pefll" / "manifest.json").read_text())["config"])
     _, _, part, ds, _ = digits
     r = attack_model(model, cfg, ds.x, ds.y, ds.num_classes, part, AttackConfig(attack="analytic", images=4))
     assert r.upload[0] == "v" and all(k.startswith("grad/") for k in r.upload[1:])
@@ -175,7 +175,7 @@ def test_attack_on_a_local_dp_fedavg_upload_fails(digits, tmp_path, capsys):
                  "--local-steps", "5", "--lr", "0.05", "--set", "mlp_hidden=[32,32]", "--out", str(tmp_path / "ldp"),
                  "--format", "quiet"]) == 0
     model = torch.load(tmp_path / "ldp" / "model.pt", weights_only=True)
-    cfg = TrainConfig(**json.loads((tmp_path / "ldp" / "manifest.json").read_text())["config"])
+    cfg = train_config(**json.loads((tmp_path / "ldp" / "manifest.json").read_text())["config"])
     _, _, part, ds, _ = digits
     kw = dict(attack="ig", images=8, iterations=600, lr=1.0, tv=1e-4, local_steps=1)  # lr for raw 0-16 pixels
     private = attack_model(model, cfg, ds.x, ds.y, 10, part, AttackConfig(**kw))

@@ -173,11 +173,11 @@ import torch
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.fl import distributed
 from pfl_cli.fl.api import train_federated
-from pfl_cli.fl.config import TrainConfig
+from pfl_cli.registry import train_config
 
 device = distributed.start(torch.device("cpu"))
 part, _, _, ds = load_partition_dataset(Path(sys.argv[1]))
-cfg = TrainConfig(algorithm="fedavg", rounds=2, eval_every=1, local_steps=2, clients_per_round=4, mlp_hidden=[16])
+cfg = train_config(algorithm="fedavg", rounds=2, eval_every=1, local_steps=2, clients_per_round=4, mlp_hidden=[16])
 run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device)
 rank = distributed.world()[0]
 (Path(sys.argv[2]) / f"rank{rank}.json").write_text(json.dumps({

@@ -27,7 +27,7 @@ def driver():
 def test_every_methods_config_resolves(path, tmp_path):
     """Each method's merged config is a valid partition / train / attack config (typos and bad values fail)."""
     from pfl_cli.attack.config import AttackConfig
-    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli import registry
     from pfl_cli.partition import PartitionConfig
 
     recipe = yaml.safe_load(path.read_text())
@@ -35,7 +35,7 @@ def test_every_methods_config_resolves(path, tmp_path):
     for name, cfg in driver().method_configs(recipe, "npz:data.npz").items():
         file = tmp_path / f"{name}.yaml"
         file.write_text(yaml.safe_dump(cfg))
-        train = resolve_config(TrainConfig, file_values=load_config_file(file, "train"))
+        train = registry.resolve_train_config(file_values=load_config_file(file, "train"))
         attack = resolve_config(AttackConfig, file_values=load_config_file(file, "attack"))
         resolve_config(PartitionConfig, file_values=load_config_file(file, "partition"))
         assert train.algorithm == name and attack.attack == "ig" and attack.batch_size == 1
