@@ -140,8 +140,10 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
             k = str(k).strip().replace("-", "_")
             if k not in taken and k not in ignore:
                 raise unknown_key(k, entry, where)
-    return resolve_config(entry.config, file_values=file_values, flag_values=flag_values, overrides=overrides,
-                          ignore=ignore)
+    cfg = resolve_config(entry.config, file_values=file_values, flag_values=flag_values, overrides=overrides,
+                         ignore=ignore)
+    cfg.validate()
+    return cfg
 
 
 def train_config(algorithm: str = "pefll", **keys: Any) -> Any:

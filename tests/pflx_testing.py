@@ -24,8 +24,11 @@ def only_taken(algorithm: str, values: dict) -> dict:
 
 
 def small_config(algorithm: str = "pefll", **values):
-    """``registry.train_config(algorithm, ...)`` with the keys of ``values`` it takes."""
-    return registry.train_config(algorithm, **only_taken(algorithm, values))
+    """``registry.train_config(algorithm, ...)`` with the keys of ``values`` it takes (all of them are kept
+    for :func:`replace` to hand on to another algorithm)."""
+    cfg = registry.train_config(algorithm, **only_taken(algorithm, values))
+    object.__setattr__(cfg, "_small_values", dict(values))  # frozen: set once, here
+    return cfg
 
 
 def cli_args(args, algorithm: str | None = None) -> list[str]:
@@ -60,3 +63,21 @@ def cli_args(args, algorithm: str | None = None) -> list[str]:
         out.append(a)
         i += 1
     return out
+
+
+def _explicit(cfg) -> dict:
+    return dict(cfg.__dict__.get("_small_values", {}))
+
+
+def replace(cfg, **changes):
+    """``dataclasses.replace`` for train configs that may change the algorithm: the new algorithm's config
+    from the values the old one was built with (:func:`small_config`) and ``changes``, each where taken."""
+    import dataclasses
+
+    from pfl_cli.fl.config import TrainConfig
+
+    if not isinstance(cfg, TrainConfig):
+        return dataclasses.replace(cfg, **changes)
+    values = {**_explicit(cfg), **changes}
+    algorithm = values.pop("algorithm", cfg.algorithm)
+    return small_config(algorithm, **values)

@@ -11,7 +11,7 @@ from pfl_cli.attack import AttackConfig, attack_model
 from pfl_cli.cli.app import main
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.api import make_algorithm
-from pfl_cli.registry import train_config
+from pflx_testing import small_config
 from pfl_cli.fl.store import ROLE_TRAIN, build_store
 
 PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "20",
@@ -36,7 +36,7 @@ def loaded(trained, alg):
     """The model, its config and the algorithm rebuilt on the partition (as pflx attack does)."""
     root, part, ds = trained
     model = torch.load(root / alg / "model.pt", weights_only=True)
-    cfg = train_config(**json.loads((root / alg / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((root / alg / "manifest.json").read_text())["config"])
     norm = model["normalization"]
     store = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.0, rng=None, device="cpu", normalize=True,
                         stats=(norm["mean"].numpy(), norm["std"].numpy()))

@@ -148,7 +148,8 @@ def test_model_help_names_exactly_the_attacked_algorithms():
     import re
     import typing
 
-    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.registry import entries
+    REGISTRY = {n: e.algorithm for n, e in entries().items()}
     from pfl_cli.cli.attack import attack_command
 
     help_text = typing.get_type_hints(attack_command, include_extras=True)["model"].__metadata__[0].help

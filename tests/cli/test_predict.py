@@ -16,7 +16,7 @@ from pfl_cli.cli.app import main
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.api import predict_clients
 from pfl_cli.fl.config import PredictConfig
-from pfl_cli.registry import train_config
+from pflx_testing import small_config
 
 FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--set", "hyper_hidden=16",
         "--set", "mlp_hidden=[16]"]
@@ -56,7 +56,7 @@ def file_hashes(directory):
 def direct(root, model_dir, **overrides):
     """predict_clients called on the library, from the same files the command reads."""
     model = torch.load(root / model_dir / "model.pt", weights_only=True, map_location="cpu")
-    train_cfg = train_config(**json.loads((root / model_dir / "manifest.json").read_text())["config"])
+    train_cfg = small_config(**json.loads((root / model_dir / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     ds = load_dataset(info["spec"])
     return predict_clients(model, train_cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(**overrides))

@@ -8,7 +8,7 @@ import torch
 from pfl_cli.cli.app import main
 from pfl_cli.cli.train_run import torch_bytes
 from pfl_cli.fl import train_federated
-from pfl_cli.registry import train_config
+from pflx_testing import small_config
 
 NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg", "pfedme", "knnper")
 EXTRA = {"perfedavg": ["--set", "beta=0.3", "--finetune-steps", "3"]}
@@ -59,7 +59,7 @@ def test_train_then_predict_train_and_new_clients(root, name, capsys):
 @pytest.mark.parametrize("name", NEW)
 def test_resumed_run_writes_the_same_model(digits_clients, name):
     ds, part = digits_clients
-    cfg = train_config(algorithm=name, rounds=8, eval_every=4, local_steps=2, lr=0.05, mlp_hidden=(16,),
+    cfg = small_config(algorithm=name, rounds=8, eval_every=4, local_steps=2, lr=0.05, mlp_hidden=(16,),
                       new_client_epochs=1, head_epochs=1)
     saved = []
     whole = train_federated(ds.x, ds.y, 10, part, cfg, device="cpu", on_checkpoint=saved.append)

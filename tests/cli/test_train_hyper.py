@@ -131,10 +131,10 @@ def test_a_partition_with_more_classes_than_the_model_is_refused(root):
     from pfl_cli.data import load_dataset
     from pfl_cli.errors import InputError
     from pfl_cli.fl import PredictConfig, predict_clients
-    from pfl_cli.registry import train_config
+    from pflx_testing import small_config
 
     model = torch.load(root / "pfedhn" / "model.pt", weights_only=True)
-    cfg = train_config(**json.loads((root / "pfedhn" / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((root / "pfedhn" / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     ds = load_dataset(info["spec"])
     with pytest.raises(InputError, match="the model was trained on 10, the dataset has 11"):
@@ -146,7 +146,7 @@ def test_mixed_model_sizes_train_and_predict_a_client_of_each_size(root, tmp_pat
     """pFedHN §5.2: one hypernetwork, S/M/L target nets; a client of each size trains and predicts.
     pFedHN-PC: h generates each size's feature extractor; each client's private head has its size's width."""
     from pfl_cli.fl import PredictConfig, predict_clients
-    from pfl_cli.registry import train_config
+    from pflx_testing import small_config
     from pfl_cli.artifacts import load_partition
     from pfl_cli.data import load_dataset
 
@@ -164,7 +164,7 @@ def test_mixed_model_sizes_train_and_predict_a_client_of_each_size(root, tmp_pat
             assert weight.shape == (12, 10, width)                    # a row per client, its size's head
             trained = heads["has"].nonzero().flatten().numpy()
             assert len(trained) and set(trained % 3) <= {"SML".index(s)}  # only clients of that size own a head
-    cfg = train_config(**json.loads((out / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((out / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     ds = load_dataset(info["spec"])
     for clients in ("train", "holdout"):
