@@ -94,6 +94,8 @@ class APFLConfig(FedAvgRoundConfig):
 
 class APFL(PrivateState, FedAvg):
     name = "apfl"
+    paper = "APFL: Deng, Kamani, Mahdavi, 2020"
+    new_client_protocol = "its local model and alpha trained new_client_epochs"
     config = APFLConfig
     models_upload = False  # its w steps are plain SGD beside v and alpha, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)

@@ -40,6 +40,8 @@ class Algorithm(ABC):
     """Base class: shared client-side training helpers."""
 
     name = ""
+    paper = ""                # the paper (and spec section) it implements, for `pflx algorithms`
+    new_client_protocol = ""  # how a client unseen in training gets its model, for `pflx algorithms`
     federated = True          # False: no rounds (Local), evaluation trains per client
     personalized = True       # whether personalize() returns one model per client
     serves_unlabeled = ""     # how it serves clients without labels ("" = it cannot), for error messages
@@ -218,7 +220,7 @@ class Algorithm(ABC):
         ``delta/<name>`` of one SGD step with its known learning rate and weight decay undone.
         Names in the client net's order.
         """
-        from pfl_cli.attack.analytic import scaled_gradient
+        from pfl_cli.fl.cohort import scaled_gradient
 
         sgd = self.sgd_update_options()
         out = {}

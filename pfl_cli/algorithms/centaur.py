@@ -23,6 +23,8 @@ class CENTAURConfig(PersonalHeadLDPConfig):
 
 class CENTAUR(PersonalHeadLDP):
     name = "centaur"
+    paper = "CENTAUR: Shen et al. 2023, as HyperFL adapts it (specs/pfedhn-hyperfl.md B.10)"
+    new_client_protocol = "a head trained on the frozen DP representation"
     config = CENTAURConfig
     dp_unit = "example"  # declared: DP-SGD on the representation on every client
 

@@ -43,6 +43,8 @@ class DittoConfig(FedAvgRoundConfig):
 
 class Ditto(PrivateState, FedAvg):
     name = "ditto"
+    paper = "Ditto: Li, Hu, Beirami, Smith, ICML 2021"
+    new_client_protocol = "a personal model trained new_client_epochs with the proximal term"
     config = DittoConfig
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
 

@@ -43,6 +43,8 @@ class FedAvgConfig(FedAvgRoundConfig):
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    paper = "FedAvg: McMahan et al., AISTATS 2017 (thesis Alg. 3/4)"
+    new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedAvgConfig
     dp_unit = "client"
     dp_contribution = "model delta"

@@ -23,6 +23,8 @@ class FedPerConfig(PartialSharingConfig):
 
 class FedPer(PartialSharing):
     name = "fedper"
+    paper = "FedPer: Arivazhagan et al., 2019"
+    new_client_protocol = "a fresh head trained new_client_epochs on the frozen body"
     config = FedPerConfig
     shared_part = "body"
 

@@ -24,6 +24,8 @@ class FedProxConfig(FedAvgConfig):
 
 class FedProx(FedAvg):
     name = "fedprox"
+    paper = "FedProx: Li et al., MLSys 2020"
+    new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedProxConfig
     models_upload = False  # its local steps add the proximal term, not FedAvg's upload
 

@@ -40,6 +40,8 @@ class FedRepConfig(TrainConfig):
 
 class FedRep(PartialSharing):
     name = "fedrep"
+    paper = "FedRep: Collins et al., ICML 2021"
+    new_client_protocol = "a fresh head trained new_client_epochs on the frozen body"
     config = FedRepConfig
     shared_part = "body"
     average_by_size = False  # Alg. 1 line 16: (1 / rn) sum_i theta_i

@@ -94,6 +94,8 @@ class LDFedAvg(Algorithm):
     """FedAvg on the subspace parameterization: one global v, theta = theta_0 + P v."""
 
     name = "ld-fedavg"
+    paper = "LD-FedAvg: FedAvg in FLowDUP's subspace (thesis ch. 5)"
+    new_client_protocol = "the global subspace model"
     config = LDFedAvgConfig
     regularizer_weight = 0.0  # no Omega term
     personalized = False
@@ -214,6 +216,8 @@ class FLowDUP(LDFedAvg):
     """Alg. 9/10: a hypernetwork from a client's unlabeled data into the subspace."""
 
     name = "flowdup"
+    paper = "FLowDUP: thesis ch. 5, Alg. 9/10"
+    new_client_protocol = "a model from its unlabeled data in one forward pass"
     config = FLowDUPConfig
     personalized = True
     serves_unlabeled = "flowdup (a model from a client's unlabeled data in one forward pass)"

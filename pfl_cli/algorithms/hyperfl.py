@@ -86,6 +86,8 @@ class HyperFLConfig(TrainConfig):
 
 class HyperFL(Algorithm):
     name = "hyperfl"
+    paper = "HyperFL: Guo et al., AAAI 2025 (specs/pfedhn-hyperfl.md B)"
+    new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
     config = HyperFLConfig
     models_upload = True
 
@@ -257,7 +259,7 @@ class HyperFL(Algorithm):
     def leaked_gradients(self, message: dict, start: dict) -> dict:
         """The generated feature extractor's gradient: head k is affine, theta_k = A_k z + b_k, so
         dL/db_k = dL/dtheta_k exactly (spec D.3 T-P3), without the embedding or the classifier."""
-        from pfl_cli.attack.analytic import scaled_gradient
+        from pfl_cli.fl.cohort import scaled_gradient
 
         o = self._options()
         out = {}

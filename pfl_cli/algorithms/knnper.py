@@ -82,6 +82,8 @@ class KNNPerConfig(FedAvgRoundConfig):
 
 class KNNPer(FedAvg):
     name = "knnper"
+    paper = "kNN-Per: Marfoq et al., ICML 2022"
+    new_client_protocol = "the global model plus a kNN memory of its own data, one forward pass"
     config = KNNPerConfig
     dp_unit = None  # no DP variant: its prediction reads each client's own datastore
 

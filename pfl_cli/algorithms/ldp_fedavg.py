@@ -29,6 +29,8 @@ class LDPFedAvgConfig(FedAvgConfig):
 
 class LDPFedAvg(LocalDP, FedAvg):
     name = "ldp-fedavg"
+    paper = "DP-FedAvg in the ISRL-DP setting, HyperFL's baseline (specs/pfedhn-hyperfl.md B.10)"
+    new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = LDPFedAvgConfig
     dp_unit = "example"  # declared: DP-SGD on every client (pfl_cli.fl.dpsgd)
     dp_contribution = "model delta"

@@ -24,6 +24,8 @@ class LGFedAvgConfig(PartialSharingConfig):
 
 class LGFedAvg(PartialSharing):
     name = "lg-fedavg"
+    paper = "LG-FedAvg: Liang et al., 2020"
+    new_client_protocol = "its own body trained new_client_epochs under the frozen global head"
     config = LGFedAvgConfig
     shared_part = "head"
 

@@ -29,6 +29,8 @@ class LocalConfig(TrainConfig):
 
 class Local(Algorithm):
     name = "local"
+    paper = "Local training, the PeFLL paper's baseline (specs/pefll.md §4.1)"
+    new_client_protocol = "trains its own model from the shared initialization"
     config = LocalConfig
     federated = False
 

@@ -83,6 +83,8 @@ class PeFLLConfig(TrainConfig):
 
 class PeFLL(ServerOptimizerState, Algorithm):
     name = "pefll"
+    paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4 (specs/pefll.md)"
+    new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
     config = PeFLLConfig
     models_upload = True
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"

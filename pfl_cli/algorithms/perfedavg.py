@@ -75,6 +75,8 @@ class PerFedAvgConfig(FedAvgConfig):
 
 class PerFedAvg(FedAvg):
     name = "perfedavg"
+    paper = "Per-FedAvg: Fallah, Mokhtari, Ozdaglar, NeurIPS 2020"
+    new_client_protocol = "the global model fine-tuned finetune_steps steps (at least one)"
     config = PerFedAvgConfig
     models_upload = False  # its steps are MAML steps on two batches, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)

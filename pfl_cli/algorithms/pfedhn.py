@@ -97,6 +97,8 @@ class PFedHNPCConfig(PFedHNConfig):
 
 class PFedHN(ServerOptimizerState, Algorithm):
     name = "pfedhn"
+    paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021 (specs/pfedhn-hyperfl.md A)"
+    new_client_protocol = "a fresh embedding trained embed_rounds rounds, hypernetwork frozen"
     config = PFedHNConfig
     models_upload = True
     personal_head = False
@@ -438,5 +440,7 @@ class PFedHNPC(PFedHN):
     """pFedHN-PC (A.7): the hypernetwork generates the feature extractor; heads stay on the clients."""
 
     name = "pfedhn-pc"
+    paper = "pFedHN-PC: Shamsian et al., ICML 2021 §3.3 (specs/pfedhn-hyperfl.md A.7)"
+    new_client_protocol = "a fresh embedding and head trained embed_rounds rounds"
     config = PFedHNPCConfig
     personal_head = True

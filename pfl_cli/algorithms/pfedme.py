@@ -88,6 +88,8 @@ class PFedMeConfig(FedAvgRoundConfig):
 
 class PFedMe(PrivateState, FedAvg):
     name = "pfedme"
+    paper = "pFedMe: Dinh, Tran, Nguyen, NeurIPS 2020"
+    new_client_protocol = "the global model, then new_client_epochs of pFedMe's local procedure"
     config = PFedMeConfig
     models_upload = False  # its w follows the Moreau envelope's inner solution, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)

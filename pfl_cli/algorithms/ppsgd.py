@@ -23,6 +23,8 @@ class PPSGDConfig(PersonalHeadLDPConfig):
 
 class PPSGD(PersonalHeadLDP):
     name = "ppsgd"
+    paper = "PPSGD: Bietti et al. 2022, as HyperFL adapts it (specs/pfedhn-hyperfl.md B.10)"
+    new_client_protocol = "a head trained on the frozen DP representation"
     config = PPSGDConfig
     dp_unit = "example"  # declared: DP-SGD on the representation on every client
 

@@ -14,6 +14,7 @@ import typer
 
 from pfl_cli import __version__
 from pfl_cli.cli import _click, interrupt
+from pfl_cli.cli.launch import INVOCATION  # the arguments of the running invocation (train --nproc relaunches them)
 from pfl_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, PflxError, PflxWarning
 
 app = typer.Typer(
@@ -55,6 +56,7 @@ def _register() -> None:
     from pfl_cli.cli import predict
     from pfl_cli.cli import show
     from pfl_cli.cli import attack
+    from pfl_cli.cli import algorithms
 
     app.command("partition", no_args_is_help=True)(partition.partition)
     app.command("privacy-account", no_args_is_help=True)(privacy_account.privacy_account)
@@ -65,13 +67,12 @@ def _register() -> None:
     app.command("predict", no_args_is_help=True)(predict.predict)
     app.command("show", no_args_is_help=True)(show.show)
     app.command("attack", no_args_is_help=True)(attack.attack_command)
+    app.command("algorithms")(algorithms.algorithms)
 
 
 _register()
 
 
-# The arguments of the running invocation (``pflx train --nproc N`` relaunches them once per rank).
-INVOCATION: list[str] = []
 
 
 def _one_line(message: str) -> str:

@@ -43,15 +43,23 @@ def stage_config(
     )
 
 
+def warn_plugin_problems() -> None:
+    """Each plugin the registry left out, as one warning line naming it (the built-ins work regardless)."""
+    import warnings
+
+    from pfl_cli import registry
+    from pfl_cli.errors import PflxWarning
+
+    for line in registry.plugin_problems():
+        warnings.warn(line, PflxWarning, stacklevel=2)
+
+
 def train_stage_config(*, config_file: Path | None, flags: Mapping[str, Any], sets: Sequence[str] | None):
     """``pflx train``'s config: the named algorithm's own config class (:mod:`pfl_cli.registry`), its
     defaults < config file < explicit flags < ``--set``; a key the algorithm does not take is refused."""
     from pfl_cli import registry
 
-    for line in registry.plugin_problems():
-        import sys
-
-        print(f"warning: {line}", file=sys.stderr)
+    warn_plugin_problems()
     return registry.resolve_train_config(file_values=load_config_file(config_file, "train"), flag_values=flags,
                                          overrides=parse_overrides(sets or ()), ignore=IGNORED_KEYS)
 

@@ -124,8 +124,7 @@ def train(
 
 def _launch(cfg, nproc: int) -> None:
     """``--nproc N``: check what can be checked here, then run N ranks of this command and exit with theirs."""
-    from pfl_cli.cli.app import INVOCATION
-    from pfl_cli.cli.launch import launch, without_nproc
+    from pfl_cli.cli.launch import INVOCATION, launch, without_nproc
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.distributed import check_world_size, launched_size
