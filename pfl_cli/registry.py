@@ -128,11 +128,14 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
     algorithm used with ``--set algorithm=B`` keeps the common keys and refuses its own.
     """
     from pfl_cli.config import resolve_config
+    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.schema import coerce_field
 
     layers = tuple(zip(labels, (file_values or {}, flag_values or {}, overrides or {})))
     name = "pefll"
     for _, layer in layers:
-        name = layer.get("algorithm", name)
+        if "algorithm" in layer:
+            name = coerce_field(TrainConfig, "algorithm", layer["algorithm"])
     entry = get(name)
     taken = set(entry.keys)
     for where, layer in layers:

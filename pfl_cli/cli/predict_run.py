@@ -124,8 +124,12 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     if inputs is None:
         return
     writer, model_art, payload, train_cfg, part, ds = inputs
+    from pfl_cli import registry
+
+    servers = "; ".join(e.algorithm.serves_unlabeled for e in registry.entries().values()
+                        if e.algorithm.serves_unlabeled)
     run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
-                          labeled=ds.labeled)
+                          labeled=ds.labeled, unlabeled_servers=servers)
     label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask
     s = run.evaluation.summary()
     metrics = clean({

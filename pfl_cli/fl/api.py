@@ -163,7 +163,8 @@ class PredictRun:
 
 
 def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
-                    cfg: PredictConfig, *, device: Any = None, labeled: np.ndarray | None = None) -> PredictRun:
+                    cfg: PredictConfig, *, device: Any = None, labeled: np.ndarray | None = None,
+                    unlabeled_servers: str = "") -> PredictRun:
     """Models for a partition's clients from a trained model (Alg. 7 for PeFLL) and their test accuracy.
 
     PeFLL generates each client's model from its descriptor with no optimizer step; FedAvg
@@ -216,7 +217,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     alg.load_weights(model["weights"])
     unlabeled = clients[~store.labeled[clients]]
     if len(unlabeled) and alg.needs_labels_to_predict:
-        raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients)))
+        raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients), unlabeled_servers))
     parts: list[dict] = []
 
     def keep_predictions(sel, params, personalized, net):
@@ -237,12 +238,14 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                       predictions=predictions, unlabeled=unlabeled, protocol=protocol)
 
 
-def unlabeled_refusal(alg, client_ids: np.ndarray, total: int) -> str:
-    """One line: which clients have no labels, why this algorithm cannot serve them, which can."""
+def unlabeled_refusal(alg, client_ids: np.ndarray, total: int, servers: str = "") -> str:
+    """One line: which clients have no labels, why this algorithm cannot serve them, which can (``servers``,
+    from the registry the caller holds; the engine does not know the other algorithms)."""
     shown = ", ".join(str(int(c)) for c in client_ids[:5]) + (", ..." if len(client_ids) > 5 else "")
+    which = f": {servers}" if servers else " are named by `pflx algorithms`"
     return (f"clients: {len(client_ids)} of the {total} clients to predict have no labels (client ids {shown}), and "
-            f"this {alg.name} model needs a client's labels at prediction time; `pflx algorithms` names the models "
-            "that serve unlabeled clients.")
+            f"this {alg.name} model needs a client's labels at prediction time; models that serve unlabeled "
+            f"clients{which}.")
 
 
 @contextmanager

@@ -12,13 +12,20 @@ import pytest
 import torch
 
 from pfl_cli.artifacts import load_partition
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.api import predict_clients
 from pfl_cli.fl.config import PredictConfig
 from pflx_testing import small_config
 
-FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--set", "hyper_hidden=16",
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
+
+FAST = ["--no-label-mask", "--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--set", "hyper_hidden=16",
         "--set", "mlp_hidden=[16]"]
 PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "20",
         "--test-fraction", "0.3", "--format", "quiet"]

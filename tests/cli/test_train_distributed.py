@@ -17,8 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
 from pfl_cli.fl.checkpoint import checkpoint_dir
+
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--clients-per-round", "5",
         "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--format", "quiet"]
@@ -176,11 +183,11 @@ import torch
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.fl import distributed
 from pfl_cli.fl.api import train_federated
-from pflx_testing import small_config
+from pfl_cli.registry import train_config
 
 device = distributed.start(torch.device("cpu"))
 part, _, _, ds = load_partition_dataset(Path(sys.argv[1]))
-cfg = small_config(algorithm="fedavg", rounds=2, eval_every=1, local_steps=2, clients_per_round=4, mlp_hidden=[16])
+cfg = train_config(algorithm="fedavg", rounds=2, eval_every=1, local_steps=2, clients_per_round=4, mlp_hidden=[16])
 run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device)
 rank = distributed.world()[0]
 (Path(sys.argv[2]) / f"rank{rank}.json").write_text(json.dumps({

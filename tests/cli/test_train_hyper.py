@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from pfl_cli import artifacts
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
 from pfl_cli.fl.checkpoint import checkpoint_dir
+
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 FAST = ["--rounds", "6", "--eval-every", "3", "--local-steps", "5", "--set", "hyper_hidden=16",
         "--set", "mlp_hidden=[16]", "--set", "embed_rounds=2", "--batch-size", "16"]
@@ -195,6 +202,8 @@ def test_client_sizes_bad_input(root, tmp_path, capsys):
     capsys.readouterr()
     assert train(root, tmp_path / "x", "--algorithm", "pfedhn", "--client-sizes", "S,XL") == 2
     assert "client_sizes must be a comma-separated list of S, M, L" in capsys.readouterr().err
-    assert train(root, tmp_path / "x", "--algorithm", "hyperfl", "--client-sizes", "S,M") == 2
-    assert "works with --algorithm pfedhn or pfedhn-pc only" in capsys.readouterr().err
+    # straight to pflx (train() gives each algorithm only the keys it takes): hyperfl has no client_sizes
+    assert _main(["train", "--partition", str(root / "part"), "--out", str(tmp_path / "x"), "--algorithm", "hyperfl",
+                  "--client-sizes", "S,M"]) == 2
+    assert "unknown flag key 'client_sizes' for algorithm 'hyperfl'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from pflx_testing import only_taken
 
 from pfl_cli.config import load_config_file, resolve_config
 
@@ -88,7 +89,8 @@ def test_cifar10_recipe_end_to_end_on_a_fixture(tmp_path, capsys):
     recipe["train"].update(rounds=1, eval_every=1, device="cpu")
     recipe["attack"].update(images=2, iterations=2, device="cpu")
     for name, own in recipe["methods"].items():
-        own["train"].update(rounds=1, hyper_hidden=4, local_steps=1, local_epochs=1, clients_per_round=2)
+        small = dict(rounds=1, hyper_hidden=4, local_steps=1, local_epochs=1, clients_per_round=2)
+        own["train"].update(only_taken(own["train"]["algorithm"], small))  # each algorithm's own keys only
         if name == "ldp-fedavg":
             own["train"].update(dp_sampling_rate=0.5, local_epochs=None)
     tiny = tmp_path / "tiny.yaml"
