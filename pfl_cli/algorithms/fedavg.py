@@ -16,7 +16,7 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, stack, weighted_mean
 from pfl_cli.fl.config import TrainConfig, key
-from pfl_cli.rng import torch_generator
+from pfl_cli.privacy.randomness import mechanism_generator
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class FedAvg(Algorithm):
         if self.dp is not None:
             # DP-FedAvg (McMahan et al. 2018, Alg. 1): clipped deltas, noisy sum / (q N).
             deltas = {k: theta[k] - g for k, g in self.global_params.items()}
-            self.server_update(self.dp.private_mean(deltas, torch_generator(self.cfg.seed, f"dp-noise-{t}",
+            self.server_update(self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}",
                                                                             self.device)))
         else:
             self.server_step(weighted_mean(self.store, cohort, theta))

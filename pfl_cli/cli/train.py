@@ -43,7 +43,7 @@ def train(
     embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor / pfedhn embedding dimension (0 = int(1 + clients / 4)); hyperfl embedding (0 = 64).", show_default=False)] = 0,
     hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll / pfedhn hypernetwork: S | M | L (1 / 3 / 5 hidden layers; hyperfl has one, with a ReLU).", show_default=False)] = "M",
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.", show_default=False)] = True,
-    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N.")] = None,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N. noise=secure (default): noise and sampling from OS entropy; noise=seeded: repeatable from the published seed, simulation only.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
     client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).", show_default=False)] = "",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
@@ -77,7 +77,8 @@ def train(
 
     checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
-    dp_clip and dp_population.
+    dp_clip, dp_population and dp_noise (secure: noise and sampling from OS entropy, the default;
+    seeded: repeatable from the published seed, simulation only).
 
     Under --dp the artifact holds only what the DP guarantee covers (config.yaml, model.pt of the
     last round, privacy.json, metrics.json without accuracies); accuracies on the private clients go
@@ -114,6 +115,8 @@ def train(
     if dp is not None:
         spec = parse_dp_spec(dp, keys=("eps", "delta", "clip", "population"))
         flags.update({f"dp_{k}": v for k, v in dataclasses.asdict(spec).items() if v is not None})
+        if "noise" not in dp.lower():  # the default: a config file's dp_noise stands
+            flags.pop("dp_noise")
     cfg = train_stage_config(config_file=config, flags=flags, sets=set_)
     if nproc != 1:
         _launch(cfg, nproc)

@@ -66,6 +66,8 @@ class TrainConfig:
     dp_population: Optional[int] = key(None, "--dp population: public bound N on the privacy units")
     dp_sampling_rate: Optional[float] = key(None, "Poisson rate q (client-level default clients_per_round / N)")
     dp_accountant: str = key("rdp", "rdp | pld")
+    dp_noise: str = key("secure", "--dp noise: secure (OS entropy) | seeded (repeatable; simulation only)",
+                        choices=("secure", "seeded"))
     write_nonprivate: bool = key(False, "with --dp: also write diagnostics computed on private data (nonprivate*)")
 
     algorithm_class = None  # set by the algorithm that declares this config (``Algorithm.config``)
