@@ -1,9 +1,8 @@
 """Options of ``pflx train`` and ``pflx predict``; each field is the flag of the same name.
 
-Defaults follow the PeFLL paper and the authors' code (``specs/pefll.md`` §1.7, §9): k = 50
-local SGD steps with momentum 0.9, batch 32, client gradient clip 50, Adam 2e-4 on the
-server with clip 50, lambda_h = lambda_v = 1e-3, lambda_theta = 0, hypernetwork M,
-descriptor dimension int(1 + n/4) and 5 clients per round.
+:class:`TrainConfig` holds the keys every algorithm takes; each algorithm extends it in its own
+module with the keys it reads and its paper's defaults (``pflx algorithms NAME``). Each key's
+range is checked by name (:data:`KEY_RULES`), so one key means one thing in every algorithm.
 """
 
 from __future__ import annotations
