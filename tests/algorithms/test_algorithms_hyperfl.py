@@ -51,6 +51,20 @@ def test_step_order_classifier_then_generator(store):
     assert not torch.equal(v1, v0) and not torch.equal(phi["heads.0.weight"][0], phi0["heads.0.weight"])
 
 
+def test_only_step_two_is_clipped(store):
+    """B.3 (the code): clip_grad_norm_(..., 50) sits in step 2 alone; the classifier's step 1 is never clipped."""
+    tiny, off = (HyperFL(small_config(**{**SMALL, "client_clip": c, "lambda_theta": 0.0}), store) for c in (1e-6, 0.0))
+    cohort = torch.tensor([1, 6])
+    private = tiny.private.gather(cohort)
+    v, head = private["embedding"], {k: private[k] for k in tiny.head_names}
+    heads = [alg.step_classifier(cohort, v, head, torch.Generator().manual_seed(0))[0] for alg in (tiny, off)]
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])  # step 1: the clip changes nothing
+    steps = [alg.step_generator(cohort, stack(dict(alg.hnet.named_parameters()), 2), v, heads[0],
+                                torch.Generator().manual_seed(1), 1) for alg in (tiny, off)]
+    moved = [float((s[1] - v).abs().max()) for s in steps]
+    assert 0 < moved[0] < 1e-6 < 1e-3 < moved[1]  # step 2: a 1e-6 clip holds each embedding step to lr * 1e-6
+
+
 def test_round_uploads_the_hypernetwork_only_and_averages_by_client_size(store):
     """D.1 item 9: upload keys == the HN's; phi = sum n_i phi_i / sum n_j; embeddings differ after the round."""
     alg = HyperFL(small_config(**SMALL), store)
