@@ -52,14 +52,19 @@ class FedAvg(Algorithm):
     serves_unlabeled = "fedavg without --finetune-steps (one global model)"
 
     @property
+    def finetune_steps(self) -> int:
+        """``finetune_steps`` of the config; 0 for the algorithms built on FedAvg whose config has none (Ditto)."""
+        return getattr(self.cfg, "finetune_steps", 0)
+
+    @property
     def needs_labels_to_predict(self) -> bool:
-        return getattr(self.cfg, "finetune_steps", 0) > 0
+        return self.finetune_steps > 0
 
     def build(self) -> None:
         self.net = self.client_net()
         self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.server_buf = {k: v.new_zeros(v.shape) for k, v in self.global_params.items()}
-        self.personalized = getattr(self.cfg, "finetune_steps", 0) > 0
+        self.personalized = self.finetune_steps > 0
 
     def run_round(self, t, cohort, gen):
         import torch
@@ -96,7 +101,7 @@ class FedAvg(Algorithm):
             self.global_params[k] = g + lr * self.server_buf[k]
 
     def protocol(self, new: bool) -> dict:
-        steps = getattr(self.cfg, "finetune_steps", 0)
+        steps = self.finetune_steps
         return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model",
                 "rounds": 0}
 
@@ -113,8 +118,8 @@ class FedAvg(Algorithm):
         return self.local_update(start, x, y, steps), start
 
     def personalize(self, clients: np.ndarray, gen):
-        if getattr(self.cfg, "finetune_steps", 0) > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=getattr(self.cfg, "finetune_steps", 0)), True
+        if self.finetune_steps > 0:
+            return self.train_clients(self.global_params, clients, gen, steps=self.finetune_steps), True
         return self.global_params, False
 
     def state(self):

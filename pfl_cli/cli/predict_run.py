@@ -71,6 +71,10 @@ def read_model(path: Path):
     return art, payload, train_cfg, metrics
 
 
+def _override(given, trained):
+    return trained if given is None else given
+
+
 def check_same_dataset(partition: Path, info: dict, train_metrics: dict, command: str) -> None:
     """Refuse a partition over another dataset than the model's (labels hash; classes for a DP model)."""
     trained_on = (train_metrics.get("dataset") or {}).get("labels_sha256")
@@ -137,8 +141,9 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "clients": cfg.clients,
         "label_mask": bool(label_mask),
         "headline_metric": "mean_accuracy_lm" if label_mask else "mean_accuracy_nolm",
-        "finetune_steps": getattr(train_cfg, "finetune_steps", None) if cfg.finetune_steps is None else cfg.finetune_steps,
-        "eval_descriptor": getattr(train_cfg, "eval_descriptor", None) if cfg.eval_descriptor is None else cfg.eval_descriptor,
+        # as trained unless overridden; None for an algorithm without the key
+        "finetune_steps": _override(cfg.finetune_steps, getattr(train_cfg, "finetune_steps", None)),
+        "eval_descriptor": _override(cfg.eval_descriptor, getattr(train_cfg, "eval_descriptor", None)),
         "mean_accuracy": s["mean_accuracy_lm" if label_mask else "mean_accuracy"],
         "pooled_accuracy": s["pooled_accuracy_lm" if label_mask else "pooled_accuracy"],
         "mean_accuracy_nolm": s["mean_accuracy"],
