@@ -34,6 +34,7 @@ ENTRY_POINT_GROUP = "pflx.algorithms"
 BUILTINS = (
     "pfl_cli.algorithms.pefll:PeFLL", "pfl_cli.algorithms.fedavg:FedAvg", "pfl_cli.algorithms.local:Local",
     "pfl_cli.algorithms.pfedhn:PFedHN", "pfl_cli.algorithms.pfedhn:PFedHNPC", "pfl_cli.algorithms.hyperfl:HyperFL",
+    "pfl_cli.algorithms.hyperfl_lpm:HyperFLLPM",
     "pfl_cli.algorithms.fedprox:FedProx", "pfl_cli.algorithms.fedper:FedPer", "pfl_cli.algorithms.fedrep:FedRep",
     "pfl_cli.algorithms.lgfedavg:LGFedAvg", "pfl_cli.algorithms.ditto:Ditto", "pfl_cli.algorithms.apfl:APFL",
     "pfl_cli.algorithms.perfedavg:PerFedAvg", "pfl_cli.algorithms.pfedme:PFedMe", "pfl_cli.algorithms.knnper:KNNPer",

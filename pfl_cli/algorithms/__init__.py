@@ -19,6 +19,7 @@ from pfl_cli.algorithms.knnper import KNNPer
 from pfl_cli.algorithms.ldp_fedavg import LDPFedAvg
 from pfl_cli.algorithms.lgfedavg import LGFedAvg
 from pfl_cli.algorithms.local import Local
+from pfl_cli.algorithms.hyperfl_lpm import HyperFLLPM
 from pfl_cli.algorithms.pefll import PeFLL
 from pfl_cli.algorithms.perfedavg import PerFedAvg
 from pfl_cli.algorithms.pfedhn import PFedHN, PFedHNPC
@@ -27,5 +28,5 @@ from pfl_cli.algorithms.ppsgd import PPSGD
 
 
 __all__ = ["APFL", "Algorithm", "CENTAUR", "Ditto", "FLowDUP", "FedAvg", "FedPer", "FedProx", "FedRep", "HyperFL",
-           "KNNPer", "LDFedAvg", "LDPFedAvg", "LGFedAvg", "Local", "PFedHN", "PFedHNPC", "PFedMe", "PPSGD", "PeFLL",
+           "HyperFLLPM", "KNNPer", "LDFedAvg", "LDPFedAvg", "LGFedAvg", "Local", "PFedHN", "PFedHNPC", "PFedMe", "PPSGD", "PeFLL",
            "PerFedAvg"]

@@ -31,11 +31,11 @@ class FedRepConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.head_epochs + self.body_epochs == 0:
+        if self.head_epochs == 0:  # issue 25: with 0 epochs every client keeps its random initial head
             from pfl_cli.errors import ConfigError
 
-            raise ConfigError("fedrep: head_epochs and body_epochs are both 0, so clients would never train; "
-                              "set at least one to >= 1.")
+            raise ConfigError("head_epochs must be >= 1 for fedrep: the head is what FedRep personalizes, and with 0 "
+                              "epochs every client keeps its random initial head; got 0.")
 
 
 class FedRep(PartialSharing):

@@ -75,6 +75,11 @@ def train(
     (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden. PeFLL descriptor analysis:
     track_descriptors (Spearman of descriptor vs label-distribution distances of holdout clients).
 
+    Pre-trained backbones (hyperfl-lpm and HyperFL Table 2's local / fedavg baselines): backbone
+    (vit-s16 | resnet18 | vit-micro | resnet-micro), backbone_weights (a local .pth / .safetensors
+    state dict in timm's / torchvision's key layout; empty: random), backbone_tune (adapters | probe
+    | full).
+
     checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
     dp_clip, dp_population and dp_noise (secure: noise and sampling from OS entropy, the default;

@@ -32,6 +32,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     """Every check on the options, before any data is read or drawn: the config's own
     :meth:`~pfl_cli.fl.config.TrainConfig.validate`, then what the algorithm declares about DP."""
     cfg.validate()
+    _check_degenerate(cfg)
     _validate_dp(cfg)
     _check_model_memory(cfg, list(hidden_sizes(cfg.mlp_hidden)))
 
@@ -48,6 +49,15 @@ def _check_model_memory(cfg: TrainConfig, hidden: list[int]) -> None:
     client = sum(a * b + b for a, b in zip(widths, widths[1:]))
     check_memory(f"a model with hidden widths {hidden} and the {cfg.algorithm} server model",
                  4.0 * 4 * (client + cfg.server_floats(client)), fix="Lower the widths.")
+
+
+def _check_degenerate(cfg: TrainConfig) -> None:
+    """Values that pass their type's range but cannot mean anything (issue 25; docs/reference/artifact-checks.md).
+
+    FedRep's head_epochs >= 1 is its config's own rule (``FedRepConfig.validate``)."""
+    if cfg.rounds == 0 and cfg.algorithm_class is not None and cfg.algorithm_class.federated:
+        raise ConfigError(f"rounds must be >= 1 for the federated algorithm {cfg.algorithm!r} (0 rounds train "
+                          "nothing); got 0. --algorithm local trains without rounds.")
 
 
 def _validate_dp(cfg: TrainConfig) -> None:
@@ -69,7 +79,53 @@ def _validate_dp(cfg: TrainConfig) -> None:
     if cfg.dp_accountant not in ACCOUNTANTS:
         raise ConfigError(f"dp_accountant must be one of {', '.join(ACCOUNTANTS)}; got {cfg.dp_accountant!r}.")
     check_dp_options(cfg)
+    _check_population_bound(cfg)
     cls.check_dp_config(cfg)
+
+
+def _check_population_bound(cfg: TrainConfig) -> None:
+    """A public population bound N below the cohort asked for contradicts it (q = cohort / N would exceed 1)."""
+    from pfl_cli.fl.config import planned_cohort
+
+    cohort = planned_cohort(cfg)
+    if cfg.dp_population is not None and cfg.dp_sampling_rate is None and cohort is not None \
+            and cohort > cfg.dp_population:
+        raise ConfigError(f"--dp population={cfg.dp_population:g} is a public bound on the enrolled clients, but "
+                          f"the cohort is {cohort} clients per round (--clients-per-round, or the algorithm's default); "
+                          "the population must be at least the cohort. Raise population= to the number of enrolled clients or lower --clients-per-round.")
+
+
+def _validate_baselines(cfg: TrainConfig) -> None:
+    """The personalized baselines' keys (issue 13)."""
+    from pfl_cli.fl.config import VARIANTS
+
+    for name in ("head_epochs", "body_epochs", "new_client_epochs"):
+        _int(cfg, name, 0)
+    _int(cfg, "K", 1)
+    _int(cfg, "knn_k", 1)
+    if not (isinstance(cfg.interpolation, (int, float)) and 0.0 <= cfg.interpolation <= 1.0):
+        raise ConfigError(f"interpolation (knnper's lambda) must be in [0, 1]; got {cfg.interpolation!r}.")
+    if cfg.variant not in VARIANTS:
+        raise ConfigError(f"variant (perfedavg) must be one of {', '.join(VARIANTS)}; got {cfg.variant!r}.")
+    for name in ("beta", "personal_lr", "knn_scale"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not np.isfinite(value) or value <= 0):
+            raise ConfigError(f"{name} must be a finite number > 0; got {value!r}.")
+    for name in ("mu", "lam", "alpha_lr", "alpha"):
+        value = getattr(cfg, name)
+        if value is None and name != "mu" and name != "alpha":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if cfg.alpha > 1:
+        raise ConfigError(f"alpha (apfl's mixing weight) must be in [0, 1]; got {cfg.alpha!r}.")
+
+
+def _int(cfg, name: str, low: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}; got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -181,6 +237,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.evaluate import personalize_and_evaluate, predict_samples
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
+    from pfl_cli.readers.model import restore
     from pfl_cli.rng import torch_generator
 
     if cfg.clients not in CLIENT_SETS:
@@ -214,7 +271,8 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                         normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()), labeled=labeled,
                         hidden_labels=cfg.evaluate_hidden_labels)
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
-    alg.load_weights(model["weights"])
+    restore(alg.load_weights, model["weights"], "model.pt: the weights tree", fix="Re-create it with pflx train.",
+            like=alg.weights())
     unlabeled = clients[~store.labeled[clients]]
     if len(unlabeled) and alg.needs_labels_to_predict:
         raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients), unlabeled_servers))

@@ -15,6 +15,7 @@ from pfl_cli.schema import register_choices
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
 CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
+BACKBONE_TUNES = ("adapters", "probe", "full")  # models.pretrained.TUNES (kept here: no torch import for the schema)
 HYPER_SIZES = ("S", "M", "L")
 SERVER_OPTIMIZERS = ("adam", "sgd")
 EVAL_DESCRIPTORS = ("all", "batch")
@@ -57,6 +58,11 @@ class TrainConfig:
                            choices=COHORT_EXECS)
     seed: int = key(0, "seed of every named random stream")
     evaluate_hidden_labels: bool = key(False, "score unlabeled clients against their hidden labels (an oracle)")
+    # -- a pre-trained backbone as the client net (issue 27): vit-s16 | resnet18 | vit-micro | resnet-micro
+    backbone: str = key("", "a pre-trained backbone client net instead of model_arch (\"\" = none)")
+    backbone_weights: str = key("", "its local state dict (.pth / .safetensors); \"\" = random")
+    backbone_tune: str = key("adapters", "adapters (frozen backbone + adapters) | probe (classifier only) | full",
+                             choices=BACKBONE_TUNES)
     # -- differential privacy (issue 10): --dp eps=E[,delta=D][,clip=C][,population=N]. Only an algorithm that
     # declares a DP variant (``dp_unit``) accepts dp_epsilon; dp_epsilon None = no DP.
     dp_epsilon: Optional[float] = key(None, "--dp eps: the privacy budget (null = no DP)")

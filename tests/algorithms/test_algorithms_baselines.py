@@ -333,7 +333,7 @@ def test_private_state_serves_train_clients_and_only_on_its_partition(store, nam
     ({"algorithm": "fedprox", "mu": -0.1}, "mu must be a finite number >= 0"),
     ({"algorithm": "ditto", "lam": -1.0}, "lam must be a finite number >= 0"),
     ({"algorithm": "apfl", "alpha": 1.5}, "alpha must be a fraction in [0, 1]; got 1.5"),
-    ({"algorithm": "fedrep", "head_epochs": 0, "body_epochs": 0}, "fedrep: head_epochs and body_epochs are both 0"),
+    ({"algorithm": "fedrep", "head_epochs": 0, "body_epochs": 0}, "head_epochs must be >= 1 for fedrep"),
     ({"algorithm": "perfedavg", "variant": "so"}, "variant must be one of fo, hf; got 'so'"),
     ({"algorithm": "perfedavg", "beta": 0.0}, "beta must be a finite number > 0"),
     ({"algorithm": "pfedme", "K": 0}, "K must be an integer >= 1"),

@@ -73,7 +73,8 @@ LDP = [*DP, "--set", "dp_sampling_rate=0.25"]
 SHORT = ["--rounds", "6", "--eval-every", "3", "--local-steps", "3", "--clients-per-round", "4"]
 EVERY = {
     "pefll": [], "fedavg": ["--finetune-steps", "3"], "local": ["--local-epochs", "2"], "pfedhn": [],
-    "pfedhn-pc": [], "hyperfl": [], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
+    "pfedhn-pc": [], "hyperfl": [],
+    "hyperfl-lpm": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
     "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
