@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pfl_cli.registry import entries
-    REGISTRY = {n: e.algorithm for n, e in entries().items()}
+REGISTRY = {n: e.algorithm for n, e in entries().items()}
 from pfl_cli.errors import ConfigError
 from pflx_testing import replace, small_config
 from pfl_cli.fl.store import build_store
