@@ -478,7 +478,21 @@ def cpu_state_dict(module) -> dict:
 
 
 class ServerOptimizerState:
-    """``state`` / ``load_state`` of an algorithm whose resumable state is ``weights()`` plus ``self.opt``."""
+    """``state`` / ``load_state`` of an algorithm whose resumable state is ``weights()`` plus ``self.opt``.
+
+    ``self.opt`` is built on first use from ``self.make_optimizer`` (set in ``build``): ``predict``
+    takes no server step, and constructing torch's Adam alone costs seconds of ``torch._compile``
+    imports on a cold start.
+    """
+
+    make_optimizer = None  # () -> torch.optim.Optimizer, set by the algorithm's build
+    _optimizer = None
+
+    @property
+    def opt(self):
+        if self._optimizer is None:
+            self._optimizer = self.make_optimizer()
+        return self._optimizer
 
     def state(self):
         import copy

@@ -143,9 +143,10 @@ class PeFLL(ServerOptimizerState, Algorithm):
         lr = self.cfg.server_lr if self.cfg.server_lr is not None else defaults["lr"]
         self.server_clip = self.cfg.server_clip if self.cfg.server_clip is not None else defaults["clip"]
         if self.cfg.server_optimizer == "adam":
-            self.opt = torch.optim.Adam(params, lr=lr)
+            self.make_optimizer = lambda: torch.optim.Adam(params, lr=lr)
         else:
-            self.opt = torch.optim.SGD(params, lr=lr, momentum=self.cfg.server_momentum)
+            self.make_optimizer = lambda: torch.optim.SGD(params, lr=lr, momentum=self.cfg.server_momentum)
+        self._optimizer = None
 
     # ------------------------------------------------------------------ descriptors (§1.1)
     def _embed_mean(self, index, mask):

@@ -153,9 +153,12 @@ class PFedHN(ServerOptimizerState, Algorithm):
         default = DEFAULT_SERVER_LR_PC if self.personal_head else DEFAULT_SERVER_LR
         lr = self.cfg.server_lr if self.cfg.server_lr is not None else default
         embed_lr = self.cfg.embed_lr if self.cfg.embed_lr is not None else lr
-        self.opt = torch.optim.SGD([{"params": list(self.hnet.parameters()), "lr": lr},
-                                    {"params": list(self.table.parameters()), "lr": embed_lr}],
-                                   lr=lr, momentum=self.cfg.hn_momentum, weight_decay=self.cfg.hn_weight_decay)
+        self.embed_lr = embed_lr  # also the step of a new client's embedding fit (no optimizer needed there)
+        groups = [{"params": list(self.hnet.parameters()), "lr": lr},
+                  {"params": list(self.table.parameters()), "lr": embed_lr}]
+        self.make_optimizer = lambda: torch.optim.SGD(groups, lr=lr, momentum=self.cfg.hn_momentum,
+                                                      weight_decay=self.cfg.hn_weight_decay)
+        self._optimizer = None
         self.heads = None
         if self.personal_head:
             # Per size group: a fresh client's head (its size's initial last layer) and every client's
@@ -346,7 +349,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
         dim = self.table.embedding_dim
         v = torch.randn((c, dim), generator=gen).to(self.device)         # nn.Embedding's N(0, 1) init
         buf = torch.zeros_like(v)
-        lr = self.opt.param_groups[1]["lr"]
+        lr = self.embed_lr
         heads = momentum = None
         if self.personal_head:
             heads = stack(self.head_init[group], c)

@@ -8,7 +8,6 @@ from typing import Any, Iterable, Mapping, Sequence, TypeVar
 import typer
 
 from pfl_cli.cli._click import given_on_command_line
-from pfl_cli.config import load_config_file, parse_overrides, resolve_config
 
 T = TypeVar("T")
 
@@ -33,14 +32,25 @@ def stage_config(
     flags: Mapping[str, Any],
     sets: Sequence[str] | None,
 ) -> T:
-    """Defaults < config file < explicit flags < ``--set``, as a frozen dataclass."""
-    return resolve_config(
+    """Defaults < config file < explicit flags < ``--set``, as a frozen dataclass.
+
+    A config that asks for a figure (``plot: true`` from any layer) is refused here, before any
+    work, when matplotlib is not installed (the one rule of a plain install, :mod:`figures`).
+    """
+    from pfl_cli.config import load_config_file, parse_overrides, resolve_config  # numpy, yaml: not for --help
+
+    cfg = resolve_config(
         cls,
         file_values=load_config_file(config_file, stage),
         flag_values=flags,
         overrides=parse_overrides(sets or ()),
         ignore=IGNORED_KEYS,
     )
+    if getattr(cfg, "plot", False):
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
+    return cfg
 
 
 def warn_plugin_problems() -> None:
@@ -58,6 +68,7 @@ def train_stage_config(*, config_file: Path | None, flags: Mapping[str, Any], se
     """``pflx train``'s config: the named algorithm's own config class (:mod:`pfl_cli.registry`), its
     defaults < config file < explicit flags < ``--set``; a key the algorithm does not take is refused."""
     from pfl_cli import registry
+    from pfl_cli.config import load_config_file, parse_overrides  # numpy, yaml: not for --help
 
     warn_plugin_problems()
     return registry.resolve_train_config(file_values=load_config_file(config_file, "train"), flag_values=flags,

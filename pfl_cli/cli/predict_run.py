@@ -127,8 +127,16 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
 
     servers = "; ".join(e.algorithm.serves_unlabeled for e in registry.entries().values()
                         if e.algorithm.serves_unlabeled)
-    run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
-                          labeled=ds.labeled, unlabeled_servers=servers)
+    with report.progress("predict", None, unit="client") as bar:
+        seen = [0]
+
+        def on_progress(done: int, total: int) -> None:
+            bar.advance(done - seen[0], total=total)
+            seen[0] = done
+
+        run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
+                              labeled=ds.labeled, on_progress=on_progress,
+                              unlabeled_servers=servers)
     label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask
     s = run.evaluation.summary()
     metrics = clean({
@@ -175,7 +183,32 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         if cfg.save_models:
             ids = torch.as_tensor(np.asarray(part.client_id)[run.clients], dtype=torch.int64)
             writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))
+    _note_unseen_test_labels(report, part, ds.y, run.clients)
     _print_summary(report, out, metrics, s)
+
+
+def unseen_test_labels(part, y: np.ndarray, clients: np.ndarray) -> list[tuple[int, int, int]]:
+    """(client id, test samples whose class is absent from the client's train labels, test samples)
+    for each client that has such samples: label masking never predicts their class."""
+    found = []
+    for j in np.asarray(clients, dtype=np.int64):
+        train, test = y[part.train_of(j)], y[part.test_of(j)]
+        test = test[test >= 0]  # unlabeled samples are not scored
+        unseen = int(np.sum(~np.isin(test, train[train >= 0])))
+        if unseen:
+            found.append((int(part.client_id[j]), unseen, len(test)))
+    return found
+
+
+def _note_unseen_test_labels(report: Reporter, part, y, clients) -> None:
+    """One note per client whose test labels include classes absent from its train labels (Dirichlet
+    partitions have them): masked accuracy counts those samples wrong, 0% when all are unseen."""
+    if y is None:
+        return
+    for client, unseen, total in unseen_test_labels(part, np.asarray(y), clients):
+        zero = " (all of them: 0% with label masking)" if unseen == total else ""
+        report.note(f"note: client {client}: {unseen} of its {total} test samples have a class absent from its "
+                    f"train data{zero}; label masking never predicts those classes.")
 
 
 def _print_summary(report: Reporter, out: Path, m: dict, s: dict) -> None:

@@ -35,7 +35,7 @@ def train(
     server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1), pfedhn (1e-2), pfedhn-pc (5e-2).")] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Rounds between evaluations (and checkpoints).", show_default=False)] = 50,
     val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each train client's samples held out for model selection (0 = keep the last model).", show_default=False)] = 0.1,
-    label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out (both are always reported).", show_default=False)] = False,
+    label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out: a test sample of such a class is always wrong, and a client whose test labels are all absent from its train labels scores 0% (Dirichlet partitions have such clients). Both are always reported.", show_default=False)] = False,
     finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="fedavg, fedprox: local steps from the global model before evaluation; perfedavg: its fine-tuning steps (0 = one).", show_default=False)] = 0,
     local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="local: epochs per client (default 200); fedavg: epochs instead of --local-steps; hyperfl: hypernetwork epochs per round (default 5).")] = None,
     model_arch: Annotated[str, typer.Option("--model-arch", help="Client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp.", show_default=False)] = "auto",
@@ -48,6 +48,8 @@ def train(
     client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).", show_default=False)] = "",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     plot: Annotated[bool, typer.Option("--plot", help="Also write curves.png: accuracy and loss against rounds, the selected round marked (not part of the config).")] = False,
+    log: Annotated[Optional[list[str]], typer.Option("--log", help="Also log per-round metrics while training for an experiment tracker: tensorboard | csv | jsonl (repeatable), into --log-dir; under --dp only released values (none per round: elapsed time only). Not part of the config.")] = None,
+    log_dir: Annotated[Optional[Path], typer.Option("--log-dir", help="Where --log writes (default: OUT.logs beside --out; tensorboard --logdir it).", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (torch.distributed: gloo on CPU, NCCL with --device cuda, one GPU each); cohort and evaluation clients are split across them. At most the cohort size.")] = 1,
     seed: SeedOpt = 0,
@@ -70,7 +72,7 @@ def train(
     SGD runs; auto takes the one measured faster for the device and client net).
 
     Clients without labels: evaluate_hidden_labels (score unlabeled clients against their hidden
-    labels, an oracle). FLowDUP and LD-FedAvg (thesis ch. 5): subspace_dim (k), subspace_nnz,
+    labels, an oracle). FLowDUP and LD-FedAvg (Scott 2026 thesis, ch. 5): subspace_dim (k), subspace_nnz,
     feature_dim (e), lambda_reg, labeled_rate (alpha), learnable_centre; flowdup's h_1 is --embedding
     (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden. PeFLL descriptor analysis:
     track_descriptors (Spearman of descriptor vs label-distribution distances of holdout clients).
@@ -80,7 +82,7 @@ def train(
     state dict in timm's / torchvision's key layout; empty: random), backbone_tune (adapters | probe
     | full).
 
-    checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
+    DP keys: dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
     dp_clip, dp_population and dp_noise (secure: noise and sampling from OS entropy, the default;
     seeded: repeatable from the published seed, simulation only).
@@ -123,11 +125,19 @@ def train(
         if "noise" not in dp.lower():  # the default: a config file's dp_noise stands
             flags.pop("dp_noise")
     cfg = train_stage_config(config_file=config, flags=flags, sets=set_)
+    if plot:
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
+    from pfl_cli.cli.loggers import check_loggers, default_log_dir
+
+    logs = check_loggers(log or ())  # an unknown or uninstalled logger is refused before any work
     if nproc != 1:
         _launch(cfg, nproc)
     rank = int(os.environ.get("RANK", "0"))
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
-              report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot)  # rank 0 alone reports and writes
+              report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot,  # rank 0 alone reports and writes
+              logs=logs, log_dir=log_dir or default_log_dir(out))
 
 
 def _launch(cfg, nproc: int) -> None:

@@ -81,7 +81,7 @@ def accuracy_table(title: str, groups: dict[str, dict], label_mask: bool, captio
 
 # ---------------------------------------------------------------------------- the command
 def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-              plot: bool = False) -> None:
+              plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
@@ -96,18 +96,18 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
         device = distributed.start(device)
         try:
             _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                       plot=plot)
+                       plot=plot, logs=logs, log_dir=log_dir)
         except BaseException:
             distributed.stop()
             raise
         distributed.stop(finished=True)
         return None
     return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                              plot=plot)
+                      plot=plot, logs=logs, log_dir=log_dir)
 
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-               plot: bool = False) -> None:
+               plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
     import yaml
 
     from pfl_cli.artifacts import ArtifactWriter
@@ -160,21 +160,27 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         when = "after every round" if private else f"every {cfg.checkpoint_every or cfg.eval_every} rounds"
         interrupt.kept(f"interrupted before the first checkpoint (one comes {when}); nothing was kept; run the "
                        "command again to start over.")
-    with report.progress("train", total or None) as bar:
+    from pfl_cli.cli.loggers import RunLoggers, round_values
+
+    loggers = RunLoggers(logs if writes else (), log_dir or out, private=private, resume=state is not None)
+    with report.progress("train", total or None, unit="round") as bar:
         seen = [start]
         if start:
             bar.advance(start, status="resumed")
 
         def on_progress(done: int, _total: int, status: dict) -> None:
-            # Under --dp the running loss and accuracies are private diagnostics: not shown.
+            # Under --dp the running loss and accuracies are private diagnostics: not shown, not logged.
             bar.advance(done - seen[0], status="" if private else _status(status))
             seen[0] = done
+            loggers.log(done, round_values(status, done % cfg.eval_every == 0 or done == _total))
 
         try:
             run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device, resume=state,
                                   labeled=ds.labeled, on_checkpoint=on_checkpoint, on_progress=on_progress)
         except TrainingDiverged as err:
             raise RunError(_diverged_message(err, cfg, ck_path, out)) from None
+        finally:
+            loggers.close()
 
     outcome, model = run.outcome, run.model
     metrics = _metrics(cfg, run, info, device)
@@ -372,9 +378,12 @@ def client_rows(part, evals) -> list[list]:
 
 def _print_summary(report: Reporter, out: Path, m: dict) -> None:
     groups = {g: m[g] for g in ("train", "holdout", "val") if g in m}
-    title = (f"train -> {out}: {m['algorithm']}, model of round {m['best_round']} of {m['rounds']} "
-             f"(selected by {'validation accuracy' if m['selection'] == 'val' else 'last evaluation'}), "
-             f"{m['device']}")
+    if m["rounds"] == 0:  # a non-federated algorithm (local): no rounds, nothing selected
+        which = "no federated rounds (each client trains alone)"
+    else:
+        which = (f"model of round {m['best_round']} of {m['rounds']} "
+                 f"(selected by {'validation accuracy' if m['selection'] == 'val' else 'last evaluation'})")
+    title = f"train -> {out}: {m['algorithm']}, {which}, {m['device']}"
     table = accuracy_table(title, groups, m["label_mask"])
     data = {"out": str(out), "up_to_date": False,
             **{k: m[k] for k in ("algorithm", "best_round", "rounds", "selection", "label_mask", "headline_metric",

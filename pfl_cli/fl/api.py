@@ -220,7 +220,8 @@ class PredictRun:
 
 def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
                     cfg: PredictConfig, *, device: Any = None, labeled: np.ndarray | None = None,
-                    unlabeled_servers: str = "") -> PredictRun:
+                    unlabeled_servers: str = "",
+                    on_progress: Callable[[int, int], None] | None = None) -> PredictRun:
     """Models for a partition's clients from a trained model (Alg. 7 for PeFLL) and their test accuracy.
 
     PeFLL generates each client's model from its descriptor with no optimizer step; FedAvg
@@ -231,11 +232,12 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     algorithms that need no labels at prediction time; any other algorithm is refused with
     the list of those that can. Accuracy counts only samples with a label the evaluator may
     read: visible ones, or hidden ones too with ``cfg.evaluate_hidden_labels`` (an oracle).
+    ``on_progress(clients_done, clients_total)`` is called after each chunk of clients is served.
     """
     import dataclasses
 
     from pfl_cli.fl.device import resolve_device
-    from pfl_cli.fl.evaluate import personalize_and_evaluate, predict_samples
+    from pfl_cli.fl.evaluate import NEW_CLIENT_STREAM, personalize_and_evaluate, predict_samples
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
     from pfl_cli.readers.model import restore
     from pfl_cli.rng import torch_generator
@@ -284,12 +286,22 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                                   max_samples=cfg.batch_size * 32)
             parts.append({**out, "split": np.full(len(out["sample"]), code, dtype=np.uint8)})
 
+    done = [0]
+
+    def each_chunk(sel, params, personalized, net):
+        if cfg.predictions:
+            keep_predictions(sel, params, personalized, net)
+        if on_progress is not None:
+            done[0] += len(sel)
+            on_progress(done[0], len(clients))
+
     new = int(np.sum(~alg.has_state(clients)))
     protocol = {**alg.protocol(new > 0), "new_clients": new}
     with count_optimizer_steps() as torch_steps:
         evals, params, personalized = personalize_and_evaluate(
-            alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
-            max_samples=cfg.batch_size * 32, each_chunk=keep_predictions if cfg.predictions else None)
+            alg, clients, ("test",), torch_generator(cfg.seed, NEW_CLIENT_STREAM), keep_params=cfg.save_models,
+            max_samples=cfg.batch_size * 32,
+            each_chunk=each_chunk if cfg.predictions or on_progress is not None else None)
     predictions = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else None
     return PredictRun(clients=clients, evaluation=evals["test"], params=params, personalized=personalized,
                       optimizer_steps=torch_steps[0] + alg.client_sgd_steps + alg.new_client_steps, algorithm=alg,

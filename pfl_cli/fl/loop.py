@@ -17,7 +17,7 @@ import numpy as np
 
 from pfl_cli.errors import RunError
 from pfl_cli.fl.dp import private_snapshot, released_state_finite, restore_private
-from pfl_cli.fl.evaluate import GroupEval, personalize_and_evaluate
+from pfl_cli.fl.evaluate import NEW_CLIENT_STREAM, GroupEval, personalize_and_evaluate
 from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
 from pfl_cli.privacy.randomness import train_randomness
 from pfl_cli.readers.model import restore, weights_mismatch
@@ -60,13 +60,15 @@ class TrainOutcome:
 def evaluate_groups(alg, round_: int, *, seed: int, with_val: bool) -> Evaluation:
     """Personalize and evaluate train clients (test, val) and holdout clients (test)."""
     store = alg.store
-    gen = torch_generator(seed, f"evaluate-{round_}")
     groups: dict[str, GroupEval] = {}
     for name, role in (("train", ROLE_TRAIN), ("holdout", ROLE_HOLDOUT)):
         clients = store.clients(role)
         if len(clients) == 0:
             continue
         splits = ("test", "val") if name == "train" and with_val else ("test",)
+        # Holdout clients get predict's protocol with predict's draws (a fresh NEW_CLIENT_STREAM), not
+        # draws left over from the train group: metrics.json's holdout numbers equal predict's.
+        gen = torch_generator(seed, f"evaluate-{round_}" if name == "train" else NEW_CLIENT_STREAM)
         evals, _, _ = personalize_and_evaluate(alg, clients, splits, gen)
         groups[name] = evals["test"]
         if "val" in evals:
