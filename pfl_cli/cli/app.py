@@ -14,6 +14,7 @@ import typer
 
 from pfl_cli import __version__
 from pfl_cli.cli import _click, interrupt
+from pfl_cli.cli.launch import INVOCATION  # the arguments of the running invocation (train --nproc relaunches them)
 from pfl_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, PflxError, PflxWarning
 
 app = typer.Typer(
@@ -56,6 +57,7 @@ def _register() -> None:
     from pfl_cli.cli import show
     from pfl_cli.cli import attack
     from pfl_cli.cli import flower
+    from pfl_cli.cli import algorithms
 
     for name, command in (("partition", partition.partition),
                           ("privacy-account", privacy_account.privacy_account),
@@ -68,6 +70,7 @@ def _register() -> None:
                           ("attack", attack.attack_command)):
         app.command(name, no_args_is_help=True, short_help=_first_sentence(command))(command)
     app.add_typer(flower.flower_app, name="flower")
+    app.command("algorithms", short_help=_first_sentence(algorithms.algorithms))(algorithms.algorithms)
 
 
 def _first_sentence(command) -> str:
@@ -81,8 +84,6 @@ def _first_sentence(command) -> str:
 _register()
 
 
-# The arguments of the running invocation (``pflx train --nproc N`` relaunches them once per rank).
-INVOCATION: list[str] = []
 
 
 def _one_line(message: str) -> str:

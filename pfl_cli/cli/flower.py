@@ -36,14 +36,13 @@ def app(
     Example: pflx flower app --config recipes/flower/fedavg-digits.yaml --partition runs/part --out runs/app ;
     recipes/flower/run-local.sh runs/app runs/part 3
     """
-    from pfl_cli.cli.common import stage_config
+    from pfl_cli.cli.common import train_stage_config
     from pfl_cli.config import config_to_dict
     from pfl_cli.errors import InputError
-    from pfl_cli.fl.config import TrainConfig
     from pfl_cli.interop.flower_app import check_deployable
     from pfl_cli.cli.flower_app_files import app_files
 
-    cfg = stage_config(TrainConfig, "train", config_file=config, flags={"seed": seed} if seed else {}, sets=set_)
+    cfg = train_stage_config(config_file=config, flags={"seed": seed} if seed else {}, sets=set_)
     check_deployable(cfg)
     for name, value, low in (("--round-timeout", round_timeout, 0), ("--connect-timeout", connect_timeout, 0)):
         if not value > low:

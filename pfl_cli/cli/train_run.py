@@ -108,7 +108,6 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
                plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
-    from pfl_cli.algorithms import REGISTRY
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import train_federated
@@ -149,7 +148,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         ck.write(snapshot)
         interrupt.kept(_kept_note(int(snapshot["round"]), ck_path, private))
 
-    federated = REGISTRY[cfg.algorithm].federated
+    federated = cfg.algorithm_class.federated
     total = cfg.rounds if federated else 0
     start = int(state["round"]) if state is not None else 0
     if start:
@@ -326,7 +325,8 @@ def _status(status: dict) -> str:
 
 
 def _diverged_message(err, cfg, ck_path: Path, out: Path) -> str:
-    server = "default" if cfg.server_lr is None else f"{cfg.server_lr:g}"
+    server_lr = getattr(cfg, "server_lr", None)
+    server = "default" if server_lr is None else f"{server_lr:g}"
     if err.last_checkpoint is not None and ck_path.is_file():
         kept = f"the last good checkpoint (round {err.last_checkpoint}) is kept at {ck_path}"
     else:
@@ -341,14 +341,13 @@ def _diverged_message(err, cfg, ck_path: Path, out: Path) -> str:
 
 
 def train_metrics(cfg, run, info: dict, device) -> dict:
-    from pfl_cli.algorithms import REGISTRY
     from pfl_cli.models import num_parameters
 
     outcome, arch = run.outcome, run.model["arch"]
     params = {name: int(num_parameters(spec)) for name, spec in arch.items() if "kind" in spec}
     if "subspace" in arch:  # flowdup, ld-fedavg: theta = theta_0 + P v, v in R^k (k floats, not a network)
         params["subspace_dim"] = int(arch["subspace"]["dim"])
-    floats = REGISTRY[cfg.algorithm].floats_per_client_round(arch)
+    floats = cfg.algorithm_class.floats_per_client_round(arch)
     metrics: dict[str, Any] = {
         "algorithm": cfg.algorithm,
         "label_mask": bool(cfg.label_mask),

@@ -40,10 +40,14 @@ echo "== train: pFedHN, 400 server steps of 1 client x 50 local steps (its paper
 pflx train --config recipes/quickstart/digits-pfedhn.yaml --partition "$root/digits" --out "$root/pfedhn" --force \
   --format quiet --rounds 400
 echo "== train: FedAvg, same rounds; client lr 0.005 (stable under label skew), server step 1 on the mean delta"
-pflx train --config "$recipe" --partition "$root/digits" --out "$root/fedavg" --force \
-  --set algorithm=fedavg --lr 0.005 --server-lr 1
+# The recipe is PeFLL's (embedding, hypernetwork...): FedAvg and Local own other keys, so they get the
+# shared client settings as flags (`pflx algorithms fedavg` lists a FedAvg run's keys).
+client=(--batch-size 32 --model-arch mlp --set "mlp_hidden=[32]" --val-fraction 0.1 --device cpu --seed 0)
+pflx train --partition "$root/digits" --out "$root/fedavg" --force --algorithm fedavg "${client[@]}" \
+  --rounds 400 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 --server-lr 1 --no-label-mask
 echo "== train: Local, 200 epochs per client, no communication"
-pflx train --config "$recipe" --partition "$root/digits" --out "$root/local" --force --set algorithm=local
+pflx train --partition "$root/digits" --out "$root/local" --force --algorithm local "${client[@]}" --lr 0.05 \
+  --local-epochs 200
 
 echo "== predict: models for the 10 holdout clients, never seen in training, without and with label masking"
 for m in pefll pfedhn fedavg local; do
@@ -60,10 +64,11 @@ echo "== ring train: PeFLL (300 rounds), pFedHN (1000 steps of 1 client), FedAvg
 pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-pefll" --force --format quiet
 pflx train --config recipes/quickstart/ring-pfedhn.yaml --partition "$root/ring" --out "$root/ring-pfedhn" --force \
   --format quiet
-pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-fedavg" --force --format quiet \
-  --set algorithm=fedavg --lr 0.005 --server-lr 1 --rounds 150
-pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-local" --force --format quiet \
-  --set algorithm=local --set local_epochs=50
+pflx train --partition "$root/ring" --out "$root/ring-fedavg" --force --format quiet --algorithm fedavg \
+  "${client[@]}" --rounds 150 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 --server-lr 1 \
+  --label-mask
+pflx train --partition "$root/ring" --out "$root/ring-local" --force --format quiet --algorithm local \
+  "${client[@]}" --lr 0.05 --local-epochs 50 --label-mask
 for m in pefll pfedhn fedavg local; do
   pflx predict --config "$ring" --model "$root/ring-$m" --partition "$root/ring" --no-label-mask \
     --out "$root/ring-$m-holdout" --force --format quiet

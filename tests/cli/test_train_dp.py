@@ -8,7 +8,14 @@ import torch
 from dp_accounting import dp_event, rdp
 
 from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING, load_partition, release_contract_violations
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
+
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 FAST = ["--rounds", "6", "--eval-every", "3", "--local-steps", "3", "--clients-per-round", "4",
         "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--set", "normalize=false"]

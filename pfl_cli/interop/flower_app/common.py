@@ -11,7 +11,8 @@ EVALUATE = "evaluate.pflx_final"
 
 
 def train_config(run_config) -> "object":
-    """The resolved ``TrainConfig`` the app was written with (run config key ``pflx-config``, JSON)."""
-    from pfl_cli.fl.config import TrainConfig
+    """The resolved train config the app was written with (run config key ``pflx-config``, JSON), as its
+    algorithm's own config class (:mod:`pfl_cli.registry`)."""
+    from pfl_cli.registry import train_config as algorithm_config
 
-    return TrainConfig(**json.loads(str(run_config["pflx-config"])))
+    return algorithm_config(**json.loads(str(run_config["pflx-config"])))
