@@ -13,7 +13,9 @@ import json
 
 import pytest
 
-from pfl_cli.algorithms import REGISTRY
+from pflx_testing import cli_args
+
+from pfl_cli import registry
 from pfl_cli.cli.app import main
 
 FAST = ["--rounds", "2", "--eval-every", "1", "--local-steps", "2", "--clients-per-round", "6",
@@ -39,11 +41,11 @@ def root(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_TIER else pytest.mark.slow)
-                                  for n in REGISTRY])
+                                  for n in registry.names()])
 def test_train_holdout_evaluation_equals_predict(root, name):
     out = root / name
-    code = main(["train", "--partition", str(root / "part"), "--algorithm", name, "--seed", "3", "--out", str(out),
-                 "--format", "quiet", *FAST, *EXTRA.get(name, [])])
+    code = main(cli_args(["train", "--partition", str(root / "part"), "--algorithm", name, "--seed", "3",
+                          "--out", str(out), "--format", "quiet", *FAST, *EXTRA.get(name, [])]))
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
     if "holdout" not in metrics:  # a --dp artifact: accuracies on private clients are not released
