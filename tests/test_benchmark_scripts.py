@@ -21,3 +21,14 @@ def test_the_pefll_paper_configuration_benchmark_runs_on_cpu(tmp_path):
     assert "target n/a: only a full 5000-round run on CUDA" in proc.stdout  # no verdict from a short run
     assert (tmp_path / "data" / "cifar-10-batches-py" / "data_batch_5").is_file()
     assert (tmp_path / "train" / "model.pt").is_file() and (tmp_path / "part" / "manifest.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_hyperfl_lpm_measurement_runs_on_cpu():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "hyperfl_lpm_round.py"), "--device", "cpu", "--rounds", "1",
+         "--backbone", "vit-micro", "--images", "2000", "--local-epochs", "1"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "backbone vit-micro (random weights), 1 rounds of 20 clients x 1 local epochs" in proc.stdout
+    assert "seconds per round" in proc.stdout and "n/a (CPU)" in proc.stdout

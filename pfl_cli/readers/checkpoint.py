@@ -30,13 +30,18 @@ def check_checkpoint_state(state: dict, path: Path) -> None:
     written by another pflx version, or forged with a valid seal. (The algorithm's tensors are
     checked when the algorithm loads them.)
     """
-    rules = {"algorithm": (dict, "an object"), "history": (list, "a list"), "loss_acc": (list, "a list"),
-             "traffic": (dict, "an object"), "best": ((dict, type(None)), "an object or null")}
+    if state.get("private_run"):  # a --dp checkpoint keeps released and client-held state only (fl.dp.private_snapshot)
+        rules = {"algorithm": (dict, "an object"), "client_held": (dict, "an object")}
+    else:
+        rules = {"algorithm": (dict, "an object"), "history": (list, "a list"), "loss_acc": (list, "a list"),
+                 "traffic": (dict, "an object"), "best": ((dict, type(None)), "an object or null")}
     for key, (kind, what) in rules.items():
         if not isinstance(state.get(key), kind):
             raise ArtifactError(f"--resume: checkpoint {path}: {key} must be {what}; got "
                                 f"{type(state.get(key)).__name__}. Delete {path.parent} and run without --resume "
                                 "to start over.")
+    if state.get("private_run"):
+        return
     acc = state["loss_acc"]
     if len(acc) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in acc):
         raise ArtifactError(f"--resume: checkpoint {path}: loss_acc must be two numbers; got {acc!r:.60}. Delete "
