@@ -9,11 +9,13 @@ VENV ?= $(or $(VIRTUAL_ENV),$(CONDA_PREFIX),.venv)
 PY := $(VENV)/bin/python
 # A CPU build where one is provided locally; on a GPU machine `make TORCH=torch install` takes the CUDA build.
 TORCH ?= torch==2.13.0
-# The test extras include the hf and flower extras so their tests run (markers `hf` and `flower`).
-EXTRAS ?= test,hf,flower
+# `make test` installs the test extras: hf and flower so their tests run (markers `hf` and `flower`),
+# docs so the site is built (`mkdocs build --strict`), tensorboard for `train --log tensorboard`.
+# `make demo` installs the runtime and nothing else.
+EXTRAS ?= test,hf,flower,docs,tensorboard
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo bench scaling clean
+.PHONY: install install-runtime test test-all docs demo bench scaling clean
 
 # Only the project's .venv is ever created here; an active environment already has its python.
 $(VENV)/bin/python:
@@ -22,18 +24,30 @@ $(VENV)/bin/python:
 	  echo "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: sudo apt install python3-venv" \
 	       "(or python3.X-venv); or activate any virtual environment and re-run make." >&2; exit 1; }
 
-install: $(PY)
+# The runtime only: torch (kept when present), then pflx and its core dependencies.
+install-runtime: $(PY)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	@$(PY) -m pip install -q -e .
+
+install: install-runtime
 	@$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+
+# The documentation site, strict: a broken link, a page missing from the nav or a command page whose
+# generated option table fails to build is an error (a few seconds).
+MKDOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
 
 test: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(MKDOCS_BUILD)
+
+docs: install
+	$(MKDOCS_BUILD)
 
 test-all: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The demo script calls `python -m pfl_cli`: the environment's bin/ goes first on PATH.
-demo: install
+demo: install-runtime
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash recipes/quickstart/demo.sh runs/demo
 
 # Exits 1 when any benchmark misses a target (each prints its figures beside the targets).
@@ -44,4 +58,4 @@ scaling: install
 	$(PYTHON) benchmarks/scaling.py
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs site .pytest_cache

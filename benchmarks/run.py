@@ -1,9 +1,10 @@
 """Run every benchmark script in this folder (`make bench`); exit 1 when any of them missed a target.
 
-Each ``*_bench.py`` runs in its own process (no state or memory carried between them),
-prints each figure beside its target, and exits non-zero on a miss or a crash.
+Each ``*_bench.py``, and ``startup.py`` (how long commands take to start), runs in its own process
+(no state or memory carried between them), prints each figure beside its target, and exits non-zero
+on a miss or a crash.
 
-    python benchmarks/run.py [NAME ...]    # e.g. python benchmarks/run.py mdm train
+    python benchmarks/run.py [NAME ...]    # e.g. python benchmarks/run.py mdm train startup
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 
 
+def _name(script: pathlib.Path) -> str:
+    return script.name.removesuffix(".py").removesuffix("_bench")
+
+
 def main(argv: list[str]) -> int:
-    scripts = sorted(HERE.glob("*_bench.py"))
-    if argv:
-        scripts = [s for s in scripts if s.name.removesuffix("_bench.py") in argv]
+    every = [*sorted(HERE.glob("*_bench.py")), HERE / "startup.py"]
+    scripts = [s for s in every if _name(s) in argv] if argv else every
     if not scripts:
-        print(f"no benchmark matches {argv}; have {[s.name for s in sorted(HERE.glob('*_bench.py'))]}")
+        print(f"no benchmark matches {argv}; have {[_name(s) for s in every]}")
         return 2
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     failed = []

@@ -55,7 +55,7 @@ def train_point(cohort: int):
     import torch
 
     from pfl_cli.algorithms import PeFLL
-    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.registry import train_config
     from pfl_cli.fl.store import build_store
     from pfl_cli.partition import PartitionConfig, partition_labels
     from pfl_cli.rng import make_rng
@@ -67,7 +67,7 @@ def train_point(cohort: int):
     part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=256, test_fraction=0.1), num_classes=10,
                             rng=make_rng(0, "scaling"))
     store = build_store(x, y, 10, part, val_fraction=0.0, rng=None, device=torch.device("cpu"))
-    cfg = TrainConfig(algorithm="pefll", local_steps=50, lr=0.05, model_arch="mlp", embedding="mlp", embed_dim=8,
+    cfg = train_config(algorithm="pefll", local_steps=50, lr=0.05, model_arch="mlp", embedding="mlp", embed_dim=8,
                       cohort_exec="vmap")
     alg = PeFLL(cfg, store)
     clients = torch.arange(cohort)

@@ -88,7 +88,7 @@ def main() -> int:
     import torch
 
     from pfl_cli.data import load_dataset
-    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.registry import train_config
     from pfl_cli.fl.device import resolve_device
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -108,7 +108,7 @@ def main() -> int:
     v = Verdicts()
     if args.setup in ("digits", "both"):
         ds = load_dataset("builtin:digits")
-        cfg = TrainConfig(algorithm="pefll", local_steps=50, lr=0.05, model_arch="mlp", embedding="mlp")
+        cfg = train_config(algorithm="pefll", local_steps=50, lr=0.05, model_arch="mlp", embedding="mlp")
         r = bench(ds.x, ds.y, 10, cfg, device, args.rounds, 10, 50, 2)
         report(v, "digits MLP 64-32-10, cohort 10, k=50", r, 3.0, device.type)
     if args.setup in ("cifar", "both"):
@@ -117,7 +117,7 @@ def main() -> int:
         x = rng.integers(0, 256, size=(n, 3, 32, 32), dtype=np.uint8)
         y = np.repeat(np.arange(10), n // 10)
         steps = args.cifar_steps or (50 if gpu else 5)
-        cfg = TrainConfig(algorithm="pefll", local_steps=steps, model_arch="lenet", embedding="cnn")
+        cfg = train_config(algorithm="pefll", local_steps=steps, model_arch="lenet", embedding="cnn")
         rounds = args.cifar_rounds or (args.rounds if gpu else 3)
         r = bench(x, y, 10, cfg, device, rounds, 25, 100, 2)
         report(v, f"CIFAR LeNet (121,182 params), cohort 25, k={steps}", r, 5.0 if gpu else 1.0, device.type)

@@ -14,9 +14,6 @@ import difflib
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
-import yaml
-
-from pfl_cli import yaml12
 from pfl_cli.artifacts import read_utf8
 from pfl_cli.errors import ConfigError
 from pfl_cli.schema import coerce_field
@@ -58,6 +55,12 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     The split is on the first ``=`` so values may contain ``=`` themselves. Values are read
     as YAML 1.2 (:mod:`pfl_cli.yaml12`): ``true``/``false`` are the only booleans.
     """
+    if not items:
+        return {}
+    import yaml  # ~40 ms: only when there is YAML to read (a fast start for everything else)
+
+    from pfl_cli import yaml12
+
     result: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
@@ -80,6 +83,10 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file.")
+    import yaml
+
+    from pfl_cli import yaml12
+
     try:
         data = yaml12.loads(read_utf8(path, "--config", ConfigError))
     except yaml.YAMLError as err:

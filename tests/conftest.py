@@ -54,13 +54,14 @@ def pytest_configure(config):
 
 
 # Tests of the optional extras carry a marker naming the extra; the package each one needs.
-EXTRA_MODULES = {"hf": "datasets", "flower": "flwr_datasets"}
+EXTRA_MODULES = {"hf": ("datasets",), "flower": ("flwr_datasets", "flwr")}
 
 
 def _missing_extras() -> list[str]:
     import importlib.util
 
-    return [extra for extra, module in EXTRA_MODULES.items() if importlib.util.find_spec(module) is None]
+    return [extra for extra, modules in EXTRA_MODULES.items()
+            if any(importlib.util.find_spec(module) is None for module in modules)]
 
 
 def pytest_collection_modifyitems(config, items):

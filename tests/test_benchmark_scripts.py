@@ -1,4 +1,4 @@
-"""The GPU benchmark that no CI machine can run in full still runs end to end (a CPU smoke run)."""
+"""Benchmark scripts run end to end: the GPU benchmark as a CPU smoke run, the start-up benchmark."""
 
 import os
 import subprocess
@@ -32,3 +32,17 @@ def test_the_hyperfl_lpm_measurement_runs_on_cpu():
     assert proc.returncode == 0, proc.stderr
     assert "backbone vit-micro (random weights), 1 rounds of 20 clients x 1 local epochs" in proc.stdout
     assert "seconds per round" in proc.stdout and "n/a (CPU)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_startup_benchmark_prints_every_figure_beside_its_target():
+    """Timing verdicts depend on the machine; the script must run and report all four figures."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "startup"],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr
+    for label, target in (("pflx --help", "<= 3x numpy"), ("pflx show PART", "<= 3x numpy"),
+                          ("privacy-account query (RDP)", "<= 1.3x dp_accounting"),
+                          ("predict, 10 digits clients (pefll)", "< 3 s")):
+        line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith(label))
+        assert f"target {target}" in line and (line.rstrip().endswith(" ok") or line.rstrip().endswith("MISSED"))
+    assert ("startup.py: ok" in proc.stdout) == (proc.returncode == 0)

@@ -27,10 +27,24 @@ def test_no_active_env_creates_and_uses_dot_venv(tmp_path):
     lines = run.stdout.splitlines()
     assert any(l.startswith("python3 -m venv \".venv\"") for l in lines), run.stdout
     # Every install and test step runs the venv's python, never the bare interpreter.
-    steps = [l for l in lines if "pip install" in l or "pytest" in l]
-    assert len(steps) == 3 and all(l.lstrip("@").startswith(".venv/bin/python ") for l in steps), steps
+    steps = [l for l in lines if "pip install" in l or "pytest" in l or "mkdocs" in l]
+    assert len(steps) == 5, steps
+    assert all(l.lstrip("@").split("NO_MKDOCS_2_WARNING=1 ")[-1].startswith(".venv/bin/python ") for l in steps), steps
     assert 'pip install -q "torch==2.13.0"' in run.stdout
-    assert 'pip install -q -e ".[test,hf,flower]"' in run.stdout
+    assert 'pip install -q -e ".[test,hf,flower,docs,tensorboard]"' in run.stdout
+    # The docs site is built strict after the tests (CI runs `make test`).
+    assert steps[-1].endswith("-m mkdocs build --strict --quiet --site-dir site")
+
+
+def test_demo_installs_the_runtime_and_nothing_else(tmp_path):
+    run = _make(tmp_path, "demo")
+    assert run.returncode == 0, run.stderr
+    installs = [l for l in run.stdout.splitlines() if "pip install" in l]
+    assert installs == ['.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q '
+                        '"torch==2.13.0"', ".venv/bin/python -m pip install -q -e ."], installs
+    # ... so the demo draws nothing (matplotlib is the plot extra).
+    commands = [ln.split("#")[0] for ln in (REPO / "recipes" / "quickstart" / "demo.sh").read_text().splitlines()]
+    assert not [c for c in commands if "--plot" in c]
 
 
 def test_existing_dot_venv_is_not_recreated(tmp_path):

@@ -1,4 +1,7 @@
-"""Federated algorithms plugged into the round loop of ``pfl_cli.fl``: one module each."""
+"""Federated algorithms plugged into the round loop of ``pfl_cli.fl``: one module each.
+
+Which names exist, built-in or plugin, is :mod:`pfl_cli.registry`'s to say.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ from pfl_cli.algorithms.fedper import FedPer
 from pfl_cli.algorithms.fedprox import FedProx
 from pfl_cli.algorithms.fedrep import FedRep
 from pfl_cli.algorithms.flowdup import FLowDUP, LDFedAvg
+from pfl_cli.algorithms.hyperfl import HyperFL
 from pfl_cli.algorithms.knnper import KNNPer
 from pfl_cli.algorithms.ldp_fedavg import LDPFedAvg
 from pfl_cli.algorithms.lgfedavg import LGFedAvg
 from pfl_cli.algorithms.local import Local
-from pfl_cli.algorithms.hyperfl import HyperFL
 from pfl_cli.algorithms.hyperfl_lpm import HyperFLLPM
 from pfl_cli.algorithms.pefll import PeFLL
 from pfl_cli.algorithms.perfedavg import PerFedAvg
@@ -23,11 +26,7 @@ from pfl_cli.algorithms.pfedhn import PFedHN, PFedHNPC
 from pfl_cli.algorithms.pfedme import PFedMe
 from pfl_cli.algorithms.ppsgd import PPSGD
 
-REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (PeFLL, FedAvg, Local, PFedHN, PFedHNPC, HyperFL, HyperFLLPM, FedProx, FedPer, FedRep, LGFedAvg,
-                             Ditto, APFL, PerFedAvg, PFedMe, KNNPer, FLowDUP, LDFedAvg, LDPFedAvg, PPSGD, CENTAUR)
-}
 
 __all__ = ["APFL", "Algorithm", "CENTAUR", "Ditto", "FLowDUP", "FedAvg", "FedPer", "FedProx", "FedRep", "HyperFL",
            "HyperFLLPM", "KNNPer", "LDFedAvg", "LDPFedAvg", "LGFedAvg", "Local", "PFedHN", "PFedHNPC", "PFedMe", "PPSGD", "PeFLL",
-           "PerFedAvg", "REGISTRY"]
+           "PerFedAvg"]

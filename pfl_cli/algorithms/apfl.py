@@ -17,10 +17,15 @@ client starts v from the global model and alpha from ``alpha``, and trains both 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from pfl_cli.algorithms.base import PrivateState, stack, weighted_mean
-from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
+from pfl_cli.fl.config import key
+
 
 ALPHA = "alpha"  # the mixing weight's key in the private state
 
@@ -75,8 +80,23 @@ def apfl_steps(model, w: dict, v: dict, alpha, store, steps, *, lr: float, alpha
     return w, v, alpha, mean_loss.mean()
 
 
+@dataclass(frozen=True)
+class APFLConfig(FedAvgRoundConfig):
+    """APFL's keys."""
+
+    algorithm: str = key("apfl", "the algorithm these keys configure")
+    alpha: float = key(0.5, "initial mixing weight alpha in [0, 1]", "APFL paper Alg. 1 (alpha_0; not in specs/)")
+    alpha_lr: Optional[float] = key(None, "step size of alpha (null: lr; 0 keeps alpha fixed)",
+                                    "APFL paper Alg. 1 line 8 (not in specs/)")
+    new_client_epochs: int = key(20, "epochs a new client trains its local model and alpha",
+                                 "pefll.md §4.1: new clients fine-tune 20 epochs")
+
+
 class APFL(PrivateState, FedAvg):
     name = "apfl"
+    paper = "APFL: Deng, Kamani, Mahdavi, 2020"
+    new_client_protocol = "its local model and alpha trained new_client_epochs"
+    config = APFLConfig
     models_upload = False  # its w steps are plain SGD beside v and alpha, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
 

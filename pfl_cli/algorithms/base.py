@@ -40,6 +40,8 @@ class Algorithm(ABC):
     """Base class: shared client-side training helpers."""
 
     name = ""
+    paper = ""                # the paper (and spec section) it implements, for `pflx algorithms`
+    new_client_protocol = ""  # how a client unseen in training gets its model, for `pflx algorithms`
     federated = True          # False: no rounds (Local), evaluation trains per client
     personalized = True       # whether personalize() returns one model per client
     serves_unlabeled = ""     # how it serves clients without labels ("" = it cannot), for error messages
@@ -50,10 +52,22 @@ class Algorithm(ABC):
     dp_required = False
     dp_contribution = "update"  # what one client contributes, named in the ledger
     dp = None
-    default_cohort: int | None = 5  # clients per round when --clients-per-round is not given (None: all)
+    config: type | None = None  # the frozen config dataclass of this algorithm (declared, never inherited)
     # Why the algorithm cannot run split across ranks (torchrun, --nproc), named in the error that
     # refuses it up front; "" when its N-rank run equals its 1-process run (tests/cli/test_train_distributed.py).
     not_distributed = ""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """DP support and the config are declared by each algorithm, never inherited from its parent:
+        a subclass that says nothing has no DP variant (``--dp`` is refused) and no config of its own."""
+        super().__init_subclass__(**kwargs)
+        if "dp_unit" not in cls.__dict__:
+            cls.dp_unit = None
+        own = cls.__dict__.get("config")
+        if own is not None:
+            own.algorithm_class = cls  # the engine builds the algorithm its config names (pfl_cli.fl.api)
+        elif "config" not in cls.__dict__:
+            cls.config = None
 
     def __init__(self, cfg, store, *, arch: dict | None = None) -> None:
         self.cfg = cfg
@@ -130,7 +144,7 @@ class Algorithm(ABC):
                              f"{len(train_clients)} has any. Give the dataset labels, or raise --label-prevalence.")
     def cohort_size(self, t: int, total: int, available: int) -> int:
         """Clients in round ``t`` (0-based) of ``total``: ``clients_per_round`` unless the paper says otherwise."""
-        c = self.cfg.clients_per_round or self.default_cohort
+        c = self.cfg.planned_cohort(self.store.num_clients)
         return available if c is None else min(c, available)
 
     def exchanged(self) -> dict[str, dict[str, float]]:
@@ -211,7 +225,7 @@ class Algorithm(ABC):
         ``delta/<name>`` of one SGD step with its known learning rate and weight decay undone.
         Names in the client net's order.
         """
-        from pfl_cli.attack.analytic import scaled_gradient
+        from pfl_cli.fl.cohort import scaled_gradient
 
         sgd = self.sgd_update_options()
         out = {}
@@ -247,7 +261,7 @@ class Algorithm(ABC):
         The round's schedule (:meth:`round_schedule`); algorithms whose rounds always take
         ``local_steps`` (pFedHN, PeFLL, DP-FedAvg) or run stages (HyperFL) say so.
         """
-        return self.cfg.local_epochs or self.cfg.local_steps
+        return getattr(self.cfg, "local_epochs", None) or self.cfg.local_steps
 
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
@@ -329,14 +343,16 @@ class Algorithm(ABC):
     def round_schedule(self) -> dict:
         """A round's local work: ``local_steps`` SGD steps, or ``local_epochs`` epochs when set."""
         cfg = self.cfg
-        return {"epochs": cfg.local_epochs} if cfg.local_epochs else {"steps": cfg.local_steps}
+        epochs = getattr(cfg, "local_epochs", None)
+        return {"epochs": epochs} if epochs else {"steps": cfg.local_steps}
 
     def cohort_sgd(self, start: dict, clients, gen, *, steps: int | None = None, epochs: int | None = None,
-                   trainable=None, prox_mu: float = 0.0, prox_anchor: dict | None = None):
+                   trainable=None, prox_mu: float = 0.0, prox_anchor: dict | None = None, sgd: dict | None = None):
         """One batched local-SGD run of ``clients`` (LongTensor) from stacked ``start``.
 
-        ``steps`` SGD steps each, or ``epochs`` passes over each client's fit data. Returns
-        the parameters, each client's mean loss and the number of steps taken in all.
+        ``steps`` SGD steps each, or ``epochs`` passes over each client's fit data; ``sgd`` overrides
+        settings of :meth:`sgd_options` (Ditto's plain personal steps). Returns the parameters, each
+        client's mean loss and the number of steps taken in all.
         """
         from pfl_cli.fl.cohort import local_sgd
 
@@ -345,7 +361,7 @@ class Algorithm(ABC):
         moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
         fixed = {k: v for k, v in start.items() if k not in moving}
         theta, loss = local_sgd(self.net, moving, self.store, batches, fixed=fixed,
-                                prox_mu=prox_mu, prox_anchor=anchor, **self.sgd_options())
+                                prox_mu=prox_mu, prox_anchor=anchor, **{**self.sgd_options(), **(sgd or {})})
         return {**fixed, **theta}, loss, batches.active_steps()
 
     def draw_batches(self, clients, gen, *, steps: int | None = None, epochs: int | None = None,
@@ -462,7 +478,21 @@ def cpu_state_dict(module) -> dict:
 
 
 class ServerOptimizerState:
-    """``state`` / ``load_state`` of an algorithm whose resumable state is ``weights()`` plus ``self.opt``."""
+    """``state`` / ``load_state`` of an algorithm whose resumable state is ``weights()`` plus ``self.opt``.
+
+    ``self.opt`` is built on first use from ``self.make_optimizer`` (set in ``build``): ``predict``
+    takes no server step, and constructing torch's Adam alone costs seconds of ``torch._compile``
+    imports on a cold start.
+    """
+
+    make_optimizer = None  # () -> torch.optim.Optimizer, set by the algorithm's build
+    _optimizer = None
+
+    @property
+    def opt(self):
+        if self._optimizer is None:
+            self._optimizer = self.make_optimizer()
+        return self._optimizer
 
     def state(self):
         import copy

@@ -8,11 +8,25 @@ noise on the client) and uploads the representation delta.
 
 from __future__ import annotations
 
-from pfl_cli.algorithms.ldp_heads import PersonalHeadLDP
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.ldp_heads import PersonalHeadLDP, PersonalHeadLDPConfig
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class CENTAURConfig(PersonalHeadLDPConfig):
+    """CENTAUR's keys."""
+
+    algorithm: str = key("centaur", "the algorithm these keys configure")
 
 
 class CENTAUR(PersonalHeadLDP):
     name = "centaur"
+    paper = "CENTAUR: Shen et al. 2023, as HyperFL adapts it (specs/pfedhn-hyperfl.md B.10)"
+    new_client_protocol = "a head trained on the frozen DP representation"
+    config = CENTAURConfig
+    dp_unit = "example"  # declared: DP-SGD on the representation on every client
 
     def local_update(self, start, cohort, gen, noise_gen):
         from pfl_cli.fl.dpsgd import dp_local_sgd, poisson_batches

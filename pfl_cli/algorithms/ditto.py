@@ -11,10 +11,14 @@ from the global one for ``new_client_epochs`` epochs with the same proximal term
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pfl_cli.algorithms.base import PrivateState, stack
-from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
+from pfl_cli.fl.config import key
+
 
 DEFAULT_LAMBDA = 0.1  # one of the paper's grid {0.01, 0.05, 0.1, 0.2, 0.5, 1, 2} (Table 9)
 
@@ -23,8 +27,25 @@ def ditto_lambda(cfg) -> float:
     return DEFAULT_LAMBDA if cfg.lam is None else float(cfg.lam)
 
 
+@dataclass(frozen=True)
+class DittoConfig(FedAvgRoundConfig):
+    """Ditto's keys: FedAvg's round for w, and the personal models' objective and optimizer."""
+
+    algorithm: str = key("ditto", "the algorithm these keys configure")
+    lam: float = key(0.1, "lambda: proximal weight of a personal model to the global one (Eq. 2)",
+                     "Ditto paper Table 9 grid {0.01, ..., 2} (not in specs/)")
+    personal_momentum: float = key(0.0, "momentum of the personal steps", "Ditto Alg. 1 line 7: plain SGD")
+    personal_clip: float = key(0.0, "gradient-norm clip of the personal steps (0 = off)",
+                               "Ditto Alg. 1 line 7: plain SGD")
+    new_client_epochs: int = key(20, "epochs a new client trains its personal model",
+                                 "pefll.md §4.1: new clients fine-tune 20 epochs")
+
+
 class Ditto(PrivateState, FedAvg):
     name = "ditto"
+    paper = "Ditto: Li, Hu, Beirami, Smith, ICML 2021"
+    new_client_protocol = "a personal model trained new_client_epochs with the proximal term"
+    config = DittoConfig
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
 
     def build(self) -> None:
@@ -36,7 +57,7 @@ class Ditto(PrivateState, FedAvg):
         anchor = {k: v.clone() for k, v in self.global_params.items()}  # w^t
         loss = super().run_round(t, cohort, gen)
         v, _, _ = self.cohort_sgd(self.private.gather(cohort), cohort, gen, **self.round_schedule(),
-                                  prox_mu=ditto_lambda(self.cfg), prox_anchor=anchor)
+                                  prox_mu=ditto_lambda(self.cfg), prox_anchor=anchor, sgd=self.personal_sgd())
         self.private.scatter(cohort, v)
         return loss
 
@@ -48,4 +69,9 @@ class Ditto(PrivateState, FedAvg):
         if not self.cfg.new_client_epochs:
             return stack(self.global_params, len(clients))
         return self.train_clients(self.global_params, clients, gen, epochs=self.cfg.new_client_epochs,
-                                  prox_mu=ditto_lambda(self.cfg), prox_anchor=self.global_params)
+                                  prox_mu=ditto_lambda(self.cfg), prox_anchor=self.global_params,
+                                  sgd=self.personal_sgd())
+
+    def personal_sgd(self) -> dict:
+        """Alg. 1 line 7: the personal model v_k takes plain SGD steps (no momentum, no clip) unless set."""
+        return {"momentum": self.cfg.personal_momentum, "clip": self.cfg.personal_clip}

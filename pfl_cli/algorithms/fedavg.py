@@ -9,28 +9,62 @@ after ``finetune_steps`` local steps on its own data.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, stack, weighted_mean
+from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.privacy.randomness import mechanism_generator
+
+
+@dataclass(frozen=True)
+class FedAvgRoundConfig(TrainConfig):
+    """The keys of FedAvg's round, shared by the algorithms built on it; defaults: PeFLL's baseline protocol."""
+
+    algorithm: str = key("fedavg", "the algorithm these keys configure")
+    rounds: int = key(5000, "communication rounds", "pefll.md §4.1: all methods but Local train 5000 rounds")
+    clients_per_round: Optional[int] = key(5, "cohort size of every round (null: every train client)",
+                                           "pefll.md §1.7: FEMNIST 5 clients per round")
+    local_steps: int = key(50, "k: client SGD steps per round", "pefll.md §1.7: k = 50")
+    local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
+    server_lr: float = key(1.0, "server step on the mean delta", "thesis Alg. 3 line 9: the mean model (step 1)")
+    server_momentum: float = key(0.0, "server momentum on the mean delta", "thesis Alg. 3: none")
+
+
+@dataclass(frozen=True)
+class FedAvgConfig(FedAvgRoundConfig):
+    """FedAvg's keys."""
+
+    finetune_steps: int = key(0, "local steps from the global model before evaluation (0: the global model)",
+                              "pefll.md §4.1: a new client uses the global model as-is")
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    paper = "FedAvg: McMahan et al., AISTATS 2017 (thesis Alg. 3/4)"
+    new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
+    config = FedAvgConfig
     dp_unit = "client"
     dp_contribution = "model delta"
     default_server_lr = 1.0
     serves_unlabeled = "fedavg without --finetune-steps (one global model)"
 
     @property
+    def finetune_steps(self) -> int:
+        """``finetune_steps`` of the config; 0 for the algorithms built on FedAvg whose config has none (Ditto)."""
+        return getattr(self.cfg, "finetune_steps", 0)
+
+    @property
     def needs_labels_to_predict(self) -> bool:
-        return self.cfg.finetune_steps > 0
+        return self.finetune_steps > 0
 
     def build(self) -> None:
         self.net = self.client_net()
         self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.server_buf = {k: v.new_zeros(v.shape) for k, v in self.global_params.items()}
-        self.personalized = self.cfg.finetune_steps > 0
+        self.personalized = self.finetune_steps > 0
 
     def run_round(self, t, cohort, gen):
         import torch
@@ -67,7 +101,7 @@ class FedAvg(Algorithm):
             self.global_params[k] = g + lr * self.server_buf[k]
 
     def protocol(self, new: bool) -> dict:
-        steps = self.cfg.finetune_steps
+        steps = self.finetune_steps
         return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model",
                 "rounds": 0}
 
@@ -84,8 +118,8 @@ class FedAvg(Algorithm):
         return self.local_update(start, x, y, steps), start
 
     def personalize(self, clients: np.ndarray, gen):
-        if self.cfg.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True
+        if self.finetune_steps > 0:
+            return self.train_clients(self.global_params, clients, gen, steps=self.finetune_steps), True
         return self.global_params, False
 
     def state(self):

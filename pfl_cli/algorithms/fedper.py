@@ -8,10 +8,23 @@ fresh head trained ``new_client_epochs`` epochs on the frozen body.
 
 from __future__ import annotations
 
-from pfl_cli.algorithms.partial import PartialSharing
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.partial import PartialSharing, PartialSharingConfig
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class FedPerConfig(PartialSharingConfig):
+    """FedPer's keys."""
+
+    algorithm: str = key("fedper", "the algorithm these keys configure")
 
 
 class FedPer(PartialSharing):
     name = "fedper"
+    paper = "FedPer: Arivazhagan et al., 2019"
+    new_client_protocol = "a fresh head trained new_client_epochs on the frozen body"
+    config = FedPerConfig
     shared_part = "body"
 

@@ -8,11 +8,25 @@ FedAvg whose clients minimize the proximal objective h_k(w; w^t) = F_k(w) + mu/2
 
 from __future__ import annotations
 
-from pfl_cli.algorithms.fedavg import FedAvg
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class FedProxConfig(FedAvgConfig):
+    """FedProx's keys: FedAvg's and the proximal weight."""
+
+    algorithm: str = key("fedprox", "the algorithm these keys configure")
+    mu: float = key(0.01, "proximal weight mu of Eq. 2 (0 = FedAvg)", "FedProx paper §5.2 grid {0.001, 0.01, 0.1, 1}")
 
 
 class FedProx(FedAvg):
     name = "fedprox"
+    paper = "FedProx: Li et al., MLSys 2020"
+    new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
+    config = FedProxConfig
     models_upload = False  # its local steps add the proximal term, not FedAvg's upload
 
     def local_objective(self) -> dict:

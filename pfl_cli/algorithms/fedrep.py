@@ -10,11 +10,39 @@ and each client keeps its head. A new client gets a fresh head trained for
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pfl_cli.algorithms.partial import PartialSharing
+from pfl_cli.fl.config import TrainConfig, key
+
+
+@dataclass(frozen=True)
+class FedRepConfig(TrainConfig):
+    """FedRep's keys: it counts epochs on the head and on the body, not local steps."""
+
+    algorithm: str = key("fedrep", "the algorithm these keys configure")
+    rounds: int = key(5000, "communication rounds", "pefll.md §4.1: all methods but Local train 5000 rounds")
+    head_epochs: int = key(5, "epochs on the head per round, body frozen (Alg. 1 lines 8-10)",
+                           "pefll.md §4.1: head/body local updates = 5 / 1 epochs")
+    body_epochs: int = key(1, "epochs on the body per round, head frozen (Alg. 1 lines 11-13)",
+                           "pefll.md §4.1: head/body local updates = 5 / 1 epochs")
+    new_client_epochs: int = key(20, "epochs a new client trains a fresh head on the frozen body",
+                                 "pefll.md §4.1: a random new head trained locally for 20 epochs")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.head_epochs == 0:  # issue 25: with 0 epochs every client keeps its random initial head
+            from pfl_cli.errors import ConfigError
+
+            raise ConfigError("head_epochs must be >= 1 for fedrep: the head is what FedRep personalizes, and with 0 "
+                              "epochs every client keeps its random initial head; got 0.")
 
 
 class FedRep(PartialSharing):
     name = "fedrep"
+    paper = "FedRep: Collins et al., ICML 2021"
+    new_client_protocol = "a fresh head trained new_client_epochs on the frozen body"
+    config = FedRepConfig
     shared_part = "body"
     average_by_size = False  # Alg. 1 line 16: (1 / rn) sum_i theta_i
 

@@ -24,10 +24,15 @@ on labeled clients only; every client, labeled or not, uses theta_0 + P v.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, seeded
 from pfl_cli.errors import ConfigError
+from pfl_cli.fl.config import TrainConfig, key
+
 
 LABEL_FREE = {"auto": None, "cnn-x": "cnn-x", "mlp-x": "mlp-x"}
 
@@ -57,10 +62,42 @@ def split_halves(mask, gen):
     return generate, real & ~generate
 
 
+T = "thesis ch. 5"
+
+
+@dataclass(frozen=True)
+class LDFedAvgConfig(TrainConfig):
+    """LD-FedAvg's keys: FedAvg's round on theta = theta_0 + P v."""
+
+    algorithm: str = key("ld-fedavg", "the algorithm these keys configure")
+    local_steps: int = key(50, "client SGD steps per round")
+    local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
+    server_lr: float = key(1.0, "eta_g: server step on the mean update", f"{T} Alg. 9")
+    subspace_dim: int = key(200, "k of theta = theta_0 + P v", f"{T}: 10^4 (scaled down for CPU runs)")
+    subspace_nnz: int = key(4, "nonzeros per row of the seeded sparse P")
+
+
+@dataclass(frozen=True)
+class FLowDUPConfig(LDFedAvgConfig):
+    """FLowDUP's keys: LD-FedAvg's and the hypernetwork from unlabeled data."""
+
+    algorithm: str = key("flowdup", "the algorithm these keys configure")
+    embedding: str = key("auto", "h_1: auto | cnn-x | mlp-x (reads inputs only, eq. 5.3)", choices=tuple(LABEL_FREE))
+    feature_dim: int = key(64, "e: h_1's output width", f"{T}: 256 (scaled down for CPU runs)")
+    hyper_hidden: int = key(100, "h_2's hidden width")
+    lambda_reg: float = key(1e-3, "lambda of Omega = ||h(X) - psi_r||^2", f"{T} eq. 5.4")
+    labeled_rate: float = key(0.9, "alpha: the labeled share of every cohort", f"{T} Alg. 9")
+    learnable_centre: bool = key(True, "learn psi_r (false: psi_r = 0)", f"{T} Table C.4")
+
+
 class LDFedAvg(Algorithm):
     """FedAvg on the subspace parameterization: one global v, theta = theta_0 + P v."""
 
     name = "ld-fedavg"
+    paper = "LD-FedAvg: FedAvg in FLowDUP's subspace (thesis ch. 5)"
+    new_client_protocol = "the global subspace model"
+    config = LDFedAvgConfig
+    regularizer_weight = 0.0  # no Omega term
     personalized = False
     serves_unlabeled = "ld-fedavg (one global subspace model)"
 
@@ -119,7 +156,7 @@ class LDFedAvg(Algorithm):
         m = (evaluate & (y >= 0)).to(logits.dtype)  # labeled samples of the evaluation half
         ce = F.cross_entropy(logits.flatten(0, 1), y.clamp_min(0).flatten(), reduction="none").view(m.shape)
         loss = (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
-        return loss + self.cfg.lambda_reg * omega, loss, omega, v
+        return loss + self.regularizer_weight * omega, loss, omega, v
 
     # ------------------------------------------------------------------ Alg. 9 / 10
     def run_round(self, t, cohort, gen):
@@ -179,8 +216,15 @@ class FLowDUP(LDFedAvg):
     """Alg. 9/10: a hypernetwork from a client's unlabeled data into the subspace."""
 
     name = "flowdup"
+    paper = "FLowDUP: thesis ch. 5, Alg. 9/10"
+    new_client_protocol = "a model from its unlabeled data in one forward pass"
+    config = FLowDUPConfig
     personalized = True
     serves_unlabeled = "flowdup (a model from a client's unlabeled data in one forward pass)"
+
+    @property
+    def regularizer_weight(self) -> float:
+        return self.cfg.lambda_reg
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:

@@ -24,12 +24,17 @@ CNN (spec B.12); the ledger records it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import torch
 from torch import nn
 
 from pfl_cli.algorithms.base import Algorithm, cpu_state_dict, seeded, stack
 from pfl_cli.algorithms.pfedhn import cpu_state
+from pfl_cli.fl.config import TrainConfig, key
+
 
 DEFAULT_EMBED_DIM = 64    # B.4: "learnable vectors with dimension equals 64"
 DEFAULT_HEAD_LR = 0.1     # B.6: eta_g
@@ -54,10 +59,37 @@ class GeneratedNet(nn.Module):
         return functional_call(self.net, self.hnet(self.v), (x,))
 
 
+S = "pfedhn-hyperfl.md"
+
+
+@dataclass(frozen=True)
+class HyperFLConfig(TrainConfig):
+    """HyperFL's keys; defaults from the paper's main configuration (spec B.6) and its code (B.3)."""
+
+    algorithm: str = key("hyperfl", "the algorithm these keys configure")
+    rounds: int = key(200, "communication rounds", f"{S} B.6: 200 rounds")
+    clients_per_round: Optional[int] = key(None, "cohort size (null: every client; the last round takes every client)",
+                                           f"{S} B.6: 20 clients, full participation")
+    batch_size: int = key(50, "client minibatch size", f"{S} B.6: batch size 50 (EMNIST 100)")
+    lr: float = key(0.01, "eta_h: step-2 SGD step on the hypernetwork", f"{S} B.6: 0.01 EMNIST/FMNIST (CIFAR 0.02)")
+    embed_lr: Optional[float] = key(None, "eta_v: step-2 step on the embedding (null: lr)", f"{S} B.6: eta_v = eta_h")
+    head_lr: float = key(DEFAULT_HEAD_LR, "eta_g: step-1 SGD step on the classifier", f"{S} B.6: eta_g 0.1")
+    momentum: float = key(0.5, "SGD momentum of both steps", f"{S} B.6: momentum 0.5")
+    lambda_theta: float = key(2.5e-4, "weight decay / 2 of both steps", f"{S} B.6: weight decay 5e-4 = 2 lambda_theta")
+    client_clip: float = key(50.0, "step-2 gradient-norm clip, HN and embedding apart (step 1 is not clipped)",
+                             f"{S} B.3: clip_grad_norm_(..., 50) in step 2 only")
+    local_epochs: int = key(DEFAULT_EPOCHS, "step-2 epochs per round (new clients: alternations of steps 1-2)",
+                            f"{S} B.6: 5 local epochs")
+    embed_dim: int = key(DEFAULT_EMBED_DIM, "embedding dimension", f"{S} B.6: embedding dim 64")
+    hyper_hidden: int = key(128, "width of the hypernetwork's one hidden layer", f"{S} B.6: HN 1 layer, width 128")
+
+
 class HyperFL(Algorithm):
     name = "hyperfl"
+    paper = "HyperFL: Guo et al., AAAI 2025 (specs/pfedhn-hyperfl.md B)"
+    new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
+    config = HyperFLConfig
     models_upload = True
-    default_cohort = None  # B.6: full participation (20 clients); the 100-client setting samples 30
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
@@ -69,7 +101,7 @@ class HyperFL(Algorithm):
         dim = int(cfg.embed_dim) or DEFAULT_EMBED_DIM
         # B.4: Linear(64, hidden) -> ReLU -> one linear head per feature-extractor tensor
         return {"client": client,
-                "hypernetwork": hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden, n_hidden=0, relu_out=True,
+                "hypernetwork": hyper_spec(dim, client, "M", cfg.hyper_hidden, n_hidden=0, relu_out=True,
                                            generate=features)}
 
     def build(self) -> None:
@@ -103,9 +135,10 @@ class HyperFL(Algorithm):
         return self.private.known(clients, self.store.partition_sha)
 
     # ------------------------------------------------------------------ client steps (eq. 4, eq. 5)
-    def _options(self) -> dict:
+    def _options(self, *, clip: bool = True) -> dict:
+        """Both steps' SGD settings; only step 2 clips (B.3: ``clip_grad_norm_`` in step 2 alone)."""
         o = self.sgd_options()
-        return {"momentum": o["momentum"], "weight_decay": o["weight_decay"], "clip": o["clip"]}
+        return {"momentum": o["momentum"], "weight_decay": o["weight_decay"], "clip": o["clip"] if clip else 0.0}
 
     def step_classifier(self, clients, v, head, gen, epochs: int = 1, batch=None):
         """Step 1: ``epochs`` of SGD on the classifier; the generated feature extractor is fixed.
@@ -120,11 +153,11 @@ class HyperFL(Algorithm):
         lr = self.cfg.head_lr if self.cfg.head_lr is not None else DEFAULT_HEAD_LR
         if batch is not None:
             theta = self.hnet(v)  # on the graph: v may be the attacker's unknown
-            return unrolled_sgd(self.net, head, *batch, epochs, lr=lr, fixed=theta, **self._options()), None
+            return unrolled_sgd(self.net, head, *batch, epochs, lr=lr, fixed=theta, **self._options(clip=False)), None
         with torch.no_grad():
             theta = self.hnet(v)
         batches, taken = self.draw_batches(clients, gen, epochs=epochs)
-        new, loss = local_sgd(self.net, head, self.store, batches, lr=lr, fixed=theta, **self._options())
+        new, loss = local_sgd(self.net, head, self.store, batches, lr=lr, fixed=theta, **self._options(clip=False))
         self.client_sgd_steps += taken
         return new, loss
 
@@ -233,7 +266,7 @@ class HyperFL(Algorithm):
     def leaked_gradients(self, message: dict, start: dict) -> dict:
         """The generated feature extractor's gradient: head k is affine, theta_k = A_k z + b_k, so
         dL/db_k = dL/dtheta_k exactly (spec D.3 T-P3), without the embedding or the classifier."""
-        from pfl_cli.attack.analytic import scaled_gradient
+        from pfl_cli.fl.cohort import scaled_gradient
 
         o = self._options()
         out = {}

@@ -18,12 +18,25 @@ embedding / stem before the first adapter is common, and it is cheap next to the
 
 from __future__ import annotations
 
-from pfl_cli.algorithms.hyperfl import DEFAULT_EMBED_DIM, HyperFL
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.hyperfl import DEFAULT_EMBED_DIM, HyperFL, HyperFLConfig
 from pfl_cli.errors import ConfigError
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class HyperFLLPMConfig(HyperFLConfig):
+    """HyperFL-LPM's keys: HyperFL's (spec B.6) on a pre-trained backbone (B.5: backbone, backbone_weights)."""
+
+    algorithm: str = key("hyperfl-lpm", "the algorithm these keys configure")
 
 
 class HyperFLLPM(HyperFL):
     name = "hyperfl-lpm"
+    config = HyperFLLPMConfig
+    paper = "HyperFL-LPM: Guo et al., AAAI 2025 §3.3 (specs/pfedhn-hyperfl.md B.5)"
+    new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
@@ -43,5 +56,5 @@ class HyperFLLPM(HyperFL):
         dim = int(cfg.embed_dim) or DEFAULT_EMBED_DIM
         # App. D.1 / B.4: Linear(64, hidden) -> ReLU -> one linear head per adapter tensor
         return {"client": client,
-                "hypernetwork": hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden, n_hidden=0, relu_out=True,
+                "hypernetwork": hyper_spec(dim, client, "M", cfg.hyper_hidden, n_hidden=0, relu_out=True,
                                            generate=adapters)}

@@ -17,12 +17,16 @@ cross-validation of k and lambda (one k and lambda for all clients here).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
 
 from pfl_cli.algorithms.base import stack
-from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
+from pfl_cli.fl.config import key
+
 
 PREFIX = "net."
 
@@ -65,8 +69,22 @@ class _Features(nn.Module):
         return self.net.features(x)
 
 
+@dataclass(frozen=True)
+class KNNPerConfig(FedAvgRoundConfig):
+    """kNN-Per's keys: FedAvg's round and the kNN memory."""
+
+    algorithm: str = key("knnper", "the algorithm these keys configure")
+    knn_k: int = key(10, "neighbours k", "pefll.md §4.1: k in {5, 10}")
+    knn_scale: float = key(100.0, "distance scale T of exp(-d / T)", "pefll.md §4.1: scale 100")
+    interpolation: float = key(0.5, "weight lambda of the kNN distribution (0 = the global model)",
+                               "pefll.md §4.1: per-client CV over {0.0, ..., 1.0}; 0.5 the grid's middle")
+
+
 class KNNPer(FedAvg):
     name = "knnper"
+    paper = "kNN-Per: Marfoq et al., ICML 2022"
+    new_client_protocol = "the global model plus a kNN memory of its own data, one forward pass"
+    config = KNNPerConfig
     dp_unit = None  # no DP variant: its prediction reads each client's own datastore
 
     def build(self) -> None:

@@ -11,14 +11,28 @@ A client's model is the global model (optionally fine-tuned, like FedAvg).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pfl_cli.algorithms.base import stack
-from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.fl.config import key
 from pfl_cli.fl.dpsgd import LocalDP
 from pfl_cli.privacy.randomness import mechanism_generator
 
 
+@dataclass(frozen=True)
+class LDPFedAvgConfig(FedAvgConfig):
+    """ISRL-DP FedAvg's keys: FedAvg's (its local steps are DP-SGD steps)."""
+
+    algorithm: str = key("ldp-fedavg", "the algorithm these keys configure")
+
+
 class LDPFedAvg(LocalDP, FedAvg):
     name = "ldp-fedavg"
+    paper = "DP-FedAvg in the ISRL-DP setting, HyperFL's baseline (specs/pfedhn-hyperfl.md B.10)"
+    new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
+    config = LDPFedAvgConfig
+    dp_unit = "example"  # declared: DP-SGD on every client (pfl_cli.fl.dpsgd)
     dp_contribution = "model delta"
 
     def run_round(self, t, cohort, gen):

@@ -15,12 +15,25 @@ clients' heads are their own and are not released.
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, stack
+from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.fl.dpsgd import LocalDP
 from pfl_cli.privacy.randomness import mechanism_generator
+
+
+@dataclass(frozen=True)
+class PersonalHeadLDPConfig(TrainConfig):
+    """Keys of the ISRL-DP algorithms with personal heads (PPSGD, CENTAUR)."""
+
+    local_steps: int = key(50, "DP-SGD steps per round")
+    server_lr: float = key(1.0, "server step on the mean representation delta")
+    server_momentum: float = key(0.0, "server momentum")
+    finetune_steps: int = key(0, "steps a client without a head trains one on the frozen representation (0: "
+                              "local_steps)")
 
 
 class PersonalHeadLDP(LocalDP, Algorithm):

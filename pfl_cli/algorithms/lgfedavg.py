@@ -9,10 +9,23 @@ client trains its body and the global head jointly with k local SGD steps (or
 
 from __future__ import annotations
 
-from pfl_cli.algorithms.partial import PartialSharing
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.partial import PartialSharing, PartialSharingConfig
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class LGFedAvgConfig(PartialSharingConfig):
+    """LG-FedAvg's keys (a new client trains its own body for new_client_epochs)."""
+
+    algorithm: str = key("lg-fedavg", "the algorithm these keys configure")
 
 
 class LGFedAvg(PartialSharing):
     name = "lg-fedavg"
+    paper = "LG-FedAvg: Liang et al., 2020"
+    new_client_protocol = "its own body trained new_client_epochs under the frozen global head"
+    config = LGFedAvgConfig
     shared_part = "head"
 

@@ -8,15 +8,30 @@ all clients of a group train together as one vmapped computation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm
+from pfl_cli.fl.config import TrainConfig, key
+
 
 DEFAULT_EPOCHS = 200
 
 
+@dataclass(frozen=True)
+class LocalConfig(TrainConfig):
+    """Local's keys: no rounds are communicated, each client trains local_epochs on its own data."""
+
+    algorithm: str = key("local", "the algorithm these keys configure")
+    local_epochs: int = key(DEFAULT_EPOCHS, "epochs of local SGD per client", "pefll.md §4.1: 200 epochs")
+
+
 class Local(Algorithm):
     name = "local"
+    paper = "Local training, the PeFLL paper's baseline (specs/pefll.md §4.1)"
+    new_client_protocol = "trains its own model from the shared initialization"
+    config = LocalConfig
     federated = False
 
     def build(self) -> None:

@@ -12,9 +12,13 @@ Only the shared part is exchanged: 2 x |shared| floats per cohort client and rou
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, PrivateState, stack, weighted_mean
+from pfl_cli.fl.config import TrainConfig, key
 
 
 class _GlobalModel(Algorithm):
@@ -31,6 +35,17 @@ class _GlobalModel(Algorithm):
 
     def load_weights(self, weights):
         self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
+
+
+@dataclass(frozen=True)
+class PartialSharingConfig(TrainConfig):
+    """Keys of the algorithms that share one part of the client net (FedPer, LG-FedAvg; FedRep adds its own)."""
+
+    rounds: int = key(5000, "communication rounds", "pefll.md §4.1: all methods but Local train 5000 rounds")
+    local_steps: int = key(50, "k: client SGD steps per round", "pefll.md §1.7: k = 50")
+    local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
+    new_client_epochs: int = key(20, "epochs a client without private state trains its private part",
+                                 "pefll.md §4.1: a random new head trained locally for 20 epochs")
 
 
 class PartialSharing(PrivateState, _GlobalModel):

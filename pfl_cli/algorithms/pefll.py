@@ -18,17 +18,74 @@ descriptor and one hypernetwork forward pass: no optimizer step anywhere.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded
+from pfl_cli.fl.config import EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES, SERVER_OPTIMIZERS, TrainConfig, key
+
 
 # Server step size and gradient clip per optimizer when not set: the authors' code runs Adam
 # 2e-4 with clip 50; Alg. 8 lines 17-18 add the averaged client updates with step size 1, unclipped.
 SERVER_DEFAULTS = {"adam": {"lr": 2e-4, "clip": 50.0}, "sgd": {"lr": 1.0, "clip": 0.0}}
 
 
+@dataclass(frozen=True)
+class PeFLLConfig(TrainConfig):
+    """PeFLL's keys (Alg. 8), defaults from the thesis and the authors' code (specs/pefll.md §1.7, §9)."""
+
+    algorithm: str = key("pefll", "the algorithm these keys configure")
+    rounds: int = key(5000, "communication rounds", "pefll.md §1.7: T = 5000 rounds")
+    clients_per_round: Optional[int] = key(None, "cohort size (null: round(0.05 n) of all n clients, at least 1)",
+                                           "pefll.md §1.7, §9.6: 5% of the clients per round")
+    label_mask: bool = key(True, "headline accuracy with classes absent from a client's train data masked out",
+                           "pefll.md §1.7: code mask-absent True (LM on by default)")
+    eval_every: int = key(30, "rounds between evaluations (and checkpoints)", "pefll.md §1.7: code eval-every 30")
+    local_steps: int = key(50, "k: client SGD steps per round", "pefll.md §1.7: k = 50")
+    lr: float = key(2e-3, "client SGD step size", "pefll.md §1.7: code inner-lr 2e-3")
+    momentum: float = key(0.9, "client SGD momentum", "pefll.md §1.7: SGD, batch 32, momentum 0.9")
+    batch_size: int = key(32, "client minibatch size", "pefll.md §1.7: batch 32")
+    server_optimizer: str = key("adam", "adam (the code) | sgd (Alg. 8 update rule)", "pefll.md §1.7: code optim adam",
+                                choices=SERVER_OPTIMIZERS)
+    server_lr: Optional[float] = key(None, "server step (null: adam 2e-4; sgd 1, Alg. 8)",
+                                     "pefll.md §1.7: code lr 2e-4")
+    server_momentum: float = key(0.0, "momentum of the sgd server optimizer")
+    server_clip: Optional[float] = key(None, "clip of the server gradient (null: adam 50, sgd off; 0 = off)",
+                                       "pefll.md §9: code clip 50")
+    lambda_h: float = key(1e-3, "Eq. (4.1) regularizer of the hypernetwork", "pefll.md §1.7: lambda_h = 1e-3")
+    lambda_v: float = key(1e-3, "Eq. (4.1) regularizer of the embedding net", "pefll.md §1.7: lambda_v = 1e-3")
+    lambda_theta: float = key(0.0, "Eq. (4.1) regularizer of the client model", "pefll.md §1.7: lambda_theta = 0")
+    embedding: str = key("auto", "embedding net: auto (cnn for images, mlp for vectors) | cnn | cnn-x | linear | mlp "
+                         "| mlp-x", "pefll.md §1.7: code embed-model cnn", choices=EMBEDDINGS)
+    embed_dim: int = key(0, "descriptor dimension l (0 = int(1 + n / 4))", "pefll.md §1.7, §2.4: l = int(1 + n/4)")
+    hyper_size: str = key("M", "hypernetwork S / M / L = 1 / 3 / 5 hidden layers",
+                          "pefll.md §1.7: code hyper-nhid 3 (Table B.5 M)", choices=HYPER_SIZES)
+    hyper_hidden: int = key(100, "hypernetwork hidden width", "pefll.md §1.7: code hyper-hid 100")
+    descriptor_batch: int = key(32, "samples per training descriptor", "pefll.md §1.7: descriptor batch 32")
+    eval_descriptor: str = key("all", "descriptor at evaluation: all train samples (code) | one batch (paper)",
+                               "pefll.md §9: the code", choices=EVAL_DESCRIPTORS)
+    standardize_descriptor: bool = key(True, "the code's frozen scalar (v - m) / s from the first descriptor",
+                                       "pefll.md §9.3")
+    track_descriptors: bool = key(False, "log Spearman(descriptor, label-distribution distances) of holdout clients")
+
+    def planned_cohort(self, num_clients: int | None = None) -> int | None:
+        """``clients_per_round``, else round(0.05 n) of all n clients, at least 1 (spec §1.7, §9.6)."""
+        if self.clients_per_round is not None or num_clients is None:
+            return self.clients_per_round
+        return max(1, round(0.05 * num_clients))
+
+    def server_floats(self, client_floats: int) -> int:
+        """The hypernetwork's floats: its hidden layer and its output head onto the client model."""
+        return self.hyper_hidden * (self.hyper_hidden + client_floats + max(self.embed_dim, 1))
+
+
 class PeFLL(ServerOptimizerState, Algorithm):
     name = "pefll"
+    paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4 (specs/pefll.md)"
+    new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
+    config = PeFLLConfig
     models_upload = True
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
 
@@ -86,9 +143,10 @@ class PeFLL(ServerOptimizerState, Algorithm):
         lr = self.cfg.server_lr if self.cfg.server_lr is not None else defaults["lr"]
         self.server_clip = self.cfg.server_clip if self.cfg.server_clip is not None else defaults["clip"]
         if self.cfg.server_optimizer == "adam":
-            self.opt = torch.optim.Adam(params, lr=lr)
+            self.make_optimizer = lambda: torch.optim.Adam(params, lr=lr)
         else:
-            self.opt = torch.optim.SGD(params, lr=lr, momentum=self.cfg.server_momentum)
+            self.make_optimizer = lambda: torch.optim.SGD(params, lr=lr, momentum=self.cfg.server_momentum)
+        self._optimizer = None
 
     # ------------------------------------------------------------------ descriptors (§1.1)
     def _embed_mean(self, index, mask):

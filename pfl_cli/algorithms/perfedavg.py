@@ -15,10 +15,15 @@ own data (0 = one step, the paper's evaluation). No private state.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from pfl_cli.algorithms.base import stack, weighted_mean
-from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.fl.config import key
+
 
 def perfedavg_steps(model, w: dict, store, steps, *, alpha: float, beta: float, variant: str):
     """The cohort's Per-FedAvg local steps, batched with ``vmap``.
@@ -58,8 +63,21 @@ def perfedavg_steps(model, w: dict, store, steps, *, alpha: float, beta: float, 
     return w, mean_loss.mean()
 
 
+@dataclass(frozen=True)
+class PerFedAvgConfig(FedAvgConfig):
+    """Per-FedAvg's keys; its alpha is lr."""
+
+    algorithm: str = key("perfedavg", "the algorithm these keys configure")
+    variant: str = key("fo", "fo (first-order MAML) | hf (Hessian-free)", "pefll.md §4.1: first-order (FO)",
+                       choices=("fo", "hf"))
+    beta: Optional[float] = key(None, "outer step beta (null: lr)", "Per-FedAvg paper Alg. 1 (not in specs/)")
+
+
 class PerFedAvg(FedAvg):
     name = "perfedavg"
+    paper = "Per-FedAvg: Fallah, Mokhtari, Ozdaglar, NeurIPS 2020"
+    new_client_protocol = "the global model fine-tuned finetune_steps steps (at least one)"
+    config = PerFedAvgConfig
     models_upload = False  # its steps are MAML steps on two batches, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
 

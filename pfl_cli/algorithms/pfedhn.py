@@ -25,19 +25,83 @@ trains a fresh head during the local steps).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded, stack
+from pfl_cli.fl.config import HYPER_SIZES, TrainConfig, key
+
 
 DEFAULT_SERVER_LR = 1e-2      # A.8: pFedHN's outer lr
 DEFAULT_SERVER_LR_PC = 5e-2   # A.7: pFedHN-PC's outer lr
 
 
+S = "pfedhn-hyperfl.md"
+
+
+@dataclass(frozen=True)
+class PFedHNConfig(TrainConfig):
+    """pFedHN's keys; defaults from the paper and the official code (spec A.8)."""
+
+    algorithm: str = key("pfedhn", "the algorithm these keys configure")
+    rounds: int = key(5000, "communication rounds (server steps)", f"{S} A.8: at most 5000 steps")
+    clients_per_round: Optional[int] = key(1, "clients per server step", f"{S} A.8: 1 (sample client i), Alg. 1")
+    local_steps: int = key(50, "K: inner SGD steps of a client", f"{S} A.8: K = 50")
+    lr: float = key(5e-3, "inner (client) SGD step size", f"{S} A.8: inner lr 5e-3")
+    momentum: float = key(0.9, "inner SGD momentum", f"{S} A.8: inner momentum 0.9")
+    lambda_theta: float = key(2.5e-5, "inner weight decay / 2", f"{S} A.8: inner wd 5e-5 = 2 lambda_theta")
+    client_clip: float = key(50.0, "inner gradient-norm clip", f"{S} A.8: inner grad-clip 50")
+    batch_size: int = key(64, "client minibatch size", f"{S} A.8: batch size 64")
+    eval_every: int = key(30, "rounds between evaluations", f"{S} A.8: eval every 30 steps")
+    server_lr: float = key(DEFAULT_SERVER_LR, "outer SGD step on the hypernetwork", f"{S} A.8: outer lr 1e-2")
+    embed_lr: Optional[float] = key(None, "outer step of the embedding rows (null: server_lr)",
+                                    f"{S} A.8: embed_lr = lr")
+    hn_momentum: float = key(0.9, "outer SGD momentum", f"{S} A.8: outer momentum 0.9")
+    hn_weight_decay: float = key(1e-3, "outer weight decay (touches the whole embedding table, A.4)",
+                                 f"{S} A.8: outer wd 1e-3")
+    server_clip: float = key(50.0, "clip of the hypernetwork gradient (0 = off)", f"{S} A.8: HN grad clip 50")
+    embed_dim: int = key(0, "embedding dimension (0 = int(1 + n / 4) over the n train clients)",
+                         f"{S} A.8: embedding dim int(1 + n/4)")
+    hyper_size: str = key("M", "hypernetwork S / M / L = 1 / 3 / 5 hidden layers",
+                          f"{S} A.8: HN 3 hidden x 100 units", choices=HYPER_SIZES)
+    hyper_hidden: int = key(100, "hypernetwork hidden width", f"{S} A.8: HN 3 hidden x 100 units")
+    embed_rounds: int = key(20, "rounds a new client's embedding trains (phi frozen)",
+                            "pefll.md §4.1: optimized for 20 rounds")
+    client_sizes: str = key("", 'target widths "S,M,L" (client j gets size j mod 3; "" = one size)',
+                            f"{S} A.6 / pFedHN §5.2")
+
+    def validate(self) -> None:
+        super().validate()
+        from pfl_cli.errors import ConfigError
+        from pfl_cli.fl.config import CLIENT_SIZES, client_sizes
+
+        unknown = [s for s in client_sizes(self.client_sizes) if s not in CLIENT_SIZES]
+        if unknown:
+            raise ConfigError(f"client_sizes must be a comma-separated list of {', '.join(CLIENT_SIZES)}; got "
+                              f"{self.client_sizes!r} (unknown {', '.join(map(repr, unknown))}).")
+        if self.embed_rounds < 1:
+            raise ConfigError(f"embed_rounds must be >= 1 for {self.algorithm} (a new client's embedding is trained "
+                              f"for that many rounds; an untrained embedding is not a model); got "
+                              f"{self.embed_rounds}.")
+
+
+@dataclass(frozen=True)
+class PFedHNPCConfig(PFedHNConfig):
+    """pFedHN-PC's keys: pFedHN's with its own outer step (spec A.7)."""
+
+    algorithm: str = key("pfedhn-pc", "the algorithm these keys configure")
+    server_lr: float = key(DEFAULT_SERVER_LR_PC, "outer SGD step on the hypernetwork", f"{S} A.7: PC outer lr 5e-2")
+
+
 class PFedHN(ServerOptimizerState, Algorithm):
     name = "pfedhn"
+    paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021 (specs/pfedhn-hyperfl.md A)"
+    new_client_protocol = "a fresh embedding trained embed_rounds rounds, hypernetwork frozen"
+    config = PFedHNConfig
     models_upload = True
     personal_head = False
-    default_cohort = 1  # Alg. 1: "sample client i": one client per server step
 
     @classmethod
     def resolve_arch(cls, cfg, store) -> dict:
@@ -47,9 +111,9 @@ class PFedHN(ServerOptimizerState, Algorithm):
 
         hidden = hidden_sizes(cfg.mlp_hidden)
         client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden)
-        dim = descriptor_dim(cfg, store.num_clients)  # e = int(1 + n/4) over the partition's clients
-        generate = split_names(build(client))[0] if cls.personal_head else None
         rows = max(len(store.clients(ROLE_TRAIN)), 1)   # one row per train client: holdout clients have none
+        dim = descriptor_dim(cfg, rows)  # A.8: e = int(1 + n/4), n the train clients (the table's rows)
+        generate = split_names(build(client))[0] if cls.personal_head else None
         arch = {"client": client, "table": table_spec(rows, dim)}
         targets = None
         if client_sizes(cfg.client_sizes):
@@ -89,9 +153,12 @@ class PFedHN(ServerOptimizerState, Algorithm):
         default = DEFAULT_SERVER_LR_PC if self.personal_head else DEFAULT_SERVER_LR
         lr = self.cfg.server_lr if self.cfg.server_lr is not None else default
         embed_lr = self.cfg.embed_lr if self.cfg.embed_lr is not None else lr
-        self.opt = torch.optim.SGD([{"params": list(self.hnet.parameters()), "lr": lr},
-                                    {"params": list(self.table.parameters()), "lr": embed_lr}],
-                                   lr=lr, momentum=self.cfg.hn_momentum, weight_decay=self.cfg.hn_weight_decay)
+        self.embed_lr = embed_lr  # also the step of a new client's embedding fit (no optimizer needed there)
+        groups = [{"params": list(self.hnet.parameters()), "lr": lr},
+                  {"params": list(self.table.parameters()), "lr": embed_lr}]
+        self.make_optimizer = lambda: torch.optim.SGD(groups, lr=lr, momentum=self.cfg.hn_momentum,
+                                                      weight_decay=self.cfg.hn_weight_decay)
+        self._optimizer = None
         self.heads = None
         if self.personal_head:
             # Per size group: a fresh client's head (its size's initial last layer) and every client's
@@ -282,7 +349,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
         dim = self.table.embedding_dim
         v = torch.randn((c, dim), generator=gen).to(self.device)         # nn.Embedding's N(0, 1) init
         buf = torch.zeros_like(v)
-        lr = self.opt.param_groups[1]["lr"]
+        lr = self.embed_lr
         heads = momentum = None
         if self.personal_head:
             heads = stack(self.head_init[group], c)
@@ -376,4 +443,7 @@ class PFedHNPC(PFedHN):
     """pFedHN-PC (A.7): the hypernetwork generates the feature extractor; heads stay on the clients."""
 
     name = "pfedhn-pc"
+    paper = "pFedHN-PC: Shamsian et al., ICML 2021 §3.3 (specs/pfedhn-hyperfl.md A.7)"
+    new_client_protocol = "a fresh embedding and head trained embed_rounds rounds"
+    config = PFedHNPCConfig
     personal_head = True

@@ -7,7 +7,7 @@ Each local step of a cohort client draws a batch D and
    previous step's theta~, from w at the start of the round);
 2. moves its local model  w <- w - eta lambda (w - theta~)  (Alg. 1 line 8; eta = ``lr``).
 
-The server mixes  w <- (1 - beta) w + beta * mean_i w_i  (line 11; data-size weighted mean).
+The server mixes  w <- (1 - beta) w + beta * mean_i w_i  (line 11; the uniform mean over the cohort S).
 Steps are plain gradient steps (no momentum, no clipping). Each client's last theta~ is its
 personalized model, kept as private state. A new client (PeFLL §4.1) starts from the global
 model and runs the same local procedure for ``new_client_epochs`` epochs; its model is theta~.
@@ -15,10 +15,15 @@ model and runs the same local procedure for ``new_client_epochs`` epochs; its mo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from pfl_cli.algorithms.base import PrivateState, stack, weighted_mean
-from pfl_cli.algorithms.fedavg import FedAvg
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
+from pfl_cli.fl.config import key
+
 
 DEFAULT_LAMBDA = 15.0  # PeFLL §4.1: lambda = 15, K = 3, beta = 1
 
@@ -68,8 +73,24 @@ def pfedme_steps(model, w: dict, store, steps, *, lam: float, eta: float, person
     return w, theta, mean_loss.mean()
 
 
+@dataclass(frozen=True)
+class PFedMeConfig(FedAvgRoundConfig):
+    """pFedMe's keys."""
+
+    algorithm: str = key("pfedme", "the algorithm these keys configure")
+    lam: float = key(15.0, "lambda: Moreau-envelope weight", "pefll.md §4.1: lambda = 15")
+    K: int = key(3, "gradient steps on the inner (personalized) problem", "pefll.md §4.1: K = 3")
+    beta: float = key(1.0, "server mixing beta (Alg. 1 line 11)", "pefll.md §4.1: beta = 1")
+    personal_lr: Optional[float] = key(None, "step size of the K inner steps (null: lr)")
+    new_client_epochs: int = key(20, "epochs a new client fine-tunes with the pFedMe loss",
+                                 "pefll.md §4.1: finetune 20 epochs with the pFedMe loss")
+
+
 class PFedMe(PrivateState, FedAvg):
     name = "pfedme"
+    paper = "pFedMe: Dinh, Tran, Nguyen, NeurIPS 2020"
+    new_client_protocol = "the global model, then new_client_epochs of pFedMe's local procedure"
+    config = PFedMeConfig
     models_upload = False  # its w follows the Moreau envelope's inner solution, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
 
@@ -92,9 +113,9 @@ class PFedMe(PrivateState, FedAvg):
         w, theta, loss, _ = self._local(stack(self.global_params, len(cohort)), cohort, gen, **self.round_schedule())
         self.record_exchange(self.global_params, w, len(cohort))  # w only: theta~ stays on the client
         beta = 1.0 if self.cfg.beta is None else float(self.cfg.beta)
-        mean = weighted_mean(self.store, cohort, w)
+        mean = weighted_mean(self.store, cohort, w, by_size=False)  # Alg. 1 line 11: (1/S) sum over the cohort
         for k, g in self.global_params.items():
-            self.global_params[k] = (1 - beta) * g + beta * mean[k]  # Alg. 1 line 11
+            self.global_params[k] = (1 - beta) * g + beta * mean[k]
         self.private.scatter(cohort, theta)
         return loss
 

@@ -8,11 +8,25 @@ batch mean (the head never leaves the client). The client uploads its representa
 
 from __future__ import annotations
 
-from pfl_cli.algorithms.ldp_heads import PersonalHeadLDP
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.ldp_heads import PersonalHeadLDP, PersonalHeadLDPConfig
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class PPSGDConfig(PersonalHeadLDPConfig):
+    """PPSGD's keys."""
+
+    algorithm: str = key("ppsgd", "the algorithm these keys configure")
 
 
 class PPSGD(PersonalHeadLDP):
     name = "ppsgd"
+    paper = "PPSGD: Bietti et al. 2022, as HyperFL adapts it (specs/pfedhn-hyperfl.md B.10)"
+    new_client_protocol = "a head trained on the frozen DP representation"
+    config = PPSGDConfig
+    dp_unit = "example"  # declared: DP-SGD on the representation on every client
 
     def local_update(self, start, cohort, gen, noise_gen):
         from pfl_cli.fl.dpsgd import dp_local_sgd, poisson_batches

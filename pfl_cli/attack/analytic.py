@@ -11,10 +11,7 @@ A one-step SGD upload is delta = -lr (s g + wd theta) with an unknown clip facto
 
 from __future__ import annotations
 
-
-def scaled_gradient(delta, theta, *, lr: float, weight_decay: float = 0.0):
-    """s * gradient from a one-step delta (s > 0 the unknown clipping factor)."""
-    return -delta / lr - weight_decay * theta
+from pfl_cli.fl.cohort import scaled_gradient  # noqa: F401 - the attack's inversion of one SGD step
 
 
 def recover_affine_input(grad_w, grad_b):

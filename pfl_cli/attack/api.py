@@ -150,7 +150,6 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     """
     import torch
 
-    from pfl_cli.algorithms import REGISTRY
     from pfl_cli.attack import analytic
     from pfl_cli.attack.invert import invert_gradients
     from pfl_cli.attack.metrics import psnr, ssim
@@ -165,9 +164,11 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
         raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
     validate_train_config(train_cfg)
 
-    cls = REGISTRY[train_cfg.algorithm]
+    from pfl_cli import registry
+
+    cls = train_cfg.algorithm_class
     if not cls.models_upload:
-        attacked = ", ".join(sorted(name for name, c in REGISTRY.items() if c.models_upload))
+        attacked = ", ".join(sorted(e.name for e in registry.entries().values() if e.algorithm.models_upload))
         raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
                          f"uploads of {attacked}.")
     dp = train_cfg.dp_epsilon is not None
@@ -176,7 +177,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     if dp and cfg.upload == "gradient" and cfg.local_steps == 0:
         raise InputError(f"local_steps 0: a client of a --dp run never uploads a raw gradient; attack the delta it "
                          f"sends with --upload weights or --local-steps K (the run's local_steps: "
-                         f"{train_cfg.local_steps}).")
+                         f"{getattr(train_cfg, 'local_steps', None)}).")
     if cfg.upload == "weights" and cfg.batch_size > train_cfg.batch_size:
         raise InputError(f"batch_size: --upload weights replays the trained round on the client's batch as one "
                          f"minibatch, so it must not exceed the run's batch_size {train_cfg.batch_size}; got "

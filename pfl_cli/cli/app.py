@@ -14,6 +14,7 @@ import typer
 
 from pfl_cli import __version__
 from pfl_cli.cli import _click, interrupt
+from pfl_cli.cli.launch import INVOCATION  # the arguments of the running invocation (train --nproc relaunches them)
 from pfl_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, PflxError, PflxWarning
 
 app = typer.Typer(
@@ -55,23 +56,34 @@ def _register() -> None:
     from pfl_cli.cli import predict
     from pfl_cli.cli import show
     from pfl_cli.cli import attack
+    from pfl_cli.cli import flower
+    from pfl_cli.cli import algorithms
 
-    app.command("partition", no_args_is_help=True)(partition.partition)
-    app.command("privacy-account", no_args_is_help=True)(privacy_account.privacy_account)
-    app.command("cluster", no_args_is_help=True)(cluster.cluster)
-    app.command("mdm-fit", no_args_is_help=True)(mdm_fit.mdm_fit)
-    app.command("simulate", no_args_is_help=True)(simulate.simulate)
-    app.command("train", no_args_is_help=True)(train.train)
-    app.command("predict", no_args_is_help=True)(predict.predict)
-    app.command("show", no_args_is_help=True)(show.show)
-    app.command("attack", no_args_is_help=True)(attack.attack_command)
+    for name, command in (("partition", partition.partition),
+                          ("privacy-account", privacy_account.privacy_account),
+                          ("cluster", cluster.cluster),
+                          ("mdm-fit", mdm_fit.mdm_fit),
+                          ("simulate", simulate.simulate),
+                          ("train", train.train),
+                          ("predict", predict.predict),
+                          ("show", show.show),
+                          ("attack", attack.attack_command)):
+        app.command(name, no_args_is_help=True, short_help=_first_sentence(command))(command)
+    app.add_typer(flower.flower_app, name="flower")
+    app.command("algorithms", short_help=_first_sentence(algorithms.algorithms))(algorithms.algorithms)
+
+
+def _first_sentence(command) -> str:
+    """The docstring's first sentence, whole: `pflx -h` would otherwise cut it at 45 characters with "..."."""
+    import inspect
+
+    paragraph = " ".join(inspect.getdoc(command).split("\n\n")[0].split())
+    return paragraph.split(". ")[0].rstrip(".") + "."
 
 
 _register()
 
 
-# The arguments of the running invocation (``pflx train --nproc N`` relaunches them once per rank).
-INVOCATION: list[str] = []
 
 
 def _one_line(message: str) -> str:

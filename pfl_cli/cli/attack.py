@@ -63,5 +63,8 @@ def attack_command(
     from pfl_cli.attack.config import AttackConfig
     from pfl_cli.cli.attack_run import run_attack
 
+    from pfl_cli.cli.figures import require_matplotlib
+
+    require_matplotlib("pflx attack (reconstructions.png)")
     cfg = stage_config(AttackConfig, "attack", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
     run_attack(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt))

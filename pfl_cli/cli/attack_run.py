@@ -42,7 +42,7 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         return
     writer, model_art, payload, train_cfg, part, ds = inputs
     optimized = [a for a in OPTIMIZED if cfg.attack in (a, "all")]
-    with report.progress("attack", total=cfg.iterations * len(optimized)) as bar:
+    with report.progress("attack", total=cfg.iterations * len(optimized), unit="iteration") as bar:
         done = {}
 
         def on_progress(name, it, total, mean_psnr):
@@ -104,10 +104,9 @@ def _summary(psnr: np.ndarray, ssim, lpips) -> dict:
 
 
 def _plot(path: Path, run) -> None:
-    import matplotlib
+    from pfl_cli.cli.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     attacks = list(run.reconstruction)
     if run.image_shape is None:

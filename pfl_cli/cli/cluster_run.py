@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +28,10 @@ def _check_config(cfg) -> None:
                            ("server_n_init", cfg.server_n_init >= 1, "an integer >= 1")):
         if not ok:
             raise ConfigError(f"{name} must be {rule}; got {getattr(cfg, name)!r}.")
-    if cfg.k_candidates and importlib.util.find_spec("matplotlib") is None:
-        raise ConfigError("--k-candidates plots W(k) to k_selection.png and needs matplotlib; install it with "
-                          "`pip install matplotlib`, or drop --k-candidates.")
+    if cfg.k_candidates:
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--k-candidates (k_selection.png)")
     from pfl_cli.privacy.release import check_nonprivate_request, parse_dp_spec
 
     check_nonprivate_request(dp=not cfg.no_dp, write_nonprivate=cfg.write_nonprivate)
@@ -60,17 +60,19 @@ def client_points(partition: Path):
 
 
 def _plot_k_selection(path: Path, sel: dict, k: int) -> None:
-    import matplotlib
+    from pfl_cli.cli.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(sel["k"], sel["weighted_cost"], marker="o")
     ax.axvline(k, color="grey", linestyle=":", label=f"--k {k}")
     ax.set_xlabel("k")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # k is a count: no fractional ticks
     ax.set_ylabel("weighted server k-means cost / total weight")
-    ax.set_title(f"Choosing k (thesis Fig. D.5), projection dim {sel['projection_dim']}")
+    ax.set_title(f"Choosing k (Scott 2026 thesis, Fig. D.5), projection dim {sel['projection_dim']}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})

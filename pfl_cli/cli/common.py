@@ -8,7 +8,6 @@ from typing import Any, Iterable, Mapping, Sequence, TypeVar
 import typer
 
 from pfl_cli.cli._click import given_on_command_line
-from pfl_cli.config import load_config_file, parse_overrides, resolve_config
 
 T = TypeVar("T")
 
@@ -22,6 +21,9 @@ def explicit_flags(ctx: typer.Context, names: Iterable[str]) -> dict[str, Any]:
     return given
 
 
+IGNORED_KEYS = ("out", "force", "format", "out_root", "config")  # a config file's command keys, not the stage's
+
+
 def stage_config(
     cls: type[T],
     stage: str,
@@ -30,14 +32,47 @@ def stage_config(
     flags: Mapping[str, Any],
     sets: Sequence[str] | None,
 ) -> T:
-    """Defaults < config file < explicit flags < ``--set``, as a frozen dataclass."""
-    return resolve_config(
+    """Defaults < config file < explicit flags < ``--set``, as a frozen dataclass.
+
+    A config that asks for a figure (``plot: true`` from any layer) is refused here, before any
+    work, when matplotlib is not installed (the one rule of a plain install, :mod:`figures`).
+    """
+    from pfl_cli.config import load_config_file, parse_overrides, resolve_config  # numpy, yaml: not for --help
+
+    cfg = resolve_config(
         cls,
         file_values=load_config_file(config_file, stage),
         flag_values=flags,
         overrides=parse_overrides(sets or ()),
-        ignore=("out", "force", "format", "out_root", "config"),
+        ignore=IGNORED_KEYS,
     )
+    if getattr(cfg, "plot", False):
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
+    return cfg
+
+
+def warn_plugin_problems() -> None:
+    """Each plugin the registry left out, as one warning line naming it (the built-ins work regardless)."""
+    import warnings
+
+    from pfl_cli import registry
+    from pfl_cli.errors import PflxWarning
+
+    for line in registry.plugin_problems():
+        warnings.warn(line, PflxWarning, stacklevel=2)
+
+
+def train_stage_config(*, config_file: Path | None, flags: Mapping[str, Any], sets: Sequence[str] | None):
+    """``pflx train``'s config: the named algorithm's own config class (:mod:`pfl_cli.registry`), its
+    defaults < config file < explicit flags < ``--set``; a key the algorithm does not take is refused."""
+    from pfl_cli import registry
+    from pfl_cli.config import load_config_file, parse_overrides  # numpy, yaml: not for --help
+
+    warn_plugin_problems()
+    return registry.resolve_train_config(file_values=load_config_file(config_file, "train"), flag_values=flags,
+                                         overrides=parse_overrides(sets or ()), ignore=IGNORED_KEYS)
 
 
 def load_partition_dataset(partition: Path, *, flag: str = "--partition"):

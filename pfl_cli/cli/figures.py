@@ -17,14 +17,35 @@ GROUP_STYLE = {  # group -> (label, colour)
 }
 
 
-def _pyplot():
+PLOT_EXTRA_HINT = "install the plot extra: pip install 'pflx[plot]'"
+
+
+def require_matplotlib(what: str) -> None:
+    """Refuse a drawing request before any work when matplotlib is not installed (exit 2).
+
+    The one rule of a plain install (matplotlib is the optional ``plot`` extra): every command that
+    draws -- ``attack``, ``--plot`` anywhere, ``show --plot``, ``cluster --k-candidates`` -- calls
+    this first, so nothing is computed or written before the refusal. ``find_spec`` costs no import.
+    """
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise InputError(f"{what} draws with matplotlib, which is not installed; {PLOT_EXTRA_HINT}.")
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the file-only Agg backend (after :func:`require_matplotlib`)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise InputError("--plot needs matplotlib; install it with `pip install 'pflx[plot]'`.") from None
+        raise InputError(f"drawing needs matplotlib, which is not installed; {PLOT_EXTRA_HINT}.") from None
     return plt
 
 
@@ -50,7 +71,7 @@ def read_history(metrics_csv: Path) -> dict[tuple[str, str], tuple[list[int], li
 
 def training_curves(metrics_csv: Path, metrics_json: Path, out: Path) -> Path:
     """``curves.png``: headline accuracy of each client group and the losses against rounds, the selected round marked."""
-    plt = _pyplot()
+    plt = pyplot()
     meta = json.loads(Path(metrics_json).read_text())
     history = read_history(metrics_csv)
     metric = "mean_accuracy_lm" if meta.get("label_mask") else "mean_accuracy"
@@ -90,19 +111,24 @@ def training_curves(metrics_csv: Path, metrics_json: Path, out: Path) -> Path:
 
 def client_accuracy_histogram(clients_csv: Path, metrics_json: Path, out: Path) -> Path:
     """A histogram of per-client test accuracy (``predict``'s ``clients.csv``), both without and with label masking."""
-    plt = _pyplot()
+    plt = pyplot()
     meta = json.loads(Path(metrics_json).read_text())
     with open(clients_csv, newline="") as fh:
         rows = list(csv.DictReader(fh))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     bins = [i * 5 for i in range(21)]
+    series, labels, colours = [], [], []
     for column, label, colour in (("accuracy", "no label masking", "tab:blue"),
                                   ("accuracy_lm", "label masking", "tab:orange")):
         values = [100 * float(r[column]) for r in rows if r.get(column) not in (None, "")]
         if values:
             mean = sum(values) / len(values)
-            ax.hist(values, bins=bins, alpha=0.55, color=colour, edgecolor="white", label=f"{label} (mean {mean:.1f}%)")
+            series.append(values)
+            labels.append(f"{label} (mean {mean:.1f}%)")
+            colours.append(colour)
             ax.axvline(mean, color=colour, ls="--", lw=1.5)
+    if series:  # side-by-side bars, opaque: every colour drawn is one the legend names
+        ax.hist(series, bins=bins, color=colours, edgecolor="white", label=labels)
     ax.set_xlabel("test accuracy of a client (%)")
     ax.set_ylabel("clients")
     from matplotlib.ticker import MaxNLocator
@@ -116,8 +142,28 @@ def client_accuracy_histogram(clients_csv: Path, metrics_json: Path, out: Path) 
     return out
 
 
+def partition_heatmap(stats_csv: Path, stats_json: Path, out: Path) -> Path:
+    """``partition.png``: train samples per client and class (``stats.csv``), train clients then holdout."""
+    plt = pyplot()
+    del stats_json  # the figure needs the table only; the signature matches the other figures'
+    with open(stats_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    classes = [c for c in (rows[0].keys() if rows else ()) if c.startswith("class_")]
+    rows.sort(key=lambda r: int(r["role"]))  # stable: train clients first, then holdout
+    hist = [[int(r[c]) for c in classes] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, max(3.0, min(12.0, 0.12 * len(rows) + 2))))
+    image = ax.imshow(hist, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set_xlabel("class")
+    ax.set_ylabel("client (train clients, then holdout)")
+    ax.set_title(f"train samples per client and class ({len(rows)} clients)")
+    fig.colorbar(image, ax=ax, label="samples")
+    _save(fig, out)
+    return out
+
+
 # stage -> (figure file, function, the artifact files it reads)
 FIGURES = {
+    "partition": ("partition.png", partition_heatmap, ("stats.csv", "stats.json")),
     "train": ("curves.png", training_curves, ("metrics.csv", "metrics.json")),
     "predict": ("clients.png", client_accuracy_histogram, ("clients.csv", "metrics.json")),
 }

@@ -15,6 +15,10 @@ import subprocess
 import sys
 import time
 
+# The arguments of the running invocation, set by ``pfl_cli.cli.app.main`` (``pflx train --nproc N`` relaunches
+# them once per rank); here, not in app.py, so that train.py never imports the app that imports it.
+INVOCATION: list[str] = []
+
 
 def without_nproc(args: list[str]) -> list[str]:
     """``args`` with ``--nproc N`` / ``--nproc=N`` removed."""

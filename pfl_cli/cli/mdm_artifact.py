@@ -115,13 +115,9 @@ def write_mdm_artifact(writer: ArtifactWriter, result, true_counts: np.ndarray, 
 
 
 def _plot_tsne(path: Path, result, true_counts: np.ndarray, seed: int, note: str = "") -> None:
-    try:
-        import matplotlib
+    from pfl_cli.cli.figures import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError("--plot needs matplotlib; install it with `pip install 'pflx[plot]'`.") from None
+    plt = pyplot()
     from pfl_cli.mdm.api import simulated_histograms, tsne_embedding
     from pfl_cli.rng import make_rng
 
@@ -137,7 +133,7 @@ def _plot_tsne(path: Path, result, true_counts: np.ndarray, seed: int, note: str
     for (lo, hi), colour, label in (((0, n), "green", "true clients"), ((n, 2 * n), "blue", "fully IID simulated"),
                                     ((2 * n, 3 * n), "red", "MDM simulated")):
         ax.scatter(xy[lo:hi, 0], xy[lo:hi, 1], s=9, c=colour, alpha=0.6, label=label)
-    ax.set_title(f"{note}t-SNE of client histograms (K = {result.fit.params.num_components}; thesis Fig. 3.3)",
+    ax.set_title(f"{note}t-SNE of client histograms (K = {result.fit.params.num_components}; Scott 2026 thesis, Fig. 3.3)",
                  fontsize=10 if note else None)
     ax.legend(loc="best", fontsize=8)
     ax.set_xticks([])

@@ -97,6 +97,10 @@ def _print_summary(report: Reporter, out, doc: dict, result) -> None:
     # Under DP print only what mdm.json releases: no client count, no log-likelihood.
     what = ("DP: only the noisy parameters are released" if "dp" in doc
             else f"{doc['num_clients']} clients, mean log-likelihood {doc['mean_log_likelihood']:.4f}")
+    if "dp" not in doc and result.selection is not None:  # K chosen on held-out clients: say where the rest went
+        sel = result.selection
+        what = (f"fitted on {sel.num_train_clients} clients ({sel.num_validation_clients} more held out to choose K "
+                f"by validation log-likelihood), mean log-likelihood {doc['mean_log_likelihood']:.4f}")
     table = Table(title=f"mdm-fit -> {out}: K = {params.num_components}, {what}", title_justify="left")
     for col in ("component", "tau", "alpha_0", "mean size", "top categories (mean share)"):
         table.add_column(col)

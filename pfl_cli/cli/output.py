@@ -1,20 +1,20 @@
 """Where things are printed: results on stdout, everything else on stderr.
 
 ``--format json`` prints exactly one JSON object on stdout (for ``jq``); ``human`` prints
-rich tables; ``quiet`` prints nothing but errors. Progress bars and notes go to stderr
-and switch off when stderr is not a terminal.
+rich tables; ``quiet`` prints nothing but errors. Progress goes to stderr: a rich bar with the
+time left in a terminal, one plain line at a steady cadence when stderr is a file or a pipe
+(Makefiles, CI logs, ``nohup``), nothing with ``quiet``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 import warnings
 from contextlib import contextmanager
-from typing import Any, Iterator
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import Any, Callable, Iterator, TextIO
 
 from pfl_cli.cli.options import Format
 from pfl_cli.errors import PflxWarning
@@ -36,10 +36,77 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+# Seconds between two plain progress lines off a terminal; PFLX_PROGRESS_EVERY overrides it.
+PROGRESS_EVERY_S = 10.0
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _progress_every() -> float:
+    """PFLX_PROGRESS_EVERY seconds when it is a number >= 0, else the default (a bad value is not worth a failed run)."""
+    try:
+        every = float(os.environ.get("PFLX_PROGRESS_EVERY", PROGRESS_EVERY_S))
+    except ValueError:
+        return PROGRESS_EVERY_S
+    return every if every >= 0 else PROGRESS_EVERY_S
+
+
+class PlainProgress:
+    """Progress as plain lines on a stream that is not a terminal, like the logs of Lightning or Flower.
+
+    One line on the first step, then at most one every ``every`` seconds, and one when the work is
+    done: ``train: round 12/400 (3%), elapsed 0:00:31, left ~0:16:40, loss 0.431``. The time left
+    is the mean time per step so far times the steps left. ``status`` is whatever the caller may
+    show (under ``--dp`` the callers pass nothing computed from private data).
+    """
+
+    def __init__(self, description: str, total: int | None, unit: str, stream: TextIO, every: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.description, self.total, self.unit, self.stream, self.every = description, total, unit, stream, every
+        self.clock = clock
+        self.start = clock()
+        self.done = 0
+        self.first = 0  # steps already done when timing started (a resumed run)
+        self.last_line: float | None = None
+        self.finished = False
+
+    def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
+        if total is not None:  # known once the work is resolved (predict's client set)
+            self.total = total
+        if self.done == 0 and self.last_line is None and status == "resumed":
+            self.first = n  # a resumed run: its first steps took no time here
+        self.done += n
+        now = self.clock()
+        final = self.total is not None and self.done >= self.total
+        if final and self.finished:
+            return
+        if self.last_line is None or now - self.last_line >= self.every or final:
+            self.finished = final
+            self.last_line = now
+            self.stream.write(self.line(now, status) + "\n")
+            self.stream.flush()
+
+    def line(self, now: float, status: str = "") -> str:
+        elapsed = now - self.start
+        parts = [f"{self.description}: {self.unit} {self.done}" + (f"/{self.total}" if self.total else "")
+                 + (f" ({100 * self.done // self.total}%)" if self.total else ""), f"elapsed {_clock(elapsed)}"]
+        timed = self.done - self.first
+        if self.total and timed > 0:
+            parts.append(f"left ~{_clock(elapsed / timed * max(self.total - self.done, 0))}")
+        if status and status != "resumed":
+            parts.append(status)
+        return ", ".join(parts)
+
+
 class Reporter:
     """Prints one command's results and notes in the chosen format."""
 
     def __init__(self, fmt: Format | str = Format.human) -> None:
+        from rich.console import Console  # rich costs ~50 ms: imported by the commands that print, not by --help
+
         self.fmt = Format(fmt)
         self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
@@ -64,24 +131,42 @@ class Reporter:
             warnings.warn(message, PflxWarning, stacklevel=2)
 
     @contextmanager
-    def progress(self, description: str, total: int | None) -> Iterator[Any]:
-        """A progress bar on stderr; a no-op object when stderr is not a terminal."""
-        enabled = self.fmt is Format.human and self.err.is_terminal
+    def progress(self, description: str, total: int | None, unit: str = "step") -> Iterator[Any]:
+        """Progress of ``total`` steps (``unit``) on stderr: a rich bar with time left in a terminal,
+        :class:`PlainProgress` lines when stderr is a file or pipe, nothing with ``--format quiet``.
+
+        ``--format json`` keeps stdout one object: its progress goes to stderr as well.
+        """
+        if self.fmt is Format.quiet:
+            yield _Silent()
+            return
+        if not self.err.is_terminal:
+            yield PlainProgress(description, total, unit, sys.stderr, _progress_every())
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
         bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
             console=self.err,
-            disable=not enabled,
             transient=True,
         )
         with bar:
             task = bar.add_task(description, total=total, status="")
 
             class _Handle:
-                def advance(self, n: int = 1, status: str = "") -> None:
-                    bar.update(task, advance=n, status=status)
+                def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
+                    bar.update(task, advance=n, status=status, **({} if total is None else {"total": total}))
 
             yield _Handle()
+
+
+class _Silent:
+    def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
+        pass

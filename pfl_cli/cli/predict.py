@@ -21,7 +21,7 @@ def predict(
     model: Annotated[Path, typer.Option("--model", "-m", help="Train artifact (pflx train --out).")],
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact over the dataset the model was trained on (e.g. from pflx simulate).")],
     clients: Annotated[str, typer.Option("--clients", help="Which of the partition's clients: holdout | train | all.")] = "holdout",
-    label_mask: Annotated[Optional[bool], typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with label masking (default: as trained; both are always reported).", show_default=False)] = None,
+    label_mask: Annotated[Optional[bool], typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with label masking: classes absent from a client's train data are never predicted, so a test sample of such a class is always wrong (a client whose test labels are all absent from its train labels scores 0%; Dirichlet partitions have such clients, and predict notes each). Default: as trained; both are always reported.", show_default=False)] = None,
     finetune_steps: Annotated[Optional[int], typer.Option("--finetune-steps", help="fedavg, fedprox, perfedavg: local steps from the global model per client (default: as trained).")] = None,
     eval_descriptor: Annotated[Optional[str], typer.Option("--eval-descriptor", help="pefll descriptor: all (every train sample) | batch (one batch) (default: as trained).")] = None,
     embed_rounds: Annotated[Optional[int], typer.Option("--embed-rounds", help="pfedhn, pfedhn-pc: rounds of --local-steps local steps that train a new client's embedding (hypernetwork frozen; default: as trained, 20).")] = None,
@@ -44,8 +44,7 @@ def predict(
     client from the shared initialization; pFedHN / pFedHN-PC freeze the hypernetwork and train a
     fresh embedding (and head) per new client for --embed-rounds rounds; HyperFL trains a new
     embedding and classifier under the frozen global hypernetwork for --local-epochs. Clients the
-    model was trained on (--clients train) get their trained models. --set batch_size=N sets the
-    evaluation chunk; the personalized baselines: each client's private
+    model was trained on (--clients train) get their trained models. The personalized baselines: each client's private
     state (heads, personal models) for the train clients of the partition they were trained on, and
     their paper's new-client protocol for every other client (fedrep/fedper: a new head on the frozen
     body; lg-fedavg: a new body under the global head; ditto, apfl, pfedme: personal training from
@@ -68,4 +67,8 @@ def predict(
     from pfl_cli.fl.config import PredictConfig
 
     cfg = stage_config(PredictConfig, "predict", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
+    if plot:
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
     run_predict(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot)

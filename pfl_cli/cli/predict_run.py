@@ -56,18 +56,18 @@ def _check_config(cfg) -> None:
 def read_model(path: Path):
     """The train artifact at ``path``: its Artifact, model.pt payload, TrainConfig and metrics.json (all checked)."""
     from pfl_cli.artifacts import read_artifact
-    from pfl_cli.fl.config import TrainConfig
     from pfl_cli.readers import read_metrics, read_model_payload
+    from pfl_cli.registry import config_from_artifact
 
     art = read_artifact(path, "train", flag="--model")
     metrics = read_metrics(art, "--model")
     payload = read_model_payload(art, "--model", num_classes=metrics["dataset"]["num_classes"])
-    try:
-        train_cfg = TrainConfig(**art.config)
-    except TypeError as err:
-        raise ArtifactError(f"--model {path}: its config does not fit this pflx's TrainConfig ({err}); re-create "
-                            "it with this version of pflx train.") from None
+    train_cfg = config_from_artifact(art.config, what=f"--model {path}", made_by=art.manifest.get("version"))
     return art, payload, train_cfg, metrics
+
+
+def _override(given, trained):
+    return trained if given is None else given
 
 
 def check_same_dataset(partition: Path, info: dict, train_metrics: dict, command: str) -> None:
@@ -123,8 +123,20 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     if inputs is None:
         return
     writer, model_art, payload, train_cfg, part, ds = inputs
-    run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
-                          labeled=ds.labeled)
+    from pfl_cli import registry
+
+    servers = "; ".join(e.algorithm.serves_unlabeled for e in registry.entries().values()
+                        if e.algorithm.serves_unlabeled)
+    with report.progress("predict", None, unit="client") as bar:
+        seen = [0]
+
+        def on_progress(done: int, total: int) -> None:
+            bar.advance(done - seen[0], total=total)
+            seen[0] = done
+
+        run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
+                              labeled=ds.labeled, on_progress=on_progress,
+                              unlabeled_servers=servers)
     label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask
     s = run.evaluation.summary()
     metrics = clean({
@@ -132,8 +144,9 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "clients": cfg.clients,
         "label_mask": bool(label_mask),
         "headline_metric": "mean_accuracy_lm" if label_mask else "mean_accuracy_nolm",
-        "finetune_steps": train_cfg.finetune_steps if cfg.finetune_steps is None else cfg.finetune_steps,
-        "eval_descriptor": train_cfg.eval_descriptor if cfg.eval_descriptor is None else cfg.eval_descriptor,
+        # as trained unless overridden; None for an algorithm without the key
+        "finetune_steps": _override(cfg.finetune_steps, getattr(train_cfg, "finetune_steps", None)),
+        "eval_descriptor": _override(cfg.eval_descriptor, getattr(train_cfg, "eval_descriptor", None)),
         "mean_accuracy": s["mean_accuracy_lm" if label_mask else "mean_accuracy"],
         "pooled_accuracy": s["pooled_accuracy_lm" if label_mask else "pooled_accuracy"],
         "mean_accuracy_nolm": s["mean_accuracy"],
@@ -170,7 +183,32 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         if cfg.save_models:
             ids = torch.as_tensor(np.asarray(part.client_id)[run.clients], dtype=torch.int64)
             writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))
+    _note_unseen_test_labels(report, part, ds.y, run.clients)
     _print_summary(report, out, metrics, s)
+
+
+def unseen_test_labels(part, y: np.ndarray, clients: np.ndarray) -> list[tuple[int, int, int]]:
+    """(client id, test samples whose class is absent from the client's train labels, test samples)
+    for each client that has such samples: label masking never predicts their class."""
+    found = []
+    for j in np.asarray(clients, dtype=np.int64):
+        train, test = y[part.train_of(j)], y[part.test_of(j)]
+        test = test[test >= 0]  # unlabeled samples are not scored
+        unseen = int(np.sum(~np.isin(test, train[train >= 0])))
+        if unseen:
+            found.append((int(part.client_id[j]), unseen, len(test)))
+    return found
+
+
+def _note_unseen_test_labels(report: Reporter, part, y, clients) -> None:
+    """One note per client whose test labels include classes absent from its train labels (Dirichlet
+    partitions have them): masked accuracy counts those samples wrong, 0% when all are unseen."""
+    if y is None:
+        return
+    for client, unseen, total in unseen_test_labels(part, np.asarray(y), clients):
+        zero = " (all of them: 0% with label masking)" if unseen == total else ""
+        report.note(f"note: client {client}: {unseen} of its {total} test samples have a class absent from its "
+                    f"train data{zero}; label masking never predicts those classes.")
 
 
 def _print_summary(report: Reporter, out: Path, m: dict, s: dict) -> None:

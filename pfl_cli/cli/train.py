@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from pfl_cli.cli.common import explicit_flags, stage_config
+from pfl_cli.cli.common import explicit_flags, train_stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
 from pfl_cli.errors import InputError
@@ -20,44 +20,36 @@ FLAGS = (
     "hyper_size", "standardize_descriptor", "write_nonprivate", "device", "seed", "client_sizes",
 )
 
-# TrainConfig keys without a flag of their own: reachable through --config / --set (the help lists them).
-SET_ONLY = (
-    "momentum", "client_clip", "server_optimizer", "server_momentum", "server_clip", "lambda_h", "lambda_v",
-    "lambda_theta", "mlp_hidden", "hyper_hidden", "descriptor_batch", "eval_descriptor", "normalize",
-    "checkpoint_every", "cohort_exec", "dp_sampling_rate", "dp_accountant",
-    "checkpoint_every", "mu", "lam", "head_epochs", "body_epochs", "new_client_epochs", "alpha", "alpha_lr",
-    "variant", "beta", "K", "personal_lr", "knn_k", "knn_scale", "interpolation",
-    # hypernetwork family (issue 11)
-    "hn_momentum", "hn_weight_decay", "embed_lr", "head_lr", "embed_rounds",
-)
 
 
 def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl | hyperfl-lpm | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
-    rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
-    clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default 5; pfedhn 1, as its paper; hyperfl every client, and its last round always takes every client).", show_default=False)] = None,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).")] = 50,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.")] = 32,
-    lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.")] = 2e-3,
+    algorithm: Annotated[str, typer.Option("--algorithm", help="The algorithm (`pflx algorithms` lists them); every other key defaults to its paper's value (`pflx algorithms NAME`).")] = "pefll",
+    rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).", show_default=False)] = 1000,
+    clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default: the algorithm's paper; pflx algorithms NAME).", show_default=False)] = None,
+    local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).", show_default=False)] = 50,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.", show_default=False)] = 32,
+    lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.", show_default=False)] = 2e-3,
     server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1), pfedhn (1e-2), pfedhn-pc (5e-2).")] = None,
-    eval_every: Annotated[int, typer.Option("--eval-every", help="Rounds between evaluations (and checkpoints).")] = 50,
-    val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each train client's samples held out for model selection (0 = keep the last model).")] = 0.1,
-    label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out (both are always reported).")] = False,
-    finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="fedavg, fedprox: local steps from the global model before evaluation; perfedavg: its fine-tuning steps (0 = one).")] = 0,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Rounds between evaluations (and checkpoints).", show_default=False)] = 50,
+    val_fraction: Annotated[float, typer.Option("--val-fraction", help="Share of each train client's samples held out for model selection (0 = keep the last model).", show_default=False)] = 0.1,
+    label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out: a test sample of such a class is always wrong, and a client whose test labels are all absent from its train labels scores 0% (Dirichlet partitions have such clients). Both are always reported.", show_default=False)] = False,
+    finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="fedavg, fedprox: local steps from the global model before evaluation; perfedavg: its fine-tuning steps (0 = one).", show_default=False)] = 0,
     local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="local: epochs per client (default 200); fedavg: epochs instead of --local-steps; hyperfl: hypernetwork epochs per round (default 5).")] = None,
-    model_arch: Annotated[str, typer.Option("--model-arch", help="Client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp.")] = "auto",
-    embedding: Annotated[str, typer.Option("--embedding", help="pefll embedding net: auto | cnn | cnn-x | linear | mlp | mlp-x.")] = "auto",
-    embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor / pfedhn embedding dimension (0 = int(1 + clients / 4)); hyperfl embedding (0 = 64).")] = 0,
-    hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll / pfedhn hypernetwork: S | M | L (1 / 3 / 5 hidden layers; hyperfl has one, with a ReLU).")] = "M",
-    standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
+    model_arch: Annotated[str, typer.Option("--model-arch", help="Client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp.", show_default=False)] = "auto",
+    embedding: Annotated[str, typer.Option("--embedding", help="pefll embedding net: auto | cnn | cnn-x | linear | mlp | mlp-x.", show_default=False)] = "auto",
+    embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor / pfedhn embedding dimension (0 = int(1 + clients / 4)); hyperfl embedding (0 = 64).", show_default=False)] = 0,
+    hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll / pfedhn hypernetwork: S | M | L (1 / 3 / 5 hidden layers; hyperfl has one, with a ReLU).", show_default=False)] = "M",
+    standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.", show_default=False)] = True,
     dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N. noise=secure (default): noise and sampling from OS entropy; noise=seeded: repeatable from the published seed, simulation only.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
-    client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).")] = "",
+    client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).", show_default=False)] = "",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     plot: Annotated[bool, typer.Option("--plot", help="Also write curves.png: accuracy and loss against rounds, the selected round marked (not part of the config).")] = False,
+    log: Annotated[Optional[list[str]], typer.Option("--log", help="Also log per-round metrics while training for an experiment tracker: tensorboard | csv | jsonl (repeatable), into --log-dir; under --dp only released values (none per round: elapsed time only). Not part of the config.")] = None,
+    log_dir: Annotated[Optional[Path], typer.Option("--log-dir", help="Where --log writes (default: OUT.logs beside --out; tensorboard --logdir it).", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (torch.distributed: gloo on CPU, NCCL with --device cuda, one GPU each); cohort and evaluation clients are split across them. At most the cohort size.")] = 1,
     seed: SeedOpt = 0,
@@ -68,6 +60,11 @@ def train(
 ) -> None:
     """Train a (personalized) federated model on a partition and write a train artifact.
 
+    Each algorithm owns its keys and their defaults, taken from its paper: `pflx algorithms NAME`
+    lists them with their sources. A flag, a --config key or a --set key the algorithm does not
+    take is refused. Flags below apply to the algorithms that have the key; their defaults are
+    the algorithm's.
+
     Keys without a flag, set with --config FILE.yaml or --set key=value: momentum, client_clip,
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
     mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
@@ -75,7 +72,7 @@ def train(
     SGD runs; auto takes the one measured faster for the device and client net).
 
     Clients without labels: evaluate_hidden_labels (score unlabeled clients against their hidden
-    labels, an oracle). FLowDUP and LD-FedAvg (thesis ch. 5): subspace_dim (k), subspace_nnz,
+    labels, an oracle). FLowDUP and LD-FedAvg (Scott 2026 thesis, ch. 5): subspace_dim (k), subspace_nnz,
     feature_dim (e), lambda_reg, labeled_rate (alpha), learnable_centre; flowdup's h_1 is --embedding
     (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden. PeFLL descriptor analysis:
     track_descriptors (Spearman of descriptor vs label-distribution distances of holdout clients).
@@ -85,7 +82,7 @@ def train(
     state dict in timm's / torchvision's key layout; empty: random), backbone_tune (adapters | probe
     | full).
 
-    checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
+    DP keys: dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
     dp_clip, dp_population and dp_noise (secure: noise and sampling from OS entropy, the default;
     seeded: repeatable from the published seed, simulation only).
@@ -119,7 +116,6 @@ def train(
     pflx train --partition runs/part --algorithm fedavg --dp eps=4,clip=1,population=1000 --set normalize=false --out runs/dp
     """
     from pfl_cli.cli.train_run import run_train
-    from pfl_cli.fl.config import TrainConfig
     from pfl_cli.privacy.release import parse_dp_spec
 
     flags = explicit_flags(ctx, FLAGS)
@@ -128,18 +124,25 @@ def train(
         flags.update({f"dp_{k}": v for k, v in dataclasses.asdict(spec).items() if v is not None})
         if "noise" not in dp.lower():  # the default: a config file's dp_noise stands
             flags.pop("dp_noise")
-    cfg = stage_config(TrainConfig, "train", config_file=config, flags=flags, sets=set_)
+    cfg = train_stage_config(config_file=config, flags=flags, sets=set_)
+    if plot:
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
+    from pfl_cli.cli.loggers import check_loggers, default_log_dir
+
+    logs = check_loggers(log or ())  # an unknown or uninstalled logger is refused before any work
     if nproc != 1:
         _launch(cfg, nproc)
     rank = int(os.environ.get("RANK", "0"))
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
-              report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot)  # rank 0 alone reports and writes
+              report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot,  # rank 0 alone reports and writes
+              logs=logs, log_dir=log_dir or default_log_dir(out))
 
 
 def _launch(cfg, nproc: int) -> None:
     """``--nproc N``: check what can be checked here, then run N ranks of this command and exit with theirs."""
-    from pfl_cli.cli.app import INVOCATION
-    from pfl_cli.cli.launch import launch, without_nproc
+    from pfl_cli.cli.launch import INVOCATION, launch, without_nproc
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.distributed import check_world_size, launched_size

@@ -81,7 +81,7 @@ def accuracy_table(title: str, groups: dict[str, dict], label_mask: bool, captio
 
 # ---------------------------------------------------------------------------- the command
 def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-              plot: bool = False) -> None:
+              plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
@@ -96,21 +96,18 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
         device = distributed.start(device)
         try:
             _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                       plot=plot)
+                       plot=plot, logs=logs, log_dir=log_dir)
         except BaseException:
             distributed.stop()
             raise
         distributed.stop(finished=True)
         return None
     return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                              plot=plot)
+                      plot=plot, logs=logs, log_dir=log_dir)
 
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-               plot: bool = False) -> None:
-    import yaml
-
-    from pfl_cli.algorithms import REGISTRY
+               plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import train_federated
@@ -151,7 +148,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         ck.write(snapshot)
         interrupt.kept(_kept_note(int(snapshot["round"]), ck_path, private))
 
-    federated = REGISTRY[cfg.algorithm].federated
+    federated = cfg.algorithm_class.federated
     total = cfg.rounds if federated else 0
     start = int(state["round"]) if state is not None else 0
     if start:
@@ -161,24 +158,29 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         when = "after every round" if private else f"every {cfg.checkpoint_every or cfg.eval_every} rounds"
         interrupt.kept(f"interrupted before the first checkpoint (one comes {when}); nothing was kept; run the "
                        "command again to start over.")
-    with report.progress("train", total or None) as bar:
+    from pfl_cli.cli.loggers import RunLoggers, round_values
+
+    loggers = RunLoggers(logs if writes else (), log_dir or out, private=private, resume=state is not None)
+    with report.progress("train", total or None, unit="round") as bar:
         seen = [start]
         if start:
             bar.advance(start, status="resumed")
 
         def on_progress(done: int, _total: int, status: dict) -> None:
-            # Under --dp the running loss and accuracies are private diagnostics: not shown.
+            # Under --dp the running loss and accuracies are private diagnostics: not shown, not logged.
             bar.advance(done - seen[0], status="" if private else _status(status))
             seen[0] = done
+            loggers.log(done, round_values(status, done % cfg.eval_every == 0 or done == _total))
 
         try:
             run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device, resume=state,
                                   labeled=ds.labeled, on_checkpoint=on_checkpoint, on_progress=on_progress)
         except TrainingDiverged as err:
             raise RunError(_diverged_message(err, cfg, ck_path, out)) from None
+        finally:
+            loggers.close()
 
-    outcome, model = run.outcome, run.model
-    metrics = _metrics(cfg, run, info, device)
+    metrics = train_metrics(cfg, run, info, device)
     if not writes:  # a rank other than 0 (distributed): rank 0 alone writes
         return
     if private:
@@ -189,13 +191,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
                           cfg.write_nonprivate)
         return
     with writer:
-        writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
-        writer.path("model.pt").write_bytes(torch_bytes(model))
-        writer.save_csv("metrics.csv", ["round", "group", "metric", "value"], outcome.history)
-        writer.save_json("metrics.json", metrics)
-        writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
-                        client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
-                                           if g in run.outcome.best.groups]))
+        write_train_files(writer, config, run, part, metrics)
         if plot:  # drawn from the CSV just written, exactly as `pflx show --plot` redraws it
             from pfl_cli.cli.figures import training_curves
 
@@ -204,6 +200,22 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
             shutil.copyfile(ck_path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
         writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
     _print_summary(report, out, metrics)
+
+
+def write_train_files(writer, config: dict, run, part, metrics: dict) -> None:
+    """The files of a train artifact without DP: config.yaml, model.pt, metrics.csv, metrics.json, clients.csv.
+
+    Also what the Flower ServerApp writes (``pfl_cli.interop.flower_app.server``).
+    """
+    import yaml
+
+    writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
+    writer.path("model.pt").write_bytes(torch_bytes(run.model))
+    writer.save_csv("metrics.csv", ["round", "group", "metric", "value"], run.outcome.history)
+    writer.save_json("metrics.json", metrics)
+    writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
+                    client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
+                                       if g in run.outcome.best.groups]))
 
 
 def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> None:
@@ -313,7 +325,8 @@ def _status(status: dict) -> str:
 
 
 def _diverged_message(err, cfg, ck_path: Path, out: Path) -> str:
-    server = "default" if cfg.server_lr is None else f"{cfg.server_lr:g}"
+    server_lr = getattr(cfg, "server_lr", None)
+    server = "default" if server_lr is None else f"{server_lr:g}"
     if err.last_checkpoint is not None and ck_path.is_file():
         kept = f"the last good checkpoint (round {err.last_checkpoint}) is kept at {ck_path}"
     else:
@@ -327,15 +340,14 @@ def _diverged_message(err, cfg, ck_path: Path, out: Path) -> str:
             "a lower learning rate starts from round 0.")
 
 
-def _metrics(cfg, run, info: dict, device) -> dict:
-    from pfl_cli.algorithms import REGISTRY
+def train_metrics(cfg, run, info: dict, device) -> dict:
     from pfl_cli.models import num_parameters
 
     outcome, arch = run.outcome, run.model["arch"]
     params = {name: int(num_parameters(spec)) for name, spec in arch.items() if "kind" in spec}
     if "subspace" in arch:  # flowdup, ld-fedavg: theta = theta_0 + P v, v in R^k (k floats, not a network)
         params["subspace_dim"] = int(arch["subspace"]["dim"])
-    floats = REGISTRY[cfg.algorithm].floats_per_client_round(arch)
+    floats = cfg.algorithm_class.floats_per_client_round(arch)
     metrics: dict[str, Any] = {
         "algorithm": cfg.algorithm,
         "label_mask": bool(cfg.label_mask),
@@ -373,9 +385,12 @@ def client_rows(part, evals) -> list[list]:
 
 def _print_summary(report: Reporter, out: Path, m: dict) -> None:
     groups = {g: m[g] for g in ("train", "holdout", "val") if g in m}
-    title = (f"train -> {out}: {m['algorithm']}, model of round {m['best_round']} of {m['rounds']} "
-             f"(selected by {'validation accuracy' if m['selection'] == 'val' else 'last evaluation'}), "
-             f"{m['device']}")
+    if m["rounds"] == 0:  # a non-federated algorithm (local): no rounds, nothing selected
+        which = "no federated rounds (each client trains alone)"
+    else:
+        which = (f"model of round {m['best_round']} of {m['rounds']} "
+                 f"(selected by {'validation accuracy' if m['selection'] == 'val' else 'last evaluation'})")
+    title = f"train -> {out}: {m['algorithm']}, {which}, {m['device']}"
     table = accuracy_table(title, groups, m["label_mask"])
     data = {"out": str(out), "up_to_date": False,
             **{k: m[k] for k in ("algorithm", "best_round", "rounds", "selection", "label_mask", "headline_metric",

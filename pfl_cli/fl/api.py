@@ -7,7 +7,9 @@
 >>> cfg = PartitionConfig(scheme="pathological", classes_per_client=2, num_clients=20, holdout_clients=4,
 ...                       test_fraction=0.3)
 >>> part = partition_labels(ds.y, cfg, num_classes=10, rng=make_rng(0, "partition"))
->>> run = train_federated(ds.x, ds.y, 10, part, TrainConfig(rounds=20, eval_every=10, lr=0.05))
+>>> from pfl_cli.registry import train_config
+>>> cfg = train_config("pefll", rounds=20, eval_every=10, lr=0.05, clients_per_round=5)
+>>> run = train_federated(ds.x, ds.y, 10, part, cfg)
 >>> run.outcome.best.summaries()["holdout"]["num_clients"]
 4
 """
@@ -21,77 +23,18 @@ from typing import Any, Callable
 import numpy as np
 
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import (ALGORITHMS, CLIENT_ARCHS, CLIENT_SETS, CLIENT_SIZES, COHORT_EXECS, EMBEDDINGS,
-                               EVAL_DESCRIPTORS, HYPER_SIZES, SERVER_OPTIMIZERS, PredictConfig, TrainConfig,
-                               client_sizes)
+from pfl_cli.fl.config import CLIENT_SETS, PredictConfig, TrainConfig, hidden_sizes
 
 MODEL_FORMAT = "pflx-model-1"
 
 
 def validate_train_config(cfg: TrainConfig) -> None:
-    """Every check on the options, before any data is read or drawn."""
-    choices = {"algorithm": ALGORITHMS, "model_arch": CLIENT_ARCHS, "embedding": EMBEDDINGS,
-               "hyper_size": HYPER_SIZES, "server_optimizer": SERVER_OPTIMIZERS, "eval_descriptor": EVAL_DESCRIPTORS,
-               "cohort_exec": COHORT_EXECS}
-    for name, allowed in choices.items():
-        if getattr(cfg, name) not in allowed:
-            raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}.")
-    for name in ("rounds",):
-        _int(cfg, name, 0)
+    """Every check on the options, before any data is read or drawn: the config's own
+    :meth:`~pfl_cli.fl.config.TrainConfig.validate`, then what the algorithm declares about DP."""
+    cfg.validate()
     _check_degenerate(cfg)
-    if cfg.clients_per_round is not None:
-        _int(cfg, "clients_per_round", 1)
-    for name in ("local_steps", "batch_size", "descriptor_batch", "eval_every", "hyper_hidden"):
-        _int(cfg, name, 1)
-    for name in ("embed_dim", "finetune_steps", "checkpoint_every", "seed", "embed_rounds"):
-        _int(cfg, name, 0)
-    for name in ("subspace_dim", "subspace_nnz", "feature_dim"):
-        _int(cfg, name, 1)
-    if not isinstance(cfg.labeled_rate, (int, float)) or isinstance(cfg.labeled_rate, bool) or \
-            not 0.0 <= cfg.labeled_rate <= 1.0:
-        raise ConfigError(f"labeled_rate must be a fraction in [0, 1]; got {cfg.labeled_rate!r}.")
-    if cfg.local_epochs is not None:
-        _int(cfg, "local_epochs", 1)
-    for name in ("lr", "momentum", "client_clip", "server_momentum", "server_clip", "lambda_h", "lambda_v",
-                 "lambda_theta", "lambda_reg", "hn_momentum", "hn_weight_decay"):
-        value = getattr(cfg, name)
-        if value is None and name == "server_clip":  # the optimizer's default
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
-            raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
-    if cfg.track_descriptors and cfg.algorithm != "pefll":
-        raise ConfigError(f"track_descriptors needs algorithm pefll (descriptors are PeFLL's); got {cfg.algorithm!r}.")
-    if cfg.lr <= 0:
-        raise ConfigError(f"lr must be > 0; got {cfg.lr!r}.")
-    if cfg.momentum >= 1 or cfg.server_momentum >= 1:
-        raise ConfigError(f"momentum and server_momentum must be < 1; got {cfg.momentum}, {cfg.server_momentum}.")
-    for name in ("server_lr", "embed_lr", "head_lr"):
-        value = getattr(cfg, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not np.isfinite(value) or value <= 0):
-            raise ConfigError(f"{name} must be a finite number > 0; got {value!r}.")
-    sizes = client_sizes(cfg.client_sizes)
-    unknown = [s for s in sizes if s not in CLIENT_SIZES]
-    if unknown:
-        raise ConfigError(f"client_sizes must be a comma-separated list of {', '.join(CLIENT_SIZES)}; got "
-                          f"{cfg.client_sizes!r} (unknown {', '.join(map(repr, unknown))}).")
-    if sizes and cfg.algorithm not in ("pfedhn", "pfedhn-pc"):
-        raise ConfigError(f"client_sizes (mixed model sizes, pFedHN §5.2) works with --algorithm pfedhn or "
-                          f"pfedhn-pc only; got "
-                          f"algorithm {cfg.algorithm!r}.")
-    if cfg.hn_momentum >= 1:
-        raise ConfigError(f"hn_momentum must be < 1; got {cfg.hn_momentum!r}.")
-    if cfg.algorithm in ("pfedhn", "pfedhn-pc") and cfg.embed_rounds < 1:
-        raise ConfigError(f"embed_rounds must be >= 1 for {cfg.algorithm} (a new client's embedding is trained "
-                          f"for that many rounds; an untrained embedding is not a model); got {cfg.embed_rounds}.")
-    if not 0.0 <= cfg.val_fraction < 1.0:
-        raise ConfigError(f"val_fraction must be in [0, 1); got {cfg.val_fraction!r}.")
     _validate_dp(cfg)
-    _validate_baselines(cfg)
-    hidden = cfg.mlp_hidden if isinstance(cfg.mlp_hidden, (list, tuple)) else [cfg.mlp_hidden]
-    if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
-        raise ConfigError(f"mlp_hidden must be a list of positive layer widths; got {cfg.mlp_hidden!r}.")
-    _check_model_memory(cfg, list(hidden))
+    _check_model_memory(cfg, list(hidden_sizes(cfg.mlp_hidden)))
 
 
 def _check_model_memory(cfg: TrainConfig, hidden: list[int]) -> None:
@@ -104,30 +47,25 @@ def _check_model_memory(cfg: TrainConfig, hidden: list[int]) -> None:
 
     widths = [1, *hidden, 1]
     client = sum(a * b + b for a, b in zip(widths, widths[1:]))
-    hyper = cfg.hyper_hidden * (cfg.hyper_hidden + client + max(cfg.embed_dim, 1)) if cfg.algorithm == "pefll" else 0
-    check_memory(f"a model with hidden widths {hidden}, hyper_hidden {cfg.hyper_hidden} and embed_dim "
-                 f"{cfg.embed_dim}", 4.0 * 4 * (client + hyper), fix="Lower the widths.")
+    check_memory(f"a model with hidden widths {hidden} and the {cfg.algorithm} server model",
+                 4.0 * 4 * (client + cfg.server_floats(client)), fix="Lower the widths.")
 
 
 def _check_degenerate(cfg: TrainConfig) -> None:
-    """Values that pass their type's range but cannot mean anything (issue 25; docs/reference/artifact-checks.md)."""
-    from pfl_cli.algorithms import REGISTRY
+    """Values that pass their type's range but cannot mean anything (issue 25; docs/reference/artifact-checks.md).
 
-    if cfg.rounds == 0 and cfg.algorithm in REGISTRY and REGISTRY[cfg.algorithm].federated:
+    FedRep's head_epochs >= 1 is its config's own rule (``FedRepConfig.validate``)."""
+    if cfg.rounds == 0 and cfg.algorithm_class is not None and cfg.algorithm_class.federated:
         raise ConfigError(f"rounds must be >= 1 for the federated algorithm {cfg.algorithm!r} (0 rounds train "
                           "nothing); got 0. --algorithm local trains without rounds.")
-    if cfg.algorithm == "fedrep" and cfg.head_epochs == 0:
-        raise ConfigError("head_epochs must be >= 1 for fedrep: the head is what FedRep personalizes, and with 0 "
-                          "epochs every client keeps its random initial head; got 0.")
 
 
 def _validate_dp(cfg: TrainConfig) -> None:
-    """--dp on an algorithm that has a DP variant, with its public bounds (``pfl_cli.fl.dp``)."""
-    from pfl_cli.algorithms import REGISTRY
+    """--dp on an algorithm that declares a DP variant, with its public bounds (``pfl_cli.fl.dp``)."""
     from pfl_cli.fl.dp import check_dp_options
     from pfl_cli.privacy import ACCOUNTANTS
 
-    cls = REGISTRY[cfg.algorithm]
+    cls = cfg.algorithm_class
     if cfg.dp_epsilon is None:
         if cls.dp_required:
             raise ConfigError(f"algorithm {cfg.algorithm!r} is a local-DP algorithm and needs --dp eps=E,clip=C "
@@ -136,9 +74,8 @@ def _validate_dp(cfg: TrainConfig) -> None:
             raise ConfigError("--write-nonprivate only applies with --dp (without DP every file is written).")
         return
     if cls.dp_unit is None:
-        supported = ", ".join(name for name, c in REGISTRY.items() if c.dp_unit is not None)
-        raise ConfigError(f"--dp is not supported by algorithm {cfg.algorithm!r}; algorithms with a DP variant: "
-                          f"{supported}.")
+        raise ConfigError(f"--dp is not supported by algorithm {cfg.algorithm!r}: it declares no DP variant "
+                          "(`pflx algorithms` lists those that do).")
     if cfg.dp_accountant not in ACCOUNTANTS:
         raise ConfigError(f"dp_accountant must be one of {', '.join(ACCOUNTANTS)}; got {cfg.dp_accountant!r}.")
     check_dp_options(cfg)
@@ -203,9 +140,8 @@ class TrainRun:
 
 
 def make_algorithm(cfg: TrainConfig, store, *, arch: dict | None = None):
-    from pfl_cli.algorithms import REGISTRY
-
-    return REGISTRY[cfg.algorithm](cfg, store, arch=arch)
+    """The algorithm ``cfg`` configures (its class declared the config: ``Algorithm.config``), on ``store``."""
+    return cfg.algorithm_class(cfg, store, arch=arch)
 
 
 def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, cfg: TrainConfig, *,
@@ -252,9 +188,7 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
 
 def plan_dp(cfg: TrainConfig, store):
     """The calibrated mechanism of ``cfg.algorithm`` under --dp (from public inputs only)."""
-    from pfl_cli.algorithms import REGISTRY
-
-    return REGISTRY[cfg.algorithm].plan_dp(cfg, store)
+    return cfg.algorithm_class.plan_dp(cfg, store)
 
 
 def model_payload(alg, weights: dict) -> dict[str, Any]:
@@ -285,7 +219,9 @@ class PredictRun:
 
 
 def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
-                    cfg: PredictConfig, *, device: Any = None, labeled: np.ndarray | None = None) -> PredictRun:
+                    cfg: PredictConfig, *, device: Any = None, labeled: np.ndarray | None = None,
+                    unlabeled_servers: str = "",
+                    on_progress: Callable[[int, int], None] | None = None) -> PredictRun:
     """Models for a partition's clients from a trained model (Alg. 7 for PeFLL) and their test accuracy.
 
     PeFLL generates each client's model from its descriptor with no optimizer step; FedAvg
@@ -296,11 +232,12 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     algorithms that need no labels at prediction time; any other algorithm is refused with
     the list of those that can. Accuracy counts only samples with a label the evaluator may
     read: visible ones, or hidden ones too with ``cfg.evaluate_hidden_labels`` (an oracle).
+    ``on_progress(clients_done, clients_total)`` is called after each chunk of clients is served.
     """
     import dataclasses
 
     from pfl_cli.fl.device import resolve_device
-    from pfl_cli.fl.evaluate import personalize_and_evaluate, predict_samples
+    from pfl_cli.fl.evaluate import NEW_CLIENT_STREAM, personalize_and_evaluate, predict_samples
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
     from pfl_cli.readers.model import restore
     from pfl_cli.rng import torch_generator
@@ -316,6 +253,11 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     overrides = {k: getattr(cfg, k) for k in ("label_mask", "finetune_steps", "eval_descriptor", "embed_rounds",
                                               "local_epochs")
                  if getattr(cfg, k) is not None}
+    taken = {f.name for f in dataclasses.fields(train_cfg)}
+    for k in overrides:
+        if k not in taken:
+            raise ConfigError(f"--{k.replace('_', '-')}: a {train_cfg.algorithm} model has no {k} (its keys: "
+                              f"`pflx algorithms {train_cfg.algorithm}`); drop it.")
     train_cfg = dataclasses.replace(train_cfg, **overrides)
     validate_train_config(train_cfg)
     roles = {"holdout": [ROLE_HOLDOUT], "train": [ROLE_TRAIN], "all": [ROLE_TRAIN, ROLE_HOLDOUT]}[cfg.clients]
@@ -335,7 +277,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
             like=alg.weights())
     unlabeled = clients[~store.labeled[clients]]
     if len(unlabeled) and alg.needs_labels_to_predict:
-        raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients)))
+        raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients), unlabeled_servers))
     parts: list[dict] = []
 
     def keep_predictions(sel, params, personalized, net):
@@ -344,27 +286,36 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                                   max_samples=cfg.batch_size * 32)
             parts.append({**out, "split": np.full(len(out["sample"]), code, dtype=np.uint8)})
 
+    done = [0]
+
+    def each_chunk(sel, params, personalized, net):
+        if cfg.predictions:
+            keep_predictions(sel, params, personalized, net)
+        if on_progress is not None:
+            done[0] += len(sel)
+            on_progress(done[0], len(clients))
+
     new = int(np.sum(~alg.has_state(clients)))
     protocol = {**alg.protocol(new > 0), "new_clients": new}
     with count_optimizer_steps() as torch_steps:
         evals, params, personalized = personalize_and_evaluate(
-            alg, clients, ("test",), torch_generator(cfg.seed, "predict"), keep_params=cfg.save_models,
-            max_samples=cfg.batch_size * 32, each_chunk=keep_predictions if cfg.predictions else None)
+            alg, clients, ("test",), torch_generator(cfg.seed, NEW_CLIENT_STREAM), keep_params=cfg.save_models,
+            max_samples=cfg.batch_size * 32,
+            each_chunk=each_chunk if cfg.predictions or on_progress is not None else None)
     predictions = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else None
     return PredictRun(clients=clients, evaluation=evals["test"], params=params, personalized=personalized,
                       optimizer_steps=torch_steps[0] + alg.client_sgd_steps + alg.new_client_steps, algorithm=alg,
                       predictions=predictions, unlabeled=unlabeled, protocol=protocol)
 
 
-def unlabeled_refusal(alg, client_ids: np.ndarray, total: int) -> str:
-    """One line: which clients have no labels, why this algorithm cannot serve them, which can."""
-    from pfl_cli.algorithms import REGISTRY
-
+def unlabeled_refusal(alg, client_ids: np.ndarray, total: int, servers: str = "") -> str:
+    """One line: which clients have no labels, why this algorithm cannot serve them, which can (``servers``,
+    from the registry the caller holds; the engine does not know the other algorithms)."""
     shown = ", ".join(str(int(c)) for c in client_ids[:5]) + (", ..." if len(client_ids) > 5 else "")
-    servers = "; ".join(cls.serves_unlabeled for cls in REGISTRY.values() if cls.serves_unlabeled)
+    which = f": {servers}" if servers else " are named by `pflx algorithms`"
     return (f"clients: {len(client_ids)} of the {total} clients to predict have no labels (client ids {shown}), and "
             f"this {alg.name} model needs a client's labels at prediction time; models that serve unlabeled "
-            f"clients: {servers}.")
+            f"clients{which}.")
 
 
 @contextmanager

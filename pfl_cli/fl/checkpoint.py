@@ -97,10 +97,15 @@ def content_sha256(obj: Any) -> str:
     return digest.hexdigest()
 
 
+# The train config's form in checkpoints: 2 = each algorithm's own config (pfl_cli.registry); absent = the flat one.
+CONFIG_FORMAT = 2
+
+
 def seal_checkpoint(state: dict, fp: str) -> dict:
     """``state`` with the fingerprint ``fp`` and the sha256 of both (checked by :func:`read_checkpoint`)."""
     body = {k: v for k, v in state.items() if k not in ("fingerprint", "sha256")}
     body["fingerprint"] = fp
+    body["config_format"] = CONFIG_FORMAT
     return {**body, "sha256": content_sha256(body)}
 
 
@@ -167,6 +172,10 @@ def load_resume(path: Path, fp: str, cfg) -> dict:
         raise ConfigError(f"--resume: the checkpoint {path} is of an --algorithm {name} run and this command trains "
                           f"--algorithm {cfg.algorithm}; resume with --algorithm {name}, or drop --resume (or delete "
                           f"{path.parent}) to start over.")
+    if state.get("config_format") != CONFIG_FORMAT:
+        raise ConfigError(f"--resume: the checkpoint {path} was made by pflx 0.1.0 or earlier, whose train config "
+                          "held every algorithm's keys in one format this pflx no longer resumes; drop --resume (or "
+                          f"delete {path.parent}) to start over.")
     check_noise_mode(state, cfg, path)
     if state["fingerprint"] != fp:
         raise ConfigError(f"--resume: the checkpoint {path} belongs to a different config or different inputs "

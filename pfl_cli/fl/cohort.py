@@ -17,6 +17,12 @@ from typing import Mapping
 from pfl_cli.fl.config import COHORT_EXECS
 
 
+def scaled_gradient(delta, theta, *, lr: float, weight_decay: float = 0.0):
+    """s * gradient from a one-step SGD delta, undoing its step size and weight decay (s > 0 an unknown
+    clipping factor): what a server reads off one local step (``pflx attack``, ``Algorithm.leaked_gradients``)."""
+    return -delta / lr - weight_decay * theta
+
+
 def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
     """``vmap`` or ``loop`` for ``model`` on ``device``; ``auto`` picks what the train benchmark measured faster.
 
@@ -193,6 +199,33 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
         for k in momentum_state:
             momentum_state[k] = buf[k].detach()
     return theta, loss
+
+
+def local_sgd_held(model, params: Mapping[str, "object"], store, batches, *, lr: float, momentum: float = 0.0,
+                   weight_decay: float = 0.0, clip: float = 0.0, cohort_exec: str = "auto", prox_mu: float = 0.0,
+                   prox_anchor: Mapping[str, "object"] | None = None):
+    """:func:`local_sgd` of only the cohort rows whose data ``store`` holds, in one process (a Flower node).
+
+    ``batches`` are drawn for the whole cohort (lazy :class:`~pfl_cli.fl.batches.CohortBatches`), so
+    the rows trained here take exactly the batches they take in the simulation; the other rows'
+    indices are :data:`~pfl_cli.fl.store.NOT_HERE` and are never read. Returns ``(rows, theta,
+    loss)``: the bool mask (c,) of the rows held here, their parameters after training and losses.
+    """
+    import torch
+
+    from pfl_cli.fl.distributed import count, rows_here
+
+    c, stream = _steps(batches, None, None)
+    rows = rows_here(store, batches)
+    how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
+    mine = {k: v[rows] for k, v in params.items()}
+    anchor = {k: prox_anchor[k][rows] for k in params} if prox_mu else {}
+    buf = {k: torch.zeros_like(v) for k, v in mine.items()}
+    share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
+    theta, loss = _train(model, mine, store, share, count(rows), how, fixed={}, anchor=anchor, buf=buf, shared={},
+                         lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, prox_mu=prox_mu,
+                         clip_groups=None)
+    return rows, theta, loss
 
 
 _LOSS = "\0loss"  # not a parameter name

@@ -65,16 +65,15 @@ def check_world_size(cfg, size: int, device) -> None:
     more ranks than GPUs on a CUDA run."""
     import torch
 
-    from pfl_cli.algorithms import REGISTRY
     from pfl_cli.fl.config import planned_cohort
 
-    why = REGISTRY[cfg.algorithm].not_distributed
+    why = cfg.algorithm_class.not_distributed
     if size > 1 and why:
         raise InputError(f"--nproc / torchrun: --algorithm {cfg.algorithm} runs in one process only: {why}; "
                          "drop --nproc (or run without torchrun).")
 
     cohort = planned_cohort(cfg)  # None: every train client, which only the data tell
-    if REGISTRY[cfg.algorithm].federated and cohort is not None and size > cohort:  # local: no cohort
+    if cfg.algorithm_class.federated and cohort is not None and size > cohort:  # local: no cohort
         raise InputError(f"--nproc / torchrun: {size} processes for a cohort of {cohort} clients "
                          f"would leave ranks idle; use at most --clients-per-round ({cohort}).")
     if device.type == "cuda" and size > torch.cuda.device_count():

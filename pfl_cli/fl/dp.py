@@ -205,6 +205,9 @@ def calibrate_client_dp(cfg, *, contribution: str = "update") -> ClientLevelDP:
                           "clients is private: give a public bound, e.g. --dp eps=4,clip=1,population=1000 (the "
                           "enrolled clients), or the rate itself with --set dp_sampling_rate=Q.")
     cohort = planned_cohort(cfg)
+    if cohort is None and (cfg.dp_sampling_rate is None or population is None):
+        raise ConfigError("DP-FedAvg needs a public expected cohort: set clients_per_round (every train client is a "
+                          "private number), or give both population and dp_sampling_rate.")
     rate = cfg.dp_sampling_rate if cfg.dp_sampling_rate is not None else min(1.0, cohort / population)
     denominator = rate * population if population is not None else float(cohort)
     rounds = int(cfg.rounds)

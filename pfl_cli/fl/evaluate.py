@@ -195,6 +195,13 @@ def _concat(parts: list[GroupEval]) -> GroupEval:
                        for f in ("clients", "n", "correct", "correct_lm", "loss")))
 
 
+# The named random stream of the new-client protocol (pFedHN's embedding fit, HyperFL's new
+# embedding and classifier, fine-tuning batches, ...). ``predict`` and train's evaluation of the
+# holdout clients both draw from it, fresh, so that metrics.json's holdout numbers are exactly what
+# ``pflx predict --clients holdout`` reports for the same model and seed.
+NEW_CLIENT_STREAM = "predict"
+
+
 def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], gen, *, chunk: int = 256,
                              keep_params: bool = False, max_samples: int = 8192, each_chunk=None):
     """Each client's model from ``alg.personalize``, evaluated on ``splits``, ``chunk`` clients at a time.

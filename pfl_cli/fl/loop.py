@@ -17,7 +17,7 @@ import numpy as np
 
 from pfl_cli.errors import RunError
 from pfl_cli.fl.dp import private_snapshot, released_state_finite, restore_private
-from pfl_cli.fl.evaluate import GroupEval, personalize_and_evaluate
+from pfl_cli.fl.evaluate import NEW_CLIENT_STREAM, GroupEval, personalize_and_evaluate
 from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
 from pfl_cli.privacy.randomness import train_randomness
 from pfl_cli.readers.model import restore, weights_mismatch
@@ -60,13 +60,15 @@ class TrainOutcome:
 def evaluate_groups(alg, round_: int, *, seed: int, with_val: bool) -> Evaluation:
     """Personalize and evaluate train clients (test, val) and holdout clients (test)."""
     store = alg.store
-    gen = torch_generator(seed, f"evaluate-{round_}")
     groups: dict[str, GroupEval] = {}
     for name, role in (("train", ROLE_TRAIN), ("holdout", ROLE_HOLDOUT)):
         clients = store.clients(role)
         if len(clients) == 0:
             continue
         splits = ("test", "val") if name == "train" and with_val else ("test",)
+        # Holdout clients get predict's protocol with predict's draws (a fresh NEW_CLIENT_STREAM), not
+        # draws left over from the train group: metrics.json's holdout numbers equal predict's.
+        gen = torch_generator(seed, f"evaluate-{round_}" if name == "train" else NEW_CLIENT_STREAM)
         evals, _, _ = personalize_and_evaluate(alg, clients, splits, gen)
         groups[name] = evals["test"]
         if "val" in evals:
@@ -74,7 +76,7 @@ def evaluate_groups(alg, round_: int, *, seed: int, with_val: bool) -> Evaluatio
     return Evaluation(round_, groups)
 
 
-def _rows(ev: Evaluation) -> list[list]:
+def evaluation_rows(ev: Evaluation) -> list[list]:
     rows = []
     for group, summary in ev.summaries().items():
         for metric in ("mean_accuracy", "pooled_accuracy", "mean_accuracy_lm", "pooled_accuracy_lm", "loss"):
@@ -147,7 +149,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             history.append([done, "train", "train_loss", loss_acc[0] / max(loss_acc[1], 1)])
             loss_acc = [0.0, 0]
             ev = evaluate_groups(alg, done, seed=cfg.seed, with_val=with_val)
-            history.extend(_rows(ev))
+            history.extend(evaluation_rows(ev))
             history.extend([done, g, name, value] for g, d in alg.diagnostics().items() for name, value in d.items())
             best = _select(best, ev, alg, with_val)
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
@@ -162,7 +164,7 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             on_progress(done, total, {"loss": mean_loss, **latest})
     if total == 0 or (private and best is None):  # (a --dp resume of a finished run keeps no evaluation)
         ev = evaluate_groups(alg, total, seed=cfg.seed, with_val=with_val)
-        history.extend(_rows(ev))
+        history.extend(evaluation_rows(ev))
         best = _select(None, ev, alg, with_val)
     if best is None:  # rounds fewer than one evaluation period never happens (last round evaluates)
         raise RunError("no evaluation ran; set --eval-every to at most --rounds.")

@@ -40,7 +40,13 @@ SHARED = ("seed", "partition", "train", "attack")
 
 
 def method_configs(recipe: dict, dataset: str) -> dict[str, dict]:
-    """Per method the config file ``pflx`` reads: the shared sections with the method's keys on top."""
+    """Per method the config file ``pflx`` reads: the shared sections with the method's keys on top.
+
+    Each algorithm owns its keys (`pflx algorithms NAME`): the shared `train:` keys go to a method only
+    where its algorithm takes them (local_steps to FedAvg, not to HyperFL, which counts epochs).
+    """
+    from pfl_cli import registry
+
     out = {}
     for name, own in recipe["methods"].items():
         own = own or {}
@@ -48,6 +54,8 @@ def method_configs(recipe: dict, dataset: str) -> dict[str, dict]:
         cfg["partition"] = {**cfg.get("partition", {}), "dataset": dataset}
         for stage in ("train", "attack"):
             cfg[stage] = {**cfg.get(stage, {}), **(own.get(stage) or {})}
+        taken = registry.get(cfg["train"].get("algorithm", "pefll")).keys
+        cfg["train"] = {k: v for k, v in cfg["train"].items() if k.replace("-", "_") in taken}
         out[name] = cfg
     return out
 

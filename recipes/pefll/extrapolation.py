@@ -58,8 +58,10 @@ def main() -> None:
     run(["partition", "--config", args.config, "--dataset", train_spec, "--out", part, "--format", "quiet", *seed])
     models = {"PeFLL": args.out / "pefll", "Local": args.out / "local"}
     run(["train", "--config", args.config, "--partition", part, "--out", models["PeFLL"], "--format", "quiet", *seed])
-    run(["train", "--config", args.config, "--partition", part, "--out", models["Local"], "--algorithm", "local",
-         "--rounds", "0", "--format", "quiet", *seed])
+    # Local owns other keys than PeFLL (no server, no rounds): the recipe's client settings, given as flags.
+    run(["train", "--partition", part, "--out", models["Local"], "--algorithm", "local", "--local-epochs", "50",
+         "--lr", "0.05", "--batch-size", "32", "--model-arch", "mlp", "--set", "mlp_hidden=[32]",
+         "--val-fraction", "0.1", "--device", "cpu", "--format", "quiet", *seed])
     rows = []
     for alpha in (float(a) for a in args.alphas.split(",")):
         new = args.out / f"new-alpha{alpha:g}"

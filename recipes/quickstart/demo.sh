@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's demo: every stage of pflx that exists, chained through artifact directories,
 # on scikit-learn's bundled digits (no download). Usage: bash recipes/quickstart/demo.sh [OUT_ROOT]
-# About six minutes on 2 idle CPU cores (pFedHN's one-client server steps are most of the added time);
+# Needs only the runtime (`make demo` installs nothing else; figures: `pflx show --plot` with the plot
+# extra). About six minutes on 2 idle CPU cores (pFedHN's one-client server steps are most of the added time);
 # re-running is a no-op per stage (same config and inputs).
 set -euo pipefail
 root=${1:-runs/demo}
@@ -34,15 +35,19 @@ echo "== partition: 50 clients with 2 classes each (equal shares), 10 holdout cl
 pflx partition --config "$recipe" --out "$root/digits" --force --format quiet
 
 echo "== train: PeFLL, 400 rounds of 5 clients x 50 local steps (client MLP 64-32-10, hypernetwork M)"
-pflx train --config "$recipe" --partition "$root/digits" --out "$root/pefll" --force --plot  # + curves.png
+pflx train --config "$recipe" --partition "$root/digits" --out "$root/pefll" --force
 echo "== train: pFedHN, 400 server steps of 1 client x 50 local steps (its paper's settings: digits-pfedhn.yaml)"
 pflx train --config recipes/quickstart/digits-pfedhn.yaml --partition "$root/digits" --out "$root/pfedhn" --force \
-  --format quiet --rounds 400 --plot
+  --format quiet --rounds 400
 echo "== train: FedAvg, same rounds; client lr 0.005 (stable under label skew), server step 1 on the mean delta"
-pflx train --config "$recipe" --partition "$root/digits" --out "$root/fedavg" --force \
-  --set algorithm=fedavg --lr 0.005 --server-lr 1
+# The recipe is PeFLL's (embedding, hypernetwork...): FedAvg and Local own other keys, so they get the
+# shared client settings as flags (`pflx algorithms fedavg` lists a FedAvg run's keys).
+client=(--batch-size 32 --model-arch mlp --set "mlp_hidden=[32]" --val-fraction 0.1 --device cpu --seed 0)
+pflx train --partition "$root/digits" --out "$root/fedavg" --force --algorithm fedavg "${client[@]}" \
+  --rounds 400 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 --server-lr 1 --no-label-mask
 echo "== train: Local, 200 epochs per client, no communication"
-pflx train --config "$recipe" --partition "$root/digits" --out "$root/local" --force --set algorithm=local
+pflx train --partition "$root/digits" --out "$root/local" --force --algorithm local "${client[@]}" --lr 0.05 \
+  --local-epochs 200
 
 echo "== predict: models for the 10 holdout clients, never seen in training, without and with label masking"
 for m in pefll pfedhn fedavg local; do
@@ -56,13 +61,14 @@ echo "== ring: 100 clients with 2 of the 10 ring classes each, 20 holdout; one g
 ring=recipes/quickstart/ring-pefll.yaml
 pflx partition --config "$ring" --out "$root/ring" --force --format quiet
 echo "== ring train: PeFLL (300 rounds), pFedHN (1000 steps of 1 client), FedAvg (150 rounds, client lr 0.005), Local (50 epochs)"
-pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-pefll" --force --format quiet --plot
+pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-pefll" --force --format quiet
 pflx train --config recipes/quickstart/ring-pfedhn.yaml --partition "$root/ring" --out "$root/ring-pfedhn" --force \
-  --format quiet --plot
-pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-fedavg" --force --format quiet \
-  --set algorithm=fedavg --lr 0.005 --server-lr 1 --rounds 150
-pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-local" --force --format quiet \
-  --set algorithm=local --set local_epochs=50
+  --format quiet
+pflx train --partition "$root/ring" --out "$root/ring-fedavg" --force --format quiet --algorithm fedavg \
+  "${client[@]}" --rounds 150 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 --server-lr 1 \
+  --label-mask
+pflx train --partition "$root/ring" --out "$root/ring-local" --force --format quiet --algorithm local \
+  "${client[@]}" --lr 0.05 --local-epochs 50 --label-mask
 for m in pefll pfedhn fedavg local; do
   pflx predict --config "$ring" --model "$root/ring-$m" --partition "$root/ring" --no-label-mask \
     --out "$root/ring-$m-holdout" --force --format quiet

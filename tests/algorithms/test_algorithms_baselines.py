@@ -6,25 +6,25 @@ draws (same generator seed) through an obviously-correct loop over clients
 for APFL), and compares the global model and the private per-client state.
 """
 
-import dataclasses
 
 import numpy as np
 import pytest
 import torch
 from torch.func import functional_call
 
-from pfl_cli.algorithms import REGISTRY
+from pfl_cli.registry import entries
+REGISTRY = {n: e.algorithm for n, e in entries().items()}
 from pfl_cli.errors import InputError
 from pfl_cli.fl.api import make_algorithm
 from pfl_cli.fl.batches import sample_batches
 from pfl_cli.fl.cohort import local_sgd, local_sgd_reference
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import replace, small_config
 from pfl_cli.fl.split import split_names
 from pfl_cli.fl.store import ROLE_TRAIN, build_store
 from pfl_cli.models import num_parameters
 from pfl_cli.rng import make_rng
 
-BASE = TrainConfig(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
+BASE = small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
                    head_epochs=1, body_epochs=1)
 TOL = dict(atol=2e-5, rtol=1e-4)
 NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg", "pfedme", "knnper")
@@ -38,7 +38,7 @@ def store(digits_clients):
 
 
 def alg_for(store, **opts):
-    return make_algorithm(dataclasses.replace(BASE, **opts), store)
+    return make_algorithm(replace(BASE, **opts), store)
 
 
 def gen(seed=7):
@@ -63,13 +63,16 @@ def draws(alg, clients, g, *, steps=None, epochs=None):
     return index, mask, active
 
 
-def ref_sgd(alg, start, clients, g, *, steps=None, epochs=None, trainable=None, **objective):
+def ref_sgd(alg, start, clients, g, *, steps=None, epochs=None, trainable=None, sgd=None, **objective):
     index, mask, active = draws(alg, clients, g, steps=steps, epochs=epochs)
     moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
     fixed = {k: v for k, v in start.items() if k not in moving}
     theta = local_sgd_reference(alg.net, moving, alg.store, index, mask, active=active, fixed=fixed,
-                                **alg.sgd_options(), **objective)[0]
+                                **{**alg.sgd_options(), **(sgd or {})}, **objective)[0]
     return {**start, **theta}
+
+
+PLAIN_SGD = {"momentum": 0.0, "clip": 0.0}
 
 
 def mean(store, clients, theta, by_size=True):
@@ -200,7 +203,9 @@ def test_ditto_round_equals_fedavg_plus_proximal_personal_steps(store):
     alg.run_round(0, c, gen())
     g = gen()
     theta = ref_sgd(alg, stacked(w, len(c)), c, g, steps=4)
-    personal = ref_sgd(alg, v0, c, g, steps=4, prox_mu=0.3, prox_anchor=stacked(w, len(c)))
+    # Alg. 1 line 7: v_k takes plain SGD steps, no momentum and no clip (w keeps the client optimizer's 0.9)
+    assert alg.sgd_options()["momentum"] == 0.9 and alg.cfg.personal_momentum == 0.0 == alg.cfg.personal_clip
+    personal = ref_sgd(alg, v0, c, g, steps=4, prox_mu=0.3, prox_anchor=stacked(w, len(c)), sgd=PLAIN_SGD)
     close(alg.global_params, mean(store, c, theta))
     close(alg.private.gather(c), personal)
 
@@ -217,13 +222,13 @@ def test_ditto_with_lambda_zero_personal_models_are_local_training(store):
     for k in rows[0]:
         assert torch.equal(rows[0][k], rows[1][k]), k
     # and they are local SGD from the shared initialization (= Local's): replay the three rounds
-    local = make_algorithm(dataclasses.replace(BASE, algorithm="local"), store)
+    local = make_algorithm(replace(BASE, algorithm="local"), store)
     v = stacked(local.init_params, 4)
     c = cohort(store)
     for t in range(3):
         g = gen(t)
         draws(runs[0], c, g, steps=4)  # the global model's batches come first
-        v = ref_sgd(runs[0], v, c, g, steps=4)
+        v = ref_sgd(runs[0], v, c, g, steps=4, sgd=PLAIN_SGD)
     close(rows[0], v)
 
 
@@ -318,27 +323,34 @@ def test_private_state_serves_train_clients_and_only_on_its_partition(store, nam
     assert alg.client_sgd_steps == before  # no training: their private state
     close(params, alg.own_models(c))
     # the same positions on another partition are new clients
-    alg.store = dataclasses.replace(store, partition_sha=b"other")
+    alg.store = replace(store, partition_sha=b"other")
     alg.personalize(c.numpy(), gen())
     assert alg.client_sgd_steps > before
     alg.store = store
 
 
 @pytest.mark.parametrize("opts,message", [
-    ({"mu": -0.1}, "mu must be a finite number >= 0"),
-    ({"lam": -1.0}, "lam must be a finite number >= 0"),
-    ({"alpha": 1.5}, "alpha (apfl's mixing weight) must be in [0, 1]"),
+    ({"algorithm": "fedprox", "mu": -0.1}, "mu must be a finite number >= 0"),
+    ({"algorithm": "ditto", "lam": -1.0}, "lam must be a finite number >= 0"),
+    ({"algorithm": "apfl", "alpha": 1.5}, "alpha must be a fraction in [0, 1]; got 1.5"),
     ({"algorithm": "fedrep", "head_epochs": 0, "body_epochs": 0}, "head_epochs must be >= 1 for fedrep"),
-    ({"variant": "so"}, "variant (perfedavg) must be one of fo, hf; got 'so'"),
-    ({"beta": 0.0}, "beta must be a finite number > 0"),
-    ({"K": 0}, "K must be an integer >= 1"),
-    ({"interpolation": 1.5}, "interpolation (knnper's lambda) must be in [0, 1]"),
+    ({"algorithm": "perfedavg", "variant": "so"}, "variant must be one of fo, hf; got 'so'"),
+    ({"algorithm": "perfedavg", "beta": 0.0}, "beta must be a finite number > 0"),
+    ({"algorithm": "pfedme", "K": 0}, "K must be an integer >= 1"),
+    ({"algorithm": "knnper", "interpolation": 1.5}, "interpolation must be a fraction in [0, 1]"),
 ])
 def test_bad_baseline_options(opts, message):
+    """Each algorithm's config checks its own keys (on construction through the registry, or validate())."""
+    import dataclasses
+
     from pfl_cli.fl.api import validate_train_config
 
     with pytest.raises(InputError) as err:
-        validate_train_config(dataclasses.replace(BASE, **opts))
+        alg = opts["algorithm"]
+        validate_train_config(dataclasses.replace(replace(BASE, algorithm=alg), **opts))
+    assert message in str(err.value)
+    with pytest.raises(InputError) as err:  # through the registry (flags, files, --set) the value never gets in
+        replace(BASE, **opts)
     assert message in str(err.value)
 
 
@@ -443,7 +455,9 @@ def test_pfedme_round_equals_the_per_client_loop(store):
                 theta = {k: theta[k] - 0.03 * (g[k] + 5.0 * (theta[k] - w[k])) for k in w}
             w = {k: w[k] - 0.05 * 5.0 * (w[k] - theta[k]) for k in w}
         ws.append(w), thetas.append(theta)
-    avg = mean(store, c, {k: torch.stack([w[k] for w in ws]) for k in w0})
+    # Alg. 1 line 11: w <- (1 - beta) w + beta (1/S) sum_i w_i, the uniform mean over the cohort (not by size)
+    avg = mean(store, c, {k: torch.stack([w[k] for w in ws]) for k in w0}, by_size=False)
+    assert len(set(store.fit.length[c].tolist())) > 1  # the clients' sizes differ, so a size-weighted mean would not pass
     close(alg.global_params, {k: 0.3 * w0[k] + 0.7 * avg[k] for k in w0})
     close(alg.private.gather(c), {k: torch.stack([t[k] for t in thetas]) for k in w0})
 

@@ -12,7 +12,7 @@ import pytest
 
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.api import train_federated
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import small_config
 from pfl_cli.partition.base import Partition
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ COMMON = dict(rounds=200, eval_every=200, clients_per_round=100, local_steps=10,
 ], ids=["fedavg-eps4", "fedavg-eps1", "pefll-eps4"])
 def test_dp_training_learns_at_a_realistic_epsilon(algorithm, epsilon, clip, extra, floor):
     ds, part = population()
-    cfg = TrainConfig(algorithm=algorithm, dp_epsilon=epsilon, dp_clip=clip, **COMMON, **extra)
+    cfg = small_config(algorithm=algorithm, dp_epsilon=epsilon, dp_clip=clip, **COMMON, **extra)
     run = train_federated(ds.x / 16.0, ds.y, ds.num_classes, part, cfg, device="cpu")  # /16: a public bound
     assert 1.0 < run.dp.noise_multiplier < 10.0  # real noise, not a token amount
     assert run.dp.ledger().epsilon("rdp") <= epsilon
@@ -60,7 +60,7 @@ def test_local_dp_baselines_learn_at_the_papers_epsilon(digits_clients_3, algori
     the paper's ordering (Table 1: PPSGD and CENTAUR well above DP-FedAvg); chance is 0.1.
     """
     ds, part = digits_clients_3
-    cfg = TrainConfig(algorithm=algorithm, rounds=100, eval_every=100, clients_per_round=16, local_steps=5,
+    cfg = small_config(algorithm=algorithm, rounds=100, eval_every=100, clients_per_round=16, local_steps=5,
                       batch_size=16, lr=0.1, momentum=0.5, normalize=False, val_fraction=0.0, mlp_hidden=(32,),
                       dp_epsilon=4.0, dp_delta=1e-5, dp_clip=0.5, dp_sampling_rate=0.25, dp_noise="seeded")
     run = train_federated(ds.x / 16.0, ds.y, ds.num_classes, part, cfg, device="cpu")

@@ -1,6 +1,5 @@
 """FLowDUP (thesis Alg. 9/10, ``specs/clustering.md`` §7.6 items 23-27) and LD-FedAvg."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -9,7 +8,7 @@ import torch
 from pfl_cli.algorithms import FLowDUP, LDFedAvg
 from pfl_cli.algorithms.flowdup import split_halves
 from pfl_cli.errors import ConfigError
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import replace, small_config
 from pfl_cli.fl.store import build_store
 from pfl_cli.models.subspace import Subspace, random_projection
 
@@ -23,15 +22,15 @@ def store(digits_clients):
     ds, part = digits_clients
     labeled = np.ones(part.num_clients, dtype=np.uint8)
     labeled[:6] = 0
-    part = dataclasses.replace(part, labeled=labeled)
+    part = replace(part, labeled=labeled)
     return build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.0, rng=None, device="cpu")
 
 
 def test_23_theta0_and_p_regenerate_from_the_seed_and_v_acts_only_through_p(store):
-    a, b = FLowDUP(TrainConfig(**SMALL), store), FLowDUP(TrainConfig(**SMALL), store)
+    a, b = FLowDUP(small_config(**SMALL), store), FLowDUP(small_config(**SMALL), store)
     for name in ("index", "value", "theta0"):
         assert getattr(a.subspace, name).numpy().tobytes() == getattr(b.subspace, name).numpy().tobytes()
-    other = FLowDUP(TrainConfig(**{**SMALL, "seed": 1}), store)
+    other = FLowDUP(small_config(**{**SMALL, "seed": 1}), store)
     assert not torch.equal(a.subspace.index, other.subspace.index)
     d = sum(p.numel() for p in a.net.parameters())
     assert a.subspace.theta0.shape == (d,) and a.psi["psi_r"].shape == (50,)
@@ -63,13 +62,13 @@ def test_23_p_for_a_150k_weight_cnn_and_k_10000_fits_in_memory_and_time():
 
 def test_k_larger_than_the_model_is_refused(store):
     with pytest.raises(ConfigError, match="subspace_dim must be at most the client model's 610 weights; got 611"):
-        FLowDUP(TrainConfig(**{**SMALL, "subspace_dim": 611}), store)
-    with pytest.raises(ConfigError, match="embedding must be auto, cnn-x or mlp-x for flowdup"):
-        FLowDUP(TrainConfig(**{**SMALL, "embedding": "mlp"}), store)
+        FLowDUP(small_config(**{**SMALL, "subspace_dim": 611}), store)
+    with pytest.raises(ConfigError, match="embedding must be one of auto, cnn-x, mlp-x; got 'mlp'"):
+        FLowDUP(small_config(**{**SMALL, "embedding": "mlp"}), store)
 
 
 def test_24_h_is_permutation_invariant_and_invariant_to_duplicating_the_batch(store):
-    alg = FLowDUP(TrainConfig(**SMALL), store)
+    alg = FLowDUP(small_config(**SMALL), store)
     with torch.no_grad():  # a non-zero output layer, so h is not trivially constant
         for k in alg.psi:
             if k.startswith("h2."):
@@ -87,7 +86,7 @@ def test_24_h_is_permutation_invariant_and_invariant_to_duplicating_the_batch(st
 
 def test_25_an_unlabeled_client_learns_only_through_the_regularizer(store):
     lam = 0.3
-    alg = FLowDUP(TrainConfig(**SMALL, lambda_reg=lam), store)
+    alg = FLowDUP(small_config(**SMALL, lambda_reg=lam), store)
     with torch.no_grad():
         alg.psi["psi_r"] += 0.5
         for k in alg.psi:
@@ -108,7 +107,7 @@ def test_25_an_unlabeled_client_learns_only_through_the_regularizer(store):
     g_r = dict(zip(names, g_obj))["psi_r"][0]
     torch.testing.assert_close(g_r, 2 * lam * (psi["psi_r"][0] - v[0]).detach())
     # lambda = 0: a round of unlabeled clients only leaves psi exactly where it was
-    zero = FLowDUP(TrainConfig(**SMALL, lambda_reg=0.0, labeled_rate=0.0, clients_per_round=3), store)
+    zero = FLowDUP(small_config(**SMALL, lambda_reg=0.0, labeled_rate=0.0, clients_per_round=3), store)
     before = {k: v.clone() for k, v in zero.psi.items()}
     cohort = zero.sample_cohort(torch.arange(16), 3, torch.Generator().manual_seed(5))
     assert not store.labeled[cohort.numpy()].any()
@@ -130,18 +129,18 @@ def test_26_the_batch_split_is_disjoint_and_halves_differ_by_at_most_one():
 
 
 def test_cohorts_draw_alpha_labeled_clients(store):
-    alg = FLowDUP(TrainConfig(**SMALL, labeled_rate=0.5), store)
+    alg = FLowDUP(small_config(**SMALL, labeled_rate=0.5), store)
     train = torch.as_tensor(store.clients(0))
     cohort = alg.sample_cohort(train, 6, torch.Generator().manual_seed(0))
     assert len(set(cohort.tolist())) == 6 and int(store.labeled[cohort.numpy()].sum()) == 3
-    ld = LDFedAvg(TrainConfig(**{**SMALL, "algorithm": "ld-fedavg"}), store)
+    ld = LDFedAvg(small_config(**{**SMALL, "algorithm": "ld-fedavg"}), store)
     assert store.labeled[ld.sample_cohort(train, 6, torch.Generator().manual_seed(0)).numpy()].all()
 
 
 def test_prediction_is_one_forward_pass_from_unlabeled_data(store):
     from pfl_cli.fl.api import count_optimizer_steps
 
-    alg = FLowDUP(TrainConfig(**SMALL), store)
+    alg = FLowDUP(small_config(**SMALL), store)
     alg.run_round(0, torch.tensor([2, 8, 10, 12]), torch.Generator().manual_seed(0))
     before = {k: v.clone() for k, v in alg.psi.items()}
     with count_optimizer_steps() as steps:
@@ -162,7 +161,7 @@ def test_resumed_flowdup_ends_where_the_uninterrupted_run_ends(digits_clients):
     from pfl_cli.fl import train_federated
 
     ds, part = digits_clients
-    cfg = TrainConfig(**SMALL, rounds=6, eval_every=2, val_fraction=0.2)
+    cfg = small_config(**SMALL, rounds=6, eval_every=2, val_fraction=0.2)
     full = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     saved = []
     train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu", on_checkpoint=saved.append)
@@ -202,7 +201,7 @@ def test_27_rotated_digits_smoke_run():
     x, y, part = _rotated_digits()
     acc = {}
     for alg, k in (("flowdup", 200), ("ld-fedavg", 200), ("flowdup", 2000)):
-        run = train_federated(x, y, 10, part, TrainConfig(algorithm=alg, subspace_dim=k, **ROTATED), device="cpu")
+        run = train_federated(x, y, 10, part, small_config(algorithm=alg, subspace_dim=k, **ROTATED), device="cpu")
         acc[alg, k] = run.outcome.best.summaries()["holdout"]["mean_accuracy"]
         if (alg, k) == ("flowdup", 200):
             r = run.algorithm.dataset_embeddings(np.arange(part.num_clients)).numpy()
@@ -224,7 +223,7 @@ def test_flowdup_on_images_uses_the_image_only_cnn_and_a_lenet_subspace():
     part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=4, test_fraction=0.25), num_classes=3,
                             rng=make_rng(0, "partition"))
     store = build_store(x, y, 3, part, val_fraction=0.0, rng=None, device="cpu")
-    alg = FLowDUP(TrainConfig(algorithm="flowdup", subspace_dim=64, feature_dim=8, hyper_hidden=8, batch_size=6,
+    alg = FLowDUP(small_config(algorithm="flowdup", subspace_dim=64, feature_dim=8, hyper_hidden=8, batch_size=6,
                               local_steps=1), store)
     assert alg.arch["features"]["arch"] == "cnn-x" and alg.arch["client"]["arch"] == "lenet"
     loss = alg.run_round(0, torch.tensor([0, 1, 2]), torch.Generator().manual_seed(0))

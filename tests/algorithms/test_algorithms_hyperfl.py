@@ -7,7 +7,7 @@ import torch
 from pfl_cli.algorithms import HyperFL
 from pfl_cli.algorithms.base import stack
 from pfl_cli.errors import InputError
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import small_config
 from pfl_cli.fl.store import build_store
 from pfl_cli.rng import make_rng
 
@@ -26,7 +26,7 @@ def _hn(alg):
 
 
 def test_architecture_embedding_dim_and_split(store):
-    alg = HyperFL(TrainConfig(**SMALL), store)
+    alg = HyperFL(small_config(**SMALL), store)
     assert alg.hnet.in_dim == 64 and alg.names == ["fc1.weight", "fc1.bias"]
     assert alg.head_names == ["fc2.weight", "fc2.bias"]
     assert isinstance(alg.hnet.body[-1], torch.nn.ReLU) and len(alg.hnet.body) == 2  # Linear(64, h) -> ReLU
@@ -36,7 +36,7 @@ def test_architecture_embedding_dim_and_split(store):
 
 def test_step_order_classifier_then_generator(store):
     """D.1 item 10: step 1 changes only the classifier; step 2 leaves it bit-identical."""
-    alg = HyperFL(TrainConfig(**SMALL), store)
+    alg = HyperFL(small_config(**SMALL), store)
     cohort = torch.tensor([1, 6])
     private = alg.private.gather(cohort)
     v, head = private["embedding"], {k: private[k] for k in alg.head_names}
@@ -51,9 +51,23 @@ def test_step_order_classifier_then_generator(store):
     assert not torch.equal(v1, v0) and not torch.equal(phi["heads.0.weight"][0], phi0["heads.0.weight"])
 
 
+def test_only_step_two_is_clipped(store):
+    """B.3 (the code): clip_grad_norm_(..., 50) sits in step 2 alone; the classifier's step 1 is never clipped."""
+    tiny, off = (HyperFL(small_config(**{**SMALL, "client_clip": c, "lambda_theta": 0.0}), store) for c in (1e-6, 0.0))
+    cohort = torch.tensor([1, 6])
+    private = tiny.private.gather(cohort)
+    v, head = private["embedding"], {k: private[k] for k in tiny.head_names}
+    heads = [alg.step_classifier(cohort, v, head, torch.Generator().manual_seed(0))[0] for alg in (tiny, off)]
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])  # step 1: the clip changes nothing
+    steps = [alg.step_generator(cohort, stack(dict(alg.hnet.named_parameters()), 2), v, heads[0],
+                                torch.Generator().manual_seed(1), 1) for alg in (tiny, off)]
+    moved = [float((s[1] - v).abs().max()) for s in steps]
+    assert 0 < moved[0] < 1e-6 < 1e-3 < moved[1]  # step 2: a 1e-6 clip holds each embedding step to lr * 1e-6
+
+
 def test_round_uploads_the_hypernetwork_only_and_averages_by_client_size(store):
     """D.1 item 9: upload keys == the HN's; phi = sum n_i phi_i / sum n_j; embeddings differ after the round."""
-    alg = HyperFL(TrainConfig(**SMALL), store)
+    alg = HyperFL(small_config(**SMALL), store)
     uploads = {}
     aggregate = alg.aggregate
 
@@ -82,13 +96,13 @@ def test_round_uploads_the_hypernetwork_only_and_averages_by_client_size(store):
 
 
 def test_last_round_takes_every_client(store):
-    alg = HyperFL(TrainConfig(**SMALL), store)
+    alg = HyperFL(small_config(**SMALL), store)
     assert [alg.cohort_size(t, 5, 16) for t in range(5)] == [4, 4, 4, 4, 16]
 
 
 def test_a_net_without_a_feature_extractor_is_refused(store):
     with pytest.raises(InputError, match="a feature extractor before the classifier is needed"):
-        HyperFL(TrainConfig(**{**SMALL, "mlp_hidden": ()}), store)
+        HyperFL(small_config(**{**SMALL, "mlp_hidden": ()}), store)
 
 
 def test_new_clients_keep_the_global_hypernetwork_and_train_locally(digits_clients):
@@ -96,7 +110,7 @@ def test_new_clients_keep_the_global_hypernetwork_and_train_locally(digits_clien
     from pfl_cli.fl import PredictConfig, predict_clients, train_federated
 
     ds, part = digits_clients
-    cfg = TrainConfig(**SMALL, rounds=6, eval_every=6)
+    cfg = small_config(**SMALL, rounds=6, eval_every=6)
     run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     frozen = torch_bytes(run.model["weights"])
     out = predict_clients(run.model, cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(local_epochs=3),
@@ -131,7 +145,7 @@ def assert_resume_ends_where_the_run_ends(ds, part, cfg):
 
 def test_resumed_training_ends_where_the_uninterrupted_run_ends(digits_clients):
     ds, part = digits_clients
-    assert_resume_ends_where_the_run_ends(ds, part, TrainConfig(**SMALL, rounds=5, eval_every=2, val_fraction=0.2))
+    assert_resume_ends_where_the_run_ends(ds, part, small_config(**SMALL, rounds=5, eval_every=2, val_fraction=0.2))
 
 
 @pytest.mark.parametrize("shape,features", [((3, 32, 32), 106_400), ((1, 28, 28), 115_776)])
@@ -145,7 +159,7 @@ def test_the_papers_cnns_train_through_the_generated_convolutions(shape, feature
     y = np.repeat(np.arange(4), 20)
     part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=4, test_fraction=0.25), num_classes=4,
                             rng=make_rng(0, "p"))
-    cfg = TrainConfig(algorithm="hyperfl", model_arch="hyperfl-cnn", hyper_hidden=4, rounds=1, eval_every=1,
+    cfg = small_config(algorithm="hyperfl", model_arch="hyperfl-cnn", hyper_hidden=4, rounds=1, eval_every=1,
                       local_epochs=1, batch_size=8, val_fraction=0.0)
     run = train_federated(x, y, 4, part, cfg, device="cpu")
     alg = run.algorithm

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from pfl_cli.algorithms import REGISTRY
+from pfl_cli.registry import entries
+REGISTRY = {n: e.algorithm for n, e in entries().items()}
 from pfl_cli.errors import ConfigError
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import replace, small_config
 from pfl_cli.fl.store import build_store
 from pfl_cli.rng import make_rng
 from tests.models.test_models_pretrained import _published
@@ -29,7 +30,7 @@ def store(digits_clients):
 @pytest.mark.parametrize("backbone", ["vit-micro", "resnet-micro"])
 def test_backbone_stays_bit_identical_and_the_upload_is_the_hypernetwork(store, tmp_path, backbone):
     state = _published(backbone, tmp_path / "w.pth")
-    alg = REGISTRY["hyperfl-lpm"](TrainConfig(**{**SMALL, "backbone": backbone, "backbone_weights": str(tmp_path / "w.pth")}), store)
+    alg = REGISTRY["hyperfl-lpm"](small_config(**{**SMALL, "backbone": backbone, "backbone_weights": str(tmp_path / "w.pth")}), store)
     assert alg.names and all(k.startswith("adapters.") for k in alg.names)        # generated: the adapters only
     assert alg.head_names == ["head.weight", "head.bias"]
     assert not any(k.startswith("backbone.") for k, _ in alg.net.named_parameters())  # frozen: buffers
@@ -49,9 +50,9 @@ def test_backbone_stays_bit_identical_and_the_upload_is_the_hypernetwork(store, 
 
 def test_hyperfl_lpm_needs_a_backbone_tuned_by_adapters(store):
     with pytest.raises(ConfigError, match="hyperfl-lpm needs a backbone: --set backbone=vit-s16"):
-        REGISTRY["hyperfl-lpm"](TrainConfig(**{**SMALL, "backbone": ""}), store)
+        REGISTRY["hyperfl-lpm"](small_config(**{**SMALL, "backbone": ""}), store)
     with pytest.raises(ConfigError, match="backbone_tune must be adapters; got 'probe'"):
-        REGISTRY["hyperfl-lpm"](TrainConfig(**{**SMALL, "backbone_tune": "probe"}), store)
+        REGISTRY["hyperfl-lpm"](small_config(**{**SMALL, "backbone_tune": "probe"}), store)
 
 
 def test_new_clients_resume_and_predict(digits_clients):
@@ -60,7 +61,7 @@ def test_new_clients_resume_and_predict(digits_clients):
     from tests.algorithms.test_algorithms_hyperfl import assert_resume_ends_where_the_run_ends
 
     ds, part = digits_clients
-    cfg = TrainConfig(**SMALL, rounds=3, eval_every=1)
+    cfg = small_config(**SMALL, rounds=3, eval_every=1)
     full = assert_resume_ends_where_the_run_ends(ds, part, cfg)
     assert set(full.model["weights"]) == {"hypernetwork", "private"}  # no backbone in the model: it is the file's
     frozen = torch_bytes(full.model["weights"])

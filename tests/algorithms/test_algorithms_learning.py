@@ -7,18 +7,18 @@ FedAvg's client learning rate decides everything under label skew), never on hol
 Seed 0 runs in the default suite; seeds 1 and 2 (the spec asks for >= 3) are ``slow``.
 """
 
-import dataclasses
 
 import numpy as np
 import pytest
 
 from pfl_cli.data import load_dataset
-from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients, train_federated
+from pfl_cli.fl import PredictConfig, predict_clients, train_federated
+from pflx_testing import replace, small_config
 from pfl_cli.partition import PartitionConfig, partition_labels
 from pfl_cli.rng import make_rng
 
 SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
-PEFLL = TrainConfig(algorithm="pefll", lr=0.05, server_lr=5e-4, rounds=300, eval_every=50, embedding="mlp")
+PEFLL = small_config(algorithm="pefll", lr=0.05, server_lr=5e-4, rounds=300, eval_every=50, embedding="mlp")
 
 
 def _clients(spec, num_clients, holdout, seed):
@@ -42,7 +42,7 @@ def _holdout(run, cfg, ds, part, label_mask):
 
 def _tuned(ds, part, base, grid):
     """The run with the best validation accuracy over ``grid`` (train clients only)."""
-    runs = [(_train(ds, part, dataclasses.replace(base, **opts)), dataclasses.replace(base, **opts)) for opts in grid]
+    runs = [(_train(ds, part, replace(base, **opts)), replace(base, **opts)) for opts in grid]
     return max(runs, key=lambda r: r[0].outcome.best.summaries()["val"]["pooled_accuracy"])
 
 
@@ -50,7 +50,7 @@ def _tuned(ds, part, base, grid):
 def test_digits_pefll_generalizes_to_holdout_clients(seed):
     """L1: digits, 2 classes per client, 50 clients (10 holdout)."""
     ds, part = _clients("builtin:digits", 50, 10, seed)
-    cfg = dataclasses.replace(PEFLL, seed=seed)
+    cfg = replace(PEFLL, seed=seed)
     run = _train(ds, part, cfg)
     train_acc = run.outcome.best.summaries()["train"]["mean_accuracy"]
     holdout, steps = _holdout(run, cfg, ds, part, label_mask=False)
@@ -65,15 +65,15 @@ def test_digits_pefll_generalizes_to_holdout_clients(seed):
 def test_ring_pefll_with_label_masking_beats_fedavg_and_local_on_holdout_clients(seed):
     """L2: the ring task: one global model is capped near 47%, a personalized one near 89%."""
     ds, part = _clients("ring:", 100, 20, seed)
-    cfg = dataclasses.replace(PEFLL, seed=seed)
+    cfg = replace(PEFLL, seed=seed)
     pefll = _train(ds, part, cfg)
     pefll_lm, _ = _holdout(pefll, cfg, ds, part, label_mask=True)
     pefll_train_lm = pefll.outcome.best.summaries()["train"]["mean_accuracy_lm"]
 
-    fedavg_run, fedavg_cfg = _tuned(ds, part, TrainConfig(algorithm="fedavg", rounds=300, eval_every=50, seed=seed),
+    fedavg_run, fedavg_cfg = _tuned(ds, part, small_config(algorithm="fedavg", rounds=300, eval_every=50, seed=seed),
                                     [{"lr": 0.005}, {"lr": 0.02}])
     fedavg, _ = _holdout(fedavg_run, fedavg_cfg, ds, part, label_mask=False)
-    local_run, local_cfg = _tuned(ds, part, TrainConfig(algorithm="local", seed=seed),
+    local_run, local_cfg = _tuned(ds, part, small_config(algorithm="local", seed=seed),
                                   [{"lr": lr, "local_epochs": e} for lr in (0.005, 0.02, 0.05) for e in (50, 200)])
     local, _ = _holdout(local_run, local_cfg, ds, part, label_mask=False)
 
@@ -86,7 +86,7 @@ def test_ring_pefll_with_label_masking_beats_fedavg_and_local_on_holdout_clients
 def test_digits_pefll_with_a_label_free_descriptor():
     """L4: holdout clients that hold only unlabelled data still get good models (embedding ignores y)."""
     ds, part = _clients("builtin:digits", 50, 10, 0)
-    cfg = dataclasses.replace(PEFLL, embedding="mlp-x")
+    cfg = replace(PEFLL, embedding="mlp-x")
     run = _train(ds, part, cfg)
     holdout, steps = _holdout(run, cfg, ds, part, label_mask=False)
     assert steps == 0 and not run.algorithm.embed.uses_labels

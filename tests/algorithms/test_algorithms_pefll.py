@@ -1,6 +1,5 @@
 """PeFLL (Alg. 7/8): split back-propagation is exact, descriptors are set functions, predict never steps."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -8,7 +7,7 @@ import torch
 
 from pfl_cli.algorithms import PeFLL
 from pfl_cli.fl.batches import sample_batches
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import replace, small_config
 from pfl_cli.fl.store import build_store
 from pfl_cli.rng import make_rng
 
@@ -29,7 +28,7 @@ def _eta(alg):
 def test_split_backprop_equals_end_to_end_autograd(store, embedding, standardize):
     """Spec §7.1 T1: k = 1, plain SGD, lambda = 0: the Alg. 8 update is alpha x the composed gradient."""
     alpha = 0.05
-    cfg = TrainConfig(**SMALL, embedding=embedding, standardize_descriptor=standardize, local_steps=1, lr=alpha, momentum=0.0, client_clip=0.0,
+    cfg = small_config(**SMALL, embedding=embedding, standardize_descriptor=standardize, local_steps=1, lr=alpha, momentum=0.0, client_clip=0.0,
                       lambda_h=0.0, lambda_v=0.0, server_optimizer="sgd", server_lr=1.0, server_clip=0.0)
     alg = PeFLL(cfg, store)
     before = _eta(alg)
@@ -60,7 +59,7 @@ def test_split_backprop_equals_end_to_end_autograd(store, embedding, standardize
 
 
 def test_vectorized_round_equals_one_client_at_a_time(store):
-    cfg = TrainConfig(**SMALL, local_steps=6, lr=0.05, lambda_h=1e-3, lambda_v=1e-3, lambda_theta=1e-3,
+    cfg = small_config(**SMALL, local_steps=6, lr=0.05, lambda_h=1e-3, lambda_v=1e-3, lambda_theta=1e-3,
                       client_clip=0.5, standardize_descriptor=True)
     fast, slow = PeFLL(cfg, store), PeFLL(cfg, store)
     for t in range(3):
@@ -76,7 +75,7 @@ def test_vectorized_round_equals_one_client_at_a_time(store):
 @pytest.mark.parametrize("embedding", ["mlp", "linear", "mlp-x"])
 def test_descriptor_is_a_permutation_invariant_mean(store, embedding):
     """Spec §7.1 T2."""
-    alg = PeFLL(TrainConfig(**SMALL, embedding=embedding), store)
+    alg = PeFLL(small_config(**SMALL, embedding=embedding), store)
     idx = store.fit.index[3, : store.fit.length[3]][:8]
     ones = torch.ones(1, 8)
     with torch.no_grad():
@@ -93,7 +92,7 @@ def test_label_free_descriptor_ignores_labels_and_labelled_one_does_not(store):
     x, y = store.inputs(idx).flatten(0, 1), store.onehot(idx).flatten(0, 1)
     y2 = torch.roll(y, 1, dims=1)
     for kind, changes in (("mlp", True), ("linear", True), ("mlp-x", False)):
-        alg = PeFLL(TrainConfig(**SMALL, embedding=kind), store)
+        alg = PeFLL(small_config(**SMALL, embedding=kind), store)
         with torch.no_grad():
             same = torch.equal(alg.embed(x, y), alg.embed(x, y2))
         assert same is not changes, kind
@@ -102,7 +101,7 @@ def test_label_free_descriptor_ignores_labels_and_labelled_one_does_not(store):
 def test_regularizers_shrink_eta_by_one_minus_two_beta_lambda(store):
     """Spec §7.1 T7: with the data terms zeroed, one SGD server step is eta <- (1 - 2 beta lambda) eta."""
     beta, lam = 0.1, 0.05
-    cfg = TrainConfig(**SMALL, lr=1e-30, lambda_h=lam, lambda_v=lam, server_optimizer="sgd", server_lr=beta,
+    cfg = small_config(**SMALL, lr=1e-30, lambda_h=lam, lambda_v=lam, server_optimizer="sgd", server_lr=beta,
                       server_clip=0.0, local_steps=1)
     alg = PeFLL(cfg, store)
     before = _eta(alg)
@@ -116,7 +115,7 @@ def test_predict_generates_models_without_any_optimizer_step(digits_clients):
     from pfl_cli.fl import PredictConfig, predict_clients, train_federated
 
     ds, part = digits_clients
-    cfg = TrainConfig(**SMALL, rounds=4, eval_every=2, local_steps=3)
+    cfg = small_config(**SMALL, rounds=4, eval_every=2, local_steps=3)
     run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     out = predict_clients(run.model, cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(save_models=True),
                           device="cpu")
@@ -134,10 +133,10 @@ def test_resumed_training_ends_where_the_uninterrupted_run_ends(digits_clients):
     from pfl_cli.fl import train_federated
 
     ds, part = digits_clients
-    cfg = TrainConfig(**SMALL, rounds=8, eval_every=2, local_steps=3, val_fraction=0.2)
+    cfg = small_config(**SMALL, rounds=8, eval_every=2, local_steps=3, val_fraction=0.2)
     full = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     saved = []
-    train_federated(ds.x, ds.y, ds.num_classes, part, dataclasses.replace(cfg, rounds=8), device="cpu",
+    train_federated(ds.x, ds.y, ds.num_classes, part, replace(cfg, rounds=8), device="cpu",
                     on_checkpoint=lambda ck: saved.append(_clone(ck)))
     at4 = next(ck for ck in saved if ck["round"] == 4)
     resumed = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu", resume=at4)
@@ -157,7 +156,7 @@ def test_predict_counts_the_local_steps_of_baselines(digits_clients):
     from pfl_cli.fl import PredictConfig, predict_clients, train_federated
 
     ds, part = digits_clients
-    cfg = TrainConfig(algorithm="fedavg", mlp_hidden=8, rounds=2, eval_every=2, local_steps=2)  # an int hidden size
+    cfg = small_config(algorithm="fedavg", mlp_hidden=8, rounds=2, eval_every=2, local_steps=2)  # an int hidden size
     run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     out = predict_clients(run.model, cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(finetune_steps=3),
                           device="cpu")

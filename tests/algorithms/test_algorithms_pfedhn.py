@@ -10,12 +10,12 @@ from pfl_cli.algorithms import PFedHN, PFedHNPC
 from pfl_cli.algorithms.base import descriptor_dim
 from pfl_cli.fl.batches import sample_batches
 from pfl_cli.fl.cohort import local_sgd_reference
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import small_config
 from pfl_cli.fl.store import build_store
 from pfl_cli.rng import make_rng
 
 SMALL = dict(algorithm="pfedhn", mlp_hidden=(8,), hyper_hidden=16, batch_size=8, embed_rounds=2)
-PLAIN = dict(momentum=0.0, client_clip=0.0, hn_momentum=0.0, hn_weight_decay=0.0, server_clip=0.0)
+PLAIN = dict(momentum=0.0, client_clip=0.0, lambda_theta=0.0, hn_momentum=0.0, hn_weight_decay=0.0, server_clip=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +33,11 @@ def _snapshot(alg):
 
 
 def test_embedding_dim_and_one_row_per_train_client(store):
-    cfg = TrainConfig(**SMALL)
+    cfg = small_config(**SMALL)
     assert [descriptor_dim(cfg, n) for n in (10, 50, 100)] == [3, 13, 26]
     alg = PFedHN(cfg, store)
-    assert alg.table.weight.shape == (16, int(1 + 20 / 4))  # 16 train clients of 20; holdout clients: no row
+    # 16 train clients of 20; holdout clients have no row and do not count in e = int(1 + n/4) (spec A.8: n clients)
+    assert alg.table.weight.shape == (16, int(1 + 16 / 4))
     assert not alg.has_state(store.clients(1)).any() and alg.has_state(store.clients(0)).all()
 
 
@@ -44,7 +45,7 @@ def test_embedding_dim_and_one_row_per_train_client(store):
 def test_server_step_is_the_chain_rule_at_one_local_step(store, cls):
     """D.1 item 3: K = 1, plain SGD: the update is alpha * eta * grad of L_i(h(v_i; phi)) for phi and v_i."""
     alpha, eta = 0.5, 0.1
-    cfg = TrainConfig(**{**SMALL, **PLAIN}, local_steps=1, lr=eta, server_lr=alpha)
+    cfg = small_config(**{**SMALL, **PLAIN}, local_steps=1, lr=eta, server_lr=alpha)
     alg, ref = cls(cfg, store), cls(cfg, store)
     before = _snapshot(alg)
     cohort = torch.tensor([3])
@@ -65,7 +66,7 @@ def test_server_step_is_the_chain_rule_at_one_local_step(store, cls):
 
 def test_surrogate_identity(store):
     """D.1 item 4: J^T (h - theta~) is the gradient of 1/2 ||theta~ - h(v; phi)||^2."""
-    alg = PFedHN(TrainConfig(**SMALL), store)
+    alg = PFedHN(small_config(**SMALL), store)
     theta = alg.hnet(alg.table(torch.tensor([0, 4])))
     target = {k: torch.randn_like(theta[k]) for k in alg.names}
     vjp = torch.autograd.grad([theta[k] for k in alg.names], _params(alg),
@@ -77,7 +78,7 @@ def test_surrogate_identity(store):
 
 def test_one_server_step_moves_h_towards_the_client_solution(store):
     """D.1 item 5 (the sign erratum of Alg. 1): ||h(v_i) - theta~_i|| strictly decreases."""
-    cfg = TrainConfig(**{**SMALL, **PLAIN}, local_steps=10, lr=0.05, server_lr=1e-3)
+    cfg = small_config(**{**SMALL, **PLAIN}, local_steps=10, lr=0.05, server_lr=1e-3)
     alg = PFedHN(cfg, store)
     seen = {}
     local = alg._local
@@ -104,7 +105,7 @@ def test_one_server_step_moves_h_towards_the_client_solution(store):
 def test_a_step_touches_only_its_row_without_weight_decay_and_momentum(store):
     """D.1 item 6: rows j != i bit-identical with wd = momentum = 0; with the code defaults they move."""
     cohort = torch.tensor([2])
-    plain = PFedHN(TrainConfig(**{**SMALL, **PLAIN}, local_steps=3), store)
+    plain = PFedHN(small_config(**{**SMALL, **PLAIN}, local_steps=3), store)
     before = plain.table.weight.detach().clone()
     for t in range(2):
         plain.run_round(t, cohort, torch.Generator().manual_seed(t))
@@ -112,7 +113,7 @@ def test_a_step_touches_only_its_row_without_weight_decay_and_momentum(store):
     others = torch.arange(before.shape[0]) != row
     assert torch.equal(plain.table.weight[others], before[others])
     assert not torch.equal(plain.table.weight[row], before[row])
-    default = PFedHN(TrainConfig(**SMALL, local_steps=3), store)
+    default = PFedHN(small_config(**SMALL, local_steps=3), store)
     before = default.table.weight.detach().clone()
     for t in range(2):
         default.run_round(t, cohort, torch.Generator().manual_seed(t))
@@ -122,7 +123,7 @@ def test_a_step_touches_only_its_row_without_weight_decay_and_momentum(store):
 @pytest.mark.parametrize("cls", [PFedHN, PFedHNPC])
 def test_a_batched_cohort_equals_sequential_client_gradients_averaged(store, cls):
     """--clients-per-round c: one vmapped computation == the c single-client VJPs summed, / c."""
-    cfg = TrainConfig(**{**SMALL, **PLAIN}, local_steps=4, lr=0.05, server_lr=1.0)
+    cfg = small_config(**{**SMALL, **PLAIN}, local_steps=4, lr=0.05, server_lr=1.0)
     alg, ref = cls(cfg, store), cls(cfg, store)
     before = _snapshot(alg)
     cohort = torch.tensor([0, 5, 9])
@@ -145,7 +146,7 @@ def test_a_batched_cohort_equals_sequential_client_gradients_averaged(store, cls
 
 
 def test_pc_heads_are_private_persistent_and_not_generated(store):
-    cfg = TrainConfig(**{**SMALL, "algorithm": "pfedhn-pc"}, local_steps=3)
+    cfg = small_config(**{**SMALL, "algorithm": "pfedhn-pc"}, local_steps=3)
     alg = PFedHNPC(cfg, store)
     assert alg.head_names == ["fc2.weight", "fc2.bias"] and alg.names == ["fc1.weight", "fc1.bias"]
     head0 = alg.heads[""].gather(torch.tensor([4]))
@@ -166,7 +167,7 @@ def test_messages_are_theta_down_and_delta_up_only(digits_clients, alg_name):
     from pfl_cli.models import build
 
     ds, part = digits_clients
-    cfg = TrainConfig(**{**SMALL, "algorithm": alg_name}, rounds=3, eval_every=3, local_steps=2, clients_per_round=2)
+    cfg = small_config(**{**SMALL, "algorithm": alg_name}, rounds=3, eval_every=3, local_steps=2, clients_per_round=2)
     run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     net, alg = build(run.model["arch"]["client"]), run.algorithm
     generated = {k: p.numel() for k, p in net.named_parameters() if k in alg.names}
@@ -186,7 +187,7 @@ def test_new_clients_train_an_embedding_under_a_frozen_hypernetwork(digits_clien
     from pfl_cli.fl.evaluate import evaluate
 
     ds, part = digits_clients
-    cfg = TrainConfig(**{**SMALL, "algorithm": alg_name, "mlp_hidden": (32,)}, rounds=150, eval_every=150,
+    cfg = small_config(**{**SMALL, "algorithm": alg_name, "mlp_hidden": (32,)}, rounds=150, eval_every=150,
                       clients_per_round=1, lr=0.02, local_steps=20)
     run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     frozen = torch_bytes(run.model["weights"])
@@ -222,7 +223,7 @@ def test_resumed_training_ends_where_the_uninterrupted_run_ends(digits_clients, 
     from pfl_cli.fl import train_federated
 
     ds, part = digits_clients
-    cfg = TrainConfig(**{**SMALL, "algorithm": alg_name}, rounds=6, eval_every=2, local_steps=3, val_fraction=0.2,
+    cfg = small_config(**{**SMALL, "algorithm": alg_name}, rounds=6, eval_every=2, local_steps=3, val_fraction=0.2,
                       clients_per_round=2)
     saved = []
     full = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu",
@@ -276,7 +277,7 @@ def test_prop1_linear_hypernetwork_is_uncentered_pca():
 
 def test_a_client_updates_only_the_heads_of_its_size(store):
     """Mixed sizes: the VJP reaches the trunk and the client's size's heads, no other size's heads."""
-    cfg = TrainConfig(**{**SMALL, **PLAIN}, client_sizes="S,M,L", local_steps=2)
+    cfg = small_config(**{**SMALL, **PLAIN}, client_sizes="S,M,L", local_steps=2)
     alg = PFedHN(cfg, store)
     names = alg.hnet.target_names
     before = {k: p.detach().clone() for k, p in alg.hnet.named_parameters()}
@@ -292,7 +293,7 @@ def test_pc_mixed_sizes_keep_one_private_head_per_client_of_its_size(store):
     """pFedHN-PC with sizes: h generates only the feature extractors; a cohort of an S, an M and an L client
     moves exactly those clients' heads, each in its own size's store and shape, and no generated head of h
     is a classifier."""
-    cfg = TrainConfig(**{**SMALL, **PLAIN, "algorithm": "pfedhn-pc"}, client_sizes="S,M,L", local_steps=2)
+    cfg = small_config(**{**SMALL, **PLAIN, "algorithm": "pfedhn-pc"}, client_sizes="S,M,L", local_steps=2)
     alg = PFedHNPC(cfg, store)
     assert {k.split("/", 1)[1] for k in alg.hnet.target_names} == {"fc1.weight", "fc1.bias"}
     assert {g: tuple(alg.heads[g].values["fc2.weight"].shape) for g in "SML"} == \
@@ -315,10 +316,10 @@ def test_pc_mixed_sizes_keep_one_private_head_per_client_of_its_size(store):
 def test_default_cohorts_follow_the_papers(store):
     from pfl_cli.algorithms import FedAvg, HyperFL
 
-    assert PFedHN(TrainConfig(**SMALL), store).cohort_size(0, 10, 16) == 1       # Alg. 1: one client per step
-    assert HyperFL(TrainConfig(**{**SMALL, "algorithm": "hyperfl"}), store).cohort_size(0, 10, 16) == 16
-    assert FedAvg(TrainConfig(algorithm="fedavg", mlp_hidden=(8,)), store).cohort_size(0, 10, 16) == 5
-    assert PFedHN(TrainConfig(**SMALL, clients_per_round=3), store).cohort_size(0, 10, 16) == 3
+    assert PFedHN(small_config(**SMALL), store).cohort_size(0, 10, 16) == 1       # Alg. 1: one client per step
+    assert HyperFL(small_config(**{**SMALL, "algorithm": "hyperfl"}), store).cohort_size(0, 10, 16) == 16
+    assert FedAvg(small_config(algorithm="fedavg", mlp_hidden=(8,)), store).cohort_size(0, 10, 16) == 5
+    assert PFedHN(small_config(**SMALL, clients_per_round=3), store).cohort_size(0, 10, 16) == 3
 
 
 def test_mixed_lenet_sizes_train_and_predict_on_images():
@@ -332,7 +333,7 @@ def test_mixed_lenet_sizes_train_and_predict_on_images():
     y = np.repeat(np.arange(4), 30)
     part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=6, holdout_clients=3, test_fraction=0.25),
                             num_classes=4, rng=make_rng(0, "p"))
-    cfg = TrainConfig(algorithm="pfedhn", model_arch="lenet", client_sizes="S,M,L", hyper_hidden=4, rounds=2,
+    cfg = small_config(algorithm="pfedhn", model_arch="lenet", client_sizes="S,M,L", hyper_hidden=4, rounds=2,
                       eval_every=2, local_steps=2, clients_per_round=3, embed_rounds=1, val_fraction=0.0)
     run = train_federated(x, y, 4, part, cfg, device="cpu")
     nets = run.algorithm.nets

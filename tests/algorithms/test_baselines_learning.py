@@ -7,16 +7,16 @@ runs once with the settings of ``recipes/compare/ring.yaml``. Measured (seed 0):
 the baselines 0.48 (lg-fedavg) to 0.73 (fedper).
 """
 
-import dataclasses
 
 import pytest
 
 from pfl_cli.data import load_dataset
-from pfl_cli.fl import TrainConfig, train_federated
+from pfl_cli.fl import train_federated
+from pflx_testing import replace, small_config
 from pfl_cli.partition import PartitionConfig, partition_labels
 from pfl_cli.rng import make_rng
 
-BASE = TrainConfig(rounds=200, eval_every=50, clients_per_round=10, local_steps=20, lr=0.05, new_client_epochs=10)
+BASE = small_config(rounds=200, eval_every=50, clients_per_round=10, local_steps=20, lr=0.05, new_client_epochs=10)
 SETTINGS = {
     "fedper": {}, "lg-fedavg": {}, "ditto": {}, "knnper": {},
     "fedrep": {"head_epochs": 10, "body_epochs": 5},
@@ -36,7 +36,7 @@ def ring():
 
 def _train(ring, **opts):
     ds, part = ring
-    return train_federated(ds.x, ds.y, ds.num_classes, part, dataclasses.replace(BASE, **opts), device="cpu")
+    return train_federated(ds.x, ds.y, ds.num_classes, part, replace(BASE, **opts), device="cpu")
 
 
 @pytest.fixture(scope="module")

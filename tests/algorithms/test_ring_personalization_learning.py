@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from pfl_cli.data import load_dataset
-from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients, train_federated
+from pfl_cli.fl import PredictConfig, predict_clients, train_federated
+from pflx_testing import replace, small_config
 from pfl_cli.partition import PartitionConfig, partition_labels, resolve_scheme
 from pfl_cli.rng import make_rng
 
@@ -30,14 +31,14 @@ MARGIN = 0.15  # the issue's done-when margin over FedAvg, unmasked
 def _recipe(name):
     doc = yaml.safe_load((RECIPES / f"ring-{name}.yaml").read_text())
     part = {k.replace("-", "_"): v for k, v in doc["partition"].items() if k != "dataset"}
-    return doc["partition"]["dataset"], part, TrainConfig(**doc["train"])
+    return doc["partition"]["dataset"], part, small_config(**doc["train"])
 
 
 def _ring(seed):
     spec, options, _ = _recipe("pefll")
     ds = load_dataset(spec)
     cfg = PartitionConfig(**{**options, "dataset": spec, "seed": seed})
-    cfg = dataclasses.replace(cfg, scheme=resolve_scheme(cfg))
+    cfg = replace(cfg, scheme=resolve_scheme(cfg))
     part = partition_labels(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(seed, "partition"), pool=ds.pool)
     return ds, part
 
@@ -53,7 +54,7 @@ def _run(ds, part, cfg):
 
 def _fedavg(ds, part, seed):
     _, _, base = _recipe("pefll")
-    return _run(ds, part, dataclasses.replace(base, algorithm="fedavg", lr=0.005, server_lr=1.0, rounds=150,
+    return _run(ds, part, replace(base, algorithm="fedavg", lr=0.005, server_lr=1.0, rounds=150,
                                               seed=seed))
 
 
@@ -62,7 +63,7 @@ def test_ring_pefll_new_clients_beat_fedavg_without_label_masking(seed):
     ds, part = _ring(seed)
     _, _, cfg = _recipe("pefll")
     assert not cfg.label_mask
-    pefll_train, pefll_new = _run(ds, part, dataclasses.replace(cfg, seed=seed))
+    pefll_train, pefll_new = _run(ds, part, replace(cfg, seed=seed))
     fedavg_train, fedavg_new = _fedavg(ds, part, seed)
     print(seed, {"pefll": (pefll_train, pefll_new), "fedavg": (fedavg_train, fedavg_new)})
     assert pefll_new >= fedavg_new + MARGIN, (pefll_new, fedavg_new)
@@ -74,7 +75,7 @@ def test_ring_pfedhn_training_clients_beat_fedavg_without_label_masking(seed):
     ds, part = _ring(seed)
     _, _, cfg = _recipe("pfedhn")
     assert cfg.algorithm == "pfedhn" and not cfg.label_mask
-    run = train_federated(ds.x, ds.y, ds.num_classes, part, dataclasses.replace(cfg, seed=seed), device="cpu")
+    run = train_federated(ds.x, ds.y, ds.num_classes, part, replace(cfg, seed=seed), device="cpu")
     pfedhn_train = run.outcome.best.summaries()["train"]["mean_accuracy"]
     fedavg_train, _ = _fedavg(ds, part, seed)
     print(seed, {"pfedhn": pfedhn_train, "fedavg": fedavg_train})

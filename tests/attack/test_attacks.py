@@ -11,7 +11,7 @@ from pfl_cli.attack.invert import invert_gradients
 from pfl_cli.cli.app import main
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.cohort import local_sgd, unrolled_sgd
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import replace, small_config
 
 PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "20",
         "--test-fraction", "0.3", "--holdout-clients", "4", "--format", "quiet"]
@@ -28,7 +28,7 @@ def digits(tmp_path_factory):
                  "--rounds", "10", "--eval-every", "10", "--local-steps", "5", "--set", "mlp_hidden=[32,32]",
                  "--format", "quiet"]) == 0
     model = torch.load(root / "fedavg" / "model.pt", weights_only=True)
-    cfg = TrainConfig(**json.loads((root / "fedavg" / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((root / "fedavg" / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     return model, cfg, part, load_dataset(info["spec"]), root
 
@@ -87,7 +87,7 @@ def test_analytic_leak_from_a_one_step_delta(digits):
     import dataclasses
 
     model, cfg, part, ds, _ = digits
-    clipped = dataclasses.replace(cfg, client_clip=0.5, lambda_theta=0.05)
+    clipped = replace(cfg, client_clip=0.5, lambda_theta=0.05)
     r = run(digits, attack="analytic", images=8, local_steps=1, train_cfg=clipped)
     assert np.abs(r.reconstruction["analytic"] - r.original).max() < 1e-3
     assert np.all(r.psnr["analytic"] > 60)
@@ -137,7 +137,7 @@ def test_pefll_upload_is_attacked(digits, tmp_path):
     import json
 
     model = torch.load(root / "pefll" / "model.pt", weights_only=True)
-    cfg = TrainConfig(**json.loads((root / "pefll" / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((root / "pefll" / "manifest.json").read_text())["config"])
     _, _, part, ds, _ = digits
     r = attack_model(model, cfg, ds.x, ds.y, ds.num_classes, part, AttackConfig(attack="analytic", images=4))
     assert r.upload[0] == "v" and all(k.startswith("grad/") for k in r.upload[1:])
@@ -175,11 +175,11 @@ def test_attack_on_a_local_dp_fedavg_upload_fails(digits, tmp_path, capsys):
                  "--local-steps", "5", "--lr", "0.05", "--set", "mlp_hidden=[32,32]", "--out", str(tmp_path / "ldp"),
                  "--format", "quiet"]) == 0
     model = torch.load(tmp_path / "ldp" / "model.pt", weights_only=True)
-    cfg = TrainConfig(**json.loads((tmp_path / "ldp" / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((tmp_path / "ldp" / "manifest.json").read_text())["config"])
     _, _, part, ds, _ = digits
     kw = dict(attack="ig", images=8, iterations=600, lr=1.0, tv=1e-4, local_steps=1)  # lr for raw 0-16 pixels
     private = attack_model(model, cfg, ds.x, ds.y, 10, part, AttackConfig(**kw))
-    control = attack_model(model, dataclasses.replace(cfg, dp_epsilon=1e7), ds.x, ds.y, 10, part, AttackConfig(**kw))
+    control = attack_model(model, replace(cfg, dp_epsilon=1e7), ds.x, ds.y, 10, part, AttackConfig(**kw))
     assert np.median(private.psnr["ig"]) < 10 and np.all(private.ssim["ig"] < 0.3), private.psnr["ig"]
     assert np.sum(control.psnr["ig"] >= 20) >= 6, control.psnr["ig"]
     # a --dp client never uploads a raw gradient: attacking one is refused

@@ -8,15 +8,24 @@ import torch
 
 from pfl_cli.artifacts import load_partition
 from pfl_cli.attack import AttackConfig, attack_model
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.api import make_algorithm
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import small_config
 from pfl_cli.fl.store import ROLE_TRAIN, build_store
+
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "20",
         "--test-fraction", "0.3", "--holdout-clients", "4", "--format", "quiet"]
-TRAIN = ["--rounds", "6", "--eval-every", "6", "--local-steps", "3", "--set", "mlp_hidden=[32,32]", "--format", "quiet"]
+# The client settings these attacks were calibrated on, pinned: each algorithm's own defaults are its paper's.
+TRAIN = ["--rounds", "6", "--eval-every", "6", "--local-steps", "3", "--set", "mlp_hidden=[32,32]", "--format", "quiet",
+         "--lr", "0.002", "--batch-size", "32", "--set", "momentum=0.9", "--set", "lambda_theta=0"]
 EXTRA = {"fedavg": [], "pfedhn": ["--set", "hyper_hidden=32"], "pfedhn-pc": ["--set", "hyper_hidden=32"],
          "hyperfl": ["--local-epochs", "1", "--set", "hyper_hidden=32"]}
 
@@ -36,7 +45,7 @@ def loaded(trained, alg):
     """The model, its config and the algorithm rebuilt on the partition (as pflx attack does)."""
     root, part, ds = trained
     model = torch.load(root / alg / "model.pt", weights_only=True)
-    cfg = TrainConfig(**json.loads((root / alg / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((root / alg / "manifest.json").read_text())["config"])
     norm = model["normalization"]
     store = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.0, rng=None, device="cpu", normalize=True,
                         stats=(norm["mean"].numpy(), norm["std"].numpy()))

@@ -11,7 +11,7 @@ import torch
 
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.api import make_algorithm
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import small_config
 from pfl_cli.fl.store import build_store
 from pfl_cli.partition.base import Partition
 
@@ -44,7 +44,7 @@ OPTS = dict(lr=0.05, momentum=0.5, client_clip=0.7, lambda_theta=1e-3, batch_siz
 @pytest.mark.parametrize("client", [0, 1])
 def test_weights_upload_is_what_the_round_sends(store, algorithm, extra, client):
     part, st = store
-    cfg = TrainConfig(algorithm=algorithm, **OPTS, **extra)
+    cfg = small_config(algorithm=algorithm, **OPTS, **extra)
     alg = make_algorithm(cfg, st)
     gen = torch.Generator().manual_seed(0)
     alg.run_round(0, torch.arange(len(SIZES)), gen)   # every client trains once: HyperFL's private state exists
@@ -66,7 +66,7 @@ def test_weights_upload_is_what_the_round_sends(store, algorithm, extra, client)
 def test_hyperfl_weights_upload_runs_the_classifier_epoch_first(store):
     """phi_i depends on step 1: the same upload without the classifier epoch (step 2 alone) differs."""
     part, st = store
-    alg = make_algorithm(TrainConfig(algorithm="hyperfl", local_epochs=1, hyper_hidden=16, embed_dim=8, **OPTS), st)
+    alg = make_algorithm(small_config(algorithm="hyperfl", local_epochs=1, hyper_hidden=16, embed_dim=8, **OPTS), st)
     alg.run_round(0, torch.arange(len(SIZES)), torch.Generator().manual_seed(0))
     idx = torch.as_tensor(part.train_of(0))[None]
     x, y, c = st.inputs(idx), st.y[idx], torch.tensor([0])
@@ -82,7 +82,7 @@ def test_hyperfl_weights_upload_of_one_step_leaks_the_image(store):
     from pfl_cli.attack import analytic
 
     part, st = store
-    alg = make_algorithm(TrainConfig(algorithm="hyperfl", local_epochs=1, hyper_hidden=16, embed_dim=8, **OPTS), st)
+    alg = make_algorithm(small_config(algorithm="hyperfl", local_epochs=1, hyper_hidden=16, embed_dim=8, **OPTS), st)
     alg.run_round(0, torch.arange(len(SIZES)), torch.Generator().manual_seed(0))
     idx = torch.as_tensor(part.train_of(0))[None]
     msg, start = alg.upload(st.inputs(idx), st.y[idx], steps=None, clients=torch.tensor([0]))

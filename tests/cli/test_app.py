@@ -18,9 +18,12 @@ def test_no_args_prints_help(cli):
 
 
 def test_usage_errors_are_one_line_exit_2(cli):
-    for args, text in [(["nosuch"], "No such command 'nosuch'"), (["partition", "--bogus"], "No such option: --bogus")]:
+    import re
+
+    # typer < 0.21 (the flower extra's flwr pins it) words the unknown option "No such option '--bogus'".
+    for args, text in [(["nosuch"], "No such command 'nosuch'"), (["partition", "--bogus"], r"No such option:? '?--bogus")]:
         res = cli(*args)
-        assert res.code == 2 and res.err.count("\n") == 1 and text in res.err and res.err.startswith("pflx: error:")
+        assert res.code == 2 and res.err.count("\n") == 1 and re.search(text, res.err) and res.err.startswith("pflx: error:")
 
 
 def test_python_dash_m_entry_points():

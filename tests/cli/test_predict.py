@@ -12,12 +12,20 @@ import pytest
 import torch
 
 from pfl_cli.artifacts import load_partition
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
 from pfl_cli.data import load_dataset
 from pfl_cli.fl.api import predict_clients
-from pfl_cli.fl.config import PredictConfig, TrainConfig
+from pfl_cli.fl.config import PredictConfig
+from pflx_testing import small_config
 
-FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--set", "hyper_hidden=16",
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
+
+FAST = ["--no-label-mask", "--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--set", "hyper_hidden=16",
         "--set", "mlp_hidden=[16]"]
 PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "20",
         "--test-fraction", "0.3", "--format", "quiet"]
@@ -55,7 +63,7 @@ def file_hashes(directory):
 def direct(root, model_dir, **overrides):
     """predict_clients called on the library, from the same files the command reads."""
     model = torch.load(root / model_dir / "model.pt", weights_only=True, map_location="cpu")
-    train_cfg = TrainConfig(**json.loads((root / model_dir / "manifest.json").read_text())["config"])
+    train_cfg = small_config(**json.loads((root / model_dir / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     ds = load_dataset(info["spec"])
     return predict_clients(model, train_cfg, ds.x, ds.y, ds.num_classes, part, PredictConfig(**overrides))

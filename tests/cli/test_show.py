@@ -91,8 +91,22 @@ def test_train_and_predict_plots_are_redrawn_identically_from_the_csvs(cli, chai
 
 
 def test_plot_of_a_stage_without_a_figure_is_refused(cli, chain, tmp_path):
-    run = cli("show", chain / "part", "--plot", "--plot-dir", tmp_path)
-    assert run.code == 2 and "--plot draws train and predict artifacts" in run.err
+    run = cli("show", chain / "mdm", "--plot", "--plot-dir", tmp_path)
+    assert run.code == 2 and "--plot draws partition, train and predict artifacts" in run.err
+    assert not list(tmp_path.iterdir())
+
+
+def test_partition_plot_is_redrawn_identically_from_stats_csv(cli, chain, tmp_path):
+    """`show --plot` on a partition redraws exactly the partition.png that `partition --plot` writes."""
+    from pfl_cli.cli.app import main
+
+    args = ["partition", "--classes-per-client", "2", "-n", "12", "--holdout-clients", "3", "--test-fraction", "0.3"]
+    assert main([*args, "--plot", "--out", str(tmp_path / "p"), "--format", "quiet"]) == 0
+    doc = _show(cli, tmp_path / "p", "--plot", "--plot-dir", tmp_path / "figs")
+    redrawn = tmp_path / "figs" / "p-partition.png"
+    assert doc["figure"] == str(redrawn)
+    assert redrawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert redrawn.read_bytes() == (tmp_path / "p" / "partition.png").read_bytes()
 
 
 def test_refuses_a_directory_that_is_not_an_artifact(cli, tmp_path):

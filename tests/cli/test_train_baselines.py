@@ -5,9 +5,17 @@ import json
 import pytest
 import torch
 
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
 from pfl_cli.cli.train_run import torch_bytes
-from pfl_cli.fl import TrainConfig, train_federated
+from pfl_cli.fl import train_federated
+from pflx_testing import small_config
+
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg", "pfedme", "knnper")
 EXTRA = {"perfedavg": ["--set", "beta=0.3", "--finetune-steps", "3"]}
@@ -58,7 +66,7 @@ def test_train_then_predict_train_and_new_clients(root, name, capsys):
 @pytest.mark.parametrize("name", NEW)
 def test_resumed_run_writes_the_same_model(digits_clients, name):
     ds, part = digits_clients
-    cfg = TrainConfig(algorithm=name, rounds=8, eval_every=4, local_steps=2, lr=0.05, mlp_hidden=(16,),
+    cfg = small_config(algorithm=name, rounds=8, eval_every=4, local_steps=2, lr=0.05, mlp_hidden=(16,),
                       new_client_epochs=1, head_epochs=1)
     saved = []
     whole = train_federated(ds.x, ds.y, 10, part, cfg, device="cpu", on_checkpoint=saved.append)
@@ -74,7 +82,7 @@ def test_resumed_run_writes_the_same_model(digits_clients, name):
     (("--algorithm", "ditto", "--set", "lam=-0.5"), "lam must be a finite number >= 0; got -0.5"),
     (("--algorithm", "fedrep", "--set", "mlp_hidden=[]"), "splits the client net into a body and a head"),
     (("--algorithm", "lg-fedavg", "--set", "mlp_hidden=[]"), "has no body"),
-    (("--algorithm", "perfedavg", "--set", "variant=xx"), "variant (perfedavg) must be one of fo, hf; got 'xx'"),
+    (("--algorithm", "perfedavg", "--set", "variant=xx"), "variant must be one of fo, hf; got 'xx'"),
     (("--algorithm", "pfedme", "--set", "lam=-15"), "lam must be a finite number >= 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(root, tmp_path, capsys, extra, message):

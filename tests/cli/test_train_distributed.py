@@ -17,8 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
 from pfl_cli.fl.checkpoint import checkpoint_dir
+
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 FAST = ["--rounds", "20", "--eval-every", "10", "--local-steps", "5", "--clients-per-round", "5",
         "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]", "--format", "quiet"]
@@ -76,14 +83,16 @@ CHEAP = {"fedavg --dp", "knnper"}
 
 
 def test_every_algorithm_of_train_is_covered():
-    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.registry import entries
+    REGISTRY = {n: e.algorithm for n, e in entries().items()}
 
     assert {a.split()[0] for a in EVERY} == set(REGISTRY)
 
 
 @pytest.mark.parametrize("algorithm", [a if a in CHEAP else pytest.param(a, marks=pytest.mark.slow) for a in EVERY])
 def test_every_algorithm_on_two_gloo_ranks_equals_one_process(root, tmp_path, algorithm):
-    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.registry import entries
+    REGISTRY = {n: e.algorithm for n, e in entries().items()}
 
     name = algorithm.split()[0]
     if REGISTRY[name].not_distributed:  # refused up front instead (test below)
@@ -97,7 +106,8 @@ def test_every_algorithm_on_two_gloo_ranks_equals_one_process(root, tmp_path, al
 
 
 def test_an_algorithm_that_cannot_be_split_is_refused_up_front(root, tmp_path, capsys, monkeypatch):
-    from pfl_cli.algorithms import REGISTRY
+    from pfl_cli.registry import entries
+    REGISTRY = {n: e.algorithm for n, e in entries().items()}
 
     monkeypatch.setattr(REGISTRY["fedavg"], "not_distributed", "its server step reads every client's data")
     assert _train(root, tmp_path / "x", "--algorithm", "fedavg", "--nproc", "2") == 2
@@ -174,11 +184,11 @@ import torch
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.fl import distributed
 from pfl_cli.fl.api import train_federated
-from pfl_cli.fl.config import TrainConfig
+from pfl_cli.registry import train_config
 
 device = distributed.start(torch.device("cpu"))
 part, _, _, ds = load_partition_dataset(Path(sys.argv[1]))
-cfg = TrainConfig(algorithm="fedavg", rounds=2, eval_every=1, local_steps=2, clients_per_round=4, mlp_hidden=[16])
+cfg = train_config(algorithm="fedavg", rounds=2, eval_every=1, local_steps=2, clients_per_round=4, mlp_hidden=[16])
 run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device)
 rank = distributed.world()[0]
 (Path(sys.argv[2]) / f"rank{rank}.json").write_text(json.dumps({

@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from pfl_cli import artifacts
-from pfl_cli.cli.app import main
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
 from pfl_cli.fl.checkpoint import checkpoint_dir
+
+
+def main(argv):
+    """pflx; a train command gets the shared small settings only where its algorithm takes them."""
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 FAST = ["--rounds", "6", "--eval-every", "3", "--local-steps", "5", "--set", "hyper_hidden=16",
         "--set", "mlp_hidden=[16]", "--set", "embed_rounds=2", "--batch-size", "16"]
@@ -130,10 +137,11 @@ def test_a_partition_with_more_classes_than_the_model_is_refused(root):
     from pfl_cli.artifacts import load_partition
     from pfl_cli.data import load_dataset
     from pfl_cli.errors import InputError
-    from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients
+    from pfl_cli.fl import PredictConfig, predict_clients
+    from pflx_testing import small_config
 
     model = torch.load(root / "pfedhn" / "model.pt", weights_only=True)
-    cfg = TrainConfig(**json.loads((root / "pfedhn" / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((root / "pfedhn" / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     ds = load_dataset(info["spec"])
     with pytest.raises(InputError, match="the model was trained on 10, the dataset has 11"):
@@ -144,7 +152,8 @@ def test_a_partition_with_more_classes_than_the_model_is_refused(root):
 def test_mixed_model_sizes_train_and_predict_a_client_of_each_size(root, tmp_path, alg):
     """pFedHN §5.2: one hypernetwork, S/M/L target nets; a client of each size trains and predicts.
     pFedHN-PC: h generates each size's feature extractor; each client's private head has its size's width."""
-    from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients
+    from pfl_cli.fl import PredictConfig, predict_clients
+    from pflx_testing import small_config
     from pfl_cli.artifacts import load_partition
     from pfl_cli.data import load_dataset
 
@@ -162,7 +171,7 @@ def test_mixed_model_sizes_train_and_predict_a_client_of_each_size(root, tmp_pat
             assert weight.shape == (12, 10, width)                    # a row per client, its size's head
             trained = heads["has"].nonzero().flatten().numpy()
             assert len(trained) and set(trained % 3) <= {"SML".index(s)}  # only clients of that size own a head
-    cfg = TrainConfig(**json.loads((out / "manifest.json").read_text())["config"])
+    cfg = small_config(**json.loads((out / "manifest.json").read_text())["config"])
     part, info, _ = load_partition(root / "part")
     ds = load_dataset(info["spec"])
     for clients in ("train", "holdout"):
@@ -193,6 +202,8 @@ def test_client_sizes_bad_input(root, tmp_path, capsys):
     capsys.readouterr()
     assert train(root, tmp_path / "x", "--algorithm", "pfedhn", "--client-sizes", "S,XL") == 2
     assert "client_sizes must be a comma-separated list of S, M, L" in capsys.readouterr().err
-    assert train(root, tmp_path / "x", "--algorithm", "hyperfl", "--client-sizes", "S,M") == 2
-    assert "works with --algorithm pfedhn or pfedhn-pc only" in capsys.readouterr().err
+    # straight to pflx (train() gives each algorithm only the keys it takes): hyperfl has no client_sizes
+    assert _main(["train", "--partition", str(root / "part"), "--out", str(tmp_path / "x"), "--algorithm", "hyperfl",
+                  "--client-sizes", "S,M"]) == 2
+    assert "unknown flag key 'client_sizes' for algorithm 'hyperfl'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

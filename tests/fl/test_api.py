@@ -1,13 +1,13 @@
 """train_federated / predict_clients: what predict really does to the weights, and PeFLL's server rule."""
 
-import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
 from pfl_cli.algorithms import PeFLL
-from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients, train_federated
+from pfl_cli.fl import PredictConfig, predict_clients, train_federated
+from pflx_testing import replace, small_config
 from pfl_cli.fl.api import count_optimizer_steps
 
 SMALL = dict(algorithm="pefll", mlp_hidden=(8,), hyper_hidden=16, embed_dim=4, descriptor_batch=8, batch_size=8,
@@ -22,7 +22,7 @@ def _state(alg):
 @pytest.fixture(scope="module")
 def trained(digits_clients):
     ds, part = digits_clients
-    cfg = TrainConfig(**SMALL, rounds=4, eval_every=2)
+    cfg = small_config(**SMALL, rounds=4, eval_every=2)
     return cfg, train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
 
 
@@ -80,12 +80,12 @@ def test_server_optimizer_sgd_is_algorithm_8s_rule_by_default(digits_clients):
 
     ds, part = digits_clients
     store = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.0, rng=make_rng(0, "v"), device="cpu")
-    base = TrainConfig(**SMALL, server_optimizer="sgd", lr=0.5)
+    base = small_config(**SMALL, server_optimizer="sgd", lr=0.5)
     implicit = PeFLL(base, store)
-    explicit = PeFLL(dataclasses.replace(base, server_lr=1.0, server_clip=0.0), store)
-    clipped = PeFLL(dataclasses.replace(base, server_clip=1e-3), store)
+    explicit = PeFLL(replace(base, server_lr=1.0, server_clip=0.0), store)
+    clipped = PeFLL(replace(base, server_clip=1e-3), store)
     assert implicit.opt.param_groups[0]["lr"] == 1.0 and implicit.server_clip == 0.0
-    adam = PeFLL(dataclasses.replace(base, server_optimizer="adam"), store)
+    adam = PeFLL(replace(base, server_optimizer="adam"), store)
     assert adam.opt.param_groups[0]["lr"] == 2e-4 and adam.server_clip == 50.0
     cohort = torch.tensor([0, 3, 7])
     before = _state(implicit)
@@ -109,7 +109,7 @@ def test_a_descriptor_of_dimension_one_trains_without_nan(num_clients, embed_dim
     ds = load_dataset("builtin:digits")
     part = partition_labels(ds.y, PartitionConfig(scheme="iid", num_clients=num_clients, test_fraction=0.3),
                             num_classes=10, rng=make_rng(0, "partition"))
-    cfg = TrainConfig(**{**SMALL, "embed_dim": embed_dim}, rounds=3, eval_every=3, clients_per_round=3)
+    cfg = small_config(**{**SMALL, "embed_dim": embed_dim}, rounds=3, eval_every=3, clients_per_round=3)
     run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     assert run.model["arch"]["hypernetwork"]["in_dim"] == 1
     assert all(torch.isfinite(v).all() for v in run.model["weights"]["hypernetwork"].values())

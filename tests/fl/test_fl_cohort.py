@@ -262,3 +262,33 @@ def test_evaluation_counts_the_same_on_every_cohort_path(store, arch):
             np.testing.assert_array_equal(getattr(evs[how], field), getattr(evs["vmap"], field))
         np.testing.assert_allclose(evs[how].loss, evs["vmap"].loss, rtol=1e-5)
     assert evs["vmap"].n.sum() > 0
+
+
+@pytest.mark.parametrize("prox_mu", [0.0, 0.5])
+def test_a_node_holding_one_client_trains_its_row_as_the_whole_cohort_does(digits_clients, prox_mu):
+    """local_sgd_held (a Flower node): the store holds one client's samples, the batches are drawn for the
+    whole cohort; the held row equals that row of the whole cohort's torch.optim.SGD reference."""
+    from pfl_cli.fl.batches import draw_batches
+    from pfl_cli.fl.cohort import local_sgd_held
+
+    ds, part = digits_clients
+    whole = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.0, rng=make_rng(0, "v"), device="cpu")
+    clients = torch.tensor([2, 9, 5])
+    net = client_model("mlp", (64,), 10, hidden=(8,))
+    start = _start(net, 3)
+    anchor = {k: v + 0.01 for k, v in start.items()}
+    opts = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, clip=1.0)
+    index, mask, _ = draw_batches(whole.fit, clients, 7, 16, torch.Generator().manual_seed(3)).materialize()
+    want, want_loss = local_sgd_reference(net, start, whole, index, mask, prox_mu=prox_mu, prox_anchor=anchor,
+                                          **opts)
+    for row, client in enumerate(clients.tolist()):
+        held = np.zeros(part.num_clients, dtype=bool)
+        held[client] = True
+        node = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.0, rng=make_rng(0, "v"), device="cpu",
+                           held=held)
+        batches = draw_batches(node.fit, clients, 7, 16, torch.Generator().manual_seed(3))
+        rows, got, loss = local_sgd_held(net, start, node, batches, prox_mu=prox_mu, prox_anchor=anchor, **opts)
+        assert rows.tolist() == [r == row for r in range(3)]
+        for k in start:
+            torch.testing.assert_close(got[k][0], want[k][row], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(loss[0], want_loss[row].to(loss.dtype), rtol=1e-5, atol=1e-6)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from pfl_cli.fl import TrainConfig, train_federated
+from pfl_cli.fl import train_federated
+from pflx_testing import small_config
 from pfl_cli.fl.communication import Traffic
 from pfl_cli.models import build, num_parameters
 
@@ -27,7 +28,7 @@ def test_ledger_sums_and_resumes():
 @pytest.mark.parametrize("alg", ["fedavg", "pefll", "local"])
 def test_metrics_match_the_message_tensors(digits_clients, alg):
     ds, part = digits_clients
-    cfg = TrainConfig(algorithm=alg, local_epochs=1 if alg == "local" else None, **BASE)
+    cfg = small_config(algorithm=alg, local_epochs=1 if alg == "local" else None, **BASE)
     run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
     comm = run.algorithm.traffic.summary()
     arch = run.model["arch"]

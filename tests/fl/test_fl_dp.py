@@ -10,7 +10,7 @@ from dp_accounting import dp_event, pld, rdp
 from scipy import stats
 
 from pfl_cli.algorithms import FedAvg, PeFLL
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import replace, small_config
 from pfl_cli.fl.dp import ClientLevelDP, calibrate_client_dp, clip_per_client
 
 N_CLIENTS = 12  # tests/fl/conftest.py: equal_store
@@ -41,7 +41,7 @@ def _flat(params: dict) -> torch.Tensor:
 
 
 def _fedavg_round(equal_store, dp, rounds=1, **over):
-    alg = FedAvg(TrainConfig(**{**BASE, "algorithm": "fedavg", **over}), equal_store)
+    alg = FedAvg(small_config(**{**BASE, "algorithm": "fedavg", **over}), equal_store)
     alg.dp = dp
     before = _flat(alg.global_params).clone()
     for t in range(rounds):
@@ -58,7 +58,7 @@ def test_noise_zero_clip_infinity_equals_fedavg(equal_store):
 
 def test_pefll_noise_zero_clip_infinity_equals_pefll(equal_store):
     """The per-client vmapped VJPs, summed over q N = c, equal PeFLL's aggregated server gradient."""
-    cfg = TrainConfig(**PEFLL)
+    cfg = small_config(**PEFLL)
     etas = []
     for dp in (None, mechanism(0.0, math.inf)):
         alg = PeFLL(cfg, equal_store)
@@ -77,7 +77,7 @@ def test_clipping_is_observed_on_the_real_client_updates(equal_store, algorithm,
         alg, before = _fedavg_round(equal_store, spy)
         change = _flat(alg.global_params) - before
     else:
-        alg = PeFLL(TrainConfig(**PEFLL), equal_store)
+        alg = PeFLL(small_config(**PEFLL), equal_store)
         alg.dp = spy
         before = torch.cat([p.detach().reshape(-1).clone() for p in (*alg.hnet.parameters(), *alg.embed.parameters())])
         alg.run_round(0, COHORT, torch.Generator().manual_seed(3))
@@ -133,7 +133,7 @@ def test_poisson_cohorts_have_rate_q():
 
 @pytest.mark.parametrize("accountant, cls", [("rdp", rdp.RdpAccountant), ("pld", pld.PLDAccountant)])
 def test_ledger_epsilon_equals_an_independent_dp_accounting_computation(accountant, cls):
-    cfg = TrainConfig(algorithm="fedavg", rounds=200, clients_per_round=10, dp_epsilon=2.0, dp_delta=1e-6,
+    cfg = small_config(algorithm="fedavg", rounds=200, clients_per_round=10, dp_epsilon=2.0, dp_delta=1e-6,
                       dp_clip=1.0, dp_accountant=accountant, normalize=False, dp_population=400)
     dp = calibrate_client_dp(cfg)
     doc = dp.ledger().to_dict(accountant=accountant)
@@ -148,10 +148,10 @@ def test_ledger_epsilon_equals_an_independent_dp_accounting_computation(accounta
 
 
 def test_without_a_population_bound_the_rate_must_be_given():
-    cfg = TrainConfig(algorithm="fedavg", rounds=10, dp_epsilon=2.0, dp_clip=1.0, normalize=False)
+    cfg = small_config(algorithm="fedavg", rounds=10, dp_epsilon=2.0, dp_clip=1.0, normalize=False)
     with pytest.raises(ValueError, match="population=1000"):
         calibrate_client_dp(cfg)
-    dp = calibrate_client_dp(dataclasses.replace(cfg, dp_sampling_rate=0.05, clients_per_round=7))
+    dp = calibrate_client_dp(replace(cfg, dp_sampling_rate=0.05, clients_per_round=7))
     assert dp.sampling_rate == 0.05 and dp.denominator == 7.0 and dp.population is None
     assert "delta < 1/n not checked" in dp.ledger().notes[0]
 
@@ -159,7 +159,7 @@ def test_without_a_population_bound_the_rate_must_be_given():
 @pytest.mark.parametrize("algorithm", ["fedavg", "pefll"])
 def test_an_empty_cohort_releases_noise_only(equal_store, algorithm):
     """A Poisson cohort may be empty: the round still adds N(0, (z C)^2) / denominator and nothing else."""
-    cfg = TrainConfig(**(PEFLL if algorithm == "pefll" else {**BASE, "algorithm": "fedavg"}))
+    cfg = small_config(**(PEFLL if algorithm == "pefll" else {**BASE, "algorithm": "fedavg"}))
     cls = PeFLL if algorithm == "pefll" else FedAvg
     alg = cls(cfg, equal_store)
     alg.dp = mechanism(1.0, 0.5)

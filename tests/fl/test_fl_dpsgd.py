@@ -1,6 +1,5 @@
 """Example-level DP-SGD on a cohort (pfl_cli.fl.dpsgd) against per-client, per-sample references."""
 
-import dataclasses
 import math
 
 import numpy as np
@@ -12,7 +11,7 @@ from scipy import stats
 from pfl_cli.algorithms import CENTAUR, PPSGD
 from pfl_cli.fl.batches import sample_batches
 from pfl_cli.fl.cohort import local_sgd
-from pfl_cli.fl.config import TrainConfig
+from pflx_testing import replace, small_config
 from pfl_cli.fl.dpsgd import ExampleLevelDP, calibrate_example_dp, dp_local_sgd, head_names, poisson_batches
 from pfl_cli.models import build, client_spec
 
@@ -92,7 +91,7 @@ def test_poisson_batches_draw_each_record_with_rate_q(equal_store):
 
 
 def test_example_level_ledger_equals_dp_accounting():
-    cfg = TrainConfig(algorithm="ldp-fedavg", rounds=50, local_steps=10, batch_size=8, dp_epsilon=4.0, dp_delta=1e-5,
+    cfg = small_config(algorithm="ldp-fedavg", rounds=50, local_steps=10, batch_size=8, dp_epsilon=4.0, dp_delta=1e-5,
                       dp_clip=0.04, dp_sampling_rate=0.2, normalize=False, dp_population=5000)
     dp = calibrate_example_dp(cfg, steps_per_round=10)
     acc = rdp.RdpAccountant()
@@ -102,12 +101,12 @@ def test_example_level_ledger_equals_dp_accounting():
     assert doc["unit"] == "example" and doc["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
     assert doc["epsilon"] <= 4.0 and doc["epsilon"] == pytest.approx(4.0, rel=1e-3)
     with pytest.raises(ValueError, match="delta must be < 1/population"):
-        calibrate_example_dp(dataclasses.replace(cfg, dp_population=200_000), steps_per_round=10)
+        calibrate_example_dp(replace(cfg, dp_population=200_000), steps_per_round=10)
 
 
 @pytest.mark.parametrize("cls", [PPSGD, CENTAUR])
 def test_heads_stay_on_the_clients_and_only_the_representation_is_private(equal_store, cls):
-    cfg = TrainConfig(algorithm=cls.name, mlp_hidden=(8,), local_steps=3, batch_size=4, lr=0.1, normalize=False,
+    cfg = small_config(algorithm=cls.name, mlp_hidden=(8,), local_steps=3, batch_size=4, lr=0.1, normalize=False,
                       val_fraction=0.0, rounds=5, dp_epsilon=4.0, dp_delta=1e-5, dp_clip=0.1, dp_sampling_rate=0.2)
     alg = cls(cfg, equal_store)
     alg.dp = cls.plan_dp(cfg, equal_store)
@@ -157,9 +156,9 @@ def test_dp_runs_resume_to_the_same_model(equal_store, algorithm, dp):
     from pfl_cli.fl.api import make_algorithm, plan_dp
     from pfl_cli.fl.loop import run_rounds
 
-    cfg = TrainConfig(algorithm=algorithm, rounds=4, eval_every=2, clients_per_round=4, local_steps=2, batch_size=4,
-                      lr=0.05, mlp_hidden=(8,), normalize=False, val_fraction=0.0, dp_epsilon=8.0, dp_noise="seeded",
-                      **dp)
+    cfg = small_config(algorithm=algorithm, rounds=4, eval_every=2, clients_per_round=4, local_steps=2, batch_size=4,
+                       lr=0.05, mlp_hidden=(8,), normalize=False, val_fraction=0.0, dp_epsilon=8.0, dp_noise="seeded",
+                       **dp)
 
     def run(resume=None):
         alg = make_algorithm(cfg, equal_store)

@@ -46,13 +46,14 @@ def test_inputs_are_standardized_on_train_client_fit_samples(store):
 
 def test_training_without_labeled_train_clients_is_refused(digits_clients):
     """A store without labels serves label-free prediction; training on it says what is missing."""
-    from pfl_cli.fl import TrainConfig, train_federated
+    from pfl_cli.fl import train_federated
+    from pflx_testing import replace, small_config
 
     ds, part = digits_clients
     store = build_store(ds.x, None, 10, part, val_fraction=0.0, rng=None, device="cpu")
     assert not store.labeled.any() and int((store.y >= 0).sum()) == 0
     with pytest.raises(InputError, match="training needs train clients with labels; none of the 16 has any"):
-        train_federated(ds.x, None, 10, part, TrainConfig(rounds=1, eval_every=1, mlp_hidden=4), device="cpu")
+        train_federated(ds.x, None, 10, part, small_config(rounds=1, eval_every=1, mlp_hidden=4), device="cpu")
 
 
 def test_hidden_labels_are_invisible_to_training_and_scored_only_by_the_oracle(digits_clients):
@@ -144,7 +145,8 @@ def test_label_masking_never_predicts_an_absent_class_even_with_negative_logits(
 @pytest.mark.parametrize("algorithm", ["pefll", "fedavg", "local"])
 def test_an_empty_client_trains_and_evaluates_without_nan(digits_clients, algorithm):
     """A client with no samples at all (train and test) neither breaks a round nor the metrics."""
-    from pfl_cli.fl import TrainConfig, train_federated
+    from pfl_cli.fl import train_federated
+    from pflx_testing import replace, small_config
     from pfl_cli.partition.base import Partition
 
     ds, part = digits_clients
@@ -155,7 +157,7 @@ def test_an_empty_client_trains_and_evaluates_without_nan(digits_clients, algori
     arrays["test_offsets"] = np.concatenate([[0, 0], part.test_offsets[2:]])
     empty = Partition.from_arrays(arrays)
     assert empty.train_sizes[0] == 0 and empty.train_sizes[1] == own + part.train_sizes[1]
-    cfg = TrainConfig(algorithm=algorithm, rounds=6, eval_every=3, local_steps=2, clients_per_round=20,
+    cfg = small_config(algorithm=algorithm, rounds=6, eval_every=3, local_steps=2, clients_per_round=20,
                       mlp_hidden=(8,), hyper_hidden=16, local_epochs=2)
     run = train_federated(ds.x, ds.y, ds.num_classes, empty, cfg, device="cpu")
     summary = run.outcome.best.summaries()["train"]
@@ -168,11 +170,12 @@ def test_an_empty_client_trains_and_evaluates_without_nan(digits_clients, algori
 
 @pytest.mark.parametrize("algorithm", ["pefll", "fedavg"])
 def test_chunked_personalization_equals_one_pass(store, algorithm):
-    from pfl_cli.algorithms import REGISTRY
-    from pfl_cli.fl import TrainConfig
+    from pfl_cli.registry import entries
+    REGISTRY = {n: e.algorithm for n, e in entries().items()}
+    from pflx_testing import replace, small_config
     from pfl_cli.fl.evaluate import personalize_and_evaluate
 
-    alg = REGISTRY[algorithm](TrainConfig(algorithm=algorithm, mlp_hidden=(8,), hyper_hidden=16), store)
+    alg = REGISTRY[algorithm](small_config(algorithm=algorithm, mlp_hidden=(8,), hyper_hidden=16), store)
     clients = np.arange(store.num_clients)
     whole, p1, pers = personalize_and_evaluate(alg, clients, ("test", "val"), torch.Generator(), keep_params=True)
     parts, p2, _ = personalize_and_evaluate(alg, clients, ("test", "val"), torch.Generator(), chunk=3,

@@ -18,7 +18,6 @@ CONFIG_CLASSES = {
     "simulate": ("pfl_cli.simulate", "SimulateConfig"),
     "cluster": ("pfl_cli.cluster", "ClusterConfig"),
     "privacy-account": ("pfl_cli.privacy.query", "PrivacyAccountConfig"),
-    "train": ("pfl_cli.fl.config", "TrainConfig"),
     "predict": ("pfl_cli.fl.config", "PredictConfig"),
     "attack": ("pfl_cli.attack.config", "AttackConfig"),
 }
@@ -35,11 +34,29 @@ def test_recipe_resolves(path):
     data = yaml.safe_load(text)
     stages = [s for s in STAGES if isinstance(data.get(s), dict)]
     assert stages, "a recipe has at least one stage section"
+    if "train" in stages:
+        check_train_section(path, data)
     for stage in stages:
         if stage in CONFIG_CLASSES:
             module, name = CONFIG_CLASSES[stage]
             cls = getattr(importlib.import_module(module), name)
             resolve_config(cls, file_values=load_config_file(path, stage), ignore=("out_root",))
+
+
+def check_train_section(path, data):
+    """A train section resolves to its algorithm's own config; a comparison recipe's shared section goes to
+    each algorithm where it takes the key (recipes/compare/algorithm_args.py), its compare: keys on top."""
+    from pfl_cli import registry
+
+    values = load_config_file(path, "train")
+    if "compare" not in data:
+        registry.resolve_train_config(file_values=values, ignore=("out_root",))
+        return
+    unused = set(values) - {k for e in registry.entries().values() for k in e.keys}
+    assert not unused, f"shared keys no algorithm takes: {unused}"
+    for name, own in data["compare"].items():
+        shared = {k: v for k, v in values.items() if k in registry.get(name).keys}
+        registry.resolve_train_config(file_values={**shared, "algorithm": name}, overrides=own)
 
 
 def test_quickstart_makefile_chain(tmp_path, cli):

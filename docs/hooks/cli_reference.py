@@ -1,0 +1,48 @@
+"""mkdocs hook: each command page's option reference, generated from the CLI itself at build time.
+
+A page holds the marker ``<!-- pflx-options: COMMAND -->``; the build replaces it with the usage
+line and a table of the command's options read from the typer/click command that ``pflx`` runs,
+so the reference cannot drift from the code. An unknown command name fails the build.
+"""
+
+from __future__ import annotations
+
+import re
+
+MARKER = re.compile(r"<!--\s*pflx-options:\s*([a-z-]+)\s*-->")
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def options_reference(name: str) -> str:
+    """The usage line and one table row per option of ``pflx NAME``, as its ``--help`` prints them."""
+    import typer
+
+    try:  # the click that typer runs on (typer >= 0.2x vendors its own copy)
+        from typer._click.core import Context
+    except ImportError:  # pragma: no cover - older typer on upstream click
+        from click import Context
+
+    from pfl_cli.cli.app import app
+
+    group = typer.main.get_command(app)
+    command = group.commands.get(name)
+    if command is None:
+        raise ValueError(f"pflx-options: no command {name!r}; have {sorted(group.commands)}")
+    ctx = Context(command, info_name=f"pflx {name}")
+    usage = " ".join(command.collect_usage_pieces(ctx))
+    rows = ["| option | what it does |", "|---|---|"]
+    for param in command.params:
+        record = param.get_help_record(ctx)  # None for hidden options
+        if record is None:
+            continue
+        flags, text = record
+        kind = " (argument)" if param.param_type_name == "argument" else ""
+        rows.append(f"| `{_cell(flags)}`{kind} | {_cell(text)} |")
+    return f"```text\nUsage: pflx {name} {usage}\n```\n\n" + "\n".join(rows) + "\n"
+
+
+def on_page_markdown(markdown, page, config, files):
+    return MARKER.sub(lambda m: options_reference(m.group(1)), markdown)

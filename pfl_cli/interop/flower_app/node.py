@@ -1,0 +1,151 @@
+"""The ClientApp: pflx's client side on the one client a SuperNode holds.
+
+A SuperNode's node config names its data: ``partition-dir`` (a pflx partition artifact),
+``partition-id`` (the client's position in it, as ``ArtifactPartitioner``'s partition ids) and
+optionally ``dataset`` (the node's own copy of the dataset, a pflx dataset spec; default the
+partition's). The node's store holds only that client's samples (``build_store(held=...)``):
+the normalization statistics and the validation split come from the partition as in
+``pflx train``, so the client's fit data and inputs are exactly the simulation's.
+
+Handlers: :data:`~.common.HELLO` reports what the node holds (the server checks it against the
+partition), :data:`~.common.ROUND` runs the client's local SGD of one round from the global
+model it receives on the batches the simulation draws for it, :data:`~.common.EVALUATE`
+evaluates a model on the client's test samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pfl_cli.interop.flower_app.common import train_config
+
+
+@dataclass
+class NodeData:
+    """The node's client: its dataset facts, and (when they fit the partition) its store and algorithm."""
+
+    position: int
+    facts: dict
+    store: object = None
+    algorithm: object = None
+
+
+def load_node(context, *, build: bool = True) -> NodeData:
+    """Read the node config, the partition and the dataset; build the one-client store and the algorithm."""
+    from pfl_cli.artifacts import load_partition
+    from pfl_cli.data import load_dataset
+    from pfl_cli.errors import InputError
+
+    cfg = train_config(context.run_config)
+    node = context.node_config
+    for key in ("partition-dir", "partition-id"):
+        if key not in node:
+            raise InputError(f"node config: {key} is missing; start the SuperNode with --node-config "
+                             "\"partition-dir='PART' partition-id=K\".")
+    part, info, artifact = load_partition(str(node["partition-dir"]), flag="node config partition-dir")
+    position = int(node["partition-id"])
+    ds = load_dataset(str(node.get("dataset", info["spec"])))
+    facts = {"partition-id": position, "partition-sha256": artifact.content_hash,
+             "input-shape": [int(d) for d in ds.x.shape[1:]], "num-classes": int(ds.num_classes),
+             "num-samples": int(ds.num_samples), "labels-sha256": str(ds.labels_sha256 or "")}
+    data = NodeData(position, facts)
+    fits = (facts["input-shape"] == list(info["input_shape"]) and facts["num-classes"] == int(info["num_classes"])
+            and facts["num-samples"] == int(info["num_samples"]) and 0 <= position < part.num_clients)
+    if build and fits:
+        data.store, data.algorithm = _build(cfg, part, ds, position)
+        data.facts["fit-size"] = int(data.store.fit.length[position])
+        data.facts["labeled"] = bool(data.store.labeled[position])
+    return data
+
+
+def _build(cfg, part, ds, position: int):
+    from pfl_cli.fl.api import make_algorithm
+    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.store import build_store
+    from pfl_cli.rng import make_rng
+
+    if part.rotation is not None:  # rotated clients (partition --rotations): rotated as pflx train rotates them
+        import dataclasses
+
+        from pfl_cli.partition.rotation import rotate_clients
+
+        ds = dataclasses.replace(ds, x=rotate_clients(ds.x, part))
+    held = np.zeros(part.num_clients, dtype=bool)
+    held[position] = True
+    store = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=cfg.val_fraction,
+                        rng=make_rng(cfg.seed, "validation-split"), device=resolve_device(cfg.device),
+                        normalize=cfg.normalize, labeled=ds.labeled, hidden_labels=cfg.evaluate_hidden_labels,
+                        held=held)
+    return store, make_algorithm(cfg, store)
+
+
+def hello(message, context):
+    """Report the node's client and dataset; with a fitting dataset also its normalization statistics."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    data = load_node(context)
+    content = RecordDict({"facts": ConfigRecord(data.facts)})
+    if data.store is not None:
+        from pfl_cli.interop.flower_app.wire import to_record
+
+        content["normalization"] = to_record({"mean": data.store.mean, "std": data.store.std})
+    return Message(content, reply_to=message)
+
+
+def train_round(message, context):
+    """FedAvg's client step (thesis Alg. 3 lines 4-7): local SGD from the global model; the new model goes up.
+
+    The round's generator arrives in the state the server's cohort draw left it in, so the batch
+    draws of the whole cohort, and this client's rows of them, are the simulation's.
+    """
+    import torch
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from pfl_cli.algorithms.base import stack
+    from pfl_cli.fl.cohort import local_sgd_held
+    from pfl_cli.interop.flower_app.wire import from_record, to_record
+
+    data = load_node(context)
+    alg = data.algorithm
+    round_ = message.content["round"]
+    alg.load_weights({"client": from_record(message.content["global"], alg.device)})
+    gen = torch.Generator()
+    gen.set_state(torch.frombuffer(bytearray(round_["generator"]), dtype=torch.uint8).clone())
+    cohort = torch.as_tensor(list(round_["cohort"]), dtype=torch.long, device=alg.device)
+    start = stack(alg.global_params, len(cohort))
+    batches = alg.local_batches(cohort, gen, **alg.round_schedule())
+    objective = alg.local_objective()  # FedProx: its proximal term around the global model
+    anchor = objective.get("prox_anchor")
+    rows, theta, loss = local_sgd_held(alg.net, start, data.store, batches,
+                                       prox_mu=objective.get("prox_mu", 0.0),
+                                       prox_anchor=None if anchor is None else stack(anchor, len(cohort)),
+                                       **alg.sgd_options())
+    if int(rows.sum()) != 1:
+        raise RuntimeError(f"round {round_['round']}: this node's client {data.position} is not in the cohort "
+                           f"{list(round_['cohort'])} it was sent.")
+    content = RecordDict({"theta": to_record({k: v[0] for k, v in theta.items()}),
+                          "result": MetricRecord({"loss": float(loss[0]), "partition-id": data.position})})
+    return Message(content, reply_to=message)
+
+
+def evaluate(message, context):
+    """The client's model from the global weights (``personalize``) evaluated on its test samples."""
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from pfl_cli.fl.evaluate import personalize_and_evaluate
+    from pfl_cli.interop.flower_app.wire import from_record
+    from pfl_cli.rng import torch_generator
+
+    data = load_node(context)
+    alg = data.algorithm
+    cfg = alg.cfg
+    alg.load_weights({"client": from_record(message.content["global"], alg.device)})
+    round_ = int(message.content["config"]["round"])
+    evals, _, _ = personalize_and_evaluate(alg, np.array([data.position]), ("test",),
+                                           torch_generator(cfg.seed, f"evaluate-{round_}"))
+    ev = evals["test"]
+    result = {"partition-id": data.position, **{k: float(getattr(ev, k)[0])
+                                                for k in ("n", "correct", "correct_lm", "loss")}}
+    return Message(RecordDict({"result": MetricRecord(result)}), reply_to=message)

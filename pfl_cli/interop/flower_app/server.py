@@ -1,0 +1,287 @@
+"""The ServerApp: pflx's server side on Flower's deployment engine, writing a normal ``train`` artifact.
+
+One run, in order:
+
+1. **Nodes.** Wait (``connect-timeout`` s) until a SuperNode for every client of the partition is
+   connected, then ask each what it holds (:data:`~.common.HELLO`). A node is refused, with one
+   log line naming the difference, when its dataset is not the partition's (input shape, classes,
+   size, labels), its partition is another, or its partition id is unknown or already taken.
+   Clients without an accepted node never enter a cohort.
+2. **Rounds** (thesis Alg. 3): the cohort is drawn exactly as ``pflx train`` draws it (same
+   generator, same sampler), each cohort client's node gets the global model and the round's
+   generator state (so its batch draws are the simulation's) and sends back its model; the
+   server takes the data-size-weighted mean and its server step (:meth:`FedAvg.server_step`).
+3. **Evaluation** of the last round's model on every accepted client's test samples.
+4. **Artifact** (written by ``pfl_cli.cli.flower.write_deployment``, the ServerApp's writer): ``model.pt``, ``config.yaml``, ``metrics.csv``, ``metrics.json`` (with
+   ``communication``, the ledger, and ``wire``, the bytes measured on the wire), ``clients.csv``
+   and ``participation.csv`` (round, client, node, status), written atomically at the end.
+
+Fault rule (documented in docs/tutorials/deploy-flower.md): a round completes with the cohort
+clients that replied within ``round-timeout`` seconds; those that did not (a node killed, a
+failed ClientApp) are dropped from that round and recorded; a round with fewer than
+``min-clients`` replies fails the run, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from pathlib import Path
+
+import numpy as np
+
+from pfl_cli.errors import RunError
+from pfl_cli.interop.flower_app.common import EVALUATE, HELLO, ROUND, train_config
+
+
+def log(level: int, text: str) -> None:
+    from flwr.common.logger import log as flwr_log
+
+    flwr_log(level, "pflx: %s", text)
+
+
+@dataclass
+class _Fit:
+    length: object  # LongTensor (n_clients,): fit samples per client, as the nodes reported them
+
+
+@dataclass
+class ServerStore:
+    """What the server side of an algorithm reads of a ``ClientStore``: public facts, no samples.
+
+    Sizes and labeled flags come from the nodes' handshake, the normalization statistics from
+    the nodes (each computes the partition's, as ``build_store`` does), shapes from ``dataset.json``.
+    """
+
+    device: object
+    num_clients: int
+    input_shape: tuple
+    num_classes: int
+    role: np.ndarray
+    labeled: np.ndarray
+    fit: _Fit
+    mean: object
+    std: object
+    partition_sha: str
+
+
+@dataclass
+class Deployment:
+    """A finished run on Flower: what the writer of the ``train`` artifact needs (``pfl_cli.cli.flower``)."""
+
+    cfg: object
+    out: Path
+    force: bool
+    algorithm: object
+    store: ServerStore
+    partition: object
+    info: dict
+    partition_artifact: object
+    history: list
+    evaluation: object
+    participation: list
+    meter: object
+    accepted: dict
+
+
+def serve(grid, context) -> Deployment:
+    """Steps 1-3 of the module docstring; the ServerApp (``pfl_cli.cli.flower.server_main``) writes step 4."""
+    from pfl_cli.artifacts import ArtifactWriter, load_partition
+    from pfl_cli.interop.flower_app import check_deployable
+
+    run_config = context.run_config
+    cfg = train_config(run_config)
+    check_deployable(cfg)
+    out, partition = Path(str(run_config["out"])), Path(str(run_config["partition"]))
+    force = bool(run_config.get("force", False))
+    ArtifactWriter(out, stage="train", config={}, seed=cfg.seed, force=force)  # --out problems first
+    part, info, part_art = load_partition(partition, flag="run config partition")
+    connect_timeout = float(run_config.get("connect-timeout", 120))
+    nodes = _wait_for_nodes(grid, part.num_clients, connect_timeout)
+    # The handshake waits connect-timeout too: a node's first ClientApp start (torch, the dataset) is its slowest.
+    accepted, facts, norm = _handshake(grid, nodes, part, info, part_art, connect_timeout)
+    store = _server_store(cfg, part, info, part_art, facts, norm)
+    from pfl_cli.fl.api import make_algorithm
+
+    alg = make_algorithm(cfg, store)
+    from pfl_cli.interop.flower_app.wire import WireMeter
+
+    meter = WireMeter()
+    history, participation = _train(grid, alg, cfg, accepted, part, meter, run_config)
+    evaluation = _evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
+    return Deployment(cfg, out, force, alg, store, part, info, part_art, history, evaluation, participation, meter,
+                      accepted)
+
+
+def _wait_for_nodes(grid, wanted: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= wanted or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    log(INFO, f"{len(nodes)} SuperNodes connected for the partition's {wanted} clients")
+    return nodes
+
+
+def _send(grid, messages: list, timeout: float, meter, kind: str) -> list:
+    """``send_and_receive`` with the bytes of both directions metered."""
+    for m in messages:
+        meter.sent(kind, m.content)
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    for r in replies:
+        if not r.has_error():
+            meter.received(kind, r.content)
+    return replies
+
+
+def _origin(reply, messages) -> int:
+    """The node a reply answers for: an error the SuperLink writes for an unavailable node comes from the
+    SuperLink, so the node is found through the message it replies to (ids are set when pushed)."""
+    sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+    return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+
+
+def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
+    """Ask every node what it holds; accept those whose client and dataset are the partition's."""
+    from flwr.app import Message, RecordDict
+
+    from pfl_cli.interop.flower_app.wire import WireMeter, from_record
+
+    messages = [Message(RecordDict(), dst_node_id=n, message_type=HELLO) for n in nodes]
+    replies = _send(grid, messages, timeout, WireMeter(), "hello")
+    accepted: dict[int, int] = {}      # client position -> node id
+    facts: dict[int, dict] = {}
+    norm = None
+    expected = {"partition-sha256": part_art.content_hash, "input-shape": list(info["input_shape"]),
+                "num-classes": int(info["num_classes"]), "num-samples": int(info["num_samples"]),
+                "labels-sha256": str(info.get("labels_sha256") or "")}
+    for reply in replies:
+        node = _origin(reply, messages)
+        if reply.has_error():
+            log(WARNING, f"node {node} refused: its ClientApp failed the handshake: {reply.error.reason}")
+            continue
+        got = dict(reply.content["facts"])
+        position = int(got["partition-id"])
+        wrong = [f"{key} {got[key]!r} (the partition's dataset has {want!r})" if key != "partition-sha256" else
+                 "another partition artifact (sha256 differs)"
+                 for key, want in expected.items() if want and got.get(key) != want]
+        if wrong:
+            log(WARNING, f"node {node} refused: its dataset does not fit the partition: {'; '.join(wrong)}")
+        elif not 0 <= position < part.num_clients:
+            log(WARNING, f"node {node} refused: partition-id {position} is not a client of the partition "
+                         f"(0..{part.num_clients - 1})")
+        elif position in accepted:
+            log(WARNING, f"node {node} refused: partition-id {position} is already held by node {accepted[position]}")
+        else:
+            accepted[position] = node
+            facts[position] = got
+            norm = norm or from_record(reply.content["normalization"], "cpu")
+    missing = sorted(set(range(part.num_clients)) - set(accepted))
+    if missing:
+        log(WARNING, f"no accepted node for clients {missing} (partition ids): they take no part")
+    if not accepted:
+        raise RunError("flower: no SuperNode was accepted; see the refusals above.")
+    return accepted, facts, norm
+
+
+def _server_store(cfg, part, info, part_art, facts: dict, norm: dict) -> ServerStore:
+    import torch
+
+    from pfl_cli.fl.device import resolve_device
+
+    n = part.num_clients
+    labeled = np.zeros(n, dtype=bool)
+    length = torch.zeros(n, dtype=torch.long)
+    for position, f in facts.items():
+        labeled[position] = bool(f["labeled"])
+        length[position] = int(f["fit-size"])
+    return ServerStore(device=resolve_device(cfg.device), num_clients=n, input_shape=tuple(info["input_shape"]),
+                       num_classes=int(info["num_classes"]), role=np.asarray(part.role), labeled=labeled,
+                       fit=_Fit(length), mean=norm["mean"], std=norm["std"], partition_sha=part_art.content_hash)
+
+
+def _train(grid, alg, cfg, accepted: dict, part, meter, run_config):
+    """The rounds of thesis Alg. 3 with the clients on the nodes; returns the train-loss rows and participation."""
+    import torch
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from pfl_cli.algorithms.base import weighted_mean
+    from pfl_cli.fl.store import ROLE_TRAIN
+    from pfl_cli.interop.flower_app.wire import from_record, to_record
+    from pfl_cli.privacy.randomness import train_randomness
+
+    randomness = train_randomness(cfg)  # seeded: a deployment runs without --dp (check_deployable)
+    timeout = float(run_config.get("round-timeout", 120))
+    min_clients = int(run_config.get("min-clients", 1))
+    train_clients = torch.as_tensor(np.flatnonzero(part.role == ROLE_TRAIN), device=alg.device)
+    alg.check_trainable(train_clients)
+    total, losses, participation = cfg.rounds, [], []
+    for t in range(total):
+        gen = randomness.torch(f"round-{t}")  # the simulation's round generator (pfl_cli.fl.loop)
+        cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
+        members = [int(c) for c in cohort]
+        state = bytes(gen.get_state().numpy().tobytes())
+        messages = [Message(RecordDict({"global": to_record(alg.global_params),
+                                        "round": ConfigRecord({"round": t, "cohort": members, "generator": state})}),
+                            dst_node_id=accepted[c], message_type=ROUND) for c in members]
+        replies = _send(grid, messages, timeout, meter, "train")
+        theta, loss, kept, why = {}, {}, [], {}
+        for reply in replies:
+            if reply.has_error():
+                why[_origin(reply, messages)] = f"failed: {reply.error.reason}"
+                continue
+            position = int(reply.content["result"]["partition-id"])
+            theta[position] = from_record(reply.content["theta"], alg.device)
+            loss[position] = float(reply.content["result"]["loss"])
+        kept = [c for c in members if c in theta]
+        for c in members:
+            status = "trained" if c in theta else why.get(accepted[c], f"no reply within {timeout:g} s")
+            participation.append([t + 1, int(part.client_id[c]), accepted[c], status])
+            if c not in theta:
+                log(WARNING, f"round {t + 1}: client {int(part.client_id[c])} (node {accepted[c]}) dropped: {status}")
+        if len(kept) < min(min_clients, len(members)):
+            raise RunError(f"flower: round {t + 1}: {len(kept)} of the cohort's {len(members)} clients replied "
+                           f"within {timeout:g} s, fewer than min-clients ({min_clients}); nothing was written.")
+        stacked = {k: torch.stack([theta[c][k] for c in kept]) for k in alg.global_params}
+        kept_t = torch.as_tensor(kept, dtype=torch.long, device=alg.device)
+        alg.record_exchange(alg.global_params, stacked, len(kept))
+        alg.server_step(weighted_mean(alg.store, kept_t, stacked))  # Alg. 3 line 9
+        alg.traffic.close_round(len(kept))
+        mean_loss = float(np.mean([loss[c] for c in kept]))
+        if not np.isfinite(mean_loss):
+            raise RunError(f"flower: training diverged: the loss became {mean_loss} at round {t + 1}.")
+        losses.append(mean_loss)
+        log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {mean_loss:.4f}")
+    return [[total, "train", "train_loss", float(np.mean(losses)) if losses else float("nan")]], participation
+
+
+def _evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):
+    """The last round's model on every accepted client's test samples -> an ``Evaluation`` by group."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from pfl_cli.fl.evaluate import GroupEval
+    from pfl_cli.fl.loop import Evaluation
+    from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
+    from pfl_cli.interop.flower_app.wire import to_record
+
+    messages = [Message(RecordDict({"global": to_record(alg.global_params),
+                                    "config": ConfigRecord({"round": cfg.rounds})}),
+                        dst_node_id=node, message_type=EVALUATE) for node in accepted.values()]
+    results = {}
+    for reply in _send(grid, messages, timeout, meter, "evaluate"):
+        if reply.has_error():
+            log(WARNING, f"node {_origin(reply, messages)}: evaluation failed: {reply.error.reason}")
+            continue
+        r = reply.content["result"]
+        results[int(r["partition-id"])] = r
+    groups = {}
+    for name, role in (("train", ROLE_TRAIN), ("holdout", ROLE_HOLDOUT)):
+        clients = np.array(sorted(c for c in results if part.role[c] == role), dtype=np.int64)
+        if len(clients):
+            groups[name] = GroupEval(clients=clients, **{k: np.array([results[c][k] for c in clients])
+                                                         for k in ("n", "correct", "correct_lm", "loss")})
+    if not groups:
+        raise RunError("flower: no node returned an evaluation; nothing was written.")
+    return Evaluation(cfg.rounds, groups)

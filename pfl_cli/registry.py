@@ -1,0 +1,260 @@
+"""Every algorithm ``pflx train`` runs: its name -> (algorithm class, config class), built-ins and plugins.
+
+The one place that knows which algorithms exist. ``cli/``, ``attack/`` and the plugin loader read
+it; the engine (``pfl_cli.fl``) never does: it is handed a config whose class names its algorithm.
+
+A third-party package adds an algorithm through the entry-point group ``pflx.algorithms``
+(``name = "module:Class"``); the class subclasses :class:`pfl_cli.algorithms.base.Algorithm` and
+declares ``name`` and ``config`` (a frozen dataclass extending :class:`pfl_cli.fl.config.TrainConfig`).
+A plugin that fails to import, clashes with a known name or declares no config is reported in
+one line by :func:`plugin_problems` and left out; the built-ins work regardless.
+
+>>> cfg = train_config("fedavg", rounds=3)
+>>> (cfg.algorithm, cfg.rounds, cfg.local_steps)
+('fedavg', 3, 50)
+>>> train_config("fedavg", local_step=3)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+pfl_cli.errors.ConfigError: unknown key 'local_step' for algorithm 'fedavg' (did you mean 'local_steps'?); ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from pfl_cli.errors import ConfigError
+
+ENTRY_POINT_GROUP = "pflx.algorithms"
+
+# The built-ins, in the order `pflx algorithms` lists them: module:Class.
+BUILTINS = (
+    "pfl_cli.algorithms.pefll:PeFLL", "pfl_cli.algorithms.fedavg:FedAvg", "pfl_cli.algorithms.local:Local",
+    "pfl_cli.algorithms.pfedhn:PFedHN", "pfl_cli.algorithms.pfedhn:PFedHNPC", "pfl_cli.algorithms.hyperfl:HyperFL",
+    "pfl_cli.algorithms.hyperfl_lpm:HyperFLLPM",
+    "pfl_cli.algorithms.fedprox:FedProx", "pfl_cli.algorithms.fedper:FedPer", "pfl_cli.algorithms.fedrep:FedRep",
+    "pfl_cli.algorithms.lgfedavg:LGFedAvg", "pfl_cli.algorithms.ditto:Ditto", "pfl_cli.algorithms.apfl:APFL",
+    "pfl_cli.algorithms.perfedavg:PerFedAvg", "pfl_cli.algorithms.pfedme:PFedMe", "pfl_cli.algorithms.knnper:KNNPer",
+    "pfl_cli.algorithms.flowdup:FLowDUP", "pfl_cli.algorithms.flowdup:LDFedAvg",
+    "pfl_cli.algorithms.ldp_fedavg:LDPFedAvg", "pfl_cli.algorithms.ppsgd:PPSGD", "pfl_cli.algorithms.centaur:CENTAUR",
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One algorithm: its name, class, config class and where it comes from."""
+
+    name: str
+    algorithm: type
+    config: type
+    origin: str = "built-in"      # or "plugin <distribution> (<module:Class>)"
+
+    @property
+    def dp(self) -> str:
+        """Its declared DP support: "client-level", "example-level (required)", or "none"."""
+        unit = self.algorithm.dp_unit
+        if unit is None:
+            return "none"
+        return f"{unit}-level" + (" (required)" if self.algorithm.dp_required else "")
+
+    @property
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self.config)]
+
+
+_ENTRIES: dict[str, Entry] | None = None
+_PROBLEMS: list[str] = []
+
+
+def entries() -> dict[str, Entry]:
+    """Name -> :class:`Entry` of every usable algorithm: the built-ins, then the plugins that load."""
+    global _ENTRIES
+    if _ENTRIES is None:
+        found = {}
+        for target in BUILTINS:
+            cls = _load(target)
+            found[cls.name] = Entry(cls.name, cls, cls.config)
+        _PROBLEMS.clear()
+        found.update(_plugins(found))
+        _ENTRIES = found
+    return _ENTRIES
+
+
+def reload() -> dict[str, Entry]:
+    """Read the entry points again (a package installed since the first look)."""
+    global _ENTRIES
+    _ENTRIES = None
+    return entries()
+
+
+def plugin_problems() -> list[str]:
+    """One line per plugin that was left out, naming it and why."""
+    entries()
+    return list(_PROBLEMS)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(entries())
+
+
+def get(name: str) -> Entry:
+    """The entry of ``name``; an unknown name is refused with the known ones and a "did you mean"."""
+    known = entries()
+    if name not in known:
+        hint = difflib.get_close_matches(str(name), list(known), n=1)
+        tip = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ConfigError(f"algorithm must be one of {', '.join(known)}; got {name!r}{tip}.")
+    return known[name]
+
+
+# ---------------------------------------------------------------------------- configs
+def unknown_key(key: str, entry: Entry, where: str = "") -> ConfigError:
+    """One line: the key, the algorithm, a "did you mean" and the keys it takes."""
+    hint = difflib.get_close_matches(key, entry.keys, n=1)
+    tip = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return ConfigError(f"unknown {where}key {key!r} for algorithm {entry.name!r}{tip}; {entry.name} takes: "
+                       f"{', '.join(entry.keys)}.")
+
+
+def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
+                         flag_values: Mapping[str, Any] | None = None,
+                         overrides: Mapping[str, Any] | None = None, ignore=(),
+                         labels: tuple[str, str, str] = ("config file ", "flag ", "--set ")) -> Any:
+    """The config of the algorithm the layers name (``--set`` > flag > file > pefll), over its defaults.
+
+    A key the algorithm does not take is refused whichever layer holds it, so a recipe for one
+    algorithm used with ``--set algorithm=B`` keeps the common keys and refuses its own.
+    """
+    from pfl_cli.config import resolve_config
+    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.schema import coerce_field
+
+    layers = tuple(zip(labels, (file_values or {}, flag_values or {}, overrides or {})))
+    name = "pefll"
+    for _, layer in layers:
+        if "algorithm" in layer:
+            name = coerce_field(TrainConfig, "algorithm", layer["algorithm"])
+    entry = get(name)
+    taken = set(entry.keys)
+    for where, layer in layers:
+        for k in layer:
+            k = str(k).strip().replace("-", "_")
+            if k not in taken and k not in ignore:
+                raise unknown_key(k, entry, where)
+    cfg = resolve_config(entry.config, file_values=file_values, flag_values=flag_values, overrides=overrides,
+                         ignore=ignore)
+    cfg.validate()
+    return cfg
+
+
+def train_config(algorithm: str = "pefll", **keys: Any) -> Any:
+    """The frozen config of ``algorithm``: its paper's defaults with ``keys`` set (values typed and checked).
+
+    The public way to build a training config in Python (tests, notebooks, benchmarks).
+    """
+    return resolve_train_config(overrides={"algorithm": algorithm, **keys}, labels=("", "", ""))
+
+
+# Keys of the one flat TrainConfig (pflx <= 0.1.0, before each algorithm owned its config); a train artifact
+# or checkpoint of that format holds all of them and is read by dropping those its algorithm does not take.
+LEGACY_KEYS = frozenset((
+    "algorithm rounds clients_per_round local_steps batch_size lr momentum client_clip server_optimizer server_lr "
+    "server_momentum server_clip lambda_h lambda_v lambda_theta model_arch mlp_hidden embedding embed_dim hyper_size "
+    "hyper_hidden descriptor_batch eval_descriptor standardize_descriptor label_mask finetune_steps local_epochs "
+    "eval_every val_fraction normalize checkpoint_every mu lam head_epochs body_epochs new_client_epochs alpha "
+    "alpha_lr variant beta K personal_lr knn_k knn_scale interpolation device cohort_exec seed "
+    "evaluate_hidden_labels subspace_dim subspace_nnz feature_dim lambda_reg labeled_rate learnable_centre "
+    "track_descriptors dp_epsilon dp_delta dp_clip dp_population dp_sampling_rate dp_accountant write_nonprivate "
+    "hn_momentum hn_weight_decay embed_lr head_lr embed_rounds client_sizes").split())
+# What an unset clients_per_round meant in that format (the class's default_cohort).
+LEGACY_COHORT = {"pfedhn": 1, "pfedhn-pc": 1, "hyperfl": None}
+
+
+def config_from_artifact(config: Mapping[str, Any], *, what: str, made_by: str | None) -> Any:
+    """The config a train artifact (or checkpoint) recorded, in this version's form.
+
+    The flat format of pflx 0.1.0 (every algorithm's keys in one file) loads: keys its algorithm
+    does not take are dropped (that version ignored them) and an unset value takes the default
+    the old code fell back to. Anything else that does not fit is refused, naming the version.
+    """
+    from pfl_cli.errors import ArtifactError
+
+    values = dict(config)
+    name = values.get("algorithm")
+    try:
+        entry = get(name)
+    except ConfigError:
+        raise ArtifactError(f"{what}: it was made by pflx {made_by or 'of an unknown version'} with algorithm "
+                            f"{name!r}, which this pflx does not know (installed: {', '.join(names())}).") from None
+    fields = {f.name: f for f in dataclasses.fields(entry.config)}
+    extra = set(values) - set(fields)
+    legacy = bool(extra) and extra <= LEGACY_KEYS
+    if extra and not legacy:
+        raise ArtifactError(f"{what}: it was made by pflx {made_by or 'of an unknown version'} and its config has "
+                            f"keys this pflx's {name} does not take ({', '.join(sorted(extra))}); re-create it with "
+                            "this version of pflx train.")
+    if legacy:
+        values = {k: v for k, v in values.items() if k in fields}
+        if values.get("clients_per_round", 0) is None:
+            values["clients_per_round"] = LEGACY_COHORT.get(name, 5)
+        for k, v in list(values.items()):
+            if v is None and fields[k].default is not None:
+                values[k] = fields[k].default  # the value the old code fell back to for None
+    try:
+        return entry.config(**values)
+    except TypeError as err:
+        raise ArtifactError(f"{what}: it was made by pflx {made_by or 'of an unknown version'} and its config does "
+                            f"not fit this pflx ({err}); re-create it with this version of pflx train.") from None
+
+
+# ---------------------------------------------------------------------------- loading
+def _load(target: str) -> type:
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _plugins(builtins: dict[str, Entry]) -> dict[str, Entry]:
+    """The entry points of :data:`ENTRY_POINT_GROUP` that load and declare what an algorithm must."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, Entry] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
+        label = f"plugin {ep.name!r} ({dist}: {ep.value})"
+        try:
+            cls = ep.load()
+        except Exception as err:  # noqa: BLE001 - any failure of third-party code leaves the plugin out
+            _PROBLEMS.append(f"{label} left out: importing it failed ({type(err).__name__}: {err}).")
+            continue
+        problem = _plugin_problem(ep.name, cls, builtins, found)
+        if problem:
+            _PROBLEMS.append(f"{label} left out: {problem}.")
+            continue
+        found[ep.name] = Entry(ep.name, cls, cls.config, origin=f"plugin {dist} ({ep.value})")
+    return found
+
+
+def _plugin_problem(name: str, cls: Any, builtins: dict, plugins: dict) -> str:
+    from pfl_cli.algorithms.base import Algorithm
+    from pfl_cli.fl.config import TrainConfig
+
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        return "it is not a subclass of pfl_cli.algorithms.base.Algorithm"
+    if name in builtins:
+        return f"its name clashes with the built-in algorithm {name!r}"
+    if name in plugins:
+        return f"another plugin ({plugins[name].origin}) already registered {name!r}"
+    if cls.name != name:
+        return f"the class's name is {cls.name!r}, not the entry point's {name!r}"
+    config = cls.__dict__.get("config")
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config) and issubclass(config, TrainConfig)):
+        return "it declares no config (a frozen dataclass extending pfl_cli.fl.config.TrainConfig as `config`)"
+    if config().algorithm != name:
+        return f"its config's algorithm default is {config().algorithm!r}, not {name!r}"
+    return ""

@@ -1,0 +1,118 @@
+"""Progress on stderr: plain lines at a steady cadence off a terminal, none with --format quiet,
+nothing private under --dp, stdout a single object with --format json."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pfl_cli.cli.output import PlainProgress
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = re.compile(r"^train: round (\d+)/(\d+) \((\d+)%\), elapsed \d+:\d\d:\d\d, left ~\d+:\d\d:\d\d(, .*)?$")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_plain_progress_cadence_and_time_left_against_hand_computed_values():
+    clock, stream = FakeClock(), io.StringIO()
+    bar = PlainProgress("train", 10, "round", stream, every=5.0, clock=clock)
+    for step in range(10):  # 2 s per round: lines at rounds 1 (first), 4, 7 (>= 5 s after the last) and 10 (end)
+        clock.now += 2.0
+        bar.advance(1, status=f"loss {1 / (step + 1):.3f}")
+    lines = stream.getvalue().splitlines()
+    assert [int(line.split()[2].split("/")[0]) for line in lines] == [1, 4, 7, 10]
+    # Round 4: elapsed 8 s, 2 s per round, 6 rounds left -> 12 s.
+    assert lines[1] == "train: round 4/10 (40%), elapsed 0:00:08, left ~0:00:12, loss 0.250"
+    assert lines[-1] == "train: round 10/10 (100%), elapsed 0:00:20, left ~0:00:00, loss 0.100"
+    bar.advance(0)  # nothing after the final line
+    assert len(stream.getvalue().splitlines()) == 4
+
+
+def test_plain_progress_resumed_run_times_only_the_rounds_run_here():
+    clock, stream = FakeClock(), io.StringIO()
+    bar = PlainProgress("train", 100, "round", stream, every=0.0, clock=clock)
+    bar.advance(50, status="resumed")  # a checkpoint at round 50: no time spent here
+    clock.now += 10.0
+    bar.advance(10)  # 1 s per round since the resume, 40 rounds left
+    assert stream.getvalue().splitlines()[-1] == "train: round 60/100 (60%), elapsed 0:00:10, left ~0:00:40"
+
+
+def test_plain_progress_without_total_says_no_time_left():
+    stream = io.StringIO()
+    PlainProgress("predict", None, "client", stream, every=0.0, clock=FakeClock()).advance(3)
+    assert stream.getvalue() == "predict: client 3, elapsed 0:00:00\n"
+
+
+@pytest.fixture(scope="module")
+def part(tmp_path_factory):
+    from pfl_cli.cli.app import main
+
+    root = tmp_path_factory.mktemp("progress")
+    assert main(["partition", "--dirichlet", "0.5", "-n", "12", "--holdout-clients", "3", "--out", str(root / "part"),
+                 "--format", "quiet"]) == 0
+    return root
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PFLX_PROGRESS_EVERY="0")
+
+
+def test_train_with_stderr_to_a_file_writes_progress_lines_while_it_runs(part):
+    log = part / "train.log"
+    args = [sys.executable, "-m", "pfl_cli", "train", "--partition", str(part / "part"), "--algorithm", "fedavg",
+            "--rounds", "300", "--eval-every", "100", "--local-steps", "2", "--out", str(part / "fedavg")]
+    with open(log, "w") as err, open(part / "train.out", "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=err, env=_env())
+        seen_while_running = []
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            lines = [ln for ln in log.read_text().splitlines() if LINE.match(ln)]
+            if lines and proc.poll() is None:
+                seen_while_running = lines
+                break
+            time.sleep(0.05)
+        assert proc.wait(timeout=300) == 0, log.read_text()
+    assert seen_while_running, "no progress line reached the log before train ended"
+    lines = log.read_text().splitlines()
+    assert lines and all(LINE.match(ln) for ln in lines), lines
+    assert lines[-1].startswith("train: round 300/300 (100%)") and ", loss " in lines[-1]
+    rounds = [int(LINE.match(ln).group(1)) for ln in lines]
+    assert rounds == sorted(rounds) and rounds[0] == 1
+
+
+def test_quiet_is_silent_and_json_keeps_stdout_one_object(part):
+    base = [sys.executable, "-m", "pfl_cli", "train", "--partition", str(part / "part"), "--algorithm", "fedavg",
+            "--rounds", "4", "--eval-every", "2", "--local-steps", "1"]
+    quiet = subprocess.run([*base, "--out", str(part / "q"), "--format", "quiet"], env=_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+    js = subprocess.run([*base, "--out", str(part / "j"), "--format", "json"], env=_env(), capture_output=True,
+                        text=True, timeout=300)
+    assert js.returncode == 0, js.stderr
+    assert isinstance(json.loads(js.stdout), dict)  # one object, nothing else on stdout
+    assert [int(LINE.match(ln).group(1)) for ln in js.stderr.splitlines() if LINE.match(ln)] == [1, 2, 3, 4]
+
+
+def test_dp_progress_lines_carry_no_loss_or_accuracy(part):
+    proc = subprocess.run([sys.executable, "-m", "pfl_cli", "train", "--partition", str(part / "part"), "--algorithm",
+                           "fedavg", "--rounds", "4", "--eval-every", "2", "--local-steps", "1", "--clients-per-round",
+                           "4", "--set", "normalize=false", "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000", "--out", str(part / "dp"),
+                           "--format", "json"], env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("train: round")]
+    assert len(lines) == 4 and all(LINE.match(ln) and LINE.match(ln).group(4) is None for ln in lines), lines
