@@ -191,8 +191,11 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
     fixed = dict(fixed or {})
     anchor = {k: prox_anchor[k] for k in params} if prox_mu else {}
-    buf = {k: (momentum_state[k].clone() if momentum_state is not None and k in momentum_state
-               else torch.zeros_like(v)) for k, v in params.items()}  # a private optimizer persists (pFedHN-PC)
+    if momentum or momentum_state is not None or not _steps_in_place(lr, clip_groups, params):
+        buf = {k: (momentum_state[k].clone() if momentum_state is not None and k in momentum_state
+                   else torch.zeros_like(v)) for k, v in params.items()}  # a private optimizer persists (pFedHN-PC)
+    else:  # plain SGD stepped in place reads no buffer: no cohort-sized zeros, no copy per step
+        buf = {}
     opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, prox_mu=prox_mu,
                 clip_groups=clip_groups, shared=dict(shared or {}))
     if world()[1] == 1:
@@ -206,7 +209,7 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
                              buf=buf, **opts)
         whole = assemble({**theta, **{_BUF + k: v for k, v in buf.items()}, _LOSS: loss}, rows, c)
         loss = whole.pop(_LOSS)
-        buf = {k: whole.pop(_BUF + k) for k in params}
+        buf = {k: whole.pop(_BUF + k) for k in list(buf)}
         theta = whole
     if momentum_state is not None:
         for k in momentum_state:
@@ -347,15 +350,18 @@ def sgd_update_(theta: dict, grads: dict, buf: dict, **options) -> None:
     import torch
 
     with torch.no_grad():
-        if options.get("clip_groups") is None and all(
-                isinstance(options["lr"][k] if isinstance(options["lr"], dict) else options["lr"], (int, float))
-                for k in grads):
+        if _steps_in_place(options["lr"], options.get("clip_groups"), grads):
             _sgd_inplace_(theta, grads, buf, **{k: v for k, v in options.items() if k != "clip_groups"})
             return
         new_theta, new_buf = sgd_step(theta, grads, buf, **options)
         for k in grads:
             theta[k].copy_(new_theta[k])
             buf[k].copy_(new_buf[k])
+
+
+def _steps_in_place(lr, clip_groups, names) -> bool:
+    """Whether :func:`sgd_update_` takes the in-place step: one clip group and a number for every step size."""
+    return clip_groups is None and all(isinstance(lr[k] if isinstance(lr, dict) else lr, (int, float)) for k in names)
 
 
 def _sgd_inplace_(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 0.0, weight_decay: float = 0.0,
@@ -378,7 +384,7 @@ def _sgd_inplace_(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 
         for g in grads.values():
             g.mul_(expand_as_params(scale, g))
     for k, g in grads.items():
-        p, b = theta[k], buf[k]
+        p, b = theta[k], buf.get(k)
         step = lr[k] if isinstance(lr, dict) else lr
         if weight_decay:
             g.add_(p, alpha=weight_decay)
@@ -391,10 +397,8 @@ def _sgd_inplace_(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 
             b.mul_(momentum if sel is None else 1.0 + (momentum - 1.0) * sel).add_(g)
             p.add_(b if sel is None else b * sel, alpha=-step)
         else:
-            if sel is None:
-                b.copy_(g)
-            else:
-                b.mul_(1.0 - sel).add_(g)
+            if k in buf:  # a buffer someone reads afterwards (momentum_state): torch.optim.SGD's, the gradient
+                b.copy_(g) if sel is None else b.mul_(1.0 - sel).add_(g)
             p.add_(g, alpha=-step)
 
 
