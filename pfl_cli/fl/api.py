@@ -111,8 +111,6 @@ def _check_model_memory(cfg: TrainConfig, hidden: list[int]) -> None:
 def _validate_dp(cfg: TrainConfig) -> None:
     """--dp on an algorithm that has a DP variant, with its public bounds (``pfl_cli.fl.dp``)."""
     from pfl_cli.algorithms import REGISTRY
-    from pfl_cli.fl.dp import check_dp_options
-    from pfl_cli.privacy import ACCOUNTANTS
 
     cls = REGISTRY[cfg.algorithm]
     if cfg.dp_epsilon is None:
@@ -122,6 +120,11 @@ def _validate_dp(cfg: TrainConfig) -> None:
         if cfg.write_nonprivate:
             raise ConfigError("--write-nonprivate only applies with --dp (without DP every file is written).")
         return
+    # Only now: pfl_cli.privacy imports dp_accounting and with it much of scipy, seconds of start-up
+    # that a run without --dp does not need (issue 26).
+    from pfl_cli.fl.dp import check_dp_options
+    from pfl_cli.privacy import ACCOUNTANTS
+
     if cls.dp_unit is None:
         supported = ", ".join(name for name, c in REGISTRY.items() if c.dp_unit is not None)
         raise ConfigError(f"--dp is not supported by algorithm {cfg.algorithm!r}; algorithms with a DP variant: "

@@ -69,15 +69,23 @@ def normalization_stats(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.
     idx = np.asarray(idx)
     if idx.shape[0] == 0:
         raise InputError("normalize: the train clients hold no samples to compute input statistics from.")
-    axes = (0, 2, 3) if x.ndim == 4 else (0,)
+    image = x.ndim == 4
     rows = max(1, _STATS_CHUNK_BYTES // (int(np.prod(x.shape[1:])) * 8 or 1))
-    chunks = [idx[i:i + rows] for i in range(0, len(idx), rows)]
-    count = len(idx) * int(np.prod([x.shape[a] for a in axes[1:]], dtype=np.int64))
-    total = sum(np.asarray(x[c], dtype=np.float64).sum(axis=axes, keepdims=True)[0] for c in chunks)
-    mean = total / count
-    squares = sum(np.square(np.asarray(x[c], dtype=np.float64) - mean).sum(axis=axes, keepdims=True)[0]
-                  for c in chunks)
-    std = np.sqrt(squares / count)
+
+    def chunks():  # (n, C, H*W) for images, (n, features) otherwise, float64
+        for i in range(0, len(idx), rows):
+            part = np.asarray(x[idx[i:i + rows]], dtype=np.float64)
+            yield part.reshape(part.shape[0], part.shape[1], -1) if image else part.reshape(part.shape[0], -1)
+
+    def total(values):  # reduce the contiguous pixel axis first: several times faster than axis=(0, 2, 3)
+        return (values.sum(axis=2) if image else values).sum(axis=0)
+
+    count = len(idx) * (int(np.prod(x.shape[2:])) if image else 1)
+    mean = sum(total(c) for c in chunks()) / count
+    centre = mean[:, None] if image else mean
+    std = np.sqrt(sum(total(np.square(c - centre)) for c in chunks()) / count)
+    shape = (-1, 1, 1) if image else x.shape[1:]
+    mean, std = mean.reshape(shape), std.reshape(shape)
     std = np.where(std < 1e-8, 1.0, std)  # constant features (digits' border pixels) pass through
     return mean.astype(np.float32), std.astype(np.float32)
 
