@@ -60,9 +60,23 @@ def write_synthetic_cifar10(root: Path, train_images: int, test_images: int, see
     return d
 
 
-def main(argv=None) -> int:
+def timed_pflx(argv: list[str], device: str) -> tuple[int, float, str, float]:
+    """Run one pflx command in-process: (exit code, wall seconds, device name, peak GPU memory in GiB or NaN)."""
     import torch
 
+    from pfl_cli.cli.app import main as pflx
+
+    cuda = torch.cuda.is_available() and device in ("auto", "cuda") or device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    code = pflx(argv)
+    wall = time.perf_counter() - t0
+    name = torch.cuda.get_device_name() if cuda else "CPU"
+    return code, wall, name, torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+
+
+def main(argv=None) -> int:
     from pfl_cli.cli.app import main as pflx
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -82,18 +96,13 @@ def main(argv=None) -> int:
                      str(out / "part"), "--force", "--format", "quiet"])
         if code:
             return code
-        cuda = torch.cuda.is_available() and args.device in ("auto", "cuda") or args.device.startswith("cuda")
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        code = pflx(["train", "--config", str(RECIPE), "--partition", str(out / "part"), "--out", str(out / "train"),
-                     "--force", "--format", "quiet", "--set", f"rounds={args.rounds}",
-                     "--set", f"eval_every={args.eval_every}", "--set", f"device={args.device}"])
-        wall = time.perf_counter() - t0
+        code, wall, device, memory = timed_pflx(
+            ["train", "--config", str(RECIPE), "--partition", str(out / "part"), "--out", str(out / "train"),
+             "--force", "--format", "quiet", "--set", f"rounds={args.rounds}",
+             "--set", f"eval_every={args.eval_every}", "--set", f"device={args.device}"], args.device)
         if code:
             return code
-        device = torch.cuda.get_device_name() if cuda else "CPU"
-        memory = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+        cuda = device != "CPU"
 
     print(f"PeFLL paper configuration ({RECIPE.relative_to(ROOT)}), {args.rounds} rounds, evaluation every "
           f"{args.eval_every}, {args.images:,} + {args.images // 5:,} synthetic 3x32x32 images, on {device}")

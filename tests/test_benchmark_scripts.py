@@ -61,3 +61,14 @@ def test_the_pflx_side_of_the_peer_benchmark_times_rounds_and_learns(tmp_path):
     result = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
     assert result["wall_per_round"] > 0 and result["cpu_per_round"] > 0 and result["ru_maxrss_mb"] > 50
     assert result["accuracy"] > 0.5  # 3 rounds of 4 steps on class-mean images: far above chance (0.1)
+
+
+@pytest.mark.slow
+def test_the_hyperfl_lpm_measurement_runs_on_cpu():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "hyperfl_lpm_round.py"), "--device", "cpu", "--rounds", "1",
+         "--backbone", "vit-micro", "--images", "2000", "--local-epochs", "1"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "backbone vit-micro (random weights), 1 rounds of 20 clients x 1 local epochs" in proc.stdout
+    assert "seconds per round" in proc.stdout and "n/a (CPU)" in proc.stdout

@@ -16,6 +16,7 @@ from pfl_cli.algorithms.ldp_fedavg import LDPFedAvg
 from pfl_cli.algorithms.lgfedavg import LGFedAvg
 from pfl_cli.algorithms.local import Local
 from pfl_cli.algorithms.hyperfl import HyperFL
+from pfl_cli.algorithms.hyperfl_lpm import HyperFLLPM
 from pfl_cli.algorithms.pefll import PeFLL
 from pfl_cli.algorithms.perfedavg import PerFedAvg
 from pfl_cli.algorithms.pfedhn import PFedHN, PFedHNPC
@@ -23,10 +24,10 @@ from pfl_cli.algorithms.pfedme import PFedMe
 from pfl_cli.algorithms.ppsgd import PPSGD
 
 REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (PeFLL, FedAvg, Local, PFedHN, PFedHNPC, HyperFL, FedProx, FedPer, FedRep, LGFedAvg,
+    cls.name: cls for cls in (PeFLL, FedAvg, Local, PFedHN, PFedHNPC, HyperFL, HyperFLLPM, FedProx, FedPer, FedRep, LGFedAvg,
                              Ditto, APFL, PerFedAvg, PFedMe, KNNPer, FLowDUP, LDFedAvg, LDPFedAvg, PPSGD, CENTAUR)
 }
 
 __all__ = ["APFL", "Algorithm", "CENTAUR", "Ditto", "FLowDUP", "FedAvg", "FedPer", "FedProx", "FedRep", "HyperFL",
-           "KNNPer", "LDFedAvg", "LDPFedAvg", "LGFedAvg", "Local", "PFedHN", "PFedHNPC", "PFedMe", "PPSGD", "PeFLL",
+           "HyperFLLPM", "KNNPer", "LDFedAvg", "LDPFedAvg", "LGFedAvg", "Local", "PFedHN", "PFedHNPC", "PFedMe", "PPSGD", "PeFLL",
            "PerFedAvg", "REGISTRY"]

@@ -71,6 +71,11 @@ class Algorithm(ABC):
         from pfl_cli.fl.config import hidden_sizes
         from pfl_cli.models import client_spec
 
+        if getattr(cfg, "backbone", ""):  # HyperFL Table 2's baselines: the pre-trained backbone net
+            from pfl_cli.models.pretrained import backbone_spec
+
+            return {"client": backbone_spec(cfg.backbone, store.input_shape, store.num_classes,
+                                            tune=cfg.backbone_tune, weights=cfg.backbone_weights or None)}
         return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))}
 
     @abstractmethod

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, stack, weighted_mean
-from pfl_cli.rng import torch_generator
+from pfl_cli.privacy.randomness import mechanism_generator
 
 
 class FedAvg(Algorithm):
@@ -44,7 +44,7 @@ class FedAvg(Algorithm):
         if self.dp is not None:
             # DP-FedAvg (McMahan et al. 2018, Alg. 1): clipped deltas, noisy sum / (q N).
             deltas = {k: theta[k] - g for k, g in self.global_params.items()}
-            self.server_update(self.dp.private_mean(deltas, torch_generator(self.cfg.seed, f"dp-noise-{t}",
+            self.server_update(self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}",
                                                                             self.device)))
         else:
             self.server_step(weighted_mean(self.store, cohort, theta))

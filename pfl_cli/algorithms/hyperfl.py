@@ -89,6 +89,13 @@ class HyperFL(Algorithm):
         self.private = ClientState(self.template, self.store.num_clients, self.store.partition_sha)
         self.generated = GeneratedNet(self.hnet, self.net, dim)
 
+    @staticmethod
+    def floats_per_client_round(arch: dict) -> int:
+        """B.2: the whole hypernetwork comes down and phi_i goes up; the client net never travels."""
+        from pfl_cli.models import num_parameters
+
+        return 2 * num_parameters(arch["hypernetwork"])
+
     def cohort_size(self, t: int, total: int, available: int) -> int:
         return available if t == total - 1 else super().cohort_size(t, total, available)  # B.6: last round full
 

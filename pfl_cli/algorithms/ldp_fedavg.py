@@ -14,7 +14,7 @@ from __future__ import annotations
 from pfl_cli.algorithms.base import stack
 from pfl_cli.algorithms.fedavg import FedAvg
 from pfl_cli.fl.dpsgd import LocalDP
-from pfl_cli.rng import torch_generator
+from pfl_cli.privacy.randomness import mechanism_generator
 
 
 class LDPFedAvg(LocalDP, FedAvg):
@@ -32,7 +32,7 @@ class LDPFedAvg(LocalDP, FedAvg):
                                    private=list(self.global_params), clip=dp.clip,
                                    noise_multiplier=dp.noise_multiplier, denominator=dp.denominator, lr=cfg.lr,
                                    momentum=cfg.momentum, weight_decay=2.0 * cfg.lambda_theta,
-                                   noise_gen=torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
+                                   noise_gen=mechanism_generator(cfg, f"dp-noise-{t}", self.device))
         self.server_update({k: (theta[k] - g).mean(0) for k, g in self.global_params.items()})
         return loss if len(loss) else torch.zeros(0)
 

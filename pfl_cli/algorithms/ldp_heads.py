@@ -20,11 +20,19 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, stack
 from pfl_cli.fl.dpsgd import LocalDP
-from pfl_cli.rng import torch_generator
+from pfl_cli.privacy.randomness import mechanism_generator
 
 
 class PersonalHeadLDP(LocalDP, Algorithm):
     dp_contribution = "representation delta (all layers but the classifier)"
+    client_held_state = ("heads", "has_head")  # each client's own head: kept on the client, never sent or released
+    # Issue 21: the head is trained without noise on the same records that feed the DP-SGD steps of the
+    # representation, so those steps' per-sample gradients depend on every record through the head.
+    dp_coverage = ("what the ledger covers: the DP-SGD steps on the representation with the client's head treated "
+                   "as fixed; the head is trained non-privately on the same records and shapes every one of those "
+                   "gradients, so changing one record can change all of them and the uploaded representation deltas "
+                   "are NOT formally (epsilon, delta)-DP for the client's records; the head itself never leaves "
+                   "the client (it is not in model.pt), and the ledger claims nothing about it")
 
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
@@ -59,7 +67,7 @@ class PersonalHeadLDP(LocalDP, Algorithm):
     def run_round(self, t, cohort, gen):
         cfg = self.cfg
         start = {**stack(self.global_params, len(cohort)), **{k: self.heads[k][cohort] for k in self.head}}
-        theta, loss = self.local_update(start, cohort, gen, torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
+        theta, loss = self.local_update(start, cohort, gen, mechanism_generator(cfg, f"dp-noise-{t}", self.device))
         for k in self.head:
             self.heads[k][cohort] = theta[k]
         self.has_head[cohort] = True

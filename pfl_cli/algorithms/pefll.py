@@ -179,7 +179,7 @@ class PeFLL(ServerOptimizerState, Algorithm):
 
         from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
-        from pfl_cli.rng import torch_generator
+        from pfl_cli.privacy.randomness import mechanism_generator
 
         cfg = self.cfg
         h_params, e_params = dict(self.hnet.named_parameters()), dict(self.embed.named_parameters())
@@ -198,7 +198,7 @@ class PeFLL(ServerOptimizerState, Algorithm):
             self._record_traffic(len(cohort), v, theta, new)
             neg_delta = {k: theta[k] - new[k] for k in self.names}                                     # -delta_i
             contrib = self._client_gradients(h_params, e_params, d_index[:, 0], d_mask[:, 0], neg_delta)
-        mean = self.dp.private_mean(contrib, torch_generator(cfg.seed, f"dp-noise-{t}", self.device))
+        mean = self.dp.private_mean(contrib, mechanism_generator(cfg, f"dp-noise-{t}", self.device))
         self._server_step(list(h_params.values()), [mean[f"h.{k}"] for k in h_params],
                           list(e_params.values()), [mean[f"e.{k}"] for k in e_params])
         return loss

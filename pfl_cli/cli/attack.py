@@ -18,7 +18,7 @@ FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "unkno
 def attack_command(
     ctx: typer.Context,
     out: OutOpt,
-    model: Annotated[Path, typer.Option("--model", "-m", help="Train artifact (pflx train --out) of an algorithm whose upload pflx models: ditto, fedavg, hyperfl, knnper, ldp-fedavg, pefll, pfedhn or pfedhn-pc (fedavg and ldp-fedavg --dp runs too).")],
+    model: Annotated[Path, typer.Option("--model", "-m", help="Train artifact (pflx train --out) of an algorithm whose upload pflx models: ditto, fedavg, hyperfl, hyperfl-lpm, knnper, ldp-fedavg, pefll, pfedhn or pfedhn-pc (fedavg and ldp-fedavg --dp runs too).")],
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact over the model's dataset; its clients' train samples are attacked.")],
     clients: Annotated[str, typer.Option("--clients", help="Whose images: holdout | train clients.")] = "holdout",
     images: Annotated[int, typer.Option("--images", help="Images attacked in all (a multiple of --batch-size).")] = 8,

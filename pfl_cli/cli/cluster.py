@@ -40,7 +40,7 @@ def parse_dp(text: str) -> dict[str, float]:
     from pfl_cli.privacy.release import parse_dp_spec
 
     spec = parse_dp_spec(text, keys=("eps", "delta", "population"))
-    out = {"epsilon": spec.epsilon, "delta": spec.delta}
+    out = {"epsilon": spec.epsilon, "delta": spec.delta, "noise": spec.noise}
     if spec.population is not None:
         out["population"] = spec.population
     return out
@@ -66,7 +66,7 @@ def cluster(
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: client i's points are its train samples' features.")],
     server_data: Annotated[Optional[str], typer.Option("--server-data", help="Server dataset spec (npz:PATH, gmm:server?seed=0, ...).")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="Number of clusters.")] = None,
-    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,population=N]", help="Total privacy budget (delta default 1e-6; population: public bound on the privacy units, delta < 1/N is checked).")] = None,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,population=N][,noise=secure|seeded]", help="Total privacy budget (delta default 1e-6; population: public bound on the privacy units, delta < 1/N is checked; noise=seeded: repeatable noise from the published seed, simulation only).")] = None,
     no_dp: Annotated[bool, typer.Option("--no-dp", help="Non-private federated k-means (no clipping, no noise).")] = False,
     privacy_unit: Annotated[str, typer.Option("--privacy-unit", help="example (data-point level) | client (client level).")] = "example",
     radius: Annotated[Optional[float], typer.Option("--radius", help="Clip every point to this norm (a public bound; default: the public server data's radius).")] = None,

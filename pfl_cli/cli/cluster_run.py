@@ -37,7 +37,7 @@ def _check_config(cfg) -> None:
     check_nonprivate_request(dp=not cfg.no_dp, write_nonprivate=cfg.write_nonprivate)
     if not cfg.no_dp:  # a budget from a config file or --set gets the --dp checks too
         spec = f"eps={cfg.epsilon},delta={cfg.delta}" + ("" if cfg.population is None else f",population={cfg.population}")
-        parse_dp_spec(spec, keys=("eps", "delta", "population"))
+        parse_dp_spec(f"{spec},noise={cfg.noise}", keys=("eps", "delta", "population"))
 
 
 def client_points(partition: Path):
@@ -104,12 +104,18 @@ def _metrics(cfg, res, points, offsets, holdout, server) -> tuple[dict, dict | N
     return released, {"warning": "computed on the private data; not covered by privacy.json", **private}
 
 
+def _fit_rng(cfg):
+    """The fit's generator: its mechanisms draw from OS entropy under --dp unless noise=seeded."""
+    from pfl_cli.privacy.randomness import noise_source
+
+    return noise_source("seeded" if cfg.no_dp else cfg.noise, cfg.seed).numpy("cluster")
+
+
 def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporter) -> None:
     from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING, ArtifactWriter, public_input
     from pfl_cli.cluster import fit_feddp_kmeans
     from pfl_cli.config import config_to_dict
     from pfl_cli.data import load_dataset
-    from pfl_cli.rng import make_rng
 
     _check_config(cfg)
     ArtifactWriter(out, stage="cluster", config={}, seed=cfg.seed, force=force)  # --out problems first
@@ -127,17 +133,20 @@ def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporte
         privacy_unit=cfg.privacy_unit, radius=cfg.radius, split=cfg.split, min_server_weight=cfg.min_server_weight,
         lloyds_steps=cfg.lloyds_steps, lloyds_calibration=cfg.lloyds_calibration, composition=cfg.composition,
         init=cfg.init, client_clip=cfg.client_clip, k_candidates=cfg.k_candidates, server_n_init=cfg.server_n_init,
-        gaussian_method=cfg.gaussian_method, rng=make_rng(cfg.seed, "cluster"),
+        gaussian_method=cfg.gaussian_method, rng=_fit_rng(cfg),
     )
     metrics, nonprivate = _metrics(cfg, res, points, offsets, holdout, server)
+    if res.ledger is not None:
+        metrics["noise"] = cfg.noise
     dp = res.ledger is not None
     with writer:
         np.save(writer.path("centers.npy", release=MECHANISM if dp else None), res.centers)
         writer.save_json("metrics.json", metrics, release=POST_PROCESSING if dp else None)
         if dp:
+            from pfl_cli.privacy.randomness import statement
             from pfl_cli.privacy.release import population_note
 
-            ledger = res.ledger.to_dict(res.accountant)
+            ledger = {**res.ledger.to_dict(res.accountant), **statement(cfg.noise)}
             ledger["notes"].append(population_note(cfg.population))
             writer.save_json("privacy.json", ledger, release=POST_PROCESSING)
             if cfg.write_nonprivate:
@@ -156,6 +165,10 @@ def _print_summary(report: Reporter, out: Path, m: dict) -> None:
     table.add_column()
     eps = "none (--no-dp)" if m["epsilon"] is None else f"{m['epsilon']:.4f} at delta {m['delta']:g} ({m['accountant']})"
     rows = [("init", f"{m['init']} + {m['lloyds_steps']} FedDP-Lloyds steps"), ("k", str(m["k"])), ("epsilon", eps)]
+    if "noise" in m:
+        from pfl_cli.privacy.randomness import stamp
+
+        rows.append(("noise", stamp(m["noise"])))
     if "num_points" in m:  # without DP; under DP nothing computed on the private data is printed
         rows += [
             ("clients / points", f"{m['num_clients']} / {m['num_points']} (d = {m['dimension']})"),

@@ -91,8 +91,10 @@ def write_mdm_artifact(writer: ArtifactWriter, result, true_counts: np.ndarray, 
             _plot_tsne(writer.path("mdm.png"), result, true_counts, seed)
         return doc
     writer.save_json("mdm.json", doc, release=MECHANISM)
-    writer.save_json("privacy.json", result.fit.privacy.to_dict(accountant=result.dp.accountant),
-                     release=POST_PROCESSING)
+    from pfl_cli.privacy.randomness import statement
+
+    writer.save_json("privacy.json", {**result.fit.privacy.to_dict(accountant=result.dp.accountant),
+                                      **statement(result.dp.noise)}, release=POST_PROCESSING)
     if write_nonprivate:
         writer.save_json("nonprivate.json", nonprivate_document(result, true_counts), release=NONPRIVATE)
         writer.save_csv("nonprivate_trace.csv", *trace_rows(result), release=NONPRIVATE)

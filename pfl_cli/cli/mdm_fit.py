@@ -29,7 +29,7 @@ def mdm_fit(
     max_samples: Annotated[Optional[int], typer.Option("--max-samples", metavar="M", help="Largest client size the size model covers (default the largest seen; required with --dp: a public bound).")] = None,
     sample_bins: Annotated[Optional[int], typer.Option("--sample-bins", help="Model client sizes on this many bins instead of per integer.")] = None,
     validation_fraction: Annotated[float, typer.Option("--validation-fraction", help="Clients held out to choose K.")] = 0.2,
-    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=B][,population=N]", help="Client-level DP: clipped uploads, Gaussian noise on the sums (needs --max-samples).")] = None,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=B][,population=N][,noise=secure|seeded]", help="Client-level DP: clipped uploads, Gaussian noise on the sums (needs --max-samples). noise=seeded: repeatable noise from the published seed, simulation only.")] = None,
     plot: Annotated[bool, typer.Option("--plot", help="Also write mdm.png: t-SNE of true, IID and MDM-sampled histograms (nonprivate.png with --dp --write-nonprivate).")] = False,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write diagnostics on the private data (nonprivate.json, nonprivate_trace.csv, --plot), flagged in manifest.json.")] = False,
     seed: SeedOpt = 0,
@@ -49,8 +49,6 @@ def mdm_fit(
     from pfl_cli.config import config_to_dict
     from pfl_cli.errors import ConfigError
     from pfl_cli.mdm.api import MDMFitConfig, run_mdm_fit, validate_config
-    from pfl_cli.rng import make_rng
-
     report = Reporter(fmt)
     cfg = stage_config(MDMFitConfig, "mdm-fit", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
     validate_config(cfg)
@@ -70,11 +68,19 @@ def mdm_fit(
         report.note(f"{out} is up to date (same config and input); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
-    result = run_mdm_fit(hist, cfg, rng=make_rng(cfg.seed, "mdm-fit"))
+    result = run_mdm_fit(hist, cfg, rng=_fit_rng(cfg))
     with writer:
         doc = write_mdm_artifact(writer, result, hist, plot=cfg.plot, seed=cfg.seed,
                                  write_nonprivate=cfg.write_nonprivate)
     _print_summary(report, out, doc, result)
+
+
+def _fit_rng(cfg):
+    """The fit's generator: under --dp its draws come from OS entropy unless noise=seeded (issue 21)."""
+    from pfl_cli.mdm.dp import parse_dp
+    from pfl_cli.privacy.randomness import noise_source
+
+    return noise_source("seeded" if cfg.dp is None else parse_dp(cfg.dp).noise, cfg.seed).numpy("mdm-fit")
 
 
 def _print_summary(report: Reporter, out, doc: dict, result) -> None:
@@ -102,6 +108,10 @@ def _print_summary(report: Reporter, out, doc: dict, result) -> None:
         for k, v in zip(sel["candidates"], sel["validation_log_likelihood"]):
             st.add_row(f"{k}{' *' if k == sel['chosen'] else ''}", f"{v:.4f}")
         items.append(st)
+    if result.dp is not None:
+        from pfl_cli.privacy.randomness import stamp
+
+        items.append(stamp(result.dp.noise))
     data = {"out": str(out), "up_to_date": False, **{k: v for k, v in doc.items() if k not in ("num_samples",)}}
     if result.fit.privacy is not None:
         data["epsilon"] = result.dp.epsilon

@@ -14,6 +14,7 @@ from pfl_cli.cli.output import Reporter
 
 
 class Accountant(str, enum.Enum):
+    auto = "auto"
     rdp = "rdp"
     pld = "pld"
     all = "all"
@@ -44,15 +45,18 @@ def _read_ledgers(dirs: list[Path]):
     from pfl_cli.privacy.ledger import PrivacyLedger
 
     stages = ["mdm-fit", *[s for s in PRODUCER if s != "mdm-fit"], "privacy-account"]
-    ledgers, inputs = [], []
+    ledgers, inputs, seeded = [], [], []
     for path in dirs:
         art = read_artifact(path, stages, flag="ledger")
         if not art.has("privacy.json"):
             raise ArtifactError(f"ledger {path}: no privacy.json; this {art.stage!r} run was not differentially private "
                                 "(ledgers are written by mdm-fit --dp, cluster --dp and DP train).")
-        ledgers.append((str(path), PrivacyLedger.from_dict(load_json(art.file("privacy.json")), where=f"{path}/privacy.json")))
+        doc = load_json(art.file("privacy.json"))
+        ledgers.append((str(path), PrivacyLedger.from_dict(doc, where=f"{path}/privacy.json")))
         inputs.append(art.input_ref())
-    return ledgers, inputs
+        if isinstance(doc, dict) and doc.get("noise") == "seeded":
+            seeded.append(str(path))
+    return ledgers, inputs, seeded
 
 
 def privacy_account(
@@ -65,7 +69,7 @@ def privacy_account(
     steps: Annotated[Optional[int], typer.Option("--steps", "--rounds", help="Number of steps or rounds (default 1).")] = None,
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="Target epsilon: calibrate the noise, or with --noise-multiplier the steps.")] = None,
     delta: Annotated[Optional[float], typer.Option("--delta", help="Target delta in (0, 1) (default with --population: 1/N^1.1).")] = None,
-    accountant: Annotated[Accountant, typer.Option("--accountant", help="rdp (fast), pld (tight) or all (side by side).")] = Accountant.rdp,
+    accountant: Annotated[Accountant, typer.Option("--accountant", help="auto: a ledger's own (the one its stage calibrated with), the tightest for a composition, rdp for a mechanism; rdp (fast), pld (tight) or all (side by side).")] = Accountant.auto,
     neighboring: Annotated[Neighboring, typer.Option("--neighboring", help="Neighbouring relation of the guarantee.")] = Neighboring.add_remove,
     sampling: Annotated[Sampling, typer.Option("--sampling", help="How each step's sample is drawn.")] = Sampling.poisson,
     unit: Annotated[Unit, typer.Option("--unit", help="The privacy unit one record stands for.")] = Unit.example,
@@ -92,11 +96,18 @@ def privacy_account(
         from pfl_cli.artifacts import ArtifactWriter
 
         ArtifactWriter(out, stage="privacy-account", config={}, seed=seed, force=force)  # --out problems first
-    read, inputs = _read_ledgers(list(ledgers or []))
+    read, inputs, seeded = _read_ledgers(list(ledgers or []))
     report = answer(cfg, read)
     if out is not None:
         _write(out, cfg, report, seed, force, inputs)
-    Reporter(fmt).result(report.to_dict(), *_human(report))
+    data, human = report.to_dict(), _human(report)
+    if seeded:  # a ledger whose noise anyone holding its config can rebuild (issue 21)
+        from pfl_cli.privacy.randomness import SEEDED_STATEMENT
+
+        data["noise"] = "seeded"
+        data["noise_statement"] = f"{', '.join(seeded)} drew with noise=seeded: {SEEDED_STATEMENT}"
+        human.append(f"Note: {data['noise_statement']}.")
+    Reporter(fmt).result(data, *human)
 
 
 def _human(report) -> list:

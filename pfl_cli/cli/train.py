@@ -36,7 +36,7 @@ def train(
     ctx: typer.Context,
     out: OutOpt,
     partition: Annotated[Path, typer.Option("--partition", "-p", help="Partition artifact: role-0 clients train, holdout clients are only evaluated.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="pefll | fedavg | local | pfedhn | pfedhn-pc | hyperfl | hyperfl-lpm | fedprox | fedper | fedrep | lg-fedavg | ditto | apfl | perfedavg | pfedme | knnper | flowdup | ld-fedavg | ldp-fedavg | ppsgd | centaur (the last three: local-DP baselines, need --dp).")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).")] = 1000,
     clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default 5; pfedhn 1, as its paper; hyperfl every client, and its last round always takes every client).", show_default=False)] = None,
     local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).")] = 50,
@@ -53,7 +53,7 @@ def train(
     embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor / pfedhn embedding dimension (0 = int(1 + clients / 4)); hyperfl embedding (0 = 64).")] = 0,
     hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll / pfedhn hypernetwork: S | M | L (1 / 3 / 5 hidden layers; hyperfl has one, with a ReLU).")] = "M",
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.")] = True,
-    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N.")] = None,
+    dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N. noise=secure (default): noise and sampling from OS entropy; noise=seeded: repeatable from the published seed, simulation only.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
     client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).")] = "",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
@@ -80,9 +80,15 @@ def train(
     (auto | cnn-x | mlp-x) and h_2's hidden width hyper_hidden. PeFLL descriptor analysis:
     track_descriptors (Spearman of descriptor vs label-distribution distances of holdout clients).
 
+    Pre-trained backbones (hyperfl-lpm and HyperFL Table 2's local / fedavg baselines): backbone
+    (vit-s16 | resnet18 | vit-micro | resnet-micro), backbone_weights (a local .pth / .safetensors
+    state dict in timm's / torchvision's key layout; empty: random), backbone_tune (adapters | probe
+    | full).
+
     checkpoint_every (0 = at every evaluation), dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
-    dp_clip and dp_population.
+    dp_clip, dp_population and dp_noise (secure: noise and sampling from OS entropy, the default;
+    seeded: repeatable from the published seed, simulation only).
 
     Under --dp the artifact holds only what the DP guarantee covers (config.yaml, model.pt of the
     last round, privacy.json, metrics.json without accuracies); accuracies on the private clients go
@@ -120,6 +126,8 @@ def train(
     if dp is not None:
         spec = parse_dp_spec(dp, keys=("eps", "delta", "clip", "population"))
         flags.update({f"dp_{k}": v for k, v in dataclasses.asdict(spec).items() if v is not None})
+        if "noise" not in dp.lower():  # the default: a config file's dp_noise stands
+            flags.pop("dp_noise")
     cfg = stage_config(TrainConfig, "train", config_file=config, flags=flags, sets=set_)
     if nproc != 1:
         _launch(cfg, nproc)

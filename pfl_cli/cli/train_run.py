@@ -145,17 +145,18 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
 
     def on_checkpoint(snapshot: dict) -> None:
         ck.write(snapshot)
-        interrupt.kept(_kept_note(int(snapshot["round"]), ck_path))
+        interrupt.kept(_kept_note(int(snapshot["round"]), ck_path, private))
 
     federated = REGISTRY[cfg.algorithm].federated
     total = cfg.rounds if federated else 0
     start = int(state["round"]) if state is not None else 0
     if start:
-        interrupt.kept(_kept_note(start, ck_path))
+        interrupt.kept(_kept_note(start, ck_path, private))
     elif federated:
-        interrupt.kept("interrupted before the first checkpoint (one comes every "
-                       f"{cfg.checkpoint_every or cfg.eval_every} rounds); nothing was kept; run the command again "
-                       "to start over.")
+        # --dp checkpoints after every round (fl.loop: no round is released twice)
+        when = "after every round" if private else f"every {cfg.checkpoint_every or cfg.eval_every} rounds"
+        interrupt.kept(f"interrupted before the first checkpoint (one comes {when}); nothing was kept; run the "
+                       "command again to start over.")
     with report.progress("train", total or None) as bar:
         seen = [start]
         if start:
@@ -180,7 +181,8 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         with writer:
             write_dp_artifact(writer, cfg, config, run, part, metrics)
             writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
-        _print_dp_summary(report, out, {**metrics, "dp": clean(run.dp.info())}, cfg.write_nonprivate)
+        _print_dp_summary(report, out, {**metrics, "dp": {**clean(run.dp.info()), "noise": cfg.dp_noise}},
+                          cfg.write_nonprivate)
         return
     with writer:
         writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
@@ -210,7 +212,8 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> No
     - with ``--write-nonprivate``: ``nonprivate.json`` (accuracies of the model on the private
       clients), ``nonprivate-metrics.csv`` (every evaluation), ``nonprivate-clients.csv``.
 
-    The checkpoint is not part of a DP artifact (it holds the evaluation history).
+    The checkpoint is not part of a DP artifact; while the run lasts it lives beside --out, mode 0600,
+    holding released state and client-held state only (:func:`pfl_cli.fl.dp.private_snapshot`).
     """
     import yaml
 
@@ -218,13 +221,16 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> No
 
     writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False), release=POST_PROCESSING)
     writer.path("model.pt", release=MECHANISM).write_bytes(torch_bytes(run.model))
-    writer.save_json("privacy.json", run.dp.ledger().to_dict(accountant=cfg.dp_accountant), release=POST_PROCESSING)
+    from pfl_cli.privacy.randomness import statement
+
+    writer.save_json("privacy.json", {**run.dp.ledger().to_dict(accountant=cfg.dp_accountant),
+                                      **statement(cfg.dp_noise)}, release=POST_PROCESSING)
     # Exact counts of the private data (clients without labels; the realized Poisson cohorts behind the
     # communication totals) are diagnostics, not releases.
     private_keys = ("train", "holdout", "val", "dataset", "best_round", "communication", "num_unlabeled_clients")
     public = {k: v for k, v in metrics.items() if k not in private_keys}
     public["dataset"] = {"spec": metrics["dataset"]["spec"], "num_classes": metrics["dataset"]["num_classes"]}
-    public["dp"] = clean(run.dp.info())
+    public["dp"] = {**clean(run.dp.info()), "noise": cfg.dp_noise}
     writer.save_json("metrics.json", public, release=POST_PROCESSING)
     if cfg.write_nonprivate:
         outcome = run.outcome
@@ -252,6 +258,9 @@ def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) ->
                   f"{dp['noise_multiplier']:.4g}", f"{dp.get('sampling_rate', float('nan')):.4g}", dp["accountant"])
     data = {"out": str(out), "up_to_date": False, "dp": dp,
             **{k: m[k] for k in ("algorithm", "rounds", "selection", "device")}}
+    from pfl_cli.privacy.randomness import stamp
+
+    table.caption, table.caption_justify = stamp(dp["noise"]), "left"
     # Printing is releasing too: accuracies on the private clients stay in the nonprivate* files.
     if nonprivate:
         data["nonprivate_files"] = ["nonprivate.json", "nonprivate-metrics.csv", "nonprivate-clients.csv"]
@@ -268,7 +277,13 @@ def _resume(ck: Checkpointer, cfg, report: Reporter) -> dict | None:
     return state
 
 
-def _kept_note(round_: int, ck_path: Path) -> str:
+def _kept_note(round_: int, ck_path: Path, private: bool = False) -> str:
+    if private:
+        from pfl_cli.fl.dp import CHECKPOINT_HOLDS
+
+        return (f"interrupted; nothing was written to --out, and the checkpoint of round {round_} is kept at "
+                f"{ck_path} (mode 0600; it holds {CHECKPOINT_HOLDS}): run the same command with --resume to "
+                "continue from it.")
     return (f"interrupted; nothing was written to --out, and the checkpoint of round {round_} is kept at {ck_path}: "
             "run the same command with --resume to continue from it.")
 
@@ -288,7 +303,9 @@ def _diverged_message(err, cfg, ck_path: Path, out: Path) -> str:
     else:
         every = cfg.checkpoint_every or cfg.eval_every
         kept = f"no checkpoint was written yet (one comes every {every} rounds)"
-    return (f"training diverged at round {err.round}: the mean client loss became {err.loss}; {kept}; nothing "
+    # Under --dp (err.loss None) the private loss is never printed: divergence was judged on the released model.
+    what = "the released model stopped being finite" if err.loss is None else f"the mean client loss became {err.loss}"
+    return (f"training diverged at round {err.round}: {what}; {kept}; nothing "
             f"was written to --out {out}. Lower --lr (now {cfg.lr:g}) or --server-lr (now {server}) and run "
             "again: --resume continues a checkpoint only with the identical config and inputs, so a run with "
             "a lower learning rate starts from round 0.")

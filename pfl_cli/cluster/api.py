@@ -27,6 +27,7 @@ from pfl_cli.cluster.kmeans import kmeans, kmeans_cost, lloyd
 from pfl_cli.errors import InputError, check_param
 from pfl_cli.privacy import PrivacyLedger, UNITS, clip_l2
 from pfl_cli.privacy.mechanisms import GAUSSIAN_METHODS
+from pfl_cli.privacy.randomness import NOISE_MODES
 from pfl_cli.schema import register_choices
 
 INITS = ("feddp", *baselines.SERVER_INITS, "kfed")
@@ -56,12 +57,13 @@ class ClusterConfig:
     reference_n_init: int = 2
     gaussian_method: str = "analytic"
     population: Optional[int] = None
+    noise: str = "secure"            # --dp noise=: where the mechanisms draw (pfl_cli.privacy.randomness)
     write_nonprivate: bool = False
     seed: int = 0
 
 
 register_choices(ClusterConfig, privacy_unit=UNITS, init=lambda: INITS, lloyds_calibration=budget.LLOYDS_CALIBRATIONS,
-                 composition=budget.COMPOSITIONS, gaussian_method=GAUSSIAN_METHODS)
+                 composition=budget.COMPOSITIONS, gaussian_method=GAUSSIAN_METHODS, noise=NOISE_MODES)
 
 
 @dataclass(frozen=True)

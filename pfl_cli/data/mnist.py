@@ -90,27 +90,33 @@ def _load(arg: str, options: dict[str, str], spec: str, class_names: tuple[str, 
         raise DatasetError(f"{spec}: no such directory {root}; point to the directory holding the IDX files.")
     xs, ys = [], []
     for split in ("train", "t10k"):
-        images = read_idx(_find(root, f"{split}-images-idx3-ubyte", spec), IMAGES_MAGIC, spec)
-        labels = read_idx(_find(root, f"{split}-labels-idx1-ubyte", spec), LABELS_MAGIC, spec)
-        if images.shape[0] != labels.shape[0]:
-            raise DatasetError(
-                f"{spec}: {split} images and labels must have the same count; got {images.shape[0]} "
-                f"images and {labels.shape[0]} labels. Re-download the mismatched file."
-            )
+        images, labels = read_split(root, split, spec)
         xs.append(images[:, None, :, :])
         ys.append(labels.astype(np.int64))
+    return train_test_dataset(spec, xs, ys, NUM_CLASSES, class_names)
+
+
+def train_test_dataset(spec: str, xs: list[np.ndarray], ys: list[np.ndarray], num_classes: int,
+                       class_names: tuple[str, ...] | None, extra: dict | None = None) -> Dataset:
+    """The train split (pool 0) then the test split (pool 1), stacked."""
     pool = np.concatenate([np.full(len(y), p, dtype=np.uint8) for y, p in zip(ys, (POOL_TRAIN, POOL_TEST))])
-    return Dataset(
-        spec=spec,
-        x=np.concatenate(xs),
-        y=np.concatenate(ys),
-        num_classes=NUM_CLASSES,
-        pool=pool,
-        class_names=class_names,
-    )
+    return Dataset(spec=spec, x=np.concatenate(xs), y=np.concatenate(ys), num_classes=num_classes, pool=pool,
+                   class_names=class_names, extra=extra or {})
 
 
-def _find(root: Path, name: str, spec: str) -> Path:
+def read_split(root: Path, prefix: str, spec: str) -> tuple[np.ndarray, np.ndarray]:
+    """``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte`` of ``root``, checked to have one label per image."""
+    images = read_idx(find_idx(root, f"{prefix}-images-idx3-ubyte", spec), IMAGES_MAGIC, spec)
+    labels = read_idx(find_idx(root, f"{prefix}-labels-idx1-ubyte", spec), LABELS_MAGIC, spec)
+    if images.shape[0] != labels.shape[0]:
+        raise DatasetError(
+            f"{spec}: {prefix} images and labels must have the same count; got {images.shape[0]} "
+            f"images and {labels.shape[0]} labels. Re-download the mismatched file."
+        )
+    return images, labels
+
+
+def find_idx(root: Path, name: str, spec: str) -> Path:
     """The file ``name`` in ``root``, plain preferred over ``.gz``."""
     for candidate in (root / name, root / f"{name}.gz"):
         if candidate.is_file():

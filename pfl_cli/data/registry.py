@@ -43,6 +43,9 @@ SCHEMES: dict[str, Loader] = {
     "cifar100": _lazy("cifar", "load_cifar100"),
     "mnist": _lazy("mnist", "load_mnist"),
     "fashion-mnist": _lazy("mnist", "load_fashion_mnist"),
+    "emnist": _lazy("emnist", "load"),
+    "cinic10": _lazy("cinic", "load"),
+    "omniglot": _lazy("omniglot", "load"),
     "leaf": _lazy("leaf", "load"),
     "gmm": _lazy("synthetic", "load"),
     "ring": _lazy("ring", "load"),
@@ -58,6 +61,7 @@ def load_dataset(spec: str) -> Dataset:
     spec : str
         ``builtin:digits``, ``npz:PATH``, ``csv:PATH?label=COL&client=COL``,
         ``cifar10:DIR``, ``cifar100:DIR``, ``mnist:DIR``, ``fashion-mnist:DIR``,
+        ``emnist:DIR?split=S``, ``cinic10:DIR``, ``omniglot:DIR``,
         ``leaf:DIR``, ``hf:DIR?split=..&label=..&client=..&image=..`` and the synthetic generators.
 
     Raises

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,7 @@ def check_round_counter(state: dict, cfg, path: Path) -> None:
     r = state["round"]
     rounds = [row[0] for row in state.get("history", []) if isinstance(row, (list, tuple)) and row]
     ok = isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= cfg.rounds
-    if ok:
+    if ok and not state.get("private_run"):  # a --dp checkpoint keeps no evaluations (fl.dp.private_snapshot)
         expected = r if r == cfg.rounds else (r // cfg.eval_every) * cfg.eval_every
         ok = (max(rounds) if rounds else 0) == expected and all(isinstance(x, int) and x <= r for x in rounds)
     if not ok:
@@ -140,6 +141,22 @@ def check_round_counter(state: dict, cfg, path: Path) -> None:
         raise ArtifactError(f"--resume: checkpoint {path} claims round {r!r}, but its history ends at round {last} "
                             f"(evaluations every {cfg.eval_every} of {cfg.rounds} rounds); it is inconsistent. "
                             f"Delete {path.parent} and run without --resume to start over.")
+
+
+def check_noise_mode(state: dict, cfg, path: Path) -> None:
+    """A --dp run resumes only under the noise mode it started with (issue 21).
+
+    A secure run continued with seeded noise would publish a seed that rebuilds its later rounds;
+    a seeded run continued securely would no longer be the repeatable simulation it claims.
+    """
+    was = state.get("dp_noise") if state.get("private_run") else None
+    now = getattr(cfg, "dp_noise", None) if getattr(cfg, "dp_epsilon", None) is not None else None
+    if was != now:
+        said = lambda mode: "no --dp" if mode is None else f"--dp ...,noise={mode}"  # noqa: E731
+        param = "--dp" if None in (was, now) else "--dp noise"
+        raise ConfigError(f"{param}: the checkpoint {path} was trained with {said(was)} and this command asks "
+                          f"{said(now)}; resume with {said(was)}, or drop --resume (or delete {path.parent}) to "
+                          "start over.")
 
 
 def load_resume(path: Path, fp: str, cfg) -> dict:
@@ -150,6 +167,7 @@ def load_resume(path: Path, fp: str, cfg) -> dict:
         raise ConfigError(f"--resume: the checkpoint {path} is of an --algorithm {name} run and this command trains "
                           f"--algorithm {cfg.algorithm}; resume with --algorithm {name}, or drop --resume (or delete "
                           f"{path.parent}) to start over.")
+    check_noise_mode(state, cfg, path)
     if state["fingerprint"] != fp:
         raise ConfigError(f"--resume: the checkpoint {path} belongs to a different config or different inputs "
                           f"(its fingerprint differs from this command's); resume only with the exact options "
@@ -186,5 +204,10 @@ class Checkpointer:
         from pfl_cli.fl.distributed import world
 
         if world()[0] == 0:  # every rank holds this same state; one file
+            if state.get("private_run"):  # --dp: the server's own file, readable by its owner only
+                self.dir.mkdir(parents=True, exist_ok=True)
+                os.chmod(self.dir, 0o700)
             write_atomic(self.path, torch_bytes(seal_checkpoint(state, self.fp)))
+            if state.get("private_run"):
+                os.chmod(self.path, 0o600)
         self.written.append(int(state["round"]))

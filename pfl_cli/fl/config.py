@@ -13,11 +13,12 @@ from typing import Optional
 
 from pfl_cli.schema import register_choices
 
-ALGORITHMS = ("pefll", "fedavg", "local", "pfedhn", "pfedhn-pc", "hyperfl", "fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg",
+ALGORITHMS = ("pefll", "fedavg", "local", "pfedhn", "pfedhn-pc", "hyperfl", "hyperfl-lpm", "fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg",
               "pfedme", "knnper", "flowdup", "ld-fedavg", "ldp-fedavg", "ppsgd", "centaur")
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
 CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn")
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
+BACKBONE_TUNES = ("adapters", "probe", "full")  # models.pretrained.TUNES (kept here: no torch import for the schema)
 HYPER_SIZES = ("S", "M", "L")
 SERVER_OPTIMIZERS = ("adam", "sgd")
 EVAL_DESCRIPTORS = ("all", "batch")
@@ -45,6 +46,9 @@ class TrainConfig:
     lambda_v: float = 1e-3
     lambda_theta: float = 0.0
     model_arch: str = "auto"              # client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp
+    backbone: str = ""                    # a pre-trained backbone client net instead: vit-s16 | resnet18 | vit-micro | resnet-micro
+    backbone_weights: str = ""            # its local state dict (.pth / .safetensors, timm / torchvision keys); "" = random
+    backbone_tune: str = "adapters"       # adapters (frozen backbone + adapters) | probe (classifier only) | full (FPT)
     mlp_hidden: tuple = (32,)
     embedding: str = "auto"               # auto (cnn for images, mlp for vectors) | cnn | cnn-x | linear | mlp | mlp-x
     embed_dim: int = 0                    # l; 0 = int(1 + n_clients / 4) (§2.4)
@@ -98,6 +102,7 @@ class TrainConfig:
     dp_sampling_rate: Optional[float] = None  # Poisson rate q: of clients (client-level; None = clients_per_round /
                                               # train clients) or of a client's records (ldp-*; required)
     dp_accountant: str = "rdp"             # rdp | pld
+    dp_noise: str = "secure"               # secure (OS entropy) | seeded (repeatable; simulation only)
     write_nonprivate: bool = False         # also write diagnostics computed on private data (nonprivate*)
     # --- hypernetwork family: pfedhn, pfedhn-pc, hyperfl (issue 11; specs/pfedhn-hyperfl.md A.8, B.6) ---
     hn_momentum: float = 0.9              # pfedhn: momentum of the server SGD on (phi, embeddings)
@@ -129,7 +134,8 @@ class PredictConfig:
 
 
 register_choices(TrainConfig, algorithm=lambda: ALGORITHMS, model_arch=CLIENT_ARCHS, embedding=EMBEDDINGS,
-                 hyper_size=HYPER_SIZES, server_optimizer=SERVER_OPTIMIZERS, eval_descriptor=EVAL_DESCRIPTORS)
+                 hyper_size=HYPER_SIZES, server_optimizer=SERVER_OPTIMIZERS, eval_descriptor=EVAL_DESCRIPTORS,
+                 backbone_tune=BACKBONE_TUNES)
 register_choices(PredictConfig, clients=CLIENT_SETS, eval_descriptor=EVAL_DESCRIPTORS)
 
 

@@ -89,9 +89,9 @@ class ClientLevelDP(SampledGaussianRecord):
 
     def sample_cohort(self, clients, size: int, gen):
         """Each of ``clients`` independently with probability q (may be empty); ``size`` is not used."""
-        import torch
+        from pfl_cli.privacy.randomness import uniform
 
-        keep = torch.rand(len(clients), generator=gen, device=gen.device) < self.sampling_rate
+        keep = uniform(gen, (len(clients),)) < self.sampling_rate  # OS entropy unless noise=seeded
         return clients[keep.to(clients.device)]
 
     def private_mean(self, contributions: Mapping[str, Any], gen) -> dict[str, Any]:
@@ -102,15 +102,15 @@ class ClientLevelDP(SampledGaussianRecord):
         contributions : dict name -> Tensor (c, *shape)
             One row per cohort client; the clip applies to the L2 norm over all names jointly.
         gen : torch.Generator
-            The noise stream.
+            The noise stream (:mod:`pfl_cli.privacy.randomness`: secure unless noise=seeded).
         """
-        import torch
+        from pfl_cli.privacy.randomness import standard_normal
 
         clipped = clip_per_client(contributions, self.clip)
         std = self.noise_multiplier * self.clip if self.noise_multiplier > 0 else 0.0  # z = 0 with C = inf: none
         out = {}
         for k, v in clipped.items():
-            noise = torch.randn(v.shape[1:], generator=gen, device=gen.device, dtype=v.dtype).to(v.device)
+            noise = standard_normal(gen, v.shape[1:], dtype=v.dtype).to(v.device)
             out[k] = (v.sum(0) + std * noise) / self.denominator
         return out
 
@@ -174,6 +174,9 @@ def check_dp_options(cfg) -> None:
         text += f",clip={number('--dp clip', cfg.dp_clip)}"
     if cfg.dp_population is not None:
         text += f",population={number('--dp population', cfg.dp_population)}"
+    from pfl_cli.privacy.randomness import check_noise
+
+    check_noise(cfg.dp_noise, param="--dp noise (dp_noise)")
     parse_dp_spec(text)  # the shared rules: eps > 0, delta in (0, 1), clip > 0, delta < 1/population
     if cfg.dp_clip is None:
         raise ConfigError("--dp needs clip=C, the public L2 bound of one client's update (per-sample gradient for "
@@ -210,3 +213,47 @@ def calibrate_client_dp(cfg, *, contribution: str = "update") -> ClientLevelDP:
                           rounds, float("nan"), cfg.dp_accountant, contribution, float(denominator))
     cal = calibrate_noise(draft.event, draft.epsilon, draft.delta, accountant=cfg.dp_accountant)
     return dataclasses.replace(draft, noise_multiplier=float(cal.noise_multiplier))
+
+
+# -- checkpoints under --dp (issue 21) ------------------------------------------------------------
+CHECKPOINT_HOLDS = ("released model state (a function of the mechanism's outputs), the public config and its noise "
+                    "mode, and the state each client keeps on its own device (marked client_held); no evaluation "
+                    "on private data, no training loss, no traffic counts")
+
+
+def private_snapshot(alg, round_: int, noise: str) -> dict:
+    """The checkpoint of a ``--dp`` run after ``round_``: what the threat model lets the server keep.
+
+    ``alg.state()`` is split into what was released (the global model and optimizer state: post-
+    processing of the noisy sums) and ``client_held``: the names in ``alg.client_held_state``
+    (PPSGD/CENTAUR's personal heads), state a real client keeps on its own device and never sends.
+    The evaluation history, the running loss, the selected "best" evaluation and the realized
+    cohort counts are computed on private data and are not kept.
+    """
+    state = alg.state()
+    held = tuple(getattr(alg, "client_held_state", ()))
+    return {"round": round_, "algorithm_name": alg.name, "private_run": True, "dp_noise": noise,
+            "holds": CHECKPOINT_HOLDS,
+            "algorithm": {k: v for k, v in state.items() if k not in held},
+            "client_held": {k: state[k] for k in held if k in state}}
+
+
+def restore_private(alg, snapshot: dict) -> None:
+    """Load a :func:`private_snapshot` back into ``alg`` (client-held state returns to its clients)."""
+    alg.load_state({**snapshot["algorithm"], **snapshot.get("client_held", {})})
+
+
+def released_state_finite(alg) -> bool:
+    """Whether every tensor of the released weights is finite: the divergence test under --dp.
+
+    The training loss is computed on private data, so under ``--dp`` divergence is judged on the
+    released model only (post-processing), and no message carries a private number.
+    """
+    import torch
+
+    def finite(node) -> bool:
+        if isinstance(node, dict):
+            return all(finite(v) for v in node.values())
+        return not torch.is_tensor(node) or bool(torch.isfinite(node).all())
+
+    return finite(alg.weights())

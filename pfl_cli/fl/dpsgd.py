@@ -13,7 +13,9 @@ step it takes on parameters it uploads is a DP-SGD step (Abadi et al. 2016, Alg.
 Parameters a client never uploads (a personal classifier head) take ordinary minibatch steps.
 The noise multiplier is calibrated before training so that every client's records are
 (epsilon, delta)-DP with respect to everything the client sends over the whole run, counting
-``rounds x steps per round`` DP steps (a client in every round: the worst case).
+``rounds x steps per round`` DP steps (a client in every round: the worst case). Where a client
+also trains state without noise on the same records that feeds those steps (PPSGD's and
+CENTAUR's heads), the claim is narrower; the algorithm says so in ``dp_coverage``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class ExampleLevelDP(SampledGaussianRecord):
     accountant: str = "rdp"
     contribution: str = "model delta"
     population: int | None = None   # public bound on one client's records, where delta < 1/n was checked
+    coverage: str = "the guarantee holds for each client's records against everything that client sends"
 
     def sample_cohort(self, clients, size: int, gen):
         import torch
@@ -65,8 +68,7 @@ class ExampleLevelDP(SampledGaussianRecord):
         return (f"ISRL-DP: every client runs DP-SGD on the parameters it uploads ({self.contribution}): at most "
                 f"{self.steps} steps, Poisson batches at rate q = {self.sampling_rate:g} of its records, per-sample "
                 f"gradients clipped to L2 {self.clip:g}, Gaussian noise std {self.noise_multiplier:.6g} x clip on the "
-                f"sum, divided by {self.denominator:g}; the guarantee holds for each client's records against "
-                f"everything that client sends; {population_note(self.population)}")
+                f"sum, divided by {self.denominator:g}; {self.coverage}; {population_note(self.population)}")
 
     def info(self) -> dict[str, Any]:
         return {"unit": "example", "setting": "ISRL-DP (local DP-SGD on every client)", "epsilon": self.epsilon,
@@ -108,9 +110,11 @@ def poisson_batches(padded, clients, steps: int, rate: float, gen):
     """
     import torch
 
+    from pfl_cli.privacy.randomness import uniform
+
     rows, length = padded.rows(clients)
     c, width = rows.shape
-    keep = torch.rand((c, steps, width), generator=gen).to(rows.device) < rate
+    keep = uniform(gen, (c, steps, width), device="cpu").to(rows.device) < rate  # OS entropy unless noise=seeded
     keep &= torch.arange(width, device=rows.device) < length[:, None, None]
     b = max(int(keep.sum(-1).max()) if keep.numel() else 0, 1)
     pos = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[..., :b]  # drawn records first
@@ -149,6 +153,7 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
     from torch.func import functional_call, grad_and_value, vmap
 
     from pfl_cli.fl.distributed import assemble_tree, rows_here, world
+    from pfl_cli.privacy.randomness import standard_normal
 
     private, frozen = set(private), set(frozen)
     names = list(params)
@@ -181,8 +186,7 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
             if k in private:
                 g = (g * scale.view(c, scale.shape[1], *([1] * (g.dim() - 2)))).sum(1)
                 if noise_multiplier > 0:
-                    noise = torch.randn((whole, *g.shape[1:]), generator=noise_gen, device=noise_gen.device,
-                                        dtype=g.dtype)
+                    noise = standard_normal(noise_gen, (whole, *g.shape[1:]), dtype=g.dtype)
                     g = g + noise_multiplier * clip * noise.to(g.device)[rows]
                 g = g / denominator
             else:
@@ -207,11 +211,13 @@ class LocalDP:
 
     dp_unit = "example"
     dp_required = True
+    dp_coverage: str | None = None  # what the ledger covers, where it is less than everything the client sends
 
     @classmethod
     def plan_dp(cls, cfg, store) -> ExampleLevelDP:
         """:func:`calibrate_example_dp` (public inputs only; ``store`` is not read)."""
-        return calibrate_example_dp(cfg, steps_per_round=cls.dp_steps_per_round(cfg), contribution=cls.dp_contribution)
+        mech = calibrate_example_dp(cfg, steps_per_round=cls.dp_steps_per_round(cfg), contribution=cls.dp_contribution)
+        return dataclasses.replace(mech, coverage=cls.dp_coverage) if cls.dp_coverage else mech
 
     @staticmethod
     def dp_steps_per_round(cfg) -> int:

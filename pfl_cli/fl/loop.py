@@ -2,7 +2,10 @@
 
 Every round's randomness (cohort, batches) comes from a generator seeded by (seed, round),
 and evaluation's from (seed, evaluation round), so a run resumed from a checkpoint draws
-exactly what the uninterrupted run would have drawn and ends with the same metrics.
+exactly what the uninterrupted run would have drawn and ends with the same metrics. Under
+``--dp`` the rounds draw from OS entropy instead (:mod:`pfl_cli.privacy.randomness`) unless
+``noise=seeded``: a resumed secure run continues with fresh entropy from the round after the
+checkpoint, and never re-runs a released round.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from typing import Any, Callable
 import numpy as np
 
 from pfl_cli.errors import RunError
+from pfl_cli.fl.dp import private_snapshot, released_state_finite, restore_private
 from pfl_cli.fl.evaluate import GroupEval, personalize_and_evaluate
 from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
+from pfl_cli.privacy.randomness import train_randomness
 from pfl_cli.rng import torch_generator
 
 GROUPS = ("train", "holdout", "val")
@@ -23,9 +28,11 @@ GROUPS = ("train", "holdout", "val")
 class TrainingDiverged(RunError):
     """The training loss stopped being finite."""
 
-    def __init__(self, round_: int, loss: float, last_checkpoint: int | None) -> None:
+    def __init__(self, round_: int, loss: float | None, last_checkpoint: int | None) -> None:
+        # loss None: under --dp, where the released model (not the private loss) stopped being finite.
         self.round, self.loss, self.last_checkpoint = round_, loss, last_checkpoint
-        super().__init__(f"training diverged: the loss became {loss} at round {round_}.")
+        what = "the released model stopped being finite" if loss is None else f"the loss became {loss}"
+        super().__init__(f"training diverged: {what} at round {round_}.")
 
 
 @dataclass
@@ -105,7 +112,13 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     with_val = cfg.val_fraction > 0 and int(store.val.length.sum()) > 0 and alg.dp is None
     every_ckpt = cfg.checkpoint_every or cfg.eval_every
     start, history, best, loss_acc, last_ckpt = 0, [], None, [0.0, 0], None
-    if resume is not None:
+    private = alg.dp is not None
+    if private:  # no round is released twice: a resumed run continues after the last released round
+        every_ckpt = 1
+    if resume is not None and resume.get("private_run"):
+        restore_private(alg, resume)
+        start = last_ckpt = int(resume["round"])
+    elif resume is not None:
         alg.load_state(resume["algorithm"])
         start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
         alg.traffic.load_state(resume["traffic"])
@@ -114,13 +127,16 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     if total:
         alg.check_trainable(train_clients)
     latest: dict[str, float] = {}
+    randomness = train_randomness(cfg)  # under --dp: OS entropy unless noise=seeded (issue 21)
     for t in range(start, total):
-        gen = torch_generator(cfg.seed, f"round-{t}")
+        gen = randomness.torch(f"round-{t}")
         cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
         loss = alg.run_round(t, cohort, gen)
         alg.traffic.close_round(len(cohort))
         mean_loss = float(loss.mean()) if len(loss) else float("nan")  # a Poisson cohort may be empty
-        if len(loss) and not np.isfinite(mean_loss):
+        if private and not released_state_finite(alg):  # judged on the released model, never on the private loss
+            raise TrainingDiverged(t + 1, None, last_ckpt)
+        if not private and len(loss) and not np.isfinite(mean_loss):
             raise TrainingDiverged(t + 1, mean_loss, last_ckpt)
         if len(loss):
             loss_acc = [loss_acc[0] + mean_loss, loss_acc[1] + 1]
@@ -135,14 +151,15 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
                       for g, s in ev.summaries().items()}
         if on_checkpoint is not None and (done % every_ckpt == 0 or done == total):
-            on_checkpoint({"round": done, "algorithm_name": alg.name, "algorithm": alg.state(),
+            on_checkpoint(private_snapshot(alg, done, cfg.dp_noise) if private else
+                          {"round": done, "algorithm_name": alg.name, "algorithm": alg.state(),
                            "history": [list(r) for r in history],
                            "loss_acc": list(loss_acc), "best": best, "traffic": alg.traffic.state()})
             last_ckpt = done
         if on_progress is not None:
             on_progress(done, total, {"loss": mean_loss, **latest})
-    if total == 0:
-        ev = evaluate_groups(alg, 0, seed=cfg.seed, with_val=with_val)
+    if total == 0 or (private and best is None):  # (a --dp resume of a finished run keeps no evaluation)
+        ev = evaluate_groups(alg, total, seed=cfg.seed, with_val=with_val)
         history.extend(_rows(ev))
         best = _select(None, ev, alg, with_val)
     if best is None:  # rounds fewer than one evaluation period never happens (last round evaluates)

@@ -91,7 +91,7 @@ def validate_config(cfg: MDMFitConfig) -> tuple[Any, DPMechanism | None]:
             raise ConfigError("--dp needs --max-samples M: a public bound on a client's size (the size model's "
                               "support and the default clip), never read from the private data. Give it, e.g. "
                               "--max-samples 500; larger clients are cut down to M.")
-        dp = make_dp(spec.epsilon, spec.delta, clip=spec.clip, population=spec.population)
+        dp = make_dp(spec.epsilon, spec.delta, clip=spec.clip, population=spec.population, noise=spec.noise)
         for name in ("cohort_size", "init_cohort_size"):
             if getattr(cfg, name) is not None:
                 dp._rate(getattr(cfg, name), name)  # the population bound is needed: say so before any work

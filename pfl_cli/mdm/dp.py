@@ -55,7 +55,7 @@ def parse_dp(text: str):
     Examples
     --------
     >>> parse_dp("eps=1,delta=1e-6")
-    DPSpec(epsilon=1.0, delta=1e-06, clip=None, population=None)
+    DPSpec(epsilon=1.0, delta=1e-06, clip=None, population=None, noise='secure')
     """
     from pfl_cli.privacy.release import parse_dp_spec
 
@@ -122,6 +122,7 @@ class DPMechanism:
     init_rate: float = 1.0
     round_rate: float = 1.0
     rounds: int = 0
+    noise: str = "secure"   # --dp noise=: where the fit's draws come from (pfl_cli.privacy.randomness)
 
     def bind(self, *, cohort_size: int | None, init_cohort_size: int | None, rounds: int, restarts: int,
              max_samples: int) -> "DPMechanism":
@@ -248,7 +249,7 @@ class DPMechanism:
         return {
             "epsilon": self.epsilon, "delta": self.delta, "unit": "client", "clip": self.clip,
             "population": self.population,
-            "noise_multiplier": self.noise_multiplier, "accountant": self.accountant,
+            "noise_multiplier": self.noise_multiplier, "accountant": self.accountant, "noise": self.noise,
             "init_sampling_rate": self.init_rate, "round_sampling_rate": self.round_rate, "rounds": self.rounds,
             "cohorts": "poisson" if self.round_rate < 1 or self.init_rate < 1 else "all clients",
             "noise_std": {"init_blocks": self._sigma(INIT_BLOCKS), "round_E": self._sigma(ROUND_BLOCKS),
@@ -257,7 +258,7 @@ class DPMechanism:
 
 
 def make_dp(epsilon: float, delta: float = 1e-6, *, clip: float | None = None, accountant: str = "rdp",
-            population: int | None = None) -> DPMechanism:
+            population: int | None = None, noise: str = "secure") -> DPMechanism:
     """A DP mechanism for :func:`~pfl_cli.mdm.fit.fit_mdm` (calibrated when the fit starts).
 
     Examples
@@ -271,5 +272,7 @@ def make_dp(epsilon: float, delta: float = 1e-6, *, clip: float | None = None, a
     ('client', 2)
     """
     check_param("accountant", accountant in ("rdp", "pld"), "must be rdp or pld", accountant)
+    from pfl_cli.privacy.randomness import check_noise
+
     return DPMechanism(epsilon=float(epsilon), delta=float(delta), clip=None if clip is None else float(clip),
-                       accountant=accountant, population=population)
+                       accountant=accountant, population=population, noise=check_noise(noise))

@@ -148,6 +148,10 @@ def build(spec: dict) -> nn.Module:
         For an unknown kind, a missing key or an invalid value.
     """
     kind = _kind(spec)
+    if kind == "client" and spec.get("arch") == "backbone":  # HyperFL-LPM: a pre-trained backbone
+        from pfl_cli.models.pretrained import build_pretrained
+
+        return build_pretrained(spec)
     if kind == "client":
         return client_model(
             _field(spec, "arch"),

@@ -31,7 +31,7 @@ def _read_numbers(value, flag: str) -> np.ndarray:
         return np.asarray(value, dtype=np.float64) if len(value) else np.zeros(0)
     text = str(value).strip()
     path = Path(text)
-    if path.suffix.lower() in (".npy", ".csv", ".txt", ".tsv") or path.is_file():
+    if path.suffix.lower() in (".npy", ".csv", ".txt", ".tsv") or _is_file(path):
         if not path.is_file():
             raise ConfigError(f"{flag}: no such file {path}.")
         if path.suffix.lower() == ".npy":
@@ -48,6 +48,14 @@ def _read_numbers(value, flag: str) -> np.ndarray:
     if len({len(r) for r in values}) > 1:
         raise ConfigError(f"{flag}: every row must have the same number of entries; got rows of {sorted({len(r) for r in values})}.")
     return np.asarray(values, dtype=np.float64)
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for text no file system accepts as a name (a long inline list)."""
+    try:
+        return path.is_file()
+    except OSError:  # ENAMETOOLONG: a list of hundreds of numbers given inline
+        return False
 
 
 def read_sizes(value) -> list[int]:

@@ -46,6 +46,10 @@ class PrivacyLedger:
     neighboring : {"add-remove", "replace"}, default="add-remove"
     notes : tuple of str, default=()
         One human line per event or step, e.g. "FedDP-Init step 1: sum of outer products".
+    accountant : {"rdp", "pld"} or None, default=None
+        The accountant the stage calibrated with and stated its epsilon by (``privacy.json``'s
+        ``accountant``); ``pflx privacy-account`` uses it by default, so that it prints the
+        stage's own epsilon. None: not recorded (a composition of ledgers of different ones).
 
     Examples
     --------
@@ -61,9 +65,12 @@ class PrivacyLedger:
     events: tuple = ()
     neighboring: str = "add-remove"
     notes: tuple = field(default=())
+    accountant: str | None = None
 
     def __post_init__(self) -> None:
         check_param("unit", self.unit in UNITS, f"must be one of {', '.join(UNITS)}", self.unit)
+        if self.accountant is not None:
+            check_accountant(self.accountant)
         check_delta(self.delta)
         check_neighboring(self.neighboring)
         # Accept lists for convenience but store tuples, so the ledger stays immutable.
@@ -99,11 +106,13 @@ class PrivacyLedger:
                 f"cannot compose ledgers stated at different deltas ({self.delta:g} vs {other.delta:g}); "
                 "restate one with .with_delta() first."
             )
-        return PrivacyLedger(self.unit, self.delta, self.events + other.events, self.neighboring, self.notes + other.notes)
+        same = self.accountant if self.accountant == other.accountant else None
+        return PrivacyLedger(self.unit, self.delta, self.events + other.events, self.neighboring,
+                             self.notes + other.notes, same)
 
     def with_delta(self, delta: float) -> "PrivacyLedger":
         """The same events stated at another delta (events do not depend on delta)."""
-        return PrivacyLedger(self.unit, delta, self.events, self.neighboring, self.notes)
+        return PrivacyLedger(self.unit, delta, self.events, self.neighboring, self.notes, self.accountant)
 
     def event(self) -> dp_event.DpEvent:
         """All events as one ``ComposedDpEvent``."""
@@ -140,7 +149,7 @@ class PrivacyLedger:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "privacy.json") -> "PrivacyLedger":
-        """Read a ``privacy.json`` document; ``epsilon`` and ``accountant`` are ignored.
+        """Read a ``privacy.json`` document; ``epsilon`` is ignored (recomputed), ``accountant`` kept as the default.
 
         Raises
         ------
@@ -160,7 +169,8 @@ class PrivacyLedger:
             raise InputError(f"{where}: 'notes' must be a list of strings; got {type(notes).__name__}.")
         parsed = tuple(event_from_dict(e, where=f"{where}: events[{i}]") for i, e in enumerate(events))
         try:
-            return cls(data["unit"], data["delta"], parsed, data.get("neighboring", "add-remove"), tuple(notes))
+            return cls(data["unit"], data["delta"], parsed, data.get("neighboring", "add-remove"), tuple(notes),
+                       data.get("accountant"))
         except InputError as err:
             raise InputError(f"{where}: {err}") from None
 

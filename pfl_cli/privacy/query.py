@@ -42,7 +42,7 @@ class PrivacyAccountConfig:
     steps: Optional[int] = None
     epsilon: Optional[float] = None
     delta: Optional[float] = None
-    accountant: str = "rdp"
+    accountant: str = "auto"   # auto: a ledger's own (the tightest for a composition); rdp for a mechanism
     neighboring: str = "add-remove"
     sampling: str = "poisson"
     unit: str = "example"
@@ -50,7 +50,7 @@ class PrivacyAccountConfig:
     max_steps: int = accounting.DEFAULT_MAX_STEPS
 
 
-register_choices(PrivacyAccountConfig, accountant=(*ACCOUNTANTS, "all"), neighboring=lambda: tuple(accounting.NEIGHBORING),
+register_choices(PrivacyAccountConfig, accountant=("auto", *ACCOUNTANTS, "all"), neighboring=lambda: tuple(accounting.NEIGHBORING),
                  sampling=SAMPLING, unit=UNITS)
 
 
@@ -132,7 +132,8 @@ def _validated(cfg: PrivacyAccountConfig) -> dict[str, Any]:
         "max_noise": _number("--max-noise", cfg.max_noise),
         "max_steps": _number("--max-steps", cfg.max_steps, integer=True),
     }
-    check_param("--accountant", cfg.accountant in (*ACCOUNTANTS, "all"), "must be one of rdp, pld, all", cfg.accountant)
+    check_param("--accountant", cfg.accountant in ("auto", *ACCOUNTANTS, "all"), "must be one of auto, rdp, pld, all",
+                cfg.accountant)
     check_param("--neighboring", cfg.neighboring in accounting.NEIGHBORING, "must be add-remove or replace", cfg.neighboring)
     check_param("--sampling", cfg.sampling in SAMPLING, f"must be one of {', '.join(SAMPLING)}", cfg.sampling)
     check_param("--unit", cfg.unit in UNITS, f"must be one of {', '.join(UNITS)}", cfg.unit)
@@ -205,7 +206,7 @@ def answer(cfg: PrivacyAccountConfig, ledgers: Sequence[tuple[str, PrivacyLedger
     delta, delta_notes = _delta(v)
     notes += delta_notes
     make = _event_factory(cfg, v, rate)
-    names = ACCOUNTANTS if cfg.accountant == "all" else (cfg.accountant,)
+    names = ACCOUNTANTS if cfg.accountant == "all" else ("rdp" if cfg.accountant == "auto" else cfg.accountant,)
     if given == {"noise_multiplier"}:
         return _epsilon_direction(cfg, v, make, rate, delta, names, notes)
     if given == {"epsilon"}:
@@ -316,7 +317,7 @@ def _compose(cfg: PrivacyAccountConfig, v: dict[str, Any], ledgers: Sequence[tup
             "pass the ledgers' delta."
         )
     total = compose_ledgers([ledger for _, ledger in ledgers])
-    names = ACCOUNTANTS if cfg.accountant == "all" else (cfg.accountant,)
+    names, why = _ledger_accountants(cfg.accountant, ledgers)
     best, res, table = _side_by_side(total.epsilon, names, lambda e: e)
     table.update({a: {"epsilon": e} for a, e in res.items()})
     eps = res[best]
@@ -324,12 +325,57 @@ def _compose(cfg: PrivacyAccountConfig, v: dict[str, Any], ledgers: Sequence[tup
         f"{len(ledgers)} ledger(s) ({', '.join(deltas)}) composed, {len(total.events)} release(s) in all. "
         f"{_guarantee(eps, total.delta, total.unit, best)}."
     )
-    body = [head, f"Neighbouring datasets differ by {_RELATION_WORDS[total.neighboring]} one {total.unit}."]
+    body = [head, f"Accountant: {best.upper()}, {why}."]
+    body += _above_claims(eps, best, total.delta, ledgers)
+    body += [f"Neighbouring datasets differ by {_RELATION_WORDS[total.neighboring]} one {total.unit}."]
     body += [f"- {n}" for n in total.notes]
+    multi = cfg.accountant == "all"
     return PrivacyReport(
         "compose", eps, total.delta, best, total.neighboring, total.unit, total.events, "\n".join(body),
-        by_accountant=table if len(names) > 1 else {}, tighter=best if len(names) > 1 else None, notes=total.notes,
+        by_accountant=table if multi else {}, tighter=best if multi else None, notes=total.notes,
     )
+
+
+def _ledger_accountants(requested: str, ledgers: Sequence[tuple[str, PrivacyLedger]]) -> tuple[tuple, str]:
+    """The accountants to run on ledgers, and the words that say why (issue 21: one epsilon per artifact).
+
+    ``auto``: one ledger's own accountant (the one its stage calibrated with and stated its
+    epsilon by); for a composition, or a ledger that records none, the tightest valid one (every
+    accountant gives a valid upper bound, so the smallest holds).
+    """
+    if requested == "all":
+        return ACCOUNTANTS, "the tighter of those run side by side"
+    if requested != "auto":
+        return (requested,), "as --accountant asks"
+    if len(ledgers) == 1 and ledgers[0][1].accountant is not None:
+        return (ledgers[0][1].accountant,), f"the one {ledgers[0][0]} calibrated with (--accountant overrides)"
+    return ACCOUNTANTS, "the tightest valid one of rdp and pld (--accountant overrides)"
+
+
+def _above_claims(eps: float, accountant: str, delta: float, ledgers: Sequence[tuple[str, PrivacyLedger]]) -> list[str]:
+    """A line for every way the printed epsilon exceeds what the stages themselves stated, saying why."""
+    claims = []
+    for name, ledger in ledgers:
+        if ledger.accountant is None:
+            return []
+        try:
+            claims.append((name, ledger.accountant, ledger.epsilon(ledger.accountant)))
+        except InputError:
+            return []
+    slack = 1e-9 * max(1.0, abs(eps))
+    if len(claims) == 1:
+        name, own, claim = claims[0]
+        if eps > claim + slack:
+            return [f"Note: this epsilon is above the {claim:.4g} that {name} states by the {own.upper()} accountant, "
+                    f"because the {accountant.upper()} accountant's bound is looser for these releases; both are "
+                    f"valid upper bounds, so the smaller ({claim:.4g}) holds."]
+        return []
+    total = sum(c for _, _, c in claims)
+    if eps > total + slack:
+        return [f"Note: this epsilon is above the sum {total:.4g} of the stages' own epsilons because all releases "
+                f"are stated at one delta {delta:g} (basic composition would state the sum at the sum of the "
+                f"deltas)."]
+    return []
 
 
 # ---------------------------------------------------------------------------- wording

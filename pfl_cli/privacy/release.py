@@ -29,17 +29,19 @@ from typing import Iterable
 from pfl_cli.errors import ConfigError
 
 DEFAULT_DELTA = 1e-6
-_NAMES = {"eps": "epsilon", "epsilon": "epsilon", "delta": "delta", "clip": "clip", "population": "population"}
+_NAMES = {"eps": "epsilon", "epsilon": "epsilon", "delta": "delta", "clip": "clip", "population": "population",
+          "noise": "noise"}
 
 
 @dataclass(frozen=True)
 class DPSpec:
-    """A parsed, validated ``--dp eps=E[,delta=D][,clip=C][,population=N]``."""
+    """A parsed, validated ``--dp eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]``."""
 
     epsilon: float
     delta: float = DEFAULT_DELTA
     clip: float | None = None
     population: int | None = None
+    noise: str = "secure"   # where the mechanisms draw from: pfl_cli.privacy.randomness
 
 
 def _number(key: str, raw: str) -> float:
@@ -52,14 +54,16 @@ def _number(key: str, raw: str) -> float:
     return value
 
 
-def parse_dp_spec(text: str, *, keys: Iterable[str] = ("eps", "delta", "clip", "population"),
+def parse_dp_spec(text: str, *, keys: Iterable[str] = ("eps", "delta", "clip", "population", "noise"),
                   default_delta: float = DEFAULT_DELTA) -> DPSpec:
     """Parse and validate a ``--dp`` value; every error is one :class:`ConfigError` line.
 
     Parameters
     ----------
     text : str
-        ``eps=E[,delta=D][,clip=C][,population=N]`` (``epsilon=`` also accepted).
+        ``eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]`` (``epsilon=`` also accepted).
+        ``noise`` (always accepted) is where the mechanisms draw: ``secure`` (OS entropy, the default) or
+        ``seeded`` (repeatable from the published seed: simulation only).
     keys : iterable of str
         The keys this stage takes (``epsilon`` is always accepted as ``eps``).
     default_delta : float, default=1e-6
@@ -67,20 +71,28 @@ def parse_dp_spec(text: str, *, keys: Iterable[str] = ("eps", "delta", "clip", "
     Examples
     --------
     >>> parse_dp_spec("eps=1,delta=1e-6")
-    DPSpec(epsilon=1.0, delta=1e-06, clip=None, population=None)
+    DPSpec(epsilon=1.0, delta=1e-06, clip=None, population=None, noise='secure')
     >>> parse_dp_spec("eps=0")
     Traceback (most recent call last):
     ...
     pfl_cli.errors.ConfigError: --dp eps must be > 0; got 0.0. Example: --dp eps=1,delta=1e-6
     """
+    from pfl_cli.privacy.randomness import DEFAULT_NOISE, check_noise
+
+    keys = tuple(dict.fromkeys([*keys, "noise"]))
     allowed = set(keys) | ({"epsilon"} if "eps" in keys else set())
-    usage = "eps=E" + "".join(f"[,{k}={k[0].upper()}]" for k in keys if k != "eps")
+    usage = "eps=E" + "".join(f"[,{k}={k[0].upper()}]" for k in keys if k not in ("eps", "noise"))
+    usage += "[,noise=secure|seeded]"
     values: dict[str, float] = {}
+    noise = DEFAULT_NOISE
     for part in (p.strip() for p in str(text).split(",") if p.strip()):
         key, sep, raw = part.partition("=")
         key = key.strip().lower()
         if not sep or key not in allowed:
             raise ConfigError(f"--dp takes {usage}; got {text!r}. Example: --dp eps=1,delta=1e-6")
+        if key == "noise":
+            noise = check_noise(raw.strip().lower())
+            continue
         values[_NAMES[key]] = _number(key, raw.strip())
     if "epsilon" not in values:
         raise ConfigError(f"--dp needs eps=E; got {text!r}. Example: --dp eps=1,delta=1e-6")
@@ -102,7 +114,7 @@ def parse_dp_spec(text: str, *, keys: Iterable[str] = ("eps", "delta", "clip", "
             raise ConfigError(f"--dp delta must be < 1/population = {1 / population:.3g} (a larger delta lets a "
                               f"mechanism publish one unit's data outright); got delta {delta!r} with population "
                               f"{population}. Lower delta, e.g. delta={_suggest_delta(population):g}.")
-    return DPSpec(epsilon=eps, delta=delta, clip=clip, population=population)
+    return DPSpec(epsilon=eps, delta=delta, clip=clip, population=population, noise=noise)
 
 
 def population_note(population: int | None) -> str:

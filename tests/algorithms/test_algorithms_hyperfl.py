@@ -112,14 +112,13 @@ def test_new_clients_keep_the_global_hypernetwork_and_train_locally(digits_clien
     assert np.array_equal(train.evaluation.correct, best.correct)
 
 
-def test_resumed_training_ends_where_the_uninterrupted_run_ends(digits_clients):
+def assert_resume_ends_where_the_run_ends(ds, part, cfg):
+    """Train, then resume from the first checkpoint: same history, byte-identical model. Returns the full run."""
     import io
 
     from pfl_cli.cli.train_run import torch_bytes
     from pfl_cli.fl import train_federated
 
-    ds, part = digits_clients
-    cfg = TrainConfig(**SMALL, rounds=5, eval_every=2, val_fraction=0.2)
     saved = []
     full = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu",
                            on_checkpoint=lambda ck: saved.append(torch_bytes(ck)))
@@ -127,6 +126,12 @@ def test_resumed_training_ends_where_the_uninterrupted_run_ends(digits_clients):
                               resume=torch.load(io.BytesIO(saved[0]), weights_only=True))
     assert resumed.outcome.history == full.outcome.history
     assert torch_bytes(resumed.model) == torch_bytes(full.model)
+    return full
+
+
+def test_resumed_training_ends_where_the_uninterrupted_run_ends(digits_clients):
+    ds, part = digits_clients
+    assert_resume_ends_where_the_run_ends(ds, part, TrainConfig(**SMALL, rounds=5, eval_every=2, val_fraction=0.2))
 
 
 @pytest.mark.parametrize("shape,features", [((3, 32, 32), 106_400), ((1, 28, 28), 115_776)])

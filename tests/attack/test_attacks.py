@@ -170,7 +170,7 @@ def test_attack_on_a_local_dp_fedavg_upload_fails(digits, tmp_path, capsys):
     import json
 
     part_dir = digits[4] / "part"
-    assert main(["train", "--partition", str(part_dir), "--algorithm", "ldp-fedavg", "--dp", "eps=4,delta=1e-5,clip=1",
+    assert main(["train", "--partition", str(part_dir), "--algorithm", "ldp-fedavg", "--dp", "eps=4,delta=1e-5,clip=1,noise=seeded",
                  "--set", "dp_sampling_rate=0.25", "--set", "normalize=false", "--rounds", "10", "--eval-every", "10",
                  "--local-steps", "5", "--lr", "0.05", "--set", "mlp_hidden=[32,32]", "--out", str(tmp_path / "ldp"),
                  "--format", "quiet"]) == 0

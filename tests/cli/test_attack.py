@@ -68,7 +68,7 @@ def test_batches_of_images_from_one_client(root, tmp_path, capsys):
 @pytest.mark.parametrize("extra, model, message", [
     ((), "local", "algorithm 'local' is not attacked"),
     # FedProx inherits FedAvg's upload code but its clients send proximal steps' deltas: refused, not mis-modelled.
-    ((), "fedprox", "algorithm 'fedprox' is not attacked: pflx attack models the uploads of ditto, fedavg, hyperfl, "
+    ((), "fedprox", "algorithm 'fedprox' is not attacked: pflx attack models the uploads of ditto, fedavg, hyperfl, hyperfl-lpm, "
                     "knnper, ldp-fedavg, pefll, pfedhn, pfedhn-pc."),
     (("--images", "0"), "fedavg", "images must be an integer >= 1"),
     (("--images", "100000"), "fedavg", "the 4 holdout clients hold only"),

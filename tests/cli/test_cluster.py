@@ -55,8 +55,8 @@ def test_rerun_is_a_noop_and_output_is_byte_identical(part, tmp_path, capsys):
 
 def test_dp_rerun_recomputes_the_same_bytes_without_force(part, tmp_path, capsys):
     # A DP manifest withholds the private input's hash, so a rerun cannot prove the input is
-    # unchanged: it recomputes, and the same seed gives the same bytes.
-    args = ("--dp", "eps=0.5", "--lloyds-steps", "1", "--seed", "3")
+    # unchanged: it recomputes, and under noise=seeded the same seed gives the same bytes.
+    args = ("--dp", "eps=0.5,noise=seeded", "--lloyds-steps", "1", "--seed", "3")
     assert _cluster(part, tmp_path / "a", *args) == 0
     first = {n: (tmp_path / "a" / n).read_bytes() for n in ("centers.npy", "metrics.json", "privacy.json")}
     assert _cluster(part, tmp_path / "a", *args) == 0
@@ -64,6 +64,24 @@ def test_dp_rerun_recomputes_the_same_bytes_without_force(part, tmp_path, capsys
     assert _cluster(part, tmp_path / "b", *args) == 0
     for name, data in first.items():
         assert (tmp_path / "a" / name).read_bytes() == data == (tmp_path / "b" / name).read_bytes()
+    assert json.loads(first["privacy.json"])["noise"] == "seeded"
+    # privacy-account passes the warning on: that epsilon holds only inside the simulation.
+    capsys.readouterr()
+    assert main(["privacy-account", str(tmp_path / "a"), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["noise"] == "seeded" and "simulation only: the noise can be rebuilt" in doc["noise_statement"]
+
+
+def test_secure_dp_runs_with_one_seed_release_different_centers(part, tmp_path, capsys):
+    """The default noise=secure draws from OS entropy, so the seed does not decide the released centers."""
+    args = ("--dp", "eps=0.5", "--lloyds-steps", "1", "--seed", "3", "--format", "human")
+    for name in ("a", "b"):
+        capsys.readouterr()
+        assert _cluster(part, tmp_path / name, *args) == 0
+        assert "noise=secure" in capsys.readouterr().out
+    a, b = (np.load(tmp_path / n / "centers.npy") for n in "ab")
+    assert not np.array_equal(a, b)
+    assert json.loads((tmp_path / "a" / "privacy.json").read_text())["noise"] == "secure"
 
 
 @pytest.mark.parametrize("extra", [
@@ -110,3 +128,21 @@ def test_partition_without_features_is_refused(tmp_path, capsys):
     code = main(["cluster", "--partition", str(tmp_path / "p"), "--server-data", SERVER, "--k", "2",
                  "--dp", "eps=1", "--out", str(tmp_path / "km")])
     assert code == 2 and "no features" in capsys.readouterr().err
+
+
+def test_privacy_account_prints_the_stage_own_epsilon(part, tmp_path, capsys):
+    """Issue 21: cluster states its epsilon by PLD; privacy-account of the artifact prints that one by default."""
+    out = tmp_path / "km"
+    assert _cluster(part, out, "--dp", "eps=1") == 0
+    claimed = json.loads((out / "privacy.json").read_text())
+    assert claimed["accountant"] == "pld" and claimed["epsilon"] <= 1.0
+    capsys.readouterr()
+    assert main(["privacy-account", str(out), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["accountant"] == "pld" and doc["epsilon"] == pytest.approx(claimed["epsilon"], rel=1e-9)
+    assert "the one " + str(out) + " calibrated with" in doc["statement"]
+    # Forcing the looser RDP accountant prints a larger epsilon, and a line that says why.
+    assert main(["privacy-account", str(out), "--accountant", "rdp", "--format", "json"]) == 0
+    rdp = json.loads(capsys.readouterr().out)
+    assert rdp["epsilon"] > claimed["epsilon"]
+    assert f"above the {claimed['epsilon']:.4g} that {out} states by the PLD accountant" in rdp["statement"]

@@ -61,6 +61,23 @@ def test_binned_income_column(tmp_path, capsys):
     assert doc["num_categories"] == 41 and doc["num_samples"]["kind"] == "binned"
 
 
+def test_dp_noise_is_secure_by_default_and_repeatable_only_when_seeded(part, tmp_path, capsys):
+    """Issue 21: two --dp fits with one seed release different parameters unless noise=seeded."""
+    args = ["--partition", str(part), "--components", "2", "--rounds", "3", "--max-samples", "400", "--seed", "4"]
+    released = {}
+    for mode in ("secure", "seeded"):
+        for i in range(2):
+            out = tmp_path / f"{mode}{i}"
+            spec = "eps=2,delta=1e-6" + (",noise=seeded" if mode == "seeded" else "")
+            capsys.readouterr()
+            assert fit(out, *args, "--dp", spec, "--format", "human") == 0
+            assert f"noise={mode}" in capsys.readouterr().out
+            assert json.loads((out / "privacy.json").read_text())["noise"] == mode
+            released[mode, i] = (out / "mdm.json").read_bytes()
+    assert released["secure", 0] != released["secure", 1]
+    assert released["seeded", 0] == released["seeded", 1]
+
+
 def test_dp_writes_a_privacy_ledger(part, tmp_path, capsys):
     assert fit(tmp_path / "d", "--partition", str(part), "--components", "2", "--rounds", "5", "--max-samples", "400",
                "--dp", "eps=2,delta=1e-6") == 0

@@ -81,12 +81,16 @@ def test_composition_of_two_artifacts(cli, tmp_path):
     b = PrivacyLedger("client", 1e-6, (dpa.GaussianDpEvent(4.0), dpa.LaplaceDpEvent(5.0)), notes=("cluster init",))
     mdm = _ledger_dir(tmp_path / "mdm", a.to_dict("rdp"))
     km = _ledger_dir(tmp_path / "km", b.to_dict("rdp"), stage="cluster")
-    doc = _json(cli("privacy-account", mdm, km, "--format", "json"))
+    doc = _json(cli("privacy-account", mdm, km, "--accountant", "rdp", "--format", "json"))
     both = PrivacyLedger("client", 1e-6, a.events + b.events)
     assert doc["direction"] == "compose" and doc["unit"] == "client" and doc["delta"] == 1e-6
     assert doc["epsilon"] == pytest.approx(both.epsilon("rdp"), rel=1e-12)
     assert doc["epsilon"] == pytest.approx(_rdp(dpa.ComposedDpEvent(list(both.events)), 1e-6), rel=1e-12)
     assert len(doc["events"]) == 3 and doc["notes"] == ["mdm-fit rounds", "cluster init"]
+    # By default a composition takes the tightest valid accountant, and says so.
+    auto = cli("privacy-account", mdm, km)
+    tight = min(both.epsilon("rdp"), both.epsilon("pld"))
+    assert f"epsilon = {tight:.4g}," in auto.out and "the tightest valid one of rdp and pld" in auto.out
 
 
 def test_out_writes_a_composable_ledger(cli, tmp_path):

@@ -61,12 +61,13 @@ def _train(root, out, *extra):
 
 # Every algorithm of `train`, each with the options it needs, on a shorter run; the cheap ones in the
 # normal tier. The local-DP baselines exist only under --dp; their accuracies are nonprivate files.
-DP = ["--dp", "eps=8,clip=1,population=1000", "--write-nonprivate", "--set", "normalize=false"]
+DP = ["--dp", "eps=8,clip=1,population=1000,noise=seeded", "--write-nonprivate", "--set", "normalize=false"]  # comparable
 LDP = [*DP, "--set", "dp_sampling_rate=0.25"]
 SHORT = ["--rounds", "6", "--eval-every", "3", "--local-steps", "3", "--clients-per-round", "4"]
 EVERY = {
     "pefll": [], "fedavg": ["--finetune-steps", "3"], "local": ["--local-epochs", "2"], "pfedhn": [],
-    "pfedhn-pc": [], "hyperfl": [], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
+    "pfedhn-pc": [], "hyperfl": [],
+    "hyperfl-lpm": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
     "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],

@@ -19,7 +19,8 @@ def test_builtin_digits_matches_sklearn():
 
 
 def test_every_published_layout_is_registered():
-    for scheme in ("builtin", "npz", "csv", "cifar10", "cifar100", "mnist", "fashion-mnist", "leaf"):
+    for scheme in ("builtin", "npz", "csv", "cifar10", "cifar100", "mnist", "fashion-mnist", "emnist", "cinic10",
+                   "omniglot", "leaf"):
         assert scheme in SCHEMES
 
 

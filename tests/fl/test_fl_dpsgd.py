@@ -152,12 +152,14 @@ def test_sample_batches_and_poisson_batches_agree_on_shape(equal_store):
     ("ppsgd", dict(dp_clip=0.5, dp_delta=1e-5, dp_sampling_rate=0.3)),
 ])
 def test_dp_runs_resume_to_the_same_model(equal_store, algorithm, dp):
-    """Poisson cohorts and noise come from (seed, round) streams: a resumed DP run equals an uninterrupted one."""
+    """Under noise=seeded, Poisson cohorts and noise come from (seed, round) streams: a resumed DP run equals an
+    uninterrupted one. A --dp run checkpoints every round (no round is released twice) and keeps no evaluation."""
     from pfl_cli.fl.api import make_algorithm, plan_dp
     from pfl_cli.fl.loop import run_rounds
 
     cfg = TrainConfig(algorithm=algorithm, rounds=4, eval_every=2, clients_per_round=4, local_steps=2, batch_size=4,
-                      lr=0.05, mlp_hidden=(8,), normalize=False, val_fraction=0.0, dp_epsilon=8.0, **dp)
+                      lr=0.05, mlp_hidden=(8,), normalize=False, val_fraction=0.0, dp_epsilon=8.0, dp_noise="seeded",
+                      **dp)
 
     def run(resume=None):
         alg = make_algorithm(cfg, equal_store)
@@ -167,7 +169,8 @@ def test_dp_runs_resume_to_the_same_model(equal_store, algorithm, dp):
         return outcome, kept
 
     full, checkpoints = run()
-    resumed, _ = run(resume=checkpoints[0])
-    assert checkpoints[0]["round"] == 2
+    assert [c["round"] for c in checkpoints] == [1, 2, 3, 4]
+    assert all(c["private_run"] and "history" not in c and "best" not in c for c in checkpoints)
+    resumed, _ = run(resume=checkpoints[1])
     flat = lambda w: torch.cat([v.reshape(-1) for d in w.values() for v in (d.values() if isinstance(d, dict) else [d])])  # noqa: E731
     assert torch.equal(flat(full.weights), flat(resumed.weights))

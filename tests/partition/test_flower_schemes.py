@@ -254,3 +254,10 @@ def test_cli_bad_sizes_is_one_line_exit_2_and_no_artifact(cli, tmp_path):
     run = cli("partition", "--sizes", "1000,1000", "--out", tmp_path / "p")
     assert run.code == 2 and run.err.count("\n") == 1 and "sizes sum to 2000" in run.err
     assert not (tmp_path / "p").exists()
+
+
+def test_a_long_inline_list_is_read_as_numbers_not_as_a_file_name():
+    # 800 inline numbers are longer than a file name may be: is_file() raised ENAMETOOLONG (an internal error).
+    from pfl_cli.partition.explicit import read_sizes
+
+    assert read_sizes(",".join(["1"] * 800)) == [1] * 800

@@ -1,0 +1,47 @@
+"""HyperFL-LPM: HyperFL on a frozen pre-trained backbone (Guo et al., AAAI 2025, §3.3, App. D.1;
+``specs/pfedhn-hyperfl.md`` B.5, Table 2).
+
+The client net is :class:`~pfl_cli.models.pretrained.PretrainedNet` with ``tune=adapters``: the
+backbone (ViT-S/16 or ResNet-18, loaded from the user's local file) is frozen and shared, the
+hypernetwork generates only the adapters, and the classifier, hypernetwork and client embedding
+train. Everything else is HyperFL's round, unchanged (:class:`~pfl_cli.algorithms.hyperfl.HyperFL`):
+step 1 (eq. 4) the classifier, step 2 (eq. 5) hypernetwork and embedding through the generated
+adapters, upload of the hypernetwork only, weighted average (eq. 6), new clients by HyperFL's
+protocol and ``pflx attack``'s model of the upload.
+
+Memory: the backbone's tensors are buffers of the one client net, so a vmapped cohort reads one
+copy and forms no gradient for it. Features are *not* computed once per batch for the whole cohort:
+each client's generated adapters sit inside every block (after the ViT's MLPs, behind the ResNet's
+residual blocks), so from the first block on the activations differ per client; only the patch
+embedding / stem before the first adapter is common, and it is cheap next to the blocks.
+"""
+
+from __future__ import annotations
+
+from pfl_cli.algorithms.hyperfl import DEFAULT_EMBED_DIM, HyperFL
+from pfl_cli.errors import ConfigError
+
+
+class HyperFLLPM(HyperFL):
+    name = "hyperfl-lpm"
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.models import build, hyper_spec, split_names
+        from pfl_cli.models.pretrained import BACKBONES, backbone_spec
+
+        if not cfg.backbone:
+            raise ConfigError(f"hyperfl-lpm needs a backbone: --set backbone={'|'.join(BACKBONES)} "
+                              f"(and backbone_weights=PATH for pre-trained weights).")
+        if cfg.backbone_tune != "adapters":
+            raise ConfigError(f"hyperfl-lpm generates adapters: backbone_tune must be adapters; got {cfg.backbone_tune!r} "
+                              f"(the probe and FPT baselines are --algorithm fedavg / local).")
+        client = backbone_spec(cfg.backbone, store.input_shape, store.num_classes, tune="adapters",
+                               weights=cfg.backbone_weights or None)
+        # the adapter names need no weights: build the net without reading the file
+        adapters = split_names(build({k: v for k, v in client.items() if k != "weights"}))[0]
+        dim = int(cfg.embed_dim) or DEFAULT_EMBED_DIM
+        # App. D.1 / B.4: Linear(64, hidden) -> ReLU -> one linear head per adapter tensor
+        return {"client": client,
+                "hypernetwork": hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden, n_hidden=0, relu_out=True,
+                                           generate=adapters)}
