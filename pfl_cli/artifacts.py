@@ -53,7 +53,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from pfl_cli import __version__
-from pfl_cli.errors import ArtifactError, InputError
+from pfl_cli.errors import ArtifactError, ConfigError, InputError
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -328,6 +328,48 @@ class Artifact:
         return {"path": str(self.path), "stage": self.stage, "sha256": self.content_hash}
 
 
+def _manifest_problem(manifest: Mapping[str, Any]) -> str | None:
+    """The first way ``manifest``'s fields break schema 1 (None: none); types only, files are checked by the reader."""
+    if not isinstance(manifest.get("config", {}), dict):
+        return f"'config' must be an object; got {_kind(manifest['config'])}"
+    seed = manifest.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        return f"'seed' must be an integer or null; got {seed!r}"
+    for key, needed in (("outputs", ("path", "sha256")), ("inputs", ("path", "stage"))):
+        entries = manifest.get(key, [])
+        if not isinstance(entries, list):
+            return f"'{key}' must be a list of objects; got {_kind(entries)}"
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                return f"'{key}'[{i}] must be an object with {' and '.join(needed)}; got {_kind(entry)}"
+            for field in needed:
+                if not isinstance(entry.get(field), str) or not entry[field]:
+                    return f"'{key}'[{i}].{field} must be a non-empty string; got {entry.get(field)!r}"
+            digest = entry.get("sha256")
+            if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                           and all(c in "0123456789abcdef" for c in digest)):
+                return f"'{key}'[{i}].sha256 must be 64 hex digits{'' if key == 'outputs' else ' or null'}; got {digest!r}"
+        if key == "outputs":
+            names = [e["path"] for e in entries]
+            for name in names:  # payload files live inside the artifact: no absolute path, no way up
+                if Path(name).is_absolute() or ".." in Path(name).parts or name == MANIFEST:
+                    return f"'outputs' path must name a file inside the artifact; got {name!r}"
+            if len(set(names)) != len(names):
+                return f"'outputs' lists a path twice ({sorted(n for n in set(names) if names.count(n) > 1)[0]!r})"
+    return None
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"{type(value).__name__} {value!r}"[:80]
+
+
+def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
+    """Refuse (ArtifactError, exit 2) a manifest whose config, seed, inputs or outputs are malformed."""
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise ArtifactError(f"{where}: {problem}; the manifest is damaged. Re-create the artifact.")
+
+
 def _describe(stage: str | Sequence[str]) -> str:
     stages = [stage] if isinstance(stage, str) else list(stage)
     return " or ".join(repr(s) for s in stages)
@@ -367,11 +409,14 @@ def read_artifact(path: str | Path, stage: str | Sequence[str], *, flag: str = "
             f"{flag} {path}: artifact schema {manifest.get('schema')!r} is not supported; this pflx reads schema {SCHEMA}."
         )
     found = manifest.get("stage")
-    if found not in expected:
+    if found not in expected and isinstance(found, str):
         raise ArtifactError(
             f"{flag} {path}: expected a {_describe(expected)} artifact, found stage {found!r} ({MANIFEST}). "
             f"Pass the output of `{producer}`."
         )
+    if found not in expected:
+        raise ArtifactError(f"{flag} {path}: {MANIFEST} 'stage' must be a stage name; got {found!r}.")
+    check_manifest(manifest, f"{flag} {path}: {MANIFEST}")
     artifact = Artifact(path=path, manifest=manifest)
     if verify:
         for out in manifest.get("outputs", []):
@@ -387,6 +432,18 @@ def read_artifact(path: str | Path, stage: str | Sequence[str], *, flag: str = "
 
 
 # ---------------------------------------------------------------------------- writing
+def _non_finite(obj: Any, where: str = "") -> tuple[str, float] | None:
+    """The first (key path, value) of ``obj`` holding a NaN or an infinity, else None."""
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return where or "value", obj
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = _non_finite(value, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip("."))
+        if found:
+            return found
+    return None
+
+
 class ArtifactWriter:
     """Build an artifact in a temporary sibling directory and move it into place.
 
@@ -415,12 +472,16 @@ class ArtifactWriter:
         self.dp = bool(dp)
         self._release: dict[str, str] = {}
         self.stage = stage
+        bad = _non_finite(dict(config))
+        if bad:  # JSON has no NaN or infinity, and no option means anything with one
+            raise ConfigError(f"{bad[0]} must be a finite number; got {bad[1]!r}.")
         self.config = json.loads(canonical_json(dict(config)))  # normalized, JSON-safe
         self.seed = seed
         # Under DP a private input's hash would tell neighbouring datasets apart: withhold it.
         self.inputs = [dict(i) if (not self.dp or i.get("public")) else {**i, "sha256": None} for i in inputs]
         self._input_hashes = [i.get("sha256") for i in inputs]
         self.force = force
+        check_out_apart(self.out, inputs)
         self.argv = list(argv) if argv is not None else ["pflx", *sys.argv[1:]]
         self.dir: Path | None = None
         self._after_swap: list = []
@@ -609,6 +670,41 @@ def _check_name(out: Path) -> None:
                              "choose a shorter --out.") from None
 
 
+GENERATED_SCHEMES = ("builtin", "gmm", "ring")
+
+
+def _input_location(ref: Mapping[str, Any]) -> Path | None:
+    """The file or directory an input reference reads (a dataset spec's path after ``SCHEME:``), if on disk."""
+    text = str(ref.get("path", ""))
+    if ref.get("stage") == "dataset":
+        scheme, _, arg = text.partition(":")
+        # Generated datasets name no file: builtin:digits, gmm:clients?..., ring:?seed=1.
+        text = "" if scheme in GENERATED_SCHEMES else arg.split("?", 1)[0]
+    if not text:
+        return None
+    path = Path(text)
+    return path if path.exists() else None
+
+
+def check_out_apart(out: str | Path, inputs: Iterable[Mapping[str, Any]]) -> None:
+    """Refuse an ``--out`` that is, lies inside, or contains one of the command's inputs, ``--force`` or not.
+
+    Replacing ``--out`` would destroy (or, inside it, orphan) the input the result was computed from.
+    """
+    target = Path(os.path.abspath(out))
+    for ref in inputs:
+        where = _input_location(ref)
+        if where is None:
+            continue
+        source = Path(os.path.realpath(where))
+        resolved = Path(os.path.realpath(target))
+        how = ("is" if resolved == source else "is inside" if source in resolved.parents
+               else "contains" if resolved in source.parents else None)
+        if how:
+            raise InputError(f"--out {out}: {how} the input {ref.get('path')}; writing there would replace what "
+                             "this command reads, so it is refused even with --force. Choose another --out.")
+
+
 def check_out_location(out: str | Path) -> list[Path]:
     """Check up front that ``out``'s parent lets pflx create and rename a directory there.
 
@@ -728,7 +824,7 @@ def _release(key: str) -> None:
 
 # ---------------------------------------------------------------------------- partition artifacts
 def load_partition(path: str | Path, *, flag: str = "--partition"):
-    """Read a partition artifact (written by ``partition`` or ``simulate``).
+    """Read a partition artifact (written by ``partition`` or ``simulate``), every file checked (``pfl_cli.readers``).
 
     Returns
     -------
@@ -738,17 +834,9 @@ def load_partition(path: str | Path, *, flag: str = "--partition"):
     artifact : Artifact
     """
     from pfl_cli.partition.base import Partition
+    from pfl_cli.readers import read_partition_files
 
     artifact = read_artifact(path, "partition", flag=flag)
-    dataset_info = load_json(artifact.file("dataset.json"))
-    stats = load_json(artifact.file("stats.json")) if artifact.has("stats.json") else {}
-    arrays = load_npz(artifact.file("clients.npz"))
-    missing = {"client_id", "role", "train_offsets", "train_indices", "test_offsets", "test_indices"} - set(arrays)
-    if missing:
-        raise ArtifactError(f"{flag} {path}: clients.npz lacks {sorted(missing)}; re-create the partition.")
+    dataset_info, arrays, stats = read_partition_files(artifact, flag)
     part = Partition.from_arrays(arrays, info=stats.get("scheme_info", {}))
-    try:
-        part.check(int(dataset_info["num_samples"]))
-    except (ValueError, KeyError) as err:
-        raise ArtifactError(f"{flag} {path}: clients.npz is inconsistent with dataset.json ({err}).") from None
     return part, dataset_info, artifact

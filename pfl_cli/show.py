@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from pfl_cli.artifacts import MANIFEST, PRODUCER, Artifact, load_json, read_artifact
+from pfl_cli.artifacts import MANIFEST, PRODUCER, Artifact, read_artifact
 from pfl_cli.errors import ArtifactError
 
 STAGES = tuple(PRODUCER) + ("privacy-account",)
@@ -42,8 +42,13 @@ def _pick(doc: dict, *keys: str) -> dict:
     return {k: doc[k] for k in keys if k in doc and doc[k] is not None}
 
 
+FLAG = "artifact"  # how error messages name the directory show was given
+
+
 def _partition(art: Artifact) -> dict:
-    stats = load_json(art.file("stats.json"))
+    from pfl_cli.readers import read_partition_files
+
+    stats = read_partition_files(art, FLAG)[2]
     het = stats.get("heterogeneity", {})
     numbers = _pick(stats, "num_clients", "num_train_clients", "num_holdout_clients", "num_classes",
                     "num_train_samples", "num_test_samples")
@@ -58,12 +63,20 @@ def _partition(art: Artifact) -> dict:
 
 
 def _mdm(art: Artifact) -> dict:
-    doc = load_json(art.file("mdm.json"))
+    from pfl_cli.readers import read_mdm
+
+    doc = read_mdm(art, FLAG)[0]
     return _pick(doc, "num_components", "tau", "num_categories", "log_likelihood", "mean_log_likelihood", "num_clients")
 
 
+def _metrics(art: Artifact) -> dict:
+    from pfl_cli.readers import read_metrics
+
+    return read_metrics(art, FLAG)
+
+
 def _train(art: Artifact) -> dict:
-    doc = load_json(art.file("metrics.json"))
+    doc = _metrics(art)
     numbers = _pick(doc, "algorithm", "rounds", "best_round", "label_mask")
     for group in ("train", "holdout", "val"):
         if isinstance(doc.get(group), dict):
@@ -73,13 +86,13 @@ def _train(art: Artifact) -> dict:
 
 
 def _predict(art: Artifact) -> dict:
-    doc = load_json(art.file("metrics.json"))
+    doc = _metrics(art)
     return _pick(doc, "algorithm", "clients", "num_clients", "mean_accuracy", "mean_accuracy_nolm", "mean_accuracy_lm",
                  "optimizer_steps", "personalized")
 
 
 def _cluster(art: Artifact) -> dict:
-    doc = load_json(art.file("metrics.json"))
+    doc = _metrics(art)
     return _pick(doc, "k", "init", "normalized_cost", "centralized_normalized_cost", "relative_gap", "num_clients")
 
 
@@ -90,9 +103,11 @@ HEADLINES: dict[str, Callable[[Artifact], dict]] = {
 
 def headline(art: Artifact) -> dict[str, Any]:
     """The numbers a person looks at first, per stage; epsilon and delta wherever a privacy ledger is."""
+    from pfl_cli.readers import read_ledger
+
     numbers = HEADLINES.get(art.stage, lambda _a: {})(art)
-    if art.has("privacy.json"):
-        ledger = load_json(art.file("privacy.json"))
+    if art.has("privacy.json"):  # the ledger validation privacy-account uses: show never prints a refused epsilon
+        ledger = read_ledger(art, FLAG)[0]
         numbers.update({f"privacy_{k}": v for k, v in _pick(ledger, "epsilon", "delta", "unit", "accountant").items()})
     return numbers
 

@@ -38,6 +38,10 @@ class AttackRun:
     upload_steps: int                # local SGD steps behind the message (0: a gradient)
 
 
+# Bound on --iterations: an unbounded request would run with no end and no message (issue 25).
+MAX_ITERATIONS = 100_000
+
+
 def validate_attack_config(cfg: AttackConfig) -> None:
     if cfg.attack not in ATTACK_CHOICES:
         raise ConfigError(f"attack must be one of {', '.join(ATTACK_CHOICES)}; got {cfg.attack!r}.")
@@ -49,6 +53,9 @@ def validate_attack_config(cfg: AttackConfig) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}; got {value!r}.")
+    if cfg.iterations > MAX_ITERATIONS:
+        raise ConfigError(f"iterations must be <= {MAX_ITERATIONS} (ten times the longest attack of the papers, IG's "
+                          f"10000 Adam steps); got {cfg.iterations}.")
     for name in ("lr", "tv"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -150,6 +157,7 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     from pfl_cli.fl.api import MODEL_FORMAT, make_algorithm, validate_train_config
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.store import build_store
+    from pfl_cli.readers.model import restore
     from pfl_cli.rng import make_rng, torch_generator
 
     validate_attack_config(cfg)
@@ -189,7 +197,8 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device, normalize=True,
                         stats=(norm["mean"].numpy(), norm["std"].numpy()))
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
-    alg.load_weights(model["weights"])
+    restore(alg.load_weights, model["weights"], "model.pt: the weights tree", fix="Re-create it with pflx train.",
+            like=alg.weights())
     if dp:
         from pfl_cli.fl.api import plan_dp
 

@@ -24,7 +24,7 @@ def attack_command(
     images: Annotated[int, typer.Option("--images", help="Images attacked in all (a multiple of --batch-size).")] = 8,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Images behind one upload (one client's batch).")] = 1,
     attack: Annotated[str, typer.Option("--attack", help="dlg | ig | rog | analytic | all (analytic where its closed form holds).")] = "ig",
-    iterations: Annotated[int, typer.Option("--iterations", help="Adam steps of dlg / ig / rog (paper: IG 10000, ROG 100).")] = 2000,
+    iterations: Annotated[int, typer.Option("--iterations", help="Adam steps of dlg / ig / rog, at most 100000 (paper: IG 10000, ROG 100).")] = 2000,
     lr: Annotated[float, typer.Option("--lr", help="Initial Adam step of dlg / ig / rog (paper: IG 0.1, ROG 0.05), decayed 10x at 3/8, 5/8, 7/8.")] = 0.1,
     unknowns_lr: Annotated[Optional[float], typer.Option("--unknowns-lr", help="Initial Adam step of the joint attack's unknowns (hyperfl's embedding and classifier, pfedhn-pc's head); default --lr, the paper's one optimizer.")] = None,
     tv: Annotated[float, typer.Option("--tv", help="ig total-variation weight.")] = 1e-6,

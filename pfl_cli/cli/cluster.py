@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -30,9 +32,12 @@ def _pairs(flag: str, text: str) -> dict[str, str]:
 
 def _number(flag: str, key: str, value: str) -> float:
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ConfigError(f"{flag} {key} must be a number; got {value!r}.") from None
+    if not math.isfinite(number):  # nan / inf cannot be a budget fraction, a radius or a clip
+        raise ConfigError(f"{flag} {key} must be a finite number; got {value!r}.")
+    return number
 
 
 def parse_dp(text: str) -> dict[str, float]:

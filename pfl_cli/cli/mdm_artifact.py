@@ -15,6 +15,10 @@ from pfl_cli.errors import ArtifactError, InputError
 
 def partition_histograms(artifact: Artifact, *, flag: str) -> np.ndarray:
     """Train clients' train-label histograms from a partition artifact's ``stats.csv``."""
+    from pfl_cli.readers import read_partition_files
+    from pfl_cli.readers._rules import listed
+
+    listed(artifact, flag, "stats.csv")
     path = artifact.file("stats.csv")
     try:
         with open(path, newline="") as fh:
@@ -27,6 +31,11 @@ def partition_histograms(artifact: Artifact, *, flag: str) -> np.ndarray:
     if not cls:
         raise ArtifactError(f"{flag} {artifact.path}: stats.csv has no class columns (a dataset without labels).")
     table = table.reshape(-1, 1 + len(cls))
+    _, arrays, _ = read_partition_files(artifact, flag)  # the other files, and stats.csv against them
+    if len(table) != len(arrays["role"]) or not np.array_equal(table[:, 0], arrays["role"]) or (table[:, 1:] < 0).any():
+        raise ArtifactError(f"{flag} {artifact.path}: stats.csv must hold one row per client of clients.npz, with its "
+                            f"role and counts >= 0; got {len(table)} rows for {len(arrays['role'])} clients. "
+                            "Re-create the partition.")
     return table[table[:, 0] == 0, 1:]
 
 
@@ -67,7 +76,8 @@ def read_counts(path: Path, bins: str | None) -> tuple[np.ndarray, dict[str, str
     if table.ndim != 2 or table.shape[1] != 2:
         raise InputError(f"--counts {path} with --bins must hold two columns, client and value, one row per sample; "
                          f"got shape {table.shape}.")
-    counts, _ = counts_from_values(table[:, 0], table[:, 1], parse_bins(bins))
+    edges = parse_bins(bins, clients=len(np.unique(table[:, 0])))
+    counts, _ = counts_from_values(table[:, 0], table[:, 1], edges)
     return counts, ref
 
 

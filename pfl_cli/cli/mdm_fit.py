@@ -62,6 +62,12 @@ def mdm_fit(
         hist, ref = partition_histograms(art, flag="--partition"), art.input_ref()
     else:
         hist, ref = read_counts(counts, cfg.bins)
+    if cfg.dp is None:  # under --dp the number of clients is private: nothing is said about it
+        for name in ("cohort_size", "init_cohort_size"):
+            size = getattr(cfg, name)
+            if size is not None and size > len(hist):
+                report.warn(f"--{name.replace('_', '-')} {size} is more than the {len(hist)} clients; every round "
+                            f"uses all {len(hist)}.")
     writer = ArtifactWriter(out, stage="mdm-fit", config=config_to_dict(cfg), seed=cfg.seed, inputs=[ref], force=force,
                             dp=cfg.dp is not None)
     if writer.up_to_date():

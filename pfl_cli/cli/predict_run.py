@@ -54,24 +54,19 @@ def _check_config(cfg) -> None:
 
 
 def read_model(path: Path):
-    """The train artifact at ``path``: its Artifact, model.pt payload, TrainConfig and metrics.json."""
-    import torch
-
-    from pfl_cli.artifacts import load_json, read_artifact
+    """The train artifact at ``path``: its Artifact, model.pt payload, TrainConfig and metrics.json (all checked)."""
+    from pfl_cli.artifacts import read_artifact
     from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.readers import read_metrics, read_model_payload
 
     art = read_artifact(path, "train", flag="--model")
-    try:
-        payload = torch.load(art.file("model.pt"), weights_only=True, map_location="cpu")
-    except Exception as err:  # noqa: BLE001
-        raise ArtifactError(f"--model {path}: model.pt is unreadable ({type(err).__name__}: {err}); re-create "
-                            "it with pflx train.") from None
+    metrics = read_metrics(art, "--model")
+    payload = read_model_payload(art, "--model", num_classes=metrics["dataset"]["num_classes"])
     try:
         train_cfg = TrainConfig(**art.config)
     except TypeError as err:
         raise ArtifactError(f"--model {path}: its config does not fit this pflx's TrainConfig ({err}); re-create "
                             "it with this version of pflx train.") from None
-    metrics = load_json(art.file("metrics.json"))
     return art, payload, train_cfg, metrics
 
 

@@ -40,9 +40,9 @@ _FLAGS = ("noise_multiplier", "sampling_rate", "population", "cohort_size", "ste
 
 
 def _read_ledgers(dirs: list[Path]):
-    from pfl_cli.artifacts import PRODUCER, load_json, read_artifact
+    from pfl_cli.artifacts import PRODUCER, read_artifact
     from pfl_cli.errors import ArtifactError
-    from pfl_cli.privacy.ledger import PrivacyLedger
+    from pfl_cli.readers import read_ledger
 
     stages = ["mdm-fit", *[s for s in PRODUCER if s != "mdm-fit"], "privacy-account"]
     ledgers, inputs, seeded = [], [], []
@@ -51,8 +51,8 @@ def _read_ledgers(dirs: list[Path]):
         if not art.has("privacy.json"):
             raise ArtifactError(f"ledger {path}: no privacy.json; this {art.stage!r} run was not differentially private "
                                 "(ledgers are written by mdm-fit --dp, cluster --dp and DP train).")
-        doc = load_json(art.file("privacy.json"))
-        ledgers.append((str(path), PrivacyLedger.from_dict(doc, where=f"{path}/privacy.json")))
+        doc, ledger = read_ledger(art, "ledger")
+        ledgers.append((str(path), ledger))
         inputs.append(art.input_ref())
         if isinstance(doc, dict) and doc.get("noise") == "seeded":
             seeded.append(str(path))

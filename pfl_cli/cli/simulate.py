@@ -39,14 +39,14 @@ def simulate(
     pflx simulate --mode conditional-iid --like runs/part --out runs/cond ;
     pflx simulate --model runs/mdm --mode iid --num-clients 200 --no-replacement --shortage error --out runs/iid
     """
-    from pfl_cli.artifacts import ArtifactWriter, load_json, read_artifact
+    from pfl_cli.artifacts import ArtifactWriter, read_artifact
     from pfl_cli.cli.mdm_artifact import partition_histograms
     from pfl_cli.cli.partition import _number_or_list, _print_summary
     from pfl_cli.cli.partition_artifact import write_partition_artifact
     from pfl_cli.config import config_to_dict
     from pfl_cli.data import load_dataset
-    from pfl_cli.errors import ArtifactError, check_memory
-    from pfl_cli.mdm.model import params_from_dict
+    from pfl_cli.errors import check_memory
+    from pfl_cli.readers import read_mdm
     from pfl_cli.rng import make_rng
     from pfl_cli.simulate import SimulateConfig, simulate_partition, validate_config
 
@@ -59,10 +59,7 @@ def simulate(
     params, like_counts, inputs = None, None, []
     if model is not None:
         art = read_artifact(model, "mdm-fit", flag="--model")
-        try:
-            params = params_from_dict(load_json(art.file("mdm.json")), where=f"--model {model}/mdm.json")
-        except ValueError as err:
-            raise ArtifactError(str(err)) from None
+        params = read_mdm(art, "--model")[1]
         inputs.append(art.input_ref())
     if like is not None:
         art = read_artifact(like, "partition", flag="--like")

@@ -117,6 +117,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     from pfl_cli.fl.distributed import world
     from pfl_cli.fl.loop import TrainingDiverged
     from pfl_cli.fl.store import ROLE_TRAIN
+    from pfl_cli.readers import check_checkpoint_location
 
     writes = world()[0] == 0
     ArtifactWriter(out, stage="train", config={}, seed=cfg.seed, force=force)  # --out problems first
@@ -129,6 +130,8 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     config = config_to_dict(cfg)
     inputs = [part_art.input_ref(), ds.input_ref()]
     private = cfg.dp_epsilon is not None
+    if not private:  # under --dp the number and sizes of the clients are private: nothing is said about them
+        _warn_clamped(cfg, part, n_train, report)
     writer = ArtifactWriter(out, stage="train", config=config, seed=cfg.seed, inputs=inputs, force=force, dp=private)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same config and inputs); nothing to do."
@@ -138,6 +141,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
 
     ck = Checkpointer(out, fingerprint(config, inputs))
     ck_path, ck_dir = ck.path, ck.dir
+    check_checkpoint_location(ck_dir, ck_path, resume=resume)
     ck.remove_torn_writes()
     state = _resume(ck, cfg, report) if resume else None
     if state is None and ck_path.is_file():
@@ -266,6 +270,18 @@ def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) ->
         data["nonprivate_files"] = ["nonprivate.json", "nonprivate-metrics.csv", "nonprivate-clients.csv"]
         report.note(f"accuracies on the private clients (not covered by DP): {out}/nonprivate.json")
     report.result(data, table)
+
+
+def _warn_clamped(cfg, part, n_train: int, report: Reporter) -> None:
+    """Sizes above what the partition holds have an obvious meaning (all of them): used so, with a warning."""
+    if cfg.clients_per_round is not None and cfg.clients_per_round > n_train:
+        report.warn(f"--clients-per-round {cfg.clients_per_round} is more than the {n_train} train clients; every "
+                    f"round uses all {n_train}.")
+    if cfg.algorithm == "knnper":
+        largest = int(np.max(np.diff(part.train_offsets))) if part.num_clients else 0
+        if cfg.knn_k > largest:
+            report.warn(f"knn_k {cfg.knn_k} is more than the largest client's {largest} train samples; each client "
+                        "uses all the samples of its datastore as neighbours.")
 
 
 def _resume(ck: Checkpointer, cfg, report: Reporter) -> dict | None:

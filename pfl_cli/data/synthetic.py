@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pfl_cli.data.base import Dataset, numeric_options
-from pfl_cli.errors import DatasetError
+from pfl_cli.errors import DatasetError, check_memory
 from pfl_cli.rng import make_rng
 
 ROLES = ("clients", "server")
@@ -89,6 +89,10 @@ def parse_options(spec: str, options: dict[str, str]) -> GaussianMixtureSpec:
         ("server_uniform", p.server_uniform >= 0, ">= 0"), ("missing", 0 <= p.missing <= p.k, "in [0, k]"),
         ("seed", p.seed >= 0, ">= 0"),
     ])
+    # The client points (m x d float64), their labels and owners (int64), m = num_clients x client_size.
+    m = float(p.num_clients) * p.client_size
+    check_memory(f"{spec}: num_clients {p.num_clients} x client_size {p.client_size} points of dimension {p.d}",
+                 8.0 * m * (p.d + 2), fix="Lower num_clients, client_size or d.")
     if p.server_per_component * (p.k - p.missing) + p.server_uniform == 0:
         raise DatasetError(f"{spec}: the server data set would be empty; raise server_per_component or server_uniform.")
     return p

@@ -38,6 +38,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}.")
     for name in ("rounds",):
         _int(cfg, name, 0)
+    _check_degenerate(cfg)
     if cfg.clients_per_round is not None:
         _int(cfg, "clients_per_round", 1)
     for name in ("local_steps", "batch_size", "descriptor_batch", "eval_every", "hyper_hidden"):
@@ -108,6 +109,18 @@ def _check_model_memory(cfg: TrainConfig, hidden: list[int]) -> None:
                  f"{cfg.embed_dim}", 4.0 * 4 * (client + hyper), fix="Lower the widths.")
 
 
+def _check_degenerate(cfg: TrainConfig) -> None:
+    """Values that pass their type's range but cannot mean anything (issue 25; docs/reference/artifact-checks.md)."""
+    from pfl_cli.algorithms import REGISTRY
+
+    if cfg.rounds == 0 and cfg.algorithm in REGISTRY and REGISTRY[cfg.algorithm].federated:
+        raise ConfigError(f"rounds must be >= 1 for the federated algorithm {cfg.algorithm!r} (0 rounds train "
+                          "nothing); got 0. --algorithm local trains without rounds.")
+    if cfg.algorithm == "fedrep" and cfg.head_epochs == 0:
+        raise ConfigError("head_epochs must be >= 1 for fedrep: the head is what FedRep personalizes, and with 0 "
+                          "epochs every client keeps its random initial head; got 0.")
+
+
 def _validate_dp(cfg: TrainConfig) -> None:
     """--dp on an algorithm that has a DP variant, with its public bounds (``pfl_cli.fl.dp``)."""
     from pfl_cli.algorithms import REGISTRY
@@ -132,7 +145,20 @@ def _validate_dp(cfg: TrainConfig) -> None:
     if cfg.dp_accountant not in ACCOUNTANTS:
         raise ConfigError(f"dp_accountant must be one of {', '.join(ACCOUNTANTS)}; got {cfg.dp_accountant!r}.")
     check_dp_options(cfg)
+    _check_population_bound(cfg)
     cls.check_dp_config(cfg)
+
+
+def _check_population_bound(cfg: TrainConfig) -> None:
+    """A public population bound N below the cohort asked for contradicts it (q = cohort / N would exceed 1)."""
+    from pfl_cli.fl.config import planned_cohort
+
+    cohort = planned_cohort(cfg)
+    if cfg.dp_population is not None and cfg.dp_sampling_rate is None and cohort is not None \
+            and cohort > cfg.dp_population:
+        raise ConfigError(f"--dp population={cfg.dp_population:g} is a public bound on the enrolled clients, but "
+                          f"the cohort is {cohort} clients per round (--clients-per-round, or the algorithm's default); "
+                          "the population must be at least the cohort. Raise population= to the number of enrolled clients or lower --clients-per-round.")
 
 
 def _validate_baselines(cfg: TrainConfig) -> None:
@@ -160,9 +186,6 @@ def _validate_baselines(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be a finite number >= 0; got {value!r}.")
     if cfg.alpha > 1:
         raise ConfigError(f"alpha (apfl's mixing weight) must be in [0, 1]; got {cfg.alpha!r}.")
-    if cfg.algorithm == "fedrep" and cfg.head_epochs + cfg.body_epochs == 0:
-        raise ConfigError("fedrep: head_epochs and body_epochs are both 0, so clients would never train; "
-                          "set at least one to >= 1.")
 
 
 def _int(cfg, name: str, low: int) -> None:
@@ -282,6 +305,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.evaluate import personalize_and_evaluate, predict_samples
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
+    from pfl_cli.readers.model import restore
     from pfl_cli.rng import torch_generator
 
     if cfg.clients not in CLIENT_SETS:
@@ -310,7 +334,8 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
                         normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()), labeled=labeled,
                         hidden_labels=cfg.evaluate_hidden_labels)
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
-    alg.load_weights(model["weights"])
+    restore(alg.load_weights, model["weights"], "model.pt: the weights tree", fix="Re-create it with pflx train.",
+            like=alg.weights())
     unlabeled = clients[~store.labeled[clients]]
     if len(unlabeled) and alg.needs_labels_to_predict:
         raise InputError(unlabeled_refusal(alg, partition.client_id[unlabeled], len(clients)))

@@ -173,6 +173,9 @@ def load_resume(path: Path, fp: str, cfg) -> dict:
                           f"(its fingerprint differs from this command's); resume only with the exact options "
                           f"and inputs of the interrupted run, or drop --resume (or delete {path.parent}) to "
                           "start over.")
+    from pfl_cli.readers.checkpoint import check_checkpoint_state
+
+    check_checkpoint_state(state, path)
     check_round_counter(state, cfg, path)
     return {k: v for k, v in state.items() if k != "fingerprint"}
 

@@ -20,6 +20,7 @@ from pfl_cli.fl.dp import private_snapshot, released_state_finite, restore_priva
 from pfl_cli.fl.evaluate import GroupEval, personalize_and_evaluate
 from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
 from pfl_cli.privacy.randomness import train_randomness
+from pfl_cli.readers.model import restore, weights_mismatch
 from pfl_cli.rng import torch_generator
 
 GROUPS = ("train", "holdout", "val")
@@ -116,12 +117,13 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     if private:  # no round is released twice: a resumed run continues after the last released round
         every_ckpt = 1
     if resume is not None and resume.get("private_run"):
-        restore_private(alg, resume)
+        restore(lambda state: restore_private(alg, state), resume, "--resume: the checkpoint's state",
+                fix="Delete the checkpoint folder and run without --resume to start over.")
         start = last_ckpt = int(resume["round"])
     elif resume is not None:
-        alg.load_state(resume["algorithm"])
+        restore(lambda state: _load_resume(alg, state), resume, "--resume: the checkpoint's state",
+                fix="Delete the checkpoint folder and run without --resume to start over.")
         start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
-        alg.traffic.load_state(resume["traffic"])
         best = resume["best"]
         last_ckpt = start
     if total:
@@ -167,6 +169,20 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     ev = _evaluation_from(best["evaluation"])
     return TrainOutcome(weights=best["weights"], history=history, best=ev, last_round=total,
                         selection="val" if with_val else "last")
+
+
+def _load_resume(alg, state: dict) -> None:
+    """Restore the algorithm and its traffic from a checkpoint; its best model must fit the algorithm too."""
+    fresh = alg.weights()
+    alg.load_state(state["algorithm"])
+    alg.traffic.load_state(state["traffic"])
+    for what, tree in (("its algorithm state", alg.weights()), ("its best model", (state["best"] or {}).get("weights"))):
+        mismatch = weights_mismatch(tree, fresh) if tree is not None else None
+        if mismatch:
+            raise ValueError(f"{what}: {mismatch}")
+    if state["best"] is not None:
+        _evaluation_from(state["best"]["evaluation"])
+        float(state["best"]["score"])
 
 
 def _evaluation_to(ev: Evaluation) -> dict:

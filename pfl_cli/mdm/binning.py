@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfl_cli.errors import InputError
+from pfl_cli.errors import InputError, check_memory
 
 
-def parse_bins(spec: str) -> np.ndarray:
+def parse_bins(spec: str, clients: int = 0) -> np.ndarray:
     """Left edges of the bins: ``"WIDTH:COUNT"`` (from 0) or explicit ``"e0,e1,...,eB"``.
+
+    A ``WIDTH:COUNT`` whose histograms for ``clients`` clients cannot fit in memory is refused up front.
 
     The last bin is open-ended: ``[edges[-1], inf)``; values below ``edges[0]`` are refused.
 
@@ -31,10 +33,15 @@ def parse_bins(spec: str) -> np.ndarray:
             width, count = float(width_s), int(count_s)
             if not (width > 0 and np.isfinite(width) and count >= 1):
                 raise bad
-            return np.arange(count, dtype=np.float64) * width
-        edges = np.array([float(p) for p in text.split(",") if p.strip()], dtype=np.float64)
+        else:
+            edges = np.array([float(p) for p in text.split(",") if p.strip()], dtype=np.float64)
     except ValueError:
         raise bad from None
+    if ":" in text:
+        # The edges, then per client a histogram over every bin (int64) and the fit's float64 copies.
+        check_memory(f"--bins {spec}: {clients} clients x {count} bins", 8.0 * count * (1 + 4 * clients),
+                     fix="Use fewer, wider bins.")
+        return np.arange(count, dtype=np.float64) * width
     if edges.size < 1 or not np.all(np.isfinite(edges)) or np.any(np.diff(edges) <= 0):
         raise bad
     return edges

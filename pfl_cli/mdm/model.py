@@ -220,7 +220,7 @@ def params_from_dict(doc: dict, *, where: str = "mdm.json") -> MDMParams:
         edges = np.append(support, support[-1] + 1) if edges is None else np.asarray(edges, dtype=np.int64)
         params = MDMParams(tau=np.asarray(doc["tau"], dtype=np.float64), alpha=np.asarray(doc["alpha"], dtype=np.float64),
                            size_probs=np.asarray(ns["probs"], dtype=np.float64), size_edges=edges)
-    except (KeyError, TypeError, IndexError) as err:
+    except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as err:
         raise ValueError(f"{where}: not an MDM document (missing or malformed {err}).") from None
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None

@@ -103,7 +103,7 @@ def event_from_dict(data: Mapping[str, Any], *, where: str = "event") -> dp_even
     if not isinstance(data, Mapping):
         raise InputError(f"{where}: expected an event object with a 'type'; got {type(data).__name__}.")
     kind = data.get("type")
-    if kind not in EVENT_TYPES:
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:
         raise InputError(
             f"{where}: unknown event type {kind!r}; known types are dp_accounting's event classes "
             "(e.g. GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent, ComposedDpEvent)."

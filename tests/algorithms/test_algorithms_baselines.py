@@ -328,7 +328,7 @@ def test_private_state_serves_train_clients_and_only_on_its_partition(store, nam
     ({"mu": -0.1}, "mu must be a finite number >= 0"),
     ({"lam": -1.0}, "lam must be a finite number >= 0"),
     ({"alpha": 1.5}, "alpha (apfl's mixing weight) must be in [0, 1]"),
-    ({"algorithm": "fedrep", "head_epochs": 0, "body_epochs": 0}, "fedrep: head_epochs and body_epochs are both 0"),
+    ({"algorithm": "fedrep", "head_epochs": 0, "body_epochs": 0}, "head_epochs must be >= 1 for fedrep"),
     ({"variant": "so"}, "variant (perfedavg) must be one of fo, hf; got 'so'"),
     ({"beta": 0.0}, "beta must be a finite number > 0"),
     ({"K": 0}, "K must be an integer >= 1"),

@@ -1,0 +1,33 @@
+"""One reader per artifact file kind: what a payload file must hold before any command uses it.
+
+A manifest's hashes prove a file is the one the writer wrote; they say nothing about a file
+someone edited and re-hashed, or one an older or foreign tool wrote. So every command reads a
+payload file through the reader of its kind, which checks types, shapes, dtypes, ranges and
+consistency with the other files of the artifact (and with the manifest's config), and refuses
+anything else with one line naming the artifact, the file and the rule (ArtifactError, exit 2).
+
+- ``manifest.json``: :func:`pfl_cli.artifacts.check_manifest` (inside ``read_artifact``);
+- ``dataset.json``, ``stats.json``, ``metrics.json``, ``mdm.json``: :mod:`.documents`;
+- ``clients.npz`` (and the partition's files together): :mod:`.clients`;
+- ``model.pt``: :mod:`.model` (imports torch when called);
+- ``privacy.json``: :mod:`.ledger`;
+- the checkpoint: its location and its state's fields, :mod:`.checkpoint`.
+
+``docs/reference/artifact-checks.md`` lists each rule. Nothing here imports torch at module
+level: ``show`` and ``privacy-account`` use these readers and never import torch.
+"""
+
+from pfl_cli.readers.checkpoint import check_checkpoint_location, check_checkpoint_state
+from pfl_cli.readers.clients import read_clients, read_partition_files
+from pfl_cli.readers.documents import read_dataset_info, read_mdm, read_metrics, read_stats
+from pfl_cli.readers.ledger import read_ledger
+
+__all__ = ["check_checkpoint_location", "check_checkpoint_state", "read_clients", "read_dataset_info", "read_ledger",
+           "read_mdm", "read_metrics", "read_model_payload", "read_partition_files", "read_stats"]
+
+
+def read_model_payload(*args, **kwargs):
+    """:func:`pfl_cli.readers.model.read_model_payload` (imported on use: it needs torch)."""
+    from pfl_cli.readers.model import read_model_payload as read
+
+    return read(*args, **kwargs)
