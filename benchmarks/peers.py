@@ -256,7 +256,7 @@ def _child_pflx(args) -> dict:
 
     torch.set_num_threads(1)
     from pfl_cli.fl.api import train_federated
-    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.registry import train_config
     from pfl_cli.partition import PartitionConfig, partition_labels
     from pfl_cli.rng import make_rng
 
@@ -266,10 +266,11 @@ def _child_pflx(args) -> dict:
     part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=clients, holdout_clients=0,
                                                test_fraction=0.0), num_classes=10, rng=make_rng(0, "peers"))
     algorithm = "fedprox" if args.workload.startswith("fedprox") else "fedavg"
-    cfg = TrainConfig(algorithm=algorithm, rounds=args.rounds + 1, clients_per_round=clients, local_epochs=1,
-                      batch_size=args.batch, lr=LR, momentum=0.0, client_clip=0.0, mu=PROX_MU if algorithm == "fedprox"
-                      else 0.0, model_arch="lenet" if args.workload.endswith("cnn") else "mlp", mlp_hidden=(100,),
-                      eval_every=args.rounds + 1, val_fraction=0.0, device="cpu")
+    arch = "lenet" if args.workload.endswith("cnn") else "mlp"
+    prox = {"mu": PROX_MU} if algorithm == "fedprox" else {}
+    cfg = train_config(algorithm, rounds=args.rounds + 1, clients_per_round=clients, local_epochs=1,
+                       batch_size=args.batch, lr=LR, momentum=0.0, client_clip=0.0, **prox, model_arch=arch,
+                       mlp_hidden=(100,), eval_every=args.rounds + 1, val_fraction=0.0, device="cpu")
     import pfl_cli.fl.loop as loop
 
     # The round loop has no start-of-round hook; time the algorithm's run_round itself.

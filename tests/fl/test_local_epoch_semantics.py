@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from pfl_cli.fl.api import make_algorithm
-from pfl_cli.fl.config import TrainConfig
+from pfl_cli.registry import train_config
 from pfl_cli.fl.store import build_store
 from pfl_cli.partition import PartitionConfig, partition_labels
 from pfl_cli.rng import make_rng
@@ -31,7 +31,7 @@ def _cifar_like(sizes=(100, 64, 37), holdout=1):
 def test_one_local_epoch_is_a_shuffled_pass_of_ceil_n_over_b_steps():
     x, y, part = _cifar_like()
     store = build_store(x, y, 10, part, val_fraction=0.0, rng=make_rng(0, "v"), device="cpu")
-    cfg = TrainConfig(algorithm="fedavg", local_epochs=1, batch_size=32, model_arch="mlp")
+    cfg = train_config("fedavg", local_epochs=1, batch_size=32, model_arch="mlp")
     alg = make_algorithm(cfg, store)
     clients = torch.as_tensor(store.clients(0))
     batches = alg.local_batches(clients, torch.Generator().manual_seed(0), **alg.round_schedule())
@@ -61,5 +61,5 @@ def test_inputs_are_standardized_with_train_pool_statistics_per_channel():
 
 
 def test_the_client_optimizer_defaults_the_docs_compare():
-    cfg = TrainConfig()
+    cfg = train_config("fedavg")
     assert (cfg.lr, cfg.momentum, cfg.client_clip, cfg.batch_size, cfg.normalize) == (2e-3, 0.9, 50.0, 32, True)
