@@ -286,25 +286,50 @@ def _train_client_major(model, theta, store, steps: list, c: int, *, fixed, anch
     cohort 50: 61 MB per stack; issue 26's profile). A step a client does not take
     (``active`` False) is skipped, which leaves its parameters and buffer alone as the
     vectorized step does. Returns each client's mean loss over its steps (c,).
+
+    A client's leaves are made once for all its steps (the in-place step writes through
+    them), and a batch whose real samples are a prefix (the last batch of an epoch) is cut
+    to them: padding adds nothing to the masked loss or its gradient, because every pflx
+    net treats samples independently (no batch statistics: ``resnet`` freezes its
+    BatchNorm's), so the cut only saves its forward and backward (issue 26: 24 of 1,024
+    samples of a 1,000-sample client's epoch at batch 64).
     """
     import torch
+    from torch.func import functional_call
 
+    names = list(theta)
+    plan = [(idx, m, None if go is None else go.tolist(), _real_prefix(m)) for idx, m, go in steps]
     total = torch.zeros(c, device=next(iter(theta.values())).device)
     taken = torch.zeros_like(total)
     for i in range(c):
         row = slice(i, i + 1)
         mine = {k: v[row] for k, v in theta.items()}
-        own = {k: v[row] for k, v in fixed.items()}
-        for idx, m, go in steps:
-            if go is not None and not bool(go[i]):
+        leaves = [v[i].detach().requires_grad_(True) for v in theta.values()]
+        params = {**{k: v[i] for k, v in fixed.items()}, **shared, **dict(zip(names, leaves))}
+        own_buf, own_anchor = {k: b[row] for k, b in buf.items()}, {k: a[row] for k, a in anchor.items()}
+        loss_sum, count = total[i], 0
+        for idx, m, go, real in plan:
+            if go is not None and not go[i]:
                 continue
-            loss, grads = _cohort_grads(model, mine, store.inputs(idx[row]), store.y[idx[row]], m[row], "loop", own,
-                                        shared)
-            sgd_update_(mine, grads, {k: b[row] for k, b in buf.items()}, active=None, prox_mu=prox_mu,
-                        prox_anchor={k: a[row] for k, a in anchor.items()}, **step)
-            total[i] += loss[0]
-            taken[i] += 1
+            batch, mask = (idx[i], m[i]) if real[i] is None else (idx[i, :real[i]], m[i, :real[i]])
+            loss = _masked_mean_loss(functional_call(model, params, (store.inputs(batch),)), store.y[batch], mask)
+            grads = torch.autograd.grad(loss, leaves)
+            sgd_update_(mine, {k: g.unsqueeze(0) for k, g in zip(names, grads)}, own_buf, active=None,
+                        prox_mu=prox_mu, prox_anchor=own_anchor, **step)
+            loss_sum = loss_sum + loss.detach()
+            count += 1
+        total[i], taken[i] = loss_sum, count
     return total / taken.clamp_min(1.0)
+
+
+def _real_prefix(m) -> list:
+    """Per client of a step's mask (c, b): how many leading slots hold its real samples when those
+    are exactly a non-empty prefix (the batches of :class:`~pfl_cli.fl.batches.CohortBatches`), else None."""
+    import torch
+
+    count = m.sum(1)
+    prefix = (m == (torch.arange(m.shape[1], device=m.device) < count[:, None]).to(m.dtype)).all(1)
+    return [int(n) if ok and n > 0 else None for n, ok in zip(count.tolist(), prefix.tolist())]
 
 
 def expand_as_params(v, like):
