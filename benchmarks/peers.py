@@ -51,7 +51,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKLOADS = ("fedavg-mlp", "fedavg-cnn", "fedprox-mlp")
-PEERS = {"pfl-research": "pfl"}  # framework -> module that must be importable
+PEERS = {"pfl-research": ("pfl",), "Flower": ("flwr", "ray")}  # framework -> modules that must be importable
 PROX_MU = 0.01
 LR = 0.005
 
@@ -59,8 +59,8 @@ LR = 0.005
 # ----------------------------------------------------------------------------- parent: orchestration
 
 
-def _tree_rss_kb(root: int) -> int:
-    """Resident memory of ``root`` and all its descendants (kB), from /proc."""
+def _tree(root: int) -> list[int]:
+    """``root`` and all its living descendants, from /proc (a peer's worker processes count as its own)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -70,16 +70,37 @@ def _tree_rss_kb(root: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo.extend(children.get(pid, []))
+    return found
+
+
+def _tree_rss_kb(root: int) -> int:
+    """Resident memory of ``root`` and all its descendants (kB), from /proc."""
+    total = 0
+    for pid in _tree(root):
         try:
             with open(f"/proc/{pid}/status") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
         except (OSError, StopIteration):
             pass
     return total
+
+
+def _tree_cpu_s(root: int | None = None) -> float:
+    """User + system CPU seconds of ``root`` (default: this process) and its living descendants."""
+    total = 0
+    for pid in _tree(os.getpid() if root is None else root):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _run_child(framework: str, workload: str, args, data: str) -> dict:
@@ -139,12 +160,12 @@ def main(argv=None) -> int:
     if unknown:
         print(f"peers.py: --workloads must be among {', '.join(WORKLOADS)}; got {', '.join(unknown)}", file=sys.stderr)
         return 2
-    peers = [p for p, module in PEERS.items() if importlib.util.find_spec(module) is not None]
+    peers = [p for p, modules in PEERS.items() if all(importlib.util.find_spec(m) is not None for m in modules)]
     if not peers:
-        print("peers.py: skipped: no peer installed (the `bench` extra: pfl-research); "
+        print("peers.py: skipped: no peer installed (the `bench` extra: pfl-research, flwr[simulation]); "
               "see docs/performance/peers.md for its virtual environment")
         return 0
-    versions = {p: _version(PEERS[p]) for p in peers}
+    versions = {p: _version(PEERS[p][0]) for p in peers}
     print(f"peers: {', '.join(f'{p} {v}' for p, v in versions.items())}; torch {_version('torch')}; "
           f"{args.clients} clients x {args.samples} samples, batch {args.batch}, 1 local epoch, all clients "
           f"every round; CPU, 1 thread each; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -188,7 +209,7 @@ def _version(module: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version({"pfl": "pfl", "torch": "torch"}.get(module, module))
+        return version(module)
     except PackageNotFoundError:
         return "?"
 
@@ -227,7 +248,8 @@ def _torch_model(workload: str):
 
 
 class _Clock:
-    """Per-round wall and CPU seconds; round 0 is the warm-up and is not counted."""
+    """Per-round wall and CPU seconds (of the process tree: Flower's Ray workers included); round 0 is the
+    warm-up and is not counted."""
 
     def __init__(self, spawned: float):
         self.spawned, self.marks, self.start_s = spawned, [], None
@@ -235,10 +257,10 @@ class _Clock:
     def round_start(self):
         if self.start_s is None:
             self.start_s = time.time() - self.spawned
-            self.marks.append((time.perf_counter(), sum(os.times()[:2])))
+            self.marks.append((time.perf_counter(), _tree_cpu_s()))
 
     def round_end(self):
-        self.marks.append((time.perf_counter(), sum(os.times()[:2])))
+        self.marks.append((time.perf_counter(), _tree_cpu_s()))
 
     def result(self, **extra) -> dict:
         import resource
@@ -365,7 +387,112 @@ def _child_pfl_research(args) -> dict:
     return clock.result(data_s=data_s, accuracy=acc)
 
 
-CHILDREN = {"pflx": _child_pflx, "pfl-research": _child_pfl_research}
+def _child_flower(args) -> dict:
+    """Flower's simulation engine (``run_simulation``, Ray backend, one 1-CPU actor): a ServerApp running
+    Flower's own FedAvg / FedProx strategy and a ClientApp that trains the torch net one epoch."""
+    clock = _Clock(args.spawned)
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.serverapp import ServerApp
+    from flwr.serverapp.strategy import FedAvg, FedProx
+    from flwr.simulation import run_simulation
+
+    # The ClientApp must pickle by reference into Ray's workers: take it from the importable module.
+    from benchmarks import peers as importable
+
+    t = time.perf_counter()
+    x, y, clients = _load(args.data)
+    data_s = time.perf_counter() - t
+    fedprox = args.workload.startswith("fedprox")
+    net = _torch_model(args.workload)
+    base = FedProx if fedprox else FedAvg
+
+    class Timed(base):
+        def configure_train(self, server_round, arrays, config, grid):
+            clock.round_start()
+            return super().configure_train(server_round, arrays, config, grid)
+
+        def aggregate_train(self, server_round, replies):
+            out = super().aggregate_train(server_round, replies)
+            clock.round_end()
+            return out
+
+    final = []
+    server = ServerApp()
+
+    @server.main()
+    def main(grid, context):
+        strategy = Timed(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=clients,
+                         min_available_nodes=clients, **({"proximal_mu": PROX_MU} if fedprox else {}))
+        config = ConfigRecord({"lr": LR, "batch": args.batch, "data": args.data, "workload": args.workload})
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=args.rounds + 1,
+                                train_config=config)
+        final.append(result.arrays)
+
+    run_simulation(server_app=server, client_app=importable._flower_client_app(), num_supernodes=clients,
+                   backend_config={"init_args": {"num_cpus": 1}, "client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    net.load_state_dict(final[0].to_torch_state_dict())
+    per = len(x) // clients
+    with torch.no_grad():
+        acc = float(np.mean([(net(torch.as_tensor(x[u * per:(u + 1) * per].astype(np.float32) / 255.0)).argmax(1)
+                              .numpy() == y[u * per:(u + 1) * per]).mean() for u in range(clients)]))
+    return clock.result(data_s=data_s, accuracy=acc)
+
+
+_FLOWER_WORKER = {}  # per Ray worker process: each client's float32 data and the net, built on first use
+
+
+def _flower_client_app():
+    """The ClientApp: one local epoch of ``torch.optim.SGD`` on the node's client, as Flower's PyTorch examples
+    write it (FedProx: the proximal term ``mu / 2 * ||w - w_global||^2`` joins the loss)."""
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+    app.train()(_flower_train)
+    return app
+
+
+def _flower_train(msg, context):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+    torch.set_num_threads(1)
+    config = msg.content["config"]
+    u = int(context.node_config["partition-id"])
+    if "data" not in _FLOWER_WORKER:
+        x, y, clients = _load(config["data"])
+        _FLOWER_WORKER["data"] = (x, y, len(x) // clients)
+        _FLOWER_WORKER["net"] = _torch_model(config["workload"])
+    if u not in _FLOWER_WORKER:  # what pfl-research holds too: float32 in [0, 1], loaded once
+        x, y, per = _FLOWER_WORKER["data"]
+        _FLOWER_WORKER[u] = (torch.as_tensor(x[u * per:(u + 1) * per].astype(np.float32) / 255.0),
+                             torch.as_tensor(y[u * per:(u + 1) * per]))
+    xs, ys = _FLOWER_WORKER[u]
+    net = _FLOWER_WORKER["net"]
+    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    mu = float(config.get("proximal-mu", 0.0))
+    anchor = [p.detach().clone() for p in net.parameters()] if mu else []
+    opt = torch.optim.SGD(net.parameters(), lr=float(config["lr"]))
+    batch = int(config["batch"])
+    order = torch.randperm(len(xs))
+    for i in range(0, len(xs), batch):
+        rows = order[i:i + batch]
+        loss = F.cross_entropy(net(xs[rows]), ys[rows])
+        if mu:
+            loss = loss + mu / 2 * sum((p - a).pow(2).sum() for p, a in zip(net.parameters(), anchor))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    content = RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": MetricRecord({"num-examples": len(xs)})})
+    return Message(content=content, reply_to=msg)
+
+
+CHILDREN = {"pflx": _child_pflx, "pfl-research": _child_pfl_research, "Flower": _child_flower}
 
 
 if __name__ == "__main__":

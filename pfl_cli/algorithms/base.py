@@ -36,6 +36,15 @@ def stack(params: dict, c: int) -> dict:
     return {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in params.items()}
 
 
+def broadcast(params: dict, c: int) -> dict:
+    """:func:`stack` as read-only views (no copy): for a start that local SGD copies anyway, or an anchor.
+
+    A cohort stack of the MLP 3072-100-10 for 50 clients is 61 MB; each avoidable copy is a
+    fresh mmap and ~15,000 page faults a round (issue 26).
+    """
+    return {k: v.detach().unsqueeze(0).expand(c, *v.shape) for k, v in params.items()}
+
+
 class Algorithm(ABC):
     """Base class: shared client-side training helpers."""
 
@@ -357,7 +366,7 @@ class Algorithm(ABC):
         from pfl_cli.fl.cohort import local_sgd
 
         batches = self.local_batches(clients, gen, steps=steps, epochs=epochs)
-        anchor = None if prox_anchor is None else stack(prox_anchor, len(clients))
+        anchor = None if prox_anchor is None else broadcast(prox_anchor, len(clients))
         moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
         fixed = {k: v for k, v in start.items() if k not in moving}
         theta, loss = local_sgd(self.net, moving, self.store, batches, fixed=fixed,
