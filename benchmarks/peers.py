@@ -108,6 +108,7 @@ def _run_child(framework: str, workload: str, args, data: str) -> dict:
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", framework, "--workload", workload,
            "--data", data, "--rounds", str(args.rounds), "--batch", str(args.batch), "--spawned", repr(time.time())]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    load = os.getloadavg()[0]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak, done = [0], threading.Event()
 
@@ -124,6 +125,7 @@ def _run_child(framework: str, workload: str, args, data: str) -> dict:
         raise RuntimeError(f"{framework} {workload} exited {proc.returncode}: {err.strip().splitlines()[-3:]}")
     result = json.loads(out.strip().splitlines()[-1])
     result["tree_rss_mb"] = peak[0] / 1024
+    result["load"] = (load + os.getloadavg()[0]) / 2  # 1-minute load average at the run's start and end
     return result
 
 
@@ -174,7 +176,7 @@ def main(argv=None) -> int:
         data = pathlib.Path(tmp) / "data.npz"
         _make_data(data, args.clients, args.samples)
         header = (f"{'workload':<12} {'framework':<13} {'s/round wall':>12} {'s/round CPU':>11} {'peak RSS MB':>11} "
-                  f"{'start s':>7} {'data s':>6} {'acc':>5}")
+                  f"{'start s':>7} {'data s':>6} {'acc':>5} {'load':>5}")
         print(header)
         for workload in workloads:
             runs: dict[str, list[dict]] = {f: [] for f in ["pflx", *peers]}
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
                 for framework in (order if r % 2 == 0 else order[::-1]):
                     runs[framework].append(_run_child(framework, workload, args, str(data)))
             med = {f: {k: statistics.median(run[k] for run in rs)
-                       for k in ("wall_per_round", "cpu_per_round", "tree_rss_mb", "start_s", "data_s", "accuracy")}
+                       for k in ("wall_per_round", "cpu_per_round", "tree_rss_mb", "start_s", "data_s", "accuracy", "load")}
                    for f, rs in runs.items()}
             for f, m in med.items():
                 print(f"{workload:<12} {f:<13} {m['wall_per_round']:>12.2f} {m['cpu_per_round']:>11.2f} "
