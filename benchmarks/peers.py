@@ -11,18 +11,23 @@ batches of ``--batch``, FedAvg's data-size-weighted mean on the server:
   part of each local step.
 
 Peers (the optional ``bench`` extra; nothing is installed at run time): Apple's pfl-research
-(``pfl``) with its ``SimulatedBackend`` and ``PyTorchModel``. Each framework runs in its own
-process (so peak memory is its own), ``--repeats`` times, alternating the order; the table
-prints the median seconds per round (wall, and CPU seconds of the process, which a loaded
-machine distorts less), peak RSS, the start-up time (process start to the first round's
-start, and data loading apart), and pflx's ratio. It exits 1 where pflx is slower per round
-(CPU time) or uses more peak memory than a peer, 0 when every row holds, and 0 with a notice
-when no peer is installed.
+(``pfl``) with its ``SimulatedBackend`` and ``PyTorchModel``, and Flower's simulation engine
+(``flwr[simulation]``: ``run_simulation`` on Ray with one 1-CPU actor, Flower's ``FedAvg`` /
+``FedProx`` strategies, a ``ClientApp`` training the same torch net). Each framework runs in its
+own process tree (so peak memory is its own), ``--repeats`` times, alternating the order; the
+table prints the median seconds per round (wall, and CPU seconds of the process tree, which a
+loaded machine distorts less), peak RSS, the start-up time (process start to the first round's
+start, and data loading apart), the load average each run saw, and pflx's ratio. It exits 1
+where pflx is slower per round (CPU time) or uses more peak memory than a peer, 0 when every
+row holds, and 0 with a notice when no peer is installed.
 
 What differs, by design of each tool (printed under the table): pflx keeps the images as
-uint8 and standardizes each batch with train-pool statistics; pfl-research gets float32
-arrays scaled to [0, 1] (its data path takes arrays as given). pflx trains all clients of a
-round at once (stacked parameters, ``cohort_exec=auto``); pfl-research one after another.
+uint8 and standardizes each batch with train-pool statistics; the peers get float32 arrays
+scaled to [0, 1] (pfl-research's data path takes arrays as given; Flower's ClientApp converts its
+client's slice once and keeps it). pflx trains all clients of a round at once (stacked
+parameters, ``cohort_exec=auto``); the peers one after another. Neither peer ships a
+personalized algorithm pflx has (pfl-research: Reptile only, no hypernetwork; Flower: none in the
+package), so the baseline row is FedProx, which both ship.
 
 Timing repeated runs: an identical ``pflx train`` re-run with the same ``--out`` is a no-op
 (the artifact contract), which times nothing. This benchmark calls the library in a fresh
@@ -184,9 +189,8 @@ def main(argv=None) -> int:
             for r in range(args.repeats):
                 for framework in (order if r % 2 == 0 else order[::-1]):
                     runs[framework].append(_run_child(framework, workload, args, str(data)))
-            med = {f: {k: statistics.median(run[k] for run in rs)
-                       for k in ("wall_per_round", "cpu_per_round", "tree_rss_mb", "start_s", "data_s", "accuracy", "load")}
-                   for f, rs in runs.items()}
+            figures = ("wall_per_round", "cpu_per_round", "tree_rss_mb", "start_s", "data_s", "accuracy", "load")
+            med = {f: {k: statistics.median(run[k] for run in rs) for k in figures} for f, rs in runs.items()}
             for f, m in med.items():
                 print(f"{workload:<12} {f:<13} {m['wall_per_round']:>12.2f} {m['cpu_per_round']:>11.2f} "
                       f"{m['tree_rss_mb']:>11.0f} {m['start_s']:>7.2f} {m['data_s']:>6.2f} {m['accuracy']:>5.2f}")
@@ -200,9 +204,11 @@ def main(argv=None) -> int:
                       f"peak memory pflx/peer {memory:.2f}, target <= 1; {'ok' if ok else 'MISS'}")
             print(f"  pflx first round starts {med['pflx']['start_s']:.2f} s after process start "
                   f"({med['pflx']['data_s']:.2f} s of it loading data), target ~2 s plus data loading")
-    print("differences: pflx keeps uint8 images and standardizes each batch with train-pool statistics; "
-          "pfl-research trains on float32 arrays scaled to [0, 1]. pflx trains a round's clients at once; "
-          "pfl-research one after another. Accuracy is on the clients' own train data after the timed rounds.")
+    print("differences: pflx keeps uint8 images and standardizes each batch with train-pool statistics; the peers "
+          "train on float32 arrays scaled to [0, 1]. pflx trains a round's clients at once (auto: client by client "
+          "for this MLP and for convolutional nets on a CPU); the peers one after another. Flower: Ray with one "
+          "1-CPU actor; its CPU and memory are its whole process tree's (driver, Ray's GCS and raylet, the worker). "
+          "Accuracy is on the clients' own train data after the timed rounds.")
     print(f"{'every row met its target' if not misses else f'{misses} row(s) missed a target'}")
     return 1 if misses else 0
 
