@@ -174,6 +174,8 @@ class ClientStore:
             x = self.x.flatten(1).index_select(0, index.reshape(-1)).view(*index.shape, *self.x.shape[1:])
         else:
             x = self.x[index]
+        if not x.dtype.is_floating_point:  # uint8 images: the float conversion and the centring in one pass
+            return torch.sub(x, self.mean.to(torch.float32)).div_(self.std)
         x = x.to(torch.float32)
         if x._is_view():  # a plain int or slice index: never standardize the store itself in place
             x = x.clone()
