@@ -193,7 +193,8 @@ def main(argv=None) -> int:
             med = {f: {k: statistics.median(run[k] for run in rs) for k in figures} for f, rs in runs.items()}
             for f, m in med.items():
                 print(f"{workload:<12} {f:<13} {m['wall_per_round']:>12.2f} {m['cpu_per_round']:>11.2f} "
-                      f"{m['tree_rss_mb']:>11.0f} {m['start_s']:>7.2f} {m['data_s']:>6.2f} {m['accuracy']:>5.2f}")
+                      f"{m['tree_rss_mb']:>11.0f} {m['start_s']:>7.2f} {m['data_s']:>6.2f} {m['accuracy']:>5.2f} "
+                      f"{m['load']:>5.1f}")
             for p in peers:
                 speed = med[p]["cpu_per_round"] / med["pflx"]["cpu_per_round"]
                 wall = med[p]["wall_per_round"] / med["pflx"]["wall_per_round"]
