@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, stack, weighted_mean
+from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.privacy.randomness import mechanism_generator
 
@@ -41,7 +42,7 @@ class FedAvgConfig(FedAvgRoundConfig):
                               "pefll.md §4.1: a new client uses the global model as-is")
 
 
-class FedAvg(Algorithm):
+class FedAvg(Attackable, Algorithm):
     name = "fedavg"
     paper = "FedAvg: McMahan et al., AISTATS 2017 (thesis Alg. 3/4)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from pfl_cli.algorithms.base import Algorithm, cpu_state_dict, seeded, stack
+from pfl_cli.attack.protocol import Attackable
 from pfl_cli.algorithms.pfedhn import cpu_state
 from pfl_cli.fl.config import TrainConfig, key
 
@@ -84,12 +85,11 @@ class HyperFLConfig(TrainConfig):
     hyper_hidden: int = key(128, "width of the hypernetwork's one hidden layer", f"{S} B.6: HN 1 layer, width 128")
 
 
-class HyperFL(Algorithm):
+class HyperFL(Attackable, Algorithm):
     name = "hyperfl"
     paper = "HyperFL: Guo et al., AAAI 2025 (specs/pfedhn-hyperfl.md B)"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
     config = HyperFLConfig
-    models_upload = True
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:

@@ -24,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded
+from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES, SERVER_OPTIMIZERS, TrainConfig, key
 
 
@@ -81,12 +82,11 @@ class PeFLLConfig(TrainConfig):
         return self.hyper_hidden * (self.hyper_hidden + client_floats + max(self.embed_dim, 1))
 
 
-class PeFLL(ServerOptimizerState, Algorithm):
+class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     name = "pefll"
     paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4 (specs/pefll.md)"
     new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
     config = PeFLLConfig
-    models_upload = True
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
 
     @property

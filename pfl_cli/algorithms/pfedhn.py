@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded, stack
+from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import HYPER_SIZES, TrainConfig, key
 
 
@@ -95,12 +96,11 @@ class PFedHNPCConfig(PFedHNConfig):
     server_lr: float = key(DEFAULT_SERVER_LR_PC, "outer SGD step on the hypernetwork", f"{S} A.7: PC outer lr 5e-2")
 
 
-class PFedHN(ServerOptimizerState, Algorithm):
+class PFedHN(ServerOptimizerState, Attackable, Algorithm):
     name = "pfedhn"
     paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021 (specs/pfedhn-hyperfl.md A)"
     new_client_protocol = "a fresh embedding trained embed_rounds rounds, hypernetwork frozen"
     config = PFedHNConfig
-    models_upload = True
     personal_head = False
 
     @classmethod

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pfl_cli.attack.protocol import attackable
 from pfl_cli.attack.config import ATTACK_CHOICES, ATTACK_CLIENTS, ATTACKS, UPLOADS, AttackConfig
 from pfl_cli.errors import ConfigError, InputError
 
@@ -164,13 +165,10 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
         raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
     validate_train_config(train_cfg)
 
-    from pfl_cli import registry
-
     cls = train_cfg.algorithm_class
-    if not cls.models_upload:
-        attacked = ", ".join(sorted(e.name for e in registry.entries().values() if e.algorithm.models_upload))
+    if not attackable(cls):  # the command names the attacked algorithms first (pfl_cli.cli.attack_run)
         raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
-                         f"uploads of {attacked}.")
+                         f"uploads of algorithms that implement pfl_cli.attack.protocol.Attackable.")
     dp = train_cfg.dp_epsilon is not None
     if dp and not cls.upload_under_dp:
         raise InputError(f"--model: a --dp {train_cfg.algorithm!r} run's uploads are not modelled by pflx attack.")
