@@ -23,6 +23,46 @@ def test_the_pefll_paper_configuration_benchmark_runs_on_cpu(tmp_path):
     assert (tmp_path / "train" / "model.pt").is_file() and (tmp_path / "part" / "manifest.json").is_file()
 
 
+PEERS = [sys.executable, str(ROOT / "benchmarks" / "peers.py")]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def test_the_peer_benchmark_refuses_an_unknown_workload():
+    proc = subprocess.run([*PEERS, "--workloads", "fedavg-mlp,fedsgd"], env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "peers.py: --workloads must be among fedavg-mlp, fedavg-cnn, fedprox-mlp; got fedsgd"
+
+
+def test_the_peer_benchmark_skips_with_a_notice_or_runs_without_installing_anything():
+    import importlib.util
+
+    proc = subprocess.run([*PEERS, "--workloads", "fedavg-mlp", "--clients", "2", "--samples", "64", "--rounds", "1",
+                           "--repeats", "1"], env=ENV, capture_output=True, text=True, timeout=600)
+    if importlib.util.find_spec("pfl") is None:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("peers.py: skipped: no peer installed (the `bench` extra: pfl-research)")
+    else:
+        assert "fedavg-mlp vs pfl-research: pflx speed-up" in proc.stdout, proc.stderr
+
+
+def test_the_pflx_side_of_the_peer_benchmark_times_rounds_and_learns(tmp_path):
+    """The child that times pflx: one warm-up round, then per-round wall and CPU time, start-up, accuracy."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import peers
+    finally:
+        sys.path.pop(0)
+    data = tmp_path / "data.npz"
+    peers._make_data(data, 4, 64)
+    proc = subprocess.run([*PEERS, "--child", "pflx", "--workload", "fedavg-mlp", "--data", str(data), "--rounds", "2",
+                           "--batch", "16", "--spawned", "0"], env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    assert result["wall_per_round"] > 0 and result["cpu_per_round"] > 0 and result["ru_maxrss_mb"] > 50
+    assert result["accuracy"] > 0.5  # 3 rounds of 4 steps on class-mean images: far above chance (0.1)
+
+
 @pytest.mark.slow
 def test_the_hyperfl_lpm_measurement_runs_on_cpu():
     proc = subprocess.run(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-MARKER = re.compile(r"<!--\s*pflx-options:\s*([a-z-]+)\s*-->")
+MARKER = re.compile(r"<!--\s*pflx-options:\s*([a-z-]+(?: [a-z-]+)*)\s*-->")  # "train", "flower app"
 
 
 def _cell(text: str) -> str:
@@ -27,10 +27,12 @@ def options_reference(name: str) -> str:
 
     from pfl_cli.cli.app import app
 
-    group = typer.main.get_command(app)
-    command = group.commands.get(name)
-    if command is None:
-        raise ValueError(f"pflx-options: no command {name!r}; have {sorted(group.commands)}")
+    command = typer.main.get_command(app)
+    for part in name.split():  # a subcommand of a group ("flower app") is reached word by word
+        group = command
+        command = getattr(group, "commands", {}).get(part)
+        if command is None:
+            raise ValueError(f"pflx-options: no command {name!r}; have {sorted(getattr(group, 'commands', {}))}")
     ctx = Context(command, info_name=f"pflx {name}")
     usage = " ".join(command.collect_usage_pieces(ctx))
     rows = ["| option | what it does |", "|---|---|"]

@@ -69,7 +69,7 @@ def _register() -> None:
                           ("show", show.show),
                           ("attack", attack.attack_command)):
         app.command(name, no_args_is_help=True, short_help=_first_sentence(command))(command)
-    app.add_typer(flower.flower_app, name="flower")
+    app.add_typer(flower.flower_app, name="flower", short_help=_first_sentence(flower.flower_app.info.help))
     app.command("algorithms", short_help=_first_sentence(algorithms.algorithms))(algorithms.algorithms)
 
 
@@ -77,7 +77,8 @@ def _first_sentence(command) -> str:
     """The docstring's first sentence, whole: `pflx -h` would otherwise cut it at 45 characters with "..."."""
     import inspect
 
-    paragraph = " ".join(inspect.getdoc(command).split("\n\n")[0].split())
+    text = command if isinstance(command, str) else inspect.getdoc(command)  # a docstring, or a group's help
+    paragraph = " ".join(text.split("\n\n")[0].split())
     return paragraph.split(". ")[0].rstrip(".") + "."
 
 

@@ -62,9 +62,6 @@ def _check_degenerate(cfg: TrainConfig) -> None:
 
 def _validate_dp(cfg: TrainConfig) -> None:
     """--dp on an algorithm that declares a DP variant, with its public bounds (``pfl_cli.fl.dp``)."""
-    from pfl_cli.fl.dp import check_dp_options
-    from pfl_cli.privacy import ACCOUNTANTS
-
     cls = cfg.algorithm_class
     if cfg.dp_epsilon is None:
         if cls.dp_required:
@@ -73,6 +70,11 @@ def _validate_dp(cfg: TrainConfig) -> None:
         if cfg.write_nonprivate:
             raise ConfigError("--write-nonprivate only applies with --dp (without DP every file is written).")
         return
+    # Only now: pfl_cli.privacy imports dp_accounting and with it much of scipy, seconds of start-up
+    # that a run without --dp does not need (issue 26).
+    from pfl_cli.fl.dp import check_dp_options
+    from pfl_cli.privacy import ACCOUNTANTS
+
     if cls.dp_unit is None:
         raise ConfigError(f"--dp is not supported by algorithm {cfg.algorithm!r}: it declares no DP variant "
                           "(`pflx algorithms` lists those that do).")

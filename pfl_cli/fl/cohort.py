@@ -23,14 +23,28 @@ def scaled_gradient(delta, theta, *, lr: float, weight_decay: float = 0.0):
     return -delta / lr - weight_decay * theta
 
 
-def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
-    """``vmap`` or ``loop`` for ``model`` on ``device``; ``auto`` picks what the train benchmark measured faster.
+# Per-client parameters from which the client-major loop beats vmap on a CPU. Measured on the
+# 2-core dev CPU (1 thread, 2026-11-24, FedAvg k = 20, batch 32, momentum and clip; CPU seconds
+# per round, loop / vmap): MLP 64-32-10 (2,410 parameters) cohort 10: 5.75; 784-100-10 (78,510)
+# cohort 20: 1.31; 3072-32-10 (98,666) cohort 20: 1.32; 3072-100-10 (308,310) cohort 8: 0.77,
+# cohort 20: 0.68, cohort 50: 0.44. Above a few hundred thousand parameters one client's model,
+# gradient and buffer stay in a 2 MB L2 for all of its steps, while vmap streams the whole
+# cohort's stacks through memory every step; below it, per-call overhead dominates and the one
+# batched call wins.
+LOOP_MIN_PARAMETERS = 200_000
 
-    ``benchmarks/train_bench.py`` (README, "Benchmarks"): on a CPU, vmap over a cohort's conv
-    weights becomes a grouped convolution, which oneDNN runs slower than one ordinary
-    convolution per client (LeNet, cohort 25: vmap 0.6x the loop), while for MLPs the one
-    batched matmul wins (digits MLP, cohort 10: 5x). On a GPU the batched path is the one
-    that fills the device, so ``auto`` keeps vmap there.
+
+def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
+    """``vmap`` or ``loop`` for ``model`` on ``device``; ``auto`` picks from measured costs.
+
+    On a CPU, vmap over a cohort's conv weights becomes a grouped convolution, which oneDNN
+    runs slower than one ordinary convolution per client (``benchmarks/train_bench.py``:
+    LeNet, cohort 25: vmap 0.6x the loop), and models of at least ``LOOP_MIN_PARAMETERS``
+    parameters run faster client by client (see that constant's measurements); small MLPs run
+    faster as one batched call (digits MLP, cohort 10: 5x). On a GPU the batched path is the
+    one that fills the device, so ``auto`` keeps vmap there. The choice depends only on the
+    device and the architecture, never on a timing taken at run time, so the same seed gives
+    the same numbers.
     """
     import torch
 
@@ -38,8 +52,11 @@ def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
         raise ValueError(f"cohort_exec must be one of {', '.join(COHORT_EXECS)}; got {cohort_exec!r}.")
     if cohort_exec != "auto":
         return cohort_exec
+    if torch.device(device).type != "cpu":
+        return "vmap"
     convolutional = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    return "loop" if torch.device(device).type == "cpu" and convolutional else "vmap"
+    large = sum(p.numel() for p in model.parameters()) >= LOOP_MIN_PARAMETERS
+    return "loop" if convolutional or large else "vmap"
 
 
 def cohort_forward(model, params: Mapping[str, "object"], x, how: str, shared: Mapping | None = None):
@@ -95,6 +112,8 @@ def _cohort_grads(model, theta: dict, x, y, m, how: str, fixed: dict, shared: di
         loss = _masked_mean_loss(functional_call(model, {**leaves, **frozen, **shared}, (x[i],)), y[i], m[i])
         per_client.append(torch.autograd.grad(loss, [leaves[k] for k in names]))
         losses.append(loss.detach())
+    if len(per_client) == 1:  # one client (the client-major loop): a view, not a copy
+        return losses[0].unsqueeze(0), {k: g.unsqueeze(0) for k, g in zip(names, per_client[0])}
     return torch.stack(losses), {k: torch.stack([g[j] for g in per_client]) for j, k in enumerate(names)}
 
 
@@ -178,8 +197,11 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
     fixed = dict(fixed or {})
     anchor = {k: prox_anchor[k] for k in params} if prox_mu else {}
-    buf = {k: (momentum_state[k].clone() if momentum_state is not None and k in momentum_state
-               else torch.zeros_like(v)) for k, v in params.items()}  # a private optimizer persists (pFedHN-PC)
+    if momentum or momentum_state is not None or not _steps_in_place(lr, clip_groups, params):
+        buf = {k: (momentum_state[k].clone() if momentum_state is not None and k in momentum_state
+                   else torch.zeros_like(v)) for k, v in params.items()}  # a private optimizer persists (pFedHN-PC)
+    else:  # plain SGD stepped in place reads no buffer: no cohort-sized zeros, no copy per step
+        buf = {}
     opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, prox_mu=prox_mu,
                 clip_groups=clip_groups, shared=dict(shared or {}))
     if world()[1] == 1:
@@ -193,7 +215,7 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
                              buf=buf, **opts)
         whole = assemble({**theta, **{_BUF + k: v for k, v in buf.items()}, _LOSS: loss}, rows, c)
         loss = whole.pop(_LOSS)
-        buf = {k: whole.pop(_BUF + k) for k in params}
+        buf = {k: whole.pop(_BUF + k) for k in list(buf)}
         theta = whole
     if momentum_state is not None:
         for k in momentum_state:
@@ -243,13 +265,46 @@ def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, buf
     theta = {k: v.detach().clone() for k, v in params.items()}
     if c == 0:  # a rank with no clients of this cohort
         return theta, torch.zeros(0, device=device)
+    step = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, clip_groups=clip_groups)
+    if how == "loop":
+        return theta, _train_client_major(model, theta, store, list(stream), c, fixed=fixed, anchor=anchor,
+                                          buf=buf, shared=shared, prox_mu=prox_mu, **step)
     mean_loss = ActiveMean(c, device)
     for idx, m, go in stream:
         loss, grads = _cohort_grads(model, theta, store.inputs(idx), store.y[idx], m, how, fixed, shared)
-        sgd_update_(theta, grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, active=go,
-                    prox_mu=prox_mu, prox_anchor=anchor, clip_groups=clip_groups)
+        sgd_update_(theta, grads, buf, active=go, prox_mu=prox_mu, prox_anchor=anchor, **step)
         mean_loss.add(loss, go)
     return theta, mean_loss.mean()
+
+
+def _train_client_major(model, theta, store, steps: list, c: int, *, fixed, anchor, buf, shared, prox_mu, **step):
+    """The ``loop`` path: each client's steps back to back, on views of its rows of the stacks (in place).
+
+    Clients are independent, so client-major order gives the numbers of the step-major loop;
+    on a CPU it keeps one client's parameters, gradients and buffers in cache for all of its
+    steps instead of streaming the whole cohort's through memory every step (MLP 3072-100-10,
+    cohort 50: 61 MB per stack; issue 26's profile). A step a client does not take
+    (``active`` False) is skipped, which leaves its parameters and buffer alone as the
+    vectorized step does. Returns each client's mean loss over its steps (c,).
+    """
+    import torch
+
+    total = torch.zeros(c, device=next(iter(theta.values())).device)
+    taken = torch.zeros_like(total)
+    for i in range(c):
+        row = slice(i, i + 1)
+        mine = {k: v[row] for k, v in theta.items()}
+        own = {k: v[row] for k, v in fixed.items()}
+        for idx, m, go in steps:
+            if go is not None and not bool(go[i]):
+                continue
+            loss, grads = _cohort_grads(model, mine, store.inputs(idx[row]), store.y[idx[row]], m[row], "loop", own,
+                                        shared)
+            sgd_update_(mine, grads, {k: b[row] for k, b in buf.items()}, active=None, prox_mu=prox_mu,
+                        prox_anchor={k: a[row] for k, a in anchor.items()}, **step)
+            total[i] += loss[0]
+            taken[i] += 1
+    return total / taken.clamp_min(1.0)
 
 
 def expand_as_params(v, like):
@@ -328,10 +383,56 @@ def sgd_update_(theta: dict, grads: dict, buf: dict, **options) -> None:
     import torch
 
     with torch.no_grad():
+        if _steps_in_place(options["lr"], options.get("clip_groups"), grads):
+            _sgd_inplace_(theta, grads, buf, **{k: v for k, v in options.items() if k != "clip_groups"})
+            return
         new_theta, new_buf = sgd_step(theta, grads, buf, **options)
         for k in grads:
             theta[k].copy_(new_theta[k])
             buf[k].copy_(new_buf[k])
+
+
+def _steps_in_place(lr, clip_groups, names) -> bool:
+    """Whether :func:`sgd_update_` takes the in-place step: one clip group and a number for every step size."""
+    return clip_groups is None and all(isinstance(lr[k] if isinstance(lr, dict) else lr, (int, float)) for k in names)
+
+
+def _sgd_inplace_(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 0.0, weight_decay: float = 0.0,
+                  clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None) -> None:
+    """:func:`sgd_step`'s numbers written in place, consuming ``grads`` as scratch space.
+
+    The out-of-place step allocates four or five cohort-sized temporaries per step (clipped
+    gradient, decayed gradient, new buffer, scaled step, new parameters); for an MLP
+    3072-100-10 and a cohort of 50 each is 61 MB, above glibc's mmap threshold, so every one
+    is a fresh mmap and ~15,000 page faults: the profile of the 50-client FedAvg round showed
+    as much system time as user time (issue 26). Inactive clients (``active`` False) get a zero
+    gradient and a momentum factor of 1, which leaves their buffer and parameters exactly as
+    they were, as :func:`sgd_step`'s ``where`` does.
+    """
+    if clip > 0:
+        import torch
+
+        norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
+        scale = (clip / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads.values():
+            g.mul_(expand_as_params(scale, g))
+    for k, g in grads.items():
+        p, b = theta[k], buf.get(k)
+        step = lr[k] if isinstance(lr, dict) else lr
+        if weight_decay:
+            g.add_(p, alpha=weight_decay)
+        if prox_mu:
+            g.add_(p - prox_anchor[k], alpha=prox_mu)
+        sel = None if active is None else expand_as_params(active, g).to(g.dtype)
+        if sel is not None:
+            g.mul_(sel)
+        if momentum:
+            b.mul_(momentum if sel is None else 1.0 + (momentum - 1.0) * sel).add_(g)
+            p.add_(b if sel is None else b * sel, alpha=-step)
+        else:
+            if k in buf:  # a buffer someone reads afterwards (momentum_state): torch.optim.SGD's, the gradient
+                b.copy_(g) if sel is None else b.mul_(1.0 - sel).add_(g)
+            p.add_(g, alpha=-step)
 
 
 def batch_gradients(model, params: Mapping[str, "object"], x, y, fixed: Mapping[str, "object"] | None = None) -> dict:

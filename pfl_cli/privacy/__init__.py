@@ -34,36 +34,52 @@ is released. ``delta < 1/n`` is checked against a public population bound
 checks a finished artifact file by file.
 """
 
-from pfl_cli.privacy.accounting import (
-    ACCOUNTANTS,
-    NEIGHBORING,
-    NoiseCalibration,
-    StepsCalibration,
-    cache_clear,
-    cache_info,
-    calibrate_noise,
-    compute_epsilon,
-    max_steps,
-)
-from pfl_cli.privacy.events import (
-    event_from_dict,
-    event_key,
-    event_to_dict,
-    laplace_event,
-    sampled_gaussian_event,
-    sampled_without_replacement_gaussian_event,
-)
-from pfl_cli.privacy.ledger import UNITS, PrivacyLedger, compose_ledgers
-from pfl_cli.privacy.mechanisms import (
-    clip_l1,
-    clipped_gaussian_sum,
-    clip_l2,
-    gaussian_noise,
-    gaussian_sigma,
-    laplace_noise,
-    laplace_scale,
-    symmetric_gaussian_noise,
-)
+# Lazy (PEP 562): importing one submodule (fl.loop needs privacy.randomness in every run) must not
+# load dp_accounting and much of scipy, seconds of start-up a run without --dp never uses (issue 26).
+_EXPORTS = {
+    "ACCOUNTANTS": "accounting",
+    "NEIGHBORING": "accounting",
+    "NoiseCalibration": "accounting",
+    "StepsCalibration": "accounting",
+    "cache_clear": "accounting",
+    "cache_info": "accounting",
+    "calibrate_noise": "accounting",
+    "compute_epsilon": "accounting",
+    "max_steps": "accounting",
+    "event_from_dict": "events",
+    "event_key": "events",
+    "event_to_dict": "events",
+    "laplace_event": "events",
+    "sampled_gaussian_event": "events",
+    "sampled_without_replacement_gaussian_event": "events",
+    "UNITS": "ledger",
+    "PrivacyLedger": "ledger",
+    "compose_ledgers": "ledger",
+    "clip_l1": "mechanisms",
+    "clipped_gaussian_sum": "mechanisms",
+    "clip_l2": "mechanisms",
+    "gaussian_noise": "mechanisms",
+    "gaussian_sigma": "mechanisms",
+    "laplace_noise": "mechanisms",
+    "laplace_scale": "mechanisms",
+    "symmetric_gaussian_noise": "mechanisms",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pfl_cli.privacy' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"pfl_cli.privacy.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "ACCOUNTANTS",

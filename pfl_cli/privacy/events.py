@@ -134,6 +134,7 @@ _COUNTS = ("count", "num_buckets", "source_dataset_size", "sample_size", "datase
 _PROBABILITIES = ("sampling_probability", "sampling_probs")
 _POSITIVE = ("noise_multiplier", "standard_deviation")
 _NONNEGATIVE = ("noise_parameter", "mean", "shape", "rho", "xi", "sensitivities")
+_LISTS = ("events", "step_counts", "sampling_probs", "sensitivities")  # the attributes that hold lists
 
 
 def _check_fields(kind: str, kwargs: Mapping[str, Any], where: str) -> None:
@@ -146,7 +147,16 @@ def _check_fields(kind: str, kwargs: Mapping[str, Any], where: str) -> None:
 
     for name in kwargs:
         rule = None
-        if name in _COUNTS and not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        value = kwargs[name]
+        if name == "event" and not isinstance(value, dp_event.DpEvent):
+            rule = "must be an event object"
+        elif name == "events" and not (isinstance(value, list) and all(isinstance(e, dp_event.DpEvent) for e in value)):
+            rule = "must be a list of event objects"
+        elif isinstance(value, list) and name not in _LISTS:  # a list would pass the rules below vacuously
+            rule = "must be a single value, not a list"
+        elif name in _LISTS and name != "events" and not (isinstance(value, list) and value):
+            rule = "must be a non-empty list"
+        elif name in _COUNTS and not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
                                        for v in values(name)):
             rule = "must be an integer >= 1"
         elif name in _PROBABILITIES and not all(number(v) and 0 < v <= 1 for v in values(name)):

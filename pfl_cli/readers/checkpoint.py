@@ -49,3 +49,7 @@ def check_checkpoint_state(state: dict, path: Path) -> None:
     if not all(isinstance(row, (list, tuple)) and len(row) == 4 for row in state["history"]):
         raise ArtifactError(f"--resume: checkpoint {path}: history must hold (round, group, metric, value) rows. "
                             f"Delete {path.parent} and run without --resume to start over.")
+    if state["best"] is None and state["history"]:  # every evaluation selects a model: one ran, so one was kept
+        raise ArtifactError(f"--resume: checkpoint {path}: best must hold the selected model once an evaluation has "
+                            f"run (its history has {len(state['history'])} rows); got null. Delete {path.parent} and "
+                            "run without --resume to start over.")

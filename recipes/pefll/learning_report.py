@@ -17,11 +17,12 @@ import argparse
 import dataclasses
 
 from pfl_cli.data import load_dataset
-from pfl_cli.fl import PredictConfig, TrainConfig, predict_clients, train_federated
+from pfl_cli.fl import PredictConfig, predict_clients, train_federated
 from pfl_cli.partition import PartitionConfig, partition_labels
+from pfl_cli.registry import train_config
 from pfl_cli.rng import make_rng
 
-PEFLL = TrainConfig(algorithm="pefll", lr=0.05, server_lr=5e-4, rounds=300, eval_every=50, embedding="mlp")
+PEFLL = train_config("pefll", lr=0.05, server_lr=5e-4, rounds=300, eval_every=50, embedding="mlp")
 
 
 def clients(spec, num_clients, holdout, seed):
@@ -55,9 +56,9 @@ def main() -> None:
             ds, part = clients(spec, n, hold, seed)
             cfg = dataclasses.replace(PEFLL, seed=seed)
             rows = [("PeFLL", train_federated(ds.x, ds.y, ds.num_classes, part, cfg), cfg)]
-            rows.append(("FedAvg", *tuned(ds, part, TrainConfig(algorithm="fedavg", rounds=300, eval_every=50,
-                                                                  seed=seed), [{"lr": 0.005}, {"lr": 0.02}])))
-            rows.append(("Local", *tuned(ds, part, TrainConfig(algorithm="local", seed=seed),
+            rows.append(("FedAvg", *tuned(ds, part, train_config("fedavg", rounds=300, eval_every=50,
+                                                                   seed=seed), [{"lr": 0.005}, {"lr": 0.02}])))
+            rows.append(("Local", *tuned(ds, part, train_config("local", seed=seed),
                                          [{"lr": lr, "local_epochs": e} for lr in (0.005, 0.02, 0.05)
                                           for e in (50, 200)])))
             for name, run, c in rows:

@@ -292,3 +292,42 @@ def test_a_node_holding_one_client_trains_its_row_as_the_whole_cohort_does(digit
         for k in start:
             torch.testing.assert_close(got[k][0], want[k][row], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(loss[0], want_loss[row].to(loss.dtype), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_runs_large_models_client_by_client_on_a_cpu():
+    """Issue 26: from LOOP_MIN_PARAMETERS parameters the CPU takes the client-major loop; GPUs keep vmap."""
+    from pfl_cli.fl.cohort import LOOP_MIN_PARAMETERS, resolve_cohort_exec
+
+    cifar_mlp = client_model("mlp", (3, 32, 32), 10, hidden=(100,))
+    assert sum(p.numel() for p in cifar_mlp.parameters()) == 308_310 >= LOOP_MIN_PARAMETERS
+    assert resolve_cohort_exec("auto", cifar_mlp, "cpu") == "loop"
+    assert resolve_cohort_exec("auto", cifar_mlp, "cuda") == "vmap"
+    assert resolve_cohort_exec("auto", client_model("mlp", (3072,), 10, hidden=(32,)), "cpu") == "vmap"
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_in_place_and_client_major_steps_equal_the_out_of_place_step(store, momentum):
+    """The in-place step (one clip group) and the client-major loop give sgd_step's numbers: inactive
+    steps, weight decay, a proximal term and a persisting momentum buffer."""
+    net = client_model("mlp", (64,), 10, hidden=(16,))
+    clients = torch.tensor([0, 3, 5, 11])
+    index, mask = sample_batches(store.fit, clients, 6, 8, torch.Generator().manual_seed(5))
+    active = torch.tensor([[True] * 6, [True, False, True, False, True, False], [False] * 6, [True] * 3 + [False] * 3])
+    start, anchor = _start(net, len(clients)), _start(net, len(clients), seed=9)
+    opts = dict(lr=0.05, momentum=momentum, weight_decay=1e-3, clip=0.5, prox_mu=0.1, prox_anchor=anchor,
+                active=active)
+    out = {}
+    for name, how, groups in (("reference", "vmap", [list(start)]), ("in place", "vmap", None), ("loop", "loop", None)):
+        state = {"fc1.weight": torch.ones_like(start["fc1.weight"])}
+        theta, loss = local_sgd(net, start, store, index, mask, cohort_exec=how, clip_groups=groups,
+                                momentum_state=state, **opts)
+        out[name] = (theta, loss, state)
+    ref_theta, ref_loss, ref_state = out["reference"]
+    for name in ("in place", "loop"):
+        theta, loss, state = out[name]
+        for k in theta:
+            torch.testing.assert_close(theta[k], ref_theta[k], rtol=1e-5, atol=1e-6)
+            assert torch.equal(theta[k][2], start[k][2])  # the client that took no step
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(state["fc1.weight"], ref_state["fc1.weight"], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(ref_theta["fc1.weight"], start["fc1.weight"])

@@ -387,3 +387,21 @@ def test_a_payload_file_the_manifest_does_not_list_is_not_read(cli, root, copy, 
     (part / "manifest.json").write_text(json.dumps(manifest))
     res, out = _run(cli, _commands(root, part, root / "model")["train"], tmp_path)
     refused(res, "clients.npz: missing from manifest.json's outputs, so its content is unverified", out=out)
+
+
+def test_a_resealed_checkpoint_without_its_selected_model_is_refused(cli, root, tmp_path):
+    import torch
+
+    from pfl_cli.fl.checkpoint import checkpoint_dir, seal_checkpoint, torch_bytes
+
+    out = tmp_path / "run"
+    folder = checkpoint_dir(out)
+    shutil.copytree(root / "model" / "checkpoint", folder)
+    state = torch.load(folder / "state.pt", weights_only=True)
+    fp = state.pop("fingerprint")
+    state.pop("sha256")
+    state["best"] = None  # found by the content fuzz: resuming at the last round then had no model to write
+    (folder / "state.pt").write_bytes(torch_bytes(seal_checkpoint(state, fp)))
+    res = cli("train", "--partition", root / "part", "--algorithm", "fedavg", "--rounds", "2", "--eval-every", "1",
+              *TINY, "--out", out, "--resume")
+    refused(res, "best must hold the selected model once an evaluation has run", out=out)
