@@ -15,6 +15,7 @@ import numpy as np
 
 from pfl_cli.errors import InputError, RunError
 from pfl_cli.fl.communication import Traffic
+from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weighted_mean  # noqa: F401 - public here too
 from pfl_cli.rng import seed_sequence
 
 
@@ -29,11 +30,6 @@ def seeded(seed: int, name: str, build):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed_sequence(seed, name).generate_state(1)[0]))
         return build()
-
-
-def stack(params: dict, c: int) -> dict:
-    """Repeat one model's parameters ``c`` times along a new leading cohort axis."""
-    return {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in params.items()}
 
 
 class Algorithm(ABC):
@@ -363,39 +359,6 @@ class PrivateState:
     def load_weights(self, weights):
         super().load_weights(weights)
         self.private.load_state(weights["private"], self.device)
-
-
-def cpu_tree(tree: dict) -> dict:
-    """A nested dict of tensors, detached on the CPU (for ``weights()``)."""
-    return {k: (cpu_tree(v) if isinstance(v, dict) else v.detach().cpu()) for k, v in tree.items()}
-
-
-def merge_rows(n: int, parts) -> dict:
-    """Stack per-client models from ``parts`` [(bool mask (n,), {name: (mask.sum(), ...)})] in client order."""
-    import torch
-
-    parts = [(m, p) for m, p in parts if m.any()]
-    first = parts[0][1]
-    out = {k: v.new_zeros((n, *v.shape[1:])) for k, v in first.items()}
-    for mask, params in parts:
-        rows = torch.as_tensor(np.flatnonzero(mask), device=next(iter(out.values())).device)
-        for k, v in params.items():
-            out[k][rows] = v
-    return out
-
-
-def weighted_mean(store, cohort, theta: dict, *, by_size: bool = True) -> dict:
-    """The server average of the cohort's models: by data size (FedAvg Alg. 3 line 9) or uniform."""
-    import torch
-
-    size = store.fit.length[cohort].to(torch.float32) if by_size else torch.ones(len(cohort), device=cohort.device)
-    weight = size / size.sum().clamp_min(1.0)
-    return {k: torch.einsum("c,c...->...", weight, v) for k, v in theta.items()}
-
-
-def cpu_state_dict(module) -> dict:
-    """Copies of a module's state dict on the CPU (``model.pt``, checkpoints)."""
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
 class ServerOptimizerState:

@@ -14,9 +14,10 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, stack, weighted_mean
+from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 from pfl_cli.privacy.randomness import mechanism_generator
 
 
@@ -132,7 +133,7 @@ class FedAvg(Attackable, Algorithm):
         self.server_buf = {k: v.to(self.device) for k, v in state["server_buf"].items()}
 
     def weights(self):
-        return {"client": {k: v.detach().cpu() for k, v in self.global_params.items()}}
+        return {"client": cpu_tree(self.global_params)}
 
     def load_weights(self, weights):
         self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
