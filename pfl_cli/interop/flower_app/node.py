@@ -103,7 +103,7 @@ def train_round(message, context):
     import torch
     from flwr.app import Message, MetricRecord, RecordDict
 
-    from pfl_cli.fl.params import stack
+    from pfl_cli.algorithms.base import stack
     from pfl_cli.fl.cohort import local_sgd_held
     from pfl_cli.interop.flower_app.wire import from_record, to_record
 

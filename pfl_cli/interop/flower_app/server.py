@@ -207,7 +207,7 @@ def _train(grid, alg, cfg, accepted: dict, part, meter, run_config):
     import torch
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from pfl_cli.fl.params import weighted_mean
+    from pfl_cli.algorithms.base import weighted_mean
     from pfl_cli.fl.store import ROLE_TRAIN
     from pfl_cli.interop.flower_app.wire import from_record, to_record
     from pfl_cli.privacy.randomness import train_randomness
