@@ -193,6 +193,10 @@ class PeFLL(ServerOptimizerState, Algorithm):
 
     def descriptors(self, clients, gen, *, chunk_samples: int = 8192):
         """Evaluation descriptors: over all fit samples (code) or one random batch (paper)."""
+        return self._standardize(self.raw_descriptors(clients, gen, chunk_samples=chunk_samples))
+
+    def raw_descriptors(self, clients, gen, *, chunk_samples: int = 8192):
+        """:meth:`descriptors` before the server's standardization (Alg. 7 steps 2-3, a client's half)."""
         import torch
 
         from pfl_cli.fl.batches import sample_batches
@@ -201,10 +205,17 @@ class PeFLL(ServerOptimizerState, Algorithm):
         with torch.no_grad():
             if self.cfg.eval_descriptor == "batch":
                 index, mask = sample_batches(self.store.fit, sel, 1, self.cfg.descriptor_batch, gen)
-                return self._standardize(self._embed_cohort(index[:, 0], mask[:, 0]))
+                return self._embed_cohort(index[:, 0], mask[:, 0])
             rows, length = self.store.fit.rows(sel)
             mask = (torch.arange(rows.shape[1], device=rows.device) < length[:, None]).to(torch.float32)
-            return self._standardize(self._embed_cohort(rows, mask, chunk_samples=chunk_samples))
+            return self._embed_cohort(rows, mask, chunk_samples=chunk_samples)
+
+    def server_models(self, raw):
+        """Alg. 7 step 5: theta = h(v) for raw descriptors (c, l), standardized as in training; no graph."""
+        import torch
+
+        with torch.no_grad():
+            return self.hnet(self._standardize(raw))
 
     # ------------------------------------------------------------------ Alg. 8
     # The round in halves: the client_* methods run where a client's data is (all cohort rows at
@@ -420,11 +431,7 @@ class PeFLL(ServerOptimizerState, Algorithm):
                 "(Alg. 7), no optimizer step", "rounds": 0}
 
     def personalize(self, clients: np.ndarray, gen):
-        import torch
-
-        v = self.descriptors(clients, gen)
-        with torch.no_grad():
-            return self.hnet(v), True
+        return self.server_models(self.raw_descriptors(clients, gen)), True
 
     # ------------------------------------------------------------------ descriptor analysis (§3.4)
     def diagnostics(self):

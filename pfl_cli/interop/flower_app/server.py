@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from pfl_cli.errors import RunError
-from pfl_cli.interop.flower_app.common import EVALUATE, HELLO, ROUND, train_config
+from pfl_cli.interop.flower_app.common import HELLO, train_config
 
 
 def log(level: int, text: str) -> None:
@@ -88,7 +88,7 @@ class Deployment:
 def serve(grid, context) -> Deployment:
     """Steps 1-3 of the module docstring; the ServerApp (``pfl_cli.cli.flower.server_main``) writes step 4."""
     from pfl_cli.artifacts import ArtifactWriter, load_partition
-    from pfl_cli.interop.flower_app import check_deployable
+    from pfl_cli.interop.flower_app import check_deployable, rounds_for
 
     run_config = context.run_config
     cfg = train_config(run_config)
@@ -108,8 +108,9 @@ def serve(grid, context) -> Deployment:
     from pfl_cli.interop.flower_app.wire import WireMeter
 
     meter = WireMeter()
-    history, participation = _train(grid, alg, cfg, accepted, part, meter, run_config)
-    evaluation = _evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
+    rounds = rounds_for(cfg)  # the algorithm's messages: pfl_cli.interop.flower_app.averaging or .pefll
+    history, participation = rounds.train(grid, alg, cfg, accepted, part, meter, run_config)
+    evaluation = rounds.evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
     return Deployment(cfg, out, force, alg, store, part, info, part_art, history, evaluation, participation, meter,
                       accepted)
 
@@ -202,80 +203,73 @@ def _server_store(cfg, part, info, part_art, facts: dict, norm: dict) -> ServerS
                        fit=_Fit(length), mean=norm["mean"], std=norm["std"], partition_sha=part_art.content_hash)
 
 
-def _train(grid, alg, cfg, accepted: dict, part, meter, run_config):
-    """The rounds of thesis Alg. 3 with the clients on the nodes; returns the train-loss rows and participation."""
-    import torch
-    from flwr.app import ConfigRecord, Message, RecordDict
+def exchange(grid, meter, kind: str, message_type: str, contents: dict, accepted: dict, timeout: float):
+    """Send each client's ``contents[position]`` (a ``RecordDict``) to its node and wait for the replies.
 
-    from pfl_cli.algorithms.base import weighted_mean
-    from pfl_cli.fl.store import ROLE_TRAIN
-    from pfl_cli.interop.flower_app.wire import from_record, to_record
-    from pfl_cli.privacy.randomness import train_randomness
+    Returns ``({position: reply content}, {position: why it has none})``: a ClientApp's error
+    ("failed: ...") or no reply within ``timeout`` (a node gone).
+    """
+    from flwr.app import Message
 
-    randomness = train_randomness(cfg)  # seeded: a deployment runs without --dp (check_deployable)
+    messages = [Message(content, dst_node_id=accepted[c], message_type=message_type) for c, content in contents.items()]
+    by_node = {accepted[c]: c for c in contents}
+    got, why = {}, {}
+    for reply in _send(grid, messages, timeout, meter, kind):
+        c = by_node.get(_origin(reply, messages))
+        if c is None:
+            continue
+        if reply.has_error():
+            why[c] = f"failed: {reply.error.reason}"
+        else:
+            got[c] = reply.content
+    for c in contents:
+        if c not in got:
+            why.setdefault(c, f"no reply within {timeout:g} s")
+    return got, why
+
+
+def close_round(t: int, members: list, kept: list, why: dict, accepted: dict, part, participation: list,
+                run_config) -> None:
+    """Record who took part in round ``t`` (participation.csv) and fail the run below ``min-clients`` (the
+    documented fault rule: a round completes with the clients that replied)."""
     timeout = float(run_config.get("round-timeout", 120))
     min_clients = int(run_config.get("min-clients", 1))
-    train_clients = torch.as_tensor(np.flatnonzero(part.role == ROLE_TRAIN), device=alg.device)
-    alg.check_trainable(train_clients)
-    total, losses, participation = cfg.rounds, [], []
-    for t in range(total):
-        gen = randomness.torch(f"round-{t}")  # the simulation's round generator (pfl_cli.fl.loop)
-        cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
-        members = [int(c) for c in cohort]
-        state = bytes(gen.get_state().numpy().tobytes())
-        messages = [Message(RecordDict({"global": to_record(alg.global_params),
-                                        "round": ConfigRecord({"round": t, "cohort": members, "generator": state})}),
-                            dst_node_id=accepted[c], message_type=ROUND) for c in members]
-        replies = _send(grid, messages, timeout, meter, "train")
-        theta, loss, kept, why = {}, {}, [], {}
-        for reply in replies:
-            if reply.has_error():
-                why[_origin(reply, messages)] = f"failed: {reply.error.reason}"
-                continue
-            position = int(reply.content["result"]["partition-id"])
-            theta[position] = from_record(reply.content["theta"], alg.device)
-            loss[position] = float(reply.content["result"]["loss"])
-        kept = [c for c in members if c in theta]
-        for c in members:
-            status = "trained" if c in theta else why.get(accepted[c], f"no reply within {timeout:g} s")
-            participation.append([t + 1, int(part.client_id[c]), accepted[c], status])
-            if c not in theta:
-                log(WARNING, f"round {t + 1}: client {int(part.client_id[c])} (node {accepted[c]}) dropped: {status}")
-        if len(kept) < min(min_clients, len(members)):
-            raise RunError(f"flower: round {t + 1}: {len(kept)} of the cohort's {len(members)} clients replied "
-                           f"within {timeout:g} s, fewer than min-clients ({min_clients}); nothing was written.")
-        stacked = {k: torch.stack([theta[c][k] for c in kept]) for k in alg.global_params}
-        kept_t = torch.as_tensor(kept, dtype=torch.long, device=alg.device)
-        alg.record_exchange(alg.global_params, stacked, len(kept))
-        alg.server_step(weighted_mean(alg.store, kept_t, stacked))  # Alg. 3 line 9
-        alg.traffic.close_round(len(kept))
-        mean_loss = float(np.mean([loss[c] for c in kept]))
-        if not np.isfinite(mean_loss):
-            raise RunError(f"flower: training diverged: the loss became {mean_loss} at round {t + 1}.")
-        losses.append(mean_loss)
-        log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {mean_loss:.4f}")
-    return [[total, "train", "train_loss", float(np.mean(losses)) if losses else float("nan")]], participation
+    for c in members:
+        status = "trained" if c in kept else why.get(c, f"no reply within {timeout:g} s")
+        participation.append([t + 1, int(part.client_id[c]), accepted[c], status])
+        if c not in kept:
+            log(WARNING, f"round {t + 1}: client {int(part.client_id[c])} (node {accepted[c]}) dropped: {status}")
+    if len(kept) < min(min_clients, len(members)):
+        raise RunError(f"flower: round {t + 1}: {len(kept)} of the cohort's {len(members)} clients replied "
+                       f"within {timeout:g} s, fewer than min-clients ({min_clients}); nothing was written.")
 
 
-def _evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):
-    """The last round's model on every accepted client's test samples -> an ``Evaluation`` by group."""
-    from flwr.app import ConfigRecord, Message, RecordDict
+def round_cohort(alg, t: int, total: int, train_clients, randomness):
+    """The simulation's round generator and cohort (pfl_cli.fl.loop), and the generator's state after the
+    draw: a node restores it to draw its client's batches as ``pflx train`` does."""
+    gen = randomness.torch(f"round-{t}")
+    cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
+    from pfl_cli.interop.flower_app.wire import generator_state
 
+    return [int(c) for c in cohort], generator_state(gen)
+
+
+def train_clients_of(alg, part):
+    import torch
+
+    from pfl_cli.fl.store import ROLE_TRAIN
+
+    clients = torch.as_tensor(np.flatnonzero(part.role == ROLE_TRAIN), device=alg.device)
+    alg.check_trainable(clients)
+    return clients
+
+
+def evaluation_of(results: dict, part, rounds: int):
+    """Per-client test counts ``{position: {n, correct, correct_lm, loss}}`` -> an ``Evaluation`` by group."""
     from pfl_cli.fl.evaluate import GroupEval
     from pfl_cli.fl.loop import Evaluation
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
-    from pfl_cli.interop.flower_app.wire import to_record
 
-    messages = [Message(RecordDict({"global": to_record(alg.global_params),
-                                    "config": ConfigRecord({"round": cfg.rounds})}),
-                        dst_node_id=node, message_type=EVALUATE) for node in accepted.values()]
-    results = {}
-    for reply in _send(grid, messages, timeout, meter, "evaluate"):
-        if reply.has_error():
-            log(WARNING, f"node {_origin(reply, messages)}: evaluation failed: {reply.error.reason}")
-            continue
-        r = reply.content["result"]
-        results[int(r["partition-id"])] = r
     groups = {}
     for name, role in (("train", ROLE_TRAIN), ("holdout", ROLE_HOLDOUT)):
         clients = np.array(sorted(c for c in results if part.role[c] == role), dtype=np.int64)
@@ -284,4 +278,16 @@ def _evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):
                                                          for k in ("n", "correct", "correct_lm", "loss")})
     if not groups:
         raise RunError("flower: no node returned an evaluation; nothing was written.")
-    return Evaluation(cfg.rounds, groups)
+    return Evaluation(rounds, groups)
+
+
+def mean_loss_row(losses: list, total: int) -> list:
+    """The train-loss rows of metrics.csv: the mean of the rounds' mean client losses."""
+    return [[total, "train", "train_loss", float(np.mean(losses)) if losses else float("nan")]]
+
+
+def check_loss(losses: dict, t: int) -> float:
+    mean = float(np.mean(list(losses.values())))
+    if not np.isfinite(mean):
+        raise RunError(f"flower: training diverged: the loss became {mean} at round {t + 1}.")
+    return mean
