@@ -120,18 +120,23 @@ def _run_script(tmp_path, app: Path, part: Path, nodes: int, on_tick=None) -> tu
     return script.returncode, output.read_text(errors="replace"), seen
 
 
-def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
-    assert cli("partition", "--config", RECIPE, "--out", tmp_path / "part", "--format", "quiet").code == 0
-    r = cli("flower", "app", "--config", RECIPE, "--partition", tmp_path / "part", "--out", tmp_path / "app",
+def _deploy_and_simulate(tmp_path, cli, recipe: Path) -> Path:
+    """Partition, app, a 3-SuperNode run on loopback and ``pflx train`` of ``recipe``; returns the deployed
+    train artifact (the simulation's is ``tmp_path / "sim"``)."""
+    assert cli("partition", "--config", recipe, "--out", tmp_path / "part", "--format", "quiet").code == 0
+    r = cli("flower", "app", "--config", recipe, "--partition", tmp_path / "part", "--out", tmp_path / "app",
             "--round-timeout", "300", "--connect-timeout", "300", "--format", "quiet")
     assert r.code == 0, r.err
     code, log, _ = _run_script(tmp_path, tmp_path / "app", tmp_path / "part", 3)
     assert code == 0, log
     assert "pflx: round 3/3: 2 clients" in log and "pflx: wrote the train artifact" in log
-
-    deployed = tmp_path / "app-train"
-    assert cli("train", "--config", RECIPE, "--partition", tmp_path / "part", "--out", tmp_path / "sim",
+    assert cli("train", "--config", recipe, "--partition", tmp_path / "part", "--out", tmp_path / "sim",
                "--format", "quiet").code == 0
+    return tmp_path / "app-train"
+
+
+def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
+    deployed = _deploy_and_simulate(tmp_path, cli, RECIPE)
     got = torch.load(deployed / "model.pt", weights_only=True)["weights"]["client"]
     want = torch.load(tmp_path / "sim" / "model.pt", weights_only=True)["weights"]["client"]
     assert got.keys() == want.keys()
@@ -151,21 +156,10 @@ def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     assert json.loads(r.out)["mean_accuracy"] == pytest.approx(sim["train"]["mean_accuracy"], abs=1e-12)
 
 
-
 def test_pefll_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     """Alg. 8 across processes: the node's round state (its descriptor batch, eta_v) lives in Flower's
     run state between the three exchanges; the holdout node gets its model by Alg. 7 (no step)."""
-    assert cli("partition", "--config", PEFLL_RECIPE, "--out", tmp_path / "part", "--format", "quiet").code == 0
-    r = cli("flower", "app", "--config", PEFLL_RECIPE, "--partition", tmp_path / "part", "--out", tmp_path / "app",
-            "--round-timeout", "300", "--connect-timeout", "300", "--format", "quiet")
-    assert r.code == 0, r.err
-    code, log, _ = _run_script(tmp_path, tmp_path / "app", tmp_path / "part", 3)
-    assert code == 0, log
-    assert "pflx: round 3/3: 2 clients" in log and "pflx: wrote the train artifact" in log
-
-    deployed = tmp_path / "app-train"
-    assert cli("train", "--config", PEFLL_RECIPE, "--partition", tmp_path / "part", "--out", tmp_path / "sim",
-               "--format", "quiet").code == 0
+    deployed = _deploy_and_simulate(tmp_path, cli, PEFLL_RECIPE)
     got = torch.load(deployed / "model.pt", weights_only=True)["weights"]
     want = torch.load(tmp_path / "sim" / "model.pt", weights_only=True)["weights"]
     for net in ("hypernetwork", "embedding"):

@@ -26,7 +26,7 @@ SUPPORTED = tuple(ROUNDS)
 
 
 def rounds_for(cfg):
-    """The module running ``cfg.algorithm``'s rounds (``train``, ``evaluate``) and node handlers."""
+    """The module of ``cfg.algorithm``'s messages: ``one_round``, ``evaluate`` (server side) and node handlers."""
     import importlib
 
     return importlib.import_module(f"{__name__}.{ROUNDS[cfg.algorithm]}")

@@ -1,6 +1,6 @@
 """FedAvg and FedProx on Flower (thesis Alg. 3/4): the global model down, local SGD, the client's model up.
 
-Server side (:func:`train`, :func:`evaluate`) runs in the ServerApp, node side (:func:`train_round`,
+Server side (:func:`one_round`, :func:`evaluate`) runs in the ServerApp, node side (:func:`train_round`,
 :func:`evaluate_node`) in the ClientApp. Per round, each cohort client's node gets the global
 model and the round generator's state after the cohort draw (so its batch draws are the
 simulation's), trains, and sends back its model; the server takes the data-size-weighted mean
@@ -9,45 +9,35 @@ and its server step (:meth:`FedAvg.server_step`), the simulation's own code.
 
 from __future__ import annotations
 
-from logging import INFO, WARNING
+from logging import WARNING
 
 import numpy as np
 
 from pfl_cli.interop.flower_app.common import EVALUATE, ROUND
 
 
-def train(grid, alg, cfg, accepted: dict, part, meter, run_config):
-    """The rounds of thesis Alg. 3 with the clients on the nodes; returns the train-loss rows and participation."""
+def one_round(grid, alg, meter, accepted: dict, t: int, members: list, state: bytes, timeout: float):
+    """Global model and generator state down, each client's model up; the weighted mean and server step."""
     import torch
     from flwr.app import ConfigRecord, RecordDict
 
     from pfl_cli.algorithms.base import weighted_mean
-    from pfl_cli.interop.flower_app.server import (check_loss, close_round, exchange, log, mean_loss_row,
-                                                   round_cohort, train_clients_of)
+    from pfl_cli.interop.flower_app.server import exchange
     from pfl_cli.interop.flower_app.wire import from_record, to_record
-    from pfl_cli.privacy.randomness import train_randomness
 
-    randomness = train_randomness(cfg)  # seeded: a deployment runs without --dp (check_deployable)
-    timeout = float(run_config.get("round-timeout", 120))
-    train_clients = train_clients_of(alg, part)
-    total, losses, participation = cfg.rounds, [], []
-    for t in range(total):
-        members, state = round_cohort(alg, t, total, train_clients, randomness)
-        contents = {c: RecordDict({"global": to_record(alg.global_params),
-                                   "round": ConfigRecord({"round": t, "cohort": members, "generator": state})})
-                    for c in members}
-        got, why = exchange(grid, meter, "train", ROUND, contents, accepted, timeout)
-        kept = [c for c in members if c in got]
-        close_round(t, members, kept, why, accepted, part, participation, run_config)
-        theta = {c: from_record(got[c]["theta"], alg.device) for c in kept}
-        stacked = {k: torch.stack([theta[c][k] for c in kept]) for k in alg.global_params}
-        kept_t = torch.as_tensor(kept, dtype=torch.long, device=alg.device)
-        alg.record_exchange(alg.global_params, stacked, len(kept))
-        alg.server_step(weighted_mean(alg.store, kept_t, stacked))  # Alg. 3 line 9
-        alg.traffic.close_round(len(kept))
-        losses.append(check_loss({c: float(got[c]["result"]["loss"]) for c in kept}, t))
-        log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {losses[-1]:.4f}")
-    return mean_loss_row(losses, total), participation
+    contents = {c: RecordDict({"global": to_record(alg.global_params),
+                               "round": ConfigRecord({"round": t, "cohort": members, "generator": state})})
+                for c in members}
+    got, why = exchange(grid, meter, "train", ROUND, contents, accepted, timeout)
+    kept = [c for c in members if c in got]
+    if not kept:
+        return kept, why, {}
+    theta = {c: from_record(got[c]["theta"], alg.device) for c in kept}
+    stacked = {k: torch.stack([theta[c][k] for c in kept]) for k in alg.global_params}
+    kept_t = torch.as_tensor(kept, dtype=torch.long, device=alg.device)
+    alg.record_exchange(alg.global_params, stacked, len(kept))
+    alg.server_step(weighted_mean(alg.store, kept_t, stacked))  # Alg. 3 line 9
+    return kept, why, {c: float(got[c]["result"]["loss"]) for c in kept}
 
 
 def evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):

@@ -34,7 +34,7 @@ same mean), and participation.csv records the drop.
 
 from __future__ import annotations
 
-from logging import INFO, WARNING
+from logging import WARNING
 
 import numpy as np
 
@@ -46,29 +46,7 @@ EVAL_MODEL = "evaluate.pflx_pefll_model"
 STATE = "pflx-pefll-round"  # the node's run state: a ConfigRecord, and ArrayRecords with these suffixes
 
 
-def train(grid, alg, cfg, accepted: dict, part, meter, run_config):
-    """Alg. 8's rounds with the clients on the nodes; returns the train-loss rows and participation."""
-    from pfl_cli.interop.flower_app.server import (check_loss, close_round, log, mean_loss_row, round_cohort,
-                                                   train_clients_of)
-    from pfl_cli.privacy.randomness import train_randomness
-
-    randomness = train_randomness(cfg)  # seeded: a deployment runs without --dp (check_deployable)
-    timeout = float(run_config.get("round-timeout", 120))
-    train_clients = train_clients_of(alg, part)
-    total, losses, participation = cfg.rounds, [], []
-    for t in range(total):
-        members, state = round_cohort(alg, t, total, train_clients, randomness)
-        kept, why, loss = _round(grid, alg, meter, accepted, t, members, state, timeout)
-        close_round(t, members, kept, why, accepted, part, participation, run_config)
-        alg.traffic.close_round(len(kept))
-        losses.append(check_loss({c: loss[c] for c in kept}, t))
-        log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {losses[-1]:.4f}")
-    if total:
-        log(INFO, "PeFLL rounds: three exchanges per client (descriptor, model, back-propagation)")
-    return mean_loss_row(losses, total), participation
-
-
-def _round(grid, alg, meter, accepted, t, members, state, timeout):
+def one_round(grid, alg, meter, accepted, t, members, state, timeout):
     """One round of Alg. 8; returns (clients that completed it, why the others did not, their losses)."""
     import torch
     from flwr.app import ConfigRecord, RecordDict

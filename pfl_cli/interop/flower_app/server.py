@@ -109,7 +109,7 @@ def serve(grid, context) -> Deployment:
 
     meter = WireMeter()
     rounds = rounds_for(cfg)  # the algorithm's messages: pfl_cli.interop.flower_app.averaging or .pefll
-    history, participation = rounds.train(grid, alg, cfg, accepted, part, meter, run_config)
+    history, participation = run_rounds(grid, alg, cfg, accepted, part, meter, run_config, rounds.one_round)
     evaluation = rounds.evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
     return Deployment(cfg, out, force, alg, store, part, info, part_art, history, evaluation, participation, meter,
                       accepted)
@@ -252,6 +252,27 @@ def round_cohort(alg, t: int, total: int, train_clients, randomness):
     from pfl_cli.interop.flower_app.wire import generator_state
 
     return [int(c) for c in cohort], generator_state(gen)
+
+
+def run_rounds(grid, alg, cfg, accepted: dict, part, meter, run_config, one_round):
+    """The rounds of a deployment: each draws the simulation's cohort, runs the algorithm's exchanges and
+    server step (``one_round(grid, alg, meter, accepted, t, members, generator_state, timeout) -> (kept,
+    why, {client: loss})``), records participation and the ledger's round; returns the loss rows and
+    participation."""
+    from pfl_cli.privacy.randomness import train_randomness
+
+    randomness = train_randomness(cfg)  # seeded: a deployment runs without --dp (check_deployable)
+    timeout = float(run_config.get("round-timeout", 120))
+    train_clients = train_clients_of(alg, part)
+    total, losses, participation = cfg.rounds, [], []
+    for t in range(total):
+        members, state = round_cohort(alg, t, total, train_clients, randomness)
+        kept, why, loss = one_round(grid, alg, meter, accepted, t, members, state, timeout)
+        close_round(t, members, kept, why, accepted, part, participation, run_config)
+        alg.traffic.close_round(len(kept))
+        losses.append(check_loss({c: loss[c] for c in kept}, t))
+        log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {losses[-1]:.4f}")
+    return mean_loss_row(losses, total), participation
 
 
 def train_clients_of(alg, part):
