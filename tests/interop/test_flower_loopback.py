@@ -120,7 +120,7 @@ def _run_script(tmp_path, app: Path, part: Path, nodes: int, on_tick=None) -> tu
     return script.returncode, output.read_text(errors="replace"), seen
 
 
-def _deploy_and_simulate(tmp_path, cli, recipe: Path) -> Path:
+def _deploy_and_simulate(tmp_path, cli, recipe: Path, rounds: int) -> Path:
     """Partition, app, a 3-SuperNode run on loopback and ``pflx train`` of ``recipe``; returns the deployed
     train artifact (the simulation's is ``tmp_path / "sim"``)."""
     assert cli("partition", "--config", recipe, "--out", tmp_path / "part", "--format", "quiet").code == 0
@@ -129,14 +129,14 @@ def _deploy_and_simulate(tmp_path, cli, recipe: Path) -> Path:
     assert r.code == 0, r.err
     code, log, _ = _run_script(tmp_path, tmp_path / "app", tmp_path / "part", 3)
     assert code == 0, log
-    assert "pflx: round 3/3: 2 clients" in log and "pflx: wrote the train artifact" in log
+    assert f"pflx: round {rounds}/{rounds}: 2 clients" in log and "pflx: wrote the train artifact" in log
     assert cli("train", "--config", recipe, "--partition", tmp_path / "part", "--out", tmp_path / "sim",
                "--format", "quiet").code == 0
     return tmp_path / "app-train"
 
 
 def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
-    deployed = _deploy_and_simulate(tmp_path, cli, RECIPE)
+    deployed = _deploy_and_simulate(tmp_path, cli, RECIPE, 3)
     got = torch.load(deployed / "model.pt", weights_only=True)["weights"]["client"]
     want = torch.load(tmp_path / "sim" / "model.pt", weights_only=True)["weights"]["client"]
     assert got.keys() == want.keys()
@@ -159,7 +159,7 @@ def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
 def test_pefll_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     """Alg. 8 across processes: the node's round state (its descriptor batch, eta_v) lives in Flower's
     run state between the three exchanges; the holdout node gets its model by Alg. 7 (no step)."""
-    deployed = _deploy_and_simulate(tmp_path, cli, PEFLL_RECIPE)
+    deployed = _deploy_and_simulate(tmp_path, cli, PEFLL_RECIPE, 2)
     got = torch.load(deployed / "model.pt", weights_only=True)["weights"]
     want = torch.load(tmp_path / "sim" / "model.pt", weights_only=True)["weights"]
     for net in ("hypernetwork", "embedding"):
