@@ -268,6 +268,40 @@ def test_pefll_artifact_serves_new_clients_with_predict(pefll_run, cli):
     assert pred["mean_accuracy"] == pytest.approx(m["holdout"]["mean_accuracy"], abs=1e-12)
 
 
+def test_pefll_node_joining_after_training_gets_its_model_in_one_round_trip(setup, tmp_path, pefll_run):
+    """The holdout client's SuperNode connects only while the rounds run: after training the server
+    handshakes it and serves it by Alg. 7 (descriptor up, model down, zero steps), the model and the
+    accuracy the run gives when the node is there from the start."""
+    from flower_fake_grid import FakeGrid
+    from flwr.app import Context, RecordDict
+
+    from pfl_cli.artifacts import load_partition
+
+    part, _, _ = load_partition(setup / "part")
+    holdout = int(np.flatnonzero(part.role == 1)[0])
+    nodes = _nodes(setup)
+    late = {100 + holdout: nodes.pop(100 + holdout)}
+    out = tmp_path / "deployed"
+    grid = FakeGrid(setup / "app-pefll", nodes, run_config_overrides={"out": str(out), "connect-timeout": 0.5})
+    real = grid.send_and_receive
+
+    def joins_during_training(messages, *, timeout=None):
+        if messages and messages[0].metadata.message_type == "train.pflx_pefll_local":
+            for node, cfg in late.items():
+                grid.contexts[node] = Context(run_id=1, node_id=node, node_config=cfg, state=RecordDict(),
+                                              run_config=grid.run_config)
+        return real(messages, timeout=timeout)
+
+    grid.send_and_receive = joins_during_training
+    _serve(grid)
+    m = json.loads((out / "metrics.json").read_text())
+    full = json.loads((pefll_run[1] / "metrics.json").read_text())
+    assert m["holdout"]["num_clients"] == 1
+    assert m["holdout"]["pooled_accuracy"] == full["holdout"]["pooled_accuracy"]
+    assert m["deployment"]["nodes"][str(int(part.client_id[holdout]))] == 100 + holdout
+    assert grid.sent.count("query.pflx_pefll_describe") == grid.sent.count("evaluate.pflx_pefll_model") == 4
+
+
 def _pefll_with_a_death(setup, out, victim, exchange: str):
     """A PeFLL deployment (cohort 3) whose ``victim`` node is gone from round 2's ``exchange`` on."""
     from flower_fake_grid import FakeGrid

@@ -11,7 +11,9 @@ One run, in order:
    generator, same sampler), each cohort client's node gets the global model and the round's
    generator state (so its batch draws are the simulation's) and sends back its model; the
    server takes the data-size-weighted mean and its server step (:meth:`FedAvg.server_step`).
-3. **Evaluation** of the last round's model on every accepted client's test samples.
+3. **Evaluation** of the last round's model on every accepted client's test samples. Nodes that
+   connected during training, for clients without a node, are handshaken first and join it: each
+   gets its model in one exchange (PeFLL: Alg. 7, no optimizer step).
 4. **Artifact** (written by ``pfl_cli.cli.flower.write_deployment``, the ServerApp's writer): ``model.pt``, ``config.yaml``, ``metrics.csv``, ``metrics.json`` (with
    ``communication``, the ledger, and ``wire``, the bytes measured on the wire), ``clients.csv``
    and ``participation.csv`` (round, client, node, status), written atomically at the end.
@@ -110,6 +112,7 @@ def serve(grid, context) -> Deployment:
     meter = WireMeter()
     rounds = rounds_for(cfg)  # the algorithm's messages: pfl_cli.interop.flower_app.averaging or .pefll
     history, participation = run_rounds(grid, alg, cfg, accepted, part, meter, run_config, rounds.one_round)
+    accepted = {**accepted, **_join_late(grid, nodes, accepted, part, info, part_art, connect_timeout)}
     evaluation = rounds.evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
     return Deployment(cfg, out, force, alg, store, part, info, part_art, history, evaluation, participation, meter,
                       accepted)
@@ -124,6 +127,20 @@ def _wait_for_nodes(grid, wanted: int, timeout: float) -> list[int]:
         time.sleep(0.5)
     log(INFO, f"{len(nodes)} SuperNodes connected for the partition's {wanted} clients")
     return nodes
+
+
+def _join_late(grid, known: list[int], accepted: dict, part, info, part_art, timeout: float) -> dict:
+    """Nodes that connected while the rounds ran, for clients without a node: after the handshake they join
+    the final evaluation, which gives each its model in one exchange (PeFLL: Alg. 7, descriptor up,
+    generated model down, no optimizer step; FedAvg: the global model)."""
+    new = sorted(set(grid.get_node_ids()) - set(known))
+    if not new:
+        return {}
+    joined, _, _ = _handshake(grid, new, part, info, part_art, timeout, taken=accepted)
+    if joined:
+        log(INFO, f"{len(joined)} SuperNodes joined after training (clients "
+                  f"{sorted(int(part.client_id[c]) for c in joined)}): they get the final model")
+    return joined
 
 
 def _send(grid, messages: list, timeout: float, meter, kind: str) -> list:
@@ -144,8 +161,9 @@ def _origin(reply, messages) -> int:
     return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
 
 
-def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
-    """Ask every node what it holds; accept those whose client and dataset are the partition's."""
+def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float, *, taken: dict | None = None):
+    """Ask every node what it holds; accept those whose client and dataset are the partition's (and whose
+    client is not ``taken`` already: the nodes accepted at the start, when late nodes join)."""
     from flwr.app import Message, RecordDict
 
     from pfl_cli.interop.flower_app.wire import WireMeter, from_record
@@ -153,6 +171,7 @@ def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
     messages = [Message(RecordDict(), dst_node_id=n, message_type=HELLO) for n in nodes]
     replies = _send(grid, messages, timeout, WireMeter(), "hello")
     accepted: dict[int, int] = {}      # client position -> node id
+    taken = dict(taken or {})
     facts: dict[int, dict] = {}
     norm = None
     expected = {"partition-sha256": part_art.content_hash, "input-shape": list(info["input_shape"]),
@@ -173,16 +192,17 @@ def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
         elif not 0 <= position < part.num_clients:
             log(WARNING, f"node {node} refused: partition-id {position} is not a client of the partition "
                          f"(0..{part.num_clients - 1})")
-        elif position in accepted:
-            log(WARNING, f"node {node} refused: partition-id {position} is already held by node {accepted[position]}")
+        elif position in accepted or position in taken:
+            log(WARNING, f"node {node} refused: partition-id {position} is already held by node "
+                         f"{accepted.get(position, taken.get(position))}")
         else:
             accepted[position] = node
             facts[position] = got
             norm = norm or from_record(reply.content["normalization"], "cpu")
-    missing = sorted(set(range(part.num_clients)) - set(accepted))
-    if missing:
-        log(WARNING, f"no accepted node for clients {missing} (partition ids): they take no part")
-    if not accepted:
+    missing = sorted(set(range(part.num_clients)) - set(accepted) - set(taken))
+    if missing and not taken:
+        log(WARNING, f"no accepted node for clients {missing} (partition ids): they take no part in training")
+    if not accepted and not taken:
         raise RunError("flower: no SuperNode was accepted; see the refusals above.")
     return accepted, facts, norm
 
