@@ -159,6 +159,7 @@ def _command():
 
     if _COMMAND:
         return _COMMAND[0]
+    _click.install_lean_coercion()  # flag values coerced without importing pydantic (typer 0.29)
     command = typer.main.get_command(app)
     wait = _wait_option()
     for sub in getattr(command, "commands", {}).values():
