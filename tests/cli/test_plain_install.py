@@ -236,3 +236,19 @@ def test_predict_builds_no_optimizer_it_does_not_step(tmp_path, digits_clients):
                                str(root / "part"), *extra, "--out", str(root / f"pred-{algorithm}"),
                                "--format", "quiet"], env=_env(), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, (algorithm, proc.stderr)
+
+
+def test_a_subcommand_runs_on_a_tree_of_itself_alone(files, capsys):
+    """Typer reads every option's annotations to build a command; a run builds only the one it runs,
+    and says the same as through the whole tree (`pflx -h` still lists every command)."""
+    from pfl_cli.cli import app
+
+    assert app.main(["show", str(files / "part"), "--format", "json"]) == 0
+    alone = capsys.readouterr().out
+    assert set(app._COMMANDS["show"].commands) == {"show"}
+    full = app._command()
+    assert {"show", "train", "privacy-account", "flower", "algorithms"} <= set(full.commands)
+    code = full(args=["show", str(files / "part"), "--format", "json"], prog_name="pflx", standalone_mode=False)
+    assert code in (None, 0) and capsys.readouterr().out == alone
+    assert app.main(["show", "--format", "xml", str(files / "part")]) == 2
+    assert "(pflx show -h for help)" in capsys.readouterr().err
