@@ -32,6 +32,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm, seeded
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.params import cpu_tree
 
 
 LABEL_FREE = {"auto": None, "cnn-x": "cnn-x", "mlp-x": "mlp-x"}
@@ -200,7 +201,7 @@ class LDFedAvg(Algorithm):
 
     # ------------------------------------------------------------------ state
     def state(self):
-        return {"psi": {k: v.detach().cpu().clone() for k, v in self.psi.items()}}
+        return {"psi": cpu_tree(self.psi, clone=True)}
 
     def load_state(self, state):
         self.psi = {k: v.to(self.device) for k, v in state["psi"].items()}
