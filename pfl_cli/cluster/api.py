@@ -277,18 +277,11 @@ def fit_feddp_kmeans(
     dp = epsilon is not None
     feddp = init == "feddp"
 
-    plan = None
-    clip = None
+    plan = clip = None
     if dp:
-        fractions = budget.resolve_fractions(None if split is None else tuple(split), privacy_unit,
-                                             feddp_init=feddp, lloyds_steps=T)
-        sens = budget.sensitivities(privacy_unit, delta_radius, client_clip)
-        plan = budget.plan_noise(epsilon, delta, fractions, sens, lloyds_steps=T,
-                                 lloyds_calibration=lloyds_calibration, composition=composition,
+        plan, clip = _plan_noise(epsilon, delta, split, privacy_unit, delta_radius, client_clip, feddp=feddp,
+                                 lloyds_steps=T, lloyds_calibration=lloyds_calibration, composition=composition,
                                  gaussian_method=gaussian_method)
-        clip = sens if privacy_unit == "client" else None
-        if plan.epsilon > epsilon:  # plan_noise verifies this; a guard against accountant drift
-            raise InputError(f"accounted epsilon {plan.epsilon:.6g} exceeds the budget {epsilon:g}.")
         # Data-point clipping (thesis §6.5.1): every point to norm <= Delta before any computation.
         norms = np.linalg.norm(points, axis=1)
         clipped_fraction = float(np.mean(norms > delta_radius))
@@ -301,24 +294,9 @@ def fit_feddp_kmeans(
     total = progress_steps(init, T, k_candidates)
     step = _StepCounter(on_progress, total)
 
-    projection_dim = kept = k_selection = None
-    if feddp:
-        projection_dim = k  # k_candidates reuse this projection: the released centers never depend on them
-        out = feddp_init(data, server, k, scales=scales, clip=clip, projection_dim=projection_dim,
-                         min_weight=min_server_weight, rng=init_rng, n_init=server_n_init, on_step=step)
-        init_centers, kept = out.centers, int(out.server_kept.sum())
-        if k_candidates:
-            ks = sorted(set(int(c) for c in k_candidates))
-            costs = weighted_server_costs(out.projected_server, out.noisy_weights, ks, min_weight=min_server_weight,
-                                          rng=init_rng, n_init=server_n_init)
-            k_selection = {"k": ks, "weighted_cost": costs, "projection_dim": projection_dim}
-            step("k candidates: server costs")
-    elif init == "kfed":
-        init_centers = baselines.kfed(data, k, rng=init_rng)
-        step("k-FED init")
-    else:
-        init_centers = baselines.server_init(init, server, k, rng=init_rng)
-        step(f"{init} init")
+    init_centers, projection_dim, kept, k_selection = _initial_centers(
+        data, server, k, init=init, scales=scales, clip=clip, min_server_weight=min_server_weight,
+        server_n_init=server_n_init, k_candidates=k_candidates, rng=init_rng, step=step)
     if dp:  # post-processing: every point lies in the Delta-ball, so its centers may too
         init_centers = clip_l2(init_centers, delta_radius)
 
@@ -330,17 +308,9 @@ def fit_feddp_kmeans(
     if dp and T > 0:
         centers = clip_l2(centers, delta_radius)
 
-    ledger = None
-    info: dict[str, Any] = {}
-    if plan is not None:
-        notes = tuple(plan.notes)
-        if k_selection:
-            notes += ("k selection (--k-candidates): weighted k-means of the projected server data with the released "
-                      "noisy weights and the same rank-k projection as the centers; post-processing, no privacy cost",)
-        ledger = PrivacyLedger(privacy_unit, float(delta), plan.events, notes=notes)
-        info = {"epsilons": plan.epsilons, "noise_scales": plan.scales, "sensitivities": plan.sensitivities,
-                "nominal_scale": plan.nominal_scale, "composition": composition,
-                "lloyds_calibration": lloyds_calibration, "gaussian_method": gaussian_method}
+    ledger, info = (None, {}) if plan is None else _ledger(
+        plan, privacy_unit, delta, k_selection=bool(k_selection), composition=composition,
+        lloyds_calibration=lloyds_calibration, gaussian_method=gaussian_method)
     return ClusterResult(
         centers=centers, init_centers=np.asarray(init_centers), k=int(k), init=init, privacy_unit=privacy_unit,
         epsilon=plan.epsilon if plan else None, delta=float(delta) if dp else None,
@@ -349,6 +319,61 @@ def fit_feddp_kmeans(
         server_points_kept=kept, budget=info, k_selection=k_selection,
     )
 
+
+
+def _plan_noise(epsilon, delta, split, privacy_unit, delta_radius, client_clip, *, feddp, lloyds_steps,
+                lloyds_calibration, composition, gaussian_method):
+    """The calibrated noise plan of every release, and the client-level clip bounds (None for example-level)."""
+    fractions = budget.resolve_fractions(None if split is None else tuple(split), privacy_unit,
+                                         feddp_init=feddp, lloyds_steps=lloyds_steps)
+    sens = budget.sensitivities(privacy_unit, delta_radius, client_clip)
+    plan = budget.plan_noise(epsilon, delta, fractions, sens, lloyds_steps=lloyds_steps,
+                             lloyds_calibration=lloyds_calibration, composition=composition,
+                             gaussian_method=gaussian_method)
+    if plan.epsilon > epsilon:  # plan_noise verifies this; a guard against accountant drift
+        raise InputError(f"accounted epsilon {plan.epsilon:.6g} exceeds the budget {epsilon:g}.")
+    return plan, (sens if privacy_unit == "client" else None)
+
+
+def _initial_centers(data, server, k, *, init, scales, clip, min_server_weight, server_n_init, k_candidates, rng,
+                     step):
+    """The initial centers: FedDP-Init (thesis Alg. 11) or a baseline, with FedDP-Init's k-candidate costs.
+
+    Returns ``(centers, projection_dim, server points kept, k_selection)``; the last three are None
+    for the baselines.
+    """
+    if init == "kfed":
+        centers = baselines.kfed(data, k, rng=rng)
+        step("k-FED init")
+        return centers, None, None, None
+    if init != "feddp":
+        centers = baselines.server_init(init, server, k, rng=rng)
+        step(f"{init} init")
+        return centers, None, None, None
+    projection_dim = k  # k_candidates reuse this projection: the released centers never depend on them
+    out = feddp_init(data, server, k, scales=scales, clip=clip, projection_dim=projection_dim,
+                     min_weight=min_server_weight, rng=rng, n_init=server_n_init, on_step=step)
+    k_selection = None
+    if k_candidates:
+        ks = sorted(set(int(c) for c in k_candidates))
+        costs = weighted_server_costs(out.projected_server, out.noisy_weights, ks, min_weight=min_server_weight,
+                                      rng=rng, n_init=server_n_init)
+        k_selection = {"k": ks, "weighted_cost": costs, "projection_dim": projection_dim}
+        step("k candidates: server costs")
+    return out.centers, projection_dim, int(out.server_kept.sum()), k_selection
+
+
+def _ledger(plan, privacy_unit, delta, *, k_selection: bool, **calibration):
+    """The privacy ledger of a DP run and the budget's record (``ClusterResult.budget``); ``calibration``:
+    the composition, Lloyd calibration and Gaussian method the plan was made with."""
+    notes = tuple(plan.notes)
+    if k_selection:
+        notes += ("k selection (--k-candidates): weighted k-means of the projected server data with the released "
+                  "noisy weights and the same rank-k projection as the centers; post-processing, no privacy cost",)
+    ledger = PrivacyLedger(privacy_unit, float(delta), plan.events, notes=notes)
+    info = {"epsilons": plan.epsilons, "noise_scales": plan.scales, "sensitivities": plan.sensitivities,
+            "nominal_scale": plan.nominal_scale, **calibration}
+    return ledger, info
 
 def evaluate_clustering(
     points: np.ndarray, centers: np.ndarray, *, rng: np.random.Generator, reference_n_init: int = 2,
