@@ -131,48 +131,18 @@ def deal(
     starts = np.concatenate([[0], np.cumsum(supply)])
     owners, picks, reused_total, capped_total, clients_hit = [], [], 0, 0, np.zeros(n, dtype=bool)
     for c in range(num_classes):  # a loop over classes; every client at once inside
-        pool = indices[order[starts[c]:starts[c + 1]]]
-        d = demand[:, c]
-        if replacement:
-            ok = np.minimum(d, supply[c])
-            over = d - ok
-        else:
-            ok = _cap_disjoint(d, int(supply[c]))
-            over = d - ok
+        o, p, over = _deal_class(demand, c, int(supply[c]), replacement=replacement, shortage=shortage, rng=rng)
         if over.any():
             clients_hit |= over > 0
             if shortage == "cap":
                 capped_total += int(over.sum())
-                # A capped client keeps its train counts first.
-                demand[:, c] = ok
             else:
                 reused_total += int(over.sum())
-        if replacement:
-            o, p = _distinct_positions(ok, int(supply[c]), rng)
-        else:
-            p = rng.permutation(int(supply[c]))[: int(ok.sum())]
-            o = np.repeat(np.arange(n), ok)
-        if shortage == "replace" and over.any():
-            o = np.concatenate([o, np.repeat(np.arange(n), over)])
-            p = np.concatenate([p, rng.integers(int(supply[c]), size=int(over.sum()))])
         owners.append(o)
-        picks.append(pool[p] if len(p) else np.zeros(0, dtype=np.int64))
+        picks.append(indices[order[starts[c]:starts[c + 1]]][p] if len(p) else np.zeros(0, dtype=np.int64))
         if on_class is not None:
             on_class(c)
-    owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
-    idx = np.concatenate(picks) if picks else np.zeros(0, dtype=np.int64)
-    cls = np.repeat(np.arange(num_classes), [len(o) for o in owners])
-    # Within each (client, class) group, a random order decides which samples are test.
-    keys = rng.random(owner.size)
-    srt = np.lexsort((keys, cls, owner))
-    owner, idx, cls = owner[srt], idx[srt], cls[srt]
-    group = owner * num_classes + cls
-    first = np.searchsorted(group, group, side="left")
-    rank = np.arange(owner.size) - first
-    train_keep = np.minimum(train_counts, demand)
-    is_train = rank < train_keep[owner, cls]
-    tidy = np.lexsort((idx, owner))  # each client's indices ascending: deterministic, readable
-    owner, idx, is_train = owner[tidy], idx[tidy], is_train[tidy]
+    owner, idx, is_train = _split_by_rank(owners, picks, np.minimum(train_counts, demand), rng)
     info.update({
         "short_classes": [int(c) for c in short_cls],
         "clients_affected": int(clients_hit.sum()),
@@ -181,3 +151,49 @@ def deal(
     })
     return (csr_from_assignment(owner[is_train], n, idx[is_train]),
             csr_from_assignment(owner[~is_train], n, idx[~is_train]), info)
+
+
+def _deal_class(demand: np.ndarray, c: int, supply: int, *, replacement: bool, shortage: str,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every client's samples of class ``c``: ``(owner, pool position, shortfall per client)``.
+
+    Under ``shortage="cap"`` a short client's demand is lowered in place (it keeps its train counts
+    first); under ``"replace"`` its shortfall is drawn again from the class's pool.
+    """
+    n = demand.shape[0]
+    d = demand[:, c]
+    ok = np.minimum(d, supply) if replacement else _cap_disjoint(d, supply)
+    over = d - ok
+    if over.any() and shortage == "cap":
+        demand[:, c] = ok
+    if replacement:
+        owner, position = _distinct_positions(ok, supply, rng)
+    else:
+        position = rng.permutation(supply)[: int(ok.sum())]
+        owner = np.repeat(np.arange(n), ok)
+    if shortage == "replace" and over.any():
+        owner = np.concatenate([owner, np.repeat(np.arange(n), over)])
+        position = np.concatenate([position, rng.integers(supply, size=int(over.sum()))])
+    return owner, position, over
+
+
+def _split_by_rank(owners: list, picks: list, train_keep: np.ndarray,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Owner, dataset index and train flag of every dealt sample, each client's indices ascending.
+
+    Within each (client, class) group a random order decides which samples are test: the first
+    ``train_keep[client, class]`` are train.
+    """
+    num_classes = len(owners)
+    owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
+    idx = np.concatenate(picks) if picks else np.zeros(0, dtype=np.int64)
+    cls = np.repeat(np.arange(num_classes), [len(o) for o in owners])
+    keys = rng.random(owner.size)
+    srt = np.lexsort((keys, cls, owner))
+    owner, idx, cls = owner[srt], idx[srt], cls[srt]
+    group = owner * num_classes + cls
+    first = np.searchsorted(group, group, side="left")
+    rank = np.arange(owner.size) - first
+    is_train = rank < train_keep[owner, cls]
+    tidy = np.lexsort((idx, owner))  # each client's indices ascending: deterministic, readable
+    return owner[tidy], idx[tidy], is_train[tidy]
