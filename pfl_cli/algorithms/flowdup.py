@@ -73,6 +73,8 @@ class LDFedAvgConfig(TrainConfig):
     local_steps: int = key(50, "client SGD steps per round")
     local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
     server_lr: float = key(1.0, "eta_g: server step on the mean update", f"{T} Alg. 9")
+    server_optimizer: str = key("sgd", "GradientUpdate of Alg. 9: sgd (psi + eta_g mean change) | adam (Adam on "
+                                "minus the mean change)", f"{T} Alg. 9: any optimizer", choices=("sgd", "adam"))
     subspace_dim: int = key(200, "k of theta = theta_0 + P v", f"{T}: 10^4 (scaled down for CPU runs)")
     subspace_nnz: int = key(4, "nonzeros per row of the seeded sparse P")
 
@@ -122,6 +124,7 @@ class LDFedAvg(Algorithm):
         theta0 = {k: v.detach() for k, v in self.net.named_parameters()}
         sub = self.arch["subspace"]
         self.subspace = Subspace(theta0, sub["dim"], self.cfg.seed, sub["nnz"])
+        self.server_state: dict = {}  # the server optimizer's moments (adam)
         self.build_psi()
 
     def build_psi(self) -> None:
@@ -168,9 +171,26 @@ class LDFedAvg(Algorithm):
         start = {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in self.psi.items()}
         psi, loss = split_cohort(self._local_steps, self.store, batches, {"start": start, "steps": batches})
         lr = cfg.server_lr if cfg.server_lr is not None else 1.0
-        for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
-            self.psi[k] = self.psi[k] + lr * (psi[k] - start[k]).mean(0)
+        mean_change = {k: (psi[k] - start[k]).mean(0) for k in self.psi}
+        if cfg.server_optimizer == "adam":
+            self._server_adam(mean_change, lr)
+        else:
+            for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
+                self.psi[k] = self.psi[k] + lr * mean_change[k]
         return loss
+
+    def _server_adam(self, mean_change: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+        """Alg. 9's GradientUpdate as Adam (Kingma & Ba, Alg. 1) on the pseudo-gradient -mean change."""
+        import torch
+
+        st = self.server_state
+        st["step"] = st.get("step", torch.zeros(())) + 1
+        t = float(st["step"])
+        for k, d in mean_change.items():
+            m = st.setdefault(f"m.{k}", torch.zeros_like(d)).mul_(betas[0]).add_(-d, alpha=1 - betas[0])
+            v = st.setdefault(f"v.{k}", torch.zeros_like(d)).mul_(betas[1]).addcmul_(d, d, value=1 - betas[1])
+            step = (m / (1 - betas[0] ** t)) / ((v / (1 - betas[1] ** t)).sqrt() + eps)
+            self.psi[k] = self.psi[k] - lr * step
 
     def _local_steps(self, start, steps):
         """Alg. 10: every client's SGD steps on its psi_i; its final psi_i (c, ...) and mean loss (c,).
@@ -200,16 +220,18 @@ class LDFedAvg(Algorithm):
 
     # ------------------------------------------------------------------ state
     def state(self):
-        return {"psi": {k: v.detach().cpu().clone() for k, v in self.psi.items()}}
+        return {"psi": {k: v.detach().cpu().clone() for k, v in self.psi.items()},
+                "server": {k: v.detach().cpu().clone() for k, v in self.server_state.items()}}
 
     def load_state(self, state):
         self.psi = {k: v.to(self.device) for k, v in state["psi"].items()}
+        self.server_state = {k: v.to(self.device) for k, v in state.get("server", {}).items()}
 
     def weights(self):
-        return self.state()
+        return {"psi": {k: v.detach().cpu().clone() for k, v in self.psi.items()}}
 
     def load_weights(self, weights):
-        self.load_state(weights)
+        self.psi = {k: v.to(self.device) for k, v in weights["psi"].items()}
 
 
 class FLowDUP(LDFedAvg):
