@@ -48,6 +48,12 @@ class FedTTAConfig(FedAvgRoundConfig):
     """FedTTA's keys: FedAvg's round and the adaptation model."""
 
     algorithm: str = key("fedtta", "the algorithm these keys configure")
+    rounds: int = key(500, "communication rounds", "thesis C.1.2: T = 500 on rotated (F-)MNIST, 1000 on CIFAR-10")
+    clients_per_round: Optional[int] = key(100, "cohort size of every round (null: every train client)",
+                                           "thesis C.1.2: cohort 100 for all methods")
+    batch_size: int = key(50, "client minibatch size B", "thesis C.1.2: B = 50 (20 on FEMNIST)")
+    local_epochs: Optional[int] = key(1, "epochs of local SGD per round instead of local_steps (null: steps)",
+                                      "thesis C.1.2: E = 1")
     adapt_lr: float = key(0.1, "alpha: step size of the adaptation steps on the learned loss",
                           "thesis C.1.2: tuned on validation clients (the adaptive learning rate)")
     adapt_steps: int = key(1, "adaptation steps: inside every training step and for a new client",

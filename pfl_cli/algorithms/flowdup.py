@@ -63,6 +63,7 @@ def split_halves(mask, gen):
 
 
 T = "thesis ch. 5"
+PAPER_SUBSPACE_DIM = 10_000  # thesis C.1.2
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,18 @@ class LDFedAvgConfig(TrainConfig):
     """LD-FedAvg's keys: FedAvg's round on theta = theta_0 + P v."""
 
     algorithm: str = key("ld-fedavg", "the algorithm these keys configure")
-    local_steps: int = key(50, "client SGD steps per round")
-    local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
+    rounds: int = key(500, "communication rounds", f"{T} C.1.2: T = 500 on rotated (F-)MNIST, 1000 on CIFAR-10/FEMNIST")
+    clients_per_round: Optional[int] = key(100, "cohort size of every round (null: every train client)",
+                                           f"{T} C.1.2: cohort 100")
+    batch_size: int = key(50, "client minibatch size B", f"{T} C.1.2: B = 50 (20 on FEMNIST)")
+    local_steps: int = key(50, "client SGD steps per round (when local_epochs is null)")
+    local_epochs: Optional[int] = key(1, "epochs of local SGD per round instead of local_steps (null: steps)",
+                                      f"{T} C.1.2: E = 1")
     server_lr: float = key(1.0, "eta_g: server step on the mean update", f"{T} Alg. 9")
     server_optimizer: str = key("sgd", "GradientUpdate of Alg. 9: sgd (psi + eta_g mean change) | adam (Adam on "
                                 "minus the mean change)", f"{T} Alg. 9: any optimizer", choices=("sgd", "adam"))
-    subspace_dim: int = key(200, "k of theta = theta_0 + P v", f"{T}: 10^4 (scaled down for CPU runs)")
+    subspace_dim: Optional[int] = key(None, "k of theta = theta_0 + P v (null: min(10^4, d), d = the client "
+                                      "model's weights)", f"{T} C.1.2: k = 10^4")
     subspace_nnz: int = key(4, "nonzeros per row of the seeded sparse P")
 
 
@@ -85,7 +92,7 @@ class FLowDUPConfig(LDFedAvgConfig):
 
     algorithm: str = key("flowdup", "the algorithm these keys configure")
     embedding: str = key("auto", "h_1: auto | cnn-x | mlp-x (reads inputs only, eq. 5.3)", choices=tuple(LABEL_FREE))
-    feature_dim: int = key(64, "e: h_1's output width", f"{T}: 256 (scaled down for CPU runs)")
+    feature_dim: int = key(256, "e: h_1's output width", f"{T} eq. 5.9: e = 256")
     hyper_hidden: int = key(100, "h_2's hidden width")
     lambda_reg: float = key(1e-3, "lambda of Omega = ||h(X) - psi_r||^2", f"{T} eq. 5.4")
     labeled_rate: float = key(0.9, "alpha: the labeled share of every cohort", f"{T} Alg. 9")
@@ -105,8 +112,13 @@ class LDFedAvg(Algorithm):
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.models import num_parameters
+
         arch = Algorithm.resolve_arch(cfg, store)
-        arch["subspace"] = {"dim": int(cfg.subspace_dim), "nnz": int(cfg.subspace_nnz)}
+        # The thesis's k = 10^4 is an absolute size (LFLY18: a task's intrinsic dimension does not grow
+        # with the network), so a smaller model keeps all its d weights rather than a fixed share of them.
+        k = cfg.subspace_dim if cfg.subspace_dim is not None else min(PAPER_SUBSPACE_DIM, num_parameters(arch["client"]))
+        arch["subspace"] = {"dim": int(k), "nnz": int(cfg.subspace_nnz)}
         return arch
 
     @staticmethod
@@ -260,7 +272,7 @@ class FLowDUP(LDFedAvg):
         arch = LDFedAvg.resolve_arch(cfg, store)
         kind = LABEL_FREE[cfg.embedding] or resolve_embedding("auto", store.input_shape) + "-x"
         arch["features"] = embedding_spec(kind, store.input_shape, store.num_classes, cfg.feature_dim)  # h_1
-        arch["head"] = client_spec("mlp", (cfg.feature_dim,), cfg.subspace_dim, (cfg.hyper_hidden,))     # h_2
+        arch["head"] = client_spec("mlp", (cfg.feature_dim,), arch["subspace"]["dim"], (cfg.hyper_hidden,))  # h_2
         return arch
 
     @staticmethod
