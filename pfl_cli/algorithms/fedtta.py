@@ -179,7 +179,10 @@ class FedTTA(FedAvg):
             m = (mask > 0) & (y >= 0)
             ce = F.cross_entropy(logits.flatten(0, 1), y.clamp_min(0).flatten(), reduction="none").view(m.shape)
             loss = (ce * m).sum(1) / m.sum(1).clamp_min(1)
-            grads = dict(zip(params, torch.autograd.grad(loss.sum(), list(params.values()))))
+            # allow_unused: when every hidden unit of phi is off for a whole batch, the adaptation
+            # step's graph does not reach phi's first layer (its gradient is then zero)
+            raw = torch.autograd.grad(loss.sum(), list(params.values()), allow_unused=True)
+            grads = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(params.items(), raw)}
             sgd_update_(params, grads, buf, **{**self.sgd_update_options(), "lr": lr}, active=go)
             mean_loss.add(loss.detach(), go)
         return {k: v.detach() for k, v in params.items()}, mean_loss.mean()
