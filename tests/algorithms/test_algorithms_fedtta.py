@@ -93,16 +93,15 @@ def test_a_new_client_adapts_on_its_unlabeled_samples_and_reads_no_labels(store)
     assert all(torch.equal(again[k], params[k]) for k in params)
 
 
-def test_resumed_fedtta_ends_where_the_uninterrupted_run_ends(digits_clients):
+def test_a_resumed_run_ends_with_the_same_classifier_and_adaptation_model(digits_clients):
     from pfl_cli.fl import train_federated
 
     ds, part = digits_clients
     cfg = small_config(**SMALL, rounds=4, eval_every=2, val_fraction=0.2)
-    full = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
-    saved = []
-    train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu", on_checkpoint=saved.append)
-    at2 = next(ck for ck in saved if ck["round"] == 2)
-    resumed = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu", resume=at2)
-    assert resumed.outcome.history == full.outcome.history
-    for k, v in full.model["weights"]["adapt"].items():
-        assert torch.equal(v, resumed.model["weights"]["adapt"][k])
+    checkpoints = []
+    whole = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu", on_checkpoint=checkpoints.append)
+    again = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu", resume=checkpoints[0])
+    assert checkpoints[0]["round"] == 2 and again.outcome.history == whole.outcome.history
+    for part_name in ("client", "adapt"):  # theta and phi
+        a, b = whole.model["weights"][part_name], again.model["weights"][part_name]
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
