@@ -190,21 +190,32 @@ class FedTTA(FedAvg):
     # ------------------------------------------------------------------ new clients
     def personalize(self, clients: np.ndarray, gen):
         """Each client's adapted model from its fit samples, no labels read (counted as client steps)."""
-        return self.chunked(np.asarray(clients, dtype=np.int64), self._adapt_clients), True
-
-    def _adapt_clients(self, sel):
         import torch
 
-        rows, length = self.store.fit.rows(sel)
-        mask = (torch.arange(rows.shape[1], device=rows.device) < length[:, None]).float()
-        scale = (self.cfg.batch_size / length.clamp_min(1).to(torch.float32)).sqrt()
-        theta = {k: v.clone().requires_grad_(True) for k, v in stack(self.global_params, len(sel)).items()}
-        phi = stack(self.phi, len(sel))
-        with torch.enable_grad():
-            out = self.adapt(theta, phi, self.store.inputs(rows), mask, steps=self.cfg.adapt_steps,
-                             create_graph=False, scale=scale)
+        from pfl_cli.fl.distributed import split_cohort
+
+        sel = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.device)
+        rows, length = self.store.fit.rows(sel)  # a rank adapts the clients whose samples it holds
+        params = split_cohort(self._adapt_rows, self.store, rows, {"rows": rows, "length": length})
         self.client_sgd_steps += self.cfg.adapt_steps * len(sel)
-        return {k: v.detach() for k, v in out.items()}
+        return params, True
+
+    def _adapt_rows(self, rows, length, chunk: int = 64):
+        import torch
+
+        out = []
+        for lo in range(0, len(rows), chunk):
+            r, n = rows[lo:lo + chunk], length[lo:lo + chunk]
+            mask = (torch.arange(r.shape[1], device=r.device) < n[:, None]).float()
+            scale = (self.cfg.batch_size / n.clamp_min(1).to(torch.float32)).sqrt()  # the norm of a batch of B
+            theta = {k: v.clone().requires_grad_(True) for k, v in stack(self.global_params, len(r)).items()}
+            with torch.enable_grad():
+                adapted = self.adapt(theta, stack(self.phi, len(r)), self.store.inputs(r), mask,
+                                     steps=self.cfg.adapt_steps, create_graph=False, scale=scale)
+            out.append({k: v.detach() for k, v in adapted.items()})
+        if not out:
+            return {k: v.unsqueeze(0)[:0] for k, v in self.global_params.items()}
+        return {k: torch.cat([o[k] for o in out]) for k in out[0]}
 
     def protocol(self, new: bool) -> dict:
         return {"protocol": f"global model adapted {self.cfg.adapt_steps} steps on the learned loss of its "
