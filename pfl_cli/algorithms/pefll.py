@@ -165,7 +165,7 @@ class PeFLL(ServerOptimizerState, Algorithm):
 
         Distributed, each rank embeds the clients whose data it holds and the rows come back
         whole through :func:`~pfl_cli.fl.distributed.gather_rows` (differentiable: the
-        embedding network's gradient is then each rank's share, summed in :meth:`_server_backward`).
+        embedding network's gradient is then each rank's share, summed in :meth:`run_round`).
         """
         import torch
 
@@ -193,6 +193,10 @@ class PeFLL(ServerOptimizerState, Algorithm):
 
     def descriptors(self, clients, gen, *, chunk_samples: int = 8192):
         """Evaluation descriptors: over all fit samples (code) or one random batch (paper)."""
+        return self._standardize(self.raw_descriptors(clients, gen, chunk_samples=chunk_samples))
+
+    def raw_descriptors(self, clients, gen, *, chunk_samples: int = 8192):
+        """:meth:`descriptors` before the server's standardization (Alg. 7 steps 2-3, a client's half)."""
         import torch
 
         from pfl_cli.fl.batches import sample_batches
@@ -201,31 +205,89 @@ class PeFLL(ServerOptimizerState, Algorithm):
         with torch.no_grad():
             if self.cfg.eval_descriptor == "batch":
                 index, mask = sample_batches(self.store.fit, sel, 1, self.cfg.descriptor_batch, gen)
-                return self._standardize(self._embed_cohort(index[:, 0], mask[:, 0]))
+                return self._embed_cohort(index[:, 0], mask[:, 0])
             rows, length = self.store.fit.rows(sel)
             mask = (torch.arange(rows.shape[1], device=rows.device) < length[:, None]).to(torch.float32)
-            return self._standardize(self._embed_cohort(rows, mask, chunk_samples=chunk_samples))
+            return self._embed_cohort(rows, mask, chunk_samples=chunk_samples)
+
+    def server_models(self, raw):
+        """Alg. 7 step 5: theta = h(v) for raw descriptors (c, l), standardized as in training; no graph."""
+        import torch
+
+        with torch.no_grad():
+            return self.hnet(self._standardize(raw))
 
     # ------------------------------------------------------------------ Alg. 8
+    # The round in halves: the client_* methods run where a client's data is (all cohort rows at
+    # once in the simulation, one row on a Flower node), the server_* methods where the
+    # hypernetwork is. pflx train and the Flower app (pfl_cli.interop.flower_app.pefll) call the
+    # same halves, so a deployment computes the simulation's numbers.
     def run_round(self, t, cohort, gen):
-
-        from pfl_cli.fl.batches import sample_batches
-        from pfl_cli.fl.cohort import local_sgd
+        from pfl_cli.fl.distributed import sum_grads
 
         if self.dp is not None:
             return self._run_round_dp(t, cohort, gen)
-        cfg, c = self.cfg, len(cohort)
-        d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)       # step 5
-        index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
-        v = self._standardize(self._embed_cohort(d_index[:, 0], d_mask[:, 0]))                        # step 6
-        v_leaf = v.detach().requires_grad_(True)                                                      # step 7
-        theta = self.hnet(v_leaf)                                                                     # step 8
-        new, loss = local_sgd(self.net, {k: theta[k].detach() for k in self.names}, self.store,      # step 10
-                              index, mask, **self.sgd_options())
+        c = len(cohort)
+        d_index, d_mask = self.descriptor_batches(cohort, gen)                                       # step 5
+        index, mask = self.step_batches(cohort, gen, lazy=False)
+        raw = self.client_descriptor(d_index, d_mask)                                                 # steps 6-7
+        raw_leaf, theta = self.server_generate(raw)                                                   # steps 8-9
+        new, loss = self.client_train(theta, index, mask)                                            # steps 10-11
         neg_delta = [(theta[k].detach() - new[k]) / c for k in self.names]                            # -delta / |P|
-        self._server_backward(theta, v, v_leaf, neg_delta)
-        self._record_traffic(c, v_leaf, theta, new)
+        g_h, g_raw = self.server_backward(theta, raw_leaf, neg_delta)                                 # steps 12-13
+        g_e = self.client_embedding_grad(raw, g_raw)                                                  # steps 14-15
+        e_params = list(self.embed.parameters())
+        self._server_step(list(self.hnet.parameters()), g_h, e_params, sum_grads(g_e, e_params))    # lines 17-18
+        self._record_traffic(c, raw_leaf, theta, new)
         return loss
+
+    def descriptor_batches(self, cohort, gen):
+        """Step 5: one batch B_i per cohort client for its descriptor, (c, b) indices and mask."""
+        from pfl_cli.fl.batches import sample_batches
+
+        d_index, d_mask = sample_batches(self.store.fit, cohort, 1, self.cfg.descriptor_batch, gen)
+        return d_index[:, 0], d_mask[:, 0]
+
+    def step_batches(self, cohort, gen, *, lazy: bool):
+        """Step 10's batches (drawn after :meth:`descriptor_batches` from the same generator): the
+        (c, k, b) tables, or the same batches lazily (``lazy``: a Flower node's ``local_sgd_held``)."""
+        from pfl_cli.fl.batches import draw_batches, sample_batches
+
+        draw = draw_batches if lazy else sample_batches
+        return draw(self.store.fit, cohort, self.cfg.local_steps, self.cfg.batch_size, gen)
+
+    def client_descriptor(self, d_index, d_mask):
+        """Steps 6-7: the raw descriptors (c, l) of batches B_i, with the embedding net's graph kept."""
+        return self._embed_cohort(d_index, d_mask)
+
+    def server_generate(self, raw):
+        """Step 8: theta_i = h(v_i) from the clients' raw descriptors (standardized here, frozen (m, s)).
+
+        Returns the leaf the server back-propagates to and the generated models ``{name: (c, ...)}``.
+        """
+        raw_leaf = raw.detach().requires_grad_(True)
+        return raw_leaf, self.hnet(self._standardize(raw_leaf))
+
+    def client_train(self, theta, index, mask=None):
+        """Step 10: k local SGD steps from theta (tables ``index``/``mask``) -> (theta_new, loss)."""
+        from pfl_cli.fl.cohort import local_sgd
+
+        return local_sgd(self.net, {k: theta[k].detach() for k in self.names}, self.store, index, mask,
+                         **self.sgd_options())
+
+    def server_backward(self, theta, raw_leaf, neg_delta):
+        """Step 12: the VJP of -delta / |P| through h: the eta_h gradient and the raw descriptors' (c, l)."""
+        import torch
+
+        h_params = list(self.hnet.parameters())
+        grads = torch.autograd.grad([theta[k] for k in self.names], [*h_params, raw_leaf], grad_outputs=neg_delta)
+        return grads[:-1], grads[-1]
+
+    def client_embedding_grad(self, raw, g_raw):
+        """Step 14: the VJP of the descriptor gradient through v(B_i; eta_v) (None where a parameter is unused)."""
+        import torch
+
+        return torch.autograd.grad(raw, list(self.embed.parameters()), grad_outputs=g_raw, allow_unused=True)
 
     def _run_round_dp(self, t, cohort, gen):
         """Alg. 8 under client-level DP: each client's own (eta_h, eta_v) gradient is clipped, the sum noised.
@@ -235,7 +297,6 @@ class PeFLL(ServerOptimizerState, Algorithm):
         """
         import torch
 
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
         from pfl_cli.privacy.randomness import mechanism_generator
 
@@ -246,16 +307,16 @@ class PeFLL(ServerOptimizerState, Algorithm):
                        for n, ps in (("h", h_params), ("e", e_params)) for k, p in ps.items()}
             loss = torch.zeros(0)
         else:
-            d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)      # step 5
-            index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
+            d_index, d_mask = self.descriptor_batches(cohort, gen)                                       # step 5
+            index, mask = self.step_batches(cohort, gen, lazy=False)
             with torch.no_grad():
-                v = self._embed_cohort(d_index[:, 0], d_mask[:, 0])                                     # steps 6-7
+                v = self._embed_cohort(d_index, d_mask)                                                 # steps 6-7
                 theta = self.hnet(v)                                                                    # step 8
             new, loss = local_sgd(self.net, {k: theta[k] for k in self.names}, self.store, index, mask,  # step 10
                                   **self.sgd_options())
             self._record_traffic(len(cohort), v, theta, new)
             neg_delta = {k: theta[k] - new[k] for k in self.names}                                     # -delta_i
-            contrib = self._client_gradients(h_params, e_params, d_index[:, 0], d_mask[:, 0], neg_delta)
+            contrib = self._client_gradients(h_params, e_params, d_index, d_mask, neg_delta)
         mean = self.dp.private_mean(contrib, mechanism_generator(cfg, f"dp-noise-{t}", self.device))
         self._server_step(list(h_params.values()), [mean[f"h.{k}"] for k in h_params],
                           list(e_params.values()), [mean[f"e.{k}"] for k in e_params])
@@ -298,19 +359,6 @@ class PeFLL(ServerOptimizerState, Algorithm):
             t.send(k, theta[k])
             t.receive(f"delta.{k}", new[k])
 
-    def _server_backward(self, theta, v, v_leaf, neg_delta) -> None:
-        """Steps 12-18: server VJP, client VJP, averaged regularized update."""
-        import torch
-
-        from pfl_cli.fl.distributed import sum_grads
-
-        h_params = list(self.hnet.parameters())
-        e_params = list(self.embed.parameters())
-        grads = torch.autograd.grad([theta[k] for k in self.names], [*h_params, v_leaf], grad_outputs=neg_delta)
-        g_h, g_v = grads[:-1], grads[-1]                                                              # step 12
-        g_e = torch.autograd.grad(v, e_params, grad_outputs=g_v, allow_unused=True)                   # step 14
-        self._server_step(h_params, g_h, e_params, sum_grads(g_e, e_params))  # distributed: each rank's clients' share
-
     def _server_step(self, h_params, g_h, e_params, g_e) -> None:
         """Lines 17-18: the averaged gradients plus 2 lambda eta, clipped, one optimizer step."""
         import torch
@@ -329,18 +377,17 @@ class PeFLL(ServerOptimizerState, Algorithm):
         """:meth:`run_round` one client at a time (the reference for tests and the benchmark)."""
         import torch
 
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd_reference
 
-        cfg, c = self.cfg, len(cohort)
-        d_index, d_mask = sample_batches(self.store.fit, cohort, 1, cfg.descriptor_batch, gen)
-        index, mask = sample_batches(self.store.fit, cohort, cfg.local_steps, cfg.batch_size, gen)
+        c = len(cohort)
+        d_index, d_mask = self.descriptor_batches(cohort, gen)
+        index, mask = self.step_batches(cohort, gen, lazy=False)
         h_params, e_params = list(self.hnet.parameters()), list(self.embed.parameters())
         acc_h = [torch.zeros_like(p) for p in h_params]
         acc_e = [torch.zeros_like(p) for p in e_params]
         losses = []
         for i in range(c):
-            v = self._standardize(self._embed_mean(d_index[i:i + 1, 0], d_mask[i:i + 1, 0]))
+            v = self._standardize(self._embed_mean(d_index[i:i + 1], d_mask[i:i + 1]))
             v_leaf = v.detach().requires_grad_(True)
             theta = self.hnet(v_leaf)
             new, loss = local_sgd_reference(self.net, {k: theta[k].detach() for k in self.names}, self.store,
@@ -384,11 +431,7 @@ class PeFLL(ServerOptimizerState, Algorithm):
                 "(Alg. 7), no optimizer step", "rounds": 0}
 
     def personalize(self, clients: np.ndarray, gen):
-        import torch
-
-        v = self.descriptors(clients, gen)
-        with torch.no_grad():
-            return self.hnet(v), True
+        return self.server_models(self.raw_descriptors(clients, gen)), True
 
     # ------------------------------------------------------------------ descriptor analysis (§3.4)
     def diagnostics(self):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pfl_cli.cli.output import Reporter
+from pfl_cli.cli.output import Reporter, core_progress
 from pfl_cli.errors import ArtifactError, ConfigError, InputError
 
 
@@ -116,6 +116,7 @@ def _fit_rng(cfg):
 def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporter) -> None:
     from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING, ArtifactWriter, public_input
     from pfl_cli.cluster import fit_feddp_kmeans
+    from pfl_cli.cluster.api import progress_steps
     from pfl_cli.config import config_to_dict
     from pfl_cli.data import load_dataset
 
@@ -130,14 +131,25 @@ def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporte
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
-    res = fit_feddp_kmeans(
-        points, offsets, server, k=cfg.k, epsilon=None if cfg.no_dp else cfg.epsilon, delta=cfg.delta,
-        privacy_unit=cfg.privacy_unit, radius=cfg.radius, split=cfg.split, min_server_weight=cfg.min_server_weight,
-        lloyds_steps=cfg.lloyds_steps, lloyds_calibration=cfg.lloyds_calibration, composition=cfg.composition,
-        init=cfg.init, client_clip=cfg.client_clip, k_candidates=cfg.k_candidates, server_n_init=cfg.server_n_init,
-        gaussian_method=cfg.gaussian_method, rng=_fit_rng(cfg),
-    )
-    metrics, nonprivate = _metrics(cfg, res, points, offsets, holdout, server)
+    # One step per protocol release, and one for the evaluation on the client data when there is one
+    # (without DP, or with --write-nonprivate). The steps' names are all a progress line says: no cost.
+    evaluates = int(cfg.no_dp or cfg.write_nonprivate)
+    total = progress_steps(cfg.init, cfg.lloyds_steps, cfg.k_candidates) + evaluates
+    with report.progress("cluster", total, unit="step") as bar:
+        tick = core_progress(bar, lambda status: status["step"])
+        res = fit_feddp_kmeans(
+            points, offsets, server, k=cfg.k, epsilon=None if cfg.no_dp else cfg.epsilon, delta=cfg.delta,
+            privacy_unit=cfg.privacy_unit, radius=cfg.radius, split=cfg.split,
+            min_server_weight=cfg.min_server_weight, lloyds_steps=cfg.lloyds_steps,
+            lloyds_calibration=cfg.lloyds_calibration, composition=cfg.composition, init=cfg.init,
+            client_clip=cfg.client_clip, k_candidates=cfg.k_candidates, server_n_init=cfg.server_n_init,
+            gaussian_method=cfg.gaussian_method, rng=_fit_rng(cfg),
+            on_progress=lambda done, _total, status: tick(done, total, status),
+        )
+        metrics, nonprivate = _metrics(cfg, res, points, offsets, holdout, server)
+        if evaluates:
+            tick(total, total, {"step": "k-means cost on the client data" + (" (nonprivate.json)" if not cfg.no_dp
+                                                                            else "")})
     if res.ledger is not None:
         metrics["noise"] = cfg.noise
     dp = res.ledger is not None

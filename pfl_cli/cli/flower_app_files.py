@@ -28,12 +28,19 @@ CLIENT_APP = '''"""ClientApp: pflx's client side on the SuperNode's own client (
 
 from flwr.clientapp import ClientApp
 
-from pfl_cli.interop.flower_app import node
+from pfl_cli.interop.flower_app import averaging, node, pefll
 
 app = ClientApp()
 app.query("pflx_hello")(node.hello)
-app.train("pflx_round")(node.train_round)
-app.evaluate("pflx_final")(node.evaluate)
+# FedAvg, FedProx: one exchange per round, one to evaluate.
+app.train("pflx_round")(averaging.train_round)
+app.evaluate("pflx_final")(averaging.evaluate_node)
+# PeFLL (thesis Alg. 8): three exchanges per round; Alg. 7 (two) to evaluate.
+app.train("pflx_pefll_describe")(pefll.describe)
+app.train("pflx_pefll_local")(pefll.local_train)
+app.train("pflx_pefll_backprop")(pefll.backprop)
+app.query("pflx_pefll_describe")(pefll.evaluate_describe)
+app.evaluate("pflx_pefll_model")(pefll.evaluate_model)
 '''
 
 

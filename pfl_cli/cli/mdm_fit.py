@@ -9,7 +9,7 @@ import typer
 
 from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
-from pfl_cli.cli.output import Reporter
+from pfl_cli.cli.output import Reporter, core_progress
 
 FLAGS = ("components", "rounds", "cohort_size", "init_cohort_size", "restarts", "max_samples", "sample_bins", "bins",
          "validation_fraction", "dp", "plot", "write_nonprivate", "seed")
@@ -74,11 +74,20 @@ def mdm_fit(
         report.note(f"{out} is up to date (same config and input); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
-    result = run_mdm_fit(hist, cfg, rng=_fit_rng(cfg))
+    with report.progress("mdm-fit", None, unit="round") as bar:
+        result = run_mdm_fit(hist, cfg, rng=_fit_rng(cfg), on_progress=core_progress(bar, _round_status))
     with writer:
         doc = write_mdm_artifact(writer, result, hist, plot=cfg.plot, seed=cfg.seed,
                                  write_nonprivate=cfg.write_nonprivate)
     _print_summary(report, out, doc, result)
+
+
+def _round_status(status: dict) -> str:
+    """What a progress line says beside the round count (the core leaves the log-likelihood out under --dp)."""
+    text = f"K {status['components']}, restart {status['restart']}/{status['restarts']}"
+    if "mean_log_likelihood" in status:
+        text += f", mean log-likelihood {status['mean_log_likelihood']:.4f}"
+    return text
 
 
 def _fit_rng(cfg):

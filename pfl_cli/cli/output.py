@@ -167,6 +167,22 @@ class Reporter:
             yield _Handle()
 
 
+def core_progress(bar: Any, describe: Callable[[Any], str] | None = None) -> Callable[..., None]:
+    """A core function's ``on_progress(done, total[, status])`` driving a :meth:`Reporter.progress` bar.
+
+    Cores count the steps done in all; the bar takes increments. ``describe(status)`` is the text
+    shown beside the count (none without it): the command decides what may be shown (under
+    ``--dp`` nothing computed from private data).
+    """
+    seen = [0]
+
+    def on_progress(done: int, total: int | None, status: Any = None) -> None:
+        bar.advance(done - seen[0], status=describe(status) if describe is not None else "", total=total)
+        seen[0] = done
+
+    return on_progress
+
+
 class _Silent:
     def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
         pass

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pfl_cli.cli.output import Reporter
+from pfl_cli.cli.output import Reporter, core_progress
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.cli.train_run import accuracy_table, clean, client_rows, torch_bytes
 from pfl_cli.errors import ArtifactError, ConfigError
@@ -128,14 +128,8 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     servers = "; ".join(e.algorithm.serves_unlabeled for e in registry.entries().values()
                         if e.algorithm.serves_unlabeled)
     with report.progress("predict", None, unit="client") as bar:
-        seen = [0]
-
-        def on_progress(done: int, total: int) -> None:
-            bar.advance(done - seen[0], total=total)
-            seen[0] = done
-
         run = predict_clients(payload, train_cfg, ds.x, ds.y, ds.num_classes, part, cfg, device=device,
-                              labeled=ds.labeled, on_progress=on_progress,
+                              labeled=ds.labeled, on_progress=core_progress(bar),
                               unlabeled_servers=servers)
     label_mask = train_cfg.label_mask if cfg.label_mask is None else cfg.label_mask
     s = run.evaluation.summary()

@@ -9,7 +9,7 @@ import typer
 
 from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
-from pfl_cli.cli.output import Reporter
+from pfl_cli.cli.output import Reporter, core_progress
 
 FLAGS = ("dataset", "mode", "num_clients", "replacement", "shortage", "test_fraction", "holdout_clients", "plot", "seed")
 
@@ -77,8 +77,10 @@ def simulate(
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
-    part = simulate_partition(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(cfg.seed, "simulate"), model=params,
-                              like_counts=like_counts, pool=ds.pool)
+    with report.progress("simulate", None, unit="step") as bar:
+        part = simulate_partition(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(cfg.seed, "simulate"),
+                                  model=params, like_counts=like_counts, pool=ds.pool,
+                                  on_progress=core_progress(bar, lambda status: status["step"]))
     with writer:
         _, stats = write_partition_artifact(writer, part, ds, plot=cfg.plot)
     _print_summary(report, out, _Shown(cfg.dataset, f"simulate ({cfg.mode})"), stats)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -109,6 +109,26 @@ def default_lloyds_steps(init: str) -> int:
     return 0 if init in ("feddp", "kfed") else 2
 
 
+def progress_steps(init: str, lloyds_steps: int | None, k_candidates: Sequence[int] | None = None) -> int:
+    """Steps :func:`fit_feddp_kmeans` reports: 3 FedDP-Init releases (Alg. 11) or 1 baseline init, 1 for
+    the k-candidate costs (FedDP-Init only), 1 per FedDP-Lloyds round (Alg. 12; None: the default)."""
+    feddp = init == "feddp"
+    rounds = default_lloyds_steps(init) if lloyds_steps is None else int(lloyds_steps)
+    return (3 if feddp else 1) + (1 if feddp and k_candidates else 0) + rounds
+
+
+class _StepCounter:
+    """``step(name)``: one protocol step done, reported as ``on_progress(done, total, {"step": name})``."""
+
+    def __init__(self, on_progress: Callable[[int, int, dict], None] | None, total: int) -> None:
+        self.on_progress, self.total, self.done = on_progress, total, 0
+
+    def __call__(self, name: str) -> None:
+        self.done += 1
+        if self.on_progress is not None:
+            self.on_progress(self.done, self.total, {"step": name})
+
+
 def _check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
     check_param(name, value in choices, f"must be one of {', '.join(choices)}", value)
 
@@ -180,6 +200,7 @@ def fit_feddp_kmeans(
     server_n_init: int = 10,
     gaussian_method: str = "analytic",
     rng: np.random.Generator,
+    on_progress: Callable[[int, int, dict], None] | None = None,
     _noise_factor: float = 1.0,
 ) -> ClusterResult:
     """Differentially private federated k-means: FedDP-Init + FedDP-Lloyds (thesis ch. 6).
@@ -225,6 +246,10 @@ def fit_feddp_kmeans(
         Restarts of the server's weighted k-means.
     gaussian_method : {"analytic", "classic"}, default="analytic"
     rng : numpy.random.Generator
+    on_progress : callable(done, total, status), optional
+        Called after each protocol step (:func:`progress_steps` in all: FedDP-Init's three
+        releases or the baseline's init, the k-candidate costs, each FedDP-Lloyds round) with
+        ``status`` = ``{"step": name}``: public facts only, nothing computed from client data.
     _noise_factor : float, default=1.0
         Testing hook: scales every calibrated noise scale (0 = noise off through the DP
         code path, which is NOT private; the ledger still records the calibrated plan).
@@ -273,29 +298,34 @@ def fit_feddp_kmeans(
     scales = {s: v * _noise_factor for s, v in plan.scales.items()} if plan else {s: 0.0 for s in budget.STEPS}
     data = ClientData(points, offsets)
     init_rng, lloyds_rng = rng.spawn(2)
+    total = progress_steps(init, T, k_candidates)
+    step = _StepCounter(on_progress, total)
 
     projection_dim = kept = k_selection = None
     if feddp:
         projection_dim = k  # k_candidates reuse this projection: the released centers never depend on them
         out = feddp_init(data, server, k, scales=scales, clip=clip, projection_dim=projection_dim,
-                         min_weight=min_server_weight, rng=init_rng, n_init=server_n_init)
+                         min_weight=min_server_weight, rng=init_rng, n_init=server_n_init, on_step=step)
         init_centers, kept = out.centers, int(out.server_kept.sum())
         if k_candidates:
             ks = sorted(set(int(c) for c in k_candidates))
             costs = weighted_server_costs(out.projected_server, out.noisy_weights, ks, min_weight=min_server_weight,
                                           rng=init_rng, n_init=server_n_init)
             k_selection = {"k": ks, "weighted_cost": costs, "projection_dim": projection_dim}
+            step("k candidates: server costs")
     elif init == "kfed":
         init_centers = baselines.kfed(data, k, rng=init_rng)
+        step("k-FED init")
     else:
         init_centers = baselines.server_init(init, server, k, rng=init_rng)
+        step(f"{init} init")
     if dp:  # post-processing: every point lies in the Delta-ball, so its centers may too
         init_centers = clip_l2(init_centers, delta_radius)
 
     centers = feddp_lloyds(
         data, init_centers, steps=T, sums_scale=scales["lloyds_sums"], counts_scale=scales["lloyds_counts"],
         clip_sums=clip["lloyds_sums"] if clip else None, clip_counts=clip["lloyds_counts"] if clip else None,
-        rng=lloyds_rng,
+        rng=lloyds_rng, on_step=step,
     )
     if dp and T > 0:
         centers = clip_l2(centers, delta_radius)

@@ -14,6 +14,7 @@ data (the server's own points Q, earlier public outputs).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from scipy import linalg
@@ -129,6 +130,7 @@ def feddp_init(
     min_weight: float,
     rng: np.random.Generator,
     n_init: int = 10,
+    on_step: Callable[[str], None] | None = None,
 ) -> InitResult:
     """Run FedDP-Init (Algorithm 11).
 
@@ -147,7 +149,10 @@ def feddp_init(
     min_weight : float
         Server points with a smaller noisy weight are dropped.
     rng : numpy.random.Generator
+    on_step : callable(name), optional
+        Called after each of the three steps with its name (progress; public facts only).
     """
+    on_step = on_step or (lambda name: None)
     noise_rng, server_rng = rng.spawn(2)
     c = clip or {}
     # Step 1 (lines 1-5): noisy sum of outer products, sensitivity Delta^2 (or B1).
@@ -155,9 +160,11 @@ def feddp_init(
                            noise_rng)
     projection = server_projection(noisy_outer, projection_dim)
     projected_server = server @ projection
+    on_step("FedDP-Init step 1/3: projection")
     # Step 2 (lines 6-16): noisy nearest-server-point histogram, L1 sensitivity 1 (or B2).
     counts = federated.nearest_server_counts(data, projection, projected_server, clip=c.get("weights"))
     noisy_weights = _release(counts, scales["weights"], "laplace", noise_rng)
+    on_step("FedDP-Init step 2/3: server weights")
     # Step 3 (lines 17-25): weighted k-means on Pi Q, then one assign-and-average in the full space.
     xi, kept = server_weighted_kmeans(projected_server, noisy_weights, k, min_weight=min_weight, rng=server_rng,
                                       n_init=n_init)
@@ -169,4 +176,5 @@ def feddp_init(
     noisy_sums = _release(sums, scales["sums"], "gaussian", noise_rng)
     noisy_counts = _release(cnt, scales["counts"], "laplace", noise_rng)
     centers = server_centers(noisy_sums, noisy_counts, fallback=xi @ projection.T)
+    on_step("FedDP-Init step 3/3: centers")
     return InitResult(centers, projection, projected_server, noisy_weights, kept)

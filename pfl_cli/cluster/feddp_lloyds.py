@@ -11,6 +11,8 @@ the T rounds calibrated together by the PLD accountant, as the authors' code doe
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from pfl_cli.cluster import federated
@@ -28,16 +30,20 @@ def feddp_lloyds(
     clip_sums: float | None,
     clip_counts: float | None,
     rng: np.random.Generator,
+    on_step: Callable[[str], None] | None = None,
 ) -> np.ndarray:
     """Run ``steps`` rounds of FedDP-Lloyds from ``centers``; returns the (k, d) centers.
 
     ``sums_scale`` / ``counts_scale`` are the per-round noise (0: non-private); the clip
-    bounds are the client-level ones (None at data-point level).
+    bounds are the client-level ones (None at data-point level). ``on_step(name)`` is called
+    after each round (progress).
     """
     centers = np.array(centers, dtype=np.float64)
-    for _ in range(steps):  # lines 2-12
+    for t in range(steps):  # lines 2-12
         sums, counts = federated.cluster_sums_and_counts(data, centers, clip_sums=clip_sums, clip_counts=clip_counts)
         noisy_sums = _release(sums, sums_scale, "gaussian", rng)
         noisy_counts = _release(counts, counts_scale, "laplace", rng)
         centers = server_centers(noisy_sums, noisy_counts, fallback=centers)
+        if on_step is not None:
+            on_step(f"FedDP-Lloyds step {t + 1}/{steps}")
     return centers

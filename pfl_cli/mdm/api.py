@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -98,13 +98,18 @@ def validate_config(cfg: MDMFitConfig) -> tuple[Any, DPMechanism | None]:
     return comps, dp
 
 
-def run_mdm_fit(counts: np.ndarray, cfg: MDMFitConfig, *, rng: np.random.Generator) -> MDMResult:
-    """Fit the MDM of ``cfg`` to client histograms (choosing K when asked)."""
+def run_mdm_fit(counts: np.ndarray, cfg: MDMFitConfig, *, rng: np.random.Generator,
+                on_progress: Callable[[int, int, dict], None] | None = None) -> MDMResult:
+    """Fit the MDM of ``cfg`` to client histograms (choosing K when asked).
+
+    ``on_progress(done, total, status)``: EM rounds over all restarts and candidate K
+    (:func:`~pfl_cli.mdm.fit.fit_mdm`); under DP its status holds public facts only.
+    """
     comps, dp = validate_config(cfg)
     restarts = cfg.restarts if cfg.restarts is not None else (1 if dp is not None else DEFAULT_RESTARTS)
     kwargs = dict(rounds=cfg.rounds, cohort_size=cfg.cohort_size, init_cohort_size=cfg.init_cohort_size,
                   restarts=restarts, max_samples=cfg.max_samples, sample_bins=cfg.sample_bins,
-                  moment_category=cfg.moment_category)
+                  moment_category=cfg.moment_category, on_progress=on_progress)
     if isinstance(comps, int):
         return MDMResult(fit_mdm(counts, num_components=comps, rng=rng, dp=dp, **kwargs), None, dp, cfg)
     x, empty = check_counts(counts)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -169,6 +169,7 @@ def fit_mdm(
     moment_category: str = "argmax",
     keep_history: bool = False,
     dp: Any = None,
+    on_progress: Callable[[int, int, dict], None] | None = None,
 ) -> MDMFit:
     """Fit an MDM to client histograms: Algorithm 5, then ``rounds`` rounds of Algorithm 6.
 
@@ -201,6 +202,11 @@ def fit_mdm(
         Keep the best restart's parameters after every round (recovery curves).
     dp : pfl_cli.mdm.dp.DPMechanism, optional
         Client-level differential privacy (see :func:`pfl_cli.mdm.dp.make_dp`).
+    on_progress : callable(done, total, status), optional
+        Called after every EM round with the rounds done over all restarts, ``restarts * rounds``
+        and a dict of ``components``, ``restart``, ``restarts`` and, without ``dp`` only,
+        ``mean_log_likelihood`` (the round's cohort at the parameters before the update): under
+        ``dp`` it is computed on the private data and not released. Nothing is computed for it.
 
     Returns
     -------
@@ -246,7 +252,8 @@ def fit_mdm(
         dp = dp.bind(cohort_size=cohort_size, init_cohort_size=init_cohort_size if init_cohort_size is not None
                      else cohort_size, rounds=rounds, restarts=restarts, max_samples=int(edges[-1] - 1))
     runs = [
-        _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, keep_history, dp, r, child)
+        _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, keep_history, dp, r, child,
+                  _round_reporter(on_progress, k, r, restarts, rounds, private=dp is not None))
         for r, child in enumerate(rng.spawn(restarts))
     ]
     lls = tuple(run[1] for run in runs)
@@ -260,6 +267,20 @@ def fit_mdm(
     )
 
 
+def _round_reporter(on_progress, k: int, restart: int, restarts: int, rounds: int, *, private: bool):
+    """``tick(round, cohort log-likelihood, clients)`` for :func:`_fit_once`, or None without ``on_progress``."""
+    if on_progress is None:
+        return None
+
+    def tick(t: int, ll: float, clients: int) -> None:
+        status = {"components": k, "restart": restart + 1, "restarts": restarts}
+        if not private:  # under DP the log-likelihood is computed on the private data: never shown
+            status["mean_log_likelihood"] = ll / max(clients, 1)
+        on_progress(restart * rounds + t, restarts * rounds, status)
+
+    return tick
+
+
 def _cohort(n: int, size: int, rng: np.random.Generator, dp, rate: float = 1.0) -> np.ndarray | slice:
     if dp is not None:
         return dp.cohort(n, rate, rng)
@@ -268,7 +289,8 @@ def _cohort(n: int, size: int, rng: np.random.Generator, dp, rate: float = 1.0) 
     return np.sort(rng.choice(n, size=size, replace=False))
 
 
-def _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, keep_history, dp, restart, rng):
+def _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, keep_history, dp, restart, rng,
+              tick=None):
     """One initialization and ``rounds`` EM rounds; returns (params, final LL, trace rows, history)."""
     r_init, r_rounds, r_noise = rng.spawn(3)
     s = len(edges) - 1
@@ -290,6 +312,8 @@ def _fit_once(x, data, k, edges, rounds, cohort, init_cohort, moment_category, k
         params = server_update(stats, params)
         if history is not None:
             history.append(params)
+        if tick is not None:
+            tick(t + 1, trace[-1][3], sub.num_clients)
     # Under DP the log-likelihood is not released (it is not a noised statistic).
     final = float("nan") if dp is not None else float(K.client_log_likelihood(data, params).sum())
     trace.append((restart, rounds, data.num_clients, final))

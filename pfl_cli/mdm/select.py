@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -119,6 +119,13 @@ def _candidate_range(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(range(lo, hi + 1))
 
 
+def _candidate_progress(on_progress, index: int, count: int):
+    """One candidate's round progress as progress over all ``count`` candidates (each fit has as many rounds)."""
+    if on_progress is None:
+        return None
+    return lambda done, total, status: on_progress(index * total + done, count * total, status)
+
+
 def select_components(
     counts: np.ndarray,
     *,
@@ -127,6 +134,7 @@ def select_components(
     validation_counts: np.ndarray | None = None,
     validation_fraction: float = 0.2,
     tie_tolerance: float = TIE_TOLERANCE,
+    on_progress: Callable[[int, int, dict], None] | None = None,
     **fit_kwargs: Any,
 ) -> Selection:
     """Fit every candidate K and choose one by validation log-likelihood (thesis app. A.1.1).
@@ -145,6 +153,8 @@ def select_components(
     tie_tolerance : float, default=0.01
         Nats per validation client within which candidates count as tied (at least;
         one standard error of the paired difference widens it for small cohorts).
+    on_progress : callable(done, total, status), optional
+        :func:`~pfl_cli.mdm.fit.fit_mdm`'s round progress, counted over all candidates.
     **fit_kwargs
         Passed to :func:`~pfl_cli.mdm.fit.fit_mdm` (rounds, cohort_size, restarts, ...).
 
@@ -178,8 +188,9 @@ def select_components(
     # Sizes above the training clients' largest would fall outside the size model.
     fit_kwargs.setdefault("max_samples", int(max(train.sum(axis=1).max(), val.sum(axis=1).max())))
     fits, per_client = [], []
-    for k, child in zip(cands, r_fit.spawn(len(cands))):
-        fit = fit_mdm(train, num_components=k, rng=child, **fit_kwargs)
+    for i, (k, child) in enumerate(zip(cands, r_fit.spawn(len(cands)))):
+        fit = fit_mdm(train, num_components=k, rng=child, on_progress=_candidate_progress(on_progress, i, len(cands)),
+                      **fit_kwargs)
         fits.append(fit)
         per_client.append(K.client_log_likelihood(vdata, fit.params))
     totals = [float(v.sum()) for v in per_client]

@@ -10,11 +10,23 @@
 (20, 1000)
 """
 
-from pfl_cli.partition.api import SCHEMES, PartitionConfig, partition_labels, resolve_scheme, validate_config
-from pfl_cli.partition.base import ROLE_HOLDOUT, ROLE_TRAIN, Partition
-from pfl_cli.partition.stats import label_histograms, partition_stats
+import importlib
 
-__all__ = [
-    "Partition", "PartitionConfig", "ROLE_HOLDOUT", "ROLE_TRAIN", "SCHEMES",
-    "label_histograms", "partition_labels", "partition_stats", "resolve_scheme", "validate_config",
-]
+# Names resolved on first use (PEP 562): a reader that needs only `pfl_cli.partition.base` (`pflx show`,
+# every stage reading a partition) does not load the twelve scheme modules of `api`.
+_HOME = {
+    "SCHEMES": "api", "PartitionConfig": "api", "partition_labels": "api", "resolve_scheme": "api",
+    "validate_config": "api", "ROLE_HOLDOUT": "base", "ROLE_TRAIN": "base", "Partition": "base",
+    "label_histograms": "stats", "partition_stats": "stats",
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])

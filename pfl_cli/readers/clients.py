@@ -47,7 +47,8 @@ def read_clients(art: Artifact, flag: str, *, num_samples: int) -> dict[str, np.
     if "client_name" in arrays and (arrays["client_name"].dtype.kind != "U" or arrays["client_name"].ndim != 1):
         raise refuse(art, flag, name, "client_name must be a 1-D string array", str(arrays["client_name"].dtype))
     ids = arrays["client_id"]
-    if len(np.unique(ids)) != len(ids):
+    ordered = np.sort(ids)  # not np.unique: it imports numpy.ma (~25 ms of `pflx show`'s start-up)
+    if (ordered[1:] == ordered[:-1]).any():
         raise refuse(art, flag, name, "client_id must be unique")
     part = Partition.from_arrays(arrays)
     try:

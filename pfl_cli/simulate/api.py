@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -120,6 +120,7 @@ def simulate_partition(
     model: MDMParams | None = None,
     like_counts: np.ndarray | None = None,
     pool: np.ndarray | None = None,
+    on_progress: Callable[[int, int, dict], None] | None = None,
 ) -> Partition:
     """Build simulated clients from server data as a :class:`~pfl_cli.partition.Partition`.
 
@@ -137,6 +138,10 @@ def simulate_partition(
         True clients' train histograms (mode ``conditional-iid``; sizes for ``iid``).
     pool : ndarray of shape (n_samples,), optional
         0 = train pool, 1 = official test pool.
+    on_progress : callable(done, total, status), optional
+        Called after each of ``num_classes + 2`` steps: the histograms drawn, each class dealt to
+        every client (:func:`~pfl_cli.simulate.draw.deal`), the test split; ``status`` =
+        ``{"step": name}``.
 
     Returns
     -------
@@ -160,8 +165,15 @@ def simulate_partition(
     pool = np.zeros(n_all, dtype=np.uint8) if pool is None else np.asarray(pool)
     train_pool, test_pool = np.flatnonzero(pool == 0), np.flatnonzero(pool == 1)
     r_counts, r_deal, r_test, r_roles = rng.spawn(4)
+    total = num_classes + 2
+
+    def step(done: int, name: str) -> None:
+        if on_progress is not None:
+            on_progress(done, total, {"step": name})
+
     marginal = np.bincount(labels[train_pool], minlength=num_classes) / max(len(train_pool), 1)
     train_counts, mode_info = _train_counts(cfg, num_classes, marginal, model, like_counts, r_counts)
+    step(1, f"histograms of {cfg.num_clients} clients drawn ({cfg.mode})")
     use_pool = cfg.test_fraction is None and len(test_pool) > 0
     fraction = 0.0 if use_pool else (DEFAULT_TEST_FRACTION if cfg.test_fraction is None else cfg.test_fraction)
     sizes = train_counts.sum(axis=1)
@@ -170,7 +182,8 @@ def simulate_partition(
     props = np.where(sizes[:, None] > 0, train_counts / np.maximum(sizes, 1)[:, None], 0.0)
     test_counts = split_counts(props, n_test) if fraction > 0 else np.zeros_like(train_counts)
     train, test, shortage = deal(train_counts, test_counts, labels[train_pool], train_pool,
-                                 replacement=cfg.replacement, shortage=cfg.shortage, rng=r_deal)
+                                 replacement=cfg.replacement, shortage=cfg.shortage, rng=r_deal,
+                                 on_class=lambda c: step(2 + c, f"class {c + 1}/{num_classes} dealt"))
     if use_pool:
         from pfl_cli.partition.stats import label_histograms
 
@@ -180,6 +193,7 @@ def simulate_partition(
     else:
         test_split = f"extra samples with each client's train proportions, fraction {fraction} of its samples"
     role = mark_holdout(cfg.num_clients, holdout_count(cfg.holdout_clients, cfg.num_clients), rng=r_roles)
+    step(total, "test split and holdout clients")
     info = {
         "scheme": "simulate", "mode": cfg.mode, "replacement": cfg.replacement, "test_split": test_split,
         "shortage": shortage, **mode_info,

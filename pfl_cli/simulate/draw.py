@@ -15,7 +15,7 @@ counts exactly. What happened goes into the returned ``info``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -86,6 +86,7 @@ def deal(
     replacement: bool,
     shortage: str,
     rng: np.random.Generator,
+    on_class: Callable[[int], None] | None = None,
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], dict[str, Any]]:
     """Give client ``i`` ``train_counts[i, l]`` + ``test_counts[i, l]`` samples of class ``l``.
 
@@ -100,6 +101,8 @@ def deal(
         Independent clients (True) or disjoint clients (False); see the module docstring.
     shortage : {"error", "cap", "replace"}
     rng : numpy.random.Generator
+    on_class : callable(class), optional
+        Called after each class is dealt to every client (progress).
 
     Returns
     -------
@@ -154,6 +157,8 @@ def deal(
             p = np.concatenate([p, rng.integers(int(supply[c]), size=int(over.sum()))])
         owners.append(o)
         picks.append(pool[p] if len(p) else np.zeros(0, dtype=np.int64))
+        if on_class is not None:
+            on_class(c)
     owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
     idx = np.concatenate(picks) if picks else np.zeros(0, dtype=np.int64)
     cls = np.repeat(np.arange(num_classes), [len(o) for o in owners])

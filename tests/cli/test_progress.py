@@ -116,3 +116,91 @@ def test_dp_progress_lines_carry_no_loss_or_accuracy(part):
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("train: round")]
     assert len(lines) == 4 and all(LINE.match(ln) and LINE.match(ln).group(4) is None for ln in lines), lines
+
+
+# ---------------------------------------------------------------------------- mdm-fit, cluster, simulate
+TIME = r"elapsed \d+:\d\d:\d\d, left ~\d+:\d\d:\d\d"
+STAGE_LINES = {
+    "mdm-fit": re.compile(rf"^mdm-fit: round (\d+)/(\d+) \(\d+%\), {TIME}, K \d, restart \d/\d"
+                          r"(, mean log-likelihood -?\d+\.\d{4})?$"),
+    "cluster": re.compile(rf"^cluster: step (\d+)/(\d+) \(\d+%\), {TIME}, (FedDP-Init step \d/3: [a-z ]+|"
+                          r"FedDP-Lloyds step \d+/\d+|k candidates: server costs|[a-z+-]+ init|"
+                          r"k-means cost on the client data( \(nonprivate.json\))?)$"),
+    "simulate": re.compile(rf"^simulate: step (\d+)/(\d+) \(\d+%\), {TIME}, (histograms of \d+ clients drawn \([a-z-]+\)|"
+                           r"class \d+/\d+ dealt|test split and holdout clients)$"),
+}
+GMM_CLIENTS = "gmm:clients?d=20&k=4&num_clients=12&client_size=150&seed=1"
+GMM_SERVER = "gmm:server?d=20&k=4&seed=1"
+
+
+@pytest.fixture(scope="module")
+def stages(part):
+    """The commands of the three stages, on a digits partition, a fitted MDM and a Gaussian-mixture partition."""
+    from pfl_cli.cli.app import main
+
+    assert main(["mdm-fit", "--partition", str(part / "part"), "--components", "1", "--rounds", "3", "--out",
+                 str(part / "mdm"), "--format", "quiet"]) == 0
+    assert main(["partition", "--dataset", GMM_CLIENTS, "--natural-id", "--test-fraction", "0", "--num-clients", "12",
+                 "--out", str(part / "gmm"), "--format", "quiet"]) == 0
+    return {
+        "mdm-fit": ["mdm-fit", "--partition", str(part / "part"), "--components", "1-2", "--rounds", "4",
+                    "--restarts", "2"],
+        "cluster": ["cluster", "--partition", str(part / "gmm"), "--server-data", GMM_SERVER, "--k", "4", "--no-dp",
+                    "--lloyds-steps", "2"],
+        "simulate": ["simulate", "--model", str(part / "mdm"), "--num-clients", "30"],
+    }
+
+
+def _progress_lines(command: str, stderr: str) -> list[re.Match]:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith(f"{command}: ")]
+    assert lines and all(STAGE_LINES[command].match(ln) for ln in lines), stderr
+    return [STAGE_LINES[command].match(ln) for ln in lines]
+
+
+@pytest.mark.parametrize("command", ["mdm-fit", "cluster", "simulate"])
+def test_stage_with_stderr_to_a_file_writes_plain_progress_lines(stages, part, command):
+    log = part / f"{command}.log"
+    with open(log, "w") as err:
+        proc = subprocess.run([sys.executable, "-m", "pfl_cli", *stages[command], "--out", str(part / f"file-{command}")],
+                              stdout=subprocess.PIPE, stderr=err, env=_env(), text=True, timeout=300)
+    assert proc.returncode == 0, log.read_text()
+    matches = _progress_lines(command, log.read_text())
+    done = [int(m.group(1)) for m in matches]
+    total = {int(m.group(2)) for m in matches}
+    expected = {"mdm-fit": 2 * 2 * 4, "cluster": 3 + 2 + 1, "simulate": 10 + 2}[command]
+    assert total == {expected} and done == list(range(1, expected + 1))  # cadence forced to every step
+    if command == "mdm-fit":  # not under --dp: the running log-likelihood is shown
+        assert all(m.group(3) for m in matches)
+
+
+@pytest.mark.parametrize("command", ["mdm-fit", "cluster", "simulate"])
+def test_stage_quiet_is_silent_and_json_keeps_stdout_one_object(stages, part, command, capsys, monkeypatch):
+    from pfl_cli.cli.app import main
+
+    monkeypatch.setenv("PFLX_PROGRESS_EVERY", "0")
+    assert main([*stages[command], "--out", str(part / f"q-{command}"), "--format", "quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert main([*stages[command], "--out", str(part / f"j-{command}"), "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert isinstance(json.loads(out), dict)  # one object, nothing else on stdout
+    assert _progress_lines(command, err)
+
+
+def test_dp_stage_progress_lines_show_no_number_from_private_data(stages, part, capsys, monkeypatch):
+    from pfl_cli.cli.app import main
+
+    monkeypatch.setenv("PFLX_PROGRESS_EVERY", "0")
+    assert main(["mdm-fit", "--partition", str(part / "part"), "--components", "2", "--rounds", "3", "--max-samples",
+                 "200", "--dp", "eps=1,delta=1e-6,population=1000", "--out", str(part / "mdm-dp"),
+                 "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    lines = _progress_lines("mdm-fit", err)
+    assert len(lines) == 3 and not any(m.group(3) for m in lines) and "log-likelihood" not in err
+    assert main(["cluster", "--partition", str(part / "gmm"), "--server-data", GMM_SERVER, "--k", "4", "--dp",
+                 "eps=1,delta=1e-6", "--lloyds-steps", "1", "--out", str(part / "km-dp"), "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    lines = _progress_lines("cluster", err)
+    assert "cost" not in err
+    # FedDP-Init's 3 releases and 1 Lloyd round; no evaluation on the client data without --write-nonprivate.
+    assert [m.group(3) for m in lines] == ["FedDP-Init step 1/3: projection", "FedDP-Init step 2/3: server weights",
+                                          "FedDP-Init step 3/3: centers", "FedDP-Lloyds step 1/1"]

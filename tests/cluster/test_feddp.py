@@ -181,3 +181,26 @@ def test_quality_thesis_mixture_100_clients_x_1000(make_mixture):
     assert res.epsilon <= 1.0
     assert m["relative_gap"] <= 0.02, m
     assert all(m["normalized_cost"] < b for b in base.values()), (m, base)
+
+
+@pytest.mark.parametrize("kw", [dict(epsilon=1.0, k_candidates=[2, 4], lloyds_steps=2),
+                                dict(epsilon=None, init="server-kmeans++"),
+                                dict(epsilon=1.0, privacy_unit="client", lloyds_steps=1)])
+def test_on_progress_names_each_protocol_step_and_changes_nothing(small_mixture, kw):
+    from pfl_cli.cluster.api import progress_steps
+
+    x, offsets, q = small_mixture
+    calls = []
+    seen = fit_feddp_kmeans(x, offsets, q, k=4, rng=np.random.default_rng(0), **kw,
+                            on_progress=lambda done, total, status: calls.append((done, total, status["step"])))
+    plain = fit_feddp_kmeans(x, offsets, q, k=4, rng=np.random.default_rng(0), **kw)
+    assert np.array_equal(seen.centers, plain.centers)
+    total = progress_steps(kw.get("init", "feddp"), kw.get("lloyds_steps"), kw.get("k_candidates"))
+    assert [c[:2] for c in calls] == [(d, total) for d in range(1, total + 1)]
+    names = [c[2] for c in calls]
+    lloyds = [f"FedDP-Lloyds step {t}/{plain.lloyds_steps}" for t in range(1, plain.lloyds_steps + 1)]
+    if kw.get("init", "feddp") == "feddp":
+        init = ["FedDP-Init step 1/3: projection", "FedDP-Init step 2/3: server weights", "FedDP-Init step 3/3: centers"]
+        assert names == init + (["k candidates: server costs"] if "k_candidates" in kw else []) + lloyds
+    else:
+        assert names == [f"{kw['init']} init"] + lloyds

@@ -1,11 +1,15 @@
-"""`pflx flower app` and the Flower app it writes: FedAvg / FedProx on Flower's Message API.
+"""`pflx flower app` and the Flower app it writes: FedAvg / FedProx / PeFLL on Flower's Message API.
 
 The protocol runs in process here (``flower_fake_grid``: the generated ClientApp called with
 Flower's own messages); ``test_flower_loopback.py`` runs it on a real SuperLink and SuperNodes.
 Equality with ``pflx train``: each node trains its one client on the batches the simulation
 draws for it (the server ships the round generator's state) and the server's aggregation is
 the simulation's code, so the weights agree to float rounding; we measured bitwise equality
-and assert max |difference| <= 1e-6.
+and assert max |difference| <= 1e-6. PeFLL: every tensor of Alg. 8 is the simulation's bitwise
+except the embedding network's gradient, a sum of the nodes' VJPs on the server where the
+simulation back-propagates the whole cohort's batch at once (the same terms in another order);
+we measured max |difference| 3e-8 (hypernetwork) and 9e-8 (embedding) after 3 rounds and
+assert <= 1e-6.
 """
 
 from __future__ import annotations
@@ -203,8 +207,140 @@ def test_too_few_replies_fail_the_run_and_write_nothing(setup, tmp_path):
     assert not out.exists()
 
 
+@pytest.fixture(scope="module")
+def pefll_run(setup):
+    """One PeFLL deployment (fake grid) and its simulation, shared by the PeFLL tests."""
+    from flower_fake_grid import FakeGrid
+
+    app = _app(setup, "app-pefll", "algorithm=pefll")
+    grid = FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(setup / "deployed-pefll")})
+    _serve(grid)
+    sim = _simulate(setup, setup / "sim-pefll", "algorithm=pefll")
+    return grid, setup / "deployed-pefll", setup / "sim-pefll", sim
+
+
+def test_pefll_on_flower_equals_pflx_train(pefll_run):
+    grid, deployed, simulated, sim = pefll_run
+    got = torch.load(deployed / "model.pt", weights_only=True)
+    assert got["algorithm"] == "pefll"
+    for net in ("hypernetwork", "embedding"):
+        assert got["weights"][net].keys() == sim["weights"][net].keys()
+        for k, v in sim["weights"][net].items():
+            assert torch.allclose(got["weights"][net][k], v, rtol=0, atol=1e-6), (net, k)
+    # The frozen standardization comes from the first cohort client's descriptor of round 1: the
+    # node's forward pass of step 6 is the simulation's, bit for bit.
+    assert torch.equal(got["weights"]["descriptor_stats"], sim["weights"]["descriptor_stats"])
+    m_sim = json.loads((simulated / "metrics.json").read_text())
+    m_got = json.loads((deployed / "metrics.json").read_text())
+    for group in ("train", "holdout"):
+        assert m_got[group]["pooled_accuracy"] == pytest.approx(m_sim[group]["pooled_accuracy"], abs=1e-12)
+        assert m_got[group]["loss"] == pytest.approx(m_sim[group]["loss"], rel=1e-5)
+    assert m_got["communication"] == m_sim["communication"]
+    # Alg. 8's three exchanges per cohort client per round, then Alg. 7's two per node to evaluate.
+    for kind in ("train.pflx_pefll_describe", "train.pflx_pefll_local", "train.pflx_pefll_backprop"):
+        assert grid.sent.count(kind) == 3 * 2
+    assert grid.sent.count("query.pflx_pefll_describe") == grid.sent.count("evaluate.pflx_pefll_model") == 4
+
+
+def test_pefll_wire_bytes_are_the_ledgers_six_messages(pefll_run):
+    """§1.5's messages come in pairs of equal shapes: eta_v down / d eta_v up, v up / dv down, theta down /
+    delta theta up; on the wire each float is 4 bytes plus one .npy header per array."""
+    _, deployed, _, _ = pefll_run
+    m = json.loads((deployed / "metrics.json").read_text())
+    down, up = m["wire"]["bytes_down"], m["wire"]["bytes_up"]
+    assert down["train.descriptor"] == up["train.embedding_grad"]     # eta_v, d eta_v
+    assert up["train.descriptor"] == down["train.embedding_grad"]     # v, dv
+    assert down["train.model"] == up["train.model"]                   # theta, delta theta
+    ledger = m["communication"]["total_bytes"]
+    assert m["wire"]["train_round_bytes"] == sum(down[k] + up[k] for k in down if k.startswith("train"))
+    assert ledger < m["wire"]["train_round_bytes"] < 1.1 * ledger
+
+
+def test_pefll_artifact_serves_new_clients_with_predict(pefll_run, cli):
+    _, deployed, _, _ = pefll_run
+    setup = deployed.parent
+    r = cli("predict", "--model", deployed, "--partition", setup / "part", "--clients", "holdout",
+            "--out", setup / "pred-pefll", "--format", "json")
+    assert r.code == 0, r.err
+    pred = json.loads(r.out)
+    assert pred["num_clients"] == 1 and pred["optimizer_steps"] == 0
+    m = json.loads((deployed / "metrics.json").read_text())
+    assert pred["mean_accuracy"] == pytest.approx(m["holdout"]["mean_accuracy"], abs=1e-12)
+
+
+def test_pefll_node_joining_after_training_gets_its_model_in_one_round_trip(setup, tmp_path, pefll_run):
+    """The holdout client's SuperNode connects only while the rounds run: after training the server
+    handshakes it and serves it by Alg. 7 (descriptor up, model down, zero steps), the model and the
+    accuracy the run gives when the node is there from the start."""
+    from flower_fake_grid import FakeGrid
+    from flwr.app import Context, RecordDict
+
+    from pfl_cli.artifacts import load_partition
+
+    part, _, _ = load_partition(setup / "part")
+    holdout = int(np.flatnonzero(part.role == 1)[0])
+    nodes = _nodes(setup)
+    late = {100 + holdout: nodes.pop(100 + holdout)}
+    out = tmp_path / "deployed"
+    grid = FakeGrid(setup / "app-pefll", nodes, run_config_overrides={"out": str(out), "connect-timeout": 0.5})
+    real = grid.send_and_receive
+
+    def joins_during_training(messages, *, timeout=None):
+        if messages and messages[0].metadata.message_type == "train.pflx_pefll_local":
+            for node, cfg in late.items():
+                grid.contexts[node] = Context(run_id=1, node_id=node, node_config=cfg, state=RecordDict(),
+                                              run_config=grid.run_config)
+        return real(messages, timeout=timeout)
+
+    grid.send_and_receive = joins_during_training
+    _serve(grid)
+    m = json.loads((out / "metrics.json").read_text())
+    full = json.loads((pefll_run[1] / "metrics.json").read_text())
+    assert m["holdout"]["num_clients"] == 1
+    assert m["holdout"]["pooled_accuracy"] == full["holdout"]["pooled_accuracy"]
+    assert m["deployment"]["nodes"][str(int(part.client_id[holdout]))] == 100 + holdout
+    assert grid.sent.count("query.pflx_pefll_describe") == grid.sent.count("evaluate.pflx_pefll_model") == 4
+
+
+def _pefll_with_a_death(setup, out, victim, exchange: str):
+    """A PeFLL deployment (cohort 3) whose ``victim`` node is gone from round 2's ``exchange`` on."""
+    from flower_fake_grid import FakeGrid
+
+    app = _app(setup, f"app-pefll-dead-{out.name}", "algorithm=pefll", "clients_per_round=3")
+    grid = FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(out)})
+    real = grid.send_and_receive
+
+    def dies_in_round_two(messages, *, timeout=None):
+        if messages and messages[0].metadata.message_type == exchange and grid.sent.count(exchange) >= 3:
+            grid.dead.add(victim)
+        return real(messages, timeout=timeout)
+
+    grid.send_and_receive = dies_in_round_two
+    _serve(grid)
+    return torch.load(out / "model.pt", weights_only=True)["weights"]
+
+
+def test_pefll_node_dying_mid_round_is_dropped_and_recorded(setup, tmp_path):
+    """A node that trained in round 2 but never returns its d eta_v, then is gone (round 3): both rounds
+    complete with the others, and round 2's step is the one without it from the start (its theta and
+    delta theta discarded, the hypernetwork's VJP recomputed over the others, their d eta_v rescaled)."""
+    victim = _train_node(setup, 1)
+    late = _pefll_with_a_death(setup, tmp_path / "late", victim, "train.pflx_pefll_backprop")
+    early = _pefll_with_a_death(setup, tmp_path / "early", victim, "train.pflx_pefll_describe")
+    for net in ("hypernetwork", "embedding"):
+        for k, v in early[net].items():
+            assert torch.isfinite(late[net][k]).all() and torch.allclose(late[net][k], v, rtol=0, atol=1e-6), k
+    rows = [line.split(",") for line in (tmp_path / "late" / "participation.csv").read_text().splitlines()[1:]]
+    dropped = [(r[0], r[2]) for r in rows if r[3] != "trained"]
+    assert dropped == [("2", str(victim)), ("3", str(victim))]
+    m = json.loads((tmp_path / "late" / "metrics.json").read_text())
+    assert m["communication"]["client_rounds"] == 3 + 2 + 2
+
+
 @pytest.mark.parametrize("sets, message", [
-    (["algorithm=pefll"], "flower app: algorithm must be one of fedavg, fedprox (what runs on Flower so far); got 'pefll'."),
+    (["algorithm=pfedhn"], "flower app: algorithm must be one of fedavg, fedprox, pefll (what runs on Flower so far); "
+                           "got 'pfedhn'."),
+    (["algorithm=pefll", "track_descriptors=true"], "flower app: track_descriptors is not deployed on Flower"),
     (["val_fraction=0.1"], "flower app: val_fraction must be 0 on Flower"),
     (["finetune_steps=3"], "flower app: finetune_steps must be 0 on Flower"),
 ])

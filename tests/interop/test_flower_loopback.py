@@ -1,11 +1,12 @@
-"""A real Flower federation on loopback: 1 SuperLink + 3 SuperNodes (recipes/flower/run-local.sh), FedAvg.
+"""A real Flower federation on loopback: 1 SuperLink + 3 SuperNodes (recipes/flower/run-local.sh), FedAvg and PeFLL.
 
 The script starts Flower's own ``flower-superlink`` and ``flower-supernode`` processes on 127.0.0.1
 (insecure mode), runs the app with ``flwr run`` and stops them; this test bounds it in time and
 kills, by pid, every process the script started that is still alive, whatever happens. The
 deployed model must equal ``pflx train``'s on the same partition (max |difference| <= 1e-6; we
 measured 0: each node's client trains on the simulation's batches and the server aggregates with
-the simulation's code). Several minutes on a loaded 2-core machine: every message starts a
+the simulation's code). PeFLL: max |difference| <= 1e-6 (the server sums the nodes' embedding
+gradients where the simulation back-propagates the cohort's batch at once). Several minutes on a loaded 2-core machine: every message starts a
 ClientApp process that imports torch.
 """
 
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.flower, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "flower" / "fedavg-digits.yaml"
+PEFLL_RECIPE = REPO / "recipes" / "flower" / "pefll-digits.yaml"
 LIMIT_S = 540
 
 
@@ -118,18 +120,23 @@ def _run_script(tmp_path, app: Path, part: Path, nodes: int, on_tick=None) -> tu
     return script.returncode, output.read_text(errors="replace"), seen
 
 
-def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
-    assert cli("partition", "--config", RECIPE, "--out", tmp_path / "part", "--format", "quiet").code == 0
-    r = cli("flower", "app", "--config", RECIPE, "--partition", tmp_path / "part", "--out", tmp_path / "app",
+def _deploy_and_simulate(tmp_path, cli, recipe: Path, rounds: int) -> Path:
+    """Partition, app, a 3-SuperNode run on loopback and ``pflx train`` of ``recipe``; returns the deployed
+    train artifact (the simulation's is ``tmp_path / "sim"``)."""
+    assert cli("partition", "--config", recipe, "--out", tmp_path / "part", "--format", "quiet").code == 0
+    r = cli("flower", "app", "--config", recipe, "--partition", tmp_path / "part", "--out", tmp_path / "app",
             "--round-timeout", "300", "--connect-timeout", "300", "--format", "quiet")
     assert r.code == 0, r.err
     code, log, _ = _run_script(tmp_path, tmp_path / "app", tmp_path / "part", 3)
     assert code == 0, log
-    assert "pflx: round 3/3: 2 clients" in log and "pflx: wrote the train artifact" in log
-
-    deployed = tmp_path / "app-train"
-    assert cli("train", "--config", RECIPE, "--partition", tmp_path / "part", "--out", tmp_path / "sim",
+    assert f"pflx: round {rounds}/{rounds}: 2 clients" in log and "pflx: wrote the train artifact" in log
+    assert cli("train", "--config", recipe, "--partition", tmp_path / "part", "--out", tmp_path / "sim",
                "--format", "quiet").code == 0
+    return tmp_path / "app-train"
+
+
+def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
+    deployed = _deploy_and_simulate(tmp_path, cli, RECIPE, 3)
     got = torch.load(deployed / "model.pt", weights_only=True)["weights"]["client"]
     want = torch.load(tmp_path / "sim" / "model.pt", weights_only=True)["weights"]["client"]
     assert got.keys() == want.keys()
@@ -148,6 +155,28 @@ def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     assert r.code == 0, r.err
     assert json.loads(r.out)["mean_accuracy"] == pytest.approx(sim["train"]["mean_accuracy"], abs=1e-12)
 
+
+def test_pefll_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
+    """Alg. 8 across processes: the node's round state (its descriptor batch, eta_v) lives in Flower's
+    run state between the three exchanges; the holdout node gets its model by Alg. 7 (no step)."""
+    deployed = _deploy_and_simulate(tmp_path, cli, PEFLL_RECIPE, 2)
+    got = torch.load(deployed / "model.pt", weights_only=True)["weights"]
+    want = torch.load(tmp_path / "sim" / "model.pt", weights_only=True)["weights"]
+    for net in ("hypernetwork", "embedding"):
+        for k in want[net]:
+            assert torch.allclose(got[net][k], want[net][k], rtol=0, atol=1e-6), (net, k)
+    assert torch.equal(got["descriptor_stats"], want["descriptor_stats"])
+    m = json.loads((deployed / "metrics.json").read_text())
+    sim = json.loads((tmp_path / "sim" / "metrics.json").read_text())
+    assert m["communication"] == sim["communication"]
+    ledger = m["communication"]["total_bytes"]
+    assert ledger < m["wire"]["train_round_bytes"] < 1.1 * ledger
+    for group in ("train", "holdout"):
+        assert m[group]["pooled_accuracy"] == pytest.approx(sim[group]["pooled_accuracy"], abs=1e-12)
+    r = cli("predict", "--model", deployed, "--partition", tmp_path / "part", "--clients", "holdout",
+            "--out", tmp_path / "pred", "--format", "json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["optimizer_steps"] == 0
 
 
 def test_a_supernode_killed_mid_run_is_dropped_and_recorded(tmp_path, cli):

@@ -116,3 +116,16 @@ def test_dp_refuses_restarts(counts):
     with pytest.raises(InputError, match="restarts must be 1 with --dp"):
         fit_mdm(counts[:100], num_components=1, restarts=2, max_samples=20, rng=np.random.default_rng(0),
                 dp=make_dp(1.0))
+
+
+def test_dp_progress_status_carries_no_log_likelihood():
+    true = MDMParams(np.array([1.0]), np.array([[2.0, 1.0, 1.0]]), np.full((1, 20), 0.05), integer_size_edges(20))
+    counts = sample_clients(true, 400, rng=np.random.default_rng(0)).counts
+    calls = []
+    fit = fit_mdm(counts, num_components=1, rounds=5, max_samples=20, rng=np.random.default_rng(1),
+                  dp=make_dp(2.0, 1e-6), on_progress=lambda *call: calls.append(call))
+    plain = fit_mdm(counts, num_components=1, rounds=5, max_samples=20, rng=np.random.default_rng(1),
+                    dp=make_dp(2.0, 1e-6))
+    assert np.array_equal(fit.params.alpha, plain.params.alpha)
+    assert [(d, t) for d, t, _ in calls] == [(d, 5) for d in range(1, 6)]
+    assert all(s == {"components": 1, "restart": 1, "restarts": 1} for _, _, s in calls)

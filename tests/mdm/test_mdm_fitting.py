@@ -180,3 +180,32 @@ def test_same_seed_same_fit():
     a = fit_mdm(counts, num_components=2, rounds=10, cohort_size=100, rng=np.random.default_rng(1))
     b = fit_mdm(counts, num_components=2, rounds=10, cohort_size=100, rng=np.random.default_rng(1))
     assert np.array_equal(a.params.alpha, b.params.alpha) and a.trace == b.trace
+
+
+# ---------------------------------------------------------------------------- progress (issue 24)
+def test_on_progress_counts_every_round_of_every_restart_and_changes_nothing():
+    params, counts = variable_size_clients(*A12, n=300, lo=20, hi=40, seed=5)
+    calls = []
+    seen = fit_mdm(counts, num_components=3, rounds=4, restarts=2, rng=np.random.default_rng(7),
+                   on_progress=lambda done, total, status: calls.append((done, total, status)))
+    plain = fit_mdm(counts, num_components=3, rounds=4, restarts=2, rng=np.random.default_rng(7))
+    assert seen.trace == plain.trace and np.array_equal(seen.params.alpha, plain.params.alpha)
+    assert [(d, t) for d, t, _ in calls] == [(d, 8) for d in range(1, 9)]
+    assert [s["restart"] for _, _, s in calls] == [1] * 4 + [2] * 4
+    assert all(s["components"] == 3 and s["restarts"] == 2 for _, _, s in calls)
+    # The status's log-likelihood is the trace's: the round's cohort before its update, per client.
+    rounds = [row for row in plain.trace if row[1] < 4]
+    assert [s["mean_log_likelihood"] for _, _, s in calls] == pytest.approx([ll / n for _, _, n, ll in rounds])
+
+
+def test_select_components_progress_runs_over_all_candidates():
+    from pfl_cli.mdm.select import select_components
+
+    _, counts = variable_size_clients(*A12, n=200, lo=20, hi=40, seed=6)
+    calls = []
+    sel = select_components(counts, candidates=(1, 2, 3), rng=np.random.default_rng(0), rounds=3, restarts=1,
+                            on_progress=lambda done, total, status: calls.append((done, total, status["components"])))
+    assert [c[:2] for c in calls] == [(d, 9) for d in range(1, 10)]
+    assert [c[2] for c in calls] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    plain = select_components(counts, candidates=(1, 2, 3), rng=np.random.default_rng(0), rounds=3, restarts=1)
+    assert sel.validation_log_likelihood == plain.validation_log_likelihood

@@ -107,3 +107,15 @@ def test_category_mismatch_and_bad_options():
 def test_same_seed_same_partition():
     a, b = run(), run()
     assert np.array_equal(a.train_indices, b.train_indices) and np.array_equal(a.test_indices, b.test_indices)
+
+
+def test_on_progress_reports_histograms_each_class_and_the_split_and_changes_nothing():
+    calls = []
+    cfg = validate_config(SimulateConfig(num_clients=40), has_model=True, like_clients=None, has_labels=True)
+    seen = simulate_partition(LABELS, cfg, num_classes=4, model=MODEL, rng=np.random.default_rng(0),
+                              on_progress=lambda done, total, status: calls.append((done, total, status["step"])))
+    plain = run()
+    assert np.array_equal(seen.train_indices, plain.train_indices) and np.array_equal(seen.test_indices, plain.test_indices)
+    assert [c[:2] for c in calls] == [(d, 6) for d in range(1, 7)]
+    assert [c[2] for c in calls] == ["histograms of 40 clients drawn (mdm)", *(f"class {c}/4 dealt" for c in range(1, 5)),
+                                     "test split and holdout clients"]

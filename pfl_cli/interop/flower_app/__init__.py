@@ -7,18 +7,29 @@ config names a pflx partition and a partition id). The ServerApp then writes a n
 artifact (``pfl_cli.cli.flower.write_deployment``: the cli layer writes artifacts). Only the algorithms in :data:`SUPPORTED` run there; :func:`check_deployable` refuses
 the rest, and options the deployment does not implement, in one line.
 
-The messages carry exactly the tensors the algorithm's traffic ledger counts (the global model
-down, each client's model up); their bytes on the wire are measured and written beside the
-ledger's count.
+The messages carry exactly the tensors the algorithm's traffic ledger counts (FedAvg: the global
+model down, each client's model up; PeFLL: Alg. 8's six messages per client, §1.5 of
+specs/pefll.md); their bytes on the wire are measured and written beside the ledger's count.
+Each algorithm's messages live in one module (:data:`ROUNDS`): its server side and its node side.
 """
 
 from __future__ import annotations
 
 from pfl_cli.errors import ConfigError
 
-# Algorithms whose round is "global model down, local SGD, client model up, weighted mean"
-# (thesis Alg. 3/4; FedProx adds its proximal term to the local objective).
-SUPPORTED = ("fedavg", "fedprox")
+# The module of each deployed algorithm's messages: "averaging" for a round of "global model down,
+# local SGD, client model up, weighted mean" (thesis Alg. 3/4; FedProx adds its proximal term to
+# the local objective), "pefll" for PeFLL's split back-propagation (thesis Alg. 8) and Alg. 7's
+# descriptor-to-model exchange for evaluation.
+ROUNDS = {"fedavg": "averaging", "fedprox": "averaging", "pefll": "pefll"}
+SUPPORTED = tuple(ROUNDS)
+
+
+def rounds_for(cfg):
+    """The module of ``cfg.algorithm``'s messages: ``one_round``, ``evaluate`` (server side) and node handlers."""
+    import importlib
+
+    return importlib.import_module(f"{__name__}.{ROUNDS[cfg.algorithm]}")
 
 
 def check_deployable(cfg) -> None:
@@ -29,16 +40,19 @@ def check_deployable(cfg) -> None:
         raise ConfigError(f"flower app: algorithm must be one of {', '.join(SUPPORTED)} (what runs on Flower so "
                           f"far); got {cfg.algorithm!r}.")
     validate_train_config(cfg)
+    own = {k: getattr(cfg, k, None) for k in ("finetune_steps", "local_epochs", "track_descriptors")}  # per algorithm
     rules = (
         (cfg.dp_epsilon is not None, "dp: --dp is not deployed on Flower yet (DP-FedAvg with server-side noise "
                                      "is not implemented); drop --dp"),
         (cfg.val_fraction != 0, f"val_fraction must be 0 on Flower (the deployment keeps the last round's model, "
                                 f"it does not select by validation); got {cfg.val_fraction}; add "
                                 "--set val_fraction=0"),
-        (cfg.finetune_steps != 0, f"finetune_steps must be 0 on Flower (new clients get the global model); got "
-                                  f"{cfg.finetune_steps}"),
-        (cfg.local_epochs is not None, f"local_epochs is not deployed on Flower; use local_steps; got "
-                                       f"{cfg.local_epochs}"),
+        (bool(own["finetune_steps"]), f"finetune_steps must be 0 on Flower (new clients get the global model); got "
+                                      f"{own['finetune_steps']}"),
+        (own["local_epochs"] is not None, f"local_epochs is not deployed on Flower; use local_steps; got "
+                                          f"{own['local_epochs']}"),
+        (bool(own["track_descriptors"]), "track_descriptors is not deployed on Flower (the server sees no label "
+                                         "distributions); drop it"),
     )
     for broken, message in rules:
         if broken:

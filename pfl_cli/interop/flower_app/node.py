@@ -7,10 +7,9 @@ partition's). The node's store holds only that client's samples (``build_store(h
 the normalization statistics and the validation split come from the partition as in
 ``pflx train``, so the client's fit data and inputs are exactly the simulation's.
 
-Handlers: :data:`~.common.HELLO` reports what the node holds (the server checks it against the
-partition), :data:`~.common.ROUND` runs the client's local SGD of one round from the global
-model it receives on the batches the simulation draws for it, :data:`~.common.EVALUATE`
-evaluates a model on the client's test samples.
+:func:`hello` (:data:`~.common.HELLO`) reports what the node holds (the server checks it against the
+partition); the algorithms' own handlers are in :mod:`.averaging` (FedAvg, FedProx) and
+:mod:`.pefll`.
 """
 
 from __future__ import annotations
@@ -94,58 +93,9 @@ def hello(message, context):
     return Message(content, reply_to=message)
 
 
-def train_round(message, context):
-    """FedAvg's client step (thesis Alg. 3 lines 4-7): local SGD from the global model; the new model goes up.
+def test_counts(position: int, ev):
+    """A client's test counts (one row of a ``GroupEval``) as the ``MetricRecord`` the server collects."""
+    from flwr.app import MetricRecord
 
-    The round's generator arrives in the state the server's cohort draw left it in, so the batch
-    draws of the whole cohort, and this client's rows of them, are the simulation's.
-    """
-    import torch
-    from flwr.app import Message, MetricRecord, RecordDict
-
-    from pfl_cli.algorithms.base import stack
-    from pfl_cli.fl.cohort import local_sgd_held
-    from pfl_cli.interop.flower_app.wire import from_record, to_record
-
-    data = load_node(context)
-    alg = data.algorithm
-    round_ = message.content["round"]
-    alg.load_weights({"client": from_record(message.content["global"], alg.device)})
-    gen = torch.Generator()
-    gen.set_state(torch.frombuffer(bytearray(round_["generator"]), dtype=torch.uint8).clone())
-    cohort = torch.as_tensor(list(round_["cohort"]), dtype=torch.long, device=alg.device)
-    start = stack(alg.global_params, len(cohort))
-    batches = alg.local_batches(cohort, gen, **alg.round_schedule())
-    objective = alg.local_objective()  # FedProx: its proximal term around the global model
-    anchor = objective.get("prox_anchor")
-    rows, theta, loss = local_sgd_held(alg.net, start, data.store, batches,
-                                       prox_mu=objective.get("prox_mu", 0.0),
-                                       prox_anchor=None if anchor is None else stack(anchor, len(cohort)),
-                                       **alg.sgd_options())
-    if int(rows.sum()) != 1:
-        raise RuntimeError(f"round {round_['round']}: this node's client {data.position} is not in the cohort "
-                           f"{list(round_['cohort'])} it was sent.")
-    content = RecordDict({"theta": to_record({k: v[0] for k, v in theta.items()}),
-                          "result": MetricRecord({"loss": float(loss[0]), "partition-id": data.position})})
-    return Message(content, reply_to=message)
-
-
-def evaluate(message, context):
-    """The client's model from the global weights (``personalize``) evaluated on its test samples."""
-    from flwr.app import Message, MetricRecord, RecordDict
-
-    from pfl_cli.fl.evaluate import personalize_and_evaluate
-    from pfl_cli.interop.flower_app.wire import from_record
-    from pfl_cli.rng import torch_generator
-
-    data = load_node(context)
-    alg = data.algorithm
-    cfg = alg.cfg
-    alg.load_weights({"client": from_record(message.content["global"], alg.device)})
-    round_ = int(message.content["config"]["round"])
-    evals, _, _ = personalize_and_evaluate(alg, np.array([data.position]), ("test",),
-                                           torch_generator(cfg.seed, f"evaluate-{round_}"))
-    ev = evals["test"]
-    result = {"partition-id": data.position, **{k: float(getattr(ev, k)[0])
-                                                for k in ("n", "correct", "correct_lm", "loss")}}
-    return Message(RecordDict({"result": MetricRecord(result)}), reply_to=message)
+    return MetricRecord({"partition-id": position, **{k: float(getattr(ev, k)[0])
+                                                     for k in ("n", "correct", "correct_lm", "loss")}})

@@ -11,7 +11,9 @@ One run, in order:
    generator, same sampler), each cohort client's node gets the global model and the round's
    generator state (so its batch draws are the simulation's) and sends back its model; the
    server takes the data-size-weighted mean and its server step (:meth:`FedAvg.server_step`).
-3. **Evaluation** of the last round's model on every accepted client's test samples.
+3. **Evaluation** of the last round's model on every accepted client's test samples. Nodes that
+   connected during training, for clients without a node, are handshaken first and join it: each
+   gets its model in one exchange (PeFLL: Alg. 7, no optimizer step).
 4. **Artifact** (written by ``pfl_cli.cli.flower.write_deployment``, the ServerApp's writer): ``model.pt``, ``config.yaml``, ``metrics.csv``, ``metrics.json`` (with
    ``communication``, the ledger, and ``wire``, the bytes measured on the wire), ``clients.csv``
    and ``participation.csv`` (round, client, node, status), written atomically at the end.
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pfl_cli.errors import RunError
-from pfl_cli.interop.flower_app.common import EVALUATE, HELLO, ROUND, train_config
+from pfl_cli.interop.flower_app.common import HELLO, train_config
 
 
 def log(level: int, text: str) -> None:
@@ -88,7 +90,7 @@ class Deployment:
 def serve(grid, context) -> Deployment:
     """Steps 1-3 of the module docstring; the ServerApp (``pfl_cli.cli.flower.server_main``) writes step 4."""
     from pfl_cli.artifacts import ArtifactWriter, load_partition
-    from pfl_cli.interop.flower_app import check_deployable
+    from pfl_cli.interop.flower_app import check_deployable, rounds_for
 
     run_config = context.run_config
     cfg = train_config(run_config)
@@ -108,8 +110,10 @@ def serve(grid, context) -> Deployment:
     from pfl_cli.interop.flower_app.wire import WireMeter
 
     meter = WireMeter()
-    history, participation = _train(grid, alg, cfg, accepted, part, meter, run_config)
-    evaluation = _evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
+    rounds = rounds_for(cfg)  # the algorithm's messages: pfl_cli.interop.flower_app.averaging or .pefll
+    history, participation = run_rounds(grid, alg, cfg, accepted, part, meter, run_config, rounds.one_round)
+    accepted = {**accepted, **_join_late(grid, nodes, accepted, part, info, part_art, connect_timeout)}
+    evaluation = rounds.evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
     return Deployment(cfg, out, force, alg, store, part, info, part_art, history, evaluation, participation, meter,
                       accepted)
 
@@ -123,6 +127,20 @@ def _wait_for_nodes(grid, wanted: int, timeout: float) -> list[int]:
         time.sleep(0.5)
     log(INFO, f"{len(nodes)} SuperNodes connected for the partition's {wanted} clients")
     return nodes
+
+
+def _join_late(grid, known: list[int], accepted: dict, part, info, part_art, timeout: float) -> dict:
+    """Nodes that connected while the rounds ran, for clients without a node: after the handshake they join
+    the final evaluation, which gives each its model in one exchange (PeFLL: Alg. 7, descriptor up,
+    generated model down, no optimizer step; FedAvg: the global model)."""
+    new = sorted(set(grid.get_node_ids()) - set(known))
+    if not new:
+        return {}
+    joined, _, _ = _handshake(grid, new, part, info, part_art, timeout, taken=accepted)
+    if joined:
+        log(INFO, f"{len(joined)} SuperNodes joined after training (clients "
+                  f"{sorted(int(part.client_id[c]) for c in joined)}): they get the final model")
+    return joined
 
 
 def _send(grid, messages: list, timeout: float, meter, kind: str) -> list:
@@ -143,8 +161,9 @@ def _origin(reply, messages) -> int:
     return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
 
 
-def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
-    """Ask every node what it holds; accept those whose client and dataset are the partition's."""
+def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float, *, taken: dict | None = None):
+    """Ask every node what it holds; accept those whose client and dataset are the partition's (and whose
+    client is not ``taken`` already: the nodes accepted at the start, when late nodes join)."""
     from flwr.app import Message, RecordDict
 
     from pfl_cli.interop.flower_app.wire import WireMeter, from_record
@@ -152,6 +171,7 @@ def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
     messages = [Message(RecordDict(), dst_node_id=n, message_type=HELLO) for n in nodes]
     replies = _send(grid, messages, timeout, WireMeter(), "hello")
     accepted: dict[int, int] = {}      # client position -> node id
+    taken = dict(taken or {})
     facts: dict[int, dict] = {}
     norm = None
     expected = {"partition-sha256": part_art.content_hash, "input-shape": list(info["input_shape"]),
@@ -172,16 +192,17 @@ def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float):
         elif not 0 <= position < part.num_clients:
             log(WARNING, f"node {node} refused: partition-id {position} is not a client of the partition "
                          f"(0..{part.num_clients - 1})")
-        elif position in accepted:
-            log(WARNING, f"node {node} refused: partition-id {position} is already held by node {accepted[position]}")
+        elif position in accepted or position in taken:
+            log(WARNING, f"node {node} refused: partition-id {position} is already held by node "
+                         f"{accepted.get(position, taken.get(position))}")
         else:
             accepted[position] = node
             facts[position] = got
             norm = norm or from_record(reply.content["normalization"], "cpu")
-    missing = sorted(set(range(part.num_clients)) - set(accepted))
-    if missing:
-        log(WARNING, f"no accepted node for clients {missing} (partition ids): they take no part")
-    if not accepted:
+    missing = sorted(set(range(part.num_clients)) - set(accepted) - set(taken))
+    if missing and not taken:
+        log(WARNING, f"no accepted node for clients {missing} (partition ids): they take no part in training")
+    if not accepted and not taken:
         raise RunError("flower: no SuperNode was accepted; see the refusals above.")
     return accepted, facts, norm
 
@@ -202,80 +223,94 @@ def _server_store(cfg, part, info, part_art, facts: dict, norm: dict) -> ServerS
                        fit=_Fit(length), mean=norm["mean"], std=norm["std"], partition_sha=part_art.content_hash)
 
 
-def _train(grid, alg, cfg, accepted: dict, part, meter, run_config):
-    """The rounds of thesis Alg. 3 with the clients on the nodes; returns the train-loss rows and participation."""
-    import torch
-    from flwr.app import ConfigRecord, Message, RecordDict
+def exchange(grid, meter, kind: str, message_type: str, contents: dict, accepted: dict, timeout: float):
+    """Send each client's ``contents[position]`` (a ``RecordDict``) to its node and wait for the replies.
 
-    from pfl_cli.algorithms.base import weighted_mean
-    from pfl_cli.fl.store import ROLE_TRAIN
-    from pfl_cli.interop.flower_app.wire import from_record, to_record
+    Returns ``({position: reply content}, {position: why it has none})``: a ClientApp's error
+    ("failed: ...") or no reply within ``timeout`` (a node gone).
+    """
+    from flwr.app import Message
+
+    messages = [Message(content, dst_node_id=accepted[c], message_type=message_type) for c, content in contents.items()]
+    by_node = {accepted[c]: c for c in contents}
+    got, why = {}, {}
+    for reply in _send(grid, messages, timeout, meter, kind):
+        c = by_node.get(_origin(reply, messages))
+        if c is None:
+            continue
+        if reply.has_error():
+            why[c] = f"failed: {reply.error.reason}"
+        else:
+            got[c] = reply.content
+    for c in contents:
+        if c not in got:
+            why.setdefault(c, f"no reply within {timeout:g} s")
+    return got, why
+
+
+def close_round(t: int, members: list, kept: list, why: dict, accepted: dict, part, participation: list,
+                run_config) -> None:
+    """Record who took part in round ``t`` (participation.csv) and fail the run below ``min-clients`` (the
+    documented fault rule: a round completes with the clients that replied)."""
+    timeout = float(run_config.get("round-timeout", 120))
+    min_clients = int(run_config.get("min-clients", 1))
+    for c in members:
+        status = "trained" if c in kept else why.get(c, f"no reply within {timeout:g} s")
+        participation.append([t + 1, int(part.client_id[c]), accepted[c], status])
+        if c not in kept:
+            log(WARNING, f"round {t + 1}: client {int(part.client_id[c])} (node {accepted[c]}) dropped: {status}")
+    if len(kept) < min(min_clients, len(members)):
+        raise RunError(f"flower: round {t + 1}: {len(kept)} of the cohort's {len(members)} clients replied "
+                       f"within {timeout:g} s, fewer than min-clients ({min_clients}); nothing was written.")
+
+
+def round_cohort(alg, t: int, total: int, train_clients, randomness):
+    """The simulation's round generator and cohort (pfl_cli.fl.loop), and the generator's state after the
+    draw: a node restores it to draw its client's batches as ``pflx train`` does."""
+    gen = randomness.torch(f"round-{t}")
+    cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
+    from pfl_cli.interop.flower_app.wire import generator_state
+
+    return [int(c) for c in cohort], generator_state(gen)
+
+
+def run_rounds(grid, alg, cfg, accepted: dict, part, meter, run_config, one_round):
+    """The rounds of a deployment: each draws the simulation's cohort, runs the algorithm's exchanges and
+    server step (``one_round(grid, alg, meter, accepted, t, members, generator_state, timeout) -> (kept,
+    why, {client: loss})``), records participation and the ledger's round; returns the loss rows and
+    participation."""
     from pfl_cli.privacy.randomness import train_randomness
 
     randomness = train_randomness(cfg)  # seeded: a deployment runs without --dp (check_deployable)
     timeout = float(run_config.get("round-timeout", 120))
-    min_clients = int(run_config.get("min-clients", 1))
-    train_clients = torch.as_tensor(np.flatnonzero(part.role == ROLE_TRAIN), device=alg.device)
-    alg.check_trainable(train_clients)
+    train_clients = train_clients_of(alg, part)
     total, losses, participation = cfg.rounds, [], []
     for t in range(total):
-        gen = randomness.torch(f"round-{t}")  # the simulation's round generator (pfl_cli.fl.loop)
-        cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
-        members = [int(c) for c in cohort]
-        state = bytes(gen.get_state().numpy().tobytes())
-        messages = [Message(RecordDict({"global": to_record(alg.global_params),
-                                        "round": ConfigRecord({"round": t, "cohort": members, "generator": state})}),
-                            dst_node_id=accepted[c], message_type=ROUND) for c in members]
-        replies = _send(grid, messages, timeout, meter, "train")
-        theta, loss, kept, why = {}, {}, [], {}
-        for reply in replies:
-            if reply.has_error():
-                why[_origin(reply, messages)] = f"failed: {reply.error.reason}"
-                continue
-            position = int(reply.content["result"]["partition-id"])
-            theta[position] = from_record(reply.content["theta"], alg.device)
-            loss[position] = float(reply.content["result"]["loss"])
-        kept = [c for c in members if c in theta]
-        for c in members:
-            status = "trained" if c in theta else why.get(accepted[c], f"no reply within {timeout:g} s")
-            participation.append([t + 1, int(part.client_id[c]), accepted[c], status])
-            if c not in theta:
-                log(WARNING, f"round {t + 1}: client {int(part.client_id[c])} (node {accepted[c]}) dropped: {status}")
-        if len(kept) < min(min_clients, len(members)):
-            raise RunError(f"flower: round {t + 1}: {len(kept)} of the cohort's {len(members)} clients replied "
-                           f"within {timeout:g} s, fewer than min-clients ({min_clients}); nothing was written.")
-        stacked = {k: torch.stack([theta[c][k] for c in kept]) for k in alg.global_params}
-        kept_t = torch.as_tensor(kept, dtype=torch.long, device=alg.device)
-        alg.record_exchange(alg.global_params, stacked, len(kept))
-        alg.server_step(weighted_mean(alg.store, kept_t, stacked))  # Alg. 3 line 9
+        members, state = round_cohort(alg, t, total, train_clients, randomness)
+        kept, why, loss = one_round(grid, alg, meter, accepted, t, members, state, timeout)
+        close_round(t, members, kept, why, accepted, part, participation, run_config)
         alg.traffic.close_round(len(kept))
-        mean_loss = float(np.mean([loss[c] for c in kept]))
-        if not np.isfinite(mean_loss):
-            raise RunError(f"flower: training diverged: the loss became {mean_loss} at round {t + 1}.")
-        losses.append(mean_loss)
-        log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {mean_loss:.4f}")
-    return [[total, "train", "train_loss", float(np.mean(losses)) if losses else float("nan")]], participation
+        losses.append(check_loss({c: loss[c] for c in kept}, t))
+        log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {losses[-1]:.4f}")
+    return mean_loss_row(losses, total), participation
 
 
-def _evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):
-    """The last round's model on every accepted client's test samples -> an ``Evaluation`` by group."""
-    from flwr.app import ConfigRecord, Message, RecordDict
+def train_clients_of(alg, part):
+    import torch
 
+    from pfl_cli.fl.store import ROLE_TRAIN
+
+    clients = torch.as_tensor(np.flatnonzero(part.role == ROLE_TRAIN), device=alg.device)
+    alg.check_trainable(clients)
+    return clients
+
+
+def evaluation_of(results: dict, part, rounds: int):
+    """Per-client test counts ``{position: {n, correct, correct_lm, loss}}`` -> an ``Evaluation`` by group."""
     from pfl_cli.fl.evaluate import GroupEval
     from pfl_cli.fl.loop import Evaluation
     from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
-    from pfl_cli.interop.flower_app.wire import to_record
 
-    messages = [Message(RecordDict({"global": to_record(alg.global_params),
-                                    "config": ConfigRecord({"round": cfg.rounds})}),
-                        dst_node_id=node, message_type=EVALUATE) for node in accepted.values()]
-    results = {}
-    for reply in _send(grid, messages, timeout, meter, "evaluate"):
-        if reply.has_error():
-            log(WARNING, f"node {_origin(reply, messages)}: evaluation failed: {reply.error.reason}")
-            continue
-        r = reply.content["result"]
-        results[int(r["partition-id"])] = r
     groups = {}
     for name, role in (("train", ROLE_TRAIN), ("holdout", ROLE_HOLDOUT)):
         clients = np.array(sorted(c for c in results if part.role[c] == role), dtype=np.int64)
@@ -284,4 +319,16 @@ def _evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):
                                                          for k in ("n", "correct", "correct_lm", "loss")})
     if not groups:
         raise RunError("flower: no node returned an evaluation; nothing was written.")
-    return Evaluation(cfg.rounds, groups)
+    return Evaluation(rounds, groups)
+
+
+def mean_loss_row(losses: list, total: int) -> list:
+    """The train-loss rows of metrics.csv: the mean of the rounds' mean client losses."""
+    return [[total, "train", "train_loss", float(np.mean(losses)) if losses else float("nan")]]
+
+
+def check_loss(losses: dict, t: int) -> float:
+    mean = float(np.mean(list(losses.values())))
+    if not np.isfinite(mean):
+        raise RunError(f"flower: training diverged: the loss became {mean} at round {t + 1}.")
+    return mean

@@ -24,6 +24,19 @@ def from_record(record, device) -> dict:
     return {k: torch.as_tensor(a.numpy()).to(device) for k, a in record.items()}
 
 
+def restore_generator(state: bytes):
+    """A CPU ``torch.Generator`` in the state the server sent (``bytes(gen.get_state().numpy())``)."""
+    import torch
+
+    gen = torch.Generator()
+    gen.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8).clone())
+    return gen
+
+
+def generator_state(gen) -> bytes:
+    return bytes(gen.get_state().numpy().tobytes())
+
+
 def record_bytes(content) -> int:
     """Serialized bytes of every array in a message's ``RecordDict``."""
     return sum(len(array.data) for record in content.array_records.values() for array in record.values())
@@ -43,8 +56,10 @@ class WireMeter:
         self.up[kind] = self.up.get(kind, 0) + record_bytes(content)
 
     def summary(self, ledger: dict) -> dict:
-        """The ``wire`` object of ``metrics.json``: measured bytes of the training rounds beside the ledger's."""
-        train = self.down.get("train", 0) + self.up.get("train", 0)
+        """The ``wire`` object of ``metrics.json``: measured bytes of the training rounds (every message kind
+        ``train*``: PeFLL's three exchanges are ``train.descriptor``, ``train.model``, ``train.embedding_grad``)
+        beside the ledger's."""
+        train = sum(n for side in (self.down, self.up) for kind, n in side.items() if kind.startswith("train"))
         return {"bytes_down": self.down, "bytes_up": self.up, "train_round_bytes": train,
                 "ledger_total_bytes": ledger["total_bytes"],
                 "wire_over_ledger": train / ledger["total_bytes"] if ledger["total_bytes"] else None}
