@@ -15,7 +15,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= test,hf,flower,docs,tensorboard
 PYTEST_ARGS ?=
 
-.PHONY: install install-runtime install-demo test test-all docs demo bench scaling clean
+.PHONY: install install-runtime test test-all docs demo bench scaling clean
 
 # Only the project's .venv is ever created here; an active environment already has its python.
 $(VENV)/bin/python:
@@ -46,12 +46,8 @@ docs: install
 test-all: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The demo draws its curves, so it needs the plot extra (matplotlib) beside the runtime, and nothing more.
-install-demo: install-runtime
-	@$(PY) -m pip install -q -e ".[plot]"
-
 # The demo script calls `python -m pfl_cli`: the environment's bin/ goes first on PATH.
-demo: install-demo
+demo: install-runtime
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash recipes/quickstart/demo.sh runs/demo
 
 # Exits 1 when any benchmark misses a target (each prints its figures beside the targets).

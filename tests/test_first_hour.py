@@ -149,15 +149,3 @@ def test_summaries_say_what_happened(cli, tmp_path):
     # mdm-fit choosing K says where the held-out clients went (8 train clients: 6 fit, 2 validate K).
     mdm = cli("mdm-fit", "--partition", tmp_path / "p", "--components", "1-2", "--out", tmp_path / "mdm")
     assert mdm.code == 0 and "fitted on 6 clients (2 more held out to choose K" in " ".join(mdm.out.split())
-
-
-def test_make_demo_installs_what_the_demo_script_uses(tmp_path):
-    """The demo draws (--plot needs matplotlib, the plot extra): `make demo` must install it, and no test extra."""
-    dry = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60, env=dict(os.environ, VIRTUAL_ENV="", CONDA_PREFIX=""))
-    assert dry.returncode == 0, dry.stderr
-    installs = [line for line in dry.stdout.splitlines() if "pip install" in line]
-    draws = "--plot" in (ROOT / "recipes" / "quickstart" / "demo.sh").read_text()
-    assert any('.[plot]"' in line for line in installs) == draws, installs
-    extras = {e for line in installs for group in re.findall(r'\.\[([^\]]*)\]', line) for e in group.split(",")}
-    assert extras <= {"plot"}, extras

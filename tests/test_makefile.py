@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import pathlib
 import shutil
 import subprocess
 
 import pytest
+import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -42,9 +44,16 @@ def test_demo_installs_the_runtime_and_nothing_else(tmp_path):
     installs = [l for l in run.stdout.splitlines() if "pip install" in l]
     assert installs == ['.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q '
                         '"torch==2.13.0"', ".venv/bin/python -m pip install -q -e ."], installs
-    # ... so the demo draws nothing (matplotlib is the plot extra).
-    commands = [ln.split("#")[0] for ln in (REPO / "recipes" / "quickstart" / "demo.sh").read_text().splitlines()]
+    # ... so the demo draws nothing (matplotlib is the plot extra): neither its commands nor the recipes they read.
+    script = (REPO / "recipes" / "quickstart" / "demo.sh").read_text()
+    commands = [ln.split("#")[0] for ln in script.splitlines()]
     assert not [c for c in commands if "--plot" in c]
+    recipes = set(re.findall(r"recipes/quickstart/[\w.-]+\.yaml", script))
+    assert len(recipes) >= 4, recipes
+    for recipe in sorted(recipes):
+        config = yaml.safe_load((REPO / recipe).read_text())
+        sections = [config, *(v for v in config.values() if isinstance(v, dict))]
+        assert not any(section.get("plot") for section in sections), f"{recipe} draws: make demo has no matplotlib"
 
 
 def test_existing_dot_venv_is_not_recreated(tmp_path):

@@ -22,9 +22,10 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import PrivateState, stack, weighted_mean
+from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
+from pfl_cli.fl.params import stack, weighted_mean
 
 
 ALPHA = "alpha"  # the mixing weight's key in the private state

@@ -1,6 +1,6 @@
 """What every algorithm plugs into the round loop (``pfl_cli.fl.loop``).
 
-An algorithm owns its server state and answers four hooks: ``run_round`` (one round on a
+An algorithm owns its server state and answers the round hooks: ``run_round`` (one round on a
 cohort), ``personalize`` (models for any clients, seen or not), ``state`` /
 ``load_state`` (everything a resumed run needs) and ``weights`` (what ``model.pt`` keeps).
 """
@@ -15,6 +15,7 @@ import numpy as np
 
 from pfl_cli.errors import InputError, RunError
 from pfl_cli.fl.communication import Traffic
+from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weighted_mean  # noqa: F401 - public here too
 from pfl_cli.rng import seed_sequence
 
 
@@ -29,11 +30,6 @@ def seeded(seed: int, name: str, build):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed_sequence(seed, name).generate_state(1)[0]))
         return build()
-
-
-def stack(params: dict, c: int) -> dict:
-    """Repeat one model's parameters ``c`` times along a new leading cohort axis."""
-    return {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in params.items()}
 
 
 class Algorithm(ABC):
@@ -183,85 +179,6 @@ class Algorithm(ABC):
     @abstractmethod
     def load_weights(self, weights: dict[str, Any]) -> None:
         """Restore :meth:`weights` (prediction)."""
-
-    upload_under_dp = False   # whether upload() models what a client of a --dp run sends
-    # Whether upload() is what this algorithm's clients really send (pflx attack refuses the others):
-    # a subclass whose round differs from the parent's must say False (FedProx's proximal steps).
-    models_upload = False
-
-    def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None) -> tuple[dict, dict]:
-        """What a client holding batch ``(x, y)`` sends the server, differentiably in ``x``.
-
-        x (n, b, *input_shape), y (n, b): one batch per simulated client (attack target);
-        ``steps`` as in :meth:`local_update`: 0 the gradient, k the delta after k local SGD steps,
-        None (``--upload weights``) the delta of the client's whole local update in a trained
-        round with (x, y) as its data, one batch (:meth:`round_upload_steps`). ``noise_gen``: the simulated client's noise where
-        the client itself adds noise (local DP); None gives the noise-free message (the
-        attacker's model of it). ``start``: the client model the server sent, when the caller
-        knows it (the attacker does); None: the algorithm's own. ``clients`` (n,): the
-        partition position of each target's client (whose server-side state picks ``start``).
-        ``private``: the client's private tensors (:meth:`attack_private`), the attacker's
-        guesses; None: the client's own.
-        Returns ``(message, start)``: the uploaded tensors by name, each with a leading
-        target axis, and the client model ``theta`` the server sent (what an attacker knows).
-        Used by ``pflx attack`` (spec B.9) to simulate an honest-but-curious server.
-        """
-        from pfl_cli.errors import InputError
-
-        raise InputError(f"algorithm {self.name!r}: pflx attack does not model what its clients upload.")
-
-    def attack_private(self, n: int) -> dict:
-        """The attacker's starting guess (n, *shape) per name of the client state it never sees.
-
-        The attack optimizes these jointly with the images (HyperFL's joint attack, spec B.9);
-        empty when the server knows every input of the upload but the data.
-        """
-        return {}
-
-    def leaked_gradients(self, message: dict, start: dict) -> dict:
-        """The client net's gradients (up to one positive factor per target) that a one-step upload reveals.
-
-        For the closed-form attacks (spec D.3 T-P3, iDLG): ``grad/<name>`` as sent, or
-        ``delta/<name>`` of one SGD step with its known learning rate and weight decay undone.
-        Names in the client net's order.
-        """
-        from pfl_cli.fl.cohort import scaled_gradient
-
-        sgd = self.sgd_update_options()
-        out = {}
-        for k in start:
-            if f"grad/{k}" in message:
-                out[k] = message[f"grad/{k}"]
-            elif f"delta/{k}" in message:
-                out[k] = scaled_gradient(message[f"delta/{k}"], start[k], lr=sgd["lr"],
-                                         weight_decay=sgd["weight_decay"])
-        return out
-
-    def local_update(self, start: dict, x, y, steps: int | None) -> dict:
-        """The client's update from ``start`` on (x, y), on the autograd graph, with prefixed names.
-
-        ``steps = 0``: ``grad/<name>``, the gradient of the batch loss at ``start`` (FedSGD, the
-        papers' attack setting); ``steps = k``: ``delta/<name>``, theta_new - theta after k of
-        this algorithm's local SGD steps (clip, momentum, weight decay as trained); ``None``:
-        the :meth:`round_upload_steps` of a trained round.
-        """
-        from pfl_cli.fl.cohort import batch_gradients, unrolled_sgd
-
-        if steps is None:
-            steps = self.round_upload_steps()
-        if steps == 0:
-            return {f"grad/{k}": g for k, g in batch_gradients(self.net, start, x, y).items()}
-        new = unrolled_sgd(self.net, start, x, y, steps, **self.sgd_update_options())
-        return {f"delta/{k}": new[k] - start[k] for k in start}
-
-    def round_upload_steps(self) -> int:
-        """Local SGD steps behind a client's uploaded weights in a trained round when its data is one
-        batch no larger than ``batch_size`` (an epoch is then one step): ``--upload weights``.
-
-        The round's schedule (:meth:`round_schedule`); algorithms whose rounds always take
-        ``local_steps`` (pFedHN, PeFLL, DP-FedAvg) or run stages (HyperFL) say so.
-        """
-        return getattr(self.cfg, "local_epochs", None) or self.cfg.local_steps
 
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
@@ -442,39 +359,6 @@ class PrivateState:
     def load_weights(self, weights):
         super().load_weights(weights)
         self.private.load_state(weights["private"], self.device)
-
-
-def cpu_tree(tree: dict) -> dict:
-    """A nested dict of tensors, detached on the CPU (for ``weights()``)."""
-    return {k: (cpu_tree(v) if isinstance(v, dict) else v.detach().cpu()) for k, v in tree.items()}
-
-
-def merge_rows(n: int, parts) -> dict:
-    """Stack per-client models from ``parts`` [(bool mask (n,), {name: (mask.sum(), ...)})] in client order."""
-    import torch
-
-    parts = [(m, p) for m, p in parts if m.any()]
-    first = parts[0][1]
-    out = {k: v.new_zeros((n, *v.shape[1:])) for k, v in first.items()}
-    for mask, params in parts:
-        rows = torch.as_tensor(np.flatnonzero(mask), device=next(iter(out.values())).device)
-        for k, v in params.items():
-            out[k][rows] = v
-    return out
-
-
-def weighted_mean(store, cohort, theta: dict, *, by_size: bool = True) -> dict:
-    """The server average of the cohort's models: by data size (FedAvg Alg. 3 line 9) or uniform."""
-    import torch
-
-    size = store.fit.length[cohort].to(torch.float32) if by_size else torch.ones(len(cohort), device=cohort.device)
-    weight = size / size.sum().clamp_min(1.0)
-    return {k: torch.einsum("c,c...->...", weight, v) for k, v in theta.items()}
-
-
-def cpu_state_dict(module) -> dict:
-    """Copies of a module's state dict on the CPU (``model.pt``, checkpoints)."""
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
 class ServerOptimizerState:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfl_cli.algorithms.base import PrivateState, stack
+from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
+from pfl_cli.fl.params import stack
 
 
 DEFAULT_LAMBDA = 0.1  # one of the paper's grid {0.01, 0.05, 0.1, 0.2, 0.5, 1, 2} (Table 9)

@@ -14,8 +14,10 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, stack, weighted_mean
+from pfl_cli.algorithms.base import Algorithm
+from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 from pfl_cli.privacy.randomness import mechanism_generator
 
 
@@ -41,7 +43,7 @@ class FedAvgConfig(FedAvgRoundConfig):
                               "pefll.md §4.1: a new client uses the global model as-is")
 
 
-class FedAvg(Algorithm):
+class FedAvg(Attackable, Algorithm):
     name = "fedavg"
     paper = "FedAvg: McMahan et al., AISTATS 2017 (thesis Alg. 3/4)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
@@ -131,7 +133,7 @@ class FedAvg(Algorithm):
         self.server_buf = {k: v.to(self.device) for k, v in state["server_buf"].items()}
 
     def weights(self):
-        return {"client": {k: v.detach().cpu() for k, v in self.global_params.items()}}
+        return {"client": cpu_tree(self.global_params)}
 
     def load_weights(self, weights):
         self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}

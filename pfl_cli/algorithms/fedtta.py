@@ -36,9 +36,10 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import seeded, stack, weighted_mean
+from pfl_cli.algorithms.base import seeded
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
+from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 
 Y = "YCW+24 (FedTTA)"
 
@@ -223,14 +224,14 @@ class FedTTA(FedAvg):
 
     # ------------------------------------------------------------------ state
     def state(self):
-        return {**super().state(), "phi": {k: v.detach().clone() for k, v in self.phi.items()}}
+        return {**super().state(), "phi": cpu_tree(self.phi, clone=True)}
 
     def load_state(self, state):
         super().load_state(state)
         self.phi = {k: v.to(self.device) for k, v in state["phi"].items()}
 
     def weights(self):
-        return {**super().weights(), "adapt": {k: v.detach().cpu() for k, v in self.phi.items()}}
+        return {**super().weights(), "adapt": cpu_tree(self.phi)}
 
     def load_weights(self, weights):
         super().load_weights(weights)

@@ -32,6 +32,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm, seeded
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.params import cpu_tree
 
 
 LABEL_FREE = {"auto": None, "cnn-x": "cnn-x", "mlp-x": "mlp-x"}
@@ -232,15 +233,14 @@ class LDFedAvg(Algorithm):
 
     # ------------------------------------------------------------------ state
     def state(self):
-        return {"psi": {k: v.detach().cpu().clone() for k, v in self.psi.items()},
-                "server": {k: v.detach().cpu().clone() for k, v in self.server_state.items()}}
+        return {"psi": cpu_tree(self.psi, clone=True), "server": cpu_tree(self.server_state, clone=True)}
 
     def load_state(self, state):
         self.psi = {k: v.to(self.device) for k, v in state["psi"].items()}
         self.server_state = {k: v.to(self.device) for k, v in state.get("server", {}).items()}
 
     def weights(self):
-        return {"psi": {k: v.detach().cpu().clone() for k, v in self.psi.items()}}
+        return {"psi": cpu_tree(self.psi, clone=True)}
 
     def load_weights(self, weights):
         self.psi = {k: v.to(self.device) for k, v in weights["psi"].items()}

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_cli.algorithms.base import Algorithm, cpu_state_dict, seeded, stack
-from pfl_cli.algorithms.pfedhn import cpu_state
+from pfl_cli.algorithms.base import Algorithm, seeded
+from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weighted_mean
 
 
 DEFAULT_EMBED_DIM = 64    # B.4: "learnable vectors with dimension equals 64"
@@ -84,17 +85,17 @@ class HyperFLConfig(TrainConfig):
     hyper_hidden: int = key(128, "width of the hypernetwork's one hidden layer", f"{S} B.6: HN 1 layer, width 128")
 
 
-class HyperFL(Algorithm):
+class HyperFL(Attackable, Algorithm):
     name = "hyperfl"
     paper = "HyperFL: Guo et al., AAAI 2025 (specs/pfedhn-hyperfl.md B)"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
     config = HyperFLConfig
-    models_upload = True
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
         from pfl_cli.fl.config import hidden_sizes
-        from pfl_cli.models import build, client_spec, hyper_spec, split_names
+        from pfl_cli.fl.split import split_names
+        from pfl_cli.models import build, client_spec, hyper_spec
 
         client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))
         features = split_names(build(client))[0]
@@ -191,13 +192,17 @@ class HyperFL(Algorithm):
         (:meth:`upload` with ``steps=None``, on one fixed ``batch``) both run it.
         """
         head, _ = self.step_classifier(cohort, v, head, gen, batch=batch)           # step 1, eq. (4)
-        phi, v, loss = self.step_generator(cohort, phi, v, head, gen, self.round_upload_steps(),
+        phi, v, loss = self.step_generator(cohort, phi, v, head, gen, self.local_epochs(),
                                            batch=batch)                               # step 2, eq. (5)
         return phi, v, head, loss
 
-    def round_upload_steps(self) -> int:
-        """Step 2's epochs: the SGD steps on phi behind phi_i when the client's data is one batch."""
+    def local_epochs(self) -> int:
+        """``local_epochs``, or B.6's 5 when unset: step 2's epochs per round, a new client's alternations."""
         return self.cfg.local_epochs or DEFAULT_EPOCHS
+
+    def round_upload_steps(self) -> int:
+        """The attack protocol's SGD steps on phi behind phi_i when the client's data is one batch: step 2's epochs."""
+        return self.local_epochs()
 
     def _generator_step(self, phi, v):
         """Step 2's trained parameters of :class:`GeneratedNet`, their step sizes (eta_h, eta_v) and clip groups."""
@@ -250,18 +255,15 @@ class HyperFL(Algorithm):
         return stack(self.template, n)
 
     def _private_of(self, clients, gen) -> dict:
-        """Each client's embedding and classifier; a client never trained gets them as in ``predict``."""
+        """Each client's embedding and classifier: a trained client's own, a new client's by the
+        new-client protocol (:meth:`new_clients`, what ``predict`` serves it)."""
         clients = np.asarray(clients.cpu() if hasattr(clients, "cpu") else clients, dtype=np.int64)
-        sel = torch.as_tensor(clients, device=self.device)
-        private = self.private.gather(sel)
-        new = ~self.has_state(clients)
-        if new.any():
-            idx = torch.as_tensor(np.flatnonzero(new), device=self.device)
-            v_new, head_new = self.new_clients(sel[idx], gen)
-            private["embedding"][idx] = v_new
-            for k in self.head_names:
-                private[k][idx] = head_new[k]
-        return private
+        known = self.has_state(clients)
+        parts = [(known, self.private.gather(torch.as_tensor(clients[known], device=self.device)))]
+        if (~known).any():
+            v_new, head_new = self.new_clients(torch.as_tensor(clients[~known], device=self.device), gen)
+            parts.append((~known, {"embedding": v_new, **head_new}))
+        return merge_rows(len(clients), parts)
 
     def leaked_gradients(self, message: dict, start: dict) -> dict:
         """The generated feature extractor's gradient: head k is affine, theta_k = A_k z + b_k, so
@@ -296,35 +298,24 @@ class HyperFL(Algorithm):
 
     def aggregate(self, cohort, phi: dict) -> None:
         """Eq. (6): phi = sum_i w_i phi_i with w_i = n_i / sum_j n_j over the cohort."""
-        size = self.store.fit.length[cohort].to(torch.float32)
-        weight = size / size.sum().clamp_min(1.0)
         with torch.no_grad():
+            mean = weighted_mean(self.store, cohort, {k: phi[k] for k in self.hn_names})
             for k, p in self.hnet.named_parameters():
-                p.copy_(torch.einsum("c,c...->...", weight, phi[k]))
+                p.copy_(mean[k])
 
     # ------------------------------------------------------------------ models for any client
     def personalize(self, clients: np.ndarray, gen):
-        clients = np.asarray(clients, dtype=np.int64)
-        sel = torch.as_tensor(clients, device=self.device)
-        private = self.private.gather(sel)
-        v, head = private["embedding"], {k: private[k] for k in self.head_names}
-        new = ~self.has_state(clients)
-        if new.any():
-            idx = torch.as_tensor(np.flatnonzero(new), device=self.device)
-            v_new, head_new = self.new_clients(sel[idx], gen)
-            v[idx] = v_new
-            for k in self.head_names:
-                head[k][idx] = head_new[k]
+        private = self._private_of(clients, gen)
         with torch.no_grad():
-            theta = self.hnet(v)
-        return {**{k: theta[k] for k in self.names}, **head}, True
+            theta = self.hnet(private["embedding"])
+        return {**{k: theta[k] for k in self.names}, **{k: private[k] for k in self.head_names}}, True
 
     def new_clients(self, clients, gen):
         """The shared initial embedding and classifier, trained locally under the frozen global phi."""
         c = len(clients)
         v = self.template["embedding"].unsqueeze(0).repeat(c, 1)
         head = stack({k: self.template[k] for k in self.head_names}, c)
-        for _ in range(self.cfg.local_epochs or DEFAULT_EPOCHS):
+        for _ in range(self.local_epochs()):
             head, _ = self.step_classifier(clients, v, head, gen)
             _, v, _ = self.step_generator(clients, None, v, head, gen, 1)
         return v, head
@@ -332,7 +323,7 @@ class HyperFL(Algorithm):
     def protocol(self, new: bool) -> dict:
         if not new:
             return {"protocol": "private embedding and classifier with the global hypernetwork", "rounds": 0}
-        epochs = self.cfg.local_epochs or DEFAULT_EPOCHS
+        epochs = self.local_epochs()
         return {"protocol": (f"global hypernetwork frozen; a new embedding and classifier trained locally, "
                              f"{epochs} x (1 classifier epoch + 1 embedding epoch)"), "rounds": 0}
 
@@ -344,7 +335,7 @@ class HyperFL(Algorithm):
         self.load_weights(state)
 
     def weights(self):
-        return {"hypernetwork": cpu_state_dict(self.hnet), "private": cpu_state(self.private)}
+        return {"hypernetwork": cpu_state_dict(self.hnet), "private": cpu_tree(self.private.state())}
 
     def load_weights(self, weights):
         from pfl_cli.fl.client_state import ClientState

@@ -40,7 +40,8 @@ class HyperFLLPM(HyperFL):
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
-        from pfl_cli.models import build, hyper_spec, split_names
+        from pfl_cli.fl.split import split_names
+        from pfl_cli.models import build, hyper_spec
         from pfl_cli.models.pretrained import BACKBONES, backbone_spec
 
         if not cfg.backbone:

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_cli.algorithms.base import stack
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
+from pfl_cli.fl.params import stack
 
 
 PREFIX = "net."

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.base import stack
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
 from pfl_cli.fl.config import key
 from pfl_cli.fl.dpsgd import LocalDP
+from pfl_cli.fl.params import stack
 from pfl_cli.privacy.randomness import mechanism_generator
 
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, stack
+from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.fl.dpsgd import LocalDP
+from pfl_cli.fl.params import cpu_tree, stack
 from pfl_cli.privacy.randomness import mechanism_generator
 
 
@@ -47,25 +48,24 @@ class PersonalHeadLDP(LocalDP, Algorithm):
                    "are NOT formally (epsilon, delta)-DP for the client's records; the head itself never leaves "
                    "the client (it is not in model.pt), and the ledger claims nothing about it")
 
-    @staticmethod
-    def floats_per_client_round(arch: dict) -> int:
+    @classmethod
+    def floats_per_client_round(cls, arch: dict) -> int:
         """The representation down and its delta up; the head stays on the client."""
-        from pfl_cli.fl.dpsgd import head_names
+        from pfl_cli.fl.split import split_names
         from pfl_cli.models import build
 
         net = build(arch["client"])
-        names = [k for k, _ in net.named_parameters()]
-        head = set(head_names(names))
+        head = set(split_names(net, cls.name)[1])
         return 2 * sum(p.numel() for k, p in net.named_parameters() if k not in head)
 
     def build(self) -> None:
         import torch
 
-        from pfl_cli.fl.dpsgd import head_names
+        from pfl_cli.fl.split import split_names
 
         self.net = self.client_net()
         init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
-        self.head = head_names(list(init))
+        self.head = split_names(self.net, self.name)[1]
         self.global_params = {k: v for k, v in init.items() if k not in self.head}
         self.head_init = {k: init[k] for k in self.head}
         n = self.store.num_clients
@@ -129,8 +129,7 @@ class PersonalHeadLDP(LocalDP, Algorithm):
         self.has_head = state["has_head"].to(self.device)
 
     def weights(self):
-        return {"representation": {k: v.detach().cpu() for k, v in self.global_params.items()},
-                "head_init": {k: v.detach().cpu() for k, v in self.head_init.items()}}
+        return cpu_tree({"representation": self.global_params, "head_init": self.head_init})
 
     def load_weights(self, weights):
         import torch

@@ -14,6 +14,7 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.params import cpu_tree
 
 
 DEFAULT_EPOCHS = 200
@@ -57,7 +58,7 @@ class Local(Algorithm):
         self.init_params = {k: v.to(self.device) for k, v in state["init"].items()}
 
     def weights(self):
-        return {"client_init": {k: v.detach().cpu() for k, v in self.init_params.items()}}
+        return {"client_init": cpu_tree(self.init_params)}
 
     def load_weights(self, weights):
         self.init_params = {k: v.to(self.device) for k, v in weights["client_init"].items()}

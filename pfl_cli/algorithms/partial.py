@@ -17,8 +17,9 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, PrivateState, stack, weighted_mean
+from pfl_cli.algorithms.base import Algorithm, PrivateState
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 
 
 class _GlobalModel(Algorithm):
@@ -31,7 +32,7 @@ class _GlobalModel(Algorithm):
         self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
 
     def weights(self):
-        return {"client": {k: v.detach().cpu() for k, v in self.global_params.items()}}
+        return {"client": cpu_tree(self.global_params)}
 
     def load_weights(self, weights):
         self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
@@ -58,7 +59,7 @@ class PartialSharing(PrivateState, _GlobalModel):
         from pfl_cli.models import build
 
         net = build(arch["client"])
-        body, head = split_names(net, arch["client"], cls.name)
+        body, head = split_names(net, cls.name)
         shared = set(body if cls.shared_part == "body" else head)
         return 2 * sum(p.numel() for k, p in net.named_parameters() if k in shared)
 
@@ -66,7 +67,7 @@ class PartialSharing(PrivateState, _GlobalModel):
         from pfl_cli.fl.split import split_names
 
         self.net = self.client_net()
-        self.body, self.head = split_names(self.net, self.arch["client"], self.name)
+        self.body, self.head = split_names(self.net, self.name)
         self.shared, self.private_names = ((self.body, self.head) if self.shared_part == "body"
                                            else (self.head, self.body))
         init = {k: v.detach().clone() for k, v in self.net.named_parameters()}

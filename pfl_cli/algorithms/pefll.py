@@ -23,8 +23,10 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded
+from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, descriptor_dim, seeded
+from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES, SERVER_OPTIMIZERS, TrainConfig, key
+from pfl_cli.fl.params import cpu_state_dict
 
 
 # Server step size and gradient clip per optimizer when not set: the authors' code runs Adam
@@ -81,12 +83,11 @@ class PeFLLConfig(TrainConfig):
         return self.hyper_hidden * (self.hyper_hidden + client_floats + max(self.embed_dim, 1))
 
 
-class PeFLL(ServerOptimizerState, Algorithm):
+class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     name = "pefll"
     paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4 (specs/pefll.md)"
     new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
     config = PeFLLConfig
-    models_upload = True
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
 
     @property
@@ -363,15 +364,15 @@ class PeFLL(ServerOptimizerState, Algorithm):
         """Lines 17-18: the averaged gradients plus 2 lambda eta, clipped, one optimizer step."""
         import torch
 
+        from pfl_cli.fl.server import server_step
+
         cfg = self.cfg
-        self.opt.zero_grad(set_to_none=True)
+        grads = []
         for params, gs, lam in ((h_params, g_h, cfg.lambda_h), (e_params, g_e, cfg.lambda_v)):
             for p, g in zip(params, gs):
                 g = torch.zeros_like(p) if g is None else g
-                p.grad = g + 2.0 * lam * p.detach() if lam else g.clone()
-        if self.server_clip > 0:
-            torch.nn.utils.clip_grad_norm_([*h_params, *e_params], self.server_clip)
-        self.opt.step()
+                grads.append(g + 2.0 * lam * p.detach() if lam else g)
+        server_step(self.opt, [*h_params, *e_params], grads, clip=self.server_clip)
 
     def run_round_sequential(self, t, cohort, gen):
         """:meth:`run_round` one client at a time (the reference for tests and the benchmark)."""

@@ -20,9 +20,9 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import stack, weighted_mean
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
 from pfl_cli.fl.config import key
+from pfl_cli.fl.params import stack, weighted_mean
 
 
 def perfedavg_steps(model, w: dict, store, steps, *, alpha: float, beta: float, variant: str):

@@ -30,8 +30,11 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, cpu_state_dict, descriptor_dim, seeded, stack
+from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, descriptor_dim, seeded
+from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import HYPER_SIZES, TrainConfig, key
+from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack
+from pfl_cli.fl.server import server_step
 
 
 DEFAULT_SERVER_LR = 1e-2      # A.8: pFedHN's outer lr
@@ -95,19 +98,19 @@ class PFedHNPCConfig(PFedHNConfig):
     server_lr: float = key(DEFAULT_SERVER_LR_PC, "outer SGD step on the hypernetwork", f"{S} A.7: PC outer lr 5e-2")
 
 
-class PFedHN(ServerOptimizerState, Algorithm):
+class PFedHN(ServerOptimizerState, Attackable, Algorithm):
     name = "pfedhn"
     paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021 (specs/pfedhn-hyperfl.md A)"
     new_client_protocol = "a fresh embedding trained embed_rounds rounds, hypernetwork frozen"
     config = PFedHNConfig
-    models_upload = True
     personal_head = False
 
     @classmethod
     def resolve_arch(cls, cfg, store) -> dict:
         from pfl_cli.fl.config import client_sizes, hidden_sizes
         from pfl_cli.fl.store import ROLE_TRAIN
-        from pfl_cli.models import build, client_spec, hyper_spec, split_names, table_spec
+        from pfl_cli.fl.split import split_names
+        from pfl_cli.models import build, client_spec, hyper_spec, table_spec
 
         hidden = hidden_sizes(cfg.mlp_hidden)
         client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden)
@@ -243,18 +246,8 @@ class PFedHN(ServerOptimizerState, Algorithm):
             loss[members] = loss_g
         params = [*self.hnet.parameters(), *self.table.parameters()]
         grads = torch.autograd.grad(list(theta.values()), params, grad_outputs=list(neg_delta.values()))
-        self._server_step(params, grads)                                # erratum 1: once per round
+        server_step(self.opt, params, grads, clip=self.server_clip)     # erratum 1: once per round
         return loss
-
-    def _server_step(self, params, grads) -> None:
-        import torch
-
-        self.opt.zero_grad(set_to_none=True)
-        for p, g in zip(params, grads):
-            p.grad = g.clone()
-        if self.server_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, self.server_clip)
-        self.opt.step()
 
     # ------------------------------------------------------------------ the client's message (pflx attack)
     def round_upload_steps(self) -> int:
@@ -317,7 +310,6 @@ class PFedHN(ServerOptimizerState, Algorithm):
         clients = np.asarray(clients, dtype=np.int64)
         group = self.group_of(clients[:1])[0] if len(clients) else self.slots[0]   # model_groups: one size
         known = self.has_state(clients)
-        out = {}
         parts = []
         if known.any():
             sel = torch.as_tensor(clients[known], device=self.device)
@@ -328,12 +320,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
                                   **{k: heads[k] for k in self.head_names}}))
         if (~known).any():
             parts.append((~known, self.new_clients(clients[~known], gen, group)))
-        for k in parts[0][1]:
-            ref = parts[0][1][k]
-            out[k] = ref.new_empty((len(clients), *ref.shape[1:]))
-            for where, p in parts:
-                out[k][torch.as_tensor(np.flatnonzero(where), device=self.device)] = p[k]
-        return out, True
+        return merge_rows(len(clients), parts), True
 
     def new_clients(self, clients: np.ndarray, gen, group: str = "") -> dict:
         """A.9.4: phi frozen; a fresh embedding per client trained by the delta-VJP rule for ``embed_rounds``.
@@ -343,6 +330,8 @@ class PFedHN(ServerOptimizerState, Algorithm):
         Every client is independent: they run as one batched computation.
         """
         import torch
+
+        from pfl_cli.fl.cohort import sgd_step
 
         cfg, c = self.cfg, len(clients)
         sel = torch.as_tensor(clients, device=self.device)
@@ -364,11 +353,11 @@ class PFedHN(ServerOptimizerState, Algorithm):
             (g,) = torch.autograd.grad([theta[k] for k in new], [leaf],
                                        grad_outputs=[theta[k].detach() - new[k] for k in new])
             with torch.no_grad():
-                if self.server_clip > 0:
+                if self.server_clip > 0:  # each embedding's own norm (torch.norm, as clip_grad_norm_ of one row)
                     g = g * (self.server_clip / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
-                g = g + cfg.hn_weight_decay * v
-                buf = cfg.hn_momentum * buf + g if cfg.hn_momentum else g
-                v = v - lr * buf
+                stepped, bufs = sgd_step({"v": v}, {"v": g}, {"v": buf}, lr=lr, momentum=cfg.hn_momentum,
+                                         weight_decay=cfg.hn_weight_decay)
+                v, buf = stepped["v"], bufs["v"]
             self.client_sgd_steps += cfg.local_steps * c
             self.new_client_steps += c
         with torch.no_grad():
@@ -395,7 +384,7 @@ class PFedHN(ServerOptimizerState, Algorithm):
         out = {"hypernetwork": cpu_state_dict(self.hnet), "table": cpu_state_dict(self.table),
                "partition_sha": torch.tensor(list(self.partition_sha), dtype=torch.uint8)}
         if self.heads is not None:
-            out.update({head_key(g): cpu_state(state) for g, state in self.heads.items()})
+            out.update({head_key(g): cpu_tree(state.state()) for g, state in self.heads.items()})
         return out
 
     def load_weights(self, weights):
@@ -430,13 +419,6 @@ def sized_client(client: dict, size: str) -> dict:
         return client_spec(arch, shape, classes, [max(1, round(h * SIZE_WIDTH[size])) for h in client["hidden"]])
     raise ConfigError(f"client_sizes needs a lenet or mlp client net (their S/M/L widths are defined); got "
                       f"model_arch {arch!r}.")
-
-
-def cpu_state(private) -> dict:
-    """A ClientState's :meth:`state` with its tensors on the CPU (``model.pt``, checkpoints)."""
-    doc = private.state()
-    return {"values": {k: v.cpu() for k, v in doc["values"].items()}, "has": doc["has"].cpu(),
-            "partition_sha": doc["partition_sha"]}
 
 
 class PFedHNPC(PFedHN):

@@ -20,9 +20,10 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import PrivateState, stack, weighted_mean
+from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
+from pfl_cli.fl.params import stack, weighted_mean
 
 
 DEFAULT_LAMBDA = 15.0  # PeFLL §4.1: lambda = 15, K = 3, beta = 1

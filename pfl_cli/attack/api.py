@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pfl_cli.attack.config import ATTACK_CHOICES, ATTACK_CLIENTS, ATTACKS, UPLOADS, AttackConfig
+from pfl_cli.attack.protocol import attackable
 from pfl_cli.errors import ConfigError, InputError
 
 ROLES = {"train": 0, "holdout": 1}
@@ -152,60 +153,17 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
 
     from pfl_cli.attack import analytic
     from pfl_cli.attack.invert import invert_gradients
-    from pfl_cli.attack.metrics import psnr, ssim
-    from pfl_cli.fl.api import MODEL_FORMAT, make_algorithm, validate_train_config
+    from pfl_cli.attack.metrics import psnr
     from pfl_cli.fl.device import resolve_device
-    from pfl_cli.fl.store import build_store
-    from pfl_cli.readers.model import restore
     from pfl_cli.rng import make_rng, torch_generator
 
     validate_attack_config(cfg)
-    if model.get("format") != MODEL_FORMAT:
-        raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
-    validate_train_config(train_cfg)
-
-    from pfl_cli import registry
-
-    cls = train_cfg.algorithm_class
-    if not cls.models_upload:
-        attacked = ", ".join(sorted(e.name for e in registry.entries().values() if e.algorithm.models_upload))
-        raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
-                         f"uploads of {attacked}.")
-    dp = train_cfg.dp_epsilon is not None
-    if dp and not cls.upload_under_dp:
-        raise InputError(f"--model: a --dp {train_cfg.algorithm!r} run's uploads are not modelled by pflx attack.")
-    if dp and cfg.upload == "gradient" and cfg.local_steps == 0:
-        raise InputError(f"local_steps 0: a client of a --dp run never uploads a raw gradient; attack the delta it "
-                         f"sends with --upload weights or --local-steps K (the run's local_steps: "
-                         f"{getattr(train_cfg, 'local_steps', None)}).")
-    if cfg.upload == "weights" and cfg.batch_size > train_cfg.batch_size:
-        raise InputError(f"batch_size: --upload weights replays the trained round on the client's batch as one "
-                         f"minibatch, so it must not exceed the run's batch_size {train_cfg.batch_size}; got "
-                         f"{cfg.batch_size}.")
-    lpips_weights = None
-    if cfg.lpips_weights is not None:
-        from pfl_cli.attack.lpips import MIN_SIZE, load_lpips_weights
-
-        lpips_weights = load_lpips_weights(cfg.lpips_weights)
-        view = image_view(tuple(x.shape[1:]), bool(np.min(x) >= 0))
-        if view is None or min(view[1:]) < MIN_SIZE:
-            raise InputError(f"--lpips-weights: LPIPS needs images of at least {MIN_SIZE}x{MIN_SIZE}; the data's "
-                             f"inputs have shape {tuple(x.shape[1:])}.")
+    _check_attacked_run(model, train_cfg, cfg)
+    lpips_weights = _lpips_weights(cfg.lpips_weights, x)
     device = device if device is not None else resolve_device(cfg.device)
     n_targets, b = cfg.images // cfg.batch_size, cfg.batch_size
     target_client, index = select_targets(partition, cfg.clients, n_targets, b, make_rng(cfg.seed, "attack-targets"))
-    norm = model["normalization"]
-    store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device, normalize=True,
-                        stats=(norm["mean"].numpy(), norm["std"].numpy()))
-    alg = make_algorithm(train_cfg, store, arch=model["arch"])
-    restore(alg.load_weights, model["weights"], "model.pt: the weights tree", fix="Re-create it with pflx train.",
-            like=alg.weights())
-    if dp:
-        from pfl_cli.fl.api import plan_dp
-
-        alg.dp = plan_dp(train_cfg, store)  # the run's calibrated mechanism (public inputs only)
-    for module in (m for m in vars(alg).values() if isinstance(m, torch.nn.Module)):
-        module.requires_grad_(False)  # the attacker differentiates in the dummy data only
+    store, alg = _server_model(model, train_cfg, x, y, num_classes, partition, device)
 
     idx = torch.as_tensor(index, device=device)
     x_true, y_true = store.inputs(idx), store.y[idx]
@@ -221,59 +179,20 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
     leaked = alg.leaked_gradients(message, start)  # client-net gradients a one-step message reveals
     names = list(leaked)
     unknowns = alg.attack_private(n_targets)       # client state the server never sees (joint attack)
+    labels, label_accuracy = _labels(cfg, alg, leaked, y_true)
 
-    labels, label_accuracy = y_true, None
-    if cfg.infer_labels:
-        lb = analytic.last_bias(names)
-        if lb is None or lb != list(dict(alg.net.named_parameters()))[-1]:
-            raise InputError("infer_labels: the upload reveals no gradient of the model's output bias for the "
-                             "iDLG rule.")
-        labels = analytic.infer_labels(leaked[lb])[:, None]
-        label_accuracy = float((labels == y_true).to(torch.float64).mean())
-
-    affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in leaked.items()})
-    analytic_ok = affine is not None and b == 1 and upload_steps <= 1
-    lo_raw, hi_raw = float(np.min(x)), float(np.max(x))
+    pixels = _Pixels(float(np.min(x)), float(np.max(x)), store.mean, store.std)
     shape = store.input_shape
-    view = image_view(shape, lo_raw >= 0)
-    chosen = attacks_of(cfg, analytic_ok, view is not None)
-    if "analytic" in chosen and upload_steps > 1:
-        raise InputError(f"attack analytic: the closed form is exact for the gradient or one local step; the "
-                         f"{train_cfg.algorithm!r} run's round takes {upload_steps} steps (--upload weights).")
-    if "analytic" in chosen and affine is None:
-        raise InputError(f"attack analytic: needs a first fully connected layer with bias; the "
-                         f"{model['arch']['client'].get('arch')} model's first layer is {names[0]!r}.")
-
-    # Pixels in [0, 1]: standardized -> raw -> the dataset's value range (public: the data format).
-    span = max(hi_raw - lo_raw, 1e-12)
-    mean, std = store.mean, store.std
-    box = ((lo_raw - mean) / std, (hi_raw - mean) / std)
-
-    def unit(t):  # (n, b, *shape) standardized -> (n * b, *shape) in [0, 1]
-        return ((t * std + mean - lo_raw) / span).clamp(0.0, 1.0).flatten(0, 1)
-
-    truth = unit(x_true)
+    view = image_view(shape, pixels.lo >= 0)
+    affine = analytic.first_affine(names, {k: v.shape[1:] for k, v in leaked.items()})
+    chosen = _chosen_attacks(cfg, train_cfg, model, names, affine, upload_steps, b, view, shape)
+    truth = pixels.unit(x_true)
 
     def score(rec):
         return psnr(rec.flatten(1), truth.flatten(1))
 
     def upload(xd, yd, private=None):  # the server knows the model it sent: the dummy's upload starts from it too
         return alg.upload(xd, yd, steps=steps, start=start, private=private)[0]
-
-    if "rog" in chosen and view is None:
-        raise InputError(f"attack rog: needs image inputs (its unknown is a low-resolution image); the data's "
-                         f"inputs have shape {shape}.")
-
-    def rog_decoder():
-        """z: a low-resolution image in [0, 1] -> the standardized full-size input (bilinear upsampling)."""
-        c, h, w = view
-        small = (max(1, h // cfg.rog_scale), max(1, w // cfg.rog_scale))
-
-        def decode(z):
-            up = torch.nn.functional.interpolate(z.flatten(0, 1), size=(h, w), mode="bilinear", align_corners=False)
-            return ((up * span + lo_raw).view(n_targets, b, *shape) - mean) / std
-
-        return decode, (c, *small)
 
     results, psnrs, ssims, lpipss = {}, {}, {}, {}
     for a in chosen:
@@ -285,34 +204,177 @@ def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_class
 
             def on_step(it, xd, a=a):
                 if on_progress is not None and ((it + 1) % every == 0 or it + 1 == cfg.iterations):
-                    on_progress(a, it + 1, cfg.iterations, float(score(unit(xd)).mean()))
+                    on_progress(a, it + 1, cfg.iterations, float(score(pixels.unit(xd)).mean()))
 
-            extra = {"box": box}
+            extra = {"box": pixels.box}
             if a == "rog":
-                decode, latent = rog_decoder()
+                latent = _rog_latent(view, cfg.rog_scale)
                 zero = torch.zeros((), device=device)
-                extra = {"decode": decode, "latent_shape": latent, "box": (zero, zero + 1),
+                extra = {"decode": pixels.rog_decoder(view, (n_targets, b, *shape)), "latent_shape": latent,
+                         "box": (zero, zero + 1),
                          "init": torch.rand((n_targets, b, *latent), generator=torch_generator(cfg.seed, "attack-rog"))}
             rec = invert_gradients(upload, message, labels, shape, loss="l2" if a == "dlg" else "cosine",
                                    iterations=cfg.iterations, lr=cfg.lr, tv=cfg.tv if a == "ig" else 0.0,
                                    image_shape=view, gen=torch_generator(cfg.seed, f"attack-{a}"), on_step=on_step,
                                    unknowns=unknowns or None, unknowns_lr=cfg.unknowns_lr, **extra)
             rec = _match_order(rec, x_true)
-        r = unit(rec.detach())
+        r = pixels.unit(rec.detach())
         results[a] = r.cpu().numpy()
         psnrs[a] = score(r).cpu().numpy()
-        ssims[a] = None if view is None else ssim(r.view(-1, *view), truth.view(-1, *view)).cpu().numpy()
-        if lpips_weights is not None:
-            from pfl_cli.attack.lpips import lpips
-
-            with torch.no_grad():
-                lpipss[a] = lpips(r.view(-1, *view), truth.view(-1, *view), lpips_weights).cpu().numpy()
-        else:
-            lpipss[a] = None
+        ssims[a], lpipss[a] = _image_scores(r, truth, view, lpips_weights)
     return AttackRun(client=np.repeat(target_client, b), sample=index.reshape(-1),
                      label=y_true.flatten().cpu().numpy(), original=truth.cpu().numpy(), reconstruction=results,
                      psnr=psnrs, ssim=ssims, lpips=lpipss, label_accuracy=label_accuracy, image_shape=view,
                      upload=list(message), upload_steps=upload_steps)
+
+
+def _check_attacked_run(model: dict, train_cfg, cfg: AttackConfig) -> None:
+    """Refuse a model payload, an algorithm or a run whose uploads the attack does not model."""
+    from pfl_cli.fl.api import MODEL_FORMAT, validate_train_config
+
+    if model.get("format") != MODEL_FORMAT:
+        raise InputError(f"model: expected a {MODEL_FORMAT} payload; got format {model.get('format')!r}.")
+    validate_train_config(train_cfg)
+    cls = train_cfg.algorithm_class
+    if not attackable(cls):  # the command names the attacked algorithms first (pfl_cli.cli.attack_run)
+        raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
+                         f"uploads of algorithms that implement pfl_cli.attack.protocol.Attackable.")
+    dp = train_cfg.dp_epsilon is not None
+    if dp and not cls.upload_under_dp:
+        raise InputError(f"--model: a --dp {train_cfg.algorithm!r} run's uploads are not modelled by pflx attack.")
+    if dp and cfg.upload == "gradient" and cfg.local_steps == 0:
+        raise InputError(f"local_steps 0: a client of a --dp run never uploads a raw gradient; attack the delta it "
+                         f"sends with --upload weights or --local-steps K (the run's local_steps: "
+                         f"{getattr(train_cfg, 'local_steps', None)}).")
+    if cfg.upload == "weights" and cfg.batch_size > train_cfg.batch_size:
+        raise InputError(f"batch_size: --upload weights replays the trained round on the client's batch as one "
+                         f"minibatch, so it must not exceed the run's batch_size {train_cfg.batch_size}; got "
+                         f"{cfg.batch_size}.")
+
+
+def _lpips_weights(path, x: np.ndarray):
+    """LPIPS's weights from ``--lpips-weights`` (None: no LPIPS), refused for inputs too small for it."""
+    if path is None:
+        return None
+    from pfl_cli.attack.lpips import MIN_SIZE, load_lpips_weights
+
+    weights = load_lpips_weights(path)
+    view = image_view(tuple(x.shape[1:]), bool(np.min(x) >= 0))
+    if view is None or min(view[1:]) < MIN_SIZE:
+        raise InputError(f"--lpips-weights: LPIPS needs images of at least {MIN_SIZE}x{MIN_SIZE}; the data's "
+                         f"inputs have shape {tuple(x.shape[1:])}.")
+    return weights
+
+
+def _server_model(model: dict, train_cfg, x, y, num_classes: int, partition, device):
+    """``(store, algorithm)``: the trained algorithm as the server holds it, inputs standardized as in training."""
+    import torch
+
+    from pfl_cli.fl.api import make_algorithm
+    from pfl_cli.fl.store import build_store
+    from pfl_cli.readers.model import restore
+
+    norm = model["normalization"]
+    store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device, normalize=True,
+                        stats=(norm["mean"].numpy(), norm["std"].numpy()))
+    alg = make_algorithm(train_cfg, store, arch=model["arch"])
+    restore(alg.load_weights, model["weights"], "model.pt: the weights tree", fix="Re-create it with pflx train.",
+            like=alg.weights())
+    if train_cfg.dp_epsilon is not None:
+        from pfl_cli.fl.api import plan_dp
+
+        alg.dp = plan_dp(train_cfg, store)  # the run's calibrated mechanism (public inputs only)
+    for module in (m for m in vars(alg).values() if isinstance(m, torch.nn.Module)):
+        module.requires_grad_(False)  # the attacker differentiates in the dummy data only
+    return store, alg
+
+
+def _labels(cfg: AttackConfig, alg, leaked: dict, y_true):
+    """``(labels, label_accuracy)``: the true labels, or with ``infer_labels`` the iDLG rule's (and their accuracy)."""
+    import torch
+
+    from pfl_cli.attack import analytic
+
+    if not cfg.infer_labels:
+        return y_true, None
+    lb = analytic.last_bias(list(leaked))
+    if lb is None or lb != list(dict(alg.net.named_parameters()))[-1]:
+        raise InputError("infer_labels: the upload reveals no gradient of the model's output bias for the "
+                         "iDLG rule.")
+    labels = analytic.infer_labels(leaked[lb])[:, None]
+    return labels, float((labels == y_true).to(torch.float64).mean())
+
+
+def _chosen_attacks(cfg: AttackConfig, train_cfg, model: dict, names: list, affine, upload_steps: int, b: int,
+                    view, shape) -> list[str]:
+    """The attacks to run (:func:`attacks_of`), refusing one whose premise the upload or the data breaks."""
+    chosen = attacks_of(cfg, affine is not None and b == 1 and upload_steps <= 1, view is not None)
+    if "analytic" in chosen and upload_steps > 1:
+        raise InputError(f"attack analytic: the closed form is exact for the gradient or one local step; the "
+                         f"{train_cfg.algorithm!r} run's round takes {upload_steps} steps (--upload weights).")
+    if "analytic" in chosen and affine is None:
+        raise InputError(f"attack analytic: needs a first fully connected layer with bias; the "
+                         f"{model['arch']['client'].get('arch')} model's first layer is {names[0]!r}.")
+    if "rog" in chosen and view is None:
+        raise InputError(f"attack rog: needs image inputs (its unknown is a low-resolution image); the data's "
+                         f"inputs have shape {shape}.")
+    return chosen
+
+
+@dataclass(frozen=True)
+class _Pixels:
+    """Standardized inputs -> pixels in [0, 1] by the dataset's value range (public: the data format)."""
+
+    lo: float      # the raw data's minimum and maximum
+    hi: float
+    mean: Any      # the store's standardization
+    std: Any
+
+    @property
+    def span(self) -> float:
+        return max(self.hi - self.lo, 1e-12)
+
+    @property
+    def box(self) -> tuple:
+        """The standardized values of the raw range: where a reconstruction is kept."""
+        return ((self.lo - self.mean) / self.std, (self.hi - self.mean) / self.std)
+
+    def unit(self, t):
+        """(n, b, *shape) standardized -> (n * b, *shape) in [0, 1]."""
+        return ((t * self.std + self.mean - self.lo) / self.span).clamp(0.0, 1.0).flatten(0, 1)
+
+    def rog_decoder(self, view, batch_shape: tuple):
+        """ROG's z, a low-resolution image in [0, 1] -> the standardized full-size input (bilinear upsampling)."""
+        import torch
+
+        _, h, w = view
+
+        def decode(z):
+            up = torch.nn.functional.interpolate(z.flatten(0, 1), size=(h, w), mode="bilinear", align_corners=False)
+            return ((up * self.span + self.lo).view(*batch_shape) - self.mean) / self.std
+
+        return decode
+
+
+def _rog_latent(view, scale: int) -> tuple:
+    """ROG's unknown: the image at 1/``scale`` of its resolution, (C, h, w)."""
+    c, h, w = view
+    return (c, max(1, h // scale), max(1, w // scale))
+
+
+def _image_scores(r, truth, view, lpips_weights) -> tuple:
+    """``(SSIM, LPIPS)`` per image of reconstruction ``r`` against ``truth``: None for vector data / no weights."""
+    import torch
+
+    from pfl_cli.attack.metrics import ssim
+
+    s = None if view is None else ssim(r.view(-1, *view), truth.view(-1, *view)).cpu().numpy()
+    if lpips_weights is None:
+        return s, None
+    from pfl_cli.attack.lpips import lpips
+
+    with torch.no_grad():
+        return s, lpips(r.view(-1, *view), truth.view(-1, *view), lpips_weights).cpu().numpy()
 
 
 def _match_order(rec, truth):

@@ -162,7 +162,6 @@ def _command(only: str | None = None):
 
     if only in _COMMANDS:
         return _COMMANDS[only]
-    _click.install_lean_coercion()  # flag values coerced without importing pydantic (typer 0.29)
     command = typer.main.get_command(app if only is None else _app_of(only))
     wait = _wait_option()
     for sub in getattr(command, "commands", {}).values():

@@ -31,6 +31,18 @@ from pfl_cli.cli.train_run import clean
 MAX_SHOWN = 16  # images per row of reconstructions.png
 
 
+def _refuse_unattacked(train_cfg) -> None:
+    """The command's refusal names every algorithm whose uploads pflx attack models (the registry's)."""
+    from pfl_cli import registry
+    from pfl_cli.attack.protocol import attackable
+    from pfl_cli.errors import InputError
+
+    if not attackable(train_cfg.algorithm_class):
+        attacked = ", ".join(sorted(e.name for e in registry.entries().values() if attackable(e.algorithm)))
+        raise InputError(f"--model: algorithm {train_cfg.algorithm!r} is not attacked: pflx attack models the "
+                         f"uploads of {attacked}.")
+
+
 def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter) -> None:
     from pfl_cli.attack.api import attack_model, validate_attack_config
     from pfl_cli.fl.device import resolve_device
@@ -41,6 +53,7 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
     if inputs is None:
         return
     writer, model_art, payload, train_cfg, part, ds = inputs
+    _refuse_unattacked(train_cfg)
     optimized = [a for a in OPTIMIZED if cfg.attack in (a, "all")]
     with report.progress("attack", total=cfg.iterations * len(optimized), unit="iteration") as bar:
         done = {}

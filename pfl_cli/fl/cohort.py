@@ -19,7 +19,7 @@ from pfl_cli.fl.config import COHORT_EXECS
 
 def scaled_gradient(delta, theta, *, lr: float, weight_decay: float = 0.0):
     """s * gradient from a one-step SGD delta, undoing its step size and weight decay (s > 0 an unknown
-    clipping factor): what a server reads off one local step (``pflx attack``, ``Algorithm.leaked_gradients``)."""
+    clipping factor): what a server reads off one local step (``pflx attack``, ``Attackable.leaked_gradients``)."""
     return -delta / lr - weight_decay * theta
 
 

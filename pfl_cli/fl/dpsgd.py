@@ -152,6 +152,7 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
     import torch.nn.functional as F
     from torch.func import functional_call, grad_and_value, vmap
 
+    from pfl_cli.fl.cohort import sgd_step
     from pfl_cli.fl.distributed import assemble_tree, rows_here, world
     from pfl_cli.privacy.randomness import standard_normal
 
@@ -179,6 +180,7 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
         if private and clip < math.inf:
             sq = sum(grads[k].pow(2).flatten(2).sum(2) for k in private)
             scale = m * (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0)
+        step_grads = {}
         for k in names:
             if k in frozen:
                 continue
@@ -192,18 +194,10 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
             else:
                 g = (g * m.view(c, m.shape[1], *([1] * (g.dim() - 2)))).sum(1) / m.sum(1).clamp_min(1.0).view(
                     c, *([1] * (g.dim() - 2)))
-            if weight_decay:
-                g = g + weight_decay * theta[k]
-            buf[k] = momentum * buf[k] + g if momentum else g
-            theta[k] = theta[k] - lr * buf[k]
+            step_grads[k] = g
+        theta, buf = sgd_step(theta, step_grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay)
     out = theta, loss_sum / max(steps, 1)
     return out if isinstance(rows, slice) else assemble_tree(out, rows, whole)
-
-
-def head_names(names: list[str]) -> list[str]:
-    """The classifier: the last layer's parameters (weight and bias) of a client net."""
-    layer = names[-1].rsplit(".", 1)[0]
-    return [n for n in names if n.rsplit(".", 1)[0] == layer]
 
 
 class LocalDP:

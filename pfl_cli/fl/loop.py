@@ -18,6 +18,7 @@ import numpy as np
 from pfl_cli.errors import RunError
 from pfl_cli.fl.dp import private_snapshot, released_state_finite, restore_private
 from pfl_cli.fl.evaluate import NEW_CLIENT_STREAM, GroupEval, personalize_and_evaluate
+from pfl_cli.fl.params import cpu_tree
 from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN
 from pfl_cli.privacy.randomness import train_randomness
 from pfl_cli.readers.model import restore, weights_mismatch
@@ -82,10 +83,6 @@ def evaluation_rows(ev: Evaluation) -> list[list]:
         for metric in ("mean_accuracy", "pooled_accuracy", "mean_accuracy_lm", "pooled_accuracy_lm", "loss"):
             rows.append([ev.round, group, metric, summary[metric]])
     return rows
-
-
-def _copy_weights(weights: dict) -> dict:
-    return {k: (_copy_weights(v) if isinstance(v, dict) else v.detach().cpu().clone()) for k, v in weights.items()}
 
 
 def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[[dict], None] | None = None,
@@ -209,6 +206,6 @@ def _select(best: dict | None, ev: Evaluation, alg, with_val: bool) -> dict:
     key = "pooled_accuracy_lm" if alg.cfg.label_mask else "pooled_accuracy"
     score = ev.summaries()["val"][key] if with_val else float(ev.round)
     if best is None or score >= best["score"]:
-        return {"score": score, "round": ev.round, "weights": _copy_weights(alg.weights()),
+        return {"score": score, "round": ev.round, "weights": cpu_tree(alg.weights(), clone=True),
                 "evaluation": _evaluation_to(ev)}
     return best

@@ -1,9 +1,12 @@
-"""Body / head split of a client net (FedRep, FedPer, LG-FedAvg).
+"""Body / head split of a client net: the one rule every algorithm that splits a net uses.
 
-The head is the last linear layer (the classifier), as in FedRep (Collins et al. 2021,
-§2: "the head is the final fully-connected layer") and FedPer; the body is everything
-before it. LeNet's head is ``fc3``; an MLP's is its last ``fcN``. A net with one layer
-(an MLP without hidden layers) has no body to share, so a split is refused.
+The head is the classifier, the net's last layer, whose parameter prefix the net declares
+(``net.classifier``: LeNet's ``fc3``, an MLP's last ``fcN``, HyperFL's CNN's ``fc2``, a
+pre-trained backbone net's ``head``), as in FedRep (Collins et al. 2021, §2: "the head is the
+final fully-connected layer"), FedPer and LG-FedAvg; the body is everything before it. pFedHN-PC
+and HyperFL generate the body (the feature extractor) and keep the head private; PPSGD and
+CENTAUR keep the head on the client (``specs/pfedhn-hyperfl.md`` B.10). A net with one layer
+(an MLP without hidden layers) has no body, so a split is refused.
 """
 
 from __future__ import annotations
@@ -11,20 +14,22 @@ from __future__ import annotations
 from pfl_cli.errors import InputError
 
 
-def head_names(arch: dict, algorithm: str) -> tuple[str, ...]:
-    """The parameter names of the head of the client net ``arch`` (a client spec)."""
-    if arch["arch"] == "lenet":
-        return ("fc3.weight", "fc3.bias")
-    layers = len(arch.get("hidden", [])) + 1
-    if layers < 2:
-        raise InputError(f"algorithm {algorithm!r} splits the client net into a body and a head; the mlp without "
-                         f"hidden layers (mlp_hidden={arch.get('hidden')}) has no body. Set mlp_hidden to at "
-                         "least one layer (e.g. --set mlp_hidden=[32]).")
-    return (f"fc{layers}.weight", f"fc{layers}.bias")
+def split_names(net, algorithm: str | None = None) -> tuple[list[str], list[str]]:
+    """``(body, head)``: the parameter names of ``net`` in its own order, the head its classifier.
 
-
-def split_names(net, arch: dict, algorithm: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(body, head) parameter names of ``net`` in its own order."""
-    head = set(head_names(arch, algorithm))
+    ``algorithm``: the algorithm that shares one part and keeps the other, named in the refusal
+    of a net without a body; None: the hypernetwork algorithms, which generate the body.
+    """
+    prefix = f"{net.classifier}."
     names = [k for k, _ in net.named_parameters()]
-    return tuple(k for k in names if k not in head), tuple(k for k in names if k in head)
+    head = [k for k in names if k.startswith(prefix)]
+    body = [k for k in names if not k.startswith(prefix)]
+    if body:
+        return body, head
+    if algorithm is None:
+        raise InputError("client net: a feature extractor before the classifier is needed (the hypernetwork "
+                         "generates it); got a single linear layer (mlp_hidden=[]); give it hidden layers, "
+                         "e.g. --set mlp_hidden=[64,64].")
+    raise InputError(f"algorithm {algorithm!r} splits the client net into a body and a head; the mlp without "
+                     f"hidden layers (mlp_hidden={list(getattr(net, 'hidden', []))}) has no body. Set mlp_hidden "
+                     "to at least one layer (e.g. --set mlp_hidden=[32]).")

@@ -7,7 +7,7 @@
 - parameter helpers for ``torch.func`` cohorts: :func:`stacked_params`, :func:`param_shapes`.
 """
 
-from pfl_cli.models.client import CLIENT_ARCHS, MLP, HyperFLCNN, LeNet, client_model, is_image_shape, split_names
+from pfl_cli.models.client import CLIENT_ARCHS, MLP, HyperFLCNN, LeNet, client_model, is_image_shape
 from pfl_cli.models.embedding import (
     EMBEDDINGS,
     CNNEmbedding,
@@ -52,7 +52,6 @@ __all__ = [
     "is_image_shape",
     "num_parameters",
     "param_shapes",
-    "split_names",
     "stacked_params",
     "table_spec",
 ]

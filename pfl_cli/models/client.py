@@ -345,20 +345,3 @@ def client_model(
     if resolved == "hyperfl-cnn":
         return HyperFLCNN(shape[0], num_classes, shape[1:])
     return MLP(prod(shape), num_classes, hidden)
-
-
-def split_names(net: nn.Module) -> tuple[list[str], list[str]]:
-    """``(feature extractor, classifier)`` parameter names: the classifier is the net's last layer.
-
-    Raises :class:`InputError` when the net has no feature extractor before it (an MLP without
-    hidden layers), since pFedHN-PC and HyperFL generate the feature extractor only.
-    """
-    prefix = f"{net.classifier}."
-    names = [k for k, _ in net.named_parameters()]
-    head = [k for k in names if k.startswith(prefix)]
-    body = [k for k in names if not k.startswith(prefix)]
-    if not body:
-        raise InputError("client net: a feature extractor before the classifier is needed (the hypernetwork "
-                         "generates it); got a single linear layer (mlp_hidden=[]); give it hidden layers, "
-                         "e.g. --set mlp_hidden=[64,64].")
-    return body, head

@@ -87,7 +87,7 @@ def adapter_parameters(width: int, kind: str = "vit") -> int:
 class PretrainedNet(nn.Module):
     """Backbone (+ adapters) + linear classifier ``head``; maps (B, *input_shape) to (B, classes) logits."""
 
-    classifier = "head"  # split_names: the classifier's parameter prefix
+    classifier = "head"  # the classifier's parameter prefix (pfl_cli.fl.split)
 
     def __init__(self, backbone: str, input_shape: Sequence[int], num_classes: int, tune: str = "adapters") -> None:
         super().__init__()

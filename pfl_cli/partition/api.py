@@ -317,46 +317,10 @@ def partition_labels(
     train_pool = np.flatnonzero(pool == 0)
     test_pool = np.flatnonzero(pool == 1)
     r_assign, r_test, r_roles = rng.spawn(3)
-    names = None
-    scheme = cfg.scheme
-    info: dict[str, Any] = {"scheme": scheme}
-    sub = lab[train_pool]
-
-    if scheme == "natural":
-        owner_all, names = natural_owners(np.asarray(client))
-        if cfg.group_size is not None:
-            owner_all, names = group_owners(owner_all, names, cfg.group_size, cfg.group_mode)
-            info["grouping"] = {"group_size": cfg.group_size, "mode": cfg.group_mode}
-        num_clients = len(names)
-        owner = owner_all[train_pool]
-    elif scheme == "continuous":
-        if feature is None:
-            raise ConfigError("scheme continuous needs the column's values (feature=...).")
-        num_clients = cfg.num_clients
-        owner, extra = continuous_owners(np.asarray(feature, dtype=np.float64)[train_pool], num_clients=num_clients,
-                                         strictness=float(cfg.strictness), rng=r_assign)
-        info.update(extra)
-    else:
-        num_clients = cfg.num_clients
-        owner = _assign(scheme, sub, cfg, num_clients, ncls, r_assign, info)
-
+    info: dict[str, Any] = {"scheme": cfg.scheme}
+    owner, owner_all, names, num_clients = _owners(cfg, lab, ncls, train_pool, client, feature, r_assign, info)
     train = csr_from_assignment(owner, num_clients, train_pool)
-    use_pool = cfg.test_fraction is None and len(test_pool) > 0
-    if use_pool and scheme == "natural":
-        test = csr_from_assignment(owner_all[test_pool], num_clients, test_pool)
-        info["test_split"] = "official test pool, same natural clients"
-    elif use_pool:
-        hist = label_histograms(train[0], train[1], lab, ncls)
-        test = match_test_pool(hist, lab[test_pool], test_pool, r_test)
-        info["test_split"] = "official test pool, matched to each client's train labels"
-    else:
-        fraction = DEFAULT_TEST_FRACTION if cfg.test_fraction is None else cfg.test_fraction
-        if fraction == 0:  # nothing to split off: the train CSR stands (split_fraction would rebuild it as is)
-            test = (np.zeros(num_clients + 1, np.int64), np.zeros(0, np.int64))
-        else:
-            owner_tr = np.repeat(np.arange(num_clients), np.diff(train[0]))
-            train, test = split_fraction(owner_tr, train[1], num_clients, fraction, r_test)
-        info["test_split"] = f"fraction {fraction} of each client's samples"
+    train, test = _test_split(cfg, train, lab, ncls, test_pool, owner_all, num_clients, r_test, info)
     n_hold = holdout_count(cfg.holdout_clients, num_clients)
     if n_hold >= num_clients:
         raise InfeasibleError(
@@ -386,6 +350,47 @@ def partition_labels(
     part.check(n)
     _warn_if_repaired(info, cfg.min_size)
     return part
+
+
+def _owners(cfg: PartitionConfig, lab: np.ndarray, ncls: int, train_pool: np.ndarray, client, feature, rng, info):
+    """``(owner, owner_all, names, num_clients)``: the client of each train-pool sample under ``cfg.scheme``.
+
+    ``owner_all`` (every sample's natural client) and ``names`` only for ``natural``; ``info``
+    gains the scheme's details.
+    """
+    if cfg.scheme == "natural":
+        owner_all, names = natural_owners(np.asarray(client))
+        if cfg.group_size is not None:
+            owner_all, names = group_owners(owner_all, names, cfg.group_size, cfg.group_mode)
+            info["grouping"] = {"group_size": cfg.group_size, "mode": cfg.group_mode}
+        return owner_all[train_pool], owner_all, names, len(names)
+    if cfg.scheme == "continuous":
+        if feature is None:
+            raise ConfigError("scheme continuous needs the column's values (feature=...).")
+        owner, extra = continuous_owners(np.asarray(feature, dtype=np.float64)[train_pool], num_clients=cfg.num_clients,
+                                         strictness=float(cfg.strictness), rng=rng)
+        info.update(extra)
+        return owner, None, None, cfg.num_clients
+    return _assign(cfg.scheme, lab[train_pool], cfg, cfg.num_clients, ncls, rng, info), None, None, cfg.num_clients
+
+
+def _test_split(cfg: PartitionConfig, train, lab: np.ndarray, ncls: int, test_pool: np.ndarray, owner_all,
+                num_clients: int, rng, info) -> tuple:
+    """``(train, test)`` CSRs: test data from the official test pool (the natural clients', or matched to
+    each client's train labels), or a fraction of each client's samples split off its train data."""
+    if cfg.test_fraction is None and len(test_pool) > 0:
+        if cfg.scheme == "natural":
+            info["test_split"] = "official test pool, same natural clients"
+            return train, csr_from_assignment(owner_all[test_pool], num_clients, test_pool)
+        hist = label_histograms(train[0], train[1], lab, ncls)
+        info["test_split"] = "official test pool, matched to each client's train labels"
+        return train, match_test_pool(hist, lab[test_pool], test_pool, rng)
+    fraction = DEFAULT_TEST_FRACTION if cfg.test_fraction is None else cfg.test_fraction
+    info["test_split"] = f"fraction {fraction} of each client's samples"
+    if fraction == 0:  # nothing to split off: the train CSR stands (split_fraction would rebuild it as is)
+        return train, (np.zeros(num_clients + 1, np.int64), np.zeros(0, np.int64))
+    owner_tr = np.repeat(np.arange(num_clients), np.diff(train[0]))
+    return split_fraction(owner_tr, train[1], num_clients, fraction, rng)
 
 
 def _assign(scheme: str, labels: np.ndarray, cfg: PartitionConfig, num_clients: int, num_classes: int, rng, info) -> np.ndarray:

@@ -110,10 +110,10 @@ def test_head_split_of_lenet_and_mlp_and_refusal_without_a_body(store):
     from pfl_cli.models import build, client_spec
 
     lenet = client_spec("lenet", (3, 32, 32), 10)
-    body, head = split_names(build(lenet), lenet, "fedrep")
-    assert head == ("fc3.weight", "fc3.bias") and body[0] == "conv1.weight" and len(body) == 8
+    body, head = split_names(build(lenet), "fedrep")
+    assert head == ["fc3.weight", "fc3.bias"] and body[0] == "conv1.weight" and len(body) == 8
     mlp = client_spec("mlp", (64,), 10, (32, 16))
-    assert split_names(build(mlp), mlp, "fedrep")[1] == ("fc3.weight", "fc3.bias")
+    assert split_names(build(mlp), "fedrep")[1] == ["fc3.weight", "fc3.bias"]
     with pytest.raises(InputError, match="has no body"):
         alg_for(store, algorithm="fedrep", mlp_hidden=())
 

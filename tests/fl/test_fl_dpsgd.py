@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from dp_accounting import dp_event, rdp
@@ -12,7 +11,8 @@ from pfl_cli.algorithms import CENTAUR, PPSGD
 from pfl_cli.fl.batches import sample_batches
 from pfl_cli.fl.cohort import local_sgd
 from pflx_testing import replace, small_config
-from pfl_cli.fl.dpsgd import ExampleLevelDP, calibrate_example_dp, dp_local_sgd, head_names, poisson_batches
+from pfl_cli.fl.dpsgd import ExampleLevelDP, calibrate_example_dp, dp_local_sgd, poisson_batches
+from pfl_cli.fl.split import split_names
 from pfl_cli.models import build, client_spec
 
 N_TRAIN = 20  # tests/fl/conftest.py: equal_store
@@ -110,7 +110,7 @@ def test_heads_stay_on_the_clients_and_only_the_representation_is_private(equal_
                       val_fraction=0.0, rounds=5, dp_epsilon=4.0, dp_delta=1e-5, dp_clip=0.1, dp_sampling_rate=0.2)
     alg = cls(cfg, equal_store)
     alg.dp = cls.plan_dp(cfg, equal_store)
-    head = head_names([k for k, _ in alg.net.named_parameters()])
+    head = split_names(alg.net)[1]
     assert head == ["fc2.weight", "fc2.bias"] and set(alg.global_params).isdisjoint(head)
     before_heads = {k: v.clone() for k, v in alg.heads.items()}
     alg.run_round(0, COHORT, torch.Generator().manual_seed(0))
@@ -134,9 +134,13 @@ def test_example_level_mechanism_uses_fixed_size_uniform_cohorts():
     assert len(cohort) == 5 and len(set(cohort.tolist())) == 5
 
 
-def test_head_names_is_the_last_layer():
-    assert head_names(["conv1.weight", "conv1.bias", "fc3.weight", "fc3.bias"]) == ["fc3.weight", "fc3.bias"]
-    assert np.all([n.startswith("fc3") for n in head_names(["a.w", "fc3.weight", "fc3.bias"])])
+@pytest.mark.parametrize("arch,shape", [("lenet", (3, 32, 32)), ("mlp", (64,)), ("hyperfl-cnn", (1, 28, 28))])
+def test_the_head_split_is_the_last_layer_of_every_client_net(arch, shape):
+    """The local-DP heads are the classifier the net declares, its last layer (weight and bias)."""
+    net = build(client_spec(arch, shape, 10, (16, 8)))
+    names = [k for k, _ in net.named_parameters()]
+    body, head = split_names(net, "ppsgd")
+    assert head == names[-2:] and body == names[:-2] and head[0].endswith(".weight")
 
 
 def test_sample_batches_and_poisson_batches_agree_on_shape(equal_store):

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from pfl_cli.models import build, client_spec, hyper_spec, num_parameters, split_names
+from pfl_cli.fl.split import split_names
+from pfl_cli.models import build, client_spec, hyper_spec, num_parameters
 from pfl_cli.models.util import count_parameters
 
 

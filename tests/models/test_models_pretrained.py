@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.models import build, split_names
+from pfl_cli.fl.split import split_names
+from pfl_cli.models import build
 from pfl_cli.models.pretrained import (
     BACKBONES,
     PretrainedNet,
