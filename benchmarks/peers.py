@@ -11,18 +11,23 @@ batches of ``--batch``, FedAvg's data-size-weighted mean on the server:
   part of each local step.
 
 Peers (the optional ``bench`` extra; nothing is installed at run time): Apple's pfl-research
-(``pfl``) with its ``SimulatedBackend`` and ``PyTorchModel``. Each framework runs in its own
-process (so peak memory is its own), ``--repeats`` times, alternating the order; the table
-prints the median seconds per round (wall, and CPU seconds of the process, which a loaded
-machine distorts less), peak RSS, the start-up time (process start to the first round's
-start, and data loading apart), and pflx's ratio. It exits 1 where pflx is slower per round
-(CPU time) or uses more peak memory than a peer, 0 when every row holds, and 0 with a notice
-when no peer is installed.
+(``pfl``) with its ``SimulatedBackend`` and ``PyTorchModel``, and Flower's simulation engine
+(``flwr[simulation]``: ``run_simulation`` on Ray with one 1-CPU actor, Flower's ``FedAvg`` /
+``FedProx`` strategies, a ``ClientApp`` training the same torch net). Each framework runs in its
+own process tree (so peak memory is its own), ``--repeats`` times, alternating the order; the
+table prints the median seconds per round (wall, and CPU seconds of the process tree, which a
+loaded machine distorts less), peak RSS, the start-up time (process start to the first round's
+start, and data loading apart), the load average each run saw, and pflx's ratio. It exits 1
+where pflx is slower per round (CPU time) or uses more peak memory than a peer, 0 when every
+row holds, and 0 with a notice when no peer is installed.
 
 What differs, by design of each tool (printed under the table): pflx keeps the images as
-uint8 and standardizes each batch with train-pool statistics; pfl-research gets float32
-arrays scaled to [0, 1] (its data path takes arrays as given). pflx trains all clients of a
-round at once (stacked parameters, ``cohort_exec=auto``); pfl-research one after another.
+uint8 and standardizes each batch with train-pool statistics; the peers get float32 arrays
+scaled to [0, 1] (pfl-research's data path takes arrays as given; Flower's ClientApp converts its
+client's slice once and keeps it). pflx trains all clients of a round at once (stacked
+parameters, ``cohort_exec=auto``); the peers one after another. Neither peer ships a
+personalized algorithm pflx has (pfl-research: Reptile only, no hypernetwork; Flower: none in the
+package), so the baseline row is FedProx, which both ship.
 
 Timing repeated runs: an identical ``pflx train`` re-run with the same ``--out`` is a no-op
 (the artifact contract), which times nothing. This benchmark calls the library in a fresh
@@ -51,7 +56,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKLOADS = ("fedavg-mlp", "fedavg-cnn", "fedprox-mlp")
-PEERS = {"pfl-research": "pfl"}  # framework -> module that must be importable
+PEERS = {"pfl-research": ("pfl",), "Flower": ("flwr", "ray")}  # framework -> modules that must be importable
 PROX_MU = 0.01
 LR = 0.005
 
@@ -59,8 +64,8 @@ LR = 0.005
 # ----------------------------------------------------------------------------- parent: orchestration
 
 
-def _tree_rss_kb(root: int) -> int:
-    """Resident memory of ``root`` and all its descendants (kB), from /proc."""
+def _tree(root: int) -> list[int]:
+    """``root`` and all its living descendants, from /proc (a peer's worker processes count as its own)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -70,10 +75,18 @@ def _tree_rss_kb(root: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo.extend(children.get(pid, []))
+    return found
+
+
+def _tree_rss_kb(root: int) -> int:
+    """Resident memory of ``root`` and all its descendants (kB), from /proc."""
+    total = 0
+    for pid in _tree(root):
         try:
             with open(f"/proc/{pid}/status") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
@@ -82,11 +95,25 @@ def _tree_rss_kb(root: int) -> int:
     return total
 
 
+def _tree_cpu_s(root: int | None = None) -> float:
+    """User + system CPU seconds of ``root`` (default: this process) and its living descendants."""
+    total = 0
+    for pid in _tree(os.getpid() if root is None else root):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _run_child(framework: str, workload: str, args, data: str) -> dict:
     """One framework's run in its own process; its JSON result plus the peak RSS of its process tree."""
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", framework, "--workload", workload,
            "--data", data, "--rounds", str(args.rounds), "--batch", str(args.batch), "--spawned", repr(time.time())]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    load = os.getloadavg()[0]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak, done = [0], threading.Event()
 
@@ -103,6 +130,7 @@ def _run_child(framework: str, workload: str, args, data: str) -> dict:
         raise RuntimeError(f"{framework} {workload} exited {proc.returncode}: {err.strip().splitlines()[-3:]}")
     result = json.loads(out.strip().splitlines()[-1])
     result["tree_rss_mb"] = peak[0] / 1024
+    result["load"] = (load + os.getloadavg()[0]) / 2  # 1-minute load average at the run's start and end
     return result
 
 
@@ -139,12 +167,12 @@ def main(argv=None) -> int:
     if unknown:
         print(f"peers.py: --workloads must be among {', '.join(WORKLOADS)}; got {', '.join(unknown)}", file=sys.stderr)
         return 2
-    peers = [p for p, module in PEERS.items() if importlib.util.find_spec(module) is not None]
+    peers = [p for p, modules in PEERS.items() if all(importlib.util.find_spec(m) is not None for m in modules)]
     if not peers:
-        print("peers.py: skipped: no peer installed (the `bench` extra: pfl-research); "
+        print("peers.py: skipped: no peer installed (the `bench` extra: pfl-research, flwr[simulation]); "
               "see docs/performance/peers.md for its virtual environment")
         return 0
-    versions = {p: _version(PEERS[p]) for p in peers}
+    versions = {p: _version(PEERS[p][0]) for p in peers}
     print(f"peers: {', '.join(f'{p} {v}' for p, v in versions.items())}; torch {_version('torch')}; "
           f"{args.clients} clients x {args.samples} samples, batch {args.batch}, 1 local epoch, all clients "
           f"every round; CPU, 1 thread each; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -153,7 +181,7 @@ def main(argv=None) -> int:
         data = pathlib.Path(tmp) / "data.npz"
         _make_data(data, args.clients, args.samples)
         header = (f"{'workload':<12} {'framework':<13} {'s/round wall':>12} {'s/round CPU':>11} {'peak RSS MB':>11} "
-                  f"{'start s':>7} {'data s':>6} {'acc':>5}")
+                  f"{'start s':>7} {'data s':>6} {'acc':>5} {'load':>5}")
         print(header)
         for workload in workloads:
             runs: dict[str, list[dict]] = {f: [] for f in ["pflx", *peers]}
@@ -161,12 +189,12 @@ def main(argv=None) -> int:
             for r in range(args.repeats):
                 for framework in (order if r % 2 == 0 else order[::-1]):
                     runs[framework].append(_run_child(framework, workload, args, str(data)))
-            med = {f: {k: statistics.median(run[k] for run in rs)
-                       for k in ("wall_per_round", "cpu_per_round", "tree_rss_mb", "start_s", "data_s", "accuracy")}
-                   for f, rs in runs.items()}
+            figures = ("wall_per_round", "cpu_per_round", "tree_rss_mb", "start_s", "data_s", "accuracy", "load")
+            med = {f: {k: statistics.median(run[k] for run in rs) for k in figures} for f, rs in runs.items()}
             for f, m in med.items():
                 print(f"{workload:<12} {f:<13} {m['wall_per_round']:>12.2f} {m['cpu_per_round']:>11.2f} "
-                      f"{m['tree_rss_mb']:>11.0f} {m['start_s']:>7.2f} {m['data_s']:>6.2f} {m['accuracy']:>5.2f}")
+                      f"{m['tree_rss_mb']:>11.0f} {m['start_s']:>7.2f} {m['data_s']:>6.2f} {m['accuracy']:>5.2f} "
+                      f"{m['load']:>5.1f}")
             for p in peers:
                 speed = med[p]["cpu_per_round"] / med["pflx"]["cpu_per_round"]
                 wall = med[p]["wall_per_round"] / med["pflx"]["wall_per_round"]
@@ -177,9 +205,11 @@ def main(argv=None) -> int:
                       f"peak memory pflx/peer {memory:.2f}, target <= 1; {'ok' if ok else 'MISS'}")
             print(f"  pflx first round starts {med['pflx']['start_s']:.2f} s after process start "
                   f"({med['pflx']['data_s']:.2f} s of it loading data), target ~2 s plus data loading")
-    print("differences: pflx keeps uint8 images and standardizes each batch with train-pool statistics; "
-          "pfl-research trains on float32 arrays scaled to [0, 1]. pflx trains a round's clients at once; "
-          "pfl-research one after another. Accuracy is on the clients' own train data after the timed rounds.")
+    print("differences: pflx keeps uint8 images and standardizes each batch with train-pool statistics; the peers "
+          "train on float32 arrays scaled to [0, 1]. pflx trains a round's clients at once (auto: client by client "
+          "for this MLP and for convolutional nets on a CPU); the peers one after another. Flower: Ray with one "
+          "1-CPU actor; its CPU and memory are its whole process tree's (driver, Ray's GCS and raylet, the worker). "
+          "Accuracy is on the clients' own train data after the timed rounds.")
     print(f"{'every row met its target' if not misses else f'{misses} row(s) missed a target'}")
     return 1 if misses else 0
 
@@ -188,7 +218,7 @@ def _version(module: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version({"pfl": "pfl", "torch": "torch"}.get(module, module))
+        return version(module)
     except PackageNotFoundError:
         return "?"
 
@@ -227,7 +257,8 @@ def _torch_model(workload: str):
 
 
 class _Clock:
-    """Per-round wall and CPU seconds; round 0 is the warm-up and is not counted."""
+    """Per-round wall and CPU seconds (of the process tree: Flower's Ray workers included); round 0 is the
+    warm-up and is not counted."""
 
     def __init__(self, spawned: float):
         self.spawned, self.marks, self.start_s = spawned, [], None
@@ -235,10 +266,10 @@ class _Clock:
     def round_start(self):
         if self.start_s is None:
             self.start_s = time.time() - self.spawned
-            self.marks.append((time.perf_counter(), sum(os.times()[:2])))
+            self.marks.append((time.perf_counter(), _tree_cpu_s()))
 
     def round_end(self):
-        self.marks.append((time.perf_counter(), sum(os.times()[:2])))
+        self.marks.append((time.perf_counter(), _tree_cpu_s()))
 
     def result(self, **extra) -> dict:
         import resource
@@ -365,7 +396,112 @@ def _child_pfl_research(args) -> dict:
     return clock.result(data_s=data_s, accuracy=acc)
 
 
-CHILDREN = {"pflx": _child_pflx, "pfl-research": _child_pfl_research}
+def _child_flower(args) -> dict:
+    """Flower's simulation engine (``run_simulation``, Ray backend, one 1-CPU actor): a ServerApp running
+    Flower's own FedAvg / FedProx strategy and a ClientApp that trains the torch net one epoch."""
+    clock = _Clock(args.spawned)
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.serverapp import ServerApp
+    from flwr.serverapp.strategy import FedAvg, FedProx
+    from flwr.simulation import run_simulation
+
+    # The ClientApp must pickle by reference into Ray's workers: take it from the importable module.
+    from benchmarks import peers as importable
+
+    t = time.perf_counter()
+    x, y, clients = _load(args.data)
+    data_s = time.perf_counter() - t
+    fedprox = args.workload.startswith("fedprox")
+    net = _torch_model(args.workload)
+    base = FedProx if fedprox else FedAvg
+
+    class Timed(base):
+        def configure_train(self, server_round, arrays, config, grid):
+            clock.round_start()
+            return super().configure_train(server_round, arrays, config, grid)
+
+        def aggregate_train(self, server_round, replies):
+            out = super().aggregate_train(server_round, replies)
+            clock.round_end()
+            return out
+
+    final = []
+    server = ServerApp()
+
+    @server.main()
+    def main(grid, context):
+        strategy = Timed(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=clients,
+                         min_available_nodes=clients, **({"proximal_mu": PROX_MU} if fedprox else {}))
+        config = ConfigRecord({"lr": LR, "batch": args.batch, "data": args.data, "workload": args.workload})
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=args.rounds + 1,
+                                train_config=config)
+        final.append(result.arrays)
+
+    run_simulation(server_app=server, client_app=importable._flower_client_app(), num_supernodes=clients,
+                   backend_config={"init_args": {"num_cpus": 1}, "client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    net.load_state_dict(final[0].to_torch_state_dict())
+    per = len(x) // clients
+    with torch.no_grad():
+        acc = float(np.mean([(net(torch.as_tensor(x[u * per:(u + 1) * per].astype(np.float32) / 255.0)).argmax(1)
+                              .numpy() == y[u * per:(u + 1) * per]).mean() for u in range(clients)]))
+    return clock.result(data_s=data_s, accuracy=acc)
+
+
+_FLOWER_WORKER = {}  # per Ray worker process: each client's float32 data and the net, built on first use
+
+
+def _flower_client_app():
+    """The ClientApp: one local epoch of ``torch.optim.SGD`` on the node's client, as Flower's PyTorch examples
+    write it (FedProx: the proximal term ``mu / 2 * ||w - w_global||^2`` joins the loss)."""
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+    app.train()(_flower_train)
+    return app
+
+
+def _flower_train(msg, context):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+    torch.set_num_threads(1)
+    config = msg.content["config"]
+    u = int(context.node_config["partition-id"])
+    if "data" not in _FLOWER_WORKER:
+        x, y, clients = _load(config["data"])
+        _FLOWER_WORKER["data"] = (x, y, len(x) // clients)
+        _FLOWER_WORKER["net"] = _torch_model(config["workload"])
+    if u not in _FLOWER_WORKER:  # what pfl-research holds too: float32 in [0, 1], loaded once
+        x, y, per = _FLOWER_WORKER["data"]
+        _FLOWER_WORKER[u] = (torch.as_tensor(x[u * per:(u + 1) * per].astype(np.float32) / 255.0),
+                             torch.as_tensor(y[u * per:(u + 1) * per]))
+    xs, ys = _FLOWER_WORKER[u]
+    net = _FLOWER_WORKER["net"]
+    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    mu = float(config.get("proximal-mu", 0.0))
+    anchor = [p.detach().clone() for p in net.parameters()] if mu else []
+    opt = torch.optim.SGD(net.parameters(), lr=float(config["lr"]))
+    batch = int(config["batch"])
+    order = torch.randperm(len(xs))
+    for i in range(0, len(xs), batch):
+        rows = order[i:i + batch]
+        loss = F.cross_entropy(net(xs[rows]), ys[rows])
+        if mu:
+            loss = loss + mu / 2 * sum((p - a).pow(2).sum() for p, a in zip(net.parameters(), anchor))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    content = RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": MetricRecord({"num-examples": len(xs)})})
+    return Message(content=content, reply_to=msg)
+
+
+CHILDREN = {"pflx": _child_pflx, "pfl-research": _child_pfl_research, "Flower": _child_flower}
 
 
 if __name__ == "__main__":

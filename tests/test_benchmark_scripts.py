@@ -39,11 +39,14 @@ def test_the_peer_benchmark_skips_with_a_notice_or_runs_without_installing_anyth
 
     proc = subprocess.run([*PEERS, "--workloads", "fedavg-mlp", "--clients", "2", "--samples", "64", "--rounds", "1",
                            "--repeats", "1"], env=ENV, capture_output=True, text=True, timeout=600)
-    if importlib.util.find_spec("pfl") is None:
+    installed = {"pfl-research": ("pfl",), "Flower": ("flwr", "ray")}
+    peers = [p for p, modules in installed.items() if all(importlib.util.find_spec(m) for m in modules)]
+    if not peers:
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.startswith("peers.py: skipped: no peer installed (the `bench` extra: pfl-research)")
-    else:
-        assert "fedavg-mlp vs pfl-research: pflx speed-up" in proc.stdout, proc.stderr
+        assert proc.stdout.startswith("peers.py: skipped: no peer installed (the `bench` extra: pfl-research, "
+                                      "flwr[simulation])")
+    for peer in peers:
+        assert f"fedavg-mlp vs {peer}: pflx speed-up" in proc.stdout, proc.stderr
 
 
 def test_the_pflx_side_of_the_peer_benchmark_times_rounds_and_learns(tmp_path):

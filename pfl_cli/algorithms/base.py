@@ -15,6 +15,7 @@ import numpy as np
 
 from pfl_cli.errors import InputError, RunError
 from pfl_cli.fl.communication import Traffic
+from pfl_cli.fl.params import broadcast
 from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weighted_mean  # noqa: F401 - public here too
 from pfl_cli.rng import seed_sequence
 
@@ -274,7 +275,7 @@ class Algorithm(ABC):
         from pfl_cli.fl.cohort import local_sgd
 
         batches = self.local_batches(clients, gen, steps=steps, epochs=epochs)
-        anchor = None if prox_anchor is None else stack(prox_anchor, len(clients))
+        anchor = None if prox_anchor is None else broadcast(prox_anchor, len(clients))
         moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
         fixed = {k: v for k, v in start.items() if k not in moving}
         theta, loss = local_sgd(self.net, moving, self.store, batches, fixed=fixed,

@@ -17,7 +17,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
-from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
+from pfl_cli.fl.params import broadcast, cpu_tree, stack, weighted_mean
 from pfl_cli.privacy.randomness import mechanism_generator
 
 
@@ -74,7 +74,8 @@ class FedAvg(Attackable, Algorithm):
         if len(cohort) == 0:  # an empty Poisson cohort (DP): no client trains, the noise is still added
             theta, loss = stack(self.global_params, 0), torch.zeros(0)
         else:
-            theta, loss, _ = self.cohort_sgd(stack(self.global_params, len(cohort)), cohort, gen,
+            # local SGD copies its start into the stack it trains: no second cohort-sized copy here
+            theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen,
                                              **self.round_schedule(), **self.local_objective())
         self.record_exchange(self.global_params, theta, len(cohort))
         if self.dp is not None:

@@ -24,6 +24,15 @@ def stack(params: dict, c: int) -> dict:
     return {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in params.items()}
 
 
+def broadcast(params: dict, c: int) -> dict:
+    """:func:`stack` as read-only views (no copy): for a start that local SGD copies anyway, or an anchor.
+
+    A cohort stack of the MLP 3072-100-10 for 50 clients is 61 MB; each avoidable copy is a
+    fresh mmap and ~15,000 page faults a round (issue 26).
+    """
+    return {k: v.detach().unsqueeze(0).expand(c, *v.shape) for k, v in params.items()}
+
+
 def merge_rows(n: int, parts) -> dict:
     """Stack per-client models from ``parts`` [(bool mask (n,), {name: (mask.sum(), ...)})] in client order.
 

@@ -167,7 +167,16 @@ class ClientStore:
         """Standardized float32 inputs of sample ``index`` (any shape of indices)."""
         import torch
 
-        x = self.x[index].to(torch.float32)
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.int64, torch.int32) and self.x.dim() > 1 \
+                and self.x.is_contiguous():
+            # One row gather on the flattened samples: the same values as ``x[index]``, which runs
+            # advanced indexing over every input dimension (3x the CPU time for a CIFAR batch; issue 26).
+            x = self.x.flatten(1).index_select(0, index.reshape(-1)).view(*index.shape, *self.x.shape[1:])
+        else:
+            x = self.x[index]
+        if not x.dtype.is_floating_point:  # uint8 images: the float conversion and the centring in one pass
+            return torch.sub(x, self.mean.to(torch.float32)).div_(self.std)
+        x = x.to(torch.float32)
         if x._is_view():  # a plain int or slice index: never standardize the store itself in place
             x = x.clone()
         return x.sub_(self.mean).div_(self.std)  # in place: one cohort-sized buffer per batch, not three

@@ -331,3 +331,37 @@ def test_in_place_and_client_major_steps_equal_the_out_of_place_step(store, mome
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(state["fc1.weight"], ref_state["fc1.weight"], rtol=1e-5, atol=1e-6)
     assert not torch.equal(ref_theta["fc1.weight"], start["fc1.weight"])
+
+
+@pytest.mark.parametrize("unlabeled", [False, True])
+@pytest.mark.parametrize("trainable", ["all", "head"])
+def test_the_client_major_loop_trains_an_epoch_with_a_short_last_batch_like_the_reference(digits_clients, unlabeled,
+                                                                                        trainable):
+    """Issue 26's loop: an epoch's last batch cut to its real samples, the plain mean cross-entropy on
+    fully labeled batches, parameters bound once per client (all trained) or through functional_call (a
+    frozen body): torch.optim.SGD's numbers one client at a time, and vmap's on the padded batches."""
+    from pfl_cli.fl.batches import draw_batches
+
+    ds, part = digits_clients
+    labeled = None if not unlabeled else np.random.default_rng(3).random(len(ds.y)) > 0.3
+    data = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.0, rng=None, device="cpu", labeled=labeled)
+    clients = torch.tensor([0, 2, 5, 9])
+    sizes = data.fit.length[clients]
+    assert (sizes % 10 != 0).all() and (sizes > 10).all()  # every epoch ends in a short batch
+    net = client_model("mlp", (64,), 10, hidden=(16,))
+    start = _start(net, len(clients))
+    fixed = {} if trainable == "all" else {k: v for k, v in start.items() if k.startswith("fc1")}
+    moving = {k: v for k, v in start.items() if k not in fixed}
+    opts = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, clip=1.0)
+    runs = {}
+    for how in ("loop", "vmap", "reference"):
+        batches = draw_batches(data.fit, clients, None, 10, torch.Generator().manual_seed(7), epochs=2)
+        train = local_sgd_reference if how == "reference" else local_sgd
+        runs[how] = train(net, moving, data, batches, fixed=fixed, **({} if how == "reference" else
+                                                                      {"cohort_exec": how}), **opts)
+    theta, loss = runs["loop"]
+    for how in ("vmap", "reference"):
+        for k in moving:
+            torch.testing.assert_close(theta[k], runs[how][0][k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(loss, runs[how][1].to(loss.dtype), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(theta["fc2.weight"], start["fc2.weight"])  # it trained
