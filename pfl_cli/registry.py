@@ -38,7 +38,7 @@ BUILTINS = (
     "pfl_cli.algorithms.fedprox:FedProx", "pfl_cli.algorithms.fedper:FedPer", "pfl_cli.algorithms.fedrep:FedRep",
     "pfl_cli.algorithms.lgfedavg:LGFedAvg", "pfl_cli.algorithms.ditto:Ditto", "pfl_cli.algorithms.apfl:APFL",
     "pfl_cli.algorithms.perfedavg:PerFedAvg", "pfl_cli.algorithms.pfedme:PFedMe", "pfl_cli.algorithms.knnper:KNNPer",
-    "pfl_cli.algorithms.flowdup:FLowDUP", "pfl_cli.algorithms.flowdup:LDFedAvg",
+    "pfl_cli.algorithms.flowdup:FLowDUP", "pfl_cli.algorithms.flowdup:LDFedAvg", "pfl_cli.algorithms.fedtta:FedTTA",
     "pfl_cli.algorithms.ldp_fedavg:LDPFedAvg", "pfl_cli.algorithms.ppsgd:PPSGD", "pfl_cli.algorithms.centaur:CENTAUR",
 )
 

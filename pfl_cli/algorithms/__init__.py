@@ -13,6 +13,7 @@ from pfl_cli.algorithms.fedavg import FedAvg
 from pfl_cli.algorithms.fedper import FedPer
 from pfl_cli.algorithms.fedprox import FedProx
 from pfl_cli.algorithms.fedrep import FedRep
+from pfl_cli.algorithms.fedtta import FedTTA
 from pfl_cli.algorithms.flowdup import FLowDUP, LDFedAvg
 from pfl_cli.algorithms.hyperfl import HyperFL
 from pfl_cli.algorithms.knnper import KNNPer
@@ -27,6 +28,6 @@ from pfl_cli.algorithms.pfedme import PFedMe
 from pfl_cli.algorithms.ppsgd import PPSGD
 
 
-__all__ = ["APFL", "Algorithm", "CENTAUR", "Ditto", "FLowDUP", "FedAvg", "FedPer", "FedProx", "FedRep", "HyperFL",
+__all__ = ["APFL", "Algorithm", "CENTAUR", "Ditto", "FLowDUP", "FedAvg", "FedPer", "FedTTA", "FedProx", "FedRep", "HyperFL",
            "HyperFLLPM", "KNNPer", "LDFedAvg", "LDPFedAvg", "LGFedAvg", "Local", "PFedHN", "PFedHNPC", "PFedMe", "PPSGD", "PeFLL",
            "PerFedAvg"]

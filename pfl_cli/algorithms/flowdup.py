@@ -64,6 +64,7 @@ def split_halves(mask, gen):
 
 
 T = "thesis ch. 5"
+PAPER_SUBSPACE_DIM = 10_000  # thesis C.1.2
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,18 @@ class LDFedAvgConfig(TrainConfig):
     """LD-FedAvg's keys: FedAvg's round on theta = theta_0 + P v."""
 
     algorithm: str = key("ld-fedavg", "the algorithm these keys configure")
-    local_steps: int = key(50, "client SGD steps per round")
-    local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
+    rounds: int = key(500, "communication rounds", f"{T} C.1.2: T = 500 on rotated (F-)MNIST, 1000 on CIFAR-10/FEMNIST")
+    clients_per_round: Optional[int] = key(100, "cohort size of every round (null: every train client)",
+                                           f"{T} C.1.2: cohort 100")
+    batch_size: int = key(50, "client minibatch size B", f"{T} C.1.2: B = 50 (20 on FEMNIST)")
+    local_steps: int = key(50, "client SGD steps per round (when local_epochs is null)")
+    local_epochs: Optional[int] = key(1, "epochs of local SGD per round instead of local_steps (null: steps)",
+                                      f"{T} C.1.2: E = 1")
     server_lr: float = key(1.0, "eta_g: server step on the mean update", f"{T} Alg. 9")
-    subspace_dim: int = key(200, "k of theta = theta_0 + P v", f"{T}: 10^4 (scaled down for CPU runs)")
+    server_optimizer: str = key("sgd", "GradientUpdate of Alg. 9: sgd (psi + eta_g mean change) | adam (Adam on "
+                                "minus the mean change)", f"{T} Alg. 9: any optimizer", choices=("sgd", "adam"))
+    subspace_dim: Optional[int] = key(None, "k of theta = theta_0 + P v (null: min(10^4, d), d = the client "
+                                      "model's weights)", f"{T} C.1.2: k = 10^4")
     subspace_nnz: int = key(4, "nonzeros per row of the seeded sparse P")
 
 
@@ -84,7 +93,7 @@ class FLowDUPConfig(LDFedAvgConfig):
 
     algorithm: str = key("flowdup", "the algorithm these keys configure")
     embedding: str = key("auto", "h_1: auto | cnn-x | mlp-x (reads inputs only, eq. 5.3)", choices=tuple(LABEL_FREE))
-    feature_dim: int = key(64, "e: h_1's output width", f"{T}: 256 (scaled down for CPU runs)")
+    feature_dim: int = key(256, "e: h_1's output width", f"{T} eq. 5.9: e = 256")
     hyper_hidden: int = key(100, "h_2's hidden width")
     lambda_reg: float = key(1e-3, "lambda of Omega = ||h(X) - psi_r||^2", f"{T} eq. 5.4")
     labeled_rate: float = key(0.9, "alpha: the labeled share of every cohort", f"{T} Alg. 9")
@@ -104,8 +113,13 @@ class LDFedAvg(Algorithm):
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.models import num_parameters
+
         arch = Algorithm.resolve_arch(cfg, store)
-        arch["subspace"] = {"dim": int(cfg.subspace_dim), "nnz": int(cfg.subspace_nnz)}
+        # The thesis's k = 10^4 is an absolute size (LFLY18: a task's intrinsic dimension does not grow
+        # with the network), so a smaller model keeps all its d weights rather than a fixed share of them.
+        k = cfg.subspace_dim if cfg.subspace_dim is not None else min(PAPER_SUBSPACE_DIM, num_parameters(arch["client"]))
+        arch["subspace"] = {"dim": int(k), "nnz": int(cfg.subspace_nnz)}
         return arch
 
     @staticmethod
@@ -123,6 +137,7 @@ class LDFedAvg(Algorithm):
         theta0 = {k: v.detach() for k, v in self.net.named_parameters()}
         sub = self.arch["subspace"]
         self.subspace = Subspace(theta0, sub["dim"], self.cfg.seed, sub["nnz"])
+        self.server_state: dict = {}  # the server optimizer's moments (adam)
         self.build_psi()
 
     def build_psi(self) -> None:
@@ -169,9 +184,26 @@ class LDFedAvg(Algorithm):
         start = {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in self.psi.items()}
         psi, loss = split_cohort(self._local_steps, self.store, batches, {"start": start, "steps": batches})
         lr = cfg.server_lr if cfg.server_lr is not None else 1.0
-        for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
-            self.psi[k] = self.psi[k] + lr * (psi[k] - start[k]).mean(0)
+        mean_change = {k: (psi[k] - start[k]).mean(0) for k in self.psi}
+        if cfg.server_optimizer == "adam":
+            self._server_adam(mean_change, lr)
+        else:
+            for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
+                self.psi[k] = self.psi[k] + lr * mean_change[k]
         return loss
+
+    def _server_adam(self, mean_change: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+        """Alg. 9's GradientUpdate as Adam (Kingma & Ba, Alg. 1) on the pseudo-gradient -mean change."""
+        import torch
+
+        st = self.server_state
+        st["step"] = st.get("step", torch.zeros(())) + 1
+        t = float(st["step"])
+        for k, d in mean_change.items():
+            m = st.setdefault(f"m.{k}", torch.zeros_like(d)).mul_(betas[0]).add_(-d, alpha=1 - betas[0])
+            v = st.setdefault(f"v.{k}", torch.zeros_like(d)).mul_(betas[1]).addcmul_(d, d, value=1 - betas[1])
+            step = (m / (1 - betas[0] ** t)) / ((v / (1 - betas[1] ** t)).sqrt() + eps)
+            self.psi[k] = self.psi[k] - lr * step
 
     def _local_steps(self, start, steps):
         """Alg. 10: every client's SGD steps on its psi_i; its final psi_i (c, ...) and mean loss (c,).
@@ -201,16 +233,17 @@ class LDFedAvg(Algorithm):
 
     # ------------------------------------------------------------------ state
     def state(self):
-        return {"psi": cpu_tree(self.psi, clone=True)}
+        return {"psi": cpu_tree(self.psi, clone=True), "server": cpu_tree(self.server_state, clone=True)}
 
     def load_state(self, state):
         self.psi = {k: v.to(self.device) for k, v in state["psi"].items()}
+        self.server_state = {k: v.to(self.device) for k, v in state.get("server", {}).items()}
 
     def weights(self):
-        return self.state()
+        return {"psi": cpu_tree(self.psi, clone=True)}
 
     def load_weights(self, weights):
-        self.load_state(weights)
+        self.psi = {k: v.to(self.device) for k, v in weights["psi"].items()}
 
 
 class FLowDUP(LDFedAvg):
@@ -239,7 +272,7 @@ class FLowDUP(LDFedAvg):
         arch = LDFedAvg.resolve_arch(cfg, store)
         kind = LABEL_FREE[cfg.embedding] or resolve_embedding("auto", store.input_shape) + "-x"
         arch["features"] = embedding_spec(kind, store.input_shape, store.num_classes, cfg.feature_dim)  # h_1
-        arch["head"] = client_spec("mlp", (cfg.feature_dim,), cfg.subspace_dim, (cfg.hyper_hidden,))     # h_2
+        arch["head"] = client_spec("mlp", (cfg.feature_dim,), arch["subspace"]["dim"], (cfg.hyper_hidden,))  # h_2
         return arch
 
     @staticmethod

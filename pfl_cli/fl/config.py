@@ -107,7 +107,7 @@ KEY_RULES: dict[str, tuple] = {
                                      "embed_rounds", "head_epochs", "body_epochs", "new_client_epochs")},
     **{k: ("int", 1, None) for k in ("clients_per_round", "local_steps", "batch_size", "descriptor_batch",
                                      "eval_every", "hyper_hidden", "subspace_dim", "subspace_nnz", "feature_dim",
-                                     "local_epochs", "K", "knn_k")},
+                                     "local_epochs", "K", "knn_k", "adapt_steps", "adapt_hidden")},
     **{k: ("float", 0.0, None) for k in ("client_clip", "server_clip", "lambda_h", "lambda_v", "lambda_theta",
                                          "lambda_reg", "hn_weight_decay", "mu", "lam", "alpha_lr", "personal_clip",
                                          "personal_weight_decay")},
@@ -115,7 +115,7 @@ KEY_RULES: dict[str, tuple] = {
     **{k: ("below1", 0.0, 1.0) for k in ("momentum", "server_momentum", "hn_momentum", "personal_momentum",
                                          "val_fraction")},
     **{k: ("pos", None, None) for k in ("lr", "server_lr", "embed_lr", "head_lr", "beta", "personal_lr",
-                                        "knn_scale")},
+                                        "knn_scale", "adapt_lr", "adapt_model_lr")},
 }
 
 

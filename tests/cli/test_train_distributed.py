@@ -75,7 +75,7 @@ EVERY = {
     "pefll": [], "fedavg": ["--finetune-steps", "3"], "local": ["--local-epochs", "2"], "pfedhn": [],
     "pfedhn-pc": [], "hyperfl": [],
     "hyperfl-lpm": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
-    "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [],
+    "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [], "fedtta": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }

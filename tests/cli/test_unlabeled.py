@@ -197,3 +197,23 @@ def test_flowdup_serves_new_unlabeled_rotated_clients_through_the_cli(tmp_path, 
     track = cli("train", "--partition", part, "--algorithm", "flowdup", "--out", tmp_path / "t", "--set",
                 "track_descriptors=true")
     assert track.code == 2 and "unknown --set key 'track_descriptors' for algorithm 'flowdup'" in track.err
+
+
+def test_fedtta_adapts_to_new_unlabeled_clients_through_the_cli(tmp_path, cli):
+    """FedTTA trains on the labeled clients and adapts the global model on each new client's unlabeled samples."""
+    part, model, pred = tmp_path / "rot", tmp_path / "fedtta", tmp_path / "pred"
+    assert cli("partition", "--rotations", "0,90,180,270", "--label-prevalence", "0.5", "--num-clients", "16",
+               "--holdout-clients", "4", "--test-fraction", "0.3", "--out", part).code == 0
+    run = cli("train", "--partition", part, "--algorithm", "fedtta", "--out", model, "--rounds", "2", "--eval-every",
+              "2", "--clients-per-round", "4", "--set", "mlp_hidden=[8]", "--set", "adapt_steps=2", "--format", "json")
+    assert run.code == 0, run.err
+    m = json.loads((model / "metrics.json").read_text())
+    assert m["num_unlabeled_clients"] == 10
+    out = cli("predict", "--model", model, "--partition", part, "--evaluate-hidden-labels", "--out", pred)
+    assert out.code == 0, out.err
+    p = json.loads((pred / "metrics.json").read_text())
+    assert p["algorithm"] == "fedtta" and p["personalized"] and p["num_evaluated_clients"] == 4
+    assert p["optimizer_steps"] == 2 * 4  # adapt_steps on each new client, no labels read
+    assert p["protocol"] == "global model adapted 2 steps on the learned loss of its unlabeled data"
+    bad = cli("train", "--partition", part, "--algorithm", "fedtta", "--out", tmp_path / "bad", "--set", "adapt_lr=0")
+    assert bad.code == 2 and "adapt_lr" in bad.err and not (tmp_path / "bad").exists()
