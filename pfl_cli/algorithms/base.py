@@ -230,6 +230,14 @@ class Algorithm(ABC):
         return draw_batches(self.store.fit, clients, None if epochs else steps, self.cfg.batch_size, gen,
                             epochs=epochs or None)
 
+    def step_batches(self, clients, gen, *, lazy: bool):
+        """``cfg.local_steps`` batches per client: (c, k, b) tables, or the same batches lazily (``lazy``: a
+        Flower node's ``local_sgd_held``, or a server advancing ``gen`` past the draw its nodes make)."""
+        from pfl_cli.fl.batches import draw_batches, sample_batches
+
+        draw = draw_batches if lazy else sample_batches
+        return draw(self.store.fit, clients, self.cfg.local_steps, self.cfg.batch_size, gen)
+
     def train_clients(self, start: dict, clients: np.ndarray, gen, *, steps: int | None = None,
                       epochs: int | None = None, chunk: int = 64, stacked: bool = False, **objective) -> dict:
         """Local SGD from ``start`` on each client's fit data, ``chunk`` clients at a time.

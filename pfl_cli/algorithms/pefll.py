@@ -249,14 +249,6 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
         d_index, d_mask = sample_batches(self.store.fit, cohort, 1, self.cfg.descriptor_batch, gen)
         return d_index[:, 0], d_mask[:, 0]
 
-    def step_batches(self, cohort, gen, *, lazy: bool):
-        """Step 10's batches (drawn after :meth:`descriptor_batches` from the same generator): the
-        (c, k, b) tables, or the same batches lazily (``lazy``: a Flower node's ``local_sgd_held``)."""
-        from pfl_cli.fl.batches import draw_batches, sample_batches
-
-        draw = draw_batches if lazy else sample_batches
-        return draw(self.store.fit, cohort, self.cfg.local_steps, self.cfg.batch_size, gen)
-
     def client_descriptor(self, d_index, d_mask):
         """Steps 6-7: the raw descriptors (c, l) of batches B_i, with the embedding net's graph kept."""
         return self._embed_cohort(d_index, d_mask)

@@ -203,10 +203,9 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
     def _local(self, theta, clients, gen, heads=None, momentum=None, group: str = ""):
         """K local SGD steps from the generated ``theta`` (h's output names; plus private heads) on the
         group's net; returns (theta~ under h's output names, heads, loss)."""
-        from pfl_cli.fl.batches import sample_batches
         from pfl_cli.fl.cohort import local_sgd
 
-        index, mask = sample_batches(self.store.fit, clients, self.cfg.local_steps, self.cfg.batch_size, gen)
+        index, mask = self.step_batches(clients, gen, lazy=False)
         start = {plain: theta[out].detach() for out, plain in self.generated[group]}
         if heads is not None:
             start.update(heads)
@@ -219,8 +218,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
         import torch
 
         c = len(cohort)
-        v = self.table(self.row_of[cohort])                             # v_i (with graph)
-        theta = self.hnet(v)                                            # theta_i = h(v_i; phi), every size
+        theta = self.generate(cohort)
         neg_delta = {k: torch.zeros_like(t) for k, t in theta.items()}  # sizes a client does not use: no gradient
         loss = torch.zeros(c, device=self.device)
         groups = self.group_of(cohort)
@@ -244,10 +242,21 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
                 # Erratum 2: J^T (theta - theta~), descent on 1/2 ||theta~ - h(v; phi)||^2; averaged over the cohort.
                 neg_delta[out][members] = (mine[out].detach() - new[out]) / c
             loss[members] = loss_g
+        self.server_update(theta, neg_delta)
+        return loss
+
+    # The server's halves of a round, which a Flower deployment runs apart from the clients' local steps.
+    def generate(self, cohort):
+        """Alg. 1 line 1: theta_i = h(v_i; phi) for the cohort's embeddings v_i, every size, with the graph."""
+        return self.hnet(self.table(self.row_of[cohort]))
+
+    def server_update(self, theta: dict, neg_delta: dict) -> None:
+        """Alg. 1 lines 3-4: phi and the embeddings step along J^T neg_delta, neg_delta = (theta - theta~) / c."""
+        import torch
+
         params = [*self.hnet.parameters(), *self.table.parameters()]
         grads = torch.autograd.grad(list(theta.values()), params, grad_outputs=list(neg_delta.values()))
         server_step(self.opt, params, grads, clip=self.server_clip)     # erratum 1: once per round
-        return loss
 
     # ------------------------------------------------------------------ the client's message (pflx attack)
     def round_upload_steps(self) -> int:
@@ -322,12 +331,13 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
             parts.append((~known, self.new_clients(clients[~known], gen, group)))
         return merge_rows(len(clients), parts), True
 
-    def new_clients(self, clients: np.ndarray, gen, group: str = "") -> dict:
+    def new_clients(self, clients: np.ndarray, gen, group: str = "", local=None) -> dict:
         """A.9.4: phi frozen; a fresh embedding per client trained by the delta-VJP rule for ``embed_rounds``.
 
         The embedding takes the server's optimizer settings (embedding lr, momentum, weight decay,
         clip per client); pFedHN-PC also trains a fresh head with a persistent momentum buffer.
-        Every client is independent: they run as one batched computation.
+        Every client is independent: they run as one batched computation. ``local`` replaces
+        :meth:`_local` (a Flower deployment sends theta to the clients' nodes and gets theta~ back).
         """
         import torch
 
@@ -346,7 +356,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
         for _ in range(cfg.embed_rounds):
             leaf = v.detach().requires_grad_(True)
             theta = self.hnet(leaf)
-            new, new_heads, _ = self._local(theta, sel, gen, heads, momentum, group)
+            new, new_heads, _ = (local or self._local)(theta, sel, gen, heads, momentum, group)
             if heads is not None:
                 heads = new_heads
             # Per-client rows: the gradient of the sum is each client's own J_v^T (theta - theta~).

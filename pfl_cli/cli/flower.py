@@ -29,7 +29,7 @@ def app(
     fmt: FormatOpt = Format.human,
 ) -> None:
     """Write a Flower app (pyproject.toml with [tool.flwr.app], a ServerApp and a ClientApp) that runs the
-    train recipe --config on Flower: fedavg, fedprox and pefll. Start it with `flwr run APPDIR` against a
+    train recipe --config on Flower: fedavg, fedprox, pefll and pfedhn. Start it with `flwr run APPDIR` against a
     SuperLink whose SuperNodes each hold one client (--node-config "partition-dir='PART' partition-id=K");
     the ServerApp writes a normal train artifact for predict, show and privacy-account.
 

@@ -28,7 +28,7 @@ CLIENT_APP = '''"""ClientApp: pflx's client side on the SuperNode's own client (
 
 from flwr.clientapp import ClientApp
 
-from pfl_cli.interop.flower_app import averaging, node, pefll
+from pfl_cli.interop.flower_app import averaging, node, pefll, pfedhn
 
 app = ClientApp()
 app.query("pflx_hello")(node.hello)
@@ -40,7 +40,10 @@ app.train("pflx_pefll_describe")(pefll.describe)
 app.train("pflx_pefll_local")(pefll.local_train)
 app.train("pflx_pefll_backprop")(pefll.backprop)
 app.query("pflx_pefll_describe")(pefll.evaluate_describe)
-app.evaluate("pflx_pefll_model")(pefll.evaluate_model)
+app.evaluate("pflx_pefll_model")(node.evaluate_model)
+# pFedHN (Alg. 1): one exchange per round (also each step of a new client's embedding fit); its model to evaluate.
+app.train("pflx_pfedhn_local")(pfedhn.local_train)
+app.evaluate("pflx_pfedhn_model")(node.evaluate_model)
 '''
 
 

@@ -1,4 +1,4 @@
-"""`pflx flower app` and the Flower app it writes: FedAvg / FedProx / PeFLL on Flower's Message API.
+"""`pflx flower app` and the Flower app it writes: FedAvg / FedProx / PeFLL / pFedHN on Flower's Message API.
 
 The protocol runs in process here (``flower_fake_grid``: the generated ClientApp called with
 Flower's own messages); ``test_flower_loopback.py`` runs it on a real SuperLink and SuperNodes.
@@ -337,9 +337,93 @@ def test_pefll_node_dying_mid_round_is_dropped_and_recorded(setup, tmp_path):
     assert m["communication"]["client_rounds"] == 3 + 2 + 2
 
 
+@pytest.fixture(scope="module")
+def pfedhn_run(setup):
+    """One pFedHN deployment (fake grid) and its simulation, shared by the pFedHN tests."""
+    from flower_fake_grid import FakeGrid
+
+    app = _app(setup, "app-pfedhn", *PFEDHN)
+    grid = FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(setup / "deployed-pfedhn")})
+    _serve(grid)
+    sim = _simulate(setup, setup / "sim-pfedhn", *PFEDHN)
+    return grid, setup / "deployed-pfedhn", setup / "sim-pfedhn", sim
+
+
+PFEDHN = ("algorithm=pfedhn", "embed_rounds=3")
+
+
+def test_pfedhn_on_flower_equals_pflx_train(pfedhn_run):
+    """Alg. 1 split across the network: theta_i = h(v_i) down, K steps on the node, delta theta_i up, the
+    server's step. Every tensor is the simulation's: the node computes theta~ - theta, the server
+    negates it (the simulation's theta - theta~, the same float), so the weights agree bitwise
+    (asserted to 1e-6, as the other algorithms)."""
+    grid, deployed, simulated, sim = pfedhn_run
+    got = torch.load(deployed / "model.pt", weights_only=True)
+    assert got["algorithm"] == "pfedhn"
+    for net in ("hypernetwork", "table"):
+        assert got["weights"][net].keys() == sim["weights"][net].keys()
+        for k, v in sim["weights"][net].items():
+            assert torch.allclose(got["weights"][net][k], v, rtol=0, atol=1e-6), (net, k)
+    assert torch.equal(got["weights"]["partition_sha"], sim["weights"]["partition_sha"])
+    m_sim = json.loads((simulated / "metrics.json").read_text())
+    m_got = json.loads((deployed / "metrics.json").read_text())
+    for group in ("train", "holdout"):
+        assert m_got[group]["pooled_accuracy"] == pytest.approx(m_sim[group]["pooled_accuracy"], abs=1e-12)
+        assert m_got[group]["loss"] == pytest.approx(m_sim[group]["loss"], rel=1e-5)
+    assert m_got["communication"] == m_sim["communication"]
+    down, up = m_got["wire"]["bytes_down"], m_got["wire"]["bytes_up"]
+    assert down["train.model"] == up["train.model"]  # theta_i down, delta theta_i of the same shapes up
+    # One exchange per cohort client per round; the holdout client's embedding fit (embed_rounds = 3
+    # exchanges), then every node's model to evaluate.
+    assert grid.sent.count("train.pflx_pfedhn_local") == 3 * 2 + 3
+    assert grid.sent.count("evaluate.pflx_pfedhn_model") == 4
+
+
+def test_pfedhn_artifact_serves_new_clients_with_predict(pfedhn_run, cli):
+    _, deployed, _, _ = pfedhn_run
+    setup = deployed.parent
+    r = cli("predict", "--model", deployed, "--partition", setup / "part", "--clients", "holdout",
+            "--out", setup / "pred-pfedhn", "--format", "json")
+    assert r.code == 0, r.err
+    pred = json.loads(r.out)
+    m = json.loads((deployed / "metrics.json").read_text())
+    assert pred["num_clients"] == 1
+    assert pred["mean_accuracy"] == pytest.approx(m["holdout"]["mean_accuracy"], abs=1e-12)
+
+
+def test_pfedhn_node_dying_mid_run_is_dropped_and_recorded(setup, tmp_path):
+    """A train node gone from round 2 on: the rounds complete with the clients that reply (the server's
+    step averages over them), participation.csv records the drops, the weights stay finite."""
+    from flower_fake_grid import FakeGrid
+
+    victim = _train_node(setup, 1)
+    app = _app(setup, "app-pfedhn-dead", *PFEDHN, "clients_per_round=3")
+    out = tmp_path / "deployed"
+    grid = FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(out)})
+    real = grid.send_and_receive
+
+    def dies_in_round_two(messages, *, timeout=None):
+        if messages and messages[0].metadata.message_type == "train.pflx_pfedhn_local" and \
+                grid.sent.count("train.pflx_pfedhn_local") >= 3:
+            grid.dead.add(victim)
+        return real(messages, timeout=timeout)
+
+    grid.send_and_receive = dies_in_round_two
+    _serve(grid)
+    weights = torch.load(out / "model.pt", weights_only=True)["weights"]
+    assert all(torch.isfinite(v).all() for v in weights["hypernetwork"].values())
+    rows = [line.split(",") for line in (out / "participation.csv").read_text().splitlines()[1:]]
+    assert [(r[0], r[2]) for r in rows if r[3] != "trained"] == [("2", str(victim)), ("3", str(victim))]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["communication"]["client_rounds"] == 3 + 2 + 2
+    assert m["train"]["num_clients"] == 2  # the dead node has no evaluation either
+
+
 @pytest.mark.parametrize("sets, message", [
-    (["algorithm=pfedhn"], "flower app: algorithm must be one of fedavg, fedprox, pefll (what runs on Flower so far); "
-                           "got 'pfedhn'."),
+    (["algorithm=pfedhn-pc"], "flower app: algorithm must be one of fedavg, fedprox, pefll, pfedhn (what runs on "
+                              "Flower so far); got 'pfedhn-pc'."),
+    (["algorithm=pfedhn", "client_sizes=S,M"], "flower app: client_sizes is not deployed on Flower (one model size "
+                                               "per run); got 'S,M'; drop it."),
     (["algorithm=pefll", "track_descriptors=true"], "flower app: track_descriptors is not deployed on Flower"),
     (["val_fraction=0.1"], "flower app: val_fraction must be 0 on Flower"),
     (["finetune_steps=3"], "flower app: finetune_steps must be 0 on Flower"),

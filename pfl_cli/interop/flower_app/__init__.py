@@ -9,7 +9,7 @@ the rest, and options the deployment does not implement, in one line.
 
 The messages carry exactly the tensors the algorithm's traffic ledger counts (FedAvg: the global
 model down, each client's model up; PeFLL: Alg. 8's six messages per client, §1.5 of
-specs/pefll.md); their bytes on the wire are measured and written beside the ledger's count.
+specs/pefll.md; pFedHN: theta_i down, delta theta_i up); their bytes on the wire are measured and written beside the ledger's count.
 Each algorithm's messages live in one module (:data:`ROUNDS`): its server side and its node side.
 """
 
@@ -20,8 +20,9 @@ from pfl_cli.errors import ConfigError
 # The module of each deployed algorithm's messages: "averaging" for a round of "global model down,
 # local SGD, client model up, weighted mean" (thesis Alg. 3/4; FedProx adds its proximal term to
 # the local objective), "pefll" for PeFLL's split back-propagation (thesis Alg. 8) and Alg. 7's
-# descriptor-to-model exchange for evaluation.
-ROUNDS = {"fedavg": "averaging", "fedprox": "averaging", "pefll": "pefll"}
+# descriptor-to-model exchange for evaluation, "pfedhn" for pFedHN's generated model down and its
+# delta up (Alg. 1; a new client's embedding fit by the same exchange).
+ROUNDS = {"fedavg": "averaging", "fedprox": "averaging", "pefll": "pefll", "pfedhn": "pfedhn"}
 SUPPORTED = tuple(ROUNDS)
 
 
@@ -40,7 +41,8 @@ def check_deployable(cfg) -> None:
         raise ConfigError(f"flower app: algorithm must be one of {', '.join(SUPPORTED)} (what runs on Flower so "
                           f"far); got {cfg.algorithm!r}.")
     validate_train_config(cfg)
-    own = {k: getattr(cfg, k, None) for k in ("finetune_steps", "local_epochs", "track_descriptors")}  # per algorithm
+    own = {k: getattr(cfg, k, None) for k in ("finetune_steps", "local_epochs", "track_descriptors",
+                                               "client_sizes")}  # per algorithm
     rules = (
         (cfg.dp_epsilon is not None, "dp: --dp is not deployed on Flower yet (DP-FedAvg with server-side noise "
                                      "is not implemented); drop --dp"),
@@ -53,6 +55,8 @@ def check_deployable(cfg) -> None:
                                           f"{own['local_epochs']}"),
         (bool(own["track_descriptors"]), "track_descriptors is not deployed on Flower (the server sees no label "
                                          "distributions); drop it"),
+        (bool(own["client_sizes"]), f"client_sizes is not deployed on Flower (one model size per run); got "
+                                    f"{own['client_sizes']!r}; drop it"),
     )
     for broken, message in rules:
         if broken:

@@ -8,8 +8,9 @@ the normalization statistics and the validation split come from the partition as
 ``pflx train``, so the client's fit data and inputs are exactly the simulation's.
 
 :func:`hello` (:data:`~.common.HELLO`) reports what the node holds (the server checks it against the
-partition); the algorithms' own handlers are in :mod:`.averaging` (FedAvg, FedProx) and
-:mod:`.pefll`.
+partition); the algorithms' own handlers are in :mod:`.averaging` (FedAvg, FedProx), :mod:`.pefll`
+and :mod:`.pfedhn`, which share :func:`local_delta` (local SGD from a model the server generated)
+and :func:`evaluate_model` (a model the server generated, evaluated with no step).
 """
 
 from __future__ import annotations
@@ -99,3 +100,37 @@ def test_counts(position: int, ev):
 
     return MetricRecord({"partition-id": position, **{k: float(getattr(ev, k)[0])
                                                      for k in ("n", "correct", "correct_lm", "loss")}})
+
+
+def local_delta(data: NodeData, theta: dict, batches, label: str, cohort: list):
+    """Local SGD of the node's client from ``theta`` (a model the server generated) on its rows of the
+    cohort's ``batches``: a ``RecordDict`` with delta theta = theta~ - theta and the mean loss."""
+    from flwr.app import MetricRecord, RecordDict
+
+    from pfl_cli.algorithms.base import stack
+    from pfl_cli.fl.cohort import local_sgd_held
+    from pfl_cli.interop.flower_app.wire import to_record
+
+    alg = data.algorithm
+    rows, new, loss = local_sgd_held(alg.net, stack(theta, len(cohort)), data.store, batches, **alg.sgd_options())
+    if int(rows.sum()) != 1:
+        raise RuntimeError(f"{label}: this node's client {data.position} is not in the cohort {cohort} it was sent.")
+    return RecordDict({"delta": to_record({k: new[k][0] - theta[k] for k in theta}),
+                       "result": MetricRecord({"loss": float(loss[0]), "partition-id": data.position})})
+
+
+def evaluate_model(message, context):
+    """A generated model received (PeFLL's Alg. 7 step 6, pFedHN's h(v_i)), evaluated on this client's test
+    samples with no optimizer step."""
+    from flwr.app import Message, RecordDict
+
+    from pfl_cli.algorithms.base import stack
+    from pfl_cli.fl.evaluate import evaluate as evaluate_clients
+    from pfl_cli.interop.flower_app.wire import from_record
+
+    data = load_node(context)
+    alg = data.algorithm
+    theta = stack(from_record(message.content["theta"], alg.device), 1)
+    ev = evaluate_clients(alg.net, theta, data.store, np.array([data.position]), "test", personalized=True,
+                          cohort_exec=alg.cfg.cohort_exec)
+    return Message(RecordDict({"result": test_counts(data.position, ev)}), reply_to=message)

@@ -168,22 +168,16 @@ def local_train(message, context):
     """Steps 9-11: k local SGD steps from the theta_i received, on the batches the simulation draws;
     delta theta_i goes up."""
     import torch
-    from flwr.app import Message, MetricRecord, RecordDict
+    from flwr.app import Message
 
-    from pfl_cli.algorithms.base import stack
-    from pfl_cli.fl.cohort import local_sgd_held
-    from pfl_cli.interop.flower_app.wire import from_record, restore_generator, to_record
+    from pfl_cli.interop.flower_app.node import local_delta
+    from pfl_cli.interop.flower_app.wire import from_record, restore_generator
 
     data, alg, state = _stored(context)
     cohort = torch.as_tensor(list(state["cohort"]), dtype=torch.long, device=alg.device)
-    theta = from_record(message.content["theta"], alg.device)
     batches = alg.step_batches(cohort, restore_generator(state["generator"]), lazy=True)
-    rows, new, loss = local_sgd_held(alg.net, stack(theta, len(cohort)), data.store, batches, **alg.sgd_options())
-    if int(rows.sum()) != 1:
-        raise RuntimeError(f"round {state['round']}: this node's client {data.position} is not in the cohort "
-                           f"{list(state['cohort'])} it was sent.")
-    content = RecordDict({"delta": to_record({k: new[k][0] - theta[k] for k in alg.names}),
-                          "result": MetricRecord({"loss": float(loss[0]), "partition-id": data.position})})
+    content = local_delta(data, from_record(message.content["theta"], alg.device), batches,
+                          f"round {state['round']}", list(state["cohort"]))
     return Message(content, reply_to=message)
 
 
@@ -219,23 +213,6 @@ def evaluate_describe(message, context):
     gen = torch_generator(alg.cfg.seed, f"evaluate-{int(message.content['config']['round'])}")
     raw = alg.raw_descriptors(np.array([data.position]), gen)
     return Message(RecordDict({"descriptor": to_record({"v": raw[0]})}), reply_to=message)
-
-
-def evaluate_model(message, context):
-    """Alg. 7 step 6 received: the generated model, evaluated on this client's test samples (no step)."""
-    from flwr.app import Message, RecordDict
-
-    from pfl_cli.algorithms.base import stack
-    from pfl_cli.fl.evaluate import evaluate as evaluate_clients
-    from pfl_cli.interop.flower_app.node import load_node, test_counts
-    from pfl_cli.interop.flower_app.wire import from_record
-
-    data = load_node(context)
-    alg = data.algorithm
-    theta = stack(from_record(message.content["theta"], alg.device), 1)
-    ev = evaluate_clients(alg.net, theta, data.store, np.array([data.position]), "test", personalized=True,
-                          cohort_exec=alg.cfg.cohort_exec)
-    return Message(RecordDict({"result": test_counts(data.position, ev)}), reply_to=message)
 
 
 def _round_node(context, round_, embedding):

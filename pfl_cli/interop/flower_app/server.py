@@ -44,11 +44,6 @@ def log(level: int, text: str) -> None:
 
 
 @dataclass
-class _Fit:
-    length: object  # LongTensor (n_clients,): fit samples per client, as the nodes reported them
-
-
-@dataclass
 class ServerStore:
     """What the server side of an algorithm reads of a ``ClientStore``: public facts, no samples.
 
@@ -62,10 +57,13 @@ class ServerStore:
     num_classes: int
     role: np.ndarray
     labeled: np.ndarray
-    fit: _Fit
+    fit: object  # fl.store.Padded: the nodes' fit sizes, every index NOT_HERE (the server draws batches, reads none)
     mean: object
     std: object
-    partition_sha: str
+    partition_sha: bytes  # fl.client_state.partition_digest, as build_store computes it
+
+    def clients(self, role: int) -> np.ndarray:
+        return np.flatnonzero(self.role == role)
 
 
 @dataclass
@@ -210,6 +208,7 @@ def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float, *, 
 def _server_store(cfg, part, info, part_art, facts: dict, norm: dict) -> ServerStore:
     import torch
 
+    from pfl_cli.fl.client_state import partition_digest
     from pfl_cli.fl.device import resolve_device
 
     n = part.num_clients
@@ -220,7 +219,20 @@ def _server_store(cfg, part, info, part_art, facts: dict, norm: dict) -> ServerS
         length[position] = int(f["fit-size"])
     return ServerStore(device=resolve_device(cfg.device), num_clients=n, input_shape=tuple(info["input_shape"]),
                        num_classes=int(info["num_classes"]), role=np.asarray(part.role), labeled=labeled,
-                       fit=_Fit(length), mean=norm["mean"], std=norm["std"], partition_sha=part_art.content_hash)
+                       fit=_sizes_only(length), mean=norm["mean"], std=norm["std"],
+                       partition_sha=partition_digest(part.client_id, np.asarray(part.role), part.train_offsets,
+                                                      part.train_indices))
+
+
+def _sizes_only(length):
+    """A ``Padded`` of the clients' fit sizes whose indices are all ``NOT_HERE``: the server draws a cohort's
+    batches from it (consuming the round generator as ``pflx train`` does), and its nodes read their own."""
+    import torch
+
+    from pfl_cli.fl.store import NOT_HERE, Padded
+
+    width = max(int(length.max()) if len(length) else 1, 1)
+    return Padded(torch.full((len(length), width), NOT_HERE, dtype=torch.long), length)
 
 
 def exchange(grid, meter, kind: str, message_type: str, contents: dict, accepted: dict, timeout: float):
