@@ -77,15 +77,23 @@ class FedAvg(Attackable, Algorithm):
             # local SGD copies its start into the stack it trains: no second cohort-sized copy here
             theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen,
                                              **self.round_schedule(), **self.local_objective())
+        self.aggregate(t, cohort, theta)
+        return loss
+
+    def aggregate(self, t: int, cohort, theta: dict) -> None:
+        """The server's half of round ``t``: the cohort's models ``theta`` (c, ...) -> the new global model.
+
+        Alg. 3 line 9 (the data-size-weighted mean), or under ``--dp`` DP-FedAvg (McMahan et al.
+        2018, Alg. 1): clipped deltas, noisy sum / (q N), even for an empty Poisson cohort.
+        A Flower deployment's ServerApp calls it with the models its nodes sent.
+        """
         self.record_exchange(self.global_params, theta, len(cohort))
         if self.dp is not None:
-            # DP-FedAvg (McMahan et al. 2018, Alg. 1): clipped deltas, noisy sum / (q N).
             deltas = {k: theta[k] - g for k, g in self.global_params.items()}
             self.server_update(self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}",
                                                                             self.device)))
         else:
             self.server_step(weighted_mean(self.store, cohort, theta))
-        return loss
 
     def local_objective(self) -> dict:
         """Extra terms of the clients' local objective (FedProx adds its proximal term)."""

@@ -108,14 +108,27 @@ def write_deployment(run) -> None:
     weights = alg.weights()
     outcome = TrainOutcome(weights=weights, history=run.history + evaluation_rows(run.evaluation),
                            best=run.evaluation, last_round=cfg.rounds, selection="last")
-    train = TrainRun(model=model_payload(alg, weights), outcome=outcome, store=run.store, algorithm=alg)
+    train = TrainRun(model=model_payload(alg, weights), outcome=outcome, store=run.store, algorithm=alg, dp=alg.dp)
     metrics = train_metrics(cfg, train, run.info, run.store.device)
-    metrics["wire"] = run.meter.summary(metrics["communication"])
-    metrics["deployment"] = {"engine": "flower", "flwr": flwr.__version__,
-                             "nodes": {str(int(part.client_id[c])): int(n) for c, n in sorted(run.accepted.items())}}
+    deployment = {"engine": "flower", "flwr": flwr.__version__}
+    # Measured per message kind and per node: what the realized cohorts were, so under --dp a diagnostic.
+    measured = {"wire": run.meter.summary(metrics["communication"]),
+                "deployment": {**deployment, "nodes": {str(int(part.client_id[c])): int(n)
+                                                       for c, n in sorted(run.accepted.items())}}}
     config = config_to_dict(cfg)
+    private = alg.dp is not None
     writer = ArtifactWriter(run.out, stage="train", config=config, seed=cfg.seed,
-                            inputs=[run.partition_artifact.input_ref()], force=run.force)
+                            inputs=[run.partition_artifact.input_ref()], force=run.force, dp=private)
+    participation = (["round", "client_id", "node_id", "status"], run.participation)
     with writer:
-        write_train_files(writer, config, train, part, metrics)
-        writer.save_csv("participation.csv", ["round", "client_id", "node_id", "status"], run.participation)
+        if private:  # pflx train --dp's artifact: the ledger, the model, public facts; the rest on request
+            from pfl_cli.artifacts import NONPRIVATE
+            from pfl_cli.cli.train_run import write_dp_artifact
+
+            write_dp_artifact(writer, cfg, config, train, part, {**metrics, "deployment": deployment})
+            if cfg.write_nonprivate:
+                writer.save_json("nonprivate-deployment.json", measured, release=NONPRIVATE)
+                writer.save_csv("nonprivate-participation.csv", *participation, release=NONPRIVATE)
+            return
+        write_train_files(writer, config, train, part, {**metrics, **measured})
+        writer.save_csv("participation.csv", *participation)

@@ -419,12 +419,73 @@ def test_pfedhn_node_dying_mid_run_is_dropped_and_recorded(setup, tmp_path):
     assert m["train"]["num_clients"] == 2  # the dead node has no evaluation either
 
 
+DP = ("dp_epsilon=4", "dp_clip=1", "dp_population=4", "normalize=false")
+
+
+def _outputs(artifact) -> set:
+    return {o["path"] for o in json.loads((artifact / "manifest.json").read_text())["outputs"]}
+
+
+def test_dp_fedavg_on_flower_is_pflx_train_dp_with_seeded_noise(setup, tmp_path, caplog):
+    """DP-FedAvg on Flower: the server draws the Poisson cohort, clips each node's delta and adds the noise
+    (FedAvg.aggregate, the simulation's code). With noise=seeded the model is `pflx train --dp`'s; the
+    artifact is the same DP artifact (ledger, model, public facts), its release contract holds, and
+    nothing private is logged, written or evaluated: no loss, no cohort, no participation, no accuracy."""
+    from flower_fake_grid import FakeGrid
+
+    from pfl_cli.artifacts import release_contract_violations
+
+    app = _app(setup, "app-dp-seeded", *DP, "dp_noise=seeded")
+    out = tmp_path / "deployed"
+    grid = FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(out)})
+    with caplog.at_level(logging.INFO):
+        _serve(grid)
+    sim = _simulate(setup, tmp_path / "sim", *DP, "dp_noise=seeded")
+    got = torch.load(out / "model.pt", weights_only=True)
+    for k, v in sim["weights"]["client"].items():
+        assert torch.allclose(got["weights"]["client"][k], v, rtol=0, atol=1e-6), k
+    assert not torch.equal(got["weights"]["client"]["fc1.weight"], _simulate(setup, tmp_path / "plain")["weights"]
+                           ["client"]["fc1.weight"])  # the noise is there
+    assert json.loads((out / "privacy.json").read_text()) == json.loads((tmp_path / "sim" / "privacy.json").read_text())
+    assert _outputs(out) == _outputs(tmp_path / "sim")  # no participation.csv, no metrics.csv, no clients.csv
+    assert release_contract_violations(out) == []
+    m = json.loads((out / "metrics.json").read_text())
+    assert "train" not in m and "communication" not in m and "wire" not in m and m["dp"]["noise"] == "seeded"
+    pflx_lines = [r.getMessage() for r in caplog.records if "pflx:" in r.getMessage()]
+    assert any("round 3/3" in line for line in pflx_lines)
+    assert not any("loss" in line or "clients," in line or "dropped" in line for line in pflx_lines)
+    assert grid.sent.count("evaluate.pflx_final") == 0  # no evaluation on private test data unless asked
+
+
+def test_dp_fedavg_on_flower_secure_noise_and_nonprivate_diagnostics(setup, tmp_path):
+    """The default noise=secure draws the cohorts and the noise from OS entropy (two runs differ);
+    --set write_nonprivate=true adds the diagnostics, in nonprivate* files only."""
+    from flower_fake_grid import FakeGrid
+
+    from pfl_cli.artifacts import release_contract_violations
+
+    app = _app(setup, "app-dp-secure", *DP, "write_nonprivate=true")
+    models = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        _serve(FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(out)}))
+        models.append(torch.load(out / "model.pt", weights_only=True)["weights"]["client"]["fc1.weight"])
+        assert json.loads((out / "privacy.json").read_text())["noise"] == "secure"
+        assert release_contract_violations(out) == []
+    assert not torch.equal(*models)
+    nonprivate = {p for p in _outputs(tmp_path / "a") if p.startswith("nonprivate")}
+    assert {"nonprivate.json", "nonprivate-participation.csv", "nonprivate-deployment.json"} <= nonprivate
+    assert "train" in json.loads((tmp_path / "a" / "nonprivate.json").read_text())
+
+
 @pytest.mark.parametrize("sets, message", [
     (["algorithm=pfedhn-pc"], "flower app: algorithm must be one of fedavg, fedprox, pefll, pfedhn (what runs on "
                               "Flower so far); got 'pfedhn-pc'."),
     (["algorithm=pfedhn", "client_sizes=S,M"], "flower app: client_sizes is not deployed on Flower (one model size "
                                                "per run); got 'S,M'; drop it."),
     (["algorithm=pefll", "track_descriptors=true"], "flower app: track_descriptors is not deployed on Flower"),
+    (["algorithm=pefll", "dp_epsilon=4", "dp_clip=1", "dp_population=4", "normalize=false"],
+     "flower app: dp: --dp runs on Flower for fedavg, fedprox (DP-FedAvg, the server adding the noise); got 'pefll'."),
     (["val_fraction=0.1"], "flower app: val_fraction must be 0 on Flower"),
     (["finetune_steps=3"], "flower app: finetune_steps must be 0 on Flower"),
 ])

@@ -24,6 +24,9 @@ from pfl_cli.errors import ConfigError
 # delta up (Alg. 1; a new client's embedding fit by the same exchange).
 ROUNDS = {"fedavg": "averaging", "fedprox": "averaging", "pefll": "pefll", "pfedhn": "pfedhn"}
 SUPPORTED = tuple(ROUNDS)
+# --dp on Flower: DP-FedAvg (McMahan et al. 2018), the averaging rounds with the server clipping each
+# client's delta and adding the noise (FedAvg.aggregate); the hypernetwork rounds have no DP variant here.
+PRIVATE = tuple(a for a, module in ROUNDS.items() if module == "averaging")
 
 
 def rounds_for(cfg):
@@ -40,12 +43,12 @@ def check_deployable(cfg) -> None:
     if cfg.algorithm not in SUPPORTED:
         raise ConfigError(f"flower app: algorithm must be one of {', '.join(SUPPORTED)} (what runs on Flower so "
                           f"far); got {cfg.algorithm!r}.")
-    validate_train_config(cfg)
     own = {k: getattr(cfg, k, None) for k in ("finetune_steps", "local_epochs", "track_descriptors",
                                                "client_sizes")}  # per algorithm
     rules = (
-        (cfg.dp_epsilon is not None, "dp: --dp is not deployed on Flower yet (DP-FedAvg with server-side noise "
-                                     "is not implemented); drop --dp"),
+        (cfg.dp_epsilon is not None and cfg.algorithm not in PRIVATE,
+         f"dp: --dp runs on Flower for {', '.join(PRIVATE)} (DP-FedAvg, the server adding the noise); got "
+         f"{cfg.algorithm!r}"),
         (cfg.val_fraction != 0, f"val_fraction must be 0 on Flower (the deployment keeps the last round's model, "
                                 f"it does not select by validation); got {cfg.val_fraction}; add "
                                 "--set val_fraction=0"),
@@ -61,3 +64,4 @@ def check_deployable(cfg) -> None:
     for broken, message in rules:
         if broken:
             raise ConfigError(f"flower app: {message}.")
+    validate_train_config(cfg)  # after the deployment's own rules: what Flower cannot run is said first

@@ -4,7 +4,8 @@ Server side (:func:`one_round`, :func:`evaluate`) runs in the ServerApp, node si
 :func:`evaluate_node`) in the ClientApp. Per round, each cohort client's node gets the global
 model and the round generator's state after the cohort draw (so its batch draws are the
 simulation's), trains, and sends back its model; the server takes the data-size-weighted mean
-and its server step (:meth:`FedAvg.server_step`), the simulation's own code.
+and its server step, or under ``--dp`` DP-FedAvg's clipped, noised sum over the expected cohort
+(:meth:`FedAvg.aggregate`), the simulation's own code.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def one_round(grid, alg, meter, accepted: dict, t: int, members: list, state: by
     import torch
     from flwr.app import ConfigRecord, RecordDict
 
-    from pfl_cli.algorithms.base import weighted_mean
+    from pfl_cli.algorithms.base import stack
     from pfl_cli.interop.flower_app.server import exchange
     from pfl_cli.interop.flower_app.wire import from_record, to_record
 
@@ -30,13 +31,12 @@ def one_round(grid, alg, meter, accepted: dict, t: int, members: list, state: by
                 for c in members}
     got, why = exchange(grid, meter, "train", ROUND, contents, accepted, timeout)
     kept = [c for c in members if c in got]
-    if not kept:
+    if not kept and alg.dp is None:  # nobody replied: no step
         return kept, why, {}
     theta = {c: from_record(got[c]["theta"], alg.device) for c in kept}
-    stacked = {k: torch.stack([theta[c][k] for c in kept]) for k in alg.global_params}
-    kept_t = torch.as_tensor(kept, dtype=torch.long, device=alg.device)
-    alg.record_exchange(alg.global_params, stacked, len(kept))
-    alg.server_step(weighted_mean(alg.store, kept_t, stacked))  # Alg. 3 line 9
+    stacked = ({k: torch.stack([theta[c][k] for c in kept]) for k in alg.global_params} if kept
+               else stack(alg.global_params, 0))  # DP: an empty cohort's step is the noise alone
+    alg.aggregate(t, torch.as_tensor(kept, dtype=torch.long, device=alg.device), stacked)  # Alg. 3 line 9 / DP-FedAvg
     return kept, why, {c: float(got[c]["result"]["loss"]) for c in kept}
 
 

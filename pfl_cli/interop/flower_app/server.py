@@ -105,13 +105,24 @@ def serve(grid, context) -> Deployment:
     from pfl_cli.fl.api import make_algorithm
 
     alg = make_algorithm(cfg, store)
+    if cfg.dp_epsilon is not None:
+        from pfl_cli.fl.api import plan_dp
+
+        alg.dp = plan_dp(cfg, store)  # calibrated before the first round, from public inputs only
     from pfl_cli.interop.flower_app.wire import WireMeter
 
     meter = WireMeter()
-    rounds = rounds_for(cfg)  # the algorithm's messages: pfl_cli.interop.flower_app.averaging or .pefll
+    rounds = rounds_for(cfg)  # the algorithm's messages: .averaging, .pefll or .pfedhn
     history, participation = run_rounds(grid, alg, cfg, accepted, part, meter, run_config, rounds.one_round)
     accepted = {**accepted, **_join_late(grid, nodes, accepted, part, info, part_art, connect_timeout)}
-    evaluation = rounds.evaluate(grid, alg, cfg, accepted, part, meter, float(run_config.get("round-timeout", 120)))
+    if alg.dp is not None and not cfg.write_nonprivate:
+        # Under --dp an evaluation on the clients' private test data is a diagnostic nobody asked for.
+        from pfl_cli.fl.loop import Evaluation
+
+        evaluation = Evaluation(cfg.rounds, {})
+    else:
+        evaluation = rounds.evaluate(grid, alg, cfg, accepted, part, meter,
+                                     float(run_config.get("round-timeout", 120)))
     return Deployment(cfg, out, force, alg, store, part, info, part_art, history, evaluation, participation, meter,
                       accepted)
 
@@ -261,17 +272,23 @@ def exchange(grid, meter, kind: str, message_type: str, contents: dict, accepted
 
 
 def close_round(t: int, members: list, kept: list, why: dict, accepted: dict, part, participation: list,
-                run_config) -> None:
+                run_config, *, private: bool = False) -> None:
     """Record who took part in round ``t`` (participation.csv) and fail the run below ``min-clients`` (the
-    documented fault rule: a round completes with the clients that replied)."""
+    documented fault rule: a round completes with the clients that replied).
+
+    ``private`` (``--dp``): the record is kept for ``nonprivate-participation.csv`` only, nothing is
+    logged and ``min-clients`` is not applied: who was in a Poisson cohort, and how many replied, is what
+    the ledger's subsampling amplification keeps secret (DP-FedAvg divides by the expected cohort q N,
+    so a drop needs no rule).
+    """
     timeout = float(run_config.get("round-timeout", 120))
     min_clients = int(run_config.get("min-clients", 1))
     for c in members:
         status = "trained" if c in kept else why.get(c, f"no reply within {timeout:g} s")
         participation.append([t + 1, int(part.client_id[c]), accepted[c], status])
-        if c not in kept:
+        if c not in kept and not private:
             log(WARNING, f"round {t + 1}: client {int(part.client_id[c])} (node {accepted[c]}) dropped: {status}")
-    if len(kept) < min(min_clients, len(members)):
+    if not private and len(kept) < min(min_clients, len(members)):
         raise RunError(f"flower: round {t + 1}: {len(kept)} of the cohort's {len(members)} clients replied "
                        f"within {timeout:g} s, fewer than min-clients ({min_clients}); nothing was written.")
 
@@ -291,17 +308,26 @@ def run_rounds(grid, alg, cfg, accepted: dict, part, meter, run_config, one_roun
     server step (``one_round(grid, alg, meter, accepted, t, members, generator_state, timeout) -> (kept,
     why, {client: loss})``), records participation and the ledger's round; returns the loss rows and
     participation."""
+    from pfl_cli.fl.dp import released_state_finite
     from pfl_cli.privacy.randomness import train_randomness
 
-    randomness = train_randomness(cfg)  # seeded: a deployment runs without --dp (check_deployable)
+    randomness = train_randomness(cfg)  # under --dp: OS entropy unless noise=seeded, as pflx train
     timeout = float(run_config.get("round-timeout", 120))
     train_clients = train_clients_of(alg, part)
     total, losses, participation = cfg.rounds, [], []
+    private = alg.dp is not None
     for t in range(total):
         members, state = round_cohort(alg, t, total, train_clients, randomness)
         kept, why, loss = one_round(grid, alg, meter, accepted, t, members, state, timeout)
-        close_round(t, members, kept, why, accepted, part, participation, run_config)
+        close_round(t, members, kept, why, accepted, part, participation, run_config, private=private)
         alg.traffic.close_round(len(kept))
+        if private:  # the loss and the cohort are private: judged on the released model, logged as a count
+            if not released_state_finite(alg):
+                raise RunError(f"flower: the released model is not finite after round {t + 1} (training "
+                               "diverged); nothing was written. Lower lr or the --dp clip.")
+            losses.append(float(np.mean(list(loss.values()))) if loss else float("nan"))
+            log(INFO, f"round {t + 1}/{total}")
+            continue
         losses.append(check_loss({c: loss[c] for c in kept}, t))
         log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {losses[-1]:.4f}")
     return mean_loss_row(losses, total), participation
