@@ -207,35 +207,48 @@ def test_too_few_replies_fail_the_run_and_write_nothing(setup, tmp_path):
     assert not out.exists()
 
 
+def _deploy_and_simulate(setup, name: str, *sets: str):
+    """One deployment (fake grid) of ``sets`` and its simulation: (grid, deployed, simulated, sim model.pt)."""
+    from flower_fake_grid import FakeGrid
+
+    app = _app(setup, f"app-{name}", *sets)
+    grid = FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(setup / f"deployed-{name}")})
+    _serve(grid)
+    sim = _simulate(setup, setup / f"sim-{name}", *sets)
+    return grid, setup / f"deployed-{name}", setup / f"sim-{name}", sim
+
+
 @pytest.fixture(scope="module")
 def pefll_run(setup):
     """One PeFLL deployment (fake grid) and its simulation, shared by the PeFLL tests."""
-    from flower_fake_grid import FakeGrid
-
-    app = _app(setup, "app-pefll", "algorithm=pefll")
-    grid = FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(setup / "deployed-pefll")})
-    _serve(grid)
-    sim = _simulate(setup, setup / "sim-pefll", "algorithm=pefll")
-    return grid, setup / "deployed-pefll", setup / "sim-pefll", sim
+    return _deploy_and_simulate(setup, "pefll", "algorithm=pefll")
 
 
-def test_pefll_on_flower_equals_pflx_train(pefll_run):
-    grid, deployed, simulated, sim = pefll_run
+def _assert_deployment_is_the_simulation(deployed, simulated, sim, algorithm: str, nets: tuple) -> dict:
+    """The deployed artifact's ``nets`` weights within 1e-6 of the simulation's, its metrics and ledger
+    equal; returns the deployed metrics.json."""
     got = torch.load(deployed / "model.pt", weights_only=True)
-    assert got["algorithm"] == "pefll"
-    for net in ("hypernetwork", "embedding"):
+    assert got["algorithm"] == algorithm
+    for net in nets:
         assert got["weights"][net].keys() == sim["weights"][net].keys()
         for k, v in sim["weights"][net].items():
             assert torch.allclose(got["weights"][net][k], v, rtol=0, atol=1e-6), (net, k)
-    # The frozen standardization comes from the first cohort client's descriptor of round 1: the
-    # node's forward pass of step 6 is the simulation's, bit for bit.
-    assert torch.equal(got["weights"]["descriptor_stats"], sim["weights"]["descriptor_stats"])
     m_sim = json.loads((simulated / "metrics.json").read_text())
     m_got = json.loads((deployed / "metrics.json").read_text())
     for group in ("train", "holdout"):
         assert m_got[group]["pooled_accuracy"] == pytest.approx(m_sim[group]["pooled_accuracy"], abs=1e-12)
         assert m_got[group]["loss"] == pytest.approx(m_sim[group]["loss"], rel=1e-5)
     assert m_got["communication"] == m_sim["communication"]
+    return m_got
+
+
+def test_pefll_on_flower_equals_pflx_train(pefll_run):
+    grid, deployed, simulated, sim = pefll_run
+    _assert_deployment_is_the_simulation(deployed, simulated, sim, "pefll", ("hypernetwork", "embedding"))
+    # The frozen standardization comes from the first cohort client's descriptor of round 1: the
+    # node's forward pass of step 6 is the simulation's, bit for bit.
+    got = torch.load(deployed / "model.pt", weights_only=True)
+    assert torch.equal(got["weights"]["descriptor_stats"], sim["weights"]["descriptor_stats"])
     # Alg. 8's three exchanges per cohort client per round, then Alg. 7's two per node to evaluate.
     for kind in ("train.pflx_pefll_describe", "train.pflx_pefll_local", "train.pflx_pefll_backprop"):
         assert grid.sent.count(kind) == 3 * 2
@@ -256,14 +269,17 @@ def test_pefll_wire_bytes_are_the_ledgers_six_messages(pefll_run):
     assert ledger < m["wire"]["train_round_bytes"] < 1.1 * ledger
 
 
-def test_pefll_artifact_serves_new_clients_with_predict(pefll_run, cli):
-    _, deployed, _, _ = pefll_run
+@pytest.mark.parametrize("run, steps", [("pefll_run", 0), ("pfedhn_run", None)])
+def test_deployed_artifact_serves_new_clients_with_predict(request, run, steps, cli):
+    """predict on the deployed artifact gives the holdout node's accuracy the deployment measured (PeFLL:
+    Alg. 7, no optimizer step; pFedHN: A.9.4's embedding fit, with predict's generator)."""
+    _, deployed, _, _ = request.getfixturevalue(run)
     setup = deployed.parent
     r = cli("predict", "--model", deployed, "--partition", setup / "part", "--clients", "holdout",
-            "--out", setup / "pred-pefll", "--format", "json")
+            "--out", setup / f"pred-{run}", "--format", "json")
     assert r.code == 0, r.err
     pred = json.loads(r.out)
-    assert pred["num_clients"] == 1 and pred["optimizer_steps"] == 0
+    assert pred["num_clients"] == 1 and (steps is None or pred["optimizer_steps"] == steps)
     m = json.loads((deployed / "metrics.json").read_text())
     assert pred["mean_accuracy"] == pytest.approx(m["holdout"]["mean_accuracy"], abs=1e-12)
 
@@ -340,13 +356,7 @@ def test_pefll_node_dying_mid_round_is_dropped_and_recorded(setup, tmp_path):
 @pytest.fixture(scope="module")
 def pfedhn_run(setup):
     """One pFedHN deployment (fake grid) and its simulation, shared by the pFedHN tests."""
-    from flower_fake_grid import FakeGrid
-
-    app = _app(setup, "app-pfedhn", *PFEDHN)
-    grid = FakeGrid(app, _nodes(setup), run_config_overrides={"out": str(setup / "deployed-pfedhn")})
-    _serve(grid)
-    sim = _simulate(setup, setup / "sim-pfedhn", *PFEDHN)
-    return grid, setup / "deployed-pfedhn", setup / "sim-pfedhn", sim
+    return _deploy_and_simulate(setup, "pfedhn", *PFEDHN)
 
 
 PFEDHN = ("algorithm=pfedhn", "embed_rounds=3")
@@ -358,37 +368,15 @@ def test_pfedhn_on_flower_equals_pflx_train(pfedhn_run):
     negates it (the simulation's theta - theta~, the same float), so the weights agree bitwise
     (asserted to 1e-6, as the other algorithms)."""
     grid, deployed, simulated, sim = pfedhn_run
+    m_got = _assert_deployment_is_the_simulation(deployed, simulated, sim, "pfedhn", ("hypernetwork", "table"))
     got = torch.load(deployed / "model.pt", weights_only=True)
-    assert got["algorithm"] == "pfedhn"
-    for net in ("hypernetwork", "table"):
-        assert got["weights"][net].keys() == sim["weights"][net].keys()
-        for k, v in sim["weights"][net].items():
-            assert torch.allclose(got["weights"][net][k], v, rtol=0, atol=1e-6), (net, k)
     assert torch.equal(got["weights"]["partition_sha"], sim["weights"]["partition_sha"])
-    m_sim = json.loads((simulated / "metrics.json").read_text())
-    m_got = json.loads((deployed / "metrics.json").read_text())
-    for group in ("train", "holdout"):
-        assert m_got[group]["pooled_accuracy"] == pytest.approx(m_sim[group]["pooled_accuracy"], abs=1e-12)
-        assert m_got[group]["loss"] == pytest.approx(m_sim[group]["loss"], rel=1e-5)
-    assert m_got["communication"] == m_sim["communication"]
     down, up = m_got["wire"]["bytes_down"], m_got["wire"]["bytes_up"]
     assert down["train.model"] == up["train.model"]  # theta_i down, delta theta_i of the same shapes up
     # One exchange per cohort client per round; the holdout client's embedding fit (embed_rounds = 3
     # exchanges), then every node's model to evaluate.
     assert grid.sent.count("train.pflx_pfedhn_local") == 3 * 2 + 3
     assert grid.sent.count("evaluate.pflx_pfedhn_model") == 4
-
-
-def test_pfedhn_artifact_serves_new_clients_with_predict(pfedhn_run, cli):
-    _, deployed, _, _ = pfedhn_run
-    setup = deployed.parent
-    r = cli("predict", "--model", deployed, "--partition", setup / "part", "--clients", "holdout",
-            "--out", setup / "pred-pfedhn", "--format", "json")
-    assert r.code == 0, r.err
-    pred = json.loads(r.out)
-    m = json.loads((deployed / "metrics.json").read_text())
-    assert pred["num_clients"] == 1
-    assert pred["mean_accuracy"] == pytest.approx(m["holdout"]["mean_accuracy"], abs=1e-12)
 
 
 def test_pfedhn_node_dying_mid_run_is_dropped_and_recorded(setup, tmp_path):

@@ -1,4 +1,5 @@
-"""A real Flower federation on loopback: 1 SuperLink + 3 SuperNodes (recipes/flower/run-local.sh), FedAvg and PeFLL.
+"""A real Flower federation on loopback: 1 SuperLink + 3 SuperNodes (recipes/flower/run-local.sh), FedAvg, PeFLL
+and pFedHN.
 
 The script starts Flower's own ``flower-superlink`` and ``flower-supernode`` processes on 127.0.0.1
 (insecure mode), runs the app with ``flwr run`` and stops them; this test bounds it in time and
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.flower, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "flower" / "fedavg-digits.yaml"
 PEFLL_RECIPE = REPO / "recipes" / "flower" / "pefll-digits.yaml"
+PFEDHN_RECIPE = REPO / "recipes" / "flower" / "pfedhn-digits.yaml"
 LIMIT_S = 540
 
 
@@ -135,6 +137,16 @@ def _deploy_and_simulate(tmp_path, cli, recipe: Path, rounds: int) -> Path:
     return tmp_path / "app-train"
 
 
+def _assert_nets_close(deployed: Path, simulated: Path, nets: tuple) -> tuple[dict, dict]:
+    """Every weight of ``nets`` within 1e-6 of the simulation's; returns both artifacts' weights."""
+    got = torch.load(deployed / "model.pt", weights_only=True)["weights"]
+    want = torch.load(simulated / "model.pt", weights_only=True)["weights"]
+    for net in nets:
+        for k in want[net]:
+            assert torch.allclose(got[net][k], want[net][k], rtol=0, atol=1e-6), (net, k)
+    return got, want
+
+
 def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     deployed = _deploy_and_simulate(tmp_path, cli, RECIPE, 3)
     got = torch.load(deployed / "model.pt", weights_only=True)["weights"]["client"]
@@ -160,11 +172,7 @@ def test_pefll_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     """Alg. 8 across processes: the node's round state (its descriptor batch, eta_v) lives in Flower's
     run state between the three exchanges; the holdout node gets its model by Alg. 7 (no step)."""
     deployed = _deploy_and_simulate(tmp_path, cli, PEFLL_RECIPE, 2)
-    got = torch.load(deployed / "model.pt", weights_only=True)["weights"]
-    want = torch.load(tmp_path / "sim" / "model.pt", weights_only=True)["weights"]
-    for net in ("hypernetwork", "embedding"):
-        for k in want[net]:
-            assert torch.allclose(got[net][k], want[net][k], rtol=0, atol=1e-6), (net, k)
+    got, want = _assert_nets_close(deployed, tmp_path / "sim", ("hypernetwork", "embedding"))
     assert torch.equal(got["descriptor_stats"], want["descriptor_stats"])
     m = json.loads((deployed / "metrics.json").read_text())
     sim = json.loads((tmp_path / "sim" / "metrics.json").read_text())
@@ -215,3 +223,16 @@ def test_a_supernode_killed_mid_run_is_dropped_and_recorded(tmp_path, cli):
     assert "dropped" in log
     m = json.loads((out / "metrics.json").read_text())
     assert m["communication"]["client_rounds"] == 3 + 2 + 2
+
+
+def test_pfedhn_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
+    """pFedHN Alg. 1 across processes: h(v_i) down, delta up, the server's step; the holdout node's
+    embedding is fitted over embed_rounds exchanges (A.9.4), then evaluated."""
+    deployed = _deploy_and_simulate(tmp_path, cli, PFEDHN_RECIPE, 2)
+    _assert_nets_close(deployed, tmp_path / "sim", ("hypernetwork", "table"))
+    m = json.loads((deployed / "metrics.json").read_text())
+    sim = json.loads((tmp_path / "sim" / "metrics.json").read_text())
+    assert m["communication"] == sim["communication"]
+    assert m["communication"]["total_bytes"] < m["wire"]["train_round_bytes"]
+    for group in ("train", "holdout"):
+        assert m[group]["pooled_accuracy"] == pytest.approx(sim[group]["pooled_accuracy"], abs=1e-12)
