@@ -98,10 +98,10 @@ def new_client_accuracy(method: str, p: float, seed: int, lr: float,
     return 100 * run.outcome.best.summaries()["holdout"]["mean_accuracy"]
 
 
-def tune(ps) -> int:
+def tune(ps, methods=METHODS, cohort: int = COMMON["clients_per_round"]) -> int:
     for p in ps:
-        for method in METHODS:
-            accs = {lr: new_client_accuracy(method, p, VALIDATION_SEED, lr) for lr in LR_GRID}
+        for method in methods:
+            accs = {lr: new_client_accuracy(method, p, VALIDATION_SEED, lr, cohort) for lr in LR_GRID}
             best = max(accs, key=accs.get)
             print(f"p={p} {method:<9} " + "  ".join(f"lr {lr}: {a:5.1f}" for lr, a in accs.items())
                   + f"  -> lr {best}", flush=True)
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         ap.error(f"--methods must be among {', '.join(METHODS)}, with flowdup and fedavg or ld-fedavg; "
                  f"got {args.methods}")
     if args.tune:
-        return tune(ps)
+        return tune(ps, methods, args.cohort)
     return compare(ps, [int(s) for s in args.seeds.split(",")], methods, args.cohort)
 
 

@@ -414,7 +414,7 @@ def _outputs(artifact) -> set:
     return {o["path"] for o in json.loads((artifact / "manifest.json").read_text())["outputs"]}
 
 
-def test_dp_fedavg_on_flower_is_pflx_train_dp_with_seeded_noise(setup, tmp_path, caplog):
+def test_dp_fedavg_on_flower_is_pflx_train_dp_with_seeded_noise(setup, tmp_path, caplog, cli):
     """DP-FedAvg on Flower: the server draws the Poisson cohort, clips each node's delta and adds the noise
     (FedAvg.aggregate, the simulation's code). With noise=seeded the model is `pflx train --dp`'s; the
     artifact is the same DP artifact (ledger, model, public facts), its release contract holds, and
@@ -443,6 +443,8 @@ def test_dp_fedavg_on_flower_is_pflx_train_dp_with_seeded_noise(setup, tmp_path,
     assert any("round 3/3" in line for line in pflx_lines)
     assert not any("loss" in line or "clients," in line or "dropped" in line for line in pflx_lines)
     assert grid.sent.count("evaluate.pflx_final") == 0  # no evaluation on private test data unless asked
+    r = cli("privacy-account", out)  # the deployment's ledger, read as any train --dp artifact's
+    assert r.code == 0 and "(epsilon = 4, delta = 1e-06)-DP for each client" in r.out, r.err
 
 
 def test_dp_fedavg_on_flower_secure_noise_and_nonprivate_diagnostics(setup, tmp_path):
