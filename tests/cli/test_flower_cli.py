@@ -16,7 +16,7 @@ def part(tmp_path_factory):
 @pytest.mark.parametrize("args, message", [
     (["--min-clients", "0"], "--min-clients must be an integer >= 1; got 0."),
     (["--round-timeout", "0"], "--round-timeout must be > 0 seconds; got 0.0."),
-    (["--set", "algorithm=pfedhn"], "algorithm must be one of fedavg, fedprox"),
+    (["--set", "algorithm=ditto"], "algorithm must be one of fedavg, fedprox, pefll, pfedhn"),
 ])
 def test_bad_options_are_one_line_exit_2(part, tmp_path, cli, args, message):
     r = cli("flower", "app", "--partition", part, "--out", tmp_path / "app", "--set", "val_fraction=0",
