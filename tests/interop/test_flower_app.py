@@ -441,7 +441,7 @@ def test_dp_fedavg_on_flower_is_pflx_train_dp_with_seeded_noise(setup, tmp_path,
     assert "train" not in m and "communication" not in m and "wire" not in m and m["dp"]["noise"] == "seeded"
     pflx_lines = [r.getMessage() for r in caplog.records if "pflx:" in r.getMessage()]
     assert any("round 3/3" in line for line in pflx_lines)
-    assert not any("loss" in line or "clients," in line or "dropped" in line for line in pflx_lines)
+    assert not any("loss" in line or "clients" in line or "dropped" in line for line in pflx_lines), pflx_lines
     assert grid.sent.count("evaluate.pflx_final") == 0  # no evaluation on private test data unless asked
     r = cli("privacy-account", out)  # the deployment's ledger, read as any train --dp artifact's
     assert r.code == 0 and "(epsilon = 4, delta = 1e-06)-DP for each client" in r.out, r.err

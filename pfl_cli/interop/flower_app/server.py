@@ -98,7 +98,7 @@ def serve(grid, context) -> Deployment:
     ArtifactWriter(out, stage="train", config={}, seed=cfg.seed, force=force)  # --out problems first
     part, info, part_art = load_partition(partition, flag="run config partition")
     connect_timeout = float(run_config.get("connect-timeout", 120))
-    nodes = _wait_for_nodes(grid, part.num_clients, connect_timeout)
+    nodes = _wait_for_nodes(grid, part.num_clients, connect_timeout, private=cfg.dp_epsilon is not None)
     # The handshake waits connect-timeout too: a node's first ClientApp start (torch, the dataset) is its slowest.
     accepted, facts, norm = _handshake(grid, nodes, part, info, part_art, connect_timeout)
     store = _server_store(cfg, part, info, part_art, facts, norm)
@@ -127,14 +127,17 @@ def serve(grid, context) -> Deployment:
                       accepted)
 
 
-def _wait_for_nodes(grid, wanted: int, timeout: float) -> list[int]:
+def _wait_for_nodes(grid, wanted: int, timeout: float, *, private: bool = False) -> list[int]:
+    """The SuperNodes connected once there is one per client of the partition, or at ``timeout``. Under
+    ``--dp`` the log names no count: the number of clients is private (the ledger's bound is public)."""
     deadline = time.monotonic() + timeout
     while True:
         nodes = sorted(grid.get_node_ids())
         if len(nodes) >= wanted or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    log(INFO, f"{len(nodes)} SuperNodes connected for the partition's {wanted} clients")
+    log(INFO, "SuperNodes connected" if private else f"{len(nodes)} SuperNodes connected for the partition's "
+                                                      f"{wanted} clients")
     return nodes
 
 
