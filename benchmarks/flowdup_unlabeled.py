@@ -17,11 +17,13 @@ at p = 0.1.
 
 Every method runs its config class's defaults (the thesis's C.1.2: T = 500, E = 1, B = 50;
 FLowDUP alpha = 0.9, e = 256, k = min(10^4, d) = d = 2,410 for the MLP 64-32-10) except the
-cohort, 10 clients a round instead of 100 (CPU), and its local lr, tuned as the thesis
-does (C.1.2: "we tune the local learning rate on validation clients") on the same grid
-for every method: the new clients of another draw of the stand-in (seed 100).
+cohort (10 clients a round by default, for the CPU; ``--cohort 100`` is the thesis's) and its
+local lr, tuned as the thesis does (C.1.2: "we tune the local learning rate on validation
+clients") on the same grid for every method: the new clients of another draw of the stand-in
+(seed 100), once per cohort (``TUNED_LR``).
 
     python benchmarks/flowdup_unlabeled.py              # seeds 0 and 1, p = 0.1 and 0.2 (~15 min on one core)
+    python benchmarks/flowdup_unlabeled.py --cohort 100 # the thesis's cohort (~40 min on one core)
     python benchmarks/flowdup_unlabeled.py --tune       # the lr grid on the validation draw (~25 min)
 
 It prints each mean accuracy beside the thesis's Rotated Fashion-MNIST figure and exits 1
@@ -39,10 +41,12 @@ import numpy as np
 METHODS = ("fedavg", "ld-fedavg", "fedtta", "flowdup")
 LR_GRID = (0.1, 0.3, 1.0)
 VALIDATION_SEED = 100
-# Each method's local lr picked on the validation draw (``--tune``), per label prevalence p.
+# Each method's local lr picked on the validation draw (``--tune [--cohort N]``), per cohort and label prevalence p.
 TUNED_LR = {
-    0.1: {"fedavg": 1.0, "ld-fedavg": 1.0, "fedtta": 1.0, "flowdup": 1.0},
-    0.2: {"fedavg": 1.0, "ld-fedavg": 0.3, "fedtta": 1.0, "flowdup": 0.1},
+    10: {0.1: {"fedavg": 1.0, "ld-fedavg": 1.0, "fedtta": 1.0, "flowdup": 1.0},
+         0.2: {"fedavg": 1.0, "ld-fedavg": 0.3, "fedtta": 1.0, "flowdup": 0.1}},
+    100: {0.1: {"fedavg": 1.0, "ld-fedavg": 0.3, "fedtta": 1.0, "flowdup": 0.3},
+          0.2: {"fedavg": 0.3, "ld-fedavg": 1.0, "fedtta": 1.0, "flowdup": 1.0}},
 }
 # Thesis Table 5.2, Rotated Fashion-MNIST (mean over 3 seeds), for the printout.
 THESIS = {0.1: {"fedavg": 77.7, "ld-fedavg": 76.1, "fedtta": 78.3, "flowdup": 81.5},
@@ -113,7 +117,7 @@ def compare(ps, seeds, methods=METHODS, cohort: int = COMMON["clients_per_round"
     for p in ps:
         for seed in seeds:
             start = time.perf_counter()
-            acc = {m: new_client_accuracy(m, p, seed, TUNED_LR[p][m], cohort) for m in methods}
+            acc = {m: new_client_accuracy(m, p, seed, TUNED_LR[cohort][p][m], cohort) for m in methods}
             for m in methods:
                 print(f"p={p} seed={seed} {m:<9} {acc[m]:5.1f}   (thesis RFMNIST {THESIS[p][m]})", flush=True)
             rivals = [acc[m] for m in ("fedavg", "ld-fedavg") if m in acc]
@@ -144,6 +148,9 @@ def main(argv=None) -> int:
                  f"got {args.methods}")
     if args.tune:
         return tune(ps, methods, args.cohort)
+    if args.cohort not in TUNED_LR:
+        ap.error(f"--cohort {args.cohort}: no tuned lrs for it (tuned: {', '.join(map(str, TUNED_LR))}); run --tune "
+                 f"--cohort {args.cohort} and add them to TUNED_LR")
     return compare(ps, [int(s) for s in args.seeds.split(",")], methods, args.cohort)
 
 

@@ -291,6 +291,6 @@ def test_flowdup_beats_fedavg_and_ld_fedavg_on_unlabeled_new_clients(p):
     """Thesis Table 5.2 on the rotated-digits stand-in (benchmarks/flowdup_unlabeled.py), seed 0, each
     method at its lr tuned on the validation draw; FedTTA's accuracy is printed beside."""
     bench = _unlabeled_benchmark()
-    acc = {m: bench.new_client_accuracy(m, p, 0, bench.TUNED_LR[p][m]) for m in bench.METHODS}
+    acc = {m: bench.new_client_accuracy(m, p, 0, bench.TUNED_LR[10][p][m]) for m in bench.METHODS}
     print(f"p = {p}, new unlabeled clients:", {m: round(a, 1) for m, a in acc.items()})
     assert acc["flowdup"] > acc["fedavg"] + MARGIN[p] and acc["flowdup"] > acc["ld-fedavg"] + MARGIN[p], acc
