@@ -50,15 +50,25 @@ def one_round(grid, alg, meter, accepted: dict, t: int, members: list, state: by
     kept = [c for c in members if c in delta]                                                        # line 2
     if not kept:
         return kept, why, loss
-    rows = torch.as_tensor([members.index(c) for c in kept], dtype=torch.long, device=alg.device)
+    rows, replied = _replies(alg, members, delta)
     neg_delta = {k: torch.zeros_like(v) for k, v in theta.items()}
     for out, plain in alg.generated[""]:
         # The simulation's (theta - theta~) / c: -(theta~ - theta) is the same float, c the clients that replied.
-        neg_delta[out][rows] = -torch.stack([delta[c][plain] for c in kept]) / len(kept)
+        neg_delta[out][rows] = -replied[plain] / len(kept)
         alg.traffic.send(plain, theta[out][rows].detach())
         alg.traffic.receive(f"delta.{plain}", neg_delta[out][rows])
     alg.server_update(theta, neg_delta)                                                              # lines 3-4
     return kept, why, loss
+
+
+def _replies(alg, cohort: list, delta: dict):
+    """The rows of ``cohort`` whose nodes replied (LongTensor) and their delta theta stacked in cohort order
+    ({plain name: (replied, ...)})."""
+    import torch
+
+    replied = [c for c in cohort if c in delta]
+    rows = torch.as_tensor([cohort.index(c) for c in replied], dtype=torch.long, device=alg.device)
+    return rows, {plain: torch.stack([delta[c][plain] for c in replied]) for _, plain in alg.generated[""]}
 
 
 def _train_remote(grid, alg, meter, accepted: dict, cohort: list, members: list, theta: dict, label: str,
@@ -138,10 +148,10 @@ class _NewClientFit:
         self.why.update({c: f"embedding fit {self.fits + 1}: {reason}" for c, reason in why.items()})
         self.fits += 1
         new = {out: theta[out].detach().clone() for out, _ in self.alg.generated[group]}
-        for i, c in enumerate(self.clients):
-            if c in delta:
-                for out, plain in self.alg.generated[group]:
-                    new[out][i] = new[out][i] + delta[c][plain]
+        if delta:
+            rows, replied = _replies(self.alg, self.clients, delta)
+            for out, plain in self.alg.generated[group]:
+                new[out][rows] += replied[plain]
         return new, {}, None
 
 
