@@ -297,15 +297,16 @@ def test_the_rotated_stand_in_has_the_thesis_layout_and_new_clients_on_held_out_
     assert not new_test & train_seen and not new_test & new_fit and not new_fit & train_seen
 
 
-MARGIN = {0.1: 1.0, 0.2: 1.0}  # percentage points FLowDUP must lead every baseline by (seed 0 measured +2.6, +3.2)
+MARGIN = 1.0  # percentage points FLowDUP must lead every baseline by (measured: +2.6 to +3.6 over the best)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("p", [0.1, 0.2])
-def test_flowdup_beats_fedavg_ld_fedavg_and_fedtta_on_unlabeled_new_clients(p):
+def test_flowdup_beats_fedavg_ld_fedavg_and_fedtta_on_unlabeled_new_clients(p, seed):
     """Thesis Table 5.2 ("FLowDUP is best everywhere") on the rotated-digits stand-in in the thesis's layout
-    (benchmarks/flowdup_unlabeled.py), seed 0, each method at its lr tuned on the validation draw."""
+    (benchmarks/flowdup_unlabeled.py), each method at its lr tuned on the validation draw (seed 100)."""
     bench = _unlabeled_benchmark()
-    acc = {m: bench.new_client_accuracy(m, p, 0, bench.TUNED_LR[10][p][m]) for m in bench.METHODS}
-    print(f"p = {p}, new unlabeled clients:", {m: round(a, 1) for m, a in acc.items()})
-    assert all(acc["flowdup"] > acc[m] + MARGIN[p] for m in ("fedavg", "ld-fedavg", "fedtta")), acc
+    acc = {m: bench.new_client_accuracy(m, p, seed, bench.TUNED_LR[10][p][m]) for m in bench.METHODS}
+    print(f"p = {p}, seed {seed}, new unlabeled clients:", {m: round(a, 1) for m, a in acc.items()})
+    assert all(acc["flowdup"] > acc[m] + MARGIN for m in ("fedavg", "ld-fedavg", "fedtta")), acc
