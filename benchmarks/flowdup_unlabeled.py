@@ -11,9 +11,9 @@ LD-FedAvg: the global model) and is scored on their test samples against the hid
 (an oracle the methods never see).
 
 Why this layout and not the first stand-in (every image once in each rotation, 240 clients of
-~30): there FedAvg lost 17 points between p = 1.0 and p = 0.1 (93.8 -> 77), so at low p every
-method was starved of labels, where the thesis's FedAvg loses 3.7 (81.4 -> 77.7) and is
-bounded by the rotations a single model must serve. Here FedAvg loses ~1-2 points, as there.
+~30): there FedAvg lost 17 points between p = 1.0 and p = 0.1 (93.8 -> 77.5, validation draw),
+so at low p every method was starved of labels, where the thesis's FedAvg loses 3.7 (81.4 ->
+77.7) and is bounded by the rotations a single model must serve. Here it loses 2.5 (93.9 -> 91.4).
 
 Every method runs its config class's defaults (the thesis's C.1.2: T = 500, E = 1, B = 50;
 FLowDUP alpha = 0.9, e = 256, k = min(10^4, d) = d = 2,410 for the MLP 64-32-10) except the
