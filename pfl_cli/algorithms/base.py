@@ -53,6 +53,14 @@ class Algorithm(ABC):
     # Why the algorithm cannot run split across ranks (torchrun, --nproc), named in the error that
     # refuses it up front; "" when its N-rank run equals its 1-process run (tests/cli/test_train_distributed.py).
     not_distributed = ""
+    # Hyperparameter search (`pflx tune`): key -> spec ("log:LOW:HIGH", "float:LOW:HIGH", "int:LOW:HIGH",
+    # "choice:A,B,..."), from the paper's own tuning protocol, cited in ``search_space_source``;
+    # declared by each algorithm (an undeclared one gets the client lr only, see pfl_cli.tune.space).
+    search_space: dict[str, str] = {}
+    search_space_source = ""
+    # The clients the method is for, which `pflx tune` scores on validation data: "train" (its
+    # training clients' validation split) or "new" (validation clients carved out of the train clients).
+    tune_group = "train"
 
     def __init_subclass__(cls, **kwargs) -> None:
         """DP support and the config are declared by each algorithm, never inherited from its parent:
