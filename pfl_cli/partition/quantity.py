@@ -91,11 +91,19 @@ def fill_counts(sizes: np.ndarray, q: np.ndarray, supply: np.ndarray) -> np.ndar
         open_ = left > 0
         if not over.any():
             break
-    # Rounding leftovers: hand the remaining samples to the clients still short, in order.
-    if want.sum() > 0:
-        pool = np.repeat(np.arange(num_classes), left)
-        take = np.repeat(np.arange(num_clients), want)
-        np.add.at(counts, (take, pool[: len(take)]), 1)
+    # Rounding leftovers (fewer than C per client): a client still short takes them from its own
+    # classes first, largest q[j, c] first, so that flooring never hands it a class outside its
+    # label distribution; only when its own classes have run out does it take any class left.
+    for j in np.flatnonzero(want):
+        for own_only in (True, False):
+            order = np.argsort(-q[j], kind="stable")
+            for c in order[(q[j, order] > 0) if own_only else slice(None)]:
+                take = min(int(want[j]), int(left[c]))
+                counts[j, c] += take
+                left[c] -= take
+                want[j] -= take
+            if want[j] == 0:
+                break
     return counts
 
 

@@ -122,6 +122,24 @@ def test_fill_counts_never_exceeds_supply():
     assert (counts.sum(axis=0) <= supply).all() and (counts >= 0).all()
 
 
+def test_fill_counts_gives_rounding_leftovers_to_the_clients_own_classes():
+    # 75 = 37.5 + 37.5: flooring leaves one sample per client, which must come from one of its two
+    # classes, not from the lowest class that still has supply (issue 34, item 6)
+    supply = np.full(10, 200)
+    q = np.zeros((5, 10))
+    for j in range(5):
+        q[j, [2 * j + 1, (2 * j + 4) % 10]] = 0.5
+    counts = fill_counts(np.full(5, 75), q, supply)
+    np.testing.assert_array_equal(counts.sum(axis=1), 75)
+    assert (counts[q == 0] == 0).all()
+
+
+def test_classes_per_client_with_given_sizes_keeps_exactly_those_classes():
+    part = make(num_clients=20, classes_per_client=2, sizes=[75] * 20, test_fraction=0.0)
+    np.testing.assert_array_equal(part.train_sizes, 75)
+    assert ((train_hist(part) > 0).sum(axis=1) == 2).all()
+
+
 def test_natural_ids_keep_first_appearance_order_and_use_the_test_pool():
     labels = np.array([0, 1, 0, 1, 1, 0, 0, 1])
     client = np.array(["b", "a", "b", "c", "a", "b", "c", "a"])
