@@ -11,6 +11,9 @@ except ImportError:  # pragma: no cover - older typer on upstream click
     from click import exceptions as exceptions  # type: ignore[no-redef]
 
 UsageError = exceptions.UsageError
+# click >= 8.4 raises NoSuchCommand, which already ends "Did you mean 'train'?"; typer's own
+# suggestion (TyperGroup.suggest_commands) would then append the same sentence a second time.
+CLICK_SUGGESTS_COMMANDS = hasattr(exceptions, "NoSuchCommand")
 NoArgsIsHelpError = getattr(exceptions, "NoArgsIsHelpError", ())
 Exit = exceptions.Exit if hasattr(exceptions, "Exit") else __import__("typer").Exit
 Abort = exceptions.Abort if hasattr(exceptions, "Abort") else __import__("typer").Abort

@@ -17,6 +17,8 @@ from pfl_cli.cli import _click, interrupt
 from pfl_cli.cli.launch import INVOCATION  # the arguments of the running invocation (train --nproc relaunches them)
 from pfl_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, PflxError, PflxWarning
 
+_TYPER_SUGGESTS = "suggest_commands" in typer.Typer.__init__.__code__.co_varnames  # typer >= 0.16
+
 app = typer.Typer(
     name="pflx",
     help="Personalized federated learning from the command line: partition, fit, simulate, train, predict, "
@@ -26,6 +28,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    # one "Did you mean ...?" for a mistyped command: click's when it makes one, else typer's
+    **({"suggest_commands": False} if _click.CLICK_SUGGESTS_COMMANDS and _TYPER_SUGGESTS else {}),
 )
 
 

@@ -26,6 +26,11 @@ def test_usage_errors_are_one_line_exit_2(cli):
         assert res.code == 2 and res.err.count("\n") == 1 and re.search(text, res.err) and res.err.startswith("pflx: error:")
 
 
+def test_a_mistyped_command_is_suggested_once(cli):
+    res = cli("trian")
+    assert res.code == 2 and res.err.count("Did you mean 'train'?") == 1, res.err
+
+
 def test_python_dash_m_entry_points():
     for module in ("pfl_cli", "pfl_cli.cli.app"):  # both run pflx, not just import it
         proc = subprocess.run([sys.executable, "-m", module, "-V"], capture_output=True, text=True, check=True)
