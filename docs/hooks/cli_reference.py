@@ -12,22 +12,26 @@ import re
 MARKER = re.compile(r"<!--\s*pflx-options:\s*([a-z-]+(?: [a-z-]+)*)\s*-->")  # "train", "flower app"
 
 
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+def _cell(text: str, *, code: bool = False) -> str:
+    """One table cell: whitespace collapsed; a "|" outside code spans escaped so that it does not end the
+    cell. Inside a code span the table extension already keeps "|" and would print a backslash literally."""
+    text = " ".join(str(text).split())
+    if code:
+        return f"`{text}`"
+    parts = text.split("`")  # odd-numbered parts lie inside code spans
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def options_reference(name: str) -> str:
     """The usage line and one table row per option of ``pflx NAME``, as its ``--help`` prints them."""
-    import typer
-
     try:  # the click that typer runs on (typer >= 0.2x vendors its own copy)
         from typer._click.core import Context
     except ImportError:  # pragma: no cover - older typer on upstream click
         from click import Context
 
-    from pfl_cli.cli.app import app
+    from pfl_cli.cli.app import _command
 
-    command = typer.main.get_command(app)
+    command = _command()  # the tree `pflx` runs: its help records, its --wait
     for part in name.split():  # a subcommand of a group ("flower app") is reached word by word
         group = command
         command = getattr(group, "commands", {}).get(part)
@@ -42,7 +46,7 @@ def options_reference(name: str) -> str:
             continue
         flags, text = record
         kind = " (argument)" if param.param_type_name == "argument" else ""
-        rows.append(f"| `{_cell(flags)}`{kind} | {_cell(text)} |")
+        rows.append(f"| {_cell(flags, code=True)}{kind} | {_cell(text)} |")
     return f"```text\nUsage: pflx {name} {usage}\n```\n\n" + "\n".join(rows) + "\n"
 
 

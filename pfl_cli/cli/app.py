@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -167,6 +168,7 @@ def _command(only: str | None = None):
     if only in _COMMANDS:
         return _COMMANDS[only]
     command = typer.main.get_command(app if only is None else _app_of(only))
+    _plain_help_records(command)
     wait = _wait_option()
     for sub in getattr(command, "commands", {}).values():
         names = {p.name for p in sub.params}
@@ -177,6 +179,31 @@ def _command(only: str | None = None):
             sub.params.append(wait)
     _COMMANDS[only] = command
     return command
+
+
+_RICH_ESCAPED_TAIL = re.compile(r"(^|  )\\(\[[^\[\]]*\])$")  # "  \[default: 10]" at the end of a help text
+
+
+def _plain_help_records(command) -> None:
+    """Help records without typer's rich escapes, for every parameter in the tree under ``command``.
+
+    Whenever rich is installed, typer escapes the "[default: 10]" / "[required]" it appends to a
+    parameter's help for rich markup, even with ``rich_markup_mode=None``, where nothing renders
+    markup: `--help` and the docs' option tables would show "\\[default: 10]".
+    """
+    for param in command.params:
+        original = param.get_help_record
+
+        def get_help_record(ctx, _original=original):
+            record = _original(ctx)
+            if record is None:
+                return None
+            flags, text = record
+            return flags, _RICH_ESCAPED_TAIL.sub(r"\1\2", text) if text else text
+
+        param.get_help_record = get_help_record
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help_records(sub)
 
 
 def _subcommand_names() -> set[str]:

@@ -31,6 +31,18 @@ def test_a_mistyped_command_is_suggested_once(cli):
     assert res.code == 2 and res.err.count("Did you mean 'train'?") == 1, res.err
 
 
+def test_help_shows_brackets_and_bars_without_backslashes(cli):
+    # typer escapes "[default: 10]" for rich markup even though pflx renders no markup (issue 34, item 11)
+    from pfl_cli.cli.app import _subcommand_names
+
+    names = [[n] for n in sorted(_subcommand_names() - {"flower"})] + [["flower", "app"]]
+    for name in names:
+        res = cli(*name, "-h")
+        assert res.code == 0 and "\\" not in res.out, (name, [ln for ln in res.out.splitlines() if "\\" in ln])
+    text = cli("train", "-h").out
+    assert "[required]" in text and "[default: human]" in text and "[human|json|quiet]" in text
+
+
 def test_python_dash_m_entry_points():
     for module in ("pfl_cli", "pfl_cli.cli.app"):  # both run pflx, not just import it
         proc = subprocess.run([sys.executable, "-m", module, "-V"], capture_output=True, text=True, check=True)
