@@ -108,7 +108,8 @@ def train(
     0.1), embed_rounds (pfedhn new clients' embedding rounds, default 20).
 
     While training, the latest checkpoint is kept in .<out>.checkpoint/ beside --out; --resume
-    continues from it after a kill, with the same result as an uninterrupted run.
+    continues from it after a kill, with the same result as an uninterrupted run; without --resume
+    such a run is refused (exit 2), and --force starts over, discarding the checkpoint.
 
     Examples: pflx train --partition runs/part --algorithm pefll --out runs/pefll ;
     pflx train --partition runs/part --algorithm fedavg --rounds 500 --finetune-steps 10 --out runs/fedavg ;

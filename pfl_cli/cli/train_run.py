@@ -139,10 +139,15 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     ck = Checkpointer(out, fingerprint(config, inputs))
     ck_path, ck_dir = ck.path, ck.dir
     check_checkpoint_location(ck_dir, ck_path, resume=resume)
+    if not resume and ck_path.is_file():  # an interrupted run's work is discarded only when asked to
+        if not force:
+            raise InputError(f"--out {out}: an earlier run was interrupted and left its checkpoint at {ck_path}; "
+                             "pass --resume to continue from it, or --force to start over and discard it.")
+        report.warn(f"--force: discarding the checkpoint an earlier run left at {ck_path}; starting over.")
+        if writes:  # gone now, so that an interrupt before this run's first checkpoint cannot leave it behind
+            ck_path.unlink(missing_ok=True)
     ck.remove_torn_writes()
     state = _resume(ck, cfg, report) if resume else None
-    if state is None and ck_path.is_file():
-        report.warn(f"replacing the checkpoint an earlier run left at {ck_path} (pass --resume to continue it).")
 
     def on_checkpoint(snapshot: dict) -> None:
         ck.write(snapshot)

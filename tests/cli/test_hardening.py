@@ -176,8 +176,10 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_file(cli, trained, tmp_pat
     res = _train(cli, trained, out, "--resume")
     assert res.code == 2 and f"checkpoint {ck} is corrupt" in res.err and res.err.count("\n") == 1
     assert ck.is_file() and not out.exists()
-    # The run restarts without it (and replaces it).
-    assert _train(cli, trained, out).code == 0
+    # Without --resume it is not discarded silently (issue 34, item 2); --force restarts and replaces it.
+    res = _train(cli, trained, out)
+    assert res.code == 2 and "--force" in res.err and ck.is_file() and not out.exists()
+    assert _train(cli, trained, out, "--force").code == 0
     assert (out / "model.pt").read_bytes() == (trained / "run" / "model.pt").read_bytes()
 
 

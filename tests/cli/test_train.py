@@ -218,12 +218,21 @@ def test_resume_really_continues_the_checkpoint(root, trained, tmp_path, capsys)
     assert "20,marker,resumed,1.0" in (tmp_path / "r" / "metrics.csv").read_text()
     assert (tmp_path / "r" / "model.pt").read_bytes() == (trained["pefll"] / "model.pt").read_bytes()
     assert not ck.parent.exists()
-    # Without --resume, a checkpoint left beside --out is replaced, not continued.
+    # Without --resume, a checkpoint left beside --out is neither continued nor silently discarded: one line
+    # naming --resume and --force, exit 2, nothing written, the checkpoint untouched (issue 34, item 2).
     ck = checkpoint_dir(tmp_path / "s") / "state.pt"
     ck.parent.mkdir()
     torch.save(state, ck)
-    assert train(root, tmp_path / "s", fmt="human") == 0
-    assert "replacing the checkpoint" in capsys.readouterr().err
+    before = ck.read_bytes()
+    capsys.readouterr()
+    assert train(root, tmp_path / "s", fmt="human") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pflx: error: ") and str(ck) in err, err
+    assert "--resume" in err and "--force" in err
+    assert ck.read_bytes() == before and not (tmp_path / "s").exists()
+    # --force starts over: the old checkpoint is replaced, not continued.
+    assert train(root, tmp_path / "s", "--force", fmt="human") == 0
+    assert "discarding the checkpoint" in capsys.readouterr().err
     assert "marker" not in (tmp_path / "s" / "metrics.csv").read_text() and not ck.parent.exists()
     assert (tmp_path / "s" / "checkpoint" / "state.pt").read_bytes() == (
         trained["pefll"] / "checkpoint" / "state.pt").read_bytes()
