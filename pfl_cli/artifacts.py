@@ -67,6 +67,7 @@ PRODUCER = {
     "predict": "pflx predict",
     "cluster": "pflx cluster",
     "attack": "pflx attack",
+    "compare": "pflx compare",
 }
 
 

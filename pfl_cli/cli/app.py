@@ -63,6 +63,7 @@ def _register() -> None:
     from pfl_cli.cli import attack
     from pfl_cli.cli import flower
     from pfl_cli.cli import algorithms
+    from pfl_cli.cli import compare
 
     for name, command in (("partition", partition.partition),
                           ("privacy-account", privacy_account.privacy_account),
@@ -72,7 +73,8 @@ def _register() -> None:
                           ("train", train.train),
                           ("predict", predict.predict),
                           ("show", show.show),
-                          ("attack", attack.attack_command)):
+                          ("attack", attack.attack_command),
+                          ("compare", compare.compare_command)):
         app.command(name, no_args_is_help=True, short_help=_first_sentence(command))(command)
     app.add_typer(flower.flower_app, name="flower", short_help=_first_sentence(flower.flower_app.info.help))
     app.command("algorithms", short_help=_first_sentence(algorithms.algorithms))(algorithms.algorithms)

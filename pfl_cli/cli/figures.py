@@ -161,9 +161,57 @@ def partition_heatmap(stats_csv: Path, stats_json: Path, out: Path) -> Path:
     return out
 
 
+def comparison_boxes(clients_csv: Path, table_json: Path, out: Path) -> Path:
+    """``compare``'s ``clients.png``: per-client accuracy (no label masking) of every configuration, one box for
+    its training clients and one for its new clients, the clients of all seeds pooled; the mean over seeds marked."""
+    plt = pyplot()
+    doc = json.loads(Path(table_json).read_text())
+    with open(clients_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    labels = list(dict.fromkeys(r["label"] for r in doc["rows"]))
+    groups = [g for g in ("train", "new") if any(r["group"] == g for r in doc["rows"])]
+    style = {"train": ("training clients", "tab:blue"), "new": ("new clients", "tab:orange")}
+    width = 0.8 / max(len(groups), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(labels) * max(len(groups), 1) + 2), 4.6))
+    for k, group in enumerate(groups):
+        data, where = [], []
+        for i, label in enumerate(labels):
+            values = [100 * float(r["accuracy"]) for r in rows
+                      if r["label"] == label and r["group"] == group and r["accuracy"] not in ("", None)]
+            if values:
+                data.append(values)
+                where.append(i + (k - (len(groups) - 1) / 2) * width)
+        if not data:
+            continue
+        name, colour = style[group]
+        boxes = ax.boxplot(data, positions=where, widths=width * 0.85, patch_artist=True, showmeans=True,
+                           meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black",
+                                      "markersize": 5}, medianprops={"color": "black"},
+                           flierprops={"marker": "o", "markersize": 3, "markerfacecolor": colour, "alpha": 0.6})
+        for patch in boxes["boxes"]:
+            patch.set_facecolor(colour)
+            patch.set_alpha(0.75)
+        boxes["boxes"][0].set_label(name)
+    seeds = {r["label"]: r["num_seeds"] for r in doc["rows"]}
+    ticks = [f"{label}\n({seeds[label]} seed{'s' if seeds[label] != 1 else ''})" for label in labels]
+    long = max(map(len, labels), default=0) > 12
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(ticks, rotation=20 if long else 0, ha="right" if long else "center", fontsize=9)
+    ax.set_ylim(-2, 102)
+    ax.set_ylabel("test accuracy of a client (%)")
+    ax.set_xlabel("box: quartiles; line: median; diamond: mean; the clients of every seed pooled", fontsize=9)
+    ax.set_title("per-client test accuracy, no label masking", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    if groups:
+        ax.legend(fontsize=8, loc="best")
+    _save(fig, out)
+    return out
+
+
 # stage -> (figure file, function, the artifact files it reads)
 FIGURES = {
     "partition": ("partition.png", partition_heatmap, ("stats.csv", "stats.json")),
     "train": ("curves.png", training_curves, ("metrics.csv", "metrics.json")),
     "predict": ("clients.png", client_accuracy_histogram, ("clients.csv", "metrics.json")),
+    "compare": ("clients.png", comparison_boxes, ("clients.csv", "table.json")),
 }

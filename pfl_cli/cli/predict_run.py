@@ -7,7 +7,9 @@ The ``predict`` artifact:
   ``pooled_accuracy``: the headline pair (label-masked when ``label_mask`` is true);
   ``mean_accuracy_nolm`` / ``pooled_accuracy_nolm``: without label masking;
   ``mean_accuracy_lm`` / ``pooled_accuracy_lm``: with label masking; ``loss`` (mean cross-entropy per
-  test sample); ``num_clients``, ``num_samples`` (test samples); ``protocol`` (how the models were made:
+  test sample); ``accuracy_std``, ``accuracy_worst10``, ``accuracy_min`` (fairness across the clients with
+  scored test samples, no label masking: standard deviation, mean of the worst ceil(0.1 n), minimum) and
+  the same with label masking (``_lm``); ``num_clients``, ``num_samples`` (test samples); ``protocol`` (how the models were made:
   the algorithm's paper protocol for clients without trained state when there are any, ``new_clients`` of
   them), ``rounds`` (of that protocol, e.g. pFedHN's embedding rounds); ``optimizer_steps`` (optimizer
   steps taken while predicting: local SGD steps plus server-side embedding steps; PeFLL takes none); ``personalized``; ``device``; ``model`` (the train
@@ -36,6 +38,7 @@ import numpy as np
 from pfl_cli.cli.output import Reporter, core_progress
 from pfl_cli.cli.common import load_partition_dataset
 from pfl_cli.cli.train_run import accuracy_table, clean, client_rows, torch_bytes
+from pfl_cli.compare.stats import FAIRNESS_KEYS
 from pfl_cli.errors import ArtifactError, ConfigError
 
 
@@ -148,6 +151,8 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "mean_accuracy_lm": s["mean_accuracy_lm"],
         "pooled_accuracy_lm": s["pooled_accuracy_lm"],
         "loss": s["loss"],
+        # fairness across the predicted clients (pfl_cli.compare.stats): unmasked, and label-masked (_lm)
+        **{k: s[k] for k in (*FAIRNESS_KEYS, *(f"{k}_lm" for k in FAIRNESS_KEYS))},
         "num_clients": s["num_clients"],
         "num_samples": s["num_samples"],
         "num_unlabeled_clients": int(len(run.unlabeled)),

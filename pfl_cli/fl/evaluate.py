@@ -25,12 +25,15 @@ class GroupEval:
     loss: np.ndarray        # summed cross-entropy per client
 
     def summary(self) -> dict:
-        """Mean of per-client accuracies (clients with data), pooled accuracy, mean loss."""
+        """Mean of per-client accuracies (clients with data), pooled accuracy, mean loss, and fairness across
+        clients: ``accuracy_std``, ``accuracy_worst10``, ``accuracy_min`` (and ``_lm``: label-masked)."""
         has = self.n > 0
         total = int(self.n.sum())
 
         def mean_acc(correct):
             return float(np.mean(correct[has] / self.n[has])) if has.any() else float("nan")
+
+        from pfl_cli.compare.stats import client_fairness
 
         return {
             "mean_accuracy": mean_acc(self.correct),
@@ -40,6 +43,10 @@ class GroupEval:
             "loss": float(self.loss.sum() / total) if total else float("nan"),
             "num_clients": int(len(self.clients)),
             "num_samples": total,
+            # Fairness across the clients with data (spread, worst decile, minimum): one function for
+            # train, predict and compare (pfl_cli.compare.stats); None where no client has data.
+            **client_fairness(self.accuracy(False)),
+            **client_fairness(self.accuracy(True), suffix="_lm"),
         }
 
     def accuracy(self, label_mask: bool) -> np.ndarray:

@@ -126,13 +126,17 @@ def read_stats(art: Artifact, flag: str, *, num_clients: int | None = None, role
 # ---------------------------------------------------------------------------- metrics.json
 GROUP_FIELDS = {"mean_accuracy": "fraction?", "pooled_accuracy": "fraction?", "mean_accuracy_lm": "fraction?",
                 "pooled_accuracy_lm": "fraction?", "loss": "number?", "num_clients": "count?",
-                "num_samples": "count?"}
+                "num_samples": "count?", "accuracy_std": "fraction?", "accuracy_worst10": "fraction?",
+                "accuracy_min": "fraction?", "accuracy_std_lm": "fraction?", "accuracy_worst10_lm": "fraction?",
+                "accuracy_min_lm": "fraction?"}
 METRICS_FIELDS: dict[str, dict[str, str]] = {
     "train": {"algorithm": "str", "label_mask": "bool", "rounds": "count", "best_round": "count?",
               "dataset": "object", "train": "object", "holdout": "object", "val": "object", "selection": "str?"},
     "predict": {"algorithm": "str", "clients": "str", "num_clients": "count", "mean_accuracy": "fraction?",
                 "pooled_accuracy": "fraction?", "mean_accuracy_nolm": "fraction?", "mean_accuracy_lm": "fraction?",
-                "optimizer_steps": "count", "personalized": "bool", "label_mask": "bool"},
+                "optimizer_steps": "count", "personalized": "bool", "label_mask": "bool",
+                "accuracy_std": "fraction?", "accuracy_worst10": "fraction?", "accuracy_min": "fraction?",
+                "accuracy_std_lm": "fraction?", "accuracy_worst10_lm": "fraction?", "accuracy_min_lm": "fraction?"},
     "cluster": {"k": "count", "init": "str?", "normalized_cost": "number?", "centralized_normalized_cost": "number?",
                 "relative_gap": "number?", "num_clients": "count?"},
     "attack": {"algorithm": "str", "attacks": "list", "iterations": "count", "results": "object"},

@@ -1,0 +1,47 @@
+"""`pflx compare`: one table over train and predict runs -- mean and 95 % interval over seeds, fairness across clients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pfl_cli.cli.options import ForceOpt, Format, FormatOpt, OutOpt
+from pfl_cli.cli.output import Reporter
+
+
+def compare_command(
+    runs: Annotated[list[Path], typer.Argument(metavar="RUN...", help="Train and predict artifacts (pflx train / pflx predict --clients holdout), all on one partition.", show_default=False)],
+    out: OutOpt,
+    nonprivate: Annotated[bool, typer.Option("--nonprivate", help="Accept --dp train runs (and predict runs of --dp models) through their nonprivate-clients.csv (train --write-nonprivate): accuracies on the private clients, not covered by DP. The table's files are then named nonprivate-*.")] = False,
+    level: Annotated[float, typer.Option("--level", help="Confidence level of the Student-t interval over seeds.")] = 0.95,
+    plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: per-client accuracy of every configuration, training and new clients, one box each (needs the plot extra).")] = False,
+    force: ForceOpt = False,
+    fmt: FormatOpt = Format.human,
+) -> None:
+    """Compare algorithms over seeds: mean and 95 % t-interval, and fairness across clients, in one table.
+
+    Runs of the same algorithm and config (all but the seed) are the seeds of one row. For each
+    row and group of clients (train: the training clients; new: clients never trained on, from
+    predict artifacts of --clients holdout, else the train run's own holdout evaluation): the mean
+    per-client test accuracy without label masking averaged over seeds, with the half-width of the
+    two-sided Student-t interval (n/a with one seed: no spread to estimate, not zero); the standard
+    deviation across clients, the mean of the worst 10 % of clients (ceil(0.1 n) of them) and the
+    minimum, each over one run's clients and averaged over seeds; the label-masked accuracy in its
+    own column. Runs over different partitions or datasets, the same seed twice, or a --dp train
+    run (it releases no accuracy; see --nonprivate) are refused.
+
+    Writes table.md, table.csv, table.json, clients.csv (every run's per-client accuracies) and,
+    with --plot, clients.png.
+
+    Example: pflx compare runs/fedavg-s0 runs/fedavg-s1 runs/fedavg-s2 runs/pefll-s0 runs/pefll-s1
+    runs/pefll-s2 --out runs/table
+    """
+    from pfl_cli.cli.compare_run import run_compare
+
+    if plot:
+        from pfl_cli.cli.figures import require_matplotlib
+
+        require_matplotlib("--plot")
+    run_compare(runs, out=out, nonprivate=nonprivate, level=level, plot=plot, force=force, report=Reporter(fmt))
