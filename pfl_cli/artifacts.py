@@ -68,6 +68,7 @@ PRODUCER = {
     "cluster": "pflx cluster",
     "attack": "pflx attack",
     "compare": "pflx compare",
+    "tune": "pflx tune",
 }
 
 

@@ -1,0 +1,402 @@
+"""The body of `pflx tune`: the tuning partition, the study (in-process, in worker processes, or private
+under --dp), the artifact, the summary.
+
+The ``tune`` artifact (DESIGN.md section 3):
+
+- ``best.yaml``: the resolved train config of the best trial, which ``pflx train --config`` takes as is;
+- ``trials.csv``: every trial's number, state (complete / pruned / fail), score, searched values,
+  selected round, seconds, failure reason and validation curve (``round:accuracy;...``);
+- ``study.db``: the Optuna study (SQLite), for ``optuna-dashboard`` or further analysis;
+- ``metrics.json``: the objective (group, metric), the best trial, trial counts, the space, CPU time;
+- with ``--plot``: ``history.png`` and ``parallel.png``.
+
+Under ``--dp`` only the released best config, its noisy score and ``privacy.json`` are written
+(``pfl_cli.tune.private``); the trials' scores go to ``nonprivate-trials.csv`` on request only.
+
+While the study runs it lives in ``.<out>.study/study.db`` beside ``--out`` (unless ``--storage``);
+the same command continues it after a kill; it moves into the artifact when the study completes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pfl_cli.cli.output import Reporter
+from pfl_cli.errors import ConfigError, InputError, RunError
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    space: tuple = ()
+    trials: int = 20
+    jobs: int = 1
+    sampler: str | None = None
+    pruner: str | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    validation_fraction: float = 0.2
+    validation_clients: float | None = None
+    dp_shape: float = 1.0
+    dp_score_noise: float = 3.0
+    explicit: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the command resolved before any trial: checked once, shared with worker processes."""
+
+    cfg: Any                 # the base TrainConfig (the user's; best.yaml is it with the best values)
+    trial_cfg: Any           # what trials train with (hidden validation-client labels scored when needed)
+    params: tuple
+    objective: dict
+    sampler: str
+    pruner: str
+    validation_clients: float
+    unlabeled_validation: bool
+
+
+def _check_options(cfg, o: TuneOptions):
+    from pfl_cli import registry
+    from pfl_cli.tune.private import check_private_space
+    from pfl_cli.tune.space import parse_space_args, resolve_space
+    from pfl_cli.tune.study import PRUNERS, SAMPLERS, objective_of
+
+    if o.trials < 1:
+        raise ConfigError(f"--trials must be an integer >= 1; got {o.trials}.")
+    if o.jobs < 1:
+        raise ConfigError(f"--jobs must be an integer >= 1; got {o.jobs}.")
+    if not 0.0 < o.validation_fraction < 1.0:
+        raise ConfigError(f"--validation-fraction must be in (0, 1); got {o.validation_fraction!r}.")
+    if o.validation_clients is not None and not 0.0 <= o.validation_clients < 1.0:
+        raise ConfigError(f"--validation-clients must be in [0, 1); got {o.validation_clients!r}.")
+    entry = registry.get(cfg.algorithm)
+    params = resolve_space(entry, parse_space_args(o.space))
+    private = cfg.dp_epsilon is not None
+    sampler = o.sampler or ("random" if private else "tpe")
+    pruner = o.pruner or ("none" if private else "median")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}; got {sampler!r}.")
+    if pruner not in PRUNERS:
+        raise ConfigError(f"--pruner must be one of {', '.join(PRUNERS)}; got {pruner!r}.")
+    if sampler == "grid":
+        for p in params:
+            if p.kind != "choice":
+                p.grid()  # refuses a continuous range in one line
+    if private:
+        if sampler != "random":
+            raise ConfigError(f"--sampler {sampler} under --dp: private selection needs trials drawn independently of "
+                              "each other's private scores (Papernot & Steinke 2022); use --sampler random.")
+        if pruner != "none":
+            raise ConfigError(f"--pruner {pruner} under --dp: pruning reads every trial's private validation curve, "
+                              "which no mechanism releases; use --pruner none.")
+        if o.storage is not None:
+            raise ConfigError("--storage under --dp: a private study keeps its trials in memory (the scores of the "
+                              "trials that are not released must not be stored); drop --storage.")
+        if o.jobs != 1:
+            raise ConfigError(f"--jobs {o.jobs} under --dp: private studies run their trials in one process; use "
+                              "--jobs 1.")
+        if cfg.dp_accountant != "rdp":
+            raise ConfigError(f"dp_accountant {cfg.dp_accountant!r} under pflx tune --dp: the repeat-and-select "
+                              "bound (Papernot & Steinke 2022, Thm. 2) is a Renyi-DP bound; use dp_accountant=rdp.")
+        if o.trials < 2:
+            raise ConfigError(f"--trials under --dp is the mean number of trials and must be >= 2; got {o.trials}.")
+        if not (np.isfinite(o.dp_score_noise) and o.dp_score_noise > 0):
+            raise ConfigError(f"--dp-score-noise must be a finite number > 0; got {o.dp_score_noise!r}.")
+        check_private_space(params)
+        from pfl_cli.tune.private import tnb_gamma
+
+        tnb_gamma(float(o.trials), o.dp_shape)  # checks --dp-shape
+    elif "dp_shape" in o.explicit or "dp_score_noise" in o.explicit:
+        raise ConfigError("--dp-shape / --dp-score-noise apply only with --dp.")
+    objective = objective_of(entry.algorithm, cfg.label_mask)
+    return entry, params, sampler, pruner, objective
+
+
+def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, report: Reporter,
+             plot: bool = False) -> None:
+    from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.cli.common import load_partition_dataset
+    from pfl_cli.config import config_to_dict
+    from pfl_cli.fl.api import validate_train_config
+    from pfl_cli.tune.space import describe
+    from pfl_cli.tune.study import open_storage
+
+    validate_train_config(cfg)
+    entry, params, sampler, pruner, objective = _check_options(cfg, o)
+    ArtifactWriter(out, stage="tune", config={}, seed=cfg.seed, force=force)  # --out problems first
+    storage = open_storage(o.storage) if o.storage is not None else None  # an unreachable URL: before any work
+    part, info, part_art, ds = load_partition_dataset(partition)
+    private = cfg.dp_epsilon is not None
+    new_group = objective["group"] == "holdout"
+    val_clients = o.validation_clients if o.validation_clients is not None else (0.2 if new_group else 0.0)
+    if new_group and val_clients == 0:
+        raise ConfigError(f"--validation-clients 0: {cfg.algorithm} is scored on clients unseen in training, so the "
+                          "study needs validation clients; give a share in (0, 1), e.g. 0.2.")
+    # New clients without labels (FLowDUP's setting): validation clients take part unlabeled, as the real ones
+    # will, and their hidden labels only score them.
+    unlabeled_validation = bool(new_group and part.labeled is not None and _holdout_unlabeled(part))
+    trial_cfg = dataclasses.replace(cfg, evaluate_hidden_labels=True) if unlabeled_validation else cfg
+    plan = Plan(cfg=cfg, trial_cfg=trial_cfg, params=params, objective=objective, sampler=sampler, pruner=pruner,
+                validation_clients=val_clients, unlabeled_validation=unlabeled_validation)
+    config = {"train": config_to_dict(cfg), "space": describe(params), "trials": o.trials, "sampler": sampler,
+              "pruner": pruner, "validation_fraction": o.validation_fraction, "validation_clients": val_clients,
+              "objective": objective}
+    if private:
+        config.update({"dp_shape": o.dp_shape, "dp_score_noise": o.dp_score_noise})
+    if o.storage is not None:
+        config["study_name"] = o.study_name or f"pflx-tune-{cfg.algorithm}"
+    inputs = [part_art.input_ref(), ds.input_ref()]
+    writer = ArtifactWriter(out, stage="tune", config=config, seed=cfg.seed, inputs=inputs, force=force, dp=private)
+    if writer.up_to_date():
+        report.note(f"{out} is up to date (same config and inputs); nothing to do.")
+        report.result({"out": str(out), "up_to_date": True})
+        return
+    data = _tuning_data(ds, part, cfg.seed, o.validation_fraction, val_clients, unlabeled_validation)
+    if private:
+        from pfl_cli.cli.tune_private import run_private_study
+
+        run_private_study(plan, o, data, writer=writer, out=out, report=report)
+        return
+    meta = {"algorithm": cfg.algorithm, "partition": part_art.content_hash,
+            "objective": f"{objective['group']}:{objective['metric']}"}
+    staging = _staging_dir(out)
+    if storage is None:
+        if force and staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{(staging / 'study.db').resolve()}"
+    else:
+        url = o.storage
+    name = o.study_name or f"pflx-tune-{cfg.algorithm}"
+    started = time.time()
+    study = _run_study(plan, o, data, url=url, name=name, meta=meta, partition=partition, report=report)
+    _write_artifact(writer, study, plan, o, out=out, staging=None if storage is not None else staging,
+                    started=started, plot=plot, storage=o.storage)
+    _print_summary(report, out, study, plan, partition)
+
+
+def _holdout_unlabeled(part) -> bool:
+    holdout = np.flatnonzero(np.asarray(part.role) == 1)
+    return len(holdout) > 0 and not np.asarray(part.labeled)[holdout].any()
+
+
+def _staging_dir(out: Path) -> Path:
+    out = Path(out)
+    return out.parent / f".{out.name}.study"
+
+
+def _tuning_data(ds, part, seed: int, fraction: float, val_clients: float, unlabeled: bool):
+    from pfl_cli.rng import make_rng
+    from pfl_cli.tune.split import validation_partition
+    from pfl_cli.tune.study import TuningData
+
+    vpart = validation_partition(part, val_fraction=fraction, val_clients=val_clients,
+                                 rng=make_rng(seed, "tune-validation"), unlabeled_validation_clients=unlabeled)
+    return TuningData(ds.x, ds.y, ds.num_classes, vpart, labeled=ds.labeled)
+
+
+def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: dict, partition: Path,
+               report: Reporter):
+    from pfl_cli.tune.study import Objective, best_trial, make_pruner, make_sampler, open_storage, open_study, optimize
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress line says what its INFO lines say
+    storage = open_storage(url)
+    study = open_study(storage, name, sampler=make_sampler(plan.sampler, plan.params, seed=plan.cfg.seed),
+                       pruner=make_pruner(plan.pruner), meta=meta)
+    before = len(study.trials)
+    if before:
+        report.note(f"continuing the study {name!r}: {before} of {o.trials} trials already there.")
+    with report.progress("tune", o.trials, unit="trial") as bar:
+        seen = [min(before, o.trials)]
+        if seen[0]:
+            bar.advance(seen[0], status="resumed")
+
+        def status(study_) -> str:
+            best = best_trial(study_)
+            return "" if best is None else f"best {100 * best.value:.1f}% (trial {best.number})"
+
+        def on_done(study_, _trial) -> None:
+            done = min(len(study_.trials), o.trials)
+            bar.advance(done - seen[0], status=status(study_))
+            seen[0] = done
+
+        if o.jobs == 1:
+            objective = Objective(data, plan.trial_cfg, plan.params, group=plan.objective["group"],
+                                  metric=plan.objective["metric"])
+            optimize(study, objective, o.trials, callbacks=[on_done])
+        else:
+            _run_workers(plan, o, url=url, name=name, meta=meta, partition=partition,
+                         poll=lambda: on_done(storage_study(storage, name), None))
+    return storage_study(storage, name)
+
+
+def storage_study(storage, name: str):
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+# ---------------------------------------------------------------------------- worker processes
+def _run_workers(plan: Plan, o: TuneOptions, *, url: str, name: str, meta: dict, partition: Path, poll) -> None:
+    """``o.jobs`` processes run trials of the one study (its storage coordinates them), one torch thread each."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch thread pools
+    procs = [ctx.Process(target=_worker, args=(plan, o, url, name, str(partition), rank), daemon=True)
+             for rank in range(o.jobs)]
+    for p in procs:
+        p.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            time.sleep(0.5)
+            poll()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+    poll()
+    failed = [p.exitcode for p in procs if p.exitcode not in (0, None)]
+    if failed:
+        raise RunError(f"--jobs: {len(failed)} of {o.jobs} worker processes failed (exit codes {failed}); the study "
+                       "so far is kept: run the same command again to continue it (PFLX_DEBUG=1 shows the "
+                       "workers' tracebacks).")
+
+
+def _worker(plan: Plan, o: TuneOptions, url: str, name: str, partition: str, rank: int) -> None:
+    import logging
+    import sys
+
+    import torch
+
+    from pfl_cli.cli.common import load_partition_dataset
+    from pfl_cli.tune.study import Objective, make_pruner, make_sampler, open_storage, open_study, optimize
+
+    torch.set_num_threads(1)
+    logging.getLogger("optuna").setLevel(logging.WARNING)
+    try:
+        part, _info, _art, ds = load_partition_dataset(Path(partition))
+        data = _tuning_data(ds, part, plan.cfg.seed, o.validation_fraction, plan.validation_clients,
+                            plan.unlabeled_validation)
+        study = open_study(open_storage(url), name,
+                           sampler=make_sampler(plan.sampler, plan.params, seed=plan.cfg.seed * 1000 + rank + 1),
+                           pruner=make_pruner(plan.pruner), meta={})
+        objective = Objective(data, plan.trial_cfg, plan.params, group=plan.objective["group"],
+                              metric=plan.objective["metric"])
+        optimize(study, objective, o.trials)
+    except Exception as err:  # noqa: BLE001 - one line per worker, the parent says what to do
+        if os.environ.get("PFLX_DEBUG", "") not in ("", "0"):
+            raise
+        sys.stderr.write(f"pflx: tune worker {rank}: {type(err).__name__}: {err}\n")
+        raise SystemExit(1)
+
+
+# ---------------------------------------------------------------------------- the artifact
+def _write_artifact(writer, study, plan: Plan, o: TuneOptions, *, out: Path, staging: Path | None, started: float,
+                    plot: bool, storage: str | None) -> None:
+    import yaml
+
+    from pfl_cli.config import config_to_dict
+    from pfl_cli.tune.space import describe
+    from pfl_cli.tune.study import best_trial, best_values, state_counts, trial_rows
+
+    best = best_trial(study)
+    header, rows = trial_rows(study, plan.params)
+    if best is None:
+        reasons = sorted({r[header.index("error")] for r in rows if r[header.index("error")]})
+        raise RunError(f"no trial of the study completed ({state_counts(study)}); nothing was written to --out {out}"
+                       + (f"; failures: {'; '.join(reasons)[:300]}" if reasons else "")
+                       + ". Widen or move the search space (--space), or raise --rounds.")
+    values = best_values(best, plan.params)
+    best_cfg = dataclasses.replace(plan.cfg, **values)
+    seconds = [r[header.index("seconds")] for r in rows if r[header.index("seconds")] is not None]
+    metrics = {
+        "algorithm": plan.cfg.algorithm,
+        "objective": plan.objective,
+        "best": {"trial": best.number, "value": best.value, "params": values,
+                 "selected_round": best.user_attrs.get("selected_round")},
+        "trials": state_counts(study),
+        "space": describe(plan.params),
+        "sampler": plan.sampler,
+        "pruner": plan.pruner,
+        "trial_seconds": round(float(sum(seconds)), 3),
+        "wall_seconds": round(time.time() - started, 3),
+        "validation": {"fraction": o.validation_fraction, "clients": plan.validation_clients,
+                       "validation_clients_unlabeled": plan.unlabeled_validation},
+        "storage": "study.db" if storage is None else _redacted(storage),
+    }
+    with writer:
+        writer.save_text("best.yaml", _best_yaml(config_to_dict(best_cfg), plan, best))
+        writer.save_csv("trials.csv", header, rows)
+        writer.save_json("metrics.json", metrics)
+        if staging is not None:
+            _copy_sqlite(staging / "study.db", writer.path("study.db"))
+            writer.after_swap(lambda: shutil.rmtree(staging, ignore_errors=True))
+        if plot:
+            from pfl_cli.cli.tune_figures import tune_figures
+
+            tune_figures(header, rows, plan.params, writer.path("history.png"), writer.path("parallel.png"),
+                         title=f"pflx tune {plan.cfg.algorithm}: {plan.objective['metric']} on "
+                               f"{plan.objective['clients']}")
+
+
+def _best_yaml(config: dict, plan: Plan, best) -> str:
+    import yaml
+
+    head = (f"# pflx tune: the best of the study's trials (trial {best.number}, validation "
+            f"{plan.objective['metric']} {best.value:.4f} on {plan.objective['clients']}).\n"
+            "# Train with it: pflx train --partition PART --config best.yaml --out RUN (add --seed S for more seeds).\n")
+    return head + yaml.safe_dump(config, sort_keys=False)
+
+
+def _redacted(url: str) -> str:
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{rest.split('@', 1)[1]}"
+
+
+def _copy_sqlite(src: Path, dst: Path) -> None:
+    """A consistent copy of a live SQLite database (its backup API, not a byte copy of a file in use)."""
+    import sqlite3
+
+    with sqlite3.connect(str(src)) as a, sqlite3.connect(str(dst)) as b:
+        a.backup(b)
+    b.close()
+    a.close()
+
+
+def _print_summary(report: Reporter, out: Path, study, plan: Plan, partition: Path) -> None:
+    from rich.table import Table
+
+    from pfl_cli.tune.study import best_trial, best_values, state_counts
+
+    best = best_trial(study)
+    values = best_values(best, plan.params)
+    counts = state_counts(study)
+    table = Table(title=f"tune -> {out}: {plan.cfg.algorithm}, best of {sum(counts.values())} trials "
+                  f"({', '.join(f'{v} {k}' for k, v in counts.items())})", title_justify="left",
+                  caption=f"validation {plan.objective['metric']} on {plan.objective['clients']}; next: pflx train "
+                  f"--partition {partition} --config {out}/best.yaml --out RUN", caption_justify="left")
+    table.add_column("trial", justify="right")
+    table.add_column("validation", justify="right")
+    for p in plan.params:
+        table.add_column(p.key, justify="right")
+    table.add_row(str(best.number), f"{100 * best.value:.2f}%", *(_show(values[p.key]) for p in plan.params))
+    report.result({"out": str(out), "up_to_date": False, "algorithm": plan.cfg.algorithm,
+                   "objective": plan.objective, "best": {"trial": best.number, "value": best.value, "params": values},
+                   "trials": counts}, table)
+
+
+def _show(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
