@@ -63,6 +63,7 @@ def _register() -> None:
     from pfl_cli.cli import attack
     from pfl_cli.cli import flower
     from pfl_cli.cli import algorithms
+    from pfl_cli.cli import tune
     from pfl_cli.cli import compare
 
     for name, command in (("partition", partition.partition),
@@ -71,6 +72,7 @@ def _register() -> None:
                           ("mdm-fit", mdm_fit.mdm_fit),
                           ("simulate", simulate.simulate),
                           ("train", train.train),
+                          ("tune", tune.tune),
                           ("predict", predict.predict),
                           ("show", show.show),
                           ("attack", attack.attack_command),
