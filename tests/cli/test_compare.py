@@ -1,0 +1,181 @@
+"""`pflx compare` end to end on tiny trainings: the table against the artifacts' own files, the fairness
+statistics of train/predict metrics.json against their clients.csv, --dp runs, the figure and bad input."""
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
+
+T975_DF1 = 12.7062047  # t_{0.975, 1}: two seeds
+
+FAST = ["--rounds", "2", "--eval-every", "1", "--local-steps", "3", "--set", "mlp_hidden=[16]", "--format", "quiet"]
+PART = ["--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "20",
+        "--holdout-clients", "4", "--test-fraction", "0.3", "--format", "quiet"]
+
+
+def main(argv):
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    assert main(["partition", *PART, "--out", root / "part"]) == 0
+    assert main(["partition", *PART, "--seed", "1", "--out", root / "part1"]) == 0
+    for seed in (0, 1):
+        assert main(["train", "--partition", root / "part", "--algorithm", "fedavg", "--seed", seed,
+                     "--out", root / f"fedavg-s{seed}", *FAST]) == 0
+        assert main(["predict", "--model", root / f"fedavg-s{seed}", "--partition", root / "part",
+                     "--no-predictions", "--out", root / f"fedavg-s{seed}-new", "--format", "quiet"]) == 0
+    assert main(["train", "--partition", root / "part", "--algorithm", "local", "--local-epochs", "2",
+                 "--out", root / "local-s0", *FAST]) == 0
+    assert main(["train", "--partition", root / "part1", "--algorithm", "fedavg", "--out", root / "other", *FAST]) == 0
+    return root
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def client_accuracies(path, role=None):
+    rows = read_csv(path)
+    return np.array([float(r["accuracy"]) if r["accuracy"] else np.nan for r in rows
+                     if role is None or int(r["role"]) == role])
+
+
+def fairness_by_sorting(acc):
+    a = sorted(v for v in acc if v == v)
+    k = math.ceil(len(a) / 10)
+    return {"accuracy_std": float(np.std(a)), "accuracy_worst10": sum(a[:k]) / k, "accuracy_min": a[0]}
+
+
+def test_train_and_predict_metrics_hold_fairness_over_their_clients(root):
+    train = json.loads((root / "fedavg-s0" / "metrics.json").read_text())
+    for group, role in (("train", 0), ("holdout", 1)):
+        ref = fairness_by_sorting(client_accuracies(root / "fedavg-s0" / "clients.csv", role))
+        for key, value in ref.items():
+            assert train[group][key] == pytest.approx(value, abs=1e-12)
+        assert {f"{k}_lm" for k in ref} <= set(train[group])
+    pred = json.loads((root / "fedavg-s0-new" / "metrics.json").read_text())
+    ref = fairness_by_sorting(client_accuracies(root / "fedavg-s0-new" / "clients.csv"))
+    for key, value in ref.items():
+        assert pred[key] == pytest.approx(value, abs=1e-12)
+    lm = [float(r["accuracy_lm"]) for r in read_csv(root / "fedavg-s0-new" / "clients.csv")]
+    assert pred["accuracy_min_lm"] == pytest.approx(min(lm), abs=1e-12)
+
+
+def test_compare_table_against_the_runs_files(root, tmp_path, capsys):
+    runs = [root / "fedavg-s0", root / "fedavg-s1", root / "fedavg-s0-new", root / "fedavg-s1-new", root / "local-s0"]
+    capsys.readouterr()
+    assert main(["compare", *runs, "--out", tmp_path / "table", "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    out = tmp_path / "table"
+    assert {p.name for p in out.iterdir()} == {"manifest.json", "table.md", "table.csv", "table.json", "clients.csv"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "compare" and len(manifest["inputs"]) == 5
+    doc = json.loads((out / "table.json").read_text())
+    assert printed["rows"] == [{k: v for k, v in r.items() if k not in ("config", "predict_config")} for r in doc["rows"]]
+    rows = {(r["label"], r["group"]): r for r in doc["rows"]}
+    assert list(rows) == [("fedavg", "train"), ("fedavg", "new"), ("local", "train"), ("local", "new")]
+
+    # fedavg, training clients: each seed's mean is its metrics.json's; the interval is t * s / sqrt(2).
+    seeds = [json.loads((root / f"fedavg-s{s}" / "metrics.json").read_text())["train"] for s in (0, 1)]
+    a, b = (m["mean_accuracy"] for m in seeds)
+    r = rows[("fedavg", "train")]
+    assert r["seeds"] == [0, 1] and r["source"] == "train" and r["num_clients"] == 16
+    assert r["accuracy"] == pytest.approx((a + b) / 2, abs=1e-12)
+    assert r["accuracy_ci"] == pytest.approx(T975_DF1 * abs(a - b) / 2, rel=1e-6)
+    assert r["accuracy_lm"] == pytest.approx((seeds[0]["mean_accuracy_lm"] + seeds[1]["mean_accuracy_lm"]) / 2)
+    for key in ("accuracy_std", "accuracy_worst10", "accuracy_min"):
+        assert r[key] == pytest.approx((seeds[0][key] + seeds[1][key]) / 2, abs=1e-12)
+
+    # fedavg, new clients: from the predict runs (not the train runs' own holdout evaluation)
+    new = [json.loads((root / f"fedavg-s{s}-new" / "metrics.json").read_text()) for s in (0, 1)]
+    r = rows[("fedavg", "new")]
+    assert r["source"] == "predict" and r["num_clients"] == 4
+    assert r["accuracy"] == pytest.approx((new[0]["mean_accuracy_nolm"] + new[1]["mean_accuracy_nolm"]) / 2)
+    # local: one seed, its holdout evaluation; no interval
+    r = rows[("local", "new")]
+    assert r["source"] == "train" and r["accuracy_ci"] is None and r["accuracy_lm_ci"] is None
+    md = (out / "table.md").read_text()
+    assert "| local | new (train eval) | 1 |" in md and "± n/a" in md
+    table_csv = read_csv(out / "table.csv")
+    assert [row["accuracy_ci"] for row in table_csv][2:] == ["", ""]
+    assert len(read_csv(out / "clients.csv")) == 2 * 16 + 2 * 4 + 16 + 4
+
+    # the same runs again: nothing to do
+    assert main(["compare", *runs, "--out", out, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"out": str(out), "up_to_date": True}
+
+
+def test_human_table_and_figure(root, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["compare", root / "fedavg-s0", root / "fedavg-s1", root / "local-s0", "--plot",
+                 "--out", tmp_path / "t"]) == 0
+    text = capsys.readouterr().out
+    assert "fedavg" in text and "local" in text and "n/a" in text
+    png = (tmp_path / "t" / "clients.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_a_predict_run_alone_finds_its_model(root, tmp_path):
+    assert main(["compare", root / "fedavg-s0-new", "--out", tmp_path / "t", "--format", "quiet"]) == 0
+    doc = json.loads((tmp_path / "t" / "table.json").read_text())
+    assert [(r["label"], r["group"], r["seeds"]) for r in doc["rows"]] == [("fedavg", "new", [0])]
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "RUN {root}/nosuch: no such directory"),
+    ("partition", "RUN {root}/part: expected a 'train' or 'predict' artifact, found stage 'partition'"),
+    ("other-partition", "RUN {root}/other: its partition"),
+    ("duplicate", "RUN {root}/fedavg-s0: seed 0 of this fedavg configuration is already given"),
+    ("level", "--level must be in (0, 1)"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(root, tmp_path, cli, case, needle):
+    runs = {"missing": [root / "fedavg-s0", root / "nosuch"], "partition": [root / "part"],
+            "other-partition": [root / "fedavg-s0", root / "other"], "duplicate": [root / "fedavg-s0"] * 2,
+            "level": [root / "fedavg-s0"]}[case]
+    extra = ["--level", "1.5"] if case == "level" else []
+    result = cli("compare", *runs, "--out", tmp_path / "t", *extra)
+    assert result.code == 2
+    assert needle.format(root=root) in result.err and len(result.err.strip().splitlines()) == 1
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_predict_run_of_train_clients_is_refused(root, tmp_path, cli):
+    assert main(["predict", "--model", root / "fedavg-s0", "--partition", root / "part", "--clients", "train",
+                 "--no-predictions", "--out", tmp_path / "p", "--format", "quiet"]) == 0
+    result = cli("compare", root / "fedavg-s0", tmp_path / "p", "--out", tmp_path / "t")
+    assert result.code == 2 and "new clients (--clients holdout)" in result.err
+    assert not (tmp_path / "t").exists()
+
+
+def test_dp_runs_only_with_nonprivate_and_named_so(root, tmp_path, cli):
+    dp = tmp_path / "dp"
+    assert main(["train", "--partition", root / "part", "--algorithm", "fedavg", "--out", dp, *FAST,
+                 "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000,noise=seeded", "--set", "normalize=false"]) == 0
+    result = cli("compare", dp, "--out", tmp_path / "t")
+    assert result.code == 2 and "releases no accuracy" in result.err and not (tmp_path / "t").exists()
+    result = cli("compare", dp, "--nonprivate", "--out", tmp_path / "t")
+    assert result.code == 2 and "--write-nonprivate" in result.err and not (tmp_path / "t").exists()
+
+    assert main(["train", "--partition", root / "part", "--algorithm", "fedavg", "--out", tmp_path / "dpw", *FAST,
+                 "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000,noise=seeded", "--set", "normalize=false",
+                 "--write-nonprivate"]) == 0
+    result = cli("compare", tmp_path / "dpw", root / "fedavg-s1", "--nonprivate", "--out", tmp_path / "t")
+    assert result.code == 0, result.err
+    names = {p.name for p in (tmp_path / "t").iterdir()}
+    assert names == {"manifest.json", "nonprivate-table.md", "nonprivate-table.csv", "nonprivate-table.json",
+                     "nonprivate-clients.csv"}
+    doc = json.loads((tmp_path / "t" / "nonprivate-table.json").read_text())
+    assert doc["nonprivate"] is True and "NONPRIVATE" in (tmp_path / "t" / "nonprivate-table.md").read_text()
+    ref = client_accuracies(tmp_path / "dpw" / "nonprivate-clients.csv", role=0)
+    dp_row = [r for r in doc["rows"] if r["group"] == "train" and r["runs"][0]["path"] == str(tmp_path / "dpw")]
+    assert dp_row and dp_row[0]["accuracy"] == pytest.approx(float(np.nanmean(ref)), abs=1e-12)
