@@ -95,6 +95,9 @@ class APFLConfig(FedAvgRoundConfig):
 
 class APFL(PrivateState, FedAvg):
     name = "apfl"
+    search_space = {"lr": "log:1e-3:1", "alpha": "choice:0.25,0.5,0.75"}
+    search_space_source = ("Deng et al., APFL (2020), §6: mixing weights alpha in {0.25, 0.5, 0.75}")
+    tune_group = "train"
     paper = "APFL: Deng, Kamani, Mahdavi, 2020"
     new_client_protocol = "its local model and alpha trained new_client_epochs"
     config = APFLConfig

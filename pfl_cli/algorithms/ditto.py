@@ -44,6 +44,10 @@ class DittoConfig(FedAvgRoundConfig):
 
 class Ditto(PrivateState, FedAvg):
     name = "ditto"
+    search_space = {"lr": "log:1e-3:1", "lam": "choice:0.01,0.1,0.5,1,2"}
+    search_space_source = ("Li et al., Ditto (ICML 2021), §5 and App. C: lambda tuned on validation data over a grid "
+                           "within [0.01, 2]")
+    tune_group = "train"
     paper = "Ditto: Li, Hu, Beirami, Smith, ICML 2021"
     new_client_protocol = "a personal model trained new_client_epochs with the proximal term"
     config = DittoConfig

@@ -45,6 +45,10 @@ class FedAvgConfig(FedAvgRoundConfig):
 
 class FedAvg(Attackable, Algorithm):
     name = "fedavg"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = ("McMahan et al. 2017, §3: the client lr is tuned per task (a grid of two to three "
+                           "decades); Scott 2026 thesis App. C.1.2: the local lr tuned on validation clients")
+    tune_group = "train"
     paper = "FedAvg: McMahan et al., AISTATS 2017 (thesis Alg. 3/4)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedAvgConfig

@@ -23,6 +23,9 @@ class FedPerConfig(PartialSharingConfig):
 
 class FedPer(PartialSharing):
     name = "fedper"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = ("Arivazhagan et al. 2019: the client lr is its one tuned key")
+    tune_group = "train"
     paper = "FedPer: Arivazhagan et al., 2019"
     new_client_protocol = "a fresh head trained new_client_epochs on the frozen body"
     config = FedPerConfig

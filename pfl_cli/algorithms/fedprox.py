@@ -24,6 +24,9 @@ class FedProxConfig(FedAvgConfig):
 
 class FedProx(FedAvg):
     name = "fedprox"
+    search_space = {"lr": "log:1e-3:1", "mu": "choice:0.001,0.01,0.1,1"}
+    search_space_source = ("Li et al., FedProx (MLSys 2020), §5.3: mu selected from {0.001, 0.01, 0.1, 1}")
+    tune_group = "train"
     paper = "FedProx: Li et al., MLSys 2020"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedProxConfig

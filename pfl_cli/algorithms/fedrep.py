@@ -40,6 +40,10 @@ class FedRepConfig(TrainConfig):
 
 class FedRep(PartialSharing):
     name = "fedrep"
+    search_space = {"lr": "log:1e-3:1", "head_epochs": "int:1:10"}
+    search_space_source = ("Collins et al., FedRep (ICML 2021), §5: lr tuned per dataset; head epochs tau (their "
+                           "default 10)")
+    tune_group = "train"
     paper = "FedRep: Collins et al., ICML 2021"
     new_client_protocol = "a fresh head trained new_client_epochs on the frozen body"
     config = FedRepConfig

@@ -87,6 +87,10 @@ class FedTTA(FedAvg):
     """ARM-LL in a FedAvg round: a global model and a learned unsupervised loss that adapts it."""
 
     name = "fedtta"
+    search_space = {"lr": "log:1e-2:3", "adapt_lr": "log:1e-3:1"}
+    search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr on validation clients, and FedTTA's "
+                           "adaptation lr")
+    tune_group = "new"
     paper = "FedTTA: Ye et al., SDM 2024 (thesis §5.6 baseline)"
     new_client_protocol = "the global model after adapt_steps steps on the learned loss of its unlabeled data"
     config = FedTTAConfig

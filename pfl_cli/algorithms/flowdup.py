@@ -104,6 +104,9 @@ class LDFedAvg(Algorithm):
     """FedAvg on the subspace parameterization: one global v, theta = theta_0 + P v."""
 
     name = "ld-fedavg"
+    search_space = {"lr": "log:1e-2:3"}
+    search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr eta_l tuned on validation clients")
+    tune_group = "new"
     paper = "LD-FedAvg: FedAvg in FLowDUP's subspace (thesis ch. 5)"
     new_client_protocol = "the global subspace model"
     config = LDFedAvgConfig
@@ -250,6 +253,10 @@ class FLowDUP(LDFedAvg):
     """Alg. 9/10: a hypernetwork from a client's unlabeled data into the subspace."""
 
     name = "flowdup"
+    search_space = {"lr": "log:1e-2:3", "lambda_reg": "log:1e-5:1e-1"}
+    search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr eta_l tuned on validation clients, and "
+                           "FLowDUP's regularization strength lambda")
+    tune_group = "new"
     paper = "FLowDUP: thesis ch. 5, Alg. 9/10"
     new_client_protocol = "a model from its unlabeled data in one forward pass"
     config = FLowDUPConfig

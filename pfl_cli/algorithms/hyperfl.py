@@ -87,6 +87,11 @@ class HyperFLConfig(TrainConfig):
 
 class HyperFL(Attackable, Algorithm):
     name = "hyperfl"
+    search_space = {"lr": "log:1e-3:1e-1", "head_lr": "log:1e-2:1", "embed_dim": "choice:16,32,64,128"}
+    search_space_source = ("Guo et al., HyperFL (AAAI 2025), §Experiments: the hypernetwork, embedding and "
+                           "classifier lrs are the tuned keys (defaults eta_h = 0.01, eta_g = 0.1); embedding sizes "
+                           "around its 64")
+    tune_group = "train"
     paper = "HyperFL: Guo et al., AAAI 2025 (specs/pfedhn-hyperfl.md B)"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
     config = HyperFLConfig

@@ -34,6 +34,10 @@ class HyperFLLPMConfig(HyperFLConfig):
 
 class HyperFLLPM(HyperFL):
     name = "hyperfl-lpm"
+    search_space = {"lr": "log:1e-3:1e-1", "head_lr": "log:1e-2:1"}
+    search_space_source = ("Guo et al., HyperFL (AAAI 2025), App. B.5: lrs per backbone (0.1, 0.02, 0.01): searched "
+                           "on a log range around them")
+    tune_group = "train"
     config = HyperFLLPMConfig
     paper = "HyperFL-LPM: Guo et al., AAAI 2025 §3.3 (specs/pfedhn-hyperfl.md B.5)"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"

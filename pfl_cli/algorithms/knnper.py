@@ -82,6 +82,10 @@ class KNNPerConfig(FedAvgRoundConfig):
 
 class KNNPer(FedAvg):
     name = "knnper"
+    search_space = {"lr": "log:1e-3:1", "interpolation": "float:0:1", "knn_k": "int:1:50"}
+    search_space_source = ("Marfoq et al., kNN-Per (ICML 2022), §5: the interpolation lambda and k chosen on "
+                           "validation data")
+    tune_group = "train"
     paper = "kNN-Per: Marfoq et al., ICML 2022"
     new_client_protocol = "the global model plus a kNN memory of its own data, one forward pass"
     config = KNNPerConfig

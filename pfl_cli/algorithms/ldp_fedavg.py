@@ -29,6 +29,9 @@ class LDPFedAvgConfig(FedAvgConfig):
 
 class LDPFedAvg(LocalDP, FedAvg):
     name = "ldp-fedavg"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = ("the client lr (the DP-SGD noise is the user's budget, never searched)")
+    tune_group = "train"
     paper = "DP-FedAvg in the ISRL-DP setting, HyperFL's baseline (specs/pfedhn-hyperfl.md B.10)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = LDPFedAvgConfig

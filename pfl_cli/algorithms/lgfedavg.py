@@ -24,6 +24,9 @@ class LGFedAvgConfig(PartialSharingConfig):
 
 class LGFedAvg(PartialSharing):
     name = "lg-fedavg"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = ("Liang et al. 2020: the client lr is its one tuned key")
+    tune_group = "train"
     paper = "LG-FedAvg: Liang et al., 2020"
     new_client_protocol = "its own body trained new_client_epochs under the frozen global head"
     config = LGFedAvgConfig

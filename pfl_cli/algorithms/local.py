@@ -30,6 +30,10 @@ class LocalConfig(TrainConfig):
 
 class Local(Algorithm):
     name = "local"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = ("each client's own SGD: the lr is the one key (Scott 2026 thesis §4.4 tunes every "
+                           "baseline's lr on validation data)")
+    tune_group = "train"
     paper = "Local training, the PeFLL paper's baseline (specs/pefll.md §4.1)"
     new_client_protocol = "trains its own model from the shared initialization"
     config = LocalConfig

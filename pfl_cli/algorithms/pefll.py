@@ -85,6 +85,17 @@ class PeFLLConfig(TrainConfig):
 
 class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     name = "pefll"
+    search_space = {
+        "lr": "log:1e-3:3e-1",
+        "lambda_theta": "choice:0,1e-5,1e-4,1e-3,3e-3",
+        "lambda_h": "choice:0,1e-5,1e-3",
+        "lambda_v": "choice:0,1e-5,1e-3",
+        "embedding": "choice:auto,linear",
+    }
+    search_space_source = ("Scott et al., PeFLL (ICLR 2024) / thesis §4.4: client lr by grid search on validation "
+                           "data; thesis App. B, Table B.6: lambda_theta x lambda_h = lambda_v over {0, 1e-5, 1e-3}; "
+                           "embedding: §2.2's label embedding as the alternative descriptor")
+    tune_group = "new"
     paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4 (specs/pefll.md)"
     new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
     config = PeFLLConfig

@@ -75,6 +75,9 @@ class PerFedAvgConfig(FedAvgConfig):
 
 class PerFedAvg(FedAvg):
     name = "perfedavg"
+    search_space = {"lr": "log:1e-3:1", "beta": "log:1e-3:1"}
+    search_space_source = ("Fallah et al., Per-FedAvg (NeurIPS 2020), §5: alpha (the lr) and beta tuned per dataset")
+    tune_group = "train"
     paper = "Per-FedAvg: Fallah, Mokhtari, Ozdaglar, NeurIPS 2020"
     new_client_protocol = "the global model fine-tuned finetune_steps steps (at least one)"
     config = PerFedAvgConfig

@@ -100,6 +100,15 @@ class PFedHNPCConfig(PFedHNConfig):
 
 class PFedHN(ServerOptimizerState, Attackable, Algorithm):
     name = "pfedhn"
+    search_space = {
+        "server_lr": "choice:0.1,0.05,0.01,0.005",
+        "lr": "choice:0.05,0.01,0.005,0.001",
+        "embed_dim": "choice:5,15,25,35",
+    }
+    search_space_source = ("Shamsian et al., pFedHN (ICML 2021), App. B: hypernetwork lr {1e-1, 5e-2, 1e-2, 5e-3} "
+                           "and inner lr {5e-2, 1e-2, 5e-3, 1e-3} tuned on validation data; §5, embedding-size "
+                           "ablation {5, 15, 25, 35}")
+    tune_group = "train"
     paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021 (specs/pfedhn-hyperfl.md A)"
     new_client_protocol = "a fresh embedding trained embed_rounds rounds, hypernetwork frozen"
     config = PFedHNConfig
@@ -435,6 +444,14 @@ class PFedHNPC(PFedHN):
     """pFedHN-PC (A.7): the hypernetwork generates the feature extractor; heads stay on the clients."""
 
     name = "pfedhn-pc"
+    search_space = {
+        "server_lr": "choice:0.1,0.05,0.01,0.005",
+        "lr": "choice:0.05,0.01,0.005,0.001",
+        "embed_dim": "choice:5,15,25,35",
+    }
+    search_space_source = ("Shamsian et al., pFedHN (ICML 2021), App. B: hypernetwork lr {1e-1, 5e-2, 1e-2, 5e-3} "
+                           "and inner lr {5e-2, 1e-2, 5e-3, 1e-3}; §5, embedding sizes {5, 15, 25, 35}")
+    tune_group = "train"
     paper = "pFedHN-PC: Shamsian et al., ICML 2021 §3.3 (specs/pfedhn-hyperfl.md A.7)"
     new_client_protocol = "a fresh embedding and head trained embed_rounds rounds"
     config = PFedHNPCConfig

@@ -48,7 +48,8 @@ def algorithms(
     report = Reporter({"human": "human", "json": "json", "quiet": "quiet"}[fmt.value])
     if name is not None:
         entry = registry.get(name)
-        report.result({"algorithm": entry.name, **summary_row(entry), "keys": key_rows(entry)}, _keys_table(entry))
+        report.result({"algorithm": entry.name, **summary_row(entry), "keys": key_rows(entry),
+                       "search": search_doc(entry)}, _keys_table(entry), _search_table(entry))
         return
     rows = [{"algorithm": e.name, **summary_row(e)} for e in registry.entries().values()]
     doc: dict[str, Any] = {"algorithms": rows, "plugin_problems": registry.plugin_problems()}
@@ -112,6 +113,32 @@ def _keys_table(entry):
     return table
 
 
+def search_doc(entry) -> dict[str, Any]:
+    """What `pflx tune` searches for ``entry``: its declared space, the source, and the clients it is scored on."""
+    from pfl_cli.tune.space import declared_space
+
+    cls = entry.algorithm
+    own = bool(getattr(cls, "search_space", None))
+    return {"space": declared_space(cls),
+            "source": cls.search_space_source if own else "pflx: the client lr (the algorithm declares no space)",
+            "scored_on": "validation clients (clients unseen in training)" if cls.tune_group == "new"
+            else "the train clients' validation samples"}
+
+
+def _search_table(entry):
+    from rich.table import Table
+
+    doc = search_doc(entry)
+    table = Table(title=f"{entry.name}: search space of `pflx tune` (--space KEY=SPEC replaces or adds a key); "
+                  f"scored on {doc['scored_on']}", title_justify="left", caption=f"source: {doc['source']}",
+                  caption_justify="left")
+    table.add_column("key")
+    table.add_column("spec", overflow="fold")
+    for key, spec in doc["space"].items():
+        table.add_row(key, spec)
+    return table
+
+
 # ---------------------------------------------------------------------------- markdown
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")
@@ -140,6 +167,10 @@ def keys_markdown(entry, *, own: bool = False) -> str:
              "| key | default | source | meaning |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| `{r['key']}` | `{_show(r['default'])}` | {_cell(r['source'])} | {_cell(r['doc'])} |")
+    search = search_doc(entry)
+    lines += ["", "Search space of `pflx tune` (scored on " + search["scored_on"] + "): "
+              + ", ".join(f"`{k}` `{v}`" for k, v in search["space"].items()) + ". Source: "
+              + _cell(search["source"]) + "."]
     return "\n".join(lines) + "\n"
 
 
