@@ -1,0 +1,168 @@
+"""FedALA (Zhang, Hua, Wang, Song, Xue, Ma, Guan, AAAI 2023): adaptive local aggregation, then FedAvg.
+
+Each client keeps its local model theta_i. A cohort client receives the global model Theta and,
+before training, forms theta_hat_i from theta_i and Theta by element-wise aggregation whose
+weights it learns on a random ``ala_sample`` share of its data (the ALA module, Eq. and
+procedure of §"Adaptive Local Aggregation"; :mod:`pfl_cli.fl.ala`): the layers below the top
+``ala_layers`` take Theta, the top ones theta_i + (Theta - theta_i) * W_i. It then trains
+theta_hat_i with FedAvg's local steps (or ``local_epochs``), uploads it and keeps it as its new
+theta_i; the server averages the uploads weighted by client data size (FedAvg). W_i persists on
+the client. A client's first aggregation is its "start phase": W is trained pass after pass
+until the last ``ala_num_pre_loss`` pass losses have a standard deviation below
+``ala_threshold``; later rounds take one pass. A client's first round has no local model yet:
+it trains from Theta itself (ALA would return Theta: theta_i = Theta).
+
+Exchanged: the whole model down and up (2 x |client net| floats per cohort client and round).
+A train client's personalized model is its local model as it last trained it. A new client has
+no local model, so ALA is the identity: it trains the global model on its data for
+``new_client_epochs`` epochs (pflx's fine-tuning protocol for new clients).
+
+Departures, said here: the start phase is capped at ``ala_max_start_epochs`` passes (the paper
+and PFLlib train until converged, which PFLlib's README warns can stall with a small threshold);
+the ``s`` share is a uniformly random subset of the client's samples each round (PFLlib takes a
+random contiguous slice); ``ala_layers`` counts layers (the paper's p), where PFLlib's
+``layer_idx`` counts parameter tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
+from pfl_cli.errors import ConfigError
+from pfl_cli.fl.config import key
+from pfl_cli.fl.params import stack, weighted_mean
+
+STARTED = "ala_started"  # private flag: 1.0 once a client has left its start phase
+
+
+@dataclass(frozen=True)
+class FedALAConfig(FedAvgRoundConfig):
+    """FedALA's keys: FedAvg's round and the ALA module's constants."""
+
+    algorithm: str = key("fedala", "the algorithm these keys configure")
+    ala_eta: float = key(1.0, "eta: step size of the element-wise aggregation weights",
+                         "FedALA (AAAI 2023) §Experiments, hyperparameters: eta = 1.0")
+    ala_sample: float = key(0.8, "s: share of a client's training data the weights are learned on",
+                            "FedALA (AAAI 2023) §Experiments, hyperparameters: s = 80%")
+    ala_layers: int = key(1, "p: top layers aggregated element-wise (the layers below take the global model)",
+                          "FedALA (AAAI 2023) §Experiments, hyperparameters: p = 1")
+    ala_threshold: float = key(0.01, "start phase: train the weights until the std of the last num_pre_loss "
+                               "pass losses is below this",
+                               "FedALA authors' code README: threshold 0.01 in the paper")
+    ala_num_pre_loss: int = key(10, "start phase: pass losses the convergence test looks at",
+                                "FedALA authors' code: num_pre_loss = 10")
+    ala_max_start_epochs: int = key(100, "start phase: at most this many passes (a bound the paper has not)")
+    new_client_epochs: int = key(20, "epochs a new client trains the global model on its data",
+                                 "pefll.md §4.1: new clients fine-tune 20 epochs")
+
+    def validate(self) -> None:
+        super().validate()
+        import math
+
+        def bad(name, rule, value):
+            return ConfigError(f"{name} must be {rule} for fedala; got {value!r}.")
+
+        def number(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        def integer(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not number(self.ala_eta) or self.ala_eta <= 0:
+            raise bad("ala_eta", "a finite number > 0", self.ala_eta)
+        if not number(self.ala_sample) or not 0 < self.ala_sample <= 1:
+            raise bad("ala_sample", "a fraction in (0, 1]", self.ala_sample)
+        if not integer(self.ala_layers) or self.ala_layers < 1:
+            raise bad("ala_layers", "an integer >= 1", self.ala_layers)
+        if not number(self.ala_threshold) or self.ala_threshold < 0:
+            raise bad("ala_threshold", "a finite number >= 0", self.ala_threshold)
+        if not integer(self.ala_num_pre_loss) or self.ala_num_pre_loss < 1:
+            raise bad("ala_num_pre_loss", "an integer >= 1", self.ala_num_pre_loss)
+        if not integer(self.ala_max_start_epochs) or self.ala_max_start_epochs < 1:
+            raise bad("ala_max_start_epochs", "an integer >= 1", self.ala_max_start_epochs)
+        if not integer(self.new_client_epochs) or self.new_client_epochs < 0:
+            raise bad("new_client_epochs", "an integer >= 0", self.new_client_epochs)
+
+
+class FedALA(PrivateState, FedAvg):
+    name = "fedala"
+    paper = "FedALA: Zhang et al., AAAI 2023"
+    new_client_protocol = "the global model trained new_client_epochs (ALA is the identity without a local model)"
+    config = FedALAConfig
+    dp_unit = None  # no DP variant declared (FedAvg's DP-FedAvg is not inherited)
+    models_upload = False  # its upload starts from the ALA-aggregated model, not the global one
+    serves_unlabeled = ""
+    not_distributed = "its adaptive local aggregation runs in one process (no sharding of the cohort across ranks)"
+    search_space = {"lr": "log:1e-3:1", "ala_eta": "log:0.1:10", "ala_sample": "float:0.05:1"}
+    search_space_source = ("Zhang et al., FedALA (AAAI 2023), §Experiments: the client lr per dataset, and the "
+                           "hyperparameter study of eta and s")
+    tune_group = "train"
+
+    @property
+    def finetune_steps(self) -> int:
+        return 0
+
+    def build(self) -> None:
+        import torch
+
+        from pfl_cli.fl.ala import top_layers
+
+        super().build()
+        self.personalized = True
+        names = list(self.global_params)
+        self.top = top_layers(names, self.cfg.ala_layers)
+        template = {**self.global_params,
+                    **{f"W.{k}": torch.ones_like(self.global_params[k]) for k in self.top},
+                    STARTED: torch.tensor(0.0, device=self.device)}
+        self.private = self.new_private_state(template)
+
+    def run_round(self, t, cohort, gen):
+        import torch
+
+        from pfl_cli.fl.ala import adaptive_local_aggregation
+
+        cfg = self.cfg
+        row = self.private.gather(cohort)
+        local = {k: row[k] for k in self.global_params}
+        weights = {k: row[f"W.{k}"] for k in self.top}
+        has = self.private.has[cohort]
+        start = stack(self.global_params, len(cohort))  # a client's first round: theta_i = Theta, ALA is moot
+        started = row[STARTED] > 0.5
+        if bool(has.any()):
+            sel = torch.nonzero(has).flatten()
+            hat, w, _ = adaptive_local_aggregation(
+                self.net, {k: v[sel] for k, v in local.items()}, self.global_params,
+                {k: v[sel] for k, v in weights.items()}, started[sel], self.store, cohort[sel], gen,
+                top=self.top, share=cfg.ala_sample, batch_size=cfg.batch_size, eta=cfg.ala_eta,
+                threshold=cfg.ala_threshold, num_pre_loss=cfg.ala_num_pre_loss,
+                max_start_epochs=cfg.ala_max_start_epochs)
+            for k in start:
+                start[k][sel] = hat[k]
+            for k in self.top:
+                weights[k][sel] = w[k]
+            started = started | has  # a client's first aggregation was its start phase
+        theta, loss, _ = self.cohort_sgd(start, cohort, gen, **self.round_schedule())
+        self.record_exchange(self.global_params, theta, len(cohort))
+        self.server_step(weighted_mean(self.store, cohort, theta))
+        self.private.scatter(cohort, {**theta, **{f"W.{k}": weights[k] for k in self.top},
+                                      STARTED: started.to(row[STARTED].dtype)})
+        return loss
+
+    def own_models(self, rows):
+        row = self.private.gather(rows)
+        return {k: row[k] for k in self.global_params}
+
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        if not self.cfg.new_client_epochs:
+            return stack(self.global_params, len(clients))
+        return self.train_clients(self.global_params, clients, gen, epochs=self.cfg.new_client_epochs)
+
+    def protocol(self, new: bool) -> dict:
+        if not new:
+            return {"protocol": "its local model as last trained", "rounds": 0}
+        e = self.cfg.new_client_epochs
+        return {"protocol": f"global model trained {e} epochs" if e else "global model", "rounds": 0}
