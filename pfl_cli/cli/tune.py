@@ -90,5 +90,5 @@ def tune(
     options = TuneOptions(space=tuple(space or ()), trials=trials, jobs=jobs, sampler=sampler, pruner=pruner,
                           storage=storage, study_name=study_name, validation_fraction=validation_fraction,
                           validation_clients=validation_clients, dp_shape=dp_shape, dp_score_noise=dp_score_noise,
-                          explicit=frozenset(k for k in ("sampler", "pruner") if ctx.params.get(k) is not None))
+                          explicit=frozenset(explicit_flags(ctx, ("dp_shape", "dp_score_noise"))))
     run_tune(cfg, options, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot)

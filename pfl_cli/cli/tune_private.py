@@ -36,31 +36,30 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter) -> 
     k = draw_trial_count(float(o.trials), o.dp_shape, rng)
     group, metric = plan.objective["group"], plan.objective["metric"]
     best, reference, trial_events, rows = None, None, None, []
+    # No progress lines: a count of finished trials, or a line per trial, would tell K.
     report.note(f"private study: a secret number of trials (mean {o.trials}) runs; only the best config is released.")
-    with report.progress("tune --dp", None, unit="trial") as bar:
-        for i in range(k):
-            values = _draw(plan.params, rng)
-            tcfg = dataclasses.replace(plan.trial_cfg, **values)
-            validate_train_config(tcfg)
-            try:
-                run = train_federated(data.x, data.y, data.num_classes, data.partition, tcfg, labeled=data.labeled)
-            except TrainingDiverged:
-                # The released model stopped being finite: this run outputs "no score" (data-independent bottom).
-                rows.append([i, "fail", None, *values.values()])
-                continue
-            events = run.dp.ledger().events
-            key = event_key(repeat_and_select(events, 2.0, 1.0))
-            if reference is None:
-                reference, trial_events = key, tuple(events)
-            elif key != reference:  # the searched keys are checked up front; this guards the rule itself
-                raise RunError("tune --dp: two trials ran different DP mechanisms; nothing was written.")
-            ev = run.outcome.best.groups.get(group)
-            acc = np.zeros(0) if ev is None else ev.accuracy(metric.endswith("_lm"))
-            score = release_score(acc, o.dp_score_noise, rng)
-            rows.append([i, "complete", score["score"], *values.values()])
-            if best is None or score["score"] > best[0]:
-                best = (score["score"], values, score)
-            bar.advance(0)  # alive, but no count: the number of trials is secret
+    for i in range(k):
+        values = _draw(plan.params, rng)
+        tcfg = dataclasses.replace(plan.trial_cfg, **values)
+        validate_train_config(tcfg)
+        try:
+            run = train_federated(data.x, data.y, data.num_classes, data.partition, tcfg, labeled=data.labeled)
+        except TrainingDiverged:
+            # The released model stopped being finite: this run outputs "no score" (data-independent bottom).
+            rows.append([i, "fail", None, *values.values()])
+            continue
+        events = run.dp.ledger().events
+        key = event_key(repeat_and_select(events, 2.0, 1.0))
+        if reference is None:
+            reference, trial_events = key, tuple(events)
+        elif key != reference:  # the searched keys are checked up front; this guards the rule itself
+            raise RunError("tune --dp: two trials ran different DP mechanisms; nothing was written.")
+        ev = run.outcome.best.groups.get(group)
+        acc = np.zeros(0) if ev is None else ev.accuracy(metric.endswith("_lm"))
+        score = release_score(acc, o.dp_score_noise, rng)
+        rows.append([i, "complete", score["score"], *values.values()])
+        if best is None or score["score"] > best[0]:
+            best = (score["score"], values, score)
     if best is None or trial_events is None:
         raise RunError("tune --dp: no trial produced a finite model; nothing was written. Lower --lr or raise "
                        "the clip bound, and run again (a run that releases nothing costs no privacy).")

@@ -160,6 +160,8 @@ def _typed(param: Param, cls: type, field) -> Param:
 
         typed = tuple(coerce_field(cls, param.key, parse_overrides([f"{param.key}={v}"])[param.key])
                       for v in param.choices)
+        for value in typed:
+            _obeys_rules(cls, param, value)
         return dataclasses.replace(param, choices=typed)
     if base is None:
         raise ConfigError(f"--space {param.key}: {param.key} is not a number; search it with choice:A,B; got "
@@ -171,8 +173,17 @@ def _typed(param: Param, cls: type, field) -> Param:
         raise ConfigError(f"--space {param.key}: {param.key} is an integer key; use int:LOW:HIGH; got "
                           f"{param.spec()!r}.")
     for bound in (param.low, param.high):  # each bound passes the key's own rules (e.g. lr > 0)
-        coerce_field(cls, param.key, int(bound) if base is int else bound)
+        _obeys_rules(cls, param, coerce_field(cls, param.key, int(bound) if base is int else bound))
     return param
+
+
+def _obeys_rules(cls: type, param: Param, value: Any) -> None:
+    """``value`` of the searched key passes the config's own validation (ranges such as lr > 0)."""
+    try:
+        dataclasses.replace(cls(), **{param.key: value}).validate()
+    except ConfigError as err:
+        raise ConfigError(f"--space {param.key}: {param.spec()!r} reaches {value!r}, which the key does not take "
+                          f"({err})") from None
 
 
 def _numeric_kind(tp: Any) -> type | None:

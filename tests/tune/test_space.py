@@ -1,0 +1,82 @@
+"""Search-space specs: parsing, the algorithm's keys and types, and the keys no search may touch."""
+
+import pytest
+
+from pfl_cli import registry
+from pfl_cli.errors import ConfigError
+from pfl_cli.tune.space import declared_space, parse_space_args, parse_spec, resolve_space
+
+
+def test_specs_parse_to_their_ranges_and_typed_choices():
+    assert parse_spec("lr", "log:1e-3:1").low == pytest.approx(1e-3)
+    assert parse_spec("k", "int:1:50").high == 50
+    (p,) = resolve_space(registry.get("fedprox"), {"mu": "choice:0,0.1,1"})[1:]
+    assert p.choices == (0.0, 0.1, 1.0) and all(isinstance(c, float) for c in p.choices)
+    assert p.labels == ("0", "0.1", "1")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "expected KIND"),
+    ("log1e-3", "expected KIND"),
+    ("log1e-3:1", "KIND must be one of"),
+    ("exp:1:2", "KIND must be one of"),
+    ("log:1:1", "LOW must be < HIGH"),
+    ("float:2:1", "LOW must be < HIGH"),
+    ("log:0:1", "LOW > 0"),
+    ("log:-1:1", "LOW > 0"),
+    ("log:1e-3", "two bounds"),
+    ("float:a:1", "must be a number"),
+    ("float:nan:1", "finite"),
+    ("choice:", "at least one value"),
+    ("choice:a,a", "twice"),
+])
+def test_malformed_specs_are_refused_naming_the_key(spec, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        parse_spec("lr", spec)
+    assert str(err.value).startswith("--space lr:")
+
+
+@pytest.mark.parametrize("items, message", [
+    (["lr"], "expected KEY=SPEC"),
+    (["=log:1:2"], "expected KEY=SPEC"),
+    (["lr="], "expected KEY=SPEC"),
+    (["lr=log:1e-3:1", "lr=log:1e-2:1"], "given twice"),
+])
+def test_malformed_space_arguments(items, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_space_args(items)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"lrr": "log:1e-3:1"}, r"unknown --space key 'lrr' for algorithm 'fedavg' \(did you mean 'lr'\?\)"),
+    ({"mu": "float:0:1"}, "unknown --space key 'mu'"),        # fedprox's key, not fedavg's
+    ({"lr": "int:1:5"}, "float key, an int range does not fit"),
+    ({"local_steps": "log:1:100"}, "integer key; use int:LOW:HIGH"),
+    ({"model_arch": "float:0:1"}, "not a number; search it with choice"),
+    ({"model_arch": "choice:mlp,resnet"}, "model_arch must be one of"),
+    ({"lr": "float:-1:1"}, "lr"),                             # a bound breaks the key's own rule (lr > 0)
+    ({"dp_epsilon": "float:1:8"}, "dp_epsilon cannot be searched"),
+    ({"dp_clip": "log:0.1:10"}, "dp_clip cannot be searched"),
+    ({"seed": "int:0:9"}, "seed cannot be searched"),
+])
+def test_a_space_is_checked_against_the_algorithm(override, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_space(registry.get("fedavg"), override)
+
+
+def test_every_algorithm_declares_a_valid_space_with_a_source():
+    for entry in registry.entries().values():
+        if entry.origin != "built-in":
+            continue
+        cls = entry.algorithm
+        assert cls.search_space, f"{entry.name} declares no search space"
+        assert cls.search_space_source and "specs/" not in cls.search_space_source
+        assert cls.tune_group in ("train", "new")
+        params = resolve_space(entry)  # every declared key and spec passes the same checks as --space
+        assert [p.key for p in params] == list(declared_space(cls))
+
+
+def test_override_replaces_a_declared_key_and_adds_another():
+    params = resolve_space(registry.get("fedprox"), {"mu": "log:1e-4:1", "local_steps": "int:5:50"})
+    assert {p.key: p.spec() for p in params} == {"lr": "log:0.001:1", "mu": "log:0.0001:1",
+                                                 "local_steps": "int:5:50"}
