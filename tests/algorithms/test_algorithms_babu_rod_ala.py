@@ -1,0 +1,326 @@
+"""FedBABU, FedRoD and FedALA (issue 35): their rounds against per-client references, resume, new clients, bad keys.
+
+Each reference replays a round's random draws (same generator seed) one client at a time with
+plain torch (``torch.optim.SGD`` or hand-written steps) and compares the batched result.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from pfl_cli.errors import ConfigError
+from pfl_cli.fl.api import make_algorithm
+from pfl_cli.fl.batches import CohortBatches, sample_batches
+from pfl_cli.fl.cohort import local_sgd_reference
+from pfl_cli.fl.split import split_names
+from pfl_cli.fl.store import ROLE_TRAIN, build_store
+from pfl_cli.registry import entries, train_config
+from pfl_cli.rng import make_rng
+from pflx_testing import replace, small_config
+
+NAMES = ("fedbabu", "fedrod", "fedala")
+BASE = small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
+                    finetune_epochs=1, ala_max_start_epochs=6, ala_num_pre_loss=3)
+TOL = dict(atol=2e-5, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def store(digits_clients):
+    ds, part = digits_clients
+    return build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.1, rng=make_rng(0, "validation-split"),
+                       device="cpu")
+
+
+def alg_for(store, **opts):
+    return make_algorithm(replace(BASE, **opts), store)
+
+
+def gen(seed=7):
+    return torch.Generator().manual_seed(seed)
+
+
+def cohort(store, k=4):
+    return torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 3, 5, 9][:k]])
+
+
+def close(a, b):
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], **TOL, msg=k)
+
+
+def mean(store, clients, theta):
+    w = store.fit.length[clients].double()
+    w = w / w.sum()
+    return {k: sum(float(w[i]) * v[i] for i in range(len(clients))) for k, v in theta.items()}
+
+
+def flat(tree, prefix=""):
+    for k, v in tree.items():
+        yield from flat(v, f"{prefix}{k}/") if isinstance(v, dict) else [(prefix + k, v)]
+
+
+# ----------------------------------------------------------------------------- FedBABU
+def test_fedbabu_round_trains_and_averages_the_body_and_never_moves_the_head(store):
+    alg = alg_for(store, algorithm="fedbabu", momentum=0.0, client_clip=0.0)
+    c = cohort(store)
+    start = {k: v.clone() for k, v in alg.global_params.items()}
+    body, head = split_names(alg.net, "fedbabu")
+    g = gen()
+    index, mask = sample_batches(store.fit, c, alg.cfg.local_steps, alg.cfg.batch_size, gen())
+    alg.run_round(0, c, g)
+    stacked = {k: v.unsqueeze(0).repeat(len(c), *([1] * v.dim())) for k, v in start.items()}
+    ref = local_sgd_reference(alg.net, {k: stacked[k] for k in body}, store, index, mask,
+                              fixed={k: stacked[k] for k in head}, **alg.sgd_options())[0]
+    close(alg.global_params, mean(store, c, ref))
+    for k in head:
+        assert torch.equal(alg.global_params[k], start[k]), k
+
+
+def test_fedbabu_personalizes_every_client_by_fine_tuning_body_and_head(store):
+    alg = alg_for(store, algorithm="fedbabu", finetune_epochs=2)
+    alg.run_round(0, cohort(store), gen())
+    clients = store.clients(ROLE_TRAIN)[:3]
+    params, personalized = alg.personalize(clients, gen(3))
+    assert personalized and alg.client_sgd_steps > 0
+    _, head = split_names(alg.net, "fedbabu")
+    for k in alg.global_params:  # the whole net moved, the head included
+        assert not torch.equal(params[k][0], alg.global_params[k]), k
+    alg0 = alg_for(store, algorithm="fedbabu", finetune_epochs=0)
+    assert alg0.personalize(clients, gen())[1] is False and not alg0.needs_labels_to_predict
+
+
+# ----------------------------------------------------------------------------- FedRoD
+def _rod_reference(alg, start, clients, g, steps):
+    """One client at a time: BSM on the generic predictor, CE(g.detach() + p) on the personalized head."""
+    batches = CohortBatches(alg.store.fit, clients, steps, alg.cfg.batch_size, g)
+    index, mask, _ = batches.materialize()
+    cfg = alg.cfg
+    out = {k: [] for k in start}
+    for i, client in enumerate(clients.tolist()):
+        y_all = alg.store.y[alg.store.fit.index[client, :int(alg.store.fit.length[client])]]
+        counts = torch.bincount(y_all, minlength=alg.store.num_classes).float()
+        prior = torch.where(counts > 0, counts.clamp_min(1).log(), torch.full_like(counts, -1e4))
+        p = {k: v[i].clone().requires_grad_(True) for k, v in start.items()}
+        gen_names = [k for k in p if k.startswith("net.")]
+        per_names = [k for k in p if k.startswith("personal.")]
+        opt_g = torch.optim.SGD([p[k] for k in gen_names], lr=cfg.lr, momentum=cfg.momentum)
+        opt_p = torch.optim.SGD([p[k] for k in per_names], lr=cfg.lr, momentum=cfg.momentum)
+        for s in range(index.shape[1]):
+            real = mask[i, s] > 0
+            x, y = alg.store.inputs(index[i, s][real]), alg.store.y[index[i, s][real]]
+            gl, pl = functional_call(alg.net, p, (x,), {"parts": True})
+            opt_g.zero_grad(), opt_p.zero_grad()
+            F.cross_entropy(gl + prior, y).backward(retain_graph=True)
+            torch.nn.utils.clip_grad_norm_([p[k] for k in gen_names], cfg.client_clip)
+            F.cross_entropy(gl.detach() + pl, y).backward()
+            torch.nn.utils.clip_grad_norm_([p[k] for k in per_names], cfg.client_clip)
+            opt_g.step(), opt_p.step()
+        for k in out:
+            out[k].append(p[k].detach())
+    return {k: torch.stack(v) for k, v in out.items()}
+
+
+def test_fedrod_round_equals_the_two_optimizer_per_client_loop(store):
+    alg = alg_for(store, algorithm="fedrod", client_clip=0.5)
+    c = cohort(store)
+    start = {**{k: v.unsqueeze(0).repeat(len(c), *([1] * v.dim())) for k, v in alg.global_params.items()},
+             **alg.private.gather(c)}
+    ref = _rod_reference(alg, start, c, gen(), alg.cfg.local_steps)
+    alg.run_round(0, c, gen())
+    close(alg.global_params, mean(store, c, {k: ref[k] for k in alg.global_params}))
+    close(alg.private.gather(c), {k: ref[k] for k in alg.personal})
+    # the personalized prediction is generic logits + personalized logits
+    x = store.inputs(store.test.index[int(c[0]), :3])
+    params = {k: v[0] for k, v in alg.own_models(c[:1]).items()}
+    gl, pl = functional_call(alg.net, params, (x,), {"parts": True})
+    torch.testing.assert_close(functional_call(alg.net, params, (x,)), gl + pl)
+
+
+def test_fedrod_new_clients_train_only_the_personalized_head(store):
+    alg = alg_for(store, algorithm="fedrod", new_client_epochs=2)
+    alg.run_round(0, cohort(store), gen())
+    new = store.clients(1)[:2]
+    params, personalized = alg.personalize(new, gen(1))
+    assert personalized and alg.client_sgd_steps > 0
+    for k in alg.generic:
+        assert torch.equal(params[k][0], alg.global_params[k]), k
+    assert not torch.equal(params["personal.weight"][0], alg.init_personal["personal.weight"])
+
+
+def test_fedrod_refuses_a_net_without_a_feature_extractor():
+    from pfl_cli.errors import InputError
+    from pfl_cli.fl.heads import TwoHeadNet
+
+    with pytest.raises(InputError, match="^model_arch: a second head needs a client net with a feature extractor"):
+        TwoHeadNet(torch.nn.Linear(4, 2))
+
+
+# ----------------------------------------------------------------------------- FedALA
+def test_ala_top_layers_and_weights_stay_in_the_unit_box(store):
+    from pfl_cli.fl.ala import top_layers
+
+    assert top_layers(["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"], 1) == ["fc2.weight", "fc2.bias"]
+    assert top_layers(["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"], 5) == \
+        ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    alg = alg_for(store, algorithm="fedala")
+    c = cohort(store)
+    alg.run_round(0, c, gen(0))
+    assert bool(alg.private.has[c].all()) and not bool((alg.private.gather(c)["ala_started"] > 0).any())
+    before = alg.private.gather(c)
+    glob = {k: v.clone() for k, v in alg.global_params.items()}
+    alg.run_round(1, c, gen(1))
+    after = alg.private.gather(c)
+    assert bool((after["ala_started"] > 0).all())
+    for k in alg.top:
+        w = after[f"W.{k}"]
+        assert float(w.min()) >= 0.0 and float(w.max()) <= 1.0 and not torch.equal(w, before[f"W.{k}"])
+    del glob
+
+
+def test_ala_pass_equals_the_per_client_loop(store):
+    """One ALA pass (out of the start phase) against a hand-written loop over clients and batches."""
+    from pfl_cli.fl.ala import adaptive_local_aggregation, sample_share
+
+    alg = alg_for(store, algorithm="fedala")
+    c = cohort(store, 3)
+    alg.run_round(0, c, gen(0))
+    local = {k: v for k, v in alg.private.gather(c).items() if k in alg.global_params}
+    glob = {k: v + 0.1 * torch.randn(v.shape, generator=gen(5)) for k, v in alg.global_params.items()}
+    w0 = {k: torch.full((len(c), *glob[k].shape), 0.5) for k in alg.top}
+    opts = dict(top=alg.top, share=0.8, batch_size=8, eta=0.7, threshold=0.0, num_pre_loss=2, max_start_epochs=5)
+    hat, w, passes = adaptive_local_aggregation(alg.net, local, glob, w0, torch.ones(len(c), dtype=torch.bool),
+                                                store, c, gen(9), **opts)
+    assert passes.tolist() == [1, 1, 1]
+    # the reference: the same subset and batches, drawn from the same generator in the same order
+    g = gen(9)
+    subset = sample_share(store.fit, c, 0.8, g)
+    index, mask, active = CohortBatches(subset, torch.arange(len(c)), None, 8, g, epochs=1).materialize()
+    for i in range(len(c)):
+        wi = {k: w0[k][i].clone() for k in alg.top}
+        diff = {k: glob[k] - local[k][i] for k in alg.top}
+        for s in range(index.shape[1]):
+            if active is not None and not bool(active[i, s]):
+                continue
+            real = mask[i, s] > 0
+            x, y = store.inputs(index[i, s][real]), store.y[index[i, s][real]]
+            p = {k: (local[k][i] + diff[k] * wi[k]).requires_grad_(True) if k in alg.top else glob[k]
+                 for k in glob}
+            F.cross_entropy(functional_call(alg.net, p, (x,)), y).backward()
+            wi = {k: (wi[k] - 0.7 * p[k].grad * diff[k]).clamp(0, 1) for k in alg.top}
+        for k in alg.top:
+            torch.testing.assert_close(w[k][i], wi[k], **TOL)
+            torch.testing.assert_close(hat[k][i], local[k][i] + diff[k] * wi[k], **TOL)
+        for k in glob:
+            if k not in alg.top:
+                assert torch.equal(hat[k][i], glob[k])  # the lower layers take the global model
+
+
+def test_ala_start_phase_runs_until_converged_or_capped(store):
+    from pfl_cli.fl.ala import adaptive_local_aggregation
+
+    alg = alg_for(store, algorithm="fedala")
+    c = cohort(store, 2)
+    alg.run_round(0, c, gen(0))
+    local = {k: v for k, v in alg.private.gather(c).items() if k in alg.global_params}
+    glob = {k: v + 0.1 for k, v in alg.global_params.items()}
+    w0 = {k: torch.ones(len(c), *glob[k].shape) for k in alg.top}
+    common = dict(top=alg.top, share=0.8, batch_size=8, eta=1.0, num_pre_loss=2)
+    never = torch.zeros(len(c), dtype=torch.bool)
+    _, _, capped = adaptive_local_aggregation(alg.net, local, glob, w0, never, store, c, gen(1), threshold=0.0,
+                                              max_start_epochs=4, **common)
+    assert capped.tolist() == [4, 4]  # std < 0 never holds: the cap
+    _, _, quick = adaptive_local_aggregation(alg.net, local, glob, w0, never, store, c, gen(1), threshold=1e9,
+                                             max_start_epochs=50, **common)
+    assert quick.tolist() == [3, 3]  # converged as soon as num_pre_loss + 1 passes are recorded
+
+
+# ----------------------------------------------------------------------------- shared
+@pytest.mark.parametrize("name", NAMES)
+def test_resumed_training_is_identical(store, name):
+    whole, first = alg_for(store, algorithm=name), alg_for(store, algorithm=name)
+    for t in range(4):
+        whole.run_round(t, cohort(store), gen(t))
+    for t in range(2):
+        first.run_round(t, cohort(store), gen(t))
+    second = alg_for(store, algorithm=name)
+    second.load_state(first.state())
+    for t in range(2, 4):
+        second.run_round(t, cohort(store), gen(t))
+    fa, fb = dict(flat(whole.state())), dict(flat(second.state()))
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        assert torch.equal(fa[k], fb[k]), k
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_new_clients_are_served_by_the_algorithms_protocol(store, name):
+    alg = alg_for(store, algorithm=name)
+    alg.run_round(0, cohort(store), gen())
+    new = store.clients(1)
+    before = alg.client_sgd_steps
+    params, personalized = alg.personalize(new, gen(2))
+    assert personalized and alg.client_sgd_steps > before
+    assert all(v.shape[0] == len(new) and bool(torch.isfinite(v).all()) for v in params.values())
+    assert alg.protocol(True)["protocol"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_recorded_traffic_equals_the_floats_each_algorithm_reports(store, name):
+    alg = alg_for(store, algorithm=name)
+    for t in range(2):
+        c = cohort(store, 3 + t)
+        alg.run_round(t, c, gen(t))
+        alg.traffic.close_round(len(c))
+    s = alg.traffic.summary()
+    assert s["floats_down_per_client_round"] + s["floats_up_per_client_round"] == \
+        entries()[name].algorithm.floats_per_client_round(alg.arch)
+    assert s["client_rounds"] == 7
+
+
+def test_fedbabu_exchanges_the_body_alone(store):
+    alg = alg_for(store, algorithm="fedbabu")
+    body, head = split_names(alg.net, "fedbabu")
+    n_body = sum(alg.global_params[k].numel() for k in body)
+    assert entries()["fedbabu"].algorithm.floats_per_client_round(alg.arch) == 2 * n_body
+    assert n_body < sum(v.numel() for v in alg.global_params.values())
+
+
+@pytest.mark.parametrize("opts,message", [
+    ({"algorithm": "fedbabu", "finetune_epochs": -1}, "finetune_epochs must be an integer >= 0 for fedbabu"),
+    ({"algorithm": "fedrod", "new_client_epochs": -2}, "new_client_epochs must be an integer >= 0"),
+    ({"algorithm": "fedala", "ala_eta": 0.0}, "ala_eta must be a finite number > 0 for fedala; got 0.0"),
+    ({"algorithm": "fedala", "ala_sample": 1.5}, "ala_sample must be a fraction in (0, 1] for fedala; got 1.5"),
+    ({"algorithm": "fedala", "ala_layers": 0}, "ala_layers must be an integer >= 1 for fedala; got 0"),
+    ({"algorithm": "fedala", "ala_threshold": float("nan")}, "ala_threshold must be a finite number"),
+    ({"algorithm": "fedala", "ala_threshold": -0.1}, "ala_threshold must be a finite number >= 0 for fedala"),
+    ({"algorithm": "fedala", "ala_num_pre_loss": 0}, "ala_num_pre_loss must be an integer >= 1"),
+    ({"algorithm": "fedala", "ala_max_start_epochs": 0}, "ala_max_start_epochs must be an integer >= 1"),
+])
+def test_bad_values_are_refused_naming_the_key(opts, message):
+    name = opts.pop("algorithm")
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+                       .replace("]", r"\]").replace(".", r"\.")):
+        train_config(name, **opts)
+
+
+def test_a_key_of_another_algorithm_is_refused_with_did_you_mean():
+    with pytest.raises(ConfigError, match="unknown key 'finetune_epoch' for algorithm 'fedbabu'.*did you mean "
+                                          "'finetune_epochs'"):
+        train_config("fedbabu", finetune_epoch=3)
+    with pytest.raises(ConfigError, match="unknown key 'ala_eta' for algorithm 'fedrod'"):
+        train_config("fedrod", ala_eta=1.0)
+
+
+def test_configs_are_frozen_and_declare_their_sources():
+    for name in NAMES:
+        cfg = train_config(name)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.lr = 1.0
+        own = [f for f in dataclasses.fields(cfg) if f.name.startswith(("ala_", "finetune_epochs"))]
+        assert all(f.metadata["doc"] for f in own)
+    assert np.isclose(train_config("fedala").ala_sample, 0.8) and train_config("fedala").ala_layers == 1
+    assert train_config("fedbabu").finetune_epochs == 5
