@@ -57,7 +57,7 @@ class FedALAConfig(FedAvgRoundConfig):
                                 "FedALA authors' code: num_pre_loss = 10")
     ala_max_start_epochs: int = key(100, "start phase: at most this many passes (a bound the paper has not)")
     new_client_epochs: int = key(20, "epochs a new client trains the global model on its data",
-                                 "pefll.md §4.1: new clients fine-tune 20 epochs")
+                                 "PeFLL (ICLR 2024) App. A.2: new clients of the baselines train 20 local epochs")
 
     def validate(self) -> None:
         super().validate()

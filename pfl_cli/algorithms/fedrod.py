@@ -38,7 +38,7 @@ class FedRoDConfig(FedAvgRoundConfig):
 
     algorithm: str = key("fedrod", "the algorithm these keys configure")
     new_client_epochs: int = key(20, "epochs a new client trains its personalized head on the frozen generic model",
-                                 "pefll.md §4.1: a random new head trained locally for 20 epochs")
+                                 "PeFLL (ICLR 2024) App. A.2: a new client's head trained locally for 20 epochs (FedRep)")
 
     def validate(self) -> None:
         super().validate()
