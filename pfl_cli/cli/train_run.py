@@ -12,6 +12,8 @@ The ``train`` artifact (DESIGN.md section 3):
   tensors the algorithm really exchanged (``pfl_cli.fl.communication``), with a per-message breakdown;
 - ``clients.csv``: client_id, role (0 train, 1 holdout, as in the partition's stats.csv), n_train
   (fit + validation samples), n_test, accuracy, accuracy_lm (label-masked) of the selected model;
+- ``train_samples.npz``: ``sample``, the sorted dataset indices of the train clients' train samples
+  (what predict and attack compare another partition with; not under ``--dp``);
 - ``checkpoint/state.pt``: the last checkpoint of the run (absent for ``local``, which has no rounds).
 
 While training, the latest checkpoint lives in ``.<out>.checkpoint/state.pt`` beside ``--out``
@@ -208,11 +210,18 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
 
 
 def write_train_files(writer, config: dict, run, part, metrics: dict) -> None:
-    """The files of a train artifact without DP: config.yaml, model.pt, metrics.csv, metrics.json, clients.csv.
+    """The files of a train artifact without DP: config.yaml, model.pt, metrics.csv, metrics.json, clients.csv,
+    train_samples.npz.
 
     Also what the Flower ServerApp writes (``pfl_cli.interop.flower_app.server``).
+    ``train_samples.npz`` (``sample``: the sorted dataset indices of the train clients' train
+    samples) lets predict and attack refuse, on another partition of the same dataset, samples the
+    model trained on, also once the partition is gone. A DP artifact does not hold it (which
+    records trained is what DP protects): there the partition at the manifest's path is read.
     """
     import yaml
+
+    from pfl_cli.fl.store import ROLE_TRAIN
 
     writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
     writer.path("model.pt").write_bytes(torch_bytes(run.model))
@@ -221,6 +230,8 @@ def write_train_files(writer, config: dict, run, part, metrics: dict) -> None:
     writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
                     client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
                                        if g in run.outcome.best.groups]))
+    trained = np.asarray(part.role)[part.train_owner()] == ROLE_TRAIN
+    writer.save_npz("train_samples.npz", sample=np.unique(np.asarray(part.train_indices, np.int64)[trained]))
 
 
 def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> None:

@@ -8,7 +8,7 @@ anything else with one line naming the artifact, the file and the rule (Artifact
 
 - ``manifest.json``: :func:`pfl_cli.artifacts.check_manifest` (inside ``read_artifact``);
 - ``dataset.json``, ``stats.json``, ``metrics.json``, ``mdm.json``: :mod:`.documents`;
-- ``clients.npz`` (and the partition's files together): :mod:`.clients`;
+- ``clients.npz`` (and the partition's files together), a train artifact's ``train_samples.npz``: :mod:`.clients`;
 - ``model.pt``: :mod:`.model` (imports torch when called);
 - ``privacy.json``: :mod:`.ledger`;
 - the checkpoint: its location and its state's fields, :mod:`.checkpoint`.
@@ -18,12 +18,12 @@ level: ``show`` and ``privacy-account`` use these readers and never import torch
 """
 
 from pfl_cli.readers.checkpoint import check_checkpoint_location, check_checkpoint_state
-from pfl_cli.readers.clients import read_clients, read_partition_files
+from pfl_cli.readers.clients import read_clients, read_partition_files, read_train_samples
 from pfl_cli.readers.documents import read_dataset_info, read_mdm, read_metrics, read_stats
 from pfl_cli.readers.ledger import read_ledger
 
 __all__ = ["check_checkpoint_location", "check_checkpoint_state", "read_clients", "read_dataset_info", "read_ledger",
-           "read_mdm", "read_metrics", "read_model_payload", "read_partition_files", "read_stats"]
+           "read_mdm", "read_metrics", "read_model_payload", "read_partition_files", "read_stats", "read_train_samples"]
 
 
 def read_model_payload(*args, **kwargs):

@@ -75,3 +75,24 @@ def read_partition_files(art: Artifact, flag: str) -> tuple[dict, dict[str, np.n
         raise refuse(art, flag, "stats.json", f"num_classes must be dataset.json's {info['num_classes']}",
                      stats["num_classes"])
     return info, arrays, stats
+
+
+def read_train_samples(art: Artifact, flag: str, *, num_samples: int) -> np.ndarray:
+    """``train_samples.npz`` of a train artifact: the dataset indices the model trained on, checked.
+
+    Rules: it holds ``sample``, a 1-D integer array, strictly increasing, in ``[0, num_samples)``.
+    """
+    name = "train_samples.npz"
+    listed(art, flag, name)
+    try:
+        arrays = load_npz(art.file(name))
+    except ArtifactError as err:
+        reason = str(err).split("(", 1)[-1].rstrip(".").removesuffix(")")
+        raise refuse(art, flag, name, f"must be a readable .npz of plain arrays ({reason})") from None
+    if "sample" not in arrays:
+        raise refuse(art, flag, name, "lacks the array 'sample'")
+    _integer_vector(art, flag, name, arrays, "sample")
+    sample = arrays["sample"].astype(np.int64)
+    if len(sample) and (sample[0] < 0 or sample[-1] >= num_samples or (np.diff(sample) <= 0).any()):
+        raise refuse(art, flag, name, f"sample must be strictly increasing dataset indices in [0, {num_samples})")
+    return sample

@@ -151,6 +151,18 @@ def test_vector_data_gets_feature_errors(tmp_path, capsys):
     assert (tmp_path / "att" / "reconstructions.png").stat().st_size > 1000
 
 
+def test_targets_the_model_trained_on_are_refused_on_another_partition(root, tmp_path, capsys):
+    # Another partition of the same digits: its holdout clients' samples include samples the model trained
+    # on, so they are not the unseen clients they claim to be (issue 34, item 1). On the model's own
+    # partition, --clients train attacks the uploads of the clients it trained on, by design.
+    assert main(["partition", *PART[:-4], "--holdout-clients", "10", "--seed", "3", "--format", "quiet",
+                 "--out", tmp_path / "other"]) == 0
+    assert main(["attack", "--model", root / "fedavg", "--partition", tmp_path / "other", "--clients", "holdout",
+                 "--out", tmp_path / "x", "--images", "2", "--iterations", "2", "--format", "quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the model trained on" in err and not (tmp_path / "x").exists()
+
+
 def test_model_help_names_exactly_the_attacked_algorithms():
     import re
     import typing

@@ -186,6 +186,43 @@ def test_partition_over_another_dataset_is_refused(root, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def _model_train_samples(part):
+    return np.unique(part.train_indices[part.role[part.train_owner()] == 0])
+
+
+def test_test_samples_the_model_trained_on_are_refused(root, tmp_path, capsys):
+    # "no-holdout" is another partition of the same digits (seed 1): some of its test samples are samples
+    # the model trained on, which predict must never score as test samples (issue 34, item 1).
+    part, _, _ = load_partition(root / "part")
+    trained_on = _model_train_samples(part)
+    np.testing.assert_array_equal(np.load(root / "pefll" / "train_samples.npz")["sample"], trained_on)
+    other, _, _ = load_partition(root / "no-holdout")
+    overlap = int(np.isin(other.test_indices, trained_on).sum())
+    assert overlap > 0
+    capsys.readouterr()
+    assert predict(root, "pefll", tmp_path / "x", "--clients", "train", partition="no-holdout") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{overlap} of the {len(other.test_indices)} test samples" in err, err
+    assert "trained on" in err and not (tmp_path / "x").exists()
+
+
+def test_overlap_is_checked_from_the_model_record_when_its_partition_moved(root, tmp_path, capsys):
+    # The train artifact records its training samples, so the check needs no partition at its old path;
+    # the model's own partition, moved, is still recognised by its sha256.
+    import shutil
+
+    shutil.copytree(root / "part", tmp_path / "p")
+    assert main(["train", "--partition", tmp_path / "p", "--algorithm", "fedavg", "--out", tmp_path / "m",
+                 "--rounds", "2", "--eval-every", "1", "--local-steps", "2", "--set", "mlp_hidden=[8]",
+                 "--format", "quiet"]) == 0
+    shutil.move(tmp_path / "p", tmp_path / "moved")
+    assert main(["predict", "--model", tmp_path / "m", "--partition", root / "no-holdout", "--clients", "all",
+                 "--out", tmp_path / "x", "--format", "quiet"]) == 2
+    assert "test samples" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["predict", "--model", tmp_path / "m", "--partition", tmp_path / "moved", "--clients", "all",
+                 "--out", tmp_path / "y", "--format", "quiet"]) == 0
+
+
 @pytest.mark.parametrize("extra,message", [
     (("--clients", "everyone"), "clients must be one of holdout, train, all; got 'everyone'."),
     (("--eval-descriptor", "some"), "eval_descriptor must be one of all, batch; got 'some'."),

@@ -67,7 +67,7 @@ def test_artifact_files_parse_and_agree(root, trained, alg):
     out = trained[alg]
     manifest = json.loads((out / "manifest.json").read_text())
     names = {o["path"] for o in manifest["outputs"]}
-    expected = {"config.yaml", "model.pt", "metrics.csv", "metrics.json", "clients.csv"}
+    expected = {"config.yaml", "model.pt", "metrics.csv", "metrics.json", "clients.csv", "train_samples.npz"}
     assert expected | ({"checkpoint/state.pt"} if alg != "local" else set()) == names
     assert manifest["stage"] == "train" and [i["stage"] for i in manifest["inputs"]] == ["partition", "dataset"]
     config = yaml.safe_load((out / "config.yaml").read_text())

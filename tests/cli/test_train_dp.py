@@ -210,6 +210,30 @@ def test_local_dp_baselines_end_to_end(root, algorithm, capsys):
     assert pred["num_clients"] == 4 and 0.0 <= pred["mean_accuracy"] <= 1.0
 
 
+def test_a_dp_model_is_checked_against_its_partition_which_it_does_not_record(root, tmp_path, capsys):
+    # A --dp train artifact holds no list of its training samples (issue 34, item 1): predict reads the
+    # partition its manifest names and refuses test samples the model trained on; once that partition is
+    # gone, it cannot tell, and refuses in one line.
+    import shutil
+
+    shutil.copytree(root / "part", tmp_path / "part")
+    assert main(["partition", "--dataset", "builtin:digits", "--dirichlet", "0.5", "--num-clients", "10",
+                 "--seed", "5", "--out", tmp_path / "other", "--format", "quiet"]) == 0
+    out = tmp_path / "dp"
+    assert main(["train", "--partition", tmp_path / "part", "--algorithm", "fedavg", "--out", out, "--format", "quiet",
+                 *FAST, *DP]) == 0
+    assert not (out / "train_samples.npz").exists()
+    capsys.readouterr()
+    predict = ["predict", "--model", out, "--partition", tmp_path / "other", "--clients", "all", "--format", "quiet"]
+    assert main([*predict, "--out", tmp_path / "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "are samples the model trained on" in err and not (tmp_path / "x").exists()
+    shutil.rmtree(tmp_path / "part")
+    assert main([*predict, "--out", tmp_path / "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "records none" in err and "is gone" in err and not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--algorithm", "ppsgd"], "algorithm 'ppsgd' is a local-DP algorithm and needs --dp"),
     (["--algorithm", "centaur", "--dp", "eps=4,delta=1e-5,clip=1"], "need --set dp_sampling_rate=Q"),
