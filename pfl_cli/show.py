@@ -96,8 +96,27 @@ def _cluster(art: Artifact) -> dict:
     return _pick(doc, "k", "init", "normalized_cost", "centralized_normalized_cost", "relative_gap", "num_clients")
 
 
+def _tune(art: Artifact) -> dict:
+    doc = _metrics(art)
+    numbers = _pick(doc, "algorithm")
+    objective = doc.get("objective") if isinstance(doc.get("objective"), dict) else {}
+    numbers["objective"] = f"{objective.get('metric')} on {objective.get('clients')}"
+    best = doc.get("best") if isinstance(doc.get("best"), dict) else {}
+    if "value" in best:
+        numbers["best_trial"] = best.get("trial")
+        numbers["best_validation"] = best.get("value")
+    if "noisy_score" in best:  # under --dp: the released noisy score
+        numbers["best_noisy_validation"] = best.get("noisy_score")
+    for key, value in (best.get("params") or {}).items():
+        numbers[f"best_{key}"] = value
+    if isinstance(doc.get("trials"), dict):
+        numbers["trials"] = ", ".join(f"{v} {k}" for k, v in doc["trials"].items())
+    return numbers
+
+
 HEADLINES: dict[str, Callable[[Artifact], dict]] = {
     "partition": _partition, "mdm-fit": _mdm, "train": _train, "predict": _predict, "cluster": _cluster,
+    "tune": _tune,
 }
 
 

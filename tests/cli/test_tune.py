@@ -48,6 +48,11 @@ def test_tune_writes_a_study_whose_best_yaml_trains(cli, part, tmp_path):
     study = optuna.load_study(study_name="pflx-tune-fedavg", storage=f"sqlite:///{out / 'study.db'}")
     assert len(study.trials) == 3
     assert not any(tmp_path.glob(".t.study"))  # the running study moved into the artifact
+    r = cli("show", out, "--format", "json")
+    assert r.code == 0, r.err
+    head = json.loads(r.out)["headline"]
+    assert head["best_lr"] == float(best["lr"]) and head["best_validation"] == float(best["value"])
+    assert head["trials"].startswith(f"{len(complete)} complete")
     # best.yaml is a config `pflx train --config` takes as is
     r = cli("train", "--partition", part, "--config", out / "best.yaml", "--format", "json", "--out", tmp_path / "run")
     assert r.code == 0, r.err
