@@ -50,6 +50,9 @@ class Algorithm(ABC):
     dp_contribution = "update"  # what one client contributes, named in the ledger
     dp = None
     config: type | None = None  # the frozen config dataclass of this algorithm (declared, never inherited)
+    # Whether it runs client nets with batch-norm layers (model_arch mlp-bn / lenet-bn), keeping each
+    # client's normalization statistics itself (FedBN); every other algorithm refuses those nets.
+    local_normalization = False
     # Why the algorithm cannot run split across ranks (torchrun, --nproc), named in the error that
     # refuses it up front; "" when its N-rank run equals its 1-process run (tests/cli/test_train_distributed.py).
     not_distributed = ""
@@ -79,6 +82,11 @@ class Algorithm(ABC):
         self.store = store
         self.device = store.device
         self.arch = arch if arch is not None else self.resolve_arch(cfg, store)
+        net = self.arch.get("client") if isinstance(self.arch, dict) else None
+        if isinstance(net, dict) and str(net.get("arch", "")).endswith("-bn") and not self.local_normalization:
+            raise InputError(f"model_arch {net['arch']!r} has batch-norm layers, whose per-client statistics only "
+                             f"an algorithm that keeps them runs (fedbn); {self.name} does not. Use --set "
+                             f"model_arch={net['arch'][:-3]}.")
         self.client_sgd_steps = 0  # local SGD steps taken by personalize() (fine-tuning, Local)
         self.new_client_steps = 0  # server-side steps of a new-client protocol (pFedHN embeddings)
         self.traffic = Traffic()   # the tensors run_round exchanges (pfl_cli.fl.communication)

@@ -13,7 +13,7 @@ from typing import Optional
 from pfl_cli.schema import register_choices
 
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
-CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn")
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn")  # -bn: models.normalized (FedBN)
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
 BACKBONE_TUNES = ("adapters", "probe", "full")  # models.pretrained.TUNES (kept here: no torch import for the schema)
 HYPER_SIZES = ("S", "M", "L")
@@ -45,7 +45,8 @@ class TrainConfig:
     momentum: float = key(0.9, "client SGD momentum (buffer reset every round)")
     client_clip: float = key(50.0, "per-client gradient-norm clip before each step (0 = off)")
     lambda_theta: float = key(0.0, "client weight decay, added as 2*lambda_theta*param")
-    model_arch: str = key("auto", "client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp | hyperfl-cnn",
+    model_arch: str = key("auto", "client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp | hyperfl-cnn"
+                          " | mlp-bn | lenet-bn (batch-norm variants, for fedbn)",
                           choices=CLIENT_ARCHS)
     mlp_hidden: tuple = key((32,), "hidden widths of the mlp client net")
     eval_every: int = key(50, "rounds between evaluations (and checkpoints)")

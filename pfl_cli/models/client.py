@@ -21,7 +21,7 @@ from torch import nn
 
 from pfl_cli.errors import InputError, check_param
 
-CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn")
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn")  # -bn: models.normalized (FedBN)
 LENET_KERNELS = 16  # Conv1 filters of Table B.1; pFedHN's S / M / L targets use 8 / 16 / 32 (App. B)
 
 MIN_IMAGE_SIZE = 28  # MNIST / FEMNIST; smaller images go to the MLP
@@ -105,7 +105,7 @@ def resolve_arch(arch: str, input_shape: Sequence[int]) -> str:
     shape = check_input_shape(input_shape)
     if arch == "auto":
         return "lenet" if is_image_shape(shape) else "mlp"
-    if arch in ("lenet", "hyperfl-cnn"):
+    if arch in ("lenet", "hyperfl-cnn", "lenet-bn"):
         require_image("model_arch", arch, shape)
     return arch
 
@@ -344,4 +344,10 @@ def client_model(
         return LeNet(shape[0], num_classes, shape[1:], kernels)
     if resolved == "hyperfl-cnn":
         return HyperFLCNN(shape[0], num_classes, shape[1:])
+    if resolved in ("mlp-bn", "lenet-bn"):  # FedBN's batch-norm variants (pfl_cli.models.normalized)
+        from pfl_cli.models.normalized import LeNetBN, MLPBN
+
+        if resolved == "lenet-bn":
+            return LeNetBN(shape[0], num_classes, shape[1:], kernels)
+        return MLPBN(prod(shape), num_classes, hidden)
     return MLP(prod(shape), num_classes, hidden)

@@ -1,4 +1,4 @@
-"""FedBABU, FedRoD and FedALA (issue 35): their rounds against per-client references, resume, new clients, bad keys.
+"""FedBABU, FedRoD, FedBN and FedALA (issue 35): their rounds against per-client references, resume, new clients, bad keys.
 
 Each reference replays a round's random draws (same generator seed) one client at a time with
 plain torch (``torch.optim.SGD`` or hand-written steps) and compares the batched result.
@@ -22,7 +22,7 @@ from pfl_cli.registry import entries, train_config
 from pfl_cli.rng import make_rng
 from pflx_testing import replace, small_config
 
-NAMES = ("fedbabu", "fedrod", "fedala")
+NAMES = ("fedbabu", "fedrod", "fedbn", "fedala")
 BASE = small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
                     finetune_epochs=1, ala_max_start_epochs=6, ala_num_pre_loss=3)
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -157,6 +157,97 @@ def test_fedrod_refuses_a_net_without_a_feature_extractor():
 
     with pytest.raises(InputError, match="^model_arch: a second head needs a client net with a feature extractor"):
         TwoHeadNet(torch.nn.Linear(4, 2))
+
+
+# ----------------------------------------------------------------------------- FedBN
+def _torch_bn_mlp(net):
+    """The same MLP-BN built from torch.nn.BatchNorm1d (the obviously correct reference)."""
+    ref = torch.nn.Module()
+    for i in range(1, net.num_layers + 1):
+        fc = getattr(net, f"fc{i}")
+        setattr(ref, f"fc{i}", torch.nn.Linear(fc.in_features, fc.out_features))
+        if i < net.num_layers:
+            setattr(ref, f"bn{i}", torch.nn.BatchNorm1d(fc.out_features))
+
+    def forward(x):
+        x = torch.flatten(x, 1)
+        for i in range(1, net.num_layers):
+            x = F.relu(getattr(ref, f"bn{i}")(getattr(ref, f"fc{i}")(x)))
+        return getattr(ref, f"fc{net.num_layers}")(x)
+
+    ref.forward = forward
+    return ref
+
+
+def test_batchnorm_layer_equals_torch_batchnorm_in_training_and_eval():
+    from pfl_cli.models.normalized import BatchNorm
+
+    torch.manual_seed(0)
+    for shape, ref in (((6, 4), torch.nn.BatchNorm1d(4)), ((6, 3, 5, 5), torch.nn.BatchNorm2d(3))):
+        ours = BatchNorm(shape[1])
+        with torch.no_grad():
+            for m in (ours, ref):
+                m.weight.copy_(torch.linspace(0.5, 1.5, shape[1]))
+                m.bias.copy_(torch.linspace(-1, 1, shape[1]))
+        x = torch.randn(shape)
+        stats = []
+        torch.testing.assert_close(ours(x, None, stats), ref(x))
+        mean, var = stats[0]
+        torch.testing.assert_close(0.9 * torch.zeros(shape[1]) + 0.1 * mean, ref.running_mean)
+        torch.testing.assert_close(0.9 * torch.ones(shape[1]) + 0.1 * var, ref.running_var)
+        # the mask leaves padding rows out: the real rows normalize as a batch of their own
+        pad = torch.cat([x, 100 * torch.randn(3, *shape[1:])])
+        mask = torch.cat([torch.ones(shape[0]), torch.zeros(3)])
+        torch.testing.assert_close(ours(pad, mask)[:shape[0]], ours(x), atol=1e-5, rtol=1e-5)
+        ours.eval(), ref.eval()
+        ours.running_mean.copy_(ref.running_mean), ours.running_var.copy_(ref.running_var)
+        torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_fedbn_round_equals_the_torch_batchnorm_per_client_loop(store):
+    alg = alg_for(store, algorithm="fedbn", client_clip=0.5)
+    c = cohort(store)
+    start = {**{k: v.unsqueeze(0).repeat(len(c), *([1] * v.dim())) for k, v in alg.global_params.items()},
+             **alg.private.gather(c)}
+    index, mask, _ = CohortBatches(store.fit, c, alg.cfg.local_steps, alg.cfg.batch_size, gen()).materialize()
+    refs = []
+    for i in range(len(c)):
+        ref = _torch_bn_mlp(alg.net)
+        ref.load_state_dict({k: v[i] for k, v in start.items()}, strict=False)
+        ref.train()
+        opt = torch.optim.SGD(list(ref.parameters()), lr=alg.cfg.lr, momentum=alg.cfg.momentum)
+        for s in range(index.shape[1]):
+            real = mask[i, s] > 0
+            opt.zero_grad()
+            F.cross_entropy(ref(store.inputs(index[i, s][real])), store.y[index[i, s][real]]).backward()
+            torch.nn.utils.clip_grad_norm_(list(ref.parameters()), alg.cfg.client_clip)
+            opt.step()
+        refs.append({k: v.detach() for k, v in ref.state_dict().items() if "num_batches" not in k})
+    alg.run_round(0, c, gen())
+    ref = {k: torch.stack([r[k] for r in refs]) for k in refs[0]}
+    close(alg.global_params, {k: ref[k].mean(0) for k in alg.shared})  # Alg. 1: the uniform mean
+    close(alg.private.gather(c), {k: ref[k] for k in alg.init_local})
+    # evaluation normalizes with the client's running statistics (eval mode), as torch's does
+    x = store.inputs(store.test.index[int(c[0]), :5])
+    own = {k: v[0] for k, v in alg.own_models(c[:1]).items()}
+    check = _torch_bn_mlp(alg.net)
+    check.load_state_dict(own, strict=False)
+    check.eval()
+    torch.testing.assert_close(functional_call(alg.predict_net, own, (x,)), check(x), **TOL)
+
+
+def test_fedbn_needs_normalization_layers_and_the_others_refuse_them(store):
+    from pfl_cli.errors import InputError
+
+    with pytest.raises(InputError, match="^model_arch: fedbn keeps the client net's normalization layers local"):
+        alg_for(store, algorithm="fedbn", model_arch="mlp")
+    with pytest.raises(InputError, match="^model_arch 'mlp-bn' has batch-norm layers.*fedavg does not"):
+        alg_for(store, algorithm="fedavg", model_arch="mlp-bn")
+    alg = alg_for(store, algorithm="fedbn")
+    assert set(alg.init_local) == {"bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var"}
+    n_bn = 2 * 16
+    assert entries()["fedbn"].algorithm.floats_per_client_round(alg.arch) == \
+        2 * (sum(p.numel() for p in alg.net.parameters()) - n_bn)
 
 
 # ----------------------------------------------------------------------------- FedALA

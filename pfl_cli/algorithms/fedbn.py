@@ -1,0 +1,138 @@
+"""FedBN (Li, Jiang, Zhang, Kamp, Dou, ICLR 2021, Algorithm 1): FedAvg that keeps batch normalization local.
+
+The client net has batch-normalization layers (``model_arch`` ``mlp-bn`` or ``lenet-bn``,
+:mod:`pfl_cli.models.normalized`). Each round a cohort client takes the global model's other
+layers with its own normalization layers, trains the whole net with FedAvg's local steps (or
+``local_epochs``), and keeps its normalization layers (affine weights and running statistics);
+the server averages every other layer uniformly over the cohort (Algorithm 1: (1/K) sum_k). Only
+those layers travel: 2 x (|client net| - |normalization parameters|) floats per cohort client and
+round. A train client's model is the global layers with its own normalization layers.
+
+A client unseen in training has no normalization layers of its own (the paper evaluates the
+clients it trained on): it starts from the initial ones (weight 1, bias 0, statistics 0 / 1) and
+trains them, the global layers frozen, for ``new_client_epochs`` epochs on its own data, the
+running statistics moving as in training. FedBN on a net without normalization layers is refused.
+
+Peers: PFLlib's FedBN averages the shared layers weighted by client data size; the paper's
+Algorithm 1 (and pflx) average them uniformly.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
+from pfl_cli.algorithms.partial import _GlobalModel
+from pfl_cli.errors import ConfigError, InputError
+from pfl_cli.fl.config import CLIENT_ARCHS, key
+from pfl_cli.fl.params import stack, weighted_mean
+
+
+@dataclass(frozen=True)
+class FedBNConfig(FedAvgRoundConfig):
+    """FedBN's keys: FedAvg's round on a batch-norm client net (``model_arch`` mlp-bn here), and new clients."""
+
+    algorithm: str = key("fedbn", "the algorithm these keys configure")
+    model_arch: str = key("mlp-bn", "client net: mlp-bn | lenet-bn (a net with batch-norm layers, kept local)",
+                          "FedBN (ICLR 2021) §5: a BatchNorm after each hidden layer of the client nets",
+                          choices=CLIENT_ARCHS)
+    new_client_epochs: int = key(20, "epochs a new client trains its own normalization layers, the rest frozen",
+                                 "PeFLL (ICLR 2024) App. A.2: new clients of the baselines train 20 local epochs")
+
+    def validate(self) -> None:
+        super().validate()
+        v = self.new_client_epochs
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"new_client_epochs must be an integer >= 0 for fedbn; got {v!r}.")
+
+
+class FedBN(PrivateState, _GlobalModel):
+    name = "fedbn"
+    paper = "FedBN: Li, Jiang, Zhang, Kamp, Dou, ICLR 2021"
+    new_client_protocol = "its own normalization layers trained new_client_epochs, the global layers frozen"
+    config = FedBNConfig
+    dp_unit = None
+    local_normalization = True
+    not_distributed = "its batch-norm local steps run in one process (no sharding of the cohort across ranks)"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = "Li et al., FedBN (ICLR 2021), §5: the client lr (SGD) per benchmark; FedBN has no constant"
+    tune_group = "train"
+
+    @classmethod
+    def floats_per_client_round(cls, arch: dict) -> int:
+        from pfl_cli.models import build
+        from pfl_cli.models.normalized import norm_names
+
+        net = build(arch["client"])
+        local = set(norm_names(net)[0])
+        return 2 * sum(p.numel() for k, p in net.named_parameters() if k not in local)
+
+    def build(self) -> None:
+        from pfl_cli.models.normalized import norm_names
+
+        self.net = self.client_net()
+        norm_params, norm_buffers = norm_names(self.net)
+        if not norm_params:
+            raise InputError(f"model_arch: fedbn keeps the client net's normalization layers local; the "
+                             f"{self.arch['client'].get('arch')!r} net has none. Use --set model_arch=mlp-bn "
+                             "(or lenet-bn for images).")
+        self.eval_net = copy.deepcopy(self.net).eval()  # normalizes with the running statistics
+        self.norm_params, self.norm_buffers = norm_params, norm_buffers
+        params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+        buffers = {k: v.detach().clone() for k, v in self.net.named_buffers()}
+        self.shared = [k for k in params if k not in set(norm_params)]
+        self.global_params = {k: params[k] for k in self.shared}
+        self.init_local = {**{k: params[k] for k in norm_params}, **{k: buffers[k] for k in norm_buffers}}
+        self.private = self.new_private_state(self.init_local)
+
+    @property
+    def predict_net(self):
+        return self.eval_net
+
+    def _steps(self, start: dict, clients, gen, *, trainable: list[str], **schedule):
+        from pfl_cli.fl.normalization import norm_local_steps
+
+        steps, taken = self.draw_batches(clients, gen, **schedule)
+        params = {k: v for k, v in start.items() if k not in set(self.norm_buffers)}
+        buffers = {k: start[k] for k in self.norm_buffers}
+        theta, stats, loss = norm_local_steps(self.net, params, buffers, self.store, steps, trainable=trainable,
+                                              sgd=self.sgd_update_options())
+        return {**theta, **stats}, loss, taken
+
+    def run_round(self, t, cohort, gen):
+        start = {**stack(self.global_params, len(cohort)), **self.private.gather(cohort)}
+        theta, loss, _ = self._steps(start, cohort, gen, trainable=self.shared + self.norm_params,
+                                     **self.round_schedule())
+        shared = {k: theta[k] for k in self.shared}
+        self.record_exchange(self.global_params, shared, len(cohort))
+        self.global_params = weighted_mean(self.store, cohort, shared, by_size=False)  # Alg. 1: (1/K) sum_k
+        self.private.scatter(cohort, {k: theta[k] for k in self.init_local})
+        return loss
+
+    def own_models(self, rows):
+        return {**stack(self.global_params, len(rows)), **self.private.gather(rows)}
+
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """The initial normalization layers trained ``new_client_epochs`` epochs; the global layers frozen."""
+        start = {**self.global_params, **self.init_local}
+        if not self.cfg.new_client_epochs or not len(clients):
+            return stack(start, len(clients))
+
+        def build(sel):
+            theta, _, taken = self._steps(stack(start, len(sel)), sel, gen, trainable=self.norm_params,
+                                          epochs=self.cfg.new_client_epochs)
+            self.client_sgd_steps += taken
+            return theta
+
+        return self.chunked(np.asarray(clients, dtype=np.int64), build)
+
+    def protocol(self, new: bool) -> dict:
+        if not new:
+            return {"protocol": "the global layers with its own normalization layers", "rounds": 0}
+        e = self.cfg.new_client_epochs
+        return {"protocol": f"its normalization layers trained {e} epochs, the global layers frozen" if e
+                else "the global layers with the initial normalization layers", "rounds": 0}
