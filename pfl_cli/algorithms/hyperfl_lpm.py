@@ -25,11 +25,18 @@ from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
 
 
+LPM = "Guo et al., HyperFL (AAAI 2025), App. D.1, Training Settings (HyperFL-LPM)"
+
+
 @dataclass(frozen=True)
 class HyperFLLPMConfig(HyperFLConfig):
-    """HyperFL-LPM's keys: HyperFL's (spec B.6) on a pre-trained backbone (B.5: backbone, backbone_weights)."""
+    """HyperFL-LPM's keys: HyperFL's on a pre-trained backbone (backbone, backbone_weights), with the
+    LPM setting's batch size and step sizes (App. D.1), not the CNN configuration's."""
 
     algorithm: str = key("hyperfl-lpm", "the algorithm these keys configure")
+    batch_size: int = key(16, "client minibatch size", f"{LPM}: \"batch size 16 is adopted for all datasets\"")
+    lr: float = key(0.1, "eta_h: step-2 SGD step on the hypernetwork (ViT on EMNIST: 0.02; ResNet: 0.01)",
+                    f"{LPM}: eta_h = eta_v = 0.1 for CIFAR-10 and 0.02 for EMNIST with ViT, 0.01 with ResNet")
 
 
 class HyperFLLPM(HyperFL):

@@ -8,7 +8,7 @@ from a local file in the published key layout (:func:`load_backbone_state`); not
 What trains is chosen by ``tune`` (HyperFL Table 2's columns):
 
 - ``adapters``: backbone frozen, one adapter per block (down-projection, ReLU, up-projection; for the
-  ViT with a LayerNorm before it and a residual around it, after each block's MLP: 19,608 parameters
+  ViT with a LayerNorm on its output and a residual around it, after each block's MLP: 19,608 parameters
   per ViT-S block, 235,296 in all; for the ResNet one 1x1-conv adapter behind each residual block)
   and the classifier train. HyperFL-LPM's hypernetwork generates the adapters; the baselines marked
   ++ fine-tune them.
@@ -54,16 +54,19 @@ def family(name: str) -> str:
 
 
 class TokenAdapter(nn.Module):
-    """x + up(relu(down(LayerNorm(x)))) on ViT tokens (App. D.1)."""
+    """x + LayerNorm(up(relu(down(x)))) on ViT tokens (HyperFL §3.3, App. D.1: down-projection, ReLU,
+    up-projection; the authors' ViT adapter then normalizes the bottleneck's output before the residual)."""
 
     def __init__(self, width: int, bottleneck: int) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(width, eps=1e-6)
         self.down, self.up = nn.Linear(width, bottleneck), nn.Linear(bottleneck, width)
-        nn.init.zeros_(self.up.weight), nn.init.zeros_(self.up.bias)  # starts as the identity
+        self.norm = nn.LayerNorm(width, eps=1e-6)
+        # Starts as the identity through the LayerNorm's gain (a zero up-projection would put the
+        # LayerNorm at a zero input, where its gradient is scaled by 1 / sqrt(eps)).
+        nn.init.zeros_(self.norm.weight)
 
     def forward(self, x):
-        return x + self.up(F.relu(self.down(self.norm(x))))
+        return x + self.norm(self.up(F.relu(self.down(x))))
 
 
 class ConvAdapter(nn.Module):

@@ -52,6 +52,30 @@ def test_adapter_count_formula_matches_the_paper():
         assert counted == sum(adapter_parameters(w, kind) for w in net.backbone.adapter_widths())
 
 
+def test_token_adapter_is_bottleneck_then_layernorm_then_residual():
+    """HyperFL §3.3 / App. D.1 (the authors' adapter): x + LN(up(relu(down(x)))), the LayerNorm on the
+    bottleneck's output, not on the adapter's input (issue 34, item 4). A hand-written forward pass with
+    random weights is the reference; the pre-norm arrangement gives other numbers."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    adapter = TokenAdapter(32, 4)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.normal_()
+    x = torch.randn(2, 5, 32)
+    w = dict(adapter.named_parameters())
+    hidden = F.relu(x @ w["down.weight"].T + w["down.bias"])
+    reference = x + F.layer_norm(hidden @ w["up.weight"].T + w["up.bias"], (32,), w["norm.weight"], w["norm.bias"],
+                                 eps=1e-6)
+    torch.testing.assert_close(adapter(x), reference)
+    pre_norm = x + (F.relu(F.layer_norm(x, (32,), w["norm.weight"], w["norm.bias"], eps=1e-6) @ w["down.weight"].T
+                           + w["down.bias"]) @ w["up.weight"].T + w["up.bias"])
+    assert (adapter(x) - pre_norm).abs().max() > 0.1
+    fresh = TokenAdapter(32, 4)  # starts as the identity, so a frozen backbone's features are kept at first
+    torch.testing.assert_close(fresh(x), x)
+
+
 def test_full_size_backbones_have_the_published_layouts_and_sizes():
     vit = PretrainedNet("vit-s16", (3, 32, 32), 10)
     assert list(vit.backbone.state_dict()) == timm_vit_keys(12)
