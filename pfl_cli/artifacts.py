@@ -394,15 +394,21 @@ def read_artifact(path: str | Path, stage: str | Sequence[str], *, flag: str = "
     path = Path(path)
     expected = [stage] if isinstance(stage, str) else list(stage)
     producer = PRODUCER.get(expected[0], "the matching pflx command")
+    # One stage: the command that makes it. Several (show, privacy-account): no one command to suggest.
+    create = (f"Create it with `{producer} --out {path}`." if len(expected) == 1 else
+              "Pass the --out directory of a pflx command"
+              + (f" ({_describe(expected)} artifacts)." if len(expected) <= 3 else "."))
     if not path.exists():
-        raise ArtifactError(f"{flag} {path}: no such directory. Create it with `{producer} --out {path}`.")
+        writer = _writer_of(path)
+        if writer is not None:  # its writer holds the lock: the directory appears when it finishes
+            raise ArtifactError(f"{flag} {path}: not written yet: it is being written by process {writer} (lock "
+                                f"{lock_file(path)}); wait for it to finish, then run again.")
+        raise ArtifactError(f"{flag} {path}: no such directory. {create}")
     if not path.is_dir():
         raise ArtifactError(f"{flag} {path}: expected an artifact directory, found a file.")
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
-        raise ArtifactError(
-            f"{flag} {path}: not a pflx artifact (no {MANIFEST}). Create it with `{producer} --out {path}`."
-        )
+        raise ArtifactError(f"{flag} {path}: not a pflx artifact (no {MANIFEST}). {create}")
     manifest = load_json(manifest_path)
     if not isinstance(manifest, dict) or manifest.get("tool") != "pflx":
         raise ArtifactError(f"{flag} {path}: {MANIFEST} was not written by pflx.")
@@ -742,6 +748,23 @@ def check_out_location(out: str | Path) -> list[Path]:
         raise InputError(f"--out {out}: cannot create and rename a directory in {parent} ({reason}); choose "
                          "another --out.") from None
     return created
+
+
+def _writer_of(out: Path) -> str | None:
+    """The process id written in ``out``'s lock while another process holds it (None: nobody writes ``out``)."""
+    try:
+        fd = os.open(lock_file(out), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def claim_out(out: str | Path) -> None:

@@ -115,8 +115,12 @@ def get(name: str) -> Entry:
 # ---------------------------------------------------------------------------- configs
 def unknown_key(key: str, entry: Entry, where: str = "") -> ConfigError:
     """One line: the key, the algorithm, a "did you mean" and the keys it takes."""
-    hint = difflib.get_close_matches(key, entry.keys, n=1)
-    tip = f" (did you mean {hint[0]!r}?)" if hint else ""
+    owners = [e.name for e in entries().values() if key in e.keys]
+    if owners:  # another algorithm's key: say whose, rather than a look-alike of this one's
+        tip = f" (a key of {', '.join(owners)})"
+    else:
+        hint = difflib.get_close_matches(key, entry.keys, n=1)
+        tip = f" (did you mean {hint[0]!r}?)" if hint else ""
     return ConfigError(f"unknown {where}key {key!r} for algorithm {entry.name!r}{tip}; {entry.name} takes: "
                        f"{', '.join(entry.keys)}.")
 

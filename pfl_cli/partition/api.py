@@ -112,7 +112,7 @@ def _alpha_vector(alpha: Any, num_classes: int) -> np.ndarray:
     if values.size != num_classes:
         raise ConfigError(f"alpha must be one float or {num_classes} floats (one per class); got {values.size} values.")
     if not np.all(np.isfinite(values)) or np.any(values <= 0):
-        raise ConfigError(f"alpha must be > 0 (and finite); got {alpha!r}.")
+        raise ConfigError(f"--dirichlet / --alpha: alpha must be > 0 (and finite); got {alpha!r}.")
     return values
 
 

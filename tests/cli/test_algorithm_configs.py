@@ -110,6 +110,11 @@ def test_refused_alike_through_a_flag_and_a_config_file(part, tmp_path, capsys):
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "unknown flag key 'hyper_size' for algorithm 'hyperfl'" in err and "hyperfl takes: " in err
+    # a key of other algorithms says whose it is, not a look-alike of this one's (issue 34, item 13)
+    assert main(["train", "--partition", str(part), "--algorithm", "fedavg", "--hyper-size", "M",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "batch_size" not in err.split(";")[0] and "a key of pefll" in err and "pfedhn" in err, err
     (tmp_path / "c.yaml").write_text("train:\n  algorithm: fedavg\n  knn_k: 3\n")
     assert main(["train", "--partition", str(part), "--config", str(tmp_path / "c.yaml"), "--out", str(out)]) == 2
     err = capsys.readouterr().err

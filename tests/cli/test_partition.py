@@ -131,7 +131,7 @@ def _bad_npz(tmp_path, **arrays):
     "make_args, match",
     [
         (lambda t: ["--scheme", "bogus"], "scheme must be one of"),
-        (lambda t: ["--dirichlet", "0"], "alpha must be > 0"),
+        (lambda t: ["--dirichlet", "0"], "--dirichlet / --alpha: alpha must be > 0"),  # the flag named (issue 34)
         (lambda t: ["--dirichlet", "-0.5"], "alpha must be > 0"),
         (lambda t: ["--num-clients", 5000], "more than the 1797 samples"),
         (lambda t: ["--dirichlet", "0.1", "--min-size", 500], "no partition can meet it"),

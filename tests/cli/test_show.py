@@ -114,6 +114,8 @@ def test_refuses_a_directory_that_is_not_an_artifact(cli, tmp_path):
     assert run.code == 2 and run.err.count("\n") == 1 and "not a pflx artifact (no manifest.json)" in run.err
     run = cli("show", tmp_path / "nope")
     assert run.code == 2 and "no such directory" in run.err
+    # show reads any stage: no hint that it be created with `pflx partition` (issue 34, item 13)
+    assert "pflx partition" not in run.err and "--out" in run.err, run.err
 
 
 def test_refuses_an_edited_or_partial_artifact_naming_the_file(cli, chain, tmp_path):

@@ -178,6 +178,29 @@ def test_an_edited_manifest_config_must_agree_with_the_files(cli, root, copy, tm
             out=out)
 
 
+def test_an_input_still_being_written_says_so_not_no_such_directory(cli, root, tmp_path):
+    # A partition whose writer holds its lock has no directory yet: the error says who is writing it
+    # and to wait, not "no such directory ... create it" (issue 34, item 13).
+    import fcntl
+    import os
+
+    from pfl_cli.artifacts import lock_file
+
+    part = tmp_path / "part"
+    fd = os.open(lock_file(part), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, b"4242\n", 0)
+        res = cli("train", "--partition", part, "--algorithm", "fedavg", "--rounds", "1", *TINY,
+                  "--out", tmp_path / "run")
+        refused(res, f"--partition {part}", "being written by process 4242", "wait", out=tmp_path / "run")
+        assert "no such directory" not in res.err
+    finally:
+        os.close(fd)
+    res = cli("train", "--partition", part, "--algorithm", "fedavg", "--out", tmp_path / "run")  # writer gone
+    refused(res, "no such directory")
+
+
 # ---------------------------------------------------------------------------- mishandled: checkpoint location
 @pytest.mark.parametrize("kind", ["folder-is-a-file", "state-is-a-directory"])
 @pytest.mark.parametrize("resume", [True, False])
