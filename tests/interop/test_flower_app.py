@@ -447,6 +447,40 @@ def test_dp_fedavg_on_flower_is_pflx_train_dp_with_seeded_noise(setup, tmp_path,
     assert r.code == 0 and "(epsilon = 4, delta = 1e-06)-DP for each client" in r.out, r.err
 
 
+def test_under_dp_a_node_learns_only_that_it_was_selected(setup, tmp_path):
+    """Under --dp the realized cohort is secret (the ledger's sampling amplification rests on it): a node's
+    training message holds the global model, the round number and its own batches (positions in its own
+    data, as wide as min(batch size, its size)), never the cohort nor the round generator that drew it
+    (issue 34, item 3). A fake grid records everything each node receives."""
+    from flower_fake_grid import FakeGrid
+
+    from pfl_cli.artifacts import load_partition
+    from pfl_cli.interop.flower_app.common import ROUND
+
+    class RecordingGrid(FakeGrid):
+        received: list = []
+
+        def send_and_receive(self, messages, *, timeout=None):
+            for m in messages:
+                self.received.append((m.metadata.dst_node_id, m.metadata.message_type, m.content))
+            return super().send_and_receive(messages, timeout=timeout)
+
+    app = _app(setup, "app-dp-recorded", *DP, "dp_noise=seeded")
+    grid = RecordingGrid(app, _nodes(setup), run_config_overrides={"out": str(tmp_path / "deployed")})
+    _serve(grid)
+    part, _, _ = load_partition(setup / "part")
+    fit = {100 + k: int(part.train_sizes[k]) for k in range(part.num_clients)}  # val_fraction 0: fit = train
+    rounds = [(node, content) for node, kind, content in grid.received if kind == ROUND]
+    assert rounds, "no training message was sent"
+    for node, content in rounds:
+        assert set(content.keys()) == {"global", "round", "batches"}, set(content.keys())
+        assert dict(content["round"]) == {"round": dict(content["round"])["round"]}  # the round number alone
+        batches = {k: a.numpy() for k, a in content["batches"].items()}
+        assert set(batches) == {"slots", "mask"} and batches["slots"].shape == batches["mask"].shape
+        assert batches["slots"].shape[1] == min(16, fit[node]) and batches["slots"].max() < fit[node]
+    # The model is still the simulation's (the seeded test above), so each node trained on its own batches.
+
+
 def test_dp_fedavg_on_flower_secure_noise_and_nonprivate_diagnostics(setup, tmp_path):
     """The default noise=secure draws the cohorts and the noise from OS entropy (two runs differ);
     --set write_nonprivate=true adds the diagnostics, in nonprivate* files only."""
@@ -475,7 +509,10 @@ def test_dp_fedavg_on_flower_secure_noise_and_nonprivate_diagnostics(setup, tmp_
                                                "per run); got 'S,M'; drop it."),
     (["algorithm=pefll", "track_descriptors=true"], "flower app: track_descriptors is not deployed on Flower"),
     (["algorithm=pefll", "dp_epsilon=4", "dp_clip=1", "dp_population=4", "normalize=false"],
-     "flower app: dp: --dp runs on Flower for fedavg, fedprox (DP-FedAvg, the server adding the noise); got 'pefll'."),
+     "flower app: dp: --dp runs on Flower for fedavg (DP-FedAvg, the server adding the noise); got 'pefll'."),
+    # FedProx declares no DP variant (issue 34, item 9): what the message names is what runs
+    (["algorithm=fedprox", "dp_epsilon=4", "dp_clip=1", "dp_population=4", "normalize=false"],
+     "flower app: dp: --dp runs on Flower for fedavg (DP-FedAvg, the server adding the noise); got 'fedprox'."),
     (["val_fraction=0.1"], "flower app: val_fraction must be 0 on Flower"),
     (["finetune_steps=3"], "flower app: finetune_steps must be 0 on Flower"),
 ])

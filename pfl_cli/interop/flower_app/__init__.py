@@ -25,8 +25,17 @@ from pfl_cli.errors import ConfigError
 ROUNDS = {"fedavg": "averaging", "fedprox": "averaging", "pefll": "pefll", "pfedhn": "pfedhn"}
 SUPPORTED = tuple(ROUNDS)
 # --dp on Flower: DP-FedAvg (McMahan et al. 2018), the averaging rounds with the server clipping each
-# client's delta and adding the noise (FedAvg.aggregate); the hypernetwork rounds have no DP variant here.
-PRIVATE = tuple(a for a, module in ROUNDS.items() if module == "averaging")
+# client's delta and adding the noise (FedAvg.aggregate), for the averaging algorithms that declare
+# client-level DP (FedProx declares no DP variant: `pflx train --algorithm fedprox --dp` is refused too);
+# the hypernetwork rounds have no DP variant here.
+
+
+def private_algorithms() -> tuple[str, ...]:
+    """The deployed algorithms ``--dp`` runs for: averaging rounds of an algorithm whose DP unit is the client."""
+    from pfl_cli import registry
+
+    return tuple(a for a, module in ROUNDS.items()
+                 if module == "averaging" and registry.get(a).algorithm.dp_unit == "client")
 
 
 def rounds_for(cfg):
@@ -45,9 +54,10 @@ def check_deployable(cfg) -> None:
                           f"far); got {cfg.algorithm!r}.")
     own = {k: getattr(cfg, k, None) for k in ("finetune_steps", "local_epochs", "track_descriptors",
                                                "client_sizes")}  # per algorithm
+    private = private_algorithms()
     rules = (
-        (cfg.dp_epsilon is not None and cfg.algorithm not in PRIVATE,
-         f"dp: --dp runs on Flower for {', '.join(PRIVATE)} (DP-FedAvg, the server adding the noise); got "
+        (cfg.dp_epsilon is not None and cfg.algorithm not in private,
+         f"dp: --dp runs on Flower for {', '.join(private)} (DP-FedAvg, the server adding the noise); got "
          f"{cfg.algorithm!r}"),
         (cfg.val_fraction != 0, f"val_fraction must be 0 on Flower (the deployment keeps the last round's model, "
                                 f"it does not select by validation); got {cfg.val_fraction}; add "

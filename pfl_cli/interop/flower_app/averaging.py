@@ -6,6 +6,13 @@ model and the round generator's state after the cohort draw (so its batch draws 
 simulation's), trains, and sends back its model; the server takes the data-size-weighted mean
 and its server step, or under ``--dp`` DP-FedAvg's clipped, noised sum over the expected cohort
 (:meth:`FedAvg.aggregate`), the simulation's own code.
+
+Under ``--dp`` the realized cohort is secret (the ledger's sampling amplification rests on it), so a
+node learns that it was selected and nothing about anyone else: instead of the cohort and the round
+generator, it gets its own batches, drawn by the server for the whole cohort exactly as the
+simulation draws them and cut to its own rows: positions in its own data, as many steps as it takes
+and as wide as min(batch size, its size), which are functions of its own data and the public config
+(:func:`_own_batches`).
 """
 
 from __future__ import annotations
@@ -26,9 +33,14 @@ def one_round(grid, alg, meter, accepted: dict, t: int, members: list, state: by
     from pfl_cli.interop.flower_app.server import exchange
     from pfl_cli.interop.flower_app.wire import from_record, to_record
 
-    contents = {c: RecordDict({"global": to_record(alg.global_params),
-                               "round": ConfigRecord({"round": t, "cohort": members, "generator": state})})
-                for c in members}
+    if alg.dp is None:
+        contents = {c: RecordDict({"global": to_record(alg.global_params),
+                                   "round": ConfigRecord({"round": t, "cohort": members, "generator": state})})
+                    for c in members}
+    else:  # a node may learn only that it was selected: its own batches, no cohort, no generator
+        contents = {c: RecordDict({"global": to_record(alg.global_params), "round": ConfigRecord({"round": t}),
+                                   "batches": own})
+                    for c, own in _own_batches(alg, members, state).items()}
     got, why = exchange(grid, meter, "train", ROUND, contents, accepted, timeout)
     kept = [c for c in members if c in got]
     if not kept and alg.dp is None:  # nobody replied: no step
@@ -38,6 +50,41 @@ def one_round(grid, alg, meter, accepted: dict, t: int, members: list, state: by
                else stack(alg.global_params, 0))  # DP: an empty cohort's step is the noise alone
     alg.aggregate(t, torch.as_tensor(kept, dtype=torch.long, device=alg.device), stacked)  # Alg. 3 line 9 / DP-FedAvg
     return kept, why, {c: float(got[c]["result"]["loss"]) for c in kept}
+
+
+def _own_batches(alg, members: list, state: bytes) -> dict:
+    """Each member's batches of this round as an ``ArrayRecord``: ``slots`` (steps, width), positions in
+    the member's own fit data, and ``mask`` (steps, width), 1 for real samples.
+
+    The server draws the whole cohort's batches as :meth:`Algorithm.local_batches` does (the same
+    generator, the same sizes), over positions instead of dataset indices (it holds no data), then
+    cuts each member's rows to what that member uses: its active steps (the inactive ones leave a
+    client's model exactly as it is) and min(batch size, its size) columns (the rest is padding). What is
+    left depends on the member's own size and the public config only, not on who else was drawn.
+    """
+    import torch
+    from flwr.app import ArrayRecord
+
+    from pfl_cli.fl.batches import draw_batches
+    from pfl_cli.fl.store import Padded
+    from pfl_cli.interop.flower_app.wire import restore_generator
+
+    length = alg.store.fit.length.cpu()
+    width = max(int(length.max()) if len(length) else 1, 1)
+    positions = Padded(torch.arange(width).expand(len(length), width), length)
+    schedule = alg.round_schedule()  # steps, or epochs (Algorithm.local_batches' two forms)
+    epochs = schedule.get("epochs")
+    batches = draw_batches(positions, torch.as_tensor(members, dtype=torch.long),
+                           None if epochs else schedule["steps"], alg.cfg.batch_size, restore_generator(state),
+                           epochs=epochs or None)
+    slots, mask, active = batches.materialize()
+    own = {}
+    for i, c in enumerate(members):
+        steps = slots.shape[1] if active is None else int(active[i].sum())
+        cols = min(slots.shape[2], max(int(length[c]), 1))
+        own[c] = ArrayRecord({"slots": slots[i, :steps, :cols].contiguous(),
+                              "mask": mask[i, :steps, :cols].contiguous()})
+    return own
 
 
 def evaluate(grid, alg, cfg, accepted: dict, part, meter, timeout: float):
@@ -74,6 +121,8 @@ def train_round(message, context):
     alg = data.algorithm
     round_ = message.content["round"]
     alg.load_weights({"client": from_record(message.content["global"], alg.device)})
+    if "batches" in message.content:  # --dp: this client's own batches, drawn by the server
+        return _train_own_batches(message, data, alg)
     gen = restore_generator(round_["generator"])
     cohort = torch.as_tensor(list(round_["cohort"]), dtype=torch.long, device=alg.device)
     start = stack(alg.global_params, len(cohort))
@@ -87,6 +136,29 @@ def train_round(message, context):
     if int(rows.sum()) != 1:
         raise RuntimeError(f"round {round_['round']}: this node's client {data.position} is not in the cohort "
                            f"{list(round_['cohort'])} it was sent.")
+    content = RecordDict({"theta": to_record({k: v[0] for k, v in theta.items()}),
+                          "result": MetricRecord({"loss": float(loss[0]), "partition-id": data.position})})
+    return Message(content, reply_to=message)
+
+
+def _train_own_batches(message, data, alg):
+    """:func:`train_round` under ``--dp``: local SGD on the batches the server cut for this client alone."""
+    import torch
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from pfl_cli.algorithms.base import stack
+    from pfl_cli.fl.cohort import local_sgd
+    from pfl_cli.interop.flower_app.wire import from_record, to_record
+
+    got = from_record(message.content["batches"], alg.device)
+    row, _ = data.store.fit.rows(torch.as_tensor([data.position], dtype=torch.long, device=alg.device))
+    slots = got["slots"].long()
+    index = row[0][slots.clamp_max(row.shape[1] - 1)]  # positions in this client's data -> dataset indices
+    objective = alg.local_objective()
+    anchor = objective.get("prox_anchor")
+    theta, loss = local_sgd(alg.net, stack(alg.global_params, 1), data.store, index[None], got["mask"].float()[None],
+                            prox_mu=objective.get("prox_mu", 0.0),
+                            prox_anchor=None if anchor is None else stack(anchor, 1), **alg.sgd_options())
     content = RecordDict({"theta": to_record({k: v[0] for k, v in theta.items()}),
                           "result": MetricRecord({"loss": float(loss[0]), "partition-id": data.position})})
     return Message(content, reply_to=message)
