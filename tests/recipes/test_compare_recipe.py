@@ -1,4 +1,5 @@
-"""The comparison recipe end to end (slow tier): make -> train/predict artifacts -> table; a rerun does nothing."""
+"""The comparison recipe end to end (slow tier): make -> train/predict artifacts over seeds -> `pflx compare`'s
+table and table.py's extras; a rerun does nothing."""
 
 import json
 import os
@@ -19,9 +20,10 @@ def make(out, recipe, algorithms, *extra):
     return subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
 
 
-def table(out, algorithms, recipe):
-    text = subprocess.run([sys.executable, str(COMPARE / "table.py"), "--runs", str(out), "--recipe", str(recipe),
-                           "--algorithms", algorithms, "--json"], check=True, capture_output=True, text=True).stdout
+def table(out, algorithms, recipe, seed=0):
+    text = subprocess.run([sys.executable, str(COMPARE / "table.py"), "--runs", str(out), "--seed", str(seed),
+                           "--recipe", str(recipe), "--algorithms", algorithms, "--json"], check=True,
+                          capture_output=True, text=True).stdout
     return json.loads(text)
 
 
@@ -35,8 +37,10 @@ def test_compare_recipe_on_cpu(tmp_path, recipe, algorithms):
     printed = make(out, recipe, algorithms)
     names = algorithms.split()
     for name in names:
-        assert f"| {name} |" in printed
-        assert (out / name / "manifest.json").is_file() and (out / f"{name}-new" / "manifest.json").is_file()
+        assert f"| {name} | train | 3 |" in printed and f"| {name} | new | 3 |" in printed
+        for seed in (0, 1, 2):
+            assert (out / name / f"s{seed}" / "manifest.json").is_file()
+            assert (out / name / f"s{seed}-new" / "manifest.json").is_file()
     doc = table(out, algorithms, COMPARE / recipe)
     rows = {r["algorithm"]: r for r in doc["rows"]}
     assert set(rows) == set(names)
@@ -47,11 +51,32 @@ def test_compare_recipe_on_cpu(tmp_path, recipe, algorithms):
     else:
         assert rows["local"]["floats_per_client_round"] == 0
         assert rows["fedrep"]["floats_per_client_round"] < rows["fedavg"]["floats_per_client_round"]
-    stamp = (out / names[0] / "manifest.json").stat().st_mtime_ns
+    stamp = (out / names[0] / "s0" / "manifest.json").stat().st_mtime_ns
     make(out, recipe, algorithms)  # up to date: nothing reruns
-    assert (out / names[0] / "manifest.json").stat().st_mtime_ns == stamp
+    assert (out / names[0] / "s0" / "manifest.json").stat().st_mtime_ns == stamp
     # one algorithm more: only it trains
     if recipe == "ring.yaml":
         make(out, recipe, algorithms + " ditto")
-        assert (out / names[0] / "manifest.json").stat().st_mtime_ns == stamp
-        assert (out / "ditto" / "manifest.json").is_file()
+        assert (out / names[0] / "s0" / "manifest.json").stat().st_mtime_ns == stamp
+        assert (out / "ditto" / "s2" / "manifest.json").is_file()
+
+
+@pytest.mark.slow
+def test_compare_recipe_at_smoke_size(tmp_path):
+    """ROUNDS=2, two algorithms, the default three seeds: the table `pflx compare` wrote, printed by make, with an
+    interval on every row; a rerun does nothing; one seed more retrains only that seed (~30 s)."""
+    out = tmp_path / "smoke"
+    printed = make(out, "digits.yaml", "fedavg pefll", "ROUNDS=2")
+    doc = json.loads((out / "table" / "table.json").read_text())
+    assert [(r["label"], r["group"], r["seeds"]) for r in doc["rows"]] == [
+        (a, g, [0, 1, 2]) for a in ("fedavg", "pefll") for g in ("train", "new")]
+    assert all(r["accuracy_ci"] is not None and r["accuracy_ci"] >= 0 for r in doc["rows"])
+    assert (out / "table" / "table.md").read_text() in printed
+    config = json.loads((out / "fedavg" / "s1" / "manifest.json").read_text())["config"]
+    assert config["rounds"] == 2 and config["seed"] == 1
+    stamp = (out / "table" / "manifest.json").stat().st_mtime_ns
+    make(out, "digits.yaml", "fedavg pefll", "ROUNDS=2")
+    assert (out / "table" / "manifest.json").stat().st_mtime_ns == stamp
+    make(out, "digits.yaml", "fedavg pefll", "ROUNDS=2", "SEEDS=0 1 2 3")
+    doc = json.loads((out / "table" / "table.json").read_text())
+    assert all(r["seeds"] == [0, 1, 2, 3] for r in doc["rows"])
