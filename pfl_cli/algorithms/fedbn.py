@@ -10,8 +10,10 @@ round. A train client's model is the global layers with its own normalization la
 
 A client unseen in training has no normalization layers of its own (the paper evaluates the
 clients it trained on): it starts from the initial ones (weight 1, bias 0, statistics 0 / 1) and
-trains them, the global layers frozen, for ``new_client_epochs`` epochs on its own data, the
-running statistics moving as in training. FedBN on a net without normalization layers is refused.
+trains their weights, the global layers frozen, for ``new_client_epochs`` epochs on its own data;
+its statistics are then those of all its samples under the trained layers (pflx's choice: a few
+epochs of running averages from 0 / 1 are far from them). FedBN on a net without normalization
+layers is refused.
 
 Peers: PFLlib's FedBN averages the shared layers weighted by client data size; the paper's
 Algorithm 1 (and pflx) average them uniformly.
@@ -119,14 +121,19 @@ class FedBN(PrivateState, _GlobalModel):
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         """The initial normalization layers trained ``new_client_epochs`` epochs; the global layers frozen."""
         start = {**self.global_params, **self.init_local}
-        if not self.cfg.new_client_epochs or not len(clients):
+        if not len(clients):
             return stack(start, len(clients))
 
         def build(sel):
+            from pfl_cli.fl.normalization import population_stats
+
             theta, _, taken = self._steps(stack(start, len(sel)), sel, gen, trainable=self.norm_params,
                                           epochs=self.cfg.new_client_epochs)
             self.client_sgd_steps += taken
-            return theta
+            # A few epochs' running averages from the initial 0 / 1 are far from the client's statistics
+            # (momentum 0.1); its trained layers normalize with the statistics of all its samples instead.
+            params = {k: v for k, v in theta.items() if k not in set(self.norm_buffers)}
+            return {**params, **population_stats(self.net, params, self.store, sel)}
 
         return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
@@ -135,4 +142,4 @@ class FedBN(PrivateState, _GlobalModel):
             return {"protocol": "the global layers with its own normalization layers", "rounds": 0}
         e = self.cfg.new_client_epochs
         return {"protocol": f"its normalization layers trained {e} epochs, the global layers frozen" if e
-                else "the global layers with the initial normalization layers", "rounds": 0}
+                else "the global layers with the initial normalization weights and its own statistics", "rounds": 0}

@@ -49,3 +49,27 @@ def norm_local_steps(model, params: dict, buffers: dict, store, steps, *, traina
                     stats[name] = moved if go is None else torch.where(go[:, None], moved, old)
         mean_loss.add(loss.detach(), go)
     return {k: v.detach() for k, v in theta.items()}, stats, mean_loss.mean()
+
+
+def population_stats(model, params: dict, store, clients) -> dict:
+    """Each client's normalization statistics over all its fit samples: name -> (c, channels).
+
+    One training-mode forward of every client's whole fit set as one batch (padding masked out):
+    each layer is then normalized with the statistics of that same set, so the statistics it
+    returns are the population statistics of every layer's input under ``params`` (the mean and
+    the unbiased variance, what ``nn.BatchNorm``'s running averages estimate).
+    """
+    import torch
+    from torch.func import functional_call, vmap
+
+    from pfl_cli.models.normalized import norm_layers
+
+    index, length = store.fit.rows(clients)
+    mask = (torch.arange(index.shape[1], device=index.device)[None, :] < length[:, None]).to(torch.float32)
+    forward = vmap(lambda p, x, m: functional_call(model, p, (x,), {"mask": m, "with_stats": True}))
+    with torch.no_grad():
+        _, stats = forward(params, store.inputs(index), mask)
+    out = {}
+    for layer, (mu, var) in zip(norm_layers(model), stats):
+        out[f"{layer}.running_mean"], out[f"{layer}.running_var"] = mu, var
+    return out

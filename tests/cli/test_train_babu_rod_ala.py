@@ -1,4 +1,4 @@
-"""`pflx train` / `pflx predict` / `pflx algorithms` end to end with FedBABU, FedRoD and FedALA (issue 35)."""
+"""`pflx train` / `pflx predict` / `pflx algorithms` end to end with FedBABU, FedRoD, FedBN and FedALA (issue 35)."""
 
 import json
 
@@ -11,8 +11,8 @@ from pfl_cli.cli.train_run import torch_bytes
 from pfl_cli.fl import train_federated
 from pflx_testing import cli_args, small_config
 
-NAMES = ("fedbabu", "fedrod", "fedala")
-PRIVATE = ("fedrod", "fedala")
+NAMES = ("fedbabu", "fedrod", "fedbn", "fedala")
+PRIVATE = ("fedrod", "fedbn", "fedala")
 FAST = ["--rounds", "12", "--eval-every", "6", "--local-steps", "3", "--lr", "0.05", "--clients-per-round", "16",
         "--set", "mlp_hidden=[16]", "--set", "new_client_epochs=2", "--set", "finetune_epochs=2",
         "--set", "ala_max_start_epochs=5"]
@@ -40,8 +40,10 @@ def load(path):
 @pytest.mark.parametrize("name", NAMES)
 def test_train_then_predict_train_and_new_clients(root, name):
     out = root / name
+    # a new FedBN client starts from untrained normalization weights: 2 epochs leave it near chance (its default: 20)
+    extra = ["--set", "new_client_epochs=20"] if name == "fedbn" else []
     assert main(["train", "--partition", str(root / "part"), "--algorithm", name, "--out", str(out),
-                 "--format", "quiet", *FAST]) == 0
+                 "--format", "quiet", *FAST, *extra]) == 0
     metrics = load(out / "metrics.json")
     assert metrics["algorithm"] == name and metrics["train"]["num_clients"] == 16
     assert metrics["train"]["mean_accuracy"] > 0.5
@@ -81,6 +83,8 @@ def test_resumed_run_writes_the_same_model(digits_clients, name):
     (("--algorithm", "fedala", "--set", "ala_layers=0"), "ala_layers must be an integer >= 1 for fedala"),
     (("--algorithm", "fedrod", "--set", "ala_eta=1"), "unknown --set key 'ala_eta' for algorithm 'fedrod'"),
     (("--algorithm", "fedrod", "--dp", "eps=1"), "fedrod"),
+    (("--algorithm", "fedbn", "--set", "model_arch=mlp"), "model_arch: fedbn keeps the client net's normalization"),
+    (("--algorithm", "fedavg", "--set", "model_arch=mlp-bn"), "model_arch 'mlp-bn' has batch-norm layers"),
 ])
 def test_bad_input_is_one_line_and_exit_2(root, tmp_path, capsys, extra, message):
     # pflx itself (not main above, which drops the keys an algorithm does not take)
@@ -97,5 +101,5 @@ def test_algorithms_lists_each_with_its_keys_and_sources(cli, name):
     doc = json.loads(cli("algorithms", name, "--format", "json").out)
     keys = {r["key"]: r for r in doc["keys"]}
     assert list(keys) == registry.get(name).keys
-    own = {"fedbabu": "finetune_epochs", "fedrod": "new_client_epochs", "fedala": "ala_eta"}[name]
+    own = {"fedbabu": "finetune_epochs", "fedrod": "new_client_epochs", "fedbn": "model_arch", "fedala": "ala_eta"}[name]
     assert keys[own]["source"] and keys[own]["source"] != "pflx"
