@@ -219,7 +219,11 @@ def test_ctrl_c_in_train_says_what_was_kept_and_exits_130(trained, tmp_path):
     cmd = [sys.executable, "-m", "pfl_cli", "train", "--partition", str(trained / "part"), "--out", str(out),
            "--rounds", "100000", "--eval-every", "2", "--local-steps", "2", "--set", "hyper_hidden=8",
            "--set", "mlp_hidden=[8]"]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell starts a background job (`make test &`) with SIGINT ignored, and a child inherits that:
+    # pflx would never see the Ctrl-C. The child gets the default disposition back, as a terminal's
+    # foreground process has it (issue 34, item 16).
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ck = checkpoint_dir(out) / "state.pt"
     deadline = time.monotonic() + 60
     while not ck.is_file():
