@@ -114,9 +114,26 @@ def _tune(art: Artifact) -> dict:
     return numbers
 
 
+def _compare(art: Artifact) -> dict:
+    """Each row of the comparison: mean accuracy ± its interval over seeds (table.json, or its nonprivate twin)."""
+    from pfl_cli.artifacts import load_json
+
+    name = next((n for n in ("table.json", "nonprivate-table.json") if art.has(n)), None)
+    doc = load_json(art.file(name)) if name else {}
+    numbers: dict[str, Any] = {"nonprivate": True} if name and name.startswith("nonprivate") else {}
+    for row in (doc.get("rows") if isinstance(doc, dict) else None) or []:
+        if not isinstance(row, dict) or not isinstance(row.get("accuracy"), (int, float)):
+            continue
+        half = row.get("accuracy_ci")
+        spread = f"± {100 * half:.1f}" if isinstance(half, (int, float)) else "± n/a"
+        numbers[f"{row.get('label')} {row.get('group')}"] = (f"{100 * row['accuracy']:.1f} {spread} % "
+                                                             f"({row.get('num_seeds')} seed{'' if row.get('num_seeds') == 1 else 's'})")
+    return numbers
+
+
 HEADLINES: dict[str, Callable[[Artifact], dict]] = {
     "partition": _partition, "mdm-fit": _mdm, "train": _train, "predict": _predict, "cluster": _cluster,
-    "tune": _tune,
+    "tune": _tune, "compare": _compare,
 }
 
 

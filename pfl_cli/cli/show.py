@@ -14,7 +14,7 @@ from pfl_cli.cli.output import Reporter
 def show(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="An artifact directory written by any pflx command (--out).", show_default=False)],
     lineage: Annotated[bool, typer.Option("--lineage", help="Also list the chain of artifacts it came from, back to the datasets.")] = False,
-    plot: Annotated[bool, typer.Option("--plot", help="Redraw the stage's figure from the artifact's CSVs (partition: partition.png, train: curves.png, predict: clients.png) into --plot-dir.")] = False,
+    plot: Annotated[bool, typer.Option("--plot", help="Redraw the stage's figure from the artifact's CSVs (partition: partition.png, train: curves.png, predict and compare: clients.png) into --plot-dir.")] = False,
     plot_dir: Annotated[Path, typer.Option("--plot-dir", help="Where --plot writes NAME-partition.png / NAME-curves.png / NAME-clients.png (the artifact itself is never modified).")] = Path("."),
     fmt: FormatOpt = Format.human,
 ) -> None:
@@ -45,7 +45,7 @@ def _redraw(path: Path, stage: str, plot_dir: Path) -> Path:
     from pfl_cli.errors import InputError
 
     if stage not in FIGURES:
-        raise InputError(f"--plot draws partition, train and predict artifacts; {path} is a {stage} artifact.")
+        raise InputError(f"--plot draws partition, train, predict and compare artifacts; {path} is a {stage} artifact.")
     name, draw, sources = FIGURES[stage]
     plot_dir.mkdir(parents=True, exist_ok=True)
     return draw(*(path / s for s in sources), plot_dir / f"{path.resolve().name}-{name}")

@@ -123,6 +123,14 @@ def test_human_table_and_figure(root, tmp_path, capsys):
     assert "fedavg" in text and "local" in text and "n/a" in text
     png = (tmp_path / "t" / "clients.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # show: the rows as its headline, and --plot redraws the figure from clients.csv and table.json
+    rows = json.loads((tmp_path / "t" / "table.json").read_text())["rows"]
+    assert main(["show", tmp_path / "t", "--format", "json"]) == 0
+    headline = json.loads(capsys.readouterr().out)["headline"]
+    assert headline["local train"] == f"{100 * rows[2]['accuracy']:.1f} ± n/a % (1 seed)"
+    assert headline["fedavg train"].endswith("(2 seeds)")
+    assert main(["show", tmp_path / "t", "--plot", "--plot-dir", tmp_path / "figs", "--format", "quiet"]) == 0
+    assert (tmp_path / "figs" / "t-clients.png").read_bytes()[:8] == png[:8]
 
 
 def test_a_predict_run_alone_finds_its_model(root, tmp_path):

@@ -92,7 +92,7 @@ def test_train_and_predict_plots_are_redrawn_identically_from_the_csvs(cli, chai
 
 def test_plot_of_a_stage_without_a_figure_is_refused(cli, chain, tmp_path):
     run = cli("show", chain / "mdm", "--plot", "--plot-dir", tmp_path)
-    assert run.code == 2 and "--plot draws partition, train and predict artifacts" in run.err
+    assert run.code == 2 and "--plot draws partition, train, predict and compare artifacts" in run.err
     assert not list(tmp_path.iterdir())
 
 
