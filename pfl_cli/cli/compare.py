@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,8 +12,9 @@ from pfl_cli.cli.output import Reporter
 
 
 def compare_command(
-    runs: Annotated[list[Path], typer.Argument(metavar="RUN...", help="Train and predict artifacts (pflx train / pflx predict --clients holdout), all on one partition.", show_default=False)],
     out: OutOpt,
+    runs: Annotated[Optional[list[Path]], typer.Argument(metavar="[RUN]...", help="Train and predict artifacts (pflx train / pflx predict --clients holdout), all on one partition.", show_default=False)] = None,
+    spec: Annotated[Optional[Path], typer.Option("--spec", help="A YAML spec (partition, seeds, algorithms with their config files, e.g. a tune artifact's best.yaml): run its trainings (and predict on the new clients) first, into its runs: directory (default <out>-runs), then compare them with the RUNs.", show_default=False)] = None,
     nonprivate: Annotated[bool, typer.Option("--nonprivate", help="Accept --dp train runs (and predict runs of --dp models) through their nonprivate-clients.csv (train --write-nonprivate): accuracies on the private clients, not covered by DP. The table's files are then named nonprivate-*.")] = False,
     level: Annotated[float, typer.Option("--level", help="Confidence level of the Student-t interval over seeds.")] = 0.95,
     plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: per-client accuracy of every configuration, training and new clients, one box each (needs the plot extra).")] = False,
@@ -33,10 +34,11 @@ def compare_command(
     run (it releases no accuracy; see --nonprivate) are refused.
 
     Writes table.md, table.csv, table.json, clients.csv (every run's per-client accuracies) and,
-    with --plot, clients.png.
+    with --plot, clients.png. --spec FILE.yaml trains algorithms x seeds first (runs already there
+    with the same config are kept), then compares them.
 
-    Example: pflx compare runs/fedavg-s0 runs/fedavg-s1 runs/fedavg-s2 runs/pefll-s0 runs/pefll-s1
-    runs/pefll-s2 --out runs/table
+    Examples: pflx compare runs/fedavg-s0 runs/fedavg-s1 runs/fedavg-s2 runs/pefll-s0 runs/pefll-s1
+    runs/pefll-s2 --out runs/table ; pflx compare --spec spec.yaml --out runs/table
     """
     from pfl_cli.cli.compare_run import run_compare
 
@@ -44,4 +46,5 @@ def compare_command(
         from pfl_cli.cli.figures import require_matplotlib
 
         require_matplotlib("--plot")
-    run_compare(runs, out=out, nonprivate=nonprivate, level=level, plot=plot, force=force, report=Reporter(fmt))
+    run_compare(list(runs or ()), out=out, nonprivate=nonprivate, level=level, plot=plot, force=force,
+                report=Reporter(fmt), spec=spec)

@@ -16,13 +16,23 @@ from pfl_cli.cli.output import Reporter
 
 
 def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: float, plot: bool, force: bool,
-                report: Reporter) -> None:
+                report: Reporter, spec: Path | None = None) -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.compare import compare, read_runs
     from pfl_cli.compare.table import CLIENT_COLUMNS, CSV_COLUMNS
 
     config = {"level": level, "nonprivate": nonprivate, "plot": plot}
     ArtifactWriter(out, stage="compare", config=config, seed=None, force=force)  # --out problems first
+    if not runs and spec is None:
+        from pfl_cli.errors import InputError
+
+        raise InputError("RUN: give train or predict artifacts to compare, or --spec FILE.yaml to train them first.")
+    if spec is not None:
+        from pfl_cli.compare.spec import load_spec
+
+        parsed = load_spec(spec)
+        config["spec"] = parsed.to_dict()
+        runs = [*run_spec(parsed, out=out, force=force, report=report), *runs]
     groups = read_runs(runs, nonprivate=nonprivate)
     table = compare(groups, level=level)
     inputs = list({g.input_ref["sha256"]: dict(g.input_ref) for g in groups}.values())
@@ -43,6 +53,48 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
             comparison_boxes(writer.path(f"{prefix}clients.csv"), writer.path(f"{prefix}table.json"),
                              writer.path(f"{prefix}clients.png"))
     _print(report, out, table, prefix)
+
+
+def run_spec(spec, *, out: Path, force: bool, report: Reporter) -> list[Path]:
+    """Train every algorithm of ``spec`` with every seed (and predict its new clients), as `pflx train` and
+    `pflx predict --clients holdout --no-predictions` would; a run already there with the same config and
+    inputs is kept (nothing to do). Returns the artifact paths, train then predict, per algorithm and seed."""
+    import json
+
+    from pfl_cli.cli.common import stage_config, train_stage_config
+    from pfl_cli.cli.options import Format
+    from pfl_cli.cli.predict_run import run_predict
+    from pfl_cli.cli.train_run import run_train
+    from pfl_cli.config import load_config_file
+    from pfl_cli.fl.config import PredictConfig
+
+    root = spec.runs if spec.runs is not None else out.with_name(f"{out.name}-runs")
+    quiet = Reporter(Format.quiet)  # stdout stays the comparison's; one note per run on stderr
+    configs = []
+    for alg in spec.algorithms:  # every config resolved (and refused) before the first training
+        named = load_config_file(alg.config, "train").get("algorithm") if alg.config is not None else None
+        if named is not None and named != alg.name:
+            from pfl_cli.errors import ConfigError
+
+            raise ConfigError(f"--spec: algorithms.{alg.name}.config {alg.config} is a config of {named!r}; give "
+                              f"it under algorithms.{named}, or a config of {alg.name!r}.")
+        for seed in spec.seeds:
+            sets = [f"{k}={json.dumps(v)}" for k, v in alg.sets] + [f"seed={seed}"]
+            configs.append((alg.name, seed, train_stage_config(config_file=alg.config, flags={"algorithm": alg.name},
+                                                               sets=sets)))
+    predict_cfg = stage_config(PredictConfig, "predict", config_file=None,
+                               flags={"clients": "holdout", "predictions": False}, sets=None)
+    paths = []
+    for i, (name, seed, cfg) in enumerate(configs, start=1):
+        run = root / name / f"s{seed}"
+        report.note(f"compare --spec: train {name} seed {seed} -> {run} ({i}/{len(configs)})")
+        run_train(cfg, partition=spec.partition, out=run, resume=False, force=force, report=quiet)
+        paths.append(run)
+        if spec.new_clients:
+            new = run.with_name(f"s{seed}-new")
+            run_predict(predict_cfg, model=run, partition=spec.partition, out=new, force=force, report=quiet)
+            paths.append(new)
+    return paths
 
 
 def _print(report: Reporter, out: Path, table, prefix: str) -> None:

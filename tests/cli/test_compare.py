@@ -187,3 +187,46 @@ def test_dp_runs_only_with_nonprivate_and_named_so(root, tmp_path, cli):
     ref = client_accuracies(tmp_path / "dpw" / "nonprivate-clients.csv", role=0)
     dp_row = [r for r in doc["rows"] if r["group"] == "train" and r["runs"][0]["path"] == str(tmp_path / "dpw")]
     assert dp_row and dp_row[0]["accuracy"] == pytest.approx(float(np.nanmean(ref)), abs=1e-12)
+
+
+def test_spec_trains_algorithms_by_seeds_then_compares(root, tmp_path, capsys):
+    """A run's own config.yaml as the algorithm's config file (as a tune artifact's best.yaml would be): the spec's
+    trainings are byte-identical to the runs made by hand, so the table is theirs."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"partition: {root / 'part'}\nseeds: [0, 1]\nruns: {tmp_path / 'runs'}\nalgorithms:\n"
+                    f"  fedavg: {root / 'fedavg-s0' / 'config.yaml'}\n")
+    capsys.readouterr()
+    assert main(["compare", "--spec", spec, "--out", tmp_path / "t", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for seed in (0, 1):
+        for name in ("clients.csv", "metrics.csv", "model.pt"):
+            made, by_hand = tmp_path / "runs" / "fedavg" / f"s{seed}" / name, root / f"fedavg-s{seed}" / name
+            assert made.read_bytes() == by_hand.read_bytes(), name
+        assert (tmp_path / "runs" / "fedavg" / f"s{seed}-new" / "manifest.json").is_file()
+    assert main(["compare", root / "fedavg-s0", root / "fedavg-s1", root / "fedavg-s0-new", root / "fedavg-s1-new",
+                 "--out", tmp_path / "by-hand", "--format", "json"]) == 0
+    by_hand = json.loads(capsys.readouterr().out)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "runs"} for r in rows]  # noqa: E731
+    assert strip(doc["rows"]) == strip(by_hand["rows"])
+    manifest = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert manifest["config"]["spec"]["seeds"] == [0, 1]
+    # again: every run is up to date, and so is the table
+    assert main(["compare", "--spec", spec, "--out", tmp_path / "t", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["up_to_date"] is True
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("seeds: [0, 0]\nalgorithms: {fedavg: {}}", "seeds must be distinct"),
+    ("seeds: [0]\nalgorithms: {fedavg: {}}\nrounds: 3", "unknown key 'rounds'"),
+    ("seeds: [0]\nalgorithms: {fedavg: {set: {seed: 3}}}", "seed and algorithm come from the spec"),
+    ("seeds: [0]\nalgorithms: {fedavg: nosuch.yaml}", "algorithms.fedavg.config 'nosuch.yaml': no such file"),
+    ("seeds: [0]\nalgorithms: {local: CONFIG}", "is a config of 'fedavg'"),
+    ("seeds: [0]\nalgorithms: {fedavg: {set: {rounds: -1}}}", "rounds"),
+])
+def test_a_bad_spec_is_one_line_and_trains_nothing(root, tmp_path, cli, body, needle):
+    spec = tmp_path / "spec.yaml"
+    body = body.replace("CONFIG", str(root / "fedavg-s0" / "config.yaml"))
+    spec.write_text(f"partition: {root / 'part'}\nruns: {tmp_path / 'runs'}\n{body}\n")
+    result = cli("compare", "--spec", spec, "--out", tmp_path / "t")
+    assert result.code == 2 and needle in result.err and len(result.err.strip().splitlines()) == 1, result.err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "runs").exists()

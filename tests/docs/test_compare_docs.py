@@ -11,7 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 SMOKE = [(r"--rounds \d+", "--rounds 2"), (r"--eval-every \d+", "--eval-every 1"), (r"--local-epochs \d+",
-                                                                                    "--local-epochs 1")]
+                                                                                    "--local-epochs 1"),
+         (r"rounds: \d+", "rounds: 2"), (r"eval_every: \d+", "eval_every: 1"), (r"local_epochs: \d+", "local_epochs: 1")]
 
 
 @pytest.mark.slow
@@ -28,3 +29,5 @@ def test_the_compare_page_runs(tmp_path):
         assert r.returncode == 0, (body, r.stdout[-2000:], r.stderr[-2000:])
     assert "± " in (tmp_path / "runs" / "table" / "table.md").read_text()
     assert (tmp_path / "runs" / "table-fig" / "clients.png").is_file()
+    assert (tmp_path / "runs" / "spec-runs" / "local" / "s2-new" / "manifest.json").is_file()
+    assert "| local | new | 3 |" in (tmp_path / "runs" / "table-spec" / "table.md").read_text()

@@ -1,0 +1,129 @@
+"""A comparison spec: algorithms x seeds on one partition, each algorithm with its own config file
+(e.g. a tune artifact's ``best.yaml``), for ``pflx compare --spec``. Parsing and validation only;
+the command runs the trainings.
+
+::
+
+    partition: runs/part                 # the partition artifact every run trains on (required)
+    seeds: [0, 1, 2]                     # one training per algorithm and seed (required)
+    runs: runs/cmp-runs                  # where the train / predict artifacts go (default: <out>-runs)
+    new_clients: true                    # predict --clients holdout for every run (default true)
+    algorithms:                          # name -> config (required)
+      fedavg: runs/tune-fedavg/best.yaml           # a config file `train --config` takes
+      ditto: {config: runs/tune-ditto/best.yaml, set: {rounds: 300}}
+      local: {}                                    # the algorithm's defaults
+
+Relative paths are read from the working directory, as on the command line. Precedence per run:
+the algorithm's defaults < its config file < its ``set`` < the spec's seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from pfl_cli.errors import ConfigError
+
+KEYS = ("partition", "seeds", "runs", "new_clients", "algorithms")
+ALGORITHM_KEYS = ("config", "set")
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    name: str
+    config: Path | None               # a config file train --config takes
+    sets: tuple[tuple[str, Any], ...]  # key -> value, on top of the file
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    partition: Path
+    seeds: tuple[int, ...]
+    runs: Path | None
+    new_clients: bool
+    algorithms: tuple[AlgorithmSpec, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved spec, JSON-ready (recorded in the compare artifact's config)."""
+        return {"partition": str(self.partition), "seeds": list(self.seeds),
+                "runs": None if self.runs is None else str(self.runs), "new_clients": self.new_clients,
+                "algorithms": {a.name: {"config": None if a.config is None else str(a.config), "set": dict(a.sets)}
+                               for a in self.algorithms}}
+
+
+def _refuse(where: str, message: str) -> ConfigError:
+    return ConfigError(f"--spec {where}: {message}")
+
+
+def load_spec(path: str | Path) -> CompareSpec:
+    """Read and validate the spec file at ``path`` (ConfigError, exit 2, naming the key, otherwise)."""
+    import yaml
+
+    from pfl_cli import yaml12
+    from pfl_cli.artifacts import read_utf8
+
+    path = Path(path)
+    if not path.is_file():
+        raise _refuse(str(path), "no such file.")
+    try:
+        doc = yaml12.loads(read_utf8(path, "--spec", ConfigError))
+    except yaml.YAMLError as err:
+        raise _refuse(str(path), f"not valid YAML ({yaml12.describe_error(err)}).") from None
+    return parse_spec(doc, where=str(path))
+
+
+def parse_spec(doc: Any, *, where: str = "spec") -> CompareSpec:
+    """A :class:`CompareSpec` from the parsed YAML document ``doc``."""
+    if not isinstance(doc, Mapping):
+        raise _refuse(where, f"expected a mapping with {', '.join(KEYS)}; got {type(doc).__name__}.")
+    unknown = sorted(set(doc) - set(KEYS))
+    if unknown:
+        raise _refuse(where, f"unknown key {unknown[0]!r}; a spec has {', '.join(KEYS)}.")
+    for key in ("partition", "seeds", "algorithms"):
+        if key not in doc:
+            raise _refuse(where, f"missing key {key!r}.")
+    if not isinstance(doc["partition"], str) or not doc["partition"]:
+        raise _refuse(where, f"partition must name a partition artifact; got {doc['partition']!r}.")
+    seeds = doc["seeds"]
+    if (not isinstance(seeds, list) or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+        raise _refuse(where, f"seeds must be a non-empty list of integers >= 0; got {seeds!r}.")
+    if len(set(seeds)) != len(seeds):
+        raise _refuse(where, f"seeds must be distinct (each seed is one run); got {seeds!r}.")
+    runs = doc.get("runs")
+    if runs is not None and (not isinstance(runs, str) or not runs):
+        raise _refuse(where, f"runs must be a directory path; got {runs!r}.")
+    new_clients = doc.get("new_clients", True)
+    if not isinstance(new_clients, bool):
+        raise _refuse(where, f"new_clients must be true or false; got {new_clients!r}.")
+    algorithms = doc["algorithms"]
+    if not isinstance(algorithms, Mapping) or not algorithms:
+        raise _refuse(where, "algorithms must map each algorithm's name to its config file or {config, set}.")
+    parsed = []
+    for name, value in algorithms.items():
+        if not isinstance(name, str) or not name:
+            raise _refuse(where, f"algorithms: a name must be a string; got {name!r}.")
+        if value is None:
+            value = {}
+        if isinstance(value, str):
+            value = {"config": value}
+        if not isinstance(value, Mapping):
+            raise _refuse(where, f"algorithms.{name} must be a config file path or a mapping with config and set; "
+                          f"got {value!r}.")
+        bad = sorted(set(value) - set(ALGORITHM_KEYS))
+        if bad:
+            raise _refuse(where, f"algorithms.{name}: unknown key {bad[0]!r}; it takes config and set.")
+        config = value.get("config")
+        if config is not None:
+            if not isinstance(config, str) or not Path(config).is_file():
+                raise _refuse(where, f"algorithms.{name}.config {config!r}: no such file.")
+            config = Path(config)
+        sets = value.get("set") or {}
+        if not isinstance(sets, Mapping) or not all(isinstance(k, str) for k in sets):
+            raise _refuse(where, f"algorithms.{name}.set must map config keys to values; got {sets!r}.")
+        if "seed" in sets or "algorithm" in sets:
+            raise _refuse(where, f"algorithms.{name}.set: seed and algorithm come from the spec (seeds, the name).")
+        parsed.append(AlgorithmSpec(name=name, config=config, sets=tuple(sets.items())))
+    return CompareSpec(partition=Path(doc["partition"]), seeds=tuple(seeds), runs=None if runs is None else Path(runs),
+                       new_clients=new_clients, algorithms=tuple(parsed))
