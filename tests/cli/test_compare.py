@@ -177,6 +177,9 @@ def test_dp_runs_only_with_nonprivate_and_named_so(root, tmp_path, cli):
     assert main(["train", "--partition", root / "part", "--algorithm", "fedavg", "--out", tmp_path / "dpw", *FAST,
                  "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000,noise=seeded", "--set", "normalize=false",
                  "--write-nonprivate"]) == 0
+    # the fairness statistics, like every accuracy, only in the nonprivate file under --dp
+    assert "accuracy_std" not in (tmp_path / "dpw" / "metrics.json").read_text()
+    assert "accuracy_worst10" in json.loads((tmp_path / "dpw" / "nonprivate.json").read_text())["train"]
     result = cli("compare", tmp_path / "dpw", root / "fedavg-s1", "--nonprivate", "--out", tmp_path / "t")
     assert result.code == 0, result.err
     names = {p.name for p in (tmp_path / "t").iterdir()}
