@@ -1,4 +1,4 @@
-"""FedBABU, FedRoD, FedBN and FedALA (issue 35): their rounds against per-client references, resume, new clients, bad keys.
+"""FedBABU, FedRoD, FedBN, FedALA and FedDBE (issue 35): their rounds against per-client references, resume, new clients, bad keys.
 
 Each reference replays a round's random draws (same generator seed) one client at a time with
 plain torch (``torch.optim.SGD`` or hand-written steps) and compares the batched result.
@@ -22,7 +22,7 @@ from pfl_cli.registry import entries, train_config
 from pfl_cli.rng import make_rng
 from pflx_testing import replace, small_config
 
-NAMES = ("fedbabu", "fedrod", "fedbn", "fedala")
+NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe")
 BASE = small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
                     finetune_epochs=1, ala_max_start_epochs=6, ala_num_pre_loss=3)
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -367,8 +367,13 @@ def test_recorded_traffic_equals_the_floats_each_algorithm_reports(store, name):
         alg.run_round(t, c, gen(t))
         alg.traffic.close_round(len(c))
     s = alg.traffic.summary()
+    once = 0
+    if name == "feddbe":  # the initialization period: every labeled train client's mean up, the consensus down
+        n = int(store.labeled[store.clients(ROLE_TRAIN)].sum())
+        once = 2 * n * alg.net.prbm.numel()
+        assert s["messages"]["up"]["feature_mean"] == s["messages"]["down"]["global_mean"] == once / 2 / 7
     assert s["floats_down_per_client_round"] + s["floats_up_per_client_round"] == \
-        entries()[name].algorithm.floats_per_client_round(alg.arch)
+        entries()[name].algorithm.floats_per_client_round(alg.arch) + once / 7
     assert s["client_rounds"] == 7
 
 
@@ -378,6 +383,53 @@ def test_fedbabu_exchanges_the_body_alone(store):
     n_body = sum(alg.global_params[k].numel() for k in body)
     assert entries()["fedbabu"].algorithm.floats_per_client_round(alg.arch) == 2 * n_body
     assert n_body < sum(v.numel() for v in alg.global_params.values())
+
+
+# ----------------------------------------------------------------------------- FedDBE
+def test_dbe_steps_equal_the_per_client_loop(store):
+    """Cross-entropy of h(f(x) + z^p) plus kappa * mean(0.5 (zbar - zbar^g)^2), zbar the running feature mean."""
+    from pfl_cli.algorithms.feddbe import dbe_steps
+
+    alg = alg_for(store, algorithm="feddbe", momentum=0.0, client_clip=0.0)
+    c = cohort(store, 3)
+    start = {**{k: v.unsqueeze(0).repeat(len(c), *([1] * v.dim())) for k, v in alg.global_params.items()},
+             "prbm": 0.1 * torch.randn(len(c), alg.net.prbm.numel(), generator=gen(4))}
+    g_mean = torch.randn(alg.net.prbm.numel(), generator=gen(5))
+    kappa, mu, lr = 2.0, 0.5, alg.cfg.lr
+    steps, _ = alg.draw_batches(c, gen(), steps=4)
+    theta, running, _ = dbe_steps(alg.net, start, store, steps, g_mean, trainable=list(start), kappa=kappa,
+                                  momentum=mu, sgd=alg.sgd_update_options())
+    index, mask, _ = CohortBatches(store.fit, c, 4, alg.cfg.batch_size, gen()).materialize()
+    for i in range(len(c)):
+        p = {k: v[i].clone().requires_grad_(True) for k, v in start.items()}
+        opt = torch.optim.SGD(list(p.values()), lr=lr)
+        r = torch.zeros(alg.net.prbm.numel())
+        for s_ in range(index.shape[1]):
+            real = mask[i, s_] > 0
+            x, y = store.inputs(index[i, s_][real]), store.y[index[i, s_][real]]
+            logits, h = functional_call(alg.net, p, (x,), {"parts": True})
+            r = (1 - mu) * r.detach() + mu * h.mean(0)
+            loss = F.cross_entropy(logits, y) + kappa * (0.5 * (r - g_mean) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        for k in p:
+            torch.testing.assert_close(theta[k][i], p[k].detach(), **TOL, msg=k)
+        torch.testing.assert_close(running[i], r.detach(), **TOL)
+
+
+def test_feddbe_consensus_is_computed_once_and_resumed(store):
+    alg = alg_for(store, algorithm="feddbe")
+    assert alg.global_mean is None
+    alg.run_round(0, cohort(store), gen(0))
+    first = alg.global_mean.clone()
+    alg.run_round(1, cohort(store), gen(1))
+    assert torch.equal(alg.global_mean, first)
+    again = alg_for(store, algorithm="feddbe")
+    again.load_state(alg.state())
+    assert torch.equal(again.global_mean, first)
+    again.load_weights(alg.weights())
+    assert torch.equal(again.global_mean, first)
 
 
 @pytest.mark.parametrize("opts,message", [
@@ -390,6 +442,9 @@ def test_fedbabu_exchanges_the_body_alone(store):
     ({"algorithm": "fedala", "ala_threshold": -0.1}, "ala_threshold must be a finite number >= 0 for fedala"),
     ({"algorithm": "fedala", "ala_num_pre_loss": 0}, "ala_num_pre_loss must be an integer >= 1"),
     ({"algorithm": "fedala", "ala_max_start_epochs": 0}, "ala_max_start_epochs must be an integer >= 1"),
+    ({"algorithm": "feddbe", "dbe_kappa": -1.0}, "dbe_kappa must be a finite number >= 0 for feddbe; got -1.0"),
+    ({"algorithm": "feddbe", "dbe_momentum": 0.0}, "dbe_momentum must be a number in (0, 1] for feddbe; got 0.0"),
+    ({"algorithm": "feddbe", "new_client_epochs": -1}, "new_client_epochs must be an integer >= 0"),
 ])
 def test_bad_values_are_refused_naming_the_key(opts, message):
     name = opts.pop("algorithm")

@@ -1,4 +1,4 @@
-"""`pflx train` / `pflx predict` / `pflx algorithms` end to end with FedBABU, FedRoD, FedBN and FedALA (issue 35)."""
+"""`pflx train` / `pflx predict` / `pflx algorithms` end to end with FedBABU, FedRoD, FedBN, FedALA and FedDBE (issue 35)."""
 
 import json
 
@@ -11,8 +11,8 @@ from pfl_cli.cli.train_run import torch_bytes
 from pfl_cli.fl import train_federated
 from pflx_testing import cli_args, small_config
 
-NAMES = ("fedbabu", "fedrod", "fedbn", "fedala")
-PRIVATE = ("fedrod", "fedbn", "fedala")
+NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe")
+PRIVATE = ("fedrod", "fedbn", "fedala", "feddbe")
 FAST = ["--rounds", "12", "--eval-every", "6", "--local-steps", "3", "--lr", "0.05", "--clients-per-round", "16",
         "--set", "mlp_hidden=[16]", "--set", "new_client_epochs=2", "--set", "finetune_epochs=2",
         "--set", "ala_max_start_epochs=5"]
@@ -40,8 +40,9 @@ def load(path):
 @pytest.mark.parametrize("name", NAMES)
 def test_train_then_predict_train_and_new_clients(root, name):
     out = root / name
-    # a new FedBN client starts from untrained normalization weights: 2 epochs leave it near chance (its default: 20)
-    extra = ["--set", "new_client_epochs=20"] if name == "fedbn" else []
+    # new FedBN / FedDBE clients start from untrained normalization weights / a zero bias: 2 epochs leave them
+    # near chance (their default: 20)
+    extra = ["--set", "new_client_epochs=20"] if name in ("fedbn", "feddbe") else []
     assert main(["train", "--partition", str(root / "part"), "--algorithm", name, "--out", str(out),
                  "--format", "quiet", *FAST, *extra]) == 0
     metrics = load(out / "metrics.json")
@@ -50,7 +51,9 @@ def test_train_then_predict_train_and_new_clients(root, name):
     floats = metrics["communication"]["floats_down_per_client_round"] + \
         metrics["communication"]["floats_up_per_client_round"]
     payload = torch.load(out / "model.pt", weights_only=True)
-    assert floats == registry.get(name).algorithm.floats_per_client_round(payload["arch"])
+    # feddbe's one-time consensus (2 x 16 means of the 16-unit representation) on top of its rounds
+    once = 2 * 16 * 16 / metrics["communication"]["client_rounds"] if name == "feddbe" else 0
+    assert floats == pytest.approx(registry.get(name).algorithm.floats_per_client_round(payload["arch"]) + once)
     assert ("private" in payload["weights"]) == (name in PRIVATE)
     for clients in ("train", "holdout"):
         pred = root / f"{name}-{clients}"
@@ -83,6 +86,7 @@ def test_resumed_run_writes_the_same_model(digits_clients, name):
     (("--algorithm", "fedala", "--set", "ala_layers=0"), "ala_layers must be an integer >= 1 for fedala"),
     (("--algorithm", "fedrod", "--set", "ala_eta=1"), "unknown --set key 'ala_eta' for algorithm 'fedrod'"),
     (("--algorithm", "fedrod", "--dp", "eps=1"), "fedrod"),
+    (("--algorithm", "feddbe", "--set", "dbe_momentum=2"), "dbe_momentum must be a number in (0, 1] for feddbe"),
     (("--algorithm", "fedbn", "--set", "model_arch=mlp"), "model_arch: fedbn keeps the client net's normalization"),
     (("--algorithm", "fedavg", "--set", "model_arch=mlp-bn"), "model_arch 'mlp-bn' has batch-norm layers"),
 ])
@@ -101,5 +105,6 @@ def test_algorithms_lists_each_with_its_keys_and_sources(cli, name):
     doc = json.loads(cli("algorithms", name, "--format", "json").out)
     keys = {r["key"]: r for r in doc["keys"]}
     assert list(keys) == registry.get(name).keys
-    own = {"fedbabu": "finetune_epochs", "fedrod": "new_client_epochs", "fedbn": "model_arch", "fedala": "ala_eta"}[name]
+    own = {"fedbabu": "finetune_epochs", "fedrod": "new_client_epochs", "fedbn": "model_arch", "fedala": "ala_eta",
+           "feddbe": "dbe_kappa"}[name]
     assert keys[own]["source"] and keys[own]["source"] != "pflx"
