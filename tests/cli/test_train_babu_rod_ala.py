@@ -108,3 +108,31 @@ def test_algorithms_lists_each_with_its_keys_and_sources(cli, name):
     own = {"fedbabu": "finetune_epochs", "fedrod": "new_client_epochs", "fedbn": "model_arch", "fedala": "ala_eta",
            "feddbe": "dbe_kappa"}[name]
     assert keys[own]["source"] and keys[own]["source"] != "pflx"
+
+
+def test_fedbn_on_images_with_lenet_bn(tmp_path, cli):
+    """lenet-bn: LeNet with a BatchNorm after Conv1, Conv2, FC1 and FC2; its parameter count in metrics.json."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(10), 12)
+    x = (rng.integers(0, 96, size=(120, 1, 28, 28)) + 16 * y[:, None, None, None]).astype(np.uint8)
+    np.savez(tmp_path / "img.npz", x=x, y=y)
+    part, model, pred = tmp_path / "part", tmp_path / "fedbn", tmp_path / "pred"
+    assert cli("partition", "--dataset", f"npz:{tmp_path / 'img.npz'}", "--classes-per-client", "2",
+               "--class-shares", "equal", "--num-clients", "6", "--holdout-clients", "1", "--test-fraction", "0.25",
+               "--out", part, "--format", "quiet").code == 0
+    run = cli("train", "--partition", part, "--algorithm", "fedbn", "--set", "model_arch=lenet-bn", "--rounds", "2",
+              "--local-steps", "2", "--batch-size", "8", "--set", "new_client_epochs=1",
+              "--set", "eval_every=2", "--out", model, "--format", "quiet")
+    assert run.code == 0, run.err
+    metrics = json.loads((model / "metrics.json").read_text())
+    bn = 2 * (16 + 32 + 120 + 84)  # the normalization layers' weights and biases, kept on the clients
+    assert metrics["parameters"]["client"] == 120_332 + 85 * 10 - 800 + bn  # Table B.1's LeNet, 1 channel, + BN
+    payload = torch.load(model / "model.pt", weights_only=True)
+    assert payload["arch"]["client"]["arch"] == "lenet-bn"
+    assert set(payload["weights"]["private"]["values"]) == {f"bn{i}.{k}" for i in range(1, 5)
+                                                            for k in ("weight", "bias", "running_mean", "running_var")}
+    out = cli("predict", "--model", model, "--partition", part, "--clients", "holdout", "--out", pred,
+              "--format", "quiet")
+    assert out.code == 0, out.err
