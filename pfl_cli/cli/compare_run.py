@@ -23,6 +23,10 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
 
     config = {"level": level, "nonprivate": nonprivate, "plot": plot}
     ArtifactWriter(out, stage="compare", config=config, seed=None, force=force)  # --out problems first
+    if not 0.0 < level < 1.0:
+        from pfl_cli.errors import ConfigError
+
+        raise ConfigError(f"--level must be in (0, 1); got {level!r}.")
     if not runs and spec is None:
         from pfl_cli.errors import InputError
 

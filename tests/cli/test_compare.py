@@ -233,3 +233,31 @@ def test_a_bad_spec_is_one_line_and_trains_nothing(root, tmp_path, cli, body, ne
     result = cli("compare", "--spec", spec, "--out", tmp_path / "t")
     assert result.code == 2 and needle in result.err and len(result.err.strip().splitlines()) == 1, result.err
     assert not (tmp_path / "t").exists() and not (tmp_path / "runs").exists()
+
+
+def _subprocess(args, tmp_path, *, pythonpath=None):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom pfl_cli.cli.app import main\nrc = main(sys.argv[1:])\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\nsys.exit(rc)\n")
+    env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)
+
+
+def test_compare_reads_files_only_never_torch(root, tmp_path):
+    proc = _subprocess(["compare", root / "fedavg-s0", root / "fedavg-s0-new", "--out", tmp_path / "t",
+                        "--format", "quiet"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "NO-TORCH"
+
+
+def test_compare_plot_refused_before_any_work_without_matplotlib(root, tmp_path):
+    (tmp_path / "hide").mkdir()
+    (tmp_path / "hide" / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    proc = _subprocess(["compare", root / "fedavg-s0", "--plot", "--out", tmp_path / "t"], tmp_path,
+                       pythonpath=tmp_path / "hide")
+    assert proc.returncode == 2 and "install the plot extra" in proc.stderr
+    assert not (tmp_path / "t").exists()
