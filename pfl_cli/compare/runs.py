@@ -236,12 +236,7 @@ def _check_unique(groups: Sequence[ClientGroup]) -> None:
     seen: dict[tuple, ClientGroup] = {}
     settings: dict[str, ClientGroup] = {}
     for g in groups:
-        where = (g.key, g.group, g.source, g.seed)
-        if where in seen:
-            raise _refuse(g.path, f"seed {g.seed} of this {g.algorithm} configuration is already given by RUN "
-                          f"{seen[where].path}; give each seed of a configuration once (train --seed).")
-        seen[where] = g
-        if g.source == "predict":
+        if g.source == "predict":  # first: two predict settings of one model would also read as a repeated seed
             other = settings.setdefault(g.key, g)
             if canonical_json(dict(other.predict_config or {})) != canonical_json(dict(g.predict_config or {})):
                 differ = sorted(k for k in {**(other.predict_config or {}), **(g.predict_config or {})}
@@ -249,3 +244,8 @@ def _check_unique(groups: Sequence[ClientGroup]) -> None:
                 raise _refuse(g.path, f"its predict settings differ from those of RUN {other.path} for the same "
                               f"{g.algorithm} configuration ({', '.join(differ)}); compare one predict setting per "
                               "training configuration.")
+        where = (g.key, g.group, g.source, g.seed)
+        if where in seen:
+            raise _refuse(g.path, f"seed {g.seed} of this {g.algorithm} configuration is already given by RUN "
+                          f"{seen[where].path}; give each seed of a configuration once (train --seed).")
+        seen[where] = g

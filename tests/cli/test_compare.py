@@ -165,6 +165,14 @@ def test_a_predict_run_of_train_clients_is_refused(root, tmp_path, cli):
     assert not (tmp_path / "t").exists()
 
 
+def test_two_predict_settings_of_one_configuration_are_refused(root, tmp_path, cli):
+    assert main(["predict", "--model", root / "fedavg-s1", "--partition", root / "part", "--finetune-steps", "2",
+                 "--no-predictions", "--out", tmp_path / "ft", "--format", "quiet"]) == 0
+    result = cli("compare", root / "fedavg-s0-new", tmp_path / "ft", "--out", tmp_path / "t")
+    assert result.code == 2 and "its predict settings differ" in result.err and "(finetune_steps)" in result.err
+    assert not (tmp_path / "t").exists()
+
+
 def test_dp_runs_only_with_nonprivate_and_named_so(root, tmp_path, cli):
     dp = tmp_path / "dp"
     assert main(["train", "--partition", root / "part", "--algorithm", "fedavg", "--out", dp, *FAST,
