@@ -54,7 +54,7 @@ class DBENet(nn.Module):
                              f"the {type(net).__name__} net has no features() / linear head(). Use --set "
                              "model_arch=mlp or lenet.")
         self.net = net
-        self.prbm = nn.Parameter(torch.zeros(head().in_features))
+        self.prbm = nn.Parameter(torch.zeros(head().in_features, device=head().weight.device))
 
     def forward(self, x, parts: bool = False):
         h = self.net.features(x)
