@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -58,6 +59,21 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
+def run_name(source: Path) -> str:
+    """The run a figure is drawn for: the name of the artifact directory holding ``source``, also while its
+    writer still builds it in the temporary sibling ``.NAME.tmp-XXXX`` (``train --plot``, ``predict --plot``)."""
+    folder = Path(source).absolute().parent.name
+    match = re.fullmatch(r"\.(.+)\.tmp-\w+", folder)
+    return match.group(1) if match else folder
+
+
+def _integer_rounds(ax) -> None:
+    """Round numbers on the x axis are whole (two evaluations would otherwise get ticks at 1.2, 1.4, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+
+
 def read_history(metrics_csv: Path) -> dict[tuple[str, str], tuple[list[int], list[float]]]:
     """``metrics.csv`` (round, group, metric, value) as (group, metric) -> (rounds, values)."""
     series: dict[tuple[str, str], tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
@@ -95,16 +111,18 @@ def training_curves(metrics_csv: Path, metrics_json: Path, out: Path) -> Path:
     for ax in (acc_ax, loss_ax):
         if best is not None:
             ax.axvline(best, color="tab:red", ls=":", lw=1.5, label=f"selected round {best}")
+        _integer_rounds(ax)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     kind = "with label masking" if metric.endswith("_lm") else "no label masking"
     acc_ax.set_ylabel("accuracy (%), mean over clients")
-    acc_ax.set_title(f"{meta.get('algorithm', '?')}: accuracy ({kind})")
+    run = f"{run_name(metrics_csv)} ({meta.get('algorithm', '?')})"  # the run: two runs of one algorithm differ
+    acc_ax.set_title(f"{run}: accuracy ({kind})")
     if losses and min(losses) > 0:
         loss_ax.set_yscale("log")  # the cohort's training loss and the test losses differ by orders of magnitude
     loss_ax.set_ylabel("cross-entropy loss (log scale)" if loss_ax.get_yscale() == "log" else "cross-entropy loss")
-    loss_ax.set_title(f"{meta.get('algorithm', '?')}: loss")
+    loss_ax.set_title(f"{run}: loss")
     _save(fig, out)
     return out
 
@@ -116,8 +134,7 @@ def client_accuracy_histogram(clients_csv: Path, metrics_json: Path, out: Path) 
     with open(clients_csv, newline="") as fh:
         rows = list(csv.DictReader(fh))
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    bins = [i * 5 for i in range(21)]
-    series, labels, colours = [], [], []
+    series, labels, colours, means = [], [], [], []
     for column, label, colour in (("accuracy", "no label masking", "tab:blue"),
                                   ("accuracy_lm", "label masking", "tab:orange")):
         values = [100 * float(r[column]) for r in rows if r.get(column) not in (None, "")]
@@ -126,7 +143,14 @@ def client_accuracy_histogram(clients_csv: Path, metrics_json: Path, out: Path) 
             series.append(values)
             labels.append(f"{label} (mean {mean:.1f}%)")
             colours.append(colour)
-            ax.axvline(mean, color=colour, ls="--", lw=1.5)
+            means.append((mean, colour))
+    # The axis spans the clients' accuracies (from a multiple of 10 below the lowest, to 100), in 20 bins:
+    # clients between 80 and 100 % would otherwise share four bars at the right fifth of a 0-100 axis.
+    low = min((min(v) for v in series), default=0.0)
+    start = max(0.0, 10.0 * (low // 10.0) - (10.0 if low % 10.0 < 2.5 else 0.0))
+    bins = [start + i * (100.0 - start) / 20 for i in range(21)]
+    for mean, colour in means:
+        ax.axvline(mean, color=colour, ls="--", lw=1.5)
     if series:  # side-by-side bars, opaque: every colour drawn is one the legend names
         ax.hist(series, bins=bins, color=colours, edgecolor="white", label=labels)
     ax.set_xlabel("test accuracy of a client (%)")
@@ -134,8 +158,9 @@ def client_accuracy_histogram(clients_csv: Path, metrics_json: Path, out: Path) 
     from matplotlib.ticker import MaxNLocator
 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlim(0, 100)
-    ax.set_title(f"{meta.get('algorithm', '?')}: per-client accuracy of {len(rows)} {meta.get('clients', '')} clients")
+    ax.set_xlim(start, 100)
+    ax.set_title(f"{run_name(clients_csv)} ({meta.get('algorithm', '?')}): per-client accuracy of {len(rows)} "
+                 f"{meta.get('clients', '')} clients")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
     _save(fig, out)
@@ -153,9 +178,17 @@ def partition_heatmap(stats_csv: Path, stats_json: Path, out: Path) -> Path:
     hist = [[int(r[c]) for c in classes] for r in rows]
     fig, ax = plt.subplots(figsize=(8, max(3.0, min(12.0, 0.12 * len(rows) + 2))))
     image = ax.imshow(hist, aspect="auto", interpolation="nearest", cmap="viridis")
+    trained = sum(1 for r in rows if int(r["role"]) == 0)
+    if 0 < trained < len(rows):  # where the train clients end and the holdout clients begin
+        ax.axhline(trained - 0.5, color="white", lw=2)
+        ax.text(0.01, trained - 0.5, "holdout clients", color="white", fontsize=8, va="top", ha="left",
+                transform=ax.get_yaxis_transform())
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # client rows, not 2.5
     ax.set_xlabel("class")
-    ax.set_ylabel("client (train clients, then holdout)")
-    ax.set_title(f"train samples per client and class ({len(rows)} clients)")
+    ax.set_ylabel(f"client ({trained} train clients, then {len(rows) - trained} holdout)")
+    ax.set_title(f"{run_name(stats_csv)}: train samples per client and class ({len(rows)} clients)")
     fig.colorbar(image, ax=ax, label="samples")
     _save(fig, out)
     return out

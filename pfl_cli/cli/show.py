@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -15,7 +15,7 @@ def show(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="An artifact directory written by any pflx command (--out).", show_default=False)],
     lineage: Annotated[bool, typer.Option("--lineage", help="Also list the chain of artifacts it came from, back to the datasets.")] = False,
     plot: Annotated[bool, typer.Option("--plot", help="Redraw the stage's figure from the artifact's CSVs (partition: partition.png, train: curves.png, predict and compare: clients.png) into --plot-dir.")] = False,
-    plot_dir: Annotated[Path, typer.Option("--plot-dir", help="Where --plot writes NAME-partition.png / NAME-curves.png / NAME-clients.png (the artifact itself is never modified).")] = Path("."),
+    plot_dir: Annotated[Optional[Path], typer.Option("--plot-dir", help="Where --plot writes NAME-partition.png / NAME-curves.png / NAME-clients.png (default: beside the artifact, in its parent directory; the artifact itself is never modified). A different figure already there is not overwritten.", show_default=False)] = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
     """Show an artifact: stage, version, config, inputs (with their stages, still matching or not),
@@ -40,15 +40,33 @@ def show(
     report.result(doc, *_tables(doc))
 
 
-def _redraw(path: Path, stage: str, plot_dir: Path) -> Path:
+def _redraw(path: Path, stage: str, plot_dir: Path | None) -> Path:
+    """Draw the stage's figure to ``plot_dir``/NAME-FIGURE (default: beside the artifact). A file already there
+    is replaced only by the same bytes: two runs of one name (runs/s0/pefll, runs/s1/pefll) drawn into one
+    --plot-dir would otherwise overwrite each other's figure silently."""
+    import os
+    import tempfile
+
     from pfl_cli.cli.figures import FIGURES
     from pfl_cli.errors import InputError
 
     if stage not in FIGURES:
         raise InputError(f"--plot draws partition, train, predict and compare artifacts; {path} is a {stage} artifact.")
     name, draw, sources = FIGURES[stage]
+    plot_dir = path.resolve().parent if plot_dir is None else plot_dir
     plot_dir.mkdir(parents=True, exist_ok=True)
-    return draw(*(path / s for s in sources), plot_dir / f"{path.resolve().name}-{name}")
+    target = plot_dir / f"{path.resolve().name}-{name}"
+    fd, scratch = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=plot_dir)
+    os.close(fd)
+    try:
+        draw(*(path / s for s in sources), Path(scratch))
+        if target.exists() and target.read_bytes() != Path(scratch).read_bytes():
+            raise InputError(f"--plot-dir {plot_dir}: {target.name} is already there and is another figure (of "
+                             "another run of that name, or an older one); remove it or pass another --plot-dir.")
+        os.replace(scratch, target)
+    finally:
+        Path(scratch).unlink(missing_ok=True)
+    return target
 
 
 def _fmt(value: Any) -> str:

@@ -90,6 +90,30 @@ def test_train_and_predict_plots_are_redrawn_identically_from_the_csvs(cli, chai
         assert redrawn.read_bytes() == (chain / name / figure).read_bytes()
 
 
+def test_show_plot_writes_beside_the_artifact_and_never_over_another_runs_figure(cli, chain, tmp_path):
+    # Issue 34, item 14: by default the figure goes beside the artifact, not into the current directory;
+    # a second run of the same name drawn into the same --plot-dir is refused, not silently overwritten.
+    import shutil
+
+    shutil.copytree(chain / "train", tmp_path / "a" / "train")
+    doc = _show(cli, tmp_path / "a" / "train", "--plot")
+    assert doc["figure"] == str((tmp_path / "a" / "train-curves.png").resolve())
+    figs = tmp_path / "figs"
+    _show(cli, chain / "train", "--plot", "--plot-dir", figs)
+    again = _show(cli, chain / "train", "--plot", "--plot-dir", figs)  # the same figure again: fine
+    assert again["figure"] == str(figs / "train-curves.png")
+    before = (figs / "train-curves.png").read_bytes()
+    (tmp_path / "b").mkdir()
+    from pfl_cli.cli.app import main
+
+    assert main(["train", "--partition", str(chain / "part"), *FAST_TRAIN, "--seed", "1",
+                 "--out", str(tmp_path / "b" / "train"), "--format", "quiet"]) == 0
+    run = cli("show", tmp_path / "b" / "train", "--plot", "--plot-dir", figs)
+    assert run.code == 2 and "train-curves.png is already there and is another figure" in run.err
+    assert (figs / "train-curves.png").read_bytes() == before
+    assert sorted(p.name for p in figs.iterdir()) == ["train-curves.png"]  # no scratch file left
+
+
 def test_plot_of_a_stage_without_a_figure_is_refused(cli, chain, tmp_path):
     run = cli("show", chain / "mdm", "--plot", "--plot-dir", tmp_path)
     assert run.code == 2 and "--plot draws partition, train, predict and compare artifacts" in run.err
