@@ -55,6 +55,11 @@ class FedTTAConfig(FedAvgRoundConfig):
     batch_size: int = key(50, "client minibatch size B", "thesis C.1.2: B = 50 (20 on FEMNIST)")
     local_epochs: Optional[int] = key(1, "epochs of local SGD per round instead of local_steps (null: steps)",
                                       "thesis C.1.2: E = 1")
+    # As FLowDUP's (pfl_cli/algorithms/flowdup.py): the thesis tunes eta_l and prints no value; 2e-3 stayed at
+    # chance with E = 1; the lr study of benchmarks/flowdup_unlabeled.py picked 0.3 in 3 of its 4 settings.
+    lr: float = key(0.3, "client SGD step size",
+                    "lr study of benchmarks/flowdup_unlabeled.py (thesis C.1.2: eta_l tuned on validation clients); "
+                    "docs/algorithms/defaults.md")
     adapt_lr: float = key(0.1, "alpha: step size of the adaptation steps on the learned loss",
                           "thesis C.1.2: tuned on validation clients (the adaptive learning rate)")
     adapt_steps: int = key(1, "adaptation steps: inside every training step and for a new client",

@@ -79,6 +79,14 @@ class LDFedAvgConfig(TrainConfig):
     local_steps: int = key(50, "client SGD steps per round (when local_epochs is null)")
     local_epochs: Optional[int] = key(1, "epochs of local SGD per round instead of local_steps (null: steps)",
                                       f"{T} C.1.2: E = 1")
+    # The thesis tunes eta_l (C.1.2) and prints no value. TrainConfig's 2e-3 (PeFLL's, for 50 local steps) left
+    # these E = 1 runs, one or two steps a round, at chance (issue 33: 7.8 % after 300 rounds). 0.3 is the
+    # value the lr study over {0.1, 0.3, 1.0} on validation clients picked (benchmarks/flowdup_unlabeled.py
+    # --tune: FLowDUP in 4 of 4 settings, LD-FedAvg in 2), and it learns on every task of
+    # tests/algorithms/test_defaults_learn.py (docs/algorithms/defaults.md).
+    lr: float = key(0.3, "eta_l: client SGD step size on the mean loss",
+                    "lr study of benchmarks/flowdup_unlabeled.py (thesis C.1.2: eta_l tuned on validation clients); "
+                    "docs/algorithms/defaults.md")
     server_lr: float = key(1.0, "eta_g: server step on the mean update", f"{T} Alg. 9")
     server_optimizer: str = key("sgd", "GradientUpdate of Alg. 9: sgd (psi + eta_g mean change) | adam (Adam on "
                                 "minus the mean change)", f"{T} Alg. 9: any optimizer", choices=("sgd", "adam"))
@@ -193,7 +201,12 @@ class LDFedAvg(Algorithm):
         else:
             for k in self.psi:  # Alg. 9: psi <- psi + eta_g mean_i (psi_i - psi)
                 self.psi[k] = self.psi[k] + lr * mean_change[k]
-        return loss
+        # The reported loss is L of eq. 5.5, defined on labeled clients only: an unlabeled client's L is 0 by
+        # convention, and averaging those zeros in made the progress line read p/alpha x the real loss (issue 33).
+        import torch
+
+        labeled = torch.as_tensor(self.store.labeled, device=cohort.device)[cohort].to(loss.device)
+        return loss[labeled]
 
     def _server_adam(self, mean_change: dict, lr: float, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
         """Alg. 9's GradientUpdate as Adam (Kingma & Ba, Alg. 1) on the pseudo-gradient -mean change."""
@@ -330,14 +343,27 @@ class FLowDUP(LDFedAvg):
         return (v - psi["psi_r"]).pow(2).sum(-1)  # eq. 5.6
 
     def sample_cohort(self, train_clients, count: int, gen):
-        """Alg. 9: round(alpha c) labeled clients and the rest unlabeled, each uniformly without replacement."""
+        """Alg. 9 line 4: a cohort "with fraction alpha labeled", each part uniformly without replacement.
+
+        round(alpha c) labeled clients and c - round(alpha c) unlabeled ones. When fewer labeled clients
+        exist than round(alpha c) (a low label prevalence p, or a cohort as large as the population), the
+        unlabeled part shrinks with them so the labeled share stays alpha: filling the cohort with unlabeled
+        clients instead made it p, and the mean change of Alg. 9 line 10 carried p / alpha of the label
+        signal (issue 33: 12 labeled of 60 train clients, a fifth of it). When unlabeled clients run short,
+        labeled ones fill the cohort.
+        """
         import torch
 
         labeled = torch.as_tensor(self.store.labeled, device=train_clients.device)[train_clients]
         pools = train_clients[labeled], train_clients[~labeled]
         count = min(count, len(train_clients))
-        want_l = int(round(self.cfg.labeled_rate * count))
-        n_l = min(len(pools[0]), max(want_l, count - len(pools[1])))
+        alpha = self.cfg.labeled_rate
+        want_l = int(round(alpha * count))
+        if 0 < len(pools[0]) < want_l:
+            n_l = len(pools[0])
+            count = n_l + min(len(pools[1]), int(round(n_l * (1.0 - alpha) / alpha)))
+        else:
+            n_l = min(len(pools[0]), max(want_l, count - len(pools[1])))
         picks = [pool[torch.randperm(len(pool), generator=gen)[:n].to(pool.device)]
                  for pool, n in zip(pools, (n_l, count - n_l))]
         return torch.cat(picks)

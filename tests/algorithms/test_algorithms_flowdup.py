@@ -137,6 +137,27 @@ def test_cohorts_draw_alpha_labeled_clients(store):
     assert store.labeled[ld.sample_cohort(train, 6, torch.Generator().manual_seed(0)).numpy()].all()
 
 
+def test_few_labeled_clients_keep_the_cohorts_labeled_share_alpha_and_the_loss_reads_them_only(digits_clients):
+    """Alg. 9 line 4: "with fraction alpha labeled" also when the labeled pool is short (issue 33: 12 labeled
+    train clients of 60 in a cohort of 100 gave a labeled share of p = 0.2, not alpha = 0.9, and a progress loss
+    of 0.2 x L from the unlabeled clients' zeros)."""
+    ds, part = digits_clients
+    labeled = np.zeros(part.num_clients, dtype=np.uint8)
+    labeled[np.flatnonzero(part.role == 0)[:3]] = 1  # 3 labeled train clients; the 13 others have no labels
+    few = build_store(ds.x, ds.y, ds.num_classes, replace(part, labeled=labeled), val_fraction=0.0, rng=None,
+                      device="cpu")
+    train = torch.as_tensor(few.clients(0))
+    alg = FLowDUP(small_config(**SMALL, labeled_rate=0.75), few)
+    cohort = alg.sample_cohort(train, 100, torch.Generator().manual_seed(0))
+    # every labeled client, and round(3 * 0.25 / 0.75) = 1 unlabeled one: share 3/4 = alpha, not 3/16
+    assert len(set(cohort.tolist())) == 4 and int(few.labeled[cohort.numpy()].sum()) == 3
+    loss = alg.run_round(0, cohort, torch.Generator().manual_seed(1))
+    assert loss.shape == (3,) and bool((loss > 0.5).all())  # L of the labeled clients only, none of the zeros
+    # enough labeled clients: round(alpha c) of them, the rest unlabeled, as before
+    cohort = alg.sample_cohort(train, 4, torch.Generator().manual_seed(0))
+    assert len(cohort) == 4 and int(few.labeled[cohort.numpy()].sum()) == 3
+
+
 def test_prediction_is_one_forward_pass_from_unlabeled_data(store):
     from pfl_cli.fl.api import count_optimizer_steps
 
