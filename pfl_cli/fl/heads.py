@@ -53,13 +53,19 @@ class TwoHeadNet(nn.Module):
         return (g, p) if parts else g.detach() + p
 
 
-def balanced_log_prior(store, clients):
-    """log N_{i,c}: each client's count of fit samples of every class (c, C); absent classes -> -1e4."""
+def class_counts(store, clients):
+    """N_{i,c}: each client's count of labeled fit samples of every class, (c, C) float."""
     index, length = store.fit.rows(clients)
     y = store.y[index]
     real = (torch.arange(index.shape[1], device=index.device)[None, :] < length[:, None]) & (y >= 0)
     counts = torch.zeros(index.shape[0], store.num_classes, device=index.device)
     counts.scatter_add_(1, y.clamp_min(0), real.to(counts.dtype))
+    return counts
+
+
+def balanced_log_prior(store, clients):
+    """log N_{i,c}: each client's count of fit samples of every class (c, C); absent classes -> -1e4."""
+    counts = class_counts(store, clients)
     return torch.where(counts > 0, counts.clamp_min(1.0).log(), torch.full_like(counts, ABSENT_LOG_PRIOR))
 
 

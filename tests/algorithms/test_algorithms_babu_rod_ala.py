@@ -1,4 +1,4 @@
-"""FedBABU, FedRoD, FedBN, FedALA and FedDBE (issue 35): their rounds against per-client references, resume, new clients, bad keys.
+"""FedBABU, FedRoD, FedBN, FedALA, FedDBE and GPFL (issue 35): their rounds against per-client references, resume, new clients, bad keys.
 
 Each reference replays a round's random draws (same generator seed) one client at a time with
 plain torch (``torch.optim.SGD`` or hand-written steps) and compares the batched result.
@@ -22,7 +22,7 @@ from pfl_cli.registry import entries, train_config
 from pfl_cli.rng import make_rng
 from pflx_testing import replace, small_config
 
-NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe")
+NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe", "gpfl")
 BASE = small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
                     finetune_epochs=1, ala_max_start_epochs=6, ala_num_pre_loss=3)
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -432,6 +432,40 @@ def test_feddbe_consensus_is_computed_once_and_resumed(store):
     assert torch.equal(again.global_mean, first)
 
 
+# ----------------------------------------------------------------------------- GPFL
+def test_gpfl_round_equals_the_per_client_loop(store):
+    """CE(h(f_P)) + CE over cosines to the GCE + lambda ||f_G - e_y||, two SGD optimizers (GCE and CoV decayed)."""
+    alg = alg_for(store, algorithm="gpfl", momentum=0.0, client_clip=0.0, gpfl_lambda=0.5, gpfl_mu=0.2)
+    c = cohort(store)
+    start = {**{k: v.unsqueeze(0).repeat(len(c), *([1] * v.dim())) for k, v in alg.global_params.items()},
+             **alg.private.gather(c)}
+    index, mask, _ = CohortBatches(store.fit, c, alg.cfg.local_steps, alg.cfg.batch_size, gen()).materialize()
+    gce0 = alg.global_params["gce.weight"]
+    refs = []
+    for i, client in enumerate(c.tolist()):
+        ys = store.y[store.fit.index[client, :int(store.fit.length[client])]]
+        pi = torch.bincount(ys, minlength=10).float() / len(ys)
+        ctx = {"context_p": pi @ gce0, "context_g": gce0.mean(0)}
+        p = {k: v[i].clone().requires_grad_(True) for k, v in start.items()}
+        decayed = [k for k in p if k.startswith(("cov_", "gce."))]
+        opt = torch.optim.SGD([p[k] for k in p if k not in decayed], lr=alg.cfg.lr)
+        opt_d = torch.optim.SGD([p[k] for k in decayed], lr=alg.cfg.lr, weight_decay=0.2)
+        for s_ in range(index.shape[1]):
+            real = mask[i, s_] > 0
+            x, y = store.inputs(index[i, s_][real]), store.y[index[i, s_][real]]
+            logits, feat_g = functional_call(alg.net, {**p, **ctx}, (x,), {"parts": True})
+            cos = F.normalize(feat_g) @ F.normalize(p["gce.weight"]).T
+            loss = F.cross_entropy(logits, y) + F.cross_entropy(cos, y) + 0.5 * torch.norm(feat_g - gce0[y], 2)
+            opt.zero_grad(), opt_d.zero_grad()
+            loss.backward()
+            opt.step(), opt_d.step()
+        refs.append({k: v.detach() for k, v in p.items()})
+    alg.run_round(0, c, gen())
+    ref = {k: torch.stack([r[k] for r in refs]) for k in refs[0]}
+    close(alg.global_params, mean(store, c, {k: ref[k] for k in alg.shared}))
+    close(alg.private.gather(c), {k: ref[k] for k in alg.head})
+
+
 @pytest.mark.parametrize("opts,message", [
     ({"algorithm": "fedbabu", "finetune_epochs": -1}, "finetune_epochs must be an integer >= 0 for fedbabu"),
     ({"algorithm": "fedrod", "new_client_epochs": -2}, "new_client_epochs must be an integer >= 0"),
@@ -445,6 +479,8 @@ def test_feddbe_consensus_is_computed_once_and_resumed(store):
     ({"algorithm": "feddbe", "dbe_kappa": -1.0}, "dbe_kappa must be a finite number >= 0 for feddbe; got -1.0"),
     ({"algorithm": "feddbe", "dbe_momentum": 0.0}, "dbe_momentum must be a number in (0, 1] for feddbe; got 0.0"),
     ({"algorithm": "feddbe", "new_client_epochs": -1}, "new_client_epochs must be an integer >= 0"),
+    ({"algorithm": "gpfl", "gpfl_lambda": -0.1}, "gpfl_lambda must be a finite number >= 0 for gpfl; got -0.1"),
+    ({"algorithm": "gpfl", "gpfl_mu": float("inf")}, "gpfl_mu must be a finite number"),
 ])
 def test_bad_values_are_refused_naming_the_key(opts, message):
     name = opts.pop("algorithm")

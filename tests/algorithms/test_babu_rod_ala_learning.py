@@ -1,4 +1,4 @@
-"""Learning test (slow tier): FedBABU, FedRoD, FedBN, FedALA and FedDBE beat FedAvg's training clients where personalization is needed.
+"""Learning test (slow tier): FedBABU, FedRoD, FedBN, FedALA, FedDBE and GPFL beat FedAvg's training clients where personalization is needed.
 
 The ring task (``pfl_cli.data.ring``) with two classes a client: one global model is capped near the
 10-way Bayes accuracy (~47%), a client that knows its 2 classes can reach ~89%, so the gap is the
@@ -19,7 +19,7 @@ from pflx_testing import replace, small_config
 
 BASE = small_config(rounds=200, eval_every=50, clients_per_round=10, local_steps=20, lr=0.05, new_client_epochs=10,
                     finetune_epochs=5)
-METHODS = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe")
+METHODS = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe", "gpfl")
 MARGIN = 0.10
 
 
