@@ -57,25 +57,25 @@ def _study(data, cfg, params, *, sampler, pruner, stop_at: float | None = None):
     from pfl_cli.tune.study import Objective, TrialFailed, make_pruner, make_sampler
 
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, params, seed=cfg.seed),
-                                pruner=make_pruner(pruner))
+                                pruner=make_pruner(pruner, rounds=cfg.rounds))
     objective = Objective(data, cfg, params, group="train", metric="mean_accuracy")
-    spent, reached = 0.0, None
-    for _ in range(24):
-        trial = study.ask()
+    spent, reached = [0.0], [None]
+
+    def timed(trial) -> float:  # CPU of this process while the trial trains (pruned trials stop early)
         start = time.process_time()
         try:
-            value = objective(trial)
-            study.tell(trial, value)
-        except optuna.TrialPruned:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            value = None
-        except TrialFailed:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            value = None
-        spent += time.process_time() - start
-        if stop_at is not None and value is not None and value >= stop_at - TOLERANCE and reached is None:
-            reached = spent
-            break
+            return objective(trial)
+        finally:
+            spent[0] += time.process_time() - start
+
+    def stop_when_reached(study_, trial) -> None:
+        if stop_at is not None and trial.value is not None and trial.state.name == "COMPLETE" \
+                and trial.value >= stop_at - TOLERANCE and reached[0] is None:
+            reached[0] = spent[0]
+            study_.stop()
+
+    study.optimize(timed, n_trials=24, catch=(TrialFailed,), callbacks=[stop_when_reached])
+    spent, reached = spent[0], reached[0]
     best = max((t.value for t in study.trials if t.value is not None and t.state.name == "COMPLETE"), default=None)
     return best, spent, reached, study
 

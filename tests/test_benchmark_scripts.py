@@ -89,3 +89,13 @@ def test_startup_benchmark_prints_every_figure_beside_its_target():
         line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith(label))
         assert f"target {target}" in line and (line.rstrip().endswith(" ok") or line.rstrip().endswith("MISSED"))
     assert ("startup.py: ok" in proc.stdout) == (proc.returncode == 0)
+
+
+@pytest.mark.slow
+def test_the_tune_benchmark_prints_its_ratio_beside_the_target():
+    """A smoke size (4 rounds a trial): the figures and the verdict line are there whatever the ratio."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tune_bench.py"), "--rounds", "4"],
+                          cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=900)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "grid: best validation accuracy" in proc.stdout
+    assert "target <= 0.40" in proc.stdout or "pruned TPE reaches the grid's best" in proc.stdout

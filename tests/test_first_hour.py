@@ -60,7 +60,7 @@ def test_readme_first_pipeline_runs_as_written(tmp_path):
 
 
 COMMAND_PAGES = {"partition", "mdm-fit", "simulate", "train", "predict", "cluster", "privacy-account", "attack",
-                 "show", "algorithms", "flower"}
+                 "show", "algorithms", "flower", "tune", "compare"}
 
 
 def test_every_command_has_a_page_whose_option_table_is_generated_from_the_cli():
