@@ -45,16 +45,16 @@ class FedALAConfig(FedAvgRoundConfig):
 
     algorithm: str = key("fedala", "the algorithm these keys configure")
     ala_eta: float = key(1.0, "eta: step size of the element-wise aggregation weights",
-                         "FedALA (AAAI 2023) §Experiments, hyperparameters: eta = 1.0")
+                         "FedALA (AAAI 2023) authors' code, system/run_me.sh: -et 1")
     ala_sample: float = key(0.8, "s: share of a client's training data the weights are learned on",
-                            "FedALA (AAAI 2023) §Experiments, hyperparameters: s = 80%")
+                            "FedALA (AAAI 2023) authors' code, system/run_me.sh: -s 80")
     ala_layers: int = key(1, "p: top layers aggregated element-wise (the layers below take the global model)",
-                          "FedALA (AAAI 2023) §Experiments, hyperparameters: p = 1")
+                          "FedALA (AAAI 2023) authors' code, system/run_me.sh: -p 2 (parameter tensors: the last layer's weight and bias)")
     ala_threshold: float = key(0.01, "start phase: train the weights until the std of the last num_pre_loss "
                                "pass losses is below this",
-                               "FedALA authors' code README: threshold 0.01 in the paper")
+                               "FedALA (AAAI 2023) authors' code, README: threshold 0.01 in the paper")
     ala_num_pre_loss: int = key(10, "start phase: pass losses the convergence test looks at",
-                                "FedALA authors' code: num_pre_loss = 10")
+                                "FedALA (AAAI 2023) authors' code, ALA.py: num_pre_loss = 10")
     ala_max_start_epochs: int = key(100, "start phase: at most this many passes (a bound the paper has not)")
     new_client_epochs: int = key(20, "epochs a new client trains the global model on its data",
                                  "PeFLL (ICLR 2024) App. A.2: new clients of the baselines train 20 local epochs")
@@ -98,7 +98,7 @@ class FedALA(PrivateState, FedAvg):
     serves_unlabeled = ""
     not_distributed = "its adaptive local aggregation runs in one process (no sharding of the cohort across ranks)"
     search_space = {"lr": "log:1e-3:1", "ala_eta": "log:0.1:10", "ala_sample": "float:0.05:1"}
-    search_space_source = ("Zhang et al., FedALA (AAAI 2023), §Experiments: the client lr per dataset, and the "
+    search_space_source = ("Zhang et al., FedALA (AAAI 2023): the client lr per dataset, and the "
                            "hyperparameter study of eta and s")
     tune_group = "train"
 

@@ -3,15 +3,15 @@
 During federated training the head (the classifier, the net's last layer) keeps its random
 initialization and is never updated: a cohort client trains only the body from the global
 model with FedAvg's local steps (or ``local_epochs``), and the server averages the bodies,
-weighted by client data size (§3, Algorithm 1; Figure 1 (b)). Every client shares the same
+weighted by client data size (Figure 1 (b); the authors' scripts: ``--local_upt_part body --aggr_part body``). Every client shares the same
 fixed head, so it never travels: 2 x |body| floats per cohort client and round. A client's
 personalized model, seen in training or not, is the global model (body and the frozen head)
-fine-tuned whole for ``finetune_epochs`` epochs on its own data (§3, "the head is fine-tuned
-for personalization during the evaluation process"; the paper fine-tunes body and head). No
+fine-tuned whole for ``finetune_epochs`` epochs on its own data (abstract: "the head is fine-tuned
+for personalization during the evaluation process"; pflx fine-tunes body and head at the one lr). No
 private state: the fine-tuning runs wherever a client is evaluated.
 
 Peers: PFLlib's FedBABU fine-tunes every client for 10 epochs (``fine_tuning_epochs``); the
-paper's personalization experiments fine-tune for tau_f = 5 epochs (§4), pflx's default.
+authors' code fine-tunes 5 epochs (``utils/options.py``: ``--ft_ep 5``), pflx's default.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class FedBABUConfig(FedAvgRoundConfig):
     algorithm: str = key("fedbabu", "the algorithm these keys configure")
     finetune_epochs: int = key(5, "epochs every client fine-tunes the whole global model (body and head) on its own "
                                "data before evaluation (0: the global model with its random head)",
-                               "FedBABU (ICLR 2022) §4: personalized accuracy after tau_f = 5 fine-tuning epochs")
+                               "FedBABU (ICLR 2022) authors' code, utils/options.py: --ft_ep 5 (fine-tuning epochs)")
 
     def validate(self) -> None:
         super().validate()
@@ -51,8 +51,8 @@ class FedBABU(FedAvg):
     models_upload = False  # its upload is the body alone, not FedAvg's whole model
     serves_unlabeled = ""
     search_space = {"lr": "log:1e-3:1", "finetune_epochs": "int:1:10"}
-    search_space_source = ("Oh et al., FedBABU (ICLR 2022), §4: the lr per task, and the fine-tuning epochs of "
-                           "the personalization study")
+    search_space_source = ("Oh et al., FedBABU (ICLR 2022): the lr per task (their scripts: 0.1 with momentum 0.9), "
+                           "and the fine-tuning epochs (their default 5)")
     tune_group = "train"
 
     @property
@@ -80,7 +80,7 @@ class FedBABU(FedAvg):
         self.personalized = self.cfg.finetune_epochs > 0
 
     def run_round(self, t, cohort, gen):
-        # The head is a fixed part of every client's model: only the body moves (§3, Algorithm 1).
+        # The head is a fixed part of every client's model: only the body moves (Figure 1 (b)).
         theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen,
                                          **self.round_schedule(), trainable=self.body)
         body = {k: theta[k] for k in self.body}

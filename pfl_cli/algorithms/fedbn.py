@@ -4,7 +4,8 @@ The client net has batch-normalization layers (``model_arch`` ``mlp-bn`` or ``le
 :mod:`pfl_cli.models.normalized`). Each round a cohort client takes the global model's other
 layers with its own normalization layers, trains the whole net with FedAvg's local steps (or
 ``local_epochs``), and keeps its normalization layers (affine weights and running statistics);
-the server averages every other layer uniformly over the cohort (Algorithm 1: (1/K) sum_k). Only
+the server averages every other layer uniformly over the cohort (Algorithm 1: (1/K) sum_k; the authors'
+code, ``federated/fed_digits.py``: ``client_weights = 1 / client_num``, keys with "bn" skipped). Only
 those layers travel: 2 x (|client net| - |normalization parameters|) floats per cohort client and
 round. A train client's model is the global layers with its own normalization layers.
 
@@ -40,7 +41,7 @@ class FedBNConfig(FedAvgRoundConfig):
 
     algorithm: str = key("fedbn", "the algorithm these keys configure")
     model_arch: str = key("mlp-bn", "client net: mlp-bn | lenet-bn (a net with batch-norm layers, kept local)",
-                          "FedBN (ICLR 2021) §5: a BatchNorm after each hidden layer of the client nets",
+                          "FedBN (ICLR 2021) authors' code, nets/models.py: a BatchNorm after every layer but the last",
                           choices=CLIENT_ARCHS)
     new_client_epochs: int = key(20, "epochs a new client trains its own normalization layers, the rest frozen",
                                  "PeFLL (ICLR 2024) App. A.2: new clients of the baselines train 20 local epochs")
@@ -61,7 +62,7 @@ class FedBN(PrivateState, _GlobalModel):
     local_normalization = True
     not_distributed = "its batch-norm local steps run in one process (no sharding of the cohort across ranks)"
     search_space = {"lr": "log:1e-3:1"}
-    search_space_source = "Li et al., FedBN (ICLR 2021), §5: the client lr (SGD) per benchmark; FedBN has no constant"
+    search_space_source = "Li et al., FedBN (ICLR 2021): the client lr (SGD) per benchmark; FedBN has no constant"
     tune_group = "train"
 
     @classmethod

@@ -1,6 +1,6 @@
 """FedDBE (Zhang, Hua, Cao, Wang, Song, Xue, Ma, Guan, NeurIPS 2023): FedAvg with the Domain Bias Eliminator.
 
-Two parts on top of FedAvg (§4, Figure 2):
+Two parts on top of FedAvg, the paper's PRBM and MR:
 
 - PRBM, the personalized representation bias memory: a vector z_i^p of the representation's size on
   every client, added to the feature extractor's output before the classifier, h(f(x) + z_i^p). It is
@@ -9,7 +9,7 @@ Two parts on top of FedAvg (§4, Figure 2):
   client's running mean of f(x) over its local steps (momentum ``dbe_momentum``, reset every round)
   and zbar^g the global consensus: the size-weighted mean of the clients' zbar_i, computed once, in an
   initialization period before the first round where every train client trains the initial model
-  for one round without DBE (§4.2; the authors' code, ``serverDBE.py``, does this and uploads
+  for one round without DBE (the authors' code, ``serverDBE.py``, does this once and uploads
   nothing more afterwards).
 
 Exchanged: the whole model down and up every round (2 x |client net|), plus once, in the
@@ -137,7 +137,7 @@ class FedDBE(PrivateState, _GlobalModel):
     dp_unit = None
     not_distributed = "its initialization period and DBE local steps run in one process"
     search_space = {"lr": "log:1e-3:1", "dbe_kappa": "log:0.1:100"}
-    search_space_source = ("Zhang et al., FedDBE (NeurIPS 2023), §5: the client lr per dataset and the MR "
+    search_space_source = ("Zhang et al., FedDBE (NeurIPS 2023): the client lr per dataset and the MR "
                            "weight kappa (the authors' run script: 50)")
     tune_group = "train"
 

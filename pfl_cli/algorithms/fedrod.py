@@ -3,12 +3,13 @@
 Every client's model is the shared generic predictor (body + generic head, the client net)
 plus its own personalized head on the same features (:class:`pfl_cli.fl.heads.TwoHeadNet`).
 Each local step, on one batch, the generic predictor descends the Balanced Softmax loss,
-cross-entropy of the generic logits plus the log of the client's class counts (§4.2, the
-BSM loss of balanced risk minimization, robust to clients' label shift), and the
+cross-entropy of the generic logits plus the log of the client's class counts (the
+BSM loss of its balanced risk minimization, robust to clients' label shift), and the
 personalized head the cross-entropy of generic + personalized logits with the generic
-predictor held fixed (§4.3, the personalized head learned "on top of" the generic one); the
+predictor held fixed (the personalized head "learned to minimize each client's empirical risk on top
+of the generic predictor", abstract); the
 server averages the generic predictors weighted by client data size (as FedAvg) and each
-client keeps its head (the linear personalized head, not the hypernetwork variant of §4.4).
+client keeps its head (the linear personalized head, not the paper's hypernetwork variant).
 The personalized prediction is generic + personalized logits; only the generic predictor
 travels: 2 x |client net| floats per cohort client and round.
 
@@ -55,7 +56,7 @@ class FedRoD(PrivateState, _GlobalModel):
     dp_unit = None
     not_distributed = "its two-loss local steps run in one process (no sharding of the cohort across ranks)"
     search_space = {"lr": "log:1e-3:1"}
-    search_space_source = "Chen & Chao, FedRoD (ICLR 2022), §5: the client lr per dataset; BSM has no constant"
+    search_space_source = "Chen & Chao, FedRoD (ICLR 2022): the client lr per dataset; the BSM loss has no constant"
     tune_group = "train"
 
     @classmethod

@@ -1,6 +1,6 @@
 """GPFL (Zhang, Hua, Wang, Song, Xue, Ma, Cao, Guan, ICCV 2023): global and personalized feature information.
 
-Beside the client net's feature extractor f and its head h, two shared modules (§3, Figure 2):
+Beside the client net's feature extractor f and its head h, two shared modules, the paper's GCE and CoV:
 
 - GCE, global category embeddings: one vector e_c per class (an embedding table, C x d);
 - CoV, the conditional valve: from a conditional input z it makes gamma(z) and beta(z)
@@ -26,7 +26,7 @@ the frozen rest, with its personalized conditional input from its own class dist
 Defaults: lambda = 0.01 and mu = 0.1, the authors' setting for CNN and MLP nets (their
 ``system/run_me.sh``). Departure: the authors' code (and PFLlib's) computes a client's conditional
 inputs from the GCE it trained in its previous round, before taking the new global GCE; pflx
-computes them from the global GCE the client receives, as §3 defines them.
+computes them from the global GCE the client receives, as the paper defines them.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class GPFL(PrivateState, _GlobalModel):
     dp_unit = None
     not_distributed = "its GPFL local steps run in one process (no sharding of the cohort across ranks)"
     search_space = {"lr": "log:1e-3:1", "gpfl_lambda": "log:1e-4:1", "gpfl_mu": "choice:0,0.1,1"}
-    search_space_source = ("Zhang et al., GPFL (ICCV 2023), §5 and the authors' run script: lambda from 1e-4 to "
+    search_space_source = ("Zhang et al., GPFL (ICCV 2023), the authors' run script: lambda from 1e-4 to "
                            "0.01 and mu in {0, 0.1, 1} across nets")
     tune_group = "train"
 

@@ -1,6 +1,6 @@
 """A client net with two heads: the net's own (generic) classifier and a personalized one beside it.
 
-FedRoD (Chen & Chao, ICLR 2022, §4) decouples a client's model into a generic predictor (the
+FedRoD (Chen & Chao, ICLR 2022) decouples a client's model into a generic predictor (the
 shared body and its classifier, trained with a class-balanced loss and averaged by the server)
 and a personalized head that reads the same features and adds its logits to the generic ones;
 the personalized head is trained with plain cross-entropy on the sum while the generic
@@ -74,7 +74,7 @@ def two_head_steps(model: TwoHeadNet, params: dict, store, steps, log_prior, *, 
     """The cohort's local steps of a :class:`TwoHeadNet`, batched over clients with ``vmap``.
 
     Every step, on one batch: the generic part (``net.*``) descends the Balanced Softmax loss,
-    cross-entropy of ``g + log_prior`` (FedRoD §4, the BSM loss of Ren et al. 2020), and the
+    cross-entropy of ``g + log_prior`` (FedRoD's BSM loss, Ren et al. 2020), and the
     personalized head (``personal.*``) the cross-entropy of ``g + p`` with ``g`` and the
     features held fixed; one backward of the sum gives both, as the two separate updates
     from the same point. ``train_generic=False`` trains the personalized head alone (a new

@@ -1,8 +1,8 @@
 """Client nets with batch normalization: ``mlp-bn`` and ``lenet-bn`` (FedBN's local normalization layers).
 
 FedBN (Li, Jiang, Zhang, Kamp, Dou, ICLR 2021) keeps each client's batch-normalization layers local.
-Its nets put a BatchNorm after every hidden layer (§5, the digits CNN: a BN after each conv and FC
-layer but the last); these are the pflx client nets with that one change:
+Its nets put a BatchNorm after every hidden layer (the authors' code, ``nets/models.py``: the digits
+CNN has a BN after each conv and FC layer but the last); these are the pflx client nets with that one change:
 
 - :class:`MLPBN` -- ``Linear -> BatchNorm -> ReLU`` per hidden width, then the output ``Linear``;
 - :class:`LeNetBN` -- PeFLL Table B.1's LeNet with a BatchNorm after Conv1, Conv2, FC1 and FC2.
