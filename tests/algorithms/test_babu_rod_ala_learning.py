@@ -6,7 +6,9 @@ method's personalization, not the task's ease (on ``builtin:digits`` with two cl
 already reaches 0.92-0.94 on its train clients, leaving no room for a wide margin). FedAvg gets the best
 of three client learning rates on the train clients' validation split; each method runs once with
 the settings of ``tests/algorithms/test_baselines_learning.py``. Seeds 0 and 1 (the partition and
-the run) are both asserted.
+the run) are both asserted. Measured (train clients, seed 0 / seed 1): FedAvg 0.327 / 0.357; FedBABU
+0.828 / 0.816, FedRoD 0.770 / 0.763, FedBN 0.658 / 0.671, FedALA 0.765 / 0.761, FedDBE 0.676 / 0.650,
+GPFL 0.837 / 0.821 (the smallest margin: FedBN +0.31, seed 0).
 """
 
 import pytest
