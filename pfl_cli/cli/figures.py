@@ -205,7 +205,9 @@ def comparison_boxes(clients_csv: Path, table_json: Path, out: Path) -> Path:
     groups = [g for g in ("train", "new") if any(r["group"] == g for r in doc["rows"])]
     style = {"train": ("training clients", "tab:blue"), "new": ("new clients", "tab:orange")}
     width = 0.8 / max(len(groups), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(labels) * max(len(groups), 1) + 2), 4.6))
+    boxes_drawn = len(labels) * max(len(groups), 1)
+    fig, ax = plt.subplots(figsize=(min(16.0, max(6.0, 0.75 * boxes_drawn + 2)), 4.8))
+    lowest = 100.0
     for k, group in enumerate(groups):
         data, where = [], []
         for i, label in enumerate(labels):
@@ -214,6 +216,7 @@ def comparison_boxes(clients_csv: Path, table_json: Path, out: Path) -> Path:
             if values:
                 data.append(values)
                 where.append(i + (k - (len(groups) - 1) / 2) * width)
+                lowest = min(lowest, min(values))
         if not data:
             continue
         name, colour = style[group]
@@ -227,10 +230,12 @@ def comparison_boxes(clients_csv: Path, table_json: Path, out: Path) -> Path:
         boxes["boxes"][0].set_label(name)
     seeds = {r["label"]: r["num_seeds"] for r in doc["rows"]}
     ticks = [f"{label}\n({seeds[label]} seed{'s' if seeds[label] != 1 else ''})" for label in labels]
-    long = max(map(len, labels), default=0) > 12
+    long = max(map(len, labels), default=0) > 12 or len(labels) > 8
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(ticks, rotation=20 if long else 0, ha="right" if long else "center", fontsize=9)
-    ax.set_ylim(-2, 102)
+    # From 0 unless every client is far above it: then from the decade below the lowest client, so that
+    # boxes near 100 % stay readable (the axis says where it starts).
+    ax.set_ylim(max(0.0, 10 * ((lowest - 5) // 10)) - 2, 102)
     ax.set_ylabel("test accuracy of a client (%)")
     ax.set_xlabel("box: quartiles; line: median; diamond: mean; the clients of every seed pooled", fontsize=9)
     ax.set_title("per-client test accuracy, no label masking", fontsize=11)
