@@ -176,6 +176,11 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
     else:
         url = o.storage
     name = o.study_name or f"pflx-tune-{cfg.algorithm}"
+    from pfl_cli.cli import interrupt
+
+    where = f"{staging}/study.db" if storage is None else f"the study {name!r} of --storage"
+    interrupt.kept(f"interrupted; nothing was written to --out, and the finished trials are kept in {where}: run "
+                   "the same command again to continue the study.")
     started = time.time()
     study = _run_study(plan, o, data, url=url, name=name, meta=meta, partition=partition, report=report)
     _write_artifact(writer, study, plan, o, out=out, staging=None if storage is not None else staging,
@@ -212,7 +217,7 @@ def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: d
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress line says what its INFO lines say
     storage = open_storage(url)
     study = open_study(storage, name, sampler=make_sampler(plan.sampler, plan.params, seed=plan.cfg.seed),
-                       pruner=make_pruner(plan.pruner), meta=meta)
+                       pruner=make_pruner(plan.pruner, rounds=plan.cfg.rounds), meta=meta)
     before = len(study.trials)
     if before:
         report.note(f"continuing the study {name!r}: {before} of {o.trials} trials already there.")
@@ -290,7 +295,7 @@ def _worker(plan: Plan, o: TuneOptions, url: str, name: str, partition: str, ran
                             plan.unlabeled_validation)
         study = open_study(open_storage(url), name,
                            sampler=make_sampler(plan.sampler, plan.params, seed=plan.cfg.seed * 1000 + rank + 1),
-                           pruner=make_pruner(plan.pruner), meta={})
+                           pruner=make_pruner(plan.pruner, rounds=plan.cfg.rounds), meta={})
         objective = Objective(data, plan.trial_cfg, plan.params, group=plan.objective["group"],
                               metric=plan.objective["metric"])
         optimize(study, objective, o.trials)
