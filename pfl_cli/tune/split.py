@@ -9,8 +9,8 @@ partition in which
   validation samples (its test split here), a share ``val_fraction`` of each client drawn at random;
 - a share ``val_clients`` of the labeled train clients become *validation clients* (role 1 here):
   clients the trial never trains on, for methods whose headline is clients unseen in training
-  (PeFLL, FLowDUP, pFedHN's novel-client protocol); they keep their own fit/validation split, the
-  fit samples being what a new-client protocol may read (PeFLL's descriptor, a fine-tune).
+  (PeFLL, FLowDUP); they are split half and half (or by ``val_fraction`` when larger): the fit half is
+  what a new-client protocol may read (PeFLL's descriptor, a fine-tune), the other half scores them.
 
 A trial then trains on this partition as ``pflx train`` trains on the real one and is scored on
 its "test" split, which is validation data only. The original test indices and holdout clients
@@ -26,6 +26,7 @@ import numpy as np
 from pfl_cli.errors import InputError
 
 ROLE_TRAIN, ROLE_VALIDATION = 0, 1
+VALIDATION_CLIENT_SHARE = 0.5
 
 
 def validation_partition(part, *, val_fraction: float, val_clients: float, rng: np.random.Generator,
@@ -72,7 +73,10 @@ def validation_partition(part, *, val_fraction: float, val_clients: float, rng: 
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     rank = np.empty(len(samples), np.int64)
     rank[order] = np.arange(len(samples)) - np.repeat(starts, sizes)
-    n_val = np.where(sizes >= 2, np.maximum(1, np.round(val_fraction * sizes).astype(np.int64)), 0)
+    # A validation client is scored on the samples its new-client protocol does not read: half of them, so
+    # that its score rests on more than a couple of samples where clients are small.
+    share = np.where(chosen[train], max(val_fraction, VALIDATION_CLIENT_SHARE), val_fraction)
+    n_val = np.where(sizes >= 2, np.maximum(1, np.round(share * sizes).astype(np.int64)), 0)
     n_val = np.minimum(n_val, sizes - 1)
     is_val = rank < n_val[owner]
     fit_sizes, val_sizes = sizes - n_val, n_val

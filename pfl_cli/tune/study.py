@@ -73,17 +73,20 @@ def grid_size(params: Sequence) -> int:
     return int(np.prod([len(p.labels) if p.kind == "choice" else len(p.grid()) for p in params]))
 
 
-def make_pruner(kind: str):
+def make_pruner(kind: str, *, rounds: int = 0):
+    """The pruner; no trial is judged before a quarter of its ``rounds`` (hypernetwork methods such as PeFLL
+    rise late, and a first evaluation says little about where a curve ends)."""
     import optuna
 
     if kind not in PRUNERS:
         raise ConfigError(f"--pruner must be one of {', '.join(PRUNERS)}; got {kind!r}.")
+    warmup = max(int(rounds) // 4, 0)
     if kind == "median":
-        # a trial is stopped once its curve is below the median of earlier trials at the same round;
-        # the first three trials run whole so the median means something
-        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0)
+        # a trial is stopped once its curve is below the median of earlier trials at the same round; the
+        # first four trials (the sampler's random start) run whole so the median means something
+        return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=warmup)
     if kind == "halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource="auto", reduction_factor=3)
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(warmup, 1), reduction_factor=3)
     return optuna.pruners.NopPruner()
 
 

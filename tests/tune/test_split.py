@@ -9,7 +9,7 @@ from pfl_cli.tune.split import validation_partition
 
 def _reference_counts(n: int, fraction: float) -> int:
     """The slow, obvious rule: at least one validation sample of a client with two or more, one fit sample kept."""
-    if n < 2:
+    if n < 2:  # (a validation client: fraction at least 0.5)
         return 0
     return min(max(1, int(round(fraction * n))), n - 1)
 
@@ -27,7 +27,8 @@ def test_validation_partition_reads_only_train_clients_train_samples(digits_clie
         fit, val = set(v.train_of(k).tolist()), set(v.test_of(k).tolist())
         assert fit.isdisjoint(val)
         assert fit | val == set(part.train_of(j).tolist())
-        assert len(val) == _reference_counts(len(part.train_of(j)), fraction)
+        share = max(fraction, 0.5) if v.role[k] == 1 else fraction
+        assert len(val) == _reference_counts(len(part.train_of(j)), share)
         assert not (fit | val) & forbidden
     expected = max(1, int(round(clients * len(train)))) if clients else 0
     assert int(np.sum(v.role == 1)) == expected
