@@ -119,6 +119,8 @@ def unknown_key(key: str, entry: Entry, where: str = "") -> ConfigError:
     owners = [e.name for e in entries().values() if key in e.keys]
     if owners:  # another algorithm's key: say whose, rather than a look-alike of this one's
         tip = f" (a key of {', '.join(owners)})"
+        if where.startswith("config file"):  # a recipe shared by several algorithms: each one's own section
+            tip = f" (a key of {', '.join(owners)}: a recipe shared by algorithms keeps it under train: {owners[0]}:)"
     else:
         hint = difflib.get_close_matches(key, entry.keys, n=1)
         tip = f" (did you mean {hint[0]!r}?)" if hint else ""
@@ -132,19 +134,29 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
                          labels: tuple[str, str, str] = ("config file ", "flag ", "--set ")) -> Any:
     """The config of the algorithm the layers name (``--set`` > flag > file > pefll), over its defaults.
 
-    A key the algorithm does not take is refused whichever layer holds it, so a recipe for one
-    algorithm used with ``--set algorithm=B`` keeps the common keys and refuses its own.
+    A key the algorithm does not take is refused whichever layer holds it. A recipe shared by
+    several algorithms keeps the keys they all take in its ``train:`` section and each algorithm's
+    own keys in a section under it named after the algorithm (``train: {lr: 0.05, pefll: {...},
+    fedavg: {...}}``): the section of the algorithm that runs applies on top of the shared keys
+    (below flags and ``--set``), the others are left aside.
     """
     from pfl_cli.config import resolve_config
     from pfl_cli.fl.config import TrainConfig
     from pfl_cli.schema import coerce_field
 
-    layers = tuple(zip(labels, (file_values or {}, flag_values or {}, overrides or {})))
+    file_values, sections = _split_sections(file_values or {})
+    layers = tuple(zip(labels, (file_values, flag_values or {}, overrides or {})))
     name = "pefll"
     for _, layer in layers:
         if "algorithm" in layer:
             name = coerce_field(TrainConfig, "algorithm", layer["algorithm"])
     entry = get(name)
+    own = sections.get(name, {})
+    if "algorithm" in own:
+        raise ConfigError(f"{labels[0]}section {name}: sets algorithm; the section of an algorithm holds its own "
+                          "keys, the algorithm is named in the train section, by --algorithm or --set.")
+    file_values = {**file_values, **own}
+    layers = ((labels[0], file_values),) + layers[1:]
     taken = set(entry.keys)
     for where, layer in layers:
         for k in layer:
@@ -155,6 +167,20 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
                          ignore=ignore)
     cfg.validate()
     return cfg
+
+
+def _split_sections(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A train section's shared keys, and its per-algorithm sections (a mapping under an algorithm's name)."""
+    names = {n.replace("-", "_"): n for n in entries()}  # a config file's keys arrive in snake_case
+    shared: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        name = names.get(str(key).strip().replace("-", "_"))
+        if name is not None and isinstance(value, Mapping):
+            sections[name] = {str(k).strip().replace("-", "_"): v for k, v in value.items()}
+        else:
+            shared[key] = value
+    return shared, sections
 
 
 def train_config(algorithm: str = "pefll", **keys: Any) -> Any:

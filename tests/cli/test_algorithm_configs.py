@@ -15,6 +15,7 @@ import yaml
 
 from pfl_cli import registry
 from pfl_cli.cli.app import main
+from pfl_cli.config import load_config_file
 
 SPEC = "/work/shared/specs"  # the spec files cited below
 # algorithm -> {key: the paper's value}, each with the spec section it comes from.
@@ -125,14 +126,18 @@ def test_refused_alike_through_a_flag_and_a_config_file(part, tmp_path, capsys):
 
 
 def test_a_recipe_for_another_algorithm_keeps_common_keys_and_refuses_its_own(part, tmp_path, capsys):
-    recipe = pathlib.Path("recipes/quickstart/digits-pefll.yaml")
+    # a recipe whose train section holds PeFLL's keys among the shared ones refuses them for FedAvg
+    recipe = tmp_path / "pefll.yaml"
+    recipe.write_text("train:\n  algorithm: pefll\n  lr: 0.05\n  embedding: mlp\n")
     out = tmp_path / "out"
     assert main(["train", "--partition", str(part), "--config", str(recipe), "--set", "algorithm=fedavg",
                  "--out", str(out)]) == 2
     assert "unknown config file key 'embedding' for algorithm 'fedavg'" in capsys.readouterr().err
-    common = {k: v for k, v in yaml.safe_load(recipe.read_text())["train"].items() if k in registry.get("fedavg").keys}
-    cfg = registry.resolve_train_config(file_values=common, overrides={"algorithm": "fedavg"})
-    assert cfg.algorithm == "fedavg" and cfg.lr == 0.05 and cfg.rounds == 400 and cfg.local_steps == 50
+    assert not out.exists()
+    # a shared recipe keeps each algorithm's own keys in its section under train: (issue 34, item 8)
+    shared = pathlib.Path("recipes/quickstart/digits-pefll.yaml")
+    cfg = registry.resolve_train_config(file_values=load_config_file(shared, "train"), overrides={"algorithm": "fedavg"})
+    assert cfg.algorithm == "fedavg" and cfg.lr == 0.005 and cfg.rounds == 400 and cfg.local_steps == 50
 
 
 def test_dp_is_declared_never_inherited():

@@ -51,6 +51,10 @@ def check_train_section(path, data):
     values = load_config_file(path, "train")
     if "compare" not in data:
         registry.resolve_train_config(file_values=values, ignore=("out_root",))
+        # a recipe shared by algorithms: each one's section under train: resolves with the shared keys
+        for name in (k for k, v in data["train"].items() if isinstance(v, dict)):
+            cfg = registry.resolve_train_config(file_values=values, overrides={"algorithm": name}, ignore=("out_root",))
+            assert cfg.algorithm == name
         return
     unused = set(values) - {k for e in registry.entries().values() for k in e.keys}
     assert not unused, f"shared keys no algorithm takes: {unused}"
