@@ -43,3 +43,16 @@ def test_every_shell_block_of_the_page_runs(page, tmp_path):
             assert r.returncode == 2 and refusal in r.stderr, (body, r.stderr)
         else:
             assert r.returncode == 0, (body, r.stdout[-2000:], r.stderr[-2000:])
+
+
+def test_the_readme_tune_and_compare_block_runs_after_the_first_pipeline(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    first = text.split("## A first pipeline\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    partition = next(ln for ln in first.splitlines() if ln.startswith("pflx partition"))
+    section = text.split("## Settings that work on your task", 1)[1]
+    body = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    for pattern, repl in SMOKE:
+        body = re.sub(pattern, repl, body)
+    r = _run(partition + "\n" + body, tmp_path)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert (tmp_path / "runs" / "table" / "table.md").is_file()
