@@ -86,11 +86,11 @@ class APFLConfig(FedAvgRoundConfig):
     """APFL's keys."""
 
     algorithm: str = key("apfl", "the algorithm these keys configure")
-    alpha: float = key(0.5, "initial mixing weight alpha in [0, 1]", "APFL paper Alg. 1 (alpha_0; not in specs/)")
+    alpha: float = key(0.5, "initial mixing weight alpha in [0, 1]", "APFL (Deng et al. 2020) Alg. 1: alpha_0")
     alpha_lr: Optional[float] = key(None, "step size of alpha (null: lr; 0 keeps alpha fixed)",
-                                    "APFL paper Alg. 1 line 8 (not in specs/)")
+                                    "APFL (Deng et al. 2020) Alg. 1 line 8")
     new_client_epochs: int = key(20, "epochs a new client trains its local model and alpha",
-                                 "pefll.md §4.1: new clients fine-tune 20 epochs")
+                                 "thesis §4.4, App. B.1.2: new clients fine-tune 20 epochs")
 
 
 class APFL(PrivateState, FedAvg):

@@ -415,7 +415,7 @@ class ServerOptimizerState:
 
 
 def descriptor_dim(cfg, num_clients: int) -> int:
-    """l = int(1 + n / 4) unless given (``specs/pefll.md`` §2.4)."""
+    """l = int(1 + n / 4) unless given (pFedHN §5; PeFLL thesis App. B.1.2)."""
     return int(cfg.embed_dim) if cfg.embed_dim else int(1 + num_clients / 4)
 
 

@@ -34,12 +34,12 @@ class DittoConfig(FedAvgRoundConfig):
 
     algorithm: str = key("ditto", "the algorithm these keys configure")
     lam: float = key(0.1, "lambda: proximal weight of a personal model to the global one (Eq. 2)",
-                     "Ditto paper Table 9 grid {0.01, ..., 2} (not in specs/)")
+                     "Ditto (Li et al. 2021) Table 9: grid {0.01, ..., 2}")
     personal_momentum: float = key(0.0, "momentum of the personal steps", "Ditto Alg. 1 line 7: plain SGD")
     personal_clip: float = key(0.0, "gradient-norm clip of the personal steps (0 = off)",
                                "Ditto Alg. 1 line 7: plain SGD")
     new_client_epochs: int = key(20, "epochs a new client trains its personal model",
-                                 "pefll.md §4.1: new clients fine-tune 20 epochs")
+                                 "thesis §4.4, App. B.1.2: new clients fine-tune 20 epochs")
 
 
 class Ditto(PrivateState, FedAvg):

@@ -26,10 +26,10 @@ class FedAvgRoundConfig(TrainConfig):
     """The keys of FedAvg's round, shared by the algorithms built on it; defaults: PeFLL's baseline protocol."""
 
     algorithm: str = key("fedavg", "the algorithm these keys configure")
-    rounds: int = key(5000, "communication rounds", "pefll.md §4.1: all methods but Local train 5000 rounds")
+    rounds: int = key(5000, "communication rounds", "thesis §4.4, App. B.1.2: all methods but Local train 5000 rounds")
     clients_per_round: Optional[int] = key(5, "cohort size of every round (null: every train client)",
-                                           "pefll.md §1.7: FEMNIST 5 clients per round")
-    local_steps: int = key(50, "k: client SGD steps per round", "pefll.md §1.7: k = 50")
+                                           "thesis §4.4: FEMNIST 5 clients per round")
+    local_steps: int = key(50, "k: client SGD steps per round", "thesis §4.4: k = 50")
     local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
     server_lr: float = key(1.0, "server step on the mean delta", "thesis Alg. 3 line 9: the mean model (step 1)")
     server_momentum: float = key(0.0, "server momentum on the mean delta", "thesis Alg. 3: none")
@@ -40,7 +40,7 @@ class FedAvgConfig(FedAvgRoundConfig):
     """FedAvg's keys."""
 
     finetune_steps: int = key(0, "local steps from the global model before evaluation (0: the global model)",
-                              "pefll.md §4.1: a new client uses the global model as-is")
+                              "thesis §4.4, App. B.1.2: a new client uses the global model as-is")
 
 
 class FedAvg(Attackable, Algorithm):

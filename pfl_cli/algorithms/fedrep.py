@@ -21,13 +21,13 @@ class FedRepConfig(TrainConfig):
     """FedRep's keys: it counts epochs on the head and on the body, not local steps."""
 
     algorithm: str = key("fedrep", "the algorithm these keys configure")
-    rounds: int = key(5000, "communication rounds", "pefll.md §4.1: all methods but Local train 5000 rounds")
+    rounds: int = key(5000, "communication rounds", "thesis §4.4, App. B.1.2: all methods but Local train 5000 rounds")
     head_epochs: int = key(5, "epochs on the head per round, body frozen (Alg. 1 lines 8-10)",
-                           "pefll.md §4.1: head/body local updates = 5 / 1 epochs")
+                           "thesis §4.4, App. B.1.2: head/body local updates = 5 / 1 epochs")
     body_epochs: int = key(1, "epochs on the body per round, head frozen (Alg. 1 lines 11-13)",
-                           "pefll.md §4.1: head/body local updates = 5 / 1 epochs")
+                           "thesis §4.4, App. B.1.2: head/body local updates = 5 / 1 epochs")
     new_client_epochs: int = key(20, "epochs a new client trains a fresh head on the frozen body",
-                                 "pefll.md §4.1: a random new head trained locally for 20 epochs")
+                                 "thesis §4.4, App. B.1.2: a random new head trained locally for 20 epochs")
 
     def validate(self) -> None:
         super().validate()

@@ -1,4 +1,4 @@
-"""FLowDUP (thesis ch. 5, Alg. 9 and 10; ``specs/clustering.md`` §6) and its LD-FedAvg baseline.
+"""FLowDUP (thesis ch. 5, Alg. 9 and 10, App. C) and its LD-FedAvg baseline.
 
 A client's model lives in a random subspace, theta = theta_0 + P v (eq. 5.2, see
 :mod:`pfl_cli.models.subspace`), and v comes from the client's *unlabeled* data through a

@@ -1,8 +1,8 @@
-"""HyperFL (Guo et al., AAAI 2025; ``specs/pfedhn-hyperfl.md`` B.1-B.4, B.6).
+"""HyperFL (Guo et al., AAAI 2025, §3.1-3.2, App. D.1; its code where the paper is silent).
 
 Every client holds a copy of the hypernetwork phi plus a private embedding v_i (dim 64) and a
 private classifier (the client net's last layer). The feature extractor is never a free
-parameter: theta_i = h(v_i; phi) is generated. One round (B.3):
+parameter: theta_i = h(v_i; phi) is generated. One round (§3.2, eqs. 4-6):
 
 1. each cohort client starts from the global phi (downloaded) and its private v_i, classifier;
 2. step 1 (eq. 4): one epoch of SGD on the classifier, the generated feature extractor frozen;
@@ -11,7 +11,7 @@ parameter: theta_i = h(v_i; phi) is generated. One round (B.3):
 4. the client uploads phi_i only; the server averages phi_i weighted by n_i over the cohort (eq. 6).
 
 Client sampling: ``clients_per_round`` (the paper: all 20, or 30 % of 100), and every client in the
-last round (B.6). Both optimizers are re-created every round (no momentum crosses rounds), so the
+last round (App. D.1). Both optimizers are re-created every round (no momentum crosses rounds), so the
 private state is just (v_i, classifier_i), kept for every client in :class:`~pfl_cli.fl.client_state.ClientState`.
 
 A client never trained (a new client in ``predict``) starts from the shared initial embedding and
@@ -19,7 +19,7 @@ classifier and trains them locally under the frozen global phi: ``local_epochs``
 classifier epoch (step 1) and one embedding epoch (step 2 without phi).
 
 Communication: the whole hypernetwork each way per participant, ~128x FedAvg's model on the CIFAR
-CNN (spec B.12); the ledger records it.
+CNN; the ledger records it.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weighted_mean
 
 
-DEFAULT_EMBED_DIM = 64    # B.4: "learnable vectors with dimension equals 64"
-DEFAULT_HEAD_LR = 0.1     # B.6: eta_g
-DEFAULT_EPOCHS = 5        # B.6: local epochs of step 2
+DEFAULT_EMBED_DIM = 64    # App. D.1: "learnable vectors with dimension equals 64"
+DEFAULT_HEAD_LR = 0.1     # App. D.1: eta_g
+DEFAULT_EPOCHS = 5        # App. D.1: local epochs of step 2
 
 
 class GeneratedNet(nn.Module):
@@ -60,29 +60,29 @@ class GeneratedNet(nn.Module):
         return functional_call(self.net, self.hnet(self.v), (x,))
 
 
-S = "pfedhn-hyperfl.md"
+S = "HyperFL (AAAI 2025)"
 
 
 @dataclass(frozen=True)
 class HyperFLConfig(TrainConfig):
-    """HyperFL's keys; defaults from the paper's main configuration (spec B.6) and its code (B.3)."""
+    """HyperFL's keys; defaults from the paper's main configuration (App. D.1) and its code."""
 
     algorithm: str = key("hyperfl", "the algorithm these keys configure")
-    rounds: int = key(200, "communication rounds", f"{S} B.6: 200 rounds")
+    rounds: int = key(200, "communication rounds", f"{S} App. D.1: 200 rounds")
     clients_per_round: Optional[int] = key(None, "cohort size (null: every client; the last round takes every client)",
-                                           f"{S} B.6: 20 clients, full participation")
-    batch_size: int = key(50, "client minibatch size", f"{S} B.6: batch size 50 (EMNIST 100)")
-    lr: float = key(0.01, "eta_h: step-2 SGD step on the hypernetwork", f"{S} B.6: 0.01 EMNIST/FMNIST (CIFAR 0.02)")
-    embed_lr: Optional[float] = key(None, "eta_v: step-2 step on the embedding (null: lr)", f"{S} B.6: eta_v = eta_h")
-    head_lr: float = key(DEFAULT_HEAD_LR, "eta_g: step-1 SGD step on the classifier", f"{S} B.6: eta_g 0.1")
-    momentum: float = key(0.5, "SGD momentum of both steps", f"{S} B.6: momentum 0.5")
-    lambda_theta: float = key(2.5e-4, "weight decay / 2 of both steps", f"{S} B.6: weight decay 5e-4 = 2 lambda_theta")
+                                           f"{S} App. D.1: 20 clients, full participation")
+    batch_size: int = key(50, "client minibatch size", f"{S} App. D.1: batch size 50 (EMNIST 100)")
+    lr: float = key(0.01, "eta_h: step-2 SGD step on the hypernetwork", f"{S} App. D.1: 0.01 EMNIST/FMNIST (CIFAR 0.02)")
+    embed_lr: Optional[float] = key(None, "eta_v: step-2 step on the embedding (null: lr)", f"{S} App. D.1: eta_v = eta_h")
+    head_lr: float = key(DEFAULT_HEAD_LR, "eta_g: step-1 SGD step on the classifier", f"{S} App. D.1: eta_g 0.1")
+    momentum: float = key(0.5, "SGD momentum of both steps", f"{S} App. D.1: momentum 0.5")
+    lambda_theta: float = key(2.5e-4, "weight decay / 2 of both steps", f"{S} App. D.1: weight decay 5e-4 = 2 lambda_theta")
     client_clip: float = key(50.0, "step-2 gradient-norm clip, HN and embedding apart (step 1 is not clipped)",
-                             f"{S} B.3: clip_grad_norm_(..., 50) in step 2 only")
+                             "HyperFL code: clip_grad_norm_(..., 50) in step 2 only")
     local_epochs: int = key(DEFAULT_EPOCHS, "step-2 epochs per round (new clients: alternations of steps 1-2)",
-                            f"{S} B.6: 5 local epochs")
-    embed_dim: int = key(DEFAULT_EMBED_DIM, "embedding dimension", f"{S} B.6: embedding dim 64")
-    hyper_hidden: int = key(128, "width of the hypernetwork's one hidden layer", f"{S} B.6: HN 1 layer, width 128")
+                            f"{S} App. D.1: 5 local epochs")
+    embed_dim: int = key(DEFAULT_EMBED_DIM, "embedding dimension", f"{S} App. D.1: embedding dim 64")
+    hyper_hidden: int = key(128, "width of the hypernetwork's one hidden layer", "HyperFL code: HN 1 layer, width 128")
 
 
 class HyperFL(Attackable, Algorithm):
@@ -92,7 +92,7 @@ class HyperFL(Attackable, Algorithm):
                            "classifier lrs are the tuned keys (defaults eta_h = 0.01, eta_g = 0.1); embedding sizes "
                            "around its 64")
     tune_group = "train"
-    paper = "HyperFL: Guo et al., AAAI 2025 (specs/pfedhn-hyperfl.md B)"
+    paper = "HyperFL: Guo et al., AAAI 2025, §3"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
     config = HyperFLConfig
 
@@ -105,7 +105,7 @@ class HyperFL(Attackable, Algorithm):
         client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))
         features = split_names(build(client))[0]
         dim = int(cfg.embed_dim) or DEFAULT_EMBED_DIM
-        # B.4: Linear(64, hidden) -> ReLU -> one linear head per feature-extractor tensor
+        # the HyperFL code: Linear(64, hidden) -> ReLU -> one linear head per feature-extractor tensor
         return {"client": client,
                 "hypernetwork": hyper_spec(dim, client, "M", cfg.hyper_hidden, n_hidden=0, relu_out=True,
                                            generate=features)}
@@ -129,20 +129,20 @@ class HyperFL(Attackable, Algorithm):
 
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
-        """B.2: the whole hypernetwork comes down and phi_i goes up; the client net never travels."""
+        """§3.2: the whole hypernetwork comes down and phi_i goes up; the client net never travels."""
         from pfl_cli.models import num_parameters
 
         return 2 * num_parameters(arch["hypernetwork"])
 
     def cohort_size(self, t: int, total: int, available: int) -> int:
-        return available if t == total - 1 else super().cohort_size(t, total, available)  # B.6: last round full
+        return available if t == total - 1 else super().cohort_size(t, total, available)  # App. D.1: last round full
 
     def has_state(self, clients: np.ndarray) -> np.ndarray:
         return self.private.known(clients, self.store.partition_sha)
 
     # ------------------------------------------------------------------ client steps (eq. 4, eq. 5)
     def _options(self, *, clip: bool = True) -> dict:
-        """Both steps' SGD settings; only step 2 clips (B.3: ``clip_grad_norm_`` in step 2 alone)."""
+        """Both steps' SGD settings; only step 2 clips (the HyperFL code: ``clip_grad_norm_`` in step 2 alone)."""
         o = self.sgd_options()
         return {"momentum": o["momentum"], "weight_decay": o["weight_decay"], "clip": o["clip"] if clip else 0.0}
 
@@ -191,7 +191,7 @@ class HyperFL(Attackable, Algorithm):
         return phi_new, new["v"], loss
 
     def local_round(self, cohort, phi, v, head, gen, batch=None):
-        """A cohort client's local update in one round (B.3 steps 1-2): ``(phi_i, v_i, classifier_i, loss)``.
+        """A cohort client's local update in one round (§3.2 steps 1-2): ``(phi_i, v_i, classifier_i, loss)``.
 
         The round (:meth:`run_round`) and the attacker's model of a client's uploaded weights
         (:meth:`upload` with ``steps=None``, on one fixed ``batch``) both run it.
@@ -202,7 +202,7 @@ class HyperFL(Attackable, Algorithm):
         return phi, v, head, loss
 
     def local_epochs(self) -> int:
-        """``local_epochs``, or B.6's 5 when unset: step 2's epochs per round, a new client's alternations."""
+        """``local_epochs``, or App. D.1's 5 when unset: step 2's epochs per round, a new client's alternations."""
         return self.cfg.local_epochs or DEFAULT_EPOCHS
 
     def round_upload_steps(self) -> int:
@@ -222,7 +222,7 @@ class HyperFL(Attackable, Algorithm):
 
     # ------------------------------------------------------------------ the client's message (pflx attack)
     def upload(self, x, y, *, steps, noise_gen=None, start=None, clients=None, private=None):
-        """Eq. (5)-(6): what leaves the client is phi_i only (B.2).
+        """Eq. (5)-(6): what leaves the client is phi_i only (§3.2).
 
         ``steps = None`` (``--upload weights``): ``delta/<phi name>`` = phi_i - phi after the
         client's whole local update of a round as trained (:meth:`local_round`: one classifier
@@ -231,7 +231,7 @@ class HyperFL(Attackable, Algorithm):
         hypernetwork gradient at the global phi through theta = h(v_i; phi) and the private
         classifier (the paper's eq. 8 setting); ``steps = k``: ``delta/<phi name>`` after k of
         step 2's SGD steps alone. ``private``: the embedding and classifier (the attacker's
-        unknowns, spec B.9's joint attack); None: the client's own (a client never trained gets
+        unknowns, the joint attack of HyperFL §5); None: the client's own (a client never trained gets
         them by the new-client protocol on its data).
         """
         from pfl_cli.fl.cohort import batch_gradients, unrolled_sgd
@@ -272,7 +272,7 @@ class HyperFL(Attackable, Algorithm):
 
     def leaked_gradients(self, message: dict, start: dict) -> dict:
         """The generated feature extractor's gradient: head k is affine, theta_k = A_k z + b_k, so
-        dL/db_k = dL/dtheta_k exactly (spec D.3 T-P3), without the embedding or the classifier."""
+        dL/db_k = dL/dtheta_k exactly (tests/attack), without the embedding or the classifier."""
         from pfl_cli.fl.cohort import scaled_gradient
 
         o = self._options()
@@ -286,7 +286,7 @@ class HyperFL(Attackable, Algorithm):
                 out[name] = g.reshape(g.shape[0], *self.hnet.target_shapes[name])
         return out
 
-    # ------------------------------------------------------------------ one round (B.3)
+    # ------------------------------------------------------------------ one round (§3.2)
     def run_round(self, t, cohort, gen):
         c = len(cohort)
         private = self.private.gather(cohort)
@@ -334,7 +334,7 @@ class HyperFL(Attackable, Algorithm):
 
     # ------------------------------------------------------------------ state
     def state(self):
-        return self.weights()  # optimizers are re-created every round (B.3): nothing else to keep
+        return self.weights()  # optimizers are re-created every round (as in the HyperFL code): nothing else to keep
 
     def load_state(self, state):
         self.load_weights(state)

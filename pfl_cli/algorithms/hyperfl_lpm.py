@@ -1,5 +1,5 @@
 """HyperFL-LPM: HyperFL on a frozen pre-trained backbone (Guo et al., AAAI 2025, §3.3, App. D.1;
-``specs/pfedhn-hyperfl.md`` B.5, Table 2).
+App. D.1, Table 2).
 
 The client net is :class:`~pfl_cli.models.pretrained.PretrainedNet` with ``tune=adapters``: the
 backbone (ViT-S/16 or ResNet-18, loaded from the user's local file) is frozen and shared, the
@@ -46,7 +46,7 @@ class HyperFLLPM(HyperFL):
                            "on a log range around them")
     tune_group = "train"
     config = HyperFLLPMConfig
-    paper = "HyperFL-LPM: Guo et al., AAAI 2025 §3.3 (specs/pfedhn-hyperfl.md B.5)"
+    paper = "HyperFL-LPM: Guo et al., AAAI 2025 §3.3, App. D.1"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
 
     @staticmethod

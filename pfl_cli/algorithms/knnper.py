@@ -74,10 +74,10 @@ class KNNPerConfig(FedAvgRoundConfig):
     """kNN-Per's keys: FedAvg's round and the kNN memory."""
 
     algorithm: str = key("knnper", "the algorithm these keys configure")
-    knn_k: int = key(10, "neighbours k", "pefll.md §4.1: k in {5, 10}")
-    knn_scale: float = key(100.0, "distance scale T of exp(-d / T)", "pefll.md §4.1: scale 100")
+    knn_k: int = key(10, "neighbours k", "thesis §4.4, App. B.1.2: k in {5, 10}")
+    knn_scale: float = key(100.0, "distance scale T of exp(-d / T)", "thesis §4.4, App. B.1.2: scale 100")
     interpolation: float = key(0.5, "weight lambda of the kNN distribution (0 = the global model)",
-                               "pefll.md §4.1: per-client CV over {0.0, ..., 1.0}; 0.5 the grid's middle")
+                               "thesis §4.4, App. B.1.2: per-client CV over {0.0, ..., 1.0}; 0.5 the grid's middle")
 
 
 class KNNPer(FedAvg):

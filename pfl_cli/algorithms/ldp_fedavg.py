@@ -1,4 +1,4 @@
-"""DP-FedAvg in the ISRL-DP setting: the local-DP baseline of HyperFL (``specs/pfedhn-hyperfl.md`` B.10).
+"""DP-FedAvg in the ISRL-DP setting: the local-DP baseline of HyperFL (HyperFL, AAAI 2025, App. D.1).
 
 McMahan et al.'s DP-FedAvg "adapted to the ISRL-DP setting (Lowy and Razaviyayn 2023), where
 users trust their own client but not the server": every cohort client runs its ``local_steps``
@@ -32,7 +32,7 @@ class LDPFedAvg(LocalDP, FedAvg):
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("the client lr (the DP-SGD noise is the user's budget, never searched)")
     tune_group = "train"
-    paper = "DP-FedAvg in the ISRL-DP setting, HyperFL's baseline (specs/pfedhn-hyperfl.md B.10)"
+    paper = "DP-FedAvg in the ISRL-DP setting, HyperFL's baseline (HyperFL App. D.1 and its code)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = LDPFedAvgConfig
     dp_unit = "example"  # declared: DP-SGD on every client (pfl_cli.fl.dpsgd)

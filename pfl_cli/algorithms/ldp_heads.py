@@ -1,6 +1,6 @@
 """What PPSGD and CENTAUR share under ISRL-DP: a DP global representation, a personal head per client.
 
-HyperFL's adaptation of both (``specs/pfedhn-hyperfl.md`` B.10, code): only the non-classifier
+HyperFL's adaptation of both (HyperFL, AAAI 2025, App. D.1, and its code): only the non-classifier
 parameters are clipped, noised and uploaded; the classifier (the client net's last layer) is
 personal and never leaves the client. The server averages the cohort's representation deltas
 uniformly and steps like FedAvg. A subclass says how a client trains in a round

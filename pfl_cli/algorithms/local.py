@@ -1,6 +1,6 @@
 """Local: every client trains its own model on its own data, with no communication.
 
-The paper's baseline (``specs/pefll.md`` §4.1: 200 epochs per client). There are no
+The PeFLL paper's baseline (thesis §4.4, App. B.1.2: 200 epochs per client). There are no
 rounds: a client's model is ``local_epochs`` passes of local SGD from a shared seeded
 initialization, so a client never seen in training gets its model the same way, and
 all clients of a group train together as one vmapped computation.
@@ -25,7 +25,7 @@ class LocalConfig(TrainConfig):
     """Local's keys: no rounds are communicated, each client trains local_epochs on its own data."""
 
     algorithm: str = key("local", "the algorithm these keys configure")
-    local_epochs: int = key(DEFAULT_EPOCHS, "epochs of local SGD per client", "pefll.md §4.1: 200 epochs")
+    local_epochs: int = key(DEFAULT_EPOCHS, "epochs of local SGD per client", "thesis §4.4, App. B.1.2: 200 epochs")
 
 
 class Local(Algorithm):
@@ -34,7 +34,7 @@ class Local(Algorithm):
     search_space_source = ("each client's own SGD: the lr is the one key (Scott 2026 thesis §4.4 tunes every "
                            "baseline's lr on validation data)")
     tune_group = "train"
-    paper = "Local training, the PeFLL paper's baseline (specs/pefll.md §4.1)"
+    paper = "Local training, the PeFLL paper's baseline (thesis §4.4, App. B.1.2)"
     new_client_protocol = "trains its own model from the shared initialization"
     config = LocalConfig
     federated = False

@@ -6,7 +6,7 @@ client lives in a :class:`~pfl_cli.fl.client_state.ClientState` on the device, i
 after each round the client takes part in, checkpointed, saved in ``model.pt`` and used by
 ``predict --clients train`` on the partition it was trained on. A client without private
 state (new, or never sampled) gets a fresh private part trained on its own data for
-``new_client_epochs`` epochs with the shared part frozen (``specs/pefll.md`` §4.1).
+``new_client_epochs`` epochs with the shared part frozen (PeFLL's baselines, thesis §4.4, App. B.1.2).
 Only the shared part is exchanged: 2 x |shared| floats per cohort client and round.
 """
 
@@ -42,11 +42,11 @@ class _GlobalModel(Algorithm):
 class PartialSharingConfig(TrainConfig):
     """Keys of the algorithms that share one part of the client net (FedPer, LG-FedAvg; FedRep adds its own)."""
 
-    rounds: int = key(5000, "communication rounds", "pefll.md §4.1: all methods but Local train 5000 rounds")
-    local_steps: int = key(50, "k: client SGD steps per round", "pefll.md §1.7: k = 50")
+    rounds: int = key(5000, "communication rounds", "thesis §4.4, App. B.1.2: all methods but Local train 5000 rounds")
+    local_steps: int = key(50, "k: client SGD steps per round", "thesis §4.4: k = 50")
     local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
     new_client_epochs: int = key(20, "epochs a client without private state trains its private part",
-                                 "pefll.md §4.1: a random new head trained locally for 20 epochs")
+                                 "thesis §4.4, App. B.1.2: a random new head trained locally for 20 epochs")
 
 
 class PartialSharing(PrivateState, _GlobalModel):

@@ -2,7 +2,7 @@
 
 A server-side hypernetwork h(v; eta_h) maps a client descriptor v = mean_b phi(x_b, y_b; eta_v)
 (the embedding network averaged over a batch of the client's data, §1.1) to the client's
-model theta = h(v). Training (Alg. 8, implemented as ``specs/pefll.md`` §1.6):
+model theta = h(v). Training (Alg. 8, in the backward form of the authors' code):
 
 1. each cohort client computes v on one batch and keeps the graph (steps 5-7);
 2. the server generates theta_i = h(v_i) (step 8);
@@ -36,40 +36,40 @@ SERVER_DEFAULTS = {"adam": {"lr": 2e-4, "clip": 50.0}, "sgd": {"lr": 1.0, "clip"
 
 @dataclass(frozen=True)
 class PeFLLConfig(TrainConfig):
-    """PeFLL's keys (Alg. 8), defaults from the thesis and the authors' code (specs/pefll.md §1.7, §9)."""
+    """PeFLL's keys (Alg. 8), defaults from the thesis and the authors' code (thesis §4.4, App. B.1.2, and the authors' code)."""
 
     algorithm: str = key("pefll", "the algorithm these keys configure")
-    rounds: int = key(5000, "communication rounds", "pefll.md §1.7: T = 5000 rounds")
+    rounds: int = key(5000, "communication rounds", "thesis §4.4: T = 5000 rounds")
     clients_per_round: Optional[int] = key(None, "cohort size (null: round(0.05 n) of all n clients, at least 1)",
-                                           "pefll.md §1.7, §9.6: 5% of the clients per round")
+                                           "thesis §4.4: 5% of the clients per round")
     label_mask: bool = key(True, "headline accuracy with classes absent from a client's train data masked out",
-                           "pefll.md §1.7: code mask-absent True (LM on by default)")
-    eval_every: int = key(30, "rounds between evaluations (and checkpoints)", "pefll.md §1.7: code eval-every 30")
-    local_steps: int = key(50, "k: client SGD steps per round", "pefll.md §1.7: k = 50")
-    lr: float = key(2e-3, "client SGD step size", "pefll.md §1.7: code inner-lr 2e-3")
-    momentum: float = key(0.9, "client SGD momentum", "pefll.md §1.7: SGD, batch 32, momentum 0.9")
-    batch_size: int = key(32, "client minibatch size", "pefll.md §1.7: batch 32")
-    server_optimizer: str = key("adam", "adam (the code) | sgd (Alg. 8 update rule)", "pefll.md §1.7: code optim adam",
+                           "PeFLL authors' code: mask-absent True (LM on by default)")
+    eval_every: int = key(30, "rounds between evaluations (and checkpoints)", "PeFLL authors' code: eval-every 30")
+    local_steps: int = key(50, "k: client SGD steps per round", "thesis §4.4: k = 50")
+    lr: float = key(2e-3, "client SGD step size", "PeFLL authors' code: inner-lr 2e-3")
+    momentum: float = key(0.9, "client SGD momentum", "thesis §4.4: SGD, batch 32, momentum 0.9")
+    batch_size: int = key(32, "client minibatch size", "thesis §4.4: batch 32")
+    server_optimizer: str = key("adam", "adam (the code) | sgd (Alg. 8 update rule)", "PeFLL authors' code: optim adam",
                                 choices=SERVER_OPTIMIZERS)
     server_lr: Optional[float] = key(None, "server step (null: adam 2e-4; sgd 1, Alg. 8)",
-                                     "pefll.md §1.7: code lr 2e-4")
+                                     "PeFLL authors' code: lr 2e-4")
     server_momentum: float = key(0.0, "momentum of the sgd server optimizer")
     server_clip: Optional[float] = key(None, "clip of the server gradient (null: adam 50, sgd off; 0 = off)",
-                                       "pefll.md §9: code clip 50")
-    lambda_h: float = key(1e-3, "Eq. (4.1) regularizer of the hypernetwork", "pefll.md §1.7: lambda_h = 1e-3")
-    lambda_v: float = key(1e-3, "Eq. (4.1) regularizer of the embedding net", "pefll.md §1.7: lambda_v = 1e-3")
-    lambda_theta: float = key(0.0, "Eq. (4.1) regularizer of the client model", "pefll.md §1.7: lambda_theta = 0")
+                                       "PeFLL authors' code: clip 50")
+    lambda_h: float = key(1e-3, "Eq. (4.1) regularizer of the hypernetwork", "thesis App. B.1.2: lambda_h = 1e-3")
+    lambda_v: float = key(1e-3, "Eq. (4.1) regularizer of the embedding net", "thesis App. B.1.2: lambda_v = 1e-3")
+    lambda_theta: float = key(0.0, "Eq. (4.1) regularizer of the client model", "thesis App. B.1.2: lambda_theta = 0")
     embedding: str = key("auto", "embedding net: auto (cnn for images, mlp for vectors) | cnn | cnn-x | linear | mlp "
-                         "| mlp-x", "pefll.md §1.7: code embed-model cnn", choices=EMBEDDINGS)
-    embed_dim: int = key(0, "descriptor dimension l (0 = int(1 + n / 4))", "pefll.md §1.7, §2.4: l = int(1 + n/4)")
+                         "| mlp-x", "PeFLL authors' code: embed-model cnn", choices=EMBEDDINGS)
+    embed_dim: int = key(0, "descriptor dimension l (0 = int(1 + n / 4))", "thesis App. B.1.2: l = n/4, as int(1 + n/4) in the code")
     hyper_size: str = key("M", "hypernetwork S / M / L = 1 / 3 / 5 hidden layers",
-                          "pefll.md §1.7: code hyper-nhid 3 (Table B.5 M)", choices=HYPER_SIZES)
-    hyper_hidden: int = key(100, "hypernetwork hidden width", "pefll.md §1.7: code hyper-hid 100")
-    descriptor_batch: int = key(32, "samples per training descriptor", "pefll.md §1.7: descriptor batch 32")
+                          "PeFLL authors' code: hyper-nhid 3 (thesis Table B.5: M)", choices=HYPER_SIZES)
+    hyper_hidden: int = key(100, "hypernetwork hidden width", "PeFLL authors' code: hyper-hid 100")
+    descriptor_batch: int = key(32, "samples per training descriptor", "thesis §4.4: descriptor batch 32")
     eval_descriptor: str = key("all", "descriptor at evaluation: all train samples (code) | one batch (paper)",
-                               "pefll.md §9: the code", choices=EVAL_DESCRIPTORS)
+                               "PeFLL authors' code", choices=EVAL_DESCRIPTORS)
     standardize_descriptor: bool = key(True, "the code's frozen scalar (v - m) / s from the first descriptor",
-                                       "pefll.md §9.3")
+                                       "PeFLL authors' code: its frozen m, s")
     track_descriptors: bool = key(False, "log Spearman(descriptor, label-distribution distances) of holdout clients")
 
     def planned_cohort(self, num_clients: int | None = None) -> int | None:
@@ -96,7 +96,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
                            "data; thesis App. B, Table B.6: lambda_theta x lambda_h = lambda_v over {0, 1e-5, 1e-3}; "
                            "embedding: §2.2's label embedding as the alternative descriptor")
     tune_group = "new"
-    paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4 (specs/pefll.md)"
+    paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4"
     new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
     config = PeFLLConfig
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"

@@ -68,9 +68,9 @@ class PerFedAvgConfig(FedAvgConfig):
     """Per-FedAvg's keys; its alpha is lr."""
 
     algorithm: str = key("perfedavg", "the algorithm these keys configure")
-    variant: str = key("fo", "fo (first-order MAML) | hf (Hessian-free)", "pefll.md §4.1: first-order (FO)",
+    variant: str = key("fo", "fo (first-order MAML) | hf (Hessian-free)", "thesis §4.4, App. B.1.2: first-order (FO)",
                        choices=("fo", "hf"))
-    beta: Optional[float] = key(None, "outer step beta (null: lr)", "Per-FedAvg paper Alg. 1 (not in specs/)")
+    beta: Optional[float] = key(None, "outer step beta (null: lr)", "Per-FedAvg (Fallah et al. 2020) Alg. 1")
 
 
 class PerFedAvg(FedAvg):

@@ -1,24 +1,24 @@
-"""pFedHN and pFedHN-PC (Shamsian, Navon, Fetaya, Chechik, ICML 2021; ``specs/pfedhn-hyperfl.md`` A).
+"""pFedHN and pFedHN-PC (Shamsian, Navon, Fetaya, Chechik, ICML 2021, §3, Alg. 1; the official code where the paper is silent).
 
 A server-side hypernetwork h(v_i; phi) maps a trainable per-client embedding v_i (a row of a
 table over the train clients, dimension int(1 + n/4)) to the client's model theta_i. One round
-(Alg. 1 with the two errata of spec A.3 fixed):
+(Alg. 1 with two errata fixed, as the official code has it):
 
 1. the server sends theta_i = h(v_i; phi) to each cohort client (one client per round in the paper);
 2. the client runs K local SGD steps and returns delta_i = theta~_i - theta_i;
 3. the server takes ONE step on (phi, v) with the gradient J^T (theta_i - theta~_i) -- descent on the
-   surrogate 1/2 ||theta~_i - h(v_i; phi)||^2 (A.3 erratum 2: the sign), after all K steps (erratum 1:
-   the indentation) -- by SGD with momentum, weight decay and clipping (A.4, A.8).
+   surrogate 1/2 ||theta~_i - h(v_i; phi)||^2 (erratum 2: the sign), after all K steps (erratum 1:
+   the indentation) -- by SGD with momentum, weight decay and clipping (the official code's outer optimizer).
 
 A cohort of c > 1 clients runs as one batched computation (generated weights stacked, local steps
 vmapped) and averages the c VJPs.
 
-pFedHN-PC (A.7) generates the feature extractor only; every client keeps a private head (the
+pFedHN-PC (§3.3) generates the feature extractor only; every client keeps a private head (the
 client net's last layer) and its SGD momentum across rounds, stepped jointly with the K local steps.
 With mixed sizes (``client_sizes``, §5.2) h generates each size's feature extractor and a client's
 head has its own size's shape (one private-head store per size).
 
-New clients (A.9.4; the PeFLL paper's protocol for pFedHN): phi frozen, a fresh embedding
+New clients (§5 "generalization to novel clients"; the PeFLL thesis's protocol for pFedHN, §4.4): phi frozen, a fresh embedding
 v_new ~ N(0, I) trained for ``embed_rounds`` rounds of the same delta-VJP rule (pFedHN-PC also
 trains a fresh head during the local steps).
 """
@@ -37,43 +37,44 @@ from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack
 from pfl_cli.fl.server import server_step
 
 
-DEFAULT_SERVER_LR = 1e-2      # A.8: pFedHN's outer lr
-DEFAULT_SERVER_LR_PC = 5e-2   # A.7: pFedHN-PC's outer lr
+DEFAULT_SERVER_LR = 1e-2      # pFedHN's outer lr (official code)
+DEFAULT_SERVER_LR_PC = 5e-2   # pFedHN-PC's outer lr (official code)
 
 
-S = "pfedhn-hyperfl.md"
+P = "pFedHN (ICML 2021)"
+C = "pFedHN official code"
 
 
 @dataclass(frozen=True)
 class PFedHNConfig(TrainConfig):
-    """pFedHN's keys; defaults from the paper and the official code (spec A.8)."""
+    """pFedHN's keys; defaults from the paper (§5, App. B) and the official code."""
 
     algorithm: str = key("pfedhn", "the algorithm these keys configure")
-    rounds: int = key(5000, "communication rounds (server steps)", f"{S} A.8: at most 5000 steps")
-    clients_per_round: Optional[int] = key(1, "clients per server step", f"{S} A.8: 1 (sample client i), Alg. 1")
-    local_steps: int = key(50, "K: inner SGD steps of a client", f"{S} A.8: K = 50")
-    lr: float = key(5e-3, "inner (client) SGD step size", f"{S} A.8: inner lr 5e-3")
-    momentum: float = key(0.9, "inner SGD momentum", f"{S} A.8: inner momentum 0.9")
-    lambda_theta: float = key(2.5e-5, "inner weight decay / 2", f"{S} A.8: inner wd 5e-5 = 2 lambda_theta")
-    client_clip: float = key(50.0, "inner gradient-norm clip", f"{S} A.8: inner grad-clip 50")
-    batch_size: int = key(64, "client minibatch size", f"{S} A.8: batch size 64")
-    eval_every: int = key(30, "rounds between evaluations", f"{S} A.8: eval every 30 steps")
-    server_lr: float = key(DEFAULT_SERVER_LR, "outer SGD step on the hypernetwork", f"{S} A.8: outer lr 1e-2")
+    rounds: int = key(5000, "communication rounds (server steps)", f"{P} §5: at most 5000 steps")
+    clients_per_round: Optional[int] = key(1, "clients per server step", f"{P} Alg. 1: sample one client i")
+    local_steps: int = key(50, "K: inner SGD steps of a client", f"{P} §5: K = 50")
+    lr: float = key(5e-3, "inner (client) SGD step size", f"{C}: inner lr 5e-3")
+    momentum: float = key(0.9, "inner SGD momentum", f"{C}: inner momentum 0.9")
+    lambda_theta: float = key(2.5e-5, "inner weight decay / 2", f"{C}: inner wd 5e-5 = 2 lambda_theta")
+    client_clip: float = key(50.0, "inner gradient-norm clip", f"{C}: inner grad-clip 50")
+    batch_size: int = key(64, "client minibatch size", f"{C}: batch size 64")
+    eval_every: int = key(30, "rounds between evaluations", f"{C}: eval every 30 steps")
+    server_lr: float = key(DEFAULT_SERVER_LR, "outer SGD step on the hypernetwork", f"{C}: outer lr 1e-2")
     embed_lr: Optional[float] = key(None, "outer step of the embedding rows (null: server_lr)",
-                                    f"{S} A.8: embed_lr = lr")
-    hn_momentum: float = key(0.9, "outer SGD momentum", f"{S} A.8: outer momentum 0.9")
-    hn_weight_decay: float = key(1e-3, "outer weight decay (touches the whole embedding table, A.4)",
-                                 f"{S} A.8: outer wd 1e-3")
-    server_clip: float = key(50.0, "clip of the hypernetwork gradient (0 = off)", f"{S} A.8: HN grad clip 50")
+                                    f"{C}: embed_lr = lr")
+    hn_momentum: float = key(0.9, "outer SGD momentum", f"{C}: outer momentum 0.9")
+    hn_weight_decay: float = key(1e-3, "outer weight decay (touches the whole embedding table, as in the official code)",
+                                 f"{C}: outer wd 1e-3")
+    server_clip: float = key(50.0, "clip of the hypernetwork gradient (0 = off)", f"{C}: HN grad clip 50")
     embed_dim: int = key(0, "embedding dimension (0 = int(1 + n / 4) over the n train clients)",
-                         f"{S} A.8: embedding dim int(1 + n/4)")
+                         f"{P} §5: embedding dim int(1 + n/4)")
     hyper_size: str = key("M", "hypernetwork S / M / L = 1 / 3 / 5 hidden layers",
-                          f"{S} A.8: HN 3 hidden x 100 units", choices=HYPER_SIZES)
-    hyper_hidden: int = key(100, "hypernetwork hidden width", f"{S} A.8: HN 3 hidden x 100 units")
+                          f"{P} App. B: HN 3 hidden x 100 units", choices=HYPER_SIZES)
+    hyper_hidden: int = key(100, "hypernetwork hidden width", f"{P} App. B: HN 3 hidden x 100 units")
     embed_rounds: int = key(20, "rounds a new client's embedding trains (phi frozen)",
-                            "pefll.md §4.1: optimized for 20 rounds")
+                            "thesis §4.4, App. B.1.2: optimized for 20 rounds")
     client_sizes: str = key("", 'target widths "S,M,L" (client j gets size j mod 3; "" = one size)',
-                            f"{S} A.6 / pFedHN §5.2")
+                            f"{P} §5.2")
 
     def validate(self) -> None:
         super().validate()
@@ -92,10 +93,10 @@ class PFedHNConfig(TrainConfig):
 
 @dataclass(frozen=True)
 class PFedHNPCConfig(PFedHNConfig):
-    """pFedHN-PC's keys: pFedHN's with its own outer step (spec A.7)."""
+    """pFedHN-PC's keys: pFedHN's with its own outer step (official code)."""
 
     algorithm: str = key("pfedhn-pc", "the algorithm these keys configure")
-    server_lr: float = key(DEFAULT_SERVER_LR_PC, "outer SGD step on the hypernetwork", f"{S} A.7: PC outer lr 5e-2")
+    server_lr: float = key(DEFAULT_SERVER_LR_PC, "outer SGD step on the hypernetwork", f"{C}: PC outer lr 5e-2")
 
 
 class PFedHN(ServerOptimizerState, Attackable, Algorithm):
@@ -109,7 +110,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
                            "and inner lr {5e-2, 1e-2, 5e-3, 1e-3} tuned on validation data; §5, embedding-size "
                            "ablation {5, 15, 25, 35}")
     tune_group = "train"
-    paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021 (specs/pfedhn-hyperfl.md A)"
+    paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021, §3, Alg. 1"
     new_client_protocol = "a fresh embedding trained embed_rounds rounds, hypernetwork frozen"
     config = PFedHNConfig
     personal_head = False
@@ -124,7 +125,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
         hidden = hidden_sizes(cfg.mlp_hidden)
         client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden)
         rows = max(len(store.clients(ROLE_TRAIN)), 1)   # one row per train client: holdout clients have none
-        dim = descriptor_dim(cfg, rows)  # A.8: e = int(1 + n/4), n the train clients (the table's rows)
+        dim = descriptor_dim(cfg, rows)  # §5: e = int(1 + n/4), n the train clients (the table's rows)
         generate = split_names(build(client))[0] if cls.personal_head else None
         arch = {"client": client, "table": table_spec(rows, dim)}
         targets = None
@@ -137,7 +138,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
 
     @property
     def server_clip(self) -> float:
-        """The clip of the server gradient: --set server_clip, else 50 (spec A.8's default)."""
+        """The clip of the server gradient: --set server_clip, else 50 (the official code's default)."""
         return 50.0 if self.cfg.server_clip is None else float(self.cfg.server_clip)
 
     def build(self) -> None:
@@ -276,7 +277,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
         """Alg. 1 step 2: delta theta_i after ``steps`` local steps from theta_i = h(v_i) (0: the gradient there).
 
         A train client gets h of its trained embedding; a client without one (holdout) the
-        first model A.9.4 sends it, h of a fresh v ~ N(0, I). pFedHN-PC: the private head joins
+        first model the novel-client protocol sends it, h of a fresh v ~ N(0, I). pFedHN-PC: the private head joins
         the local steps (``private``: the attacker's guess of it) and only the feature
         extractor's delta goes up. The steps are the trainer's (same clip, momentum, decay).
         """
@@ -341,7 +342,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
         return merge_rows(len(clients), parts), True
 
     def new_clients(self, clients: np.ndarray, gen, group: str = "", local=None) -> dict:
-        """A.9.4: phi frozen; a fresh embedding per client trained by the delta-VJP rule for ``embed_rounds``.
+        """Novel clients (§5; PeFLL thesis §4.4): phi frozen; a fresh embedding per client trained by the delta-VJP rule for ``embed_rounds``.
 
         The embedding takes the server's optimizer settings (embedding lr, momentum, weight decay,
         clip per client); pFedHN-PC also trains a fresh head with a persistent momentum buffer.
@@ -441,7 +442,7 @@ def sized_client(client: dict, size: str) -> dict:
 
 
 class PFedHNPC(PFedHN):
-    """pFedHN-PC (A.7): the hypernetwork generates the feature extractor; heads stay on the clients."""
+    """pFedHN-PC (§3.3): the hypernetwork generates the feature extractor; heads stay on the clients."""
 
     name = "pfedhn-pc"
     search_space = {
@@ -452,7 +453,7 @@ class PFedHNPC(PFedHN):
     search_space_source = ("Shamsian et al., pFedHN (ICML 2021), App. B: hypernetwork lr {1e-1, 5e-2, 1e-2, 5e-3} "
                            "and inner lr {5e-2, 1e-2, 5e-3, 1e-3}; §5, embedding sizes {5, 15, 25, 35}")
     tune_group = "train"
-    paper = "pFedHN-PC: Shamsian et al., ICML 2021 §3.3 (specs/pfedhn-hyperfl.md A.7)"
+    paper = "pFedHN-PC: Shamsian et al., ICML 2021 §3.3"
     new_client_protocol = "a fresh embedding and head trained embed_rounds rounds"
     config = PFedHNPCConfig
     personal_head = True

@@ -79,12 +79,12 @@ class PFedMeConfig(FedAvgRoundConfig):
     """pFedMe's keys."""
 
     algorithm: str = key("pfedme", "the algorithm these keys configure")
-    lam: float = key(15.0, "lambda: Moreau-envelope weight", "pefll.md §4.1: lambda = 15")
-    K: int = key(3, "gradient steps on the inner (personalized) problem", "pefll.md §4.1: K = 3")
-    beta: float = key(1.0, "server mixing beta (Alg. 1 line 11)", "pefll.md §4.1: beta = 1")
+    lam: float = key(15.0, "lambda: Moreau-envelope weight", "thesis §4.4, App. B.1.2: lambda = 15")
+    K: int = key(3, "gradient steps on the inner (personalized) problem", "thesis §4.4, App. B.1.2: K = 3")
+    beta: float = key(1.0, "server mixing beta (Alg. 1 line 11)", "thesis §4.4, App. B.1.2: beta = 1")
     personal_lr: Optional[float] = key(None, "step size of the K inner steps (null: lr)")
     new_client_epochs: int = key(20, "epochs a new client fine-tunes with the pFedMe loss",
-                                 "pefll.md §4.1: finetune 20 epochs with the pFedMe loss")
+                                 "thesis §4.4, App. B.1.2: finetune 20 epochs with the pFedMe loss")
 
 
 class PFedMe(PrivateState, FedAvg):

@@ -26,7 +26,7 @@ class PPSGD(PersonalHeadLDP):
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("the client lr (the DP-SGD noise is the user's budget, never searched)")
     tune_group = "train"
-    paper = "PPSGD: Bietti et al. 2022, as HyperFL adapts it (specs/pfedhn-hyperfl.md B.10)"
+    paper = "PPSGD: Bietti et al. 2022, as HyperFL adapts it (HyperFL App. D.1 and its code)"
     new_client_protocol = "a head trained on the frozen DP representation"
     config = PPSGDConfig
     dp_unit = "example"  # declared: DP-SGD on the representation on every client

@@ -29,12 +29,12 @@ def test_one_algorithm_lists_its_keys_defaults_and_sources(cli):
     doc = json.loads(cli("algorithms", "hyperfl", "--format", "json").out)
     keys = {r["key"]: r for r in doc["keys"]}
     assert list(keys) == registry.get("hyperfl").keys and "hyper_size" not in keys
-    assert keys["momentum"]["default"] == 0.5 and "B.6" in keys["momentum"]["source"]
+    assert keys["momentum"]["default"] == 0.5 and "App. D.1" in keys["momentum"]["source"]
     assert keys["seed"]["source"] == "pflx"
     md = cli("algorithms", "pfedhn", "--format", "markdown").out
-    assert md.startswith("### pfedhn") and "| `server_lr` | `0.01` | pfedhn-hyperfl.md A.8" in md
+    assert md.startswith("### pfedhn") and "| `server_lr` | `0.01` | pFedHN official code: outer lr 1e-2" in md
     human = cli("algorithms", "pefll").out
-    assert "lambda_h" in human and "pefll.md" in human
+    assert "lambda_h" in human and "thesis App. B.1.2" in human
 
 
 def test_an_unknown_algorithm_is_refused(cli):
