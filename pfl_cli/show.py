@@ -100,7 +100,7 @@ def _tune(art: Artifact) -> dict:
     doc = _metrics(art)
     numbers = _pick(doc, "algorithm")
     objective = doc.get("objective") if isinstance(doc.get("objective"), dict) else {}
-    numbers["objective"] = f"{objective.get('metric')} on {objective.get('clients')}"
+    numbers["objective"] = f"{objective.get('metric')} on {objective.get('scored_on')}"
     best = doc.get("best") if isinstance(doc.get("best"), dict) else {}
     if "value" in best:
         numbers["best_trial"] = best.get("trial")

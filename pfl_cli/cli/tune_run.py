@@ -352,14 +352,14 @@ def _write_artifact(writer, study, plan: Plan, o: TuneOptions, *, out: Path, sta
 
             tune_figures(header, rows, plan.params, writer.path("history.png"), writer.path("parallel.png"),
                          title=f"pflx tune {plan.cfg.algorithm}: {plan.objective['metric']} on "
-                               f"{plan.objective['clients']}")
+                               f"{plan.objective['scored_on']}")
 
 
 def _best_yaml(config: dict, plan: Plan, best) -> str:
     import yaml
 
     head = (f"# pflx tune: the best of the study's trials (trial {best.number}, validation "
-            f"{plan.objective['metric']} {best.value:.4f} on {plan.objective['clients']}).\n"
+            f"{plan.objective['metric']} {best.value:.4f} on {plan.objective['scored_on']}).\n"
             "# Train with it: pflx train --partition PART --config best.yaml --out RUN (add --seed S for more seeds).\n")
     return head + yaml.safe_dump(config, sort_keys=False)
 
@@ -391,7 +391,7 @@ def _print_summary(report: Reporter, out: Path, study, plan: Plan, partition: Pa
     counts = state_counts(study)
     table = Table(title=f"tune -> {out}: {plan.cfg.algorithm}, best of {sum(counts.values())} trials "
                   f"({', '.join(f'{v} {k}' for k, v in counts.items())})", title_justify="left",
-                  caption=f"validation {plan.objective['metric']} on {plan.objective['clients']}; next: pflx train "
+                  caption=f"validation {plan.objective['metric']} on {plan.objective['scored_on']}; next: pflx train "
                   f"--partition {partition} --config {out}/best.yaml --out RUN", caption_justify="left")
     table.add_column("trial", justify="right")
     table.add_column("validation", justify="right")

@@ -49,7 +49,7 @@ class TuningData:
 def objective_of(algorithm_class: type, label_mask: bool) -> dict[str, str]:
     """The group and metric a study maximizes: the method's own clients, its headline metric."""
     group = "holdout" if getattr(algorithm_class, "tune_group", "train") == "new" else "train"
-    return {"group": group, "clients": "validation clients" if group == "holdout" else
+    return {"group": group, "scored_on": "validation clients" if group == "holdout" else
             "train clients' validation samples",
             "metric": "mean_accuracy_lm" if label_mask else "mean_accuracy"}
 

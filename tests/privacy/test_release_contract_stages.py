@@ -133,6 +133,14 @@ def _train(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple
                  "--out", str(out), *rest], capsys)
 
 
+def _tune(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple[int, str]:
+    # A private study: a secret number of DP trainings, each with a noisy score; the best config released.
+    return _cli(["tune", "--partition", str(private.path), "--algorithm", "fedavg", "--trials", "2",
+                 "--dp", "eps=2,delta=1e-6,clip=0.5,population=1000", "--rounds", "2", "--eval-every", "2",
+                 "--local-steps", "2", "--clients-per-round", "400", "--batch-size", "8", "--set", "normalize=false",
+                 "--set", "mlp_hidden=[8]", "--set", "dp_sampling_rate=0.3", "--out", str(out), *extra], capsys)
+
+
 CASES = [
     StageCase("train", _train, _labelled_partition,
               ((), ("--write-nonprivate",), ("--algorithm", "pefll", "--no-standardize-descriptor", "--embed-dim", "4",
@@ -143,6 +151,7 @@ CASES = [
     StageCase("cluster", _cluster, _points_partition,
               ((), ("--write-nonprivate", "--k-candidates", "1-5"), ("--privacy-unit", "client", "--lloyds-steps", "1"))),
     StageCase("privacy-account", _privacy_account, _both, ((), ("--accountant", "pld"))),
+    StageCase("tune", _tune, _labelled_partition, ((), ("--write-nonprivate",))),
 ]
 
 
