@@ -1,4 +1,4 @@
-"""Baseline initializations of thesis §6.5 / App. D.7.3 (``specs/clustering.md`` §4).
+"""Baseline initializations of thesis §6.5 / App. D.7.3.
 
 The DP baselines are an initialization that spends no privacy (it uses only the public
 server data, or nothing) followed by FedDP-Lloyds, which gets the whole budget:

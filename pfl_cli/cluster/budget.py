@@ -1,6 +1,6 @@
 """Privacy budget of FedDP-KMeans: the split over steps, sensitivities and noise scales.
 
-Six releases can spend budget (``specs/clustering.md`` §3.3), in this order::
+Six releases can spend budget (thesis §6.3, Algorithms 11 and 12), in this order::
 
     outer          FedDP-Init step 1: sum of outer products      Gaussian, symmetric
     weights        FedDP-Init step 2: server-point weights       Laplace

@@ -1,4 +1,4 @@
-"""FedDP-Init (thesis Algorithm 11, ``specs/clustering.md`` §3.1): private initial centers.
+"""FedDP-Init (thesis §6.3.1, Algorithm 11): private initial centers.
 
 Step 1  clients: sum_i P_i P_i^T  -> + symmetric Gaussian -> server: top-k' eigenvectors Pi
 Step 2  clients: sum_i w(Pi P_i)  -> + Laplace            -> server: weighted k-means on Pi Q

@@ -1,4 +1,4 @@
-"""FedDP-Lloyds (thesis Algorithm 12, ``specs/clustering.md`` §3.2): private Lloyd steps.
+"""FedDP-Lloyds (thesis §6.3.2, Algorithm 12): private Lloyd steps.
 
 for t = 1..T: clients assign their points to the nearest of nu^{t-1} in the **full**
 space and send per-cluster sums and counts; the server receives their secure-aggregation

@@ -1,4 +1,4 @@
-"""``ring:[?...]``: the synthetic "ring" task that needs personalization (``specs/pefll.md`` §7.2 L2).
+"""``ring:[?...]``: the synthetic "ring" task that needs personalization (pflx's own, docs/ring-personalization.md).
 
 C classes (default 10) whose means lie equally spaced on a circle of radius ``radius`` in
 the first two dimensions, class c at angle 2*pi*c/C; a sample is its class mean plus
@@ -44,7 +44,7 @@ _FLOAT_OPTIONS = {"radius": 2.0, "sigma": 1.0}
 
 @dataclass(frozen=True)
 class RingSpec:
-    """Parameters of the synthetic ring task (``specs/pefll.md`` §7.2 L2)."""
+    """Parameters of the synthetic ring task (docs/ring-personalization.md)."""
 
     classes: int = 10
     train_per_class: int = 126

@@ -6,7 +6,7 @@ from one ``torch.func.vmap`` over ``functional_call`` (``cohort_exec=vmap``) or 
 forward and backward per client (``loop``), whichever the device and architecture run
 faster (:func:`resolve_cohort_exec`). Semantics are those of ``torch.optim.SGD``
 with momentum (buffer fresh each round) and ``clip_grad_norm_`` before each step, per
-client (``specs/pefll.md`` §1.6 step 4); :func:`local_sgd_reference` runs the same thing
+client (PeFLL, thesis Alg. 8 line 10); :func:`local_sgd_reference` runs the same thing
 one client at a time with the real optimizer, and the tests hold the two equal.
 """
 

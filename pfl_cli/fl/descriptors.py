@@ -1,4 +1,4 @@
-"""Descriptor analysis (PeFLL thesis §4.4, Fig. 4.1; ``specs/pefll.md`` §3.4).
+"""Descriptor analysis (PeFLL thesis §4.4, Fig. 4.1, Figs. B.12-B.14).
 
 Do clients with similar data get similar descriptors? For each unseen client i, Spearman's
 rank correlation between its descriptor distances d^v_ij = ||v(S_i) - v(S_j)|| and its

@@ -1,7 +1,7 @@
 """Example-level DP-SGD on every client of a cohort at once: the ISRL-DP building block.
 
 Inter-silo record-level DP (Lowy and Razaviyayn 2023; the setting HyperFL's DP baselines are
-adapted to, ``specs/pfedhn-hyperfl.md`` B.10): each client trusts only itself, so every local
+adapted to, HyperFL App. D.1): each client trusts only itself, so every local
 step it takes on parameters it uploads is a DP-SGD step (Abadi et al. 2016, Alg. 1):
 
 - a Poisson batch: each of the client's records joins with probability q (public);

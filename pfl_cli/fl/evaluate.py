@@ -1,6 +1,6 @@
 """Accuracy of global or personalized models on groups of clients, with and without label masking.
 
-Label masking (``specs/pefll.md`` §2.5): a client overwrites the scores of classes absent
+Label masking (PeFLL thesis App. B.1.3 "Integrating known client label sets", Table B.4): a client overwrites the scores of classes absent
 from its train data so they are never predicted. pflx sets their logits to -inf before the
 argmax (the authors' code multiplies logits by a 0/1 mask, which lets an absent class win
 when every present logit is negative). Both accuracies come from the same logits, so every

@@ -1,7 +1,7 @@
 """The server's optimizer step on gradients it assembled itself: the hypernetwork algorithms' outer update.
 
-pFedHN (Alg. 1, the outer step with errata 1-2, ``specs/pfedhn-hyperfl.md`` A) and PeFLL
-(Alg. 8 lines 17-18, ``specs/pefll.md``) both turn the cohort's model deltas into gradients of
+pFedHN (Alg. 1, the outer step with two errata fixed as in its official code) and PeFLL
+(thesis Alg. 8 lines 17-18) both turn the cohort's model deltas into gradients of
 the server's parameters by a vector-Jacobian product, and then take one step of a
 ``torch.optim`` optimizer on them after clipping their joint norm. That step is here.
 """

@@ -5,7 +5,7 @@ The head is the classifier, the net's last layer, whose parameter prefix the net
 pre-trained backbone net's ``head``), as in FedRep (Collins et al. 2021, §2: "the head is the
 final fully-connected layer"), FedPer and LG-FedAvg; the body is everything before it. pFedHN-PC
 and HyperFL generate the body (the feature extractor) and keep the head private; PPSGD and
-CENTAUR keep the head on the client (``specs/pfedhn-hyperfl.md`` B.10). A net with one layer
+CENTAUR keep the head on the client (HyperFL App. D.1). A net with one layer
 (an MLP without hidden layers) has no body, so a split is refused.
 """
 

@@ -1,4 +1,4 @@
-"""MDM: Mixture-of-Dirichlet-Multinomials over client histograms (thesis ch. 3, ``specs/mdm.md``).
+"""MDM: Mixture-of-Dirichlet-Multinomials over client histograms (thesis ch. 3, App. A).
 
 Fit how real clients' label histograms are distributed, then draw new clients that are
 heterogeneous the same way:

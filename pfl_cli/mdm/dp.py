@@ -1,4 +1,4 @@
-"""Client-level differentially private MDM fitting (thesis §3.1, §3.5; specs/mdm.md §7).
+"""Client-level differentially private MDM fitting (thesis §3.1, §3.5).
 
 The thesis notes that Algorithms 5 and 6 only ever use sums of client statistics, so
 central DP needs (1) a bound on what one client can add to each sum and (2) Gaussian

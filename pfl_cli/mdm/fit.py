@@ -29,7 +29,7 @@ from pfl_cli.mdm.dp import cap_client_sizes
 from pfl_cli.mdm.init import MOMENT_CATEGORIES, init_client_sums, init_from_sums
 from pfl_cli.mdm.model import ALPHA_FLOOR, TAU_FLOOR, MDMParams, binned_size_edges, integer_size_edges
 
-OMEGA_MIN = 1e-8  # an (almost) empty component keeps its previous alpha and pi (specs/mdm.md §2.2)
+OMEGA_MIN = 1e-8  # an (almost) empty component keeps its previous alpha and pi (a guard of pflx; thesis Algorithm 6 divides by omega_k)
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def size_edges_for(sizes: np.ndarray, *, max_samples: int | None, sample_bins: i
 def server_update(sums: K.SummedStatistics, params: MDMParams) -> MDMParams:
     """The server's update from summed client statistics (Alg. 6 lines 13-15, Eqs. 3.17-3.19).
 
-    Guards (specs/mdm.md §2.2): a component with ``omega_k < 1e-8`` keeps its previous
+    Guards (pflx's, around thesis Algorithm 6): a component with ``omega_k < 1e-8`` keeps its previous
     ``alpha_k`` and ``pi_k``; ``alpha`` is floored at 1e-6 and ``tau`` at 1e-12, then
     renormalized. Noisy (DP) sums are clamped at 0 first, so no NaN can come out.
     """
@@ -190,7 +190,7 @@ def fit_mdm(
         Clients of Algorithm 5's cohort; default ``cohort_size``.
     restarts : int, default=1
         Independent initializations; the one with the highest final log-likelihood wins
-        (the objective is non-concave, specs/mdm.md §3).
+        (the objective is non-concave, thesis §3.3.3).
     max_samples : int, optional
         M, the largest client size the model covers; default the largest size seen.
         Required with ``dp`` (a public bound); larger clients are then cut down to M.

@@ -9,7 +9,7 @@ Each client of a cohort S_0 picks a component ``k_i ~ U{1..K}`` and uploads
     alpha_k^(0) = (Pbar_kj - Qbar_kj) / (Qbar_kj - Pbar_kj^2) * Pbar_k       (Eq. 3.9, A.3-A.4)
 
 The thesis matches the moments of category ``j = 1``; the default here is the category
-with the largest mean proportion (``specs/mdm.md`` §2.1), which is never absent from a
+with the largest mean proportion (thesis §3.3.2, Algorithm 5), which is never absent from a
 component and has the smallest relative variance. ``moment_category="first"`` gives the
 thesis's choice.
 """
@@ -51,7 +51,7 @@ def init_client_sums(counts: np.ndarray, size_bin: np.ndarray, num_components: i
     n = counts.shape[0]
     k = rng.integers(num_components, size=n)                               # line 3: k_i ~ U{1..K}
     if n >= num_components and len(np.unique(k)) < num_components:
-        # Guard (specs/mdm.md §2.1): an empty component has n_k = 0; give each one client.
+        # Guard (pflx's, around thesis Algorithm 5): an empty component has n_k = 0; give each one client.
         k[rng.permutation(n)[:num_components]] = np.arange(num_components)
     prop = counts / counts.sum(axis=1, keepdims=True)                       # line 5: c_i / m_i
     onehot = np.zeros((n, num_components))

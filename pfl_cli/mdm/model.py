@@ -1,6 +1,6 @@
 """The Mixture-of-Dirichlet-Multinomials (MDM) model: parameters, pmf, log-likelihood.
 
-Thesis ch. 3 (``specs/mdm.md`` §1). A client is a histogram ``c`` over ``C`` categories
+Thesis ch. 3 (§3.3.1, Eqs. (3.1)-(3.4)). A client is a histogram ``c`` over ``C`` categories
 with ``m = sum(c)`` samples. Under the model a client is one draw of
 
     k ~ Categorical(tau), m ~ pi_k, p ~ Dir(alpha_k), c ~ Mult(m, p)          (Eqs. 3.1-3.3)
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-# Numeric guards (specs/mdm.md §2.2). A size bin a component never saw has Pi = 0; its log
+# Numeric guards (pflx's, around thesis Eqs. (3.1)-(3.4)). A size bin a component never saw has Pi = 0; its log
 # is floored so that a client whose size no component covers still gets finite weights.
 LOG_PI_FLOOR = float(np.log(1e-12))
 ALPHA_FLOOR = 1e-6

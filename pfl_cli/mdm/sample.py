@@ -1,4 +1,4 @@
-"""Drawing new clients from an MDM (thesis §3.1, specs/mdm.md §1.6), all clients at once.
+"""Drawing new clients from an MDM (thesis §3.1, Eqs. (3.1)-(3.3)), all clients at once.
 
 For each client: ``k ~ Categorical(tau)``, ``m ~ pi_k`` (uniform within its size bin),
 ``p ~ Dir(alpha_k)``, ``c ~ Mult(m, p)``.

@@ -4,7 +4,7 @@
 2. Evaluate the log-likelihood (Eq. 3.4) of clients the fits have not seen.
 3. Take the K with the highest validation log-likelihood;
 4. among (approximate) ties take the smallest K: every K whose mean validation
-   log-likelihood per client is within ``tie_tolerance`` nats of the best (specs/mdm.md §4),
+   log-likelihood per client is within ``tie_tolerance`` nats of the best (thesis App. A.1),
    or within one standard error of its paired per-client difference to the best -- the
    one-standard-error rule, so a small validation cohort's noise does not pick a larger K.
 """

@@ -1,6 +1,6 @@
 """Client (target) networks: the models a hypernetwork generates and clients train.
 
-- :class:`LeNet` -- the CIFAR / FEMNIST client model of PeFLL Table B.1 (``specs/pefll.md`` §2.1).
+- :class:`LeNet` -- the CIFAR / FEMNIST client model of PeFLL Table B.1 (thesis App. B).
 - :class:`MLP` -- a fully connected net on flattened inputs (the digits model of §7.2).
 - :func:`client_model` -- builds either from a dataset's input shape, with ``"auto"`` choosing.
 
@@ -221,7 +221,7 @@ class LeNet(LeNetTrunk):
 
 
 class HyperFLCNN(nn.Module):
-    """HyperFL's target CNNs (Guo et al. 2025, App. D.1; ``specs/pfedhn-hyperfl.md`` §B.4), LeakyReLU.
+    """HyperFL's target CNNs (Guo et al. 2025, App. D.1, and its code), LeakyReLU.
 
     3-channel images (CIFAR-10, CINIC-10): Conv(3,16,5) Pool Conv(16,32,5,p1) Pool Conv(32,64,3,p1) Pool,
     FC1 576 -> 128, FC2 128 -> C. Other images ((E)MNIST, FMNIST): the first two convolutions only,

@@ -1,4 +1,4 @@
-"""Embedding networks phi(x, y) of PeFLL (``specs/pefll.md`` §1.1, §2.2).
+"""Embedding networks phi(x, y) of PeFLL (thesis §4.3, Table B.2).
 
 Every module here maps a batch to **per-sample** embeddings of shape (B, dim); the caller
 averages them over the batch into the client descriptor v(B) = mean_b phi(x_b, y_b). All share

@@ -1,4 +1,4 @@
-"""Hypernetwork h: R^l -> R^D of PeFLL Table B.3 (``specs/pefll.md`` §2.3).
+"""Hypernetwork h: R^l -> R^D of PeFLL (thesis Table B.3).
 
 An MLP body ``Linear(l, hidden)`` followed by ``n_hidden`` times ``[ReLU, Linear(hidden, hidden)]``
 (as in the authors' ``CNNHyper`` there is no ReLU after the last hidden layer), then one linear

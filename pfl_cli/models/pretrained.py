@@ -1,6 +1,6 @@
 """HyperFL-LPM's client net: a frozen pre-trained backbone, adapters, a linear classifier (HyperFL §3.3, App. D.1).
 
-Backbones (``specs/pfedhn-hyperfl.md`` B.5): ``vit-s16`` (timm's ViT-S/16 at 384 px) and ``resnet18``
+Backbones (HyperFL §3.3, App. D.1): ``vit-s16`` (timm's ViT-S/16 at 384 px) and ``resnet18``
 (torchvision's, 224 px), each with a tiny configuration of the same family (``vit-micro``,
 ``resnet-micro``: random initialization, a few blocks) for CPU tests and smoke runs. Weights come
 from a local file in the published key layout (:func:`load_backbone_state`); nothing is downloaded.

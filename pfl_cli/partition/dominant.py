@@ -1,4 +1,4 @@
-"""Dominant-class label skew (FedPAC / HyperFL, ``specs/pfedhn-hyperfl.md`` B.7).
+"""Dominant-class label skew (FedPAC / HyperFL App. D.1).
 
 "All clients have the same data size, in which s% of data (20% by default) are uniformly sampled
 from all classes and the remaining (100-s)% from a set of dominant classes for each client."

@@ -1,6 +1,6 @@
 """Pathological label skew: every client holds exactly N classes.
 
-``assign="random"`` is the pFedHN/PeFLL protocol (``specs/pefll.md`` section 3.1): each
+``assign="random"`` is the pFedHN/PeFLL protocol (PeFLL thesis §4.4 "Datasets"; pFedHN §5): each
 class is shared by about N*J/C clients; clients in turn pick N distinct classes among those
 with the most free slots, ties broken at random. ``deterministic`` gives client i the
 classes i, i+1, ..., i+N-1 (mod C); ``first-deterministic`` fixes the first class to i mod C

@@ -50,7 +50,7 @@ def match_test_pool(
 
     Class c of the pool is split over clients in proportion to their train counts of c:
     the same class/proportion partition applied to the test pool (pFedHN/PeFLL protocol,
-    ``specs/pefll.md`` section 3.1). Classes no client trains on stay unassigned.
+    PeFLL thesis §4.4 "Datasets"). Classes no client trains on stay unassigned.
     """
     num_clients, num_classes = train_hist.shape
     supply = np.bincount(pool_labels, minlength=num_classes)

@@ -1,6 +1,6 @@
 """Epsilon of a dp_accounting event, and calibration of noise or steps to a target.
 
-One accounting for every DP stage (thesis §3.5 of ``specs/clustering.md``: "strong
+One accounting for every DP stage (thesis §6.5, "Evaluation Procedure": "strong
 composition using Google's dp_accounting library"). Two accountants, named in a closed
 registry: ``"rdp"`` (Renyi DP, dp_accounting's default orders; fast, an upper bound) and
 ``"pld"`` (privacy loss distributions, value discretization 1e-4; tighter, slower).

@@ -5,8 +5,8 @@ few primitives so that every one of them calibrates and clips the same way:
 
 - :func:`gaussian_sigma` -- the Gaussian mechanism's standard deviation for one release.
   The default is the analytic Gaussian mechanism of Balle & Wang (2018), which the
-  thesis's experiments use (``specs/clustering.md`` §2 [C]); ``method="classic"`` is the
-  textbook ``sqrt(2 ln(1.25/delta)) * S / epsilon`` of thesis §2.4.1.
+  thesis's experiments use (the FedDP-KMeans code, through pfl-research's Gaussian mechanism);
+  ``method="classic"`` is the textbook ``sqrt(2 ln(1.25/delta)) * S / epsilon`` of thesis §2.4.1.
 - :func:`laplace_scale` -- ``S / epsilon`` for the Laplace mechanism (thesis §2.4.1, Lemma 16).
 - :func:`clip_l2`, :func:`clip_l1` -- scale vectors (or a whole matrix) into a norm ball so
   that a sum of them has a known sensitivity (thesis D.7.4).
@@ -124,7 +124,7 @@ def _clip(x: np.ndarray, bound: float, axis: int | None, order: int) -> np.ndarr
     else:
         norm = np.linalg.norm(x, ord=order, axis=axis, keepdims=True)
     # Vectors inside the ball stay bit-for-bit unchanged (factor exactly 1), so
-    # clipping is a no-op on data that already meets the bound (clustering.md §7.1 item 5).
+    # clipping is a no-op on data that already meets the bound (pflx tests/privacy).
     factor = np.where(norm > bound, bound / np.where(norm > 0, norm, 1.0), 1.0)
     return x * factor
 
@@ -186,7 +186,7 @@ def symmetric_gaussian_noise(d: int, sigma: float, rng: np.random.Generator) -> 
     The upper triangle, diagonal included, holds i.i.d. ``N(0, sigma^2)`` draws and is
     mirrored below the diagonal, so the result is exactly symmetric. Noising only the
     d(d+1)/2 free entries is what the sensitivity of ``sum_i P_i P_i^T`` refers to
-    (``specs/clustering.md`` §3.3).
+    (thesis §6.3.1, Algorithm 11).
 
     Examples
     --------

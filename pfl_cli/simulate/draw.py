@@ -1,6 +1,6 @@
 """Dealing server samples to simulated clients whose class counts are given (vectorized).
 
-Two sampling regimes (``specs/mdm.md`` §5.1, where the thesis is silent):
+Two sampling regimes (thesis §3.1 "subsample the centralized data"; it is silent on replacement):
 
 - ``replacement=True`` -- the server data acts as a population that every client samples
   independently: no sample repeats *within* a client, but clients may share samples.

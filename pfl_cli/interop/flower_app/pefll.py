@@ -2,7 +2,7 @@
 
 The hypernetwork h (eta_h) and its optimizer live in the ServerApp only; a node holds one client's
 data and receives the embedding network eta_v. One training round is three exchanges per cohort
-client, the six messages of ``specs/pefll.md`` §1.5 (and of PeFLL's traffic ledger):
+client, the six messages of thesis Alg. 8 (§4.3, App. B.1.3) (and of PeFLL's traffic ledger):
 
 ====================  ==========================  ==========================  ====================
 exchange              server -> node              node -> server              Alg. 8 steps

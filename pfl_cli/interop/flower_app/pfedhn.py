@@ -1,4 +1,4 @@
-"""pFedHN on Flower (Shamsian et al. 2021, Alg. 1 with the errata of specs/pfedhn-hyperfl.md A.4).
+"""pFedHN on Flower (Shamsian et al. 2021, Alg. 1 with two errata fixed as in its official code).
 
 The hypernetwork h(.; phi), the embedding table and their optimizer live in the ServerApp only; a
 node holds one client's data and never sees h or any embedding. One training round is one exchange
