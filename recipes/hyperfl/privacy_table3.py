@@ -1,4 +1,4 @@
-"""HyperFL Table 3 (Guo et al., AAAI 2025; spec pfedhn-hyperfl.md B.9): IG on what each method's clients upload.
+"""HyperFL Table 3 (Guo et al., AAAI 2025, §5, App. D): IG on what each method's clients upload.
 
 One driver; the recipes are its configs:
 
@@ -21,7 +21,7 @@ method shares) plus:
 For each method the driver writes its merged config to ``<out>/configs/<method>.yaml`` and runs
 ``pflx partition`` (once), ``pflx train`` and ``pflx attack`` with it (re-runs are no-ops: the
 artifacts are up to date). It prints the measured mean / median PSNR and mean SSIM beside the paper's,
-and T-P2 (spec D.3: HyperFL's median PSNR below FedAvg's) as HOLDS or DOES NOT HOLD. Exit code: 1 when
+and T-P2 (HyperFL's median PSNR below FedAvg's, the paper's Table 3 claim) as HOLDS or DOES NOT HOLD. Exit code: 1 when
 an ``expect`` check misses (the pipeline is broken), else 0; T-P2 is a finding about HyperFL, reported
 either way and never an exit code (on the digits smoke it does not hold). Writes ``<out>/table3.json``.
 """

@@ -27,7 +27,7 @@ from pfl_cli.mdm.model import integer_size_edges
 from pfl_cli.rng import make_rng
 
 RECIPE = Path(__file__).with_name("synthetic-recovery.yaml")
-TABLE_A1 = {  # thesis Table A.1 (C = 10); Pi is not given: 20 samples per client (specs/mdm.md §6.2)
+TABLE_A1 = {  # thesis Table A.1 (C = 10); Pi is not given: 20 samples per client (pflx's choice)
     "low1": ([1.0], [[1.0] * 10]),
     "low2": ([0.5, 0.5], [[0.5] * 10, [2.5] * 10]),
     "med1": ([1.0], [[0.1, 0.2, 0.6, 1.0, 2.0, 0.1, 1.0, 2.0, 0.5, 0.5]]),

@@ -1,4 +1,4 @@
-"""PeFLL client extrapolation (thesis Fig. B.1, ``specs/pefll.md`` §3.4) on CPU: recipes/pefll/extrapolation.yaml.
+"""PeFLL client extrapolation (thesis Fig. B.1) on CPU: recipes/pefll/extrapolation.yaml.
 
 PeFLL is trained once on Dir(0.1) clients; for every alpha of the grid, new clients with Dir(alpha)
 label distributions get their models from one forward pass (no fine-tuning), against Local (each new

@@ -1,4 +1,4 @@
-"""Print the numbers behind the PeFLL learning tests (``specs/pefll.md`` §7.2 L1 and L2) for several seeds.
+"""Print the numbers behind the PeFLL learning tests (tests/algorithms: digits and the ring task) for several seeds.
 
 The tests in tests/algorithms/test_algorithms_learning.py assert thresholds on seed 0 (seeds 1 and 2
 are marked slow); this script prints the accuracies themselves, on CPU, in a few minutes per seed:
