@@ -37,7 +37,7 @@ class Algorithm(ABC):
     """Base class: shared client-side training helpers."""
 
     name = ""
-    paper = ""                # the paper (and spec section) it implements, for `pflx algorithms`
+    paper = ""                # the paper (and its section) it implements, for `pflx algorithms`
     new_client_protocol = ""  # how a client unseen in training gets its model, for `pflx algorithms`
     federated = True          # False: no rounds (Local), evaluation trains per client
     personalized = True       # whether personalize() returns one model per client

@@ -73,7 +73,7 @@ class PeFLLConfig(TrainConfig):
     track_descriptors: bool = key(False, "log Spearman(descriptor, label-distribution distances) of holdout clients")
 
     def planned_cohort(self, num_clients: int | None = None) -> int | None:
-        """``clients_per_round``, else round(0.05 n) of all n clients, at least 1 (spec §1.7, §9.6)."""
+        """``clients_per_round``, else round(0.05 n) of all n clients, at least 1 (thesis §4.4: 5% of the clients)."""
         if self.clients_per_round is not None or num_clients is None:
             return self.clients_per_round
         return max(1, round(0.05 * num_clients))

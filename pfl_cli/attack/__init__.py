@@ -1,4 +1,4 @@
-"""Gradient-inversion attacks on what clients upload (``pflx attack``, spec B.9 and D.3)."""
+"""Gradient-inversion attacks on what clients upload (``pflx attack``; HyperFL §5, App. D)."""
 
 from pfl_cli.attack.api import AttackRun, attack_model
 from pfl_cli.attack.config import AttackConfig

@@ -1,7 +1,7 @@
-"""Closed-form leaks from one client's one-step upload (spec D.3 T-P3, iDLG).
+"""Closed-form leaks from one client's one-step upload (Phong et al. 2017; iDLG, Zhao et al. 2020).
 
 For one sample and a first layer z = W x + b, dL/dW = (dL/db) x^T, so any row j with
-dL/db_j != 0 gives x = (dL/dW)[j, :] / (dL/db)[j] exactly (Phong et al. 2017; spec D.3).
+dL/db_j != 0 gives x = (dL/dW)[j, :] / (dL/db)[j] exactly (Phong et al. 2017).
 For cross-entropy the last layer's bias gradient is softmax(z) - onehot(y): its only
 negative entry is the label (iDLG, Zhao, Mopuri & Bilen 2020).
 
@@ -51,7 +51,7 @@ def recover_generated_weights(hnet, grads: dict) -> tuple[object, dict]:
 
     The heads are affine, theta_k = A_k z + b_k, so dL/dA_k = (dL/dtheta_k) z^T and
     dL/db_k = dL/dtheta_k: z follows from any head by :func:`recover_affine_input`, and then
-    theta = h's heads at z, without the client's embedding v or its classifier (spec D.3 T-P3,
+    theta = h's heads at z, without the client's embedding v or its classifier (Phong et al. 2017,
     the leak through HyperFL's upload of phi when it is one gradient step).
 
     Parameters

@@ -1,4 +1,4 @@
-"""The validated public entry point of ``pflx attack``: an honest-but-curious server (spec B.9).
+"""The validated public entry point of ``pflx attack``: an honest-but-curious server (HyperFL §5).
 
 For each target (a batch of ``batch_size`` images of one client) the trained algorithm's own
 ``upload`` hook computes the message that client would send; each attack then rebuilds the
@@ -135,7 +135,7 @@ def select_targets(partition, clients: str, n_targets: int, batch: int, rng) -> 
 def attack_model(model: dict, train_cfg, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
                  cfg: AttackConfig, *, device: Any = None,
                  on_progress: Callable[[str, int, int, float], None] | None = None) -> AttackRun:
-    """Simulate the server's attack on the uploads of a partition's clients (spec B.9).
+    """Simulate the server's attack on the uploads of a partition's clients (HyperFL §5, App. D).
 
     Parameters
     ----------

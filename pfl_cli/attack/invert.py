@@ -1,4 +1,4 @@
-"""Gradient inversion by optimization, every target at once (spec B.9, eq. 7).
+"""Gradient inversion by optimization, every target at once (HyperFL §5, eq. 7).
 
 The dummy data of all n targets is one tensor x (n, b, *input_shape). The targets' losses
 are independent, so one backward pass of their sum gives every target its own gradient,
@@ -68,7 +68,7 @@ def invert_gradients(upload: Callable, target: dict, labels, input_shape: tuple[
         instead of x itself (ROG).
     unknowns : dict name -> Tensor (n, ...), optional
         Starting guesses of the client state the attacker does not know (HyperFL's embedding and
-        classifier, spec B.9's joint attack), optimized with the images by the same Adam;
+        classifier, HyperFL §5's joint attack), optimized with the images by the same Adam;
         ``upload`` is then called as ``upload(x, labels, unknowns)``.
     unknowns_lr : initial Adam step of the unknowns (decayed with ``lr``); None: ``lr`` (the paper's
         protocol optimizes everything "simultaneously" with one optimizer).

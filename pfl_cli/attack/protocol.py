@@ -1,4 +1,4 @@
-"""What an algorithm implements to be attacked by ``pflx attack`` (spec B.9): the :class:`Attackable` mixin.
+"""What an algorithm implements to be attacked by ``pflx attack`` (HyperFL §5): the :class:`Attackable` mixin.
 
 ``Algorithm`` (``pfl_cli.algorithms.base``) has only the round hooks; an algorithm whose clients'
 uploads ``pflx attack`` can model mixes this in and says what a client sends (:meth:`upload`).
@@ -40,7 +40,7 @@ class Attackable(ABC):
     def attack_private(self, n: int) -> dict:
         """The attacker's starting guess (n, *shape) per name of the client state it never sees.
 
-        The attack optimizes these jointly with the images (HyperFL's joint attack, spec B.9);
+        The attack optimizes these jointly with the images (HyperFL's joint attack, §5);
         empty when the server knows every input of the upload but the data.
         """
         return {}
@@ -48,7 +48,7 @@ class Attackable(ABC):
     def leaked_gradients(self, message: dict, start: dict) -> dict:
         """The client net's gradients (up to one positive factor per target) that a one-step upload reveals.
 
-        For the closed-form attacks (spec D.3 T-P3, iDLG): ``grad/<name>`` as sent, or
+        For the closed-form attacks (Phong et al. 2017; iDLG): ``grad/<name>`` as sent, or
         ``delta/<name>`` of one SGD step with its known learning rate and weight decay undone.
         Names in the client net's order.
         """

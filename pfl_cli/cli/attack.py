@@ -1,4 +1,4 @@
-"""`pflx attack`: how much of a client's data its uploads reveal to a curious server (spec B.9)."""
+"""`pflx attack`: how much of a client's data its uploads reveal to a curious server (HyperFL §5)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ size never changes the other pool's samples::
     ring:?seed=1
     ring:?classes=10&train_per_class=126&test_per_class=200&radius=2&sigma=1&noise_dims=62&seed=0
 
-Options (defaults are the spec's): ``classes`` (10), ``train_per_class`` (126),
+Options (defaults: the task of docs/ring-personalization.md): ``classes`` (10), ``train_per_class`` (126),
 ``test_per_class`` (200), ``radius`` (2), ``sigma`` (1), ``noise_dims`` (62), ``seed`` (0).
 Labels: the class, int64 in [0, classes).
 """

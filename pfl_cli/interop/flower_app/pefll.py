@@ -22,7 +22,7 @@ as a sum of the nodes' own VJPs (the same terms summed in another order: float r
 A node keeps what its later messages of the round need in its run state (``context.state``,
 Flower keeps it between a run's messages): the round's generator after the descriptor draw, its
 descriptor batch B_i and the eta_v it received, so its step-14 VJP runs on the same graph as step 6
-(recomputed, spec §1.6 step 8). Evaluation (and a client that never trained: a holdout node) is
+(recomputed, thesis Alg. 8 line 8). Evaluation (and a client that never trained: a holdout node) is
 Alg. 7: eta_v down, the node's descriptor up, its generated model down, zero optimizer steps; the
 node evaluates that model on its test samples.
 
