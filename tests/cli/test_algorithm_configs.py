@@ -35,7 +35,7 @@ PAPER = {
     "pefll": {  # pefll.md §1.7, §9
         "rounds": 5000, "clients_per_round": None,  # None = round(0.05 n) (§9.6)
         "local_steps": 50, "batch_size": 32, "momentum": 0.9, "lr": 2e-3, "lambda_h": 1e-3, "lambda_v": 1e-3,
-        "lambda_theta": 0.0, "descriptor_batch": 32, "eval_every": 30, "label_mask": True, "hyper_hidden": 100,
+        "lambda_theta": 0.0, "descriptor_batch": 32, "eval_every": 30, "label_mask": False, "hyper_hidden": 100,
         "hyper_size": "M", "server_optimizer": "adam", "embed_dim": 0},
     "ditto": {"lam": 0.1, "personal_momentum": 0.0, "personal_clip": 0.0,  # Ditto Alg. 1 line 7: plain SGD
               "new_client_epochs": 20, "rounds": 5000},  # pefll.md §4.1
