@@ -84,10 +84,14 @@ def _write_dir(out: Path, files: dict[str, str], force: bool) -> None:
 def server_main(grid, context) -> None:
     """The generated ServerApp's ``main``: run the deployment (``pfl_cli.interop.flower_app.server.serve``),
     then write its ``train`` artifact atomically with ``pflx train``'s own writer."""
+    import logging
     from logging import INFO
 
     from pfl_cli.interop.flower_app.server import log, serve
 
+    # As `pflx` itself (cli/app.py): dp_accounting logs, through absl, every RDP order it drops as unstable;
+    # dropping one only loosens the bound, and a line per order and calibration step would bury the run's log.
+    logging.getLogger("absl").setLevel(logging.ERROR)
     run = serve(grid, context)
     write_deployment(run)
     log(INFO, f"wrote the train artifact {run.out}")

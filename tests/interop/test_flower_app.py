@@ -539,3 +539,36 @@ def test_flower_app_writes_a_valid_flower_app(setup, cli):
     assert run["out"] == str((setup / "app-valid-train").resolve())
     r = cli("flower", "app", "--config", setup / "recipe.yaml", "--partition", setup / "part", "--out", app)
     assert r.code == 2 and "exists; pass --force" in r.err
+
+
+def test_under_dp_the_server_log_names_no_client_and_is_not_flooded(setup, tmp_path, caplog):
+    """Under --dp the ServerApp's log names no client (partition id), no client range of the partition and
+    no list of clients without a node, and dp_accounting's per-order warnings (absl) stay quiet, as in
+    `pflx` itself (issue 34, item 18). Without --dp the same refusals name the partition ids."""
+    from flower_fake_grid import FakeGrid
+
+    nodes = _nodes(setup, count=3)  # the fourth client has no node
+    nodes[998] = {"partition-dir": str(setup / "part"), "partition-id": 7}  # not a client of the partition
+    nodes[997] = {"partition-dir": str(setup / "part"), "partition-id": 1}  # already held by node 101
+
+    def served(name, *sets):
+        from pfl_cli.privacy.accounting import cache_clear
+
+        app = _app(setup, name, *sets)
+        logging.getLogger("absl").setLevel(logging.NOTSET)  # as in a fresh ServerApp process: nothing calibrated,
+        cache_clear()  # absl at its default level
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            _serve(FakeGrid(app, dict(nodes), run_config_overrides={"out": str(tmp_path / name)}))
+        return [r.getMessage() for r in caplog.records if "pflx:" in r.getMessage()], caplog.records
+
+    plain, _ = served("app-log-plain")
+    assert any("partition-id 7" in line and "(0..3)" in line for line in plain), plain
+    assert any("no accepted node for clients [3]" in line for line in plain), plain
+    private, records = served("app-log-dp", *DP, "dp_noise=seeded", "dp_delta=1e-5")
+    refusals = [line for line in private if "refused" in line]
+    assert len(refusals) == 2 and all("node 99" in line for line in refusals), private
+    assert not any("partition-id 7" in line or "0..3" in line or "[3]" in line or "node 101" in line
+                   for line in private), private
+    assert any("some clients of the partition have no accepted node" in line for line in private), private
+    assert not [r for r in records if r.name.startswith("absl") and r.levelno >= logging.WARNING]

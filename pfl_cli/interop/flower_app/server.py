@@ -98,9 +98,10 @@ def serve(grid, context) -> Deployment:
     ArtifactWriter(out, stage="train", config={}, seed=cfg.seed, force=force)  # --out problems first
     part, info, part_art = load_partition(partition, flag="run config partition")
     connect_timeout = float(run_config.get("connect-timeout", 120))
-    nodes = _wait_for_nodes(grid, part.num_clients, connect_timeout, private=cfg.dp_epsilon is not None)
+    private = cfg.dp_epsilon is not None  # --dp: the log names no client, no count and no client range
+    nodes = _wait_for_nodes(grid, part.num_clients, connect_timeout, private=private)
     # The handshake waits connect-timeout too: a node's first ClientApp start (torch, the dataset) is its slowest.
-    accepted, facts, norm = _handshake(grid, nodes, part, info, part_art, connect_timeout)
+    accepted, facts, norm = _handshake(grid, nodes, part, info, part_art, connect_timeout, private=private)
     store = _server_store(cfg, part, info, part_art, facts, norm)
     from pfl_cli.fl.api import make_algorithm
 
@@ -114,7 +115,8 @@ def serve(grid, context) -> Deployment:
     meter = WireMeter()
     rounds = rounds_for(cfg)  # the algorithm's messages: .averaging, .pefll or .pfedhn
     history, participation = run_rounds(grid, alg, cfg, accepted, part, meter, run_config, rounds.one_round)
-    accepted = {**accepted, **_join_late(grid, nodes, accepted, part, info, part_art, connect_timeout)}
+    accepted = {**accepted, **_join_late(grid, nodes, accepted, part, info, part_art, connect_timeout,
+                                         private=private)}
     if alg.dp is not None and not cfg.write_nonprivate:
         # Under --dp an evaluation on the clients' private test data is a diagnostic nobody asked for.
         from pfl_cli.fl.loop import Evaluation
@@ -141,15 +143,19 @@ def _wait_for_nodes(grid, wanted: int, timeout: float, *, private: bool = False)
     return nodes
 
 
-def _join_late(grid, known: list[int], accepted: dict, part, info, part_art, timeout: float) -> dict:
+def _join_late(grid, known: list[int], accepted: dict, part, info, part_art, timeout: float, *,
+               private: bool = False) -> dict:
     """Nodes that connected while the rounds ran, for clients without a node: after the handshake they join
     the final evaluation, which gives each its model in one exchange (PeFLL: Alg. 7, descriptor up,
-    generated model down, no optimizer step; FedAvg: the global model)."""
+    generated model down, no optimizer step; FedAvg: the global model). Under ``--dp`` the log names
+    neither the clients nor how many joined."""
     new = sorted(set(grid.get_node_ids()) - set(known))
     if not new:
         return {}
-    joined, _, _ = _handshake(grid, new, part, info, part_art, timeout, taken=accepted)
-    if joined:
+    joined, _, _ = _handshake(grid, new, part, info, part_art, timeout, taken=accepted, private=private)
+    if joined and private:
+        log(INFO, "SuperNodes joined after training: they get the final model")
+    elif joined:
         log(INFO, f"{len(joined)} SuperNodes joined after training (clients "
                   f"{sorted(int(part.client_id[c]) for c in joined)}): they get the final model")
     return joined
@@ -173,9 +179,14 @@ def _origin(reply, messages) -> int:
     return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
 
 
-def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float, *, taken: dict | None = None):
+def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float, *, taken: dict | None = None,
+               private: bool = False):
     """Ask every node what it holds; accept those whose client and dataset are the partition's (and whose
-    client is not ``taken`` already: the nodes accepted at the start, when late nodes join)."""
+    client is not ``taken`` already: the nodes accepted at the start, when late nodes join).
+
+    ``private`` (``--dp``): a refusal names the node and why, never a client (a partition id), the
+    partition's client range or which clients have no node: how many clients there are, and who they
+    are, is what the ledger's bound keeps private."""
     from flwr.app import Message, RecordDict
 
     from pfl_cli.interop.flower_app.wire import WireMeter, from_record
@@ -202,18 +213,21 @@ def _handshake(grid, nodes: list[int], part, info, part_art, timeout: float, *, 
         if wrong:
             log(WARNING, f"node {node} refused: its dataset does not fit the partition: {'; '.join(wrong)}")
         elif not 0 <= position < part.num_clients:
-            log(WARNING, f"node {node} refused: partition-id {position} is not a client of the partition "
-                         f"(0..{part.num_clients - 1})")
+            log(WARNING, f"node {node} refused: its partition-id is not a client of the partition" if private else
+                f"node {node} refused: partition-id {position} is not a client of the partition "
+                f"(0..{part.num_clients - 1})")
         elif position in accepted or position in taken:
-            log(WARNING, f"node {node} refused: partition-id {position} is already held by node "
-                         f"{accepted.get(position, taken.get(position))}")
+            log(WARNING, f"node {node} refused: its partition-id is already held by another node" if private else
+                f"node {node} refused: partition-id {position} is already held by node "
+                f"{accepted.get(position, taken.get(position))}")
         else:
             accepted[position] = node
             facts[position] = got
             norm = norm or from_record(reply.content["normalization"], "cpu")
     missing = sorted(set(range(part.num_clients)) - set(accepted) - set(taken))
     if missing and not taken:
-        log(WARNING, f"no accepted node for clients {missing} (partition ids): they take no part in training")
+        log(WARNING, "some clients of the partition have no accepted node: they take no part in training"
+            if private else f"no accepted node for clients {missing} (partition ids): they take no part in training")
     if not accepted and not taken:
         raise RunError("flower: no SuperNode was accepted; see the refusals above.")
     return accepted, facts, norm
