@@ -28,52 +28,91 @@ pflx partition --dataset "gmm:clients?seed=0&num_clients=20&client_size=200" --n
 pflx cluster --partition "$root/gmm" --server-data "gmm:server?seed=0&num_clients=20&client_size=200" --k 10 \
   --dp eps=1 --out "$root/km" --force
 
-# PeFLL, pFedHN, FedAvg and Local: recipes/quickstart/digits-pefll.yaml holds the partition, train and
-# predict settings. The partition above has Dirichlet skew; this one gives every client exactly 2 classes.
+# PeFLL, pFedHN, FedAvg and Local, seeds 0, 1 and 2 of each on one partition, then `pflx compare`:
+# mean over seeds ± the 95 % interval, and fairness across clients. One job per seed runs in the
+# background (one torch thread each); its output goes to $root/logs/, which is printed if the job fails,
+# and a failed job fails the script.
+seeds=(0 1 2)
+methods=(pefll pfedhn fedavg local)
+each_seed() {  # each_seed NAME FUNCTION: FUNCTION SEED for every seed at once; fails if any of them fails
+  local name=$1 fn=$2 s pids=() failed=0
+  mkdir -p "$root/logs"
+  for s in "${seeds[@]}"; do
+    "$fn" "$s" >"$root/logs/$name-s$s.log" 2>&1 &
+    pids+=($!)
+  done
+  for s in "${!pids[@]}"; do
+    if ! wait "${pids[$s]}"; then
+      failed=1
+      echo "!! $name, seed ${seeds[$s]} failed ($root/logs/$name-s${seeds[$s]}.log):" >&2
+      cat "$root/logs/$name-s${seeds[$s]}.log" >&2
+    fi
+  done
+  return "$failed"
+}
+# The recipes are PeFLL's and pFedHN's (embedding, hypernetwork...): FedAvg and Local own other keys,
+# so they get the shared client settings as flags (`pflx algorithms fedavg` lists a FedAvg run's keys).
+client=(--batch-size 32 --model-arch mlp --set "mlp_hidden=[32]" --val-fraction 0.1 --device cpu)
+# New clients: the partition's holdout clients, each served with its algorithm's own protocol; predict
+# reports the accuracy with and without label masking, the table shows both in separate columns.
+new_clients() {  # new_clients TASK RECIPE SEED: the runs are $root/TASK-METHOD-sSEED
+  local m
+  for m in "${methods[@]}"; do
+    pflx predict --config "$2" --model "$root/$1-$m-s$3" --partition "$root/$1" --clients holdout \
+      --no-label-mask --no-predictions --out "$root/$1-$m-s$3-new" --force --format quiet
+  done
+}
+compare() {  # compare TASK: every method and seed of TASK, training and new clients, in one table
+  local m s runs=()
+  for m in "${methods[@]}"; do for s in "${seeds[@]}"; do runs+=("$root/$1-$m-s$s" "$root/$1-$m-s$s-new"); done; done
+  pflx compare "${runs[@]}" --out "$root/$1-table" --force --format quiet
+}
+
 recipe=recipes/quickstart/digits-pefll.yaml
 echo "== partition: 50 clients with 2 classes each (equal shares), 10 holdout clients, 30% test per client"
 pflx partition --config "$recipe" --out "$root/digits" --force --format quiet
-
-echo "== train: PeFLL, 400 rounds of 5 clients x 50 local steps (client MLP 64-32-10, hypernetwork M)"
-pflx train --config "$recipe" --partition "$root/digits" --out "$root/pefll" --force
-echo "== train: pFedHN, 400 server steps of 1 client x 50 local steps (its paper's settings: digits-pfedhn.yaml)"
-pflx train --config recipes/quickstart/digits-pfedhn.yaml --partition "$root/digits" --out "$root/pfedhn" --force \
-  --format quiet --rounds 400
-echo "== train: FedAvg, same rounds; client lr 0.005 (stable under label skew), server step 1 on the mean delta"
-# The recipe is PeFLL's (embedding, hypernetwork...): FedAvg and Local own other keys, so they get the
-# shared client settings as flags (`pflx algorithms fedavg` lists a FedAvg run's keys).
-client=(--batch-size 32 --model-arch mlp --set "mlp_hidden=[32]" --val-fraction 0.1 --device cpu --seed 0)
-pflx train --partition "$root/digits" --out "$root/fedavg" --force --algorithm fedavg "${client[@]}" \
-  --rounds 400 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 --server-lr 1 --no-label-mask
-echo "== train: Local, 200 epochs per client, no communication"
-pflx train --partition "$root/digits" --out "$root/local" --force --algorithm local "${client[@]}" --lr 0.05 \
-  --local-epochs 200
-
-echo "== predict: models for the 10 holdout clients, never seen in training, without and with label masking"
-for m in pefll pfedhn fedavg local; do
-  pflx predict --config "$recipe" --model "$root/$m" --partition "$root/digits" --clients holdout --no-label-mask \
-    --out "$root/$m-holdout" --force --format quiet
-  pflx predict --config "$recipe" --model "$root/$m" --partition "$root/digits" --clients holdout --label-mask \
-    --out "$root/$m-holdout-lm" --force --format quiet
-done
+digits_seed() {
+  set -e
+  local s=$1
+  # PeFLL: 400 rounds of 5 clients x 50 local steps (client MLP 64-32-10, hypernetwork M)
+  pflx train --config "$recipe" --partition "$root/digits" --out "$root/digits-pefll-s$s" --seed "$s" --force \
+    --format quiet
+  # pFedHN: 400 server steps of 1 client x 50 local steps (its paper's settings: digits-pfedhn.yaml)
+  pflx train --config recipes/quickstart/digits-pfedhn.yaml --partition "$root/digits" \
+    --out "$root/digits-pfedhn-s$s" --seed "$s" --force --format quiet --rounds 400
+  # FedAvg: same rounds; client lr 0.005 (stable under label skew), server step 1 on the mean delta
+  pflx train --partition "$root/digits" --out "$root/digits-fedavg-s$s" --force --format quiet --algorithm fedavg \
+    "${client[@]}" --seed "$s" --rounds 400 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 \
+    --server-lr 1 --no-label-mask
+  # Local: 200 epochs per client, no communication
+  pflx train --partition "$root/digits" --out "$root/digits-local-s$s" --force --format quiet --algorithm local \
+    "${client[@]}" --seed "$s" --lr 0.05 --local-epochs 200
+  new_clients digits "$recipe" "$s"
+}
+echo "== digits, seeds ${seeds[*]} at once: train PeFLL (400 rounds), pFedHN (400 steps of 1 client), FedAvg (400"
+echo "   rounds, client lr 0.005), Local (200 epochs); predict the 10 holdout clients, never seen in training"
+each_seed digits digits_seed
+compare digits
 
 echo "== ring: 100 clients with 2 of the 10 ring classes each, 20 holdout; one global model is capped near 47%"
 ring=recipes/quickstart/ring-pefll.yaml
 pflx partition --config "$ring" --out "$root/ring" --force --format quiet
-echo "== ring train: PeFLL (300 rounds), pFedHN (1000 steps of 1 client), FedAvg (150 rounds, client lr 0.005), Local (50 epochs)"
-pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-pefll" --force --format quiet
-pflx train --config recipes/quickstart/ring-pfedhn.yaml --partition "$root/ring" --out "$root/ring-pfedhn" --force \
-  --format quiet
-pflx train --partition "$root/ring" --out "$root/ring-fedavg" --force --format quiet --algorithm fedavg \
-  "${client[@]}" --rounds 150 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 --server-lr 1 \
-  --label-mask
-pflx train --partition "$root/ring" --out "$root/ring-local" --force --format quiet --algorithm local \
-  "${client[@]}" --lr 0.05 --local-epochs 50 --label-mask
-for m in pefll pfedhn fedavg local; do
-  pflx predict --config "$ring" --model "$root/ring-$m" --partition "$root/ring" --no-label-mask \
-    --out "$root/ring-$m-holdout" --force --format quiet
-  pflx predict --config "$ring" --model "$root/ring-$m" --partition "$root/ring" --label-mask \
-    --out "$root/ring-$m-holdout-lm" --force --format quiet
-done
+ring_seed() {
+  set -e
+  local s=$1
+  pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-pefll-s$s" --seed "$s" --force --format quiet
+  pflx train --config recipes/quickstart/ring-pfedhn.yaml --partition "$root/ring" --out "$root/ring-pfedhn-s$s" \
+    --seed "$s" --force --format quiet
+  pflx train --partition "$root/ring" --out "$root/ring-fedavg-s$s" --force --format quiet --algorithm fedavg \
+    "${client[@]}" --seed "$s" --rounds 150 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 \
+    --server-lr 1 --label-mask
+  pflx train --partition "$root/ring" --out "$root/ring-local-s$s" --force --format quiet --algorithm local \
+    "${client[@]}" --seed "$s" --lr 0.05 --local-epochs 50 --label-mask
+  new_clients ring "$ring" "$s"
+}
+echo "== ring, seeds ${seeds[*]} at once: train PeFLL (300 rounds), pFedHN (1000 steps of 1 client), FedAvg (150"
+echo "   rounds, client lr 0.005), Local (50 epochs); predict the 20 holdout clients"
+each_seed ring ring_seed
+compare ring
 
 python recipes/quickstart/demo_tables.py "$root"

@@ -1,66 +1,76 @@
-"""The two tables ``demo.sh`` ends with: unmasked test accuracy on new and on training clients, per method.
+"""The two tables ``demo.sh`` ends with: `pflx compare`'s tables of the digits and the ring runs, captioned.
 
-Usage: python recipes/quickstart/demo_tables.py RUNS_ROOT (the directory demo.sh wrote). Label masking
-(classes absent from a client's train data are never predicted) hands every method each client's
-classes, so it is a separate, last column; the captions are written from the numbers they caption.
+Usage: python recipes/quickstart/demo_tables.py RUNS_ROOT (the directory demo.sh wrote; it holds
+``digits-table/`` and ``ring-table/``, two ``pflx compare`` artifacts over seeds 0, 1, 2). Each table
+gives, per method and client group (train: the training clients; new: the holdout clients, from
+``predict --clients holdout``), the mean over seeds of the per-client test accuracy without label
+masking ± the 95 % Student-t interval, the fairness columns (standard deviation across clients, mean
+of the worst 10 %, minimum) and, in its own labelled column, the label-masked accuracy (classes absent
+from a client's train data never predicted: it hands every method each client's classes). The captions
+are written from the numbers they caption.
 """
 
 import json
 import sys
 from pathlib import Path
 
-METHODS = (("pefll", "PeFLL"), ("pfedhn", "pFedHN"), ("fedavg", "FedAvg"), ("local", "Local"))
-HEADER = ("method", "new clients", "training clients", "new clients, label masking")
+NAMES = {"pefll": "PeFLL", "pfedhn": "pFedHN", "fedavg": "FedAvg", "local": "Local"}
 
 
-def accuracies(root: Path, prefix: str) -> dict:
-    """{method: (new, training, new with label masking)}: mean over clients of test accuracy."""
-    def load(name):
-        return json.loads((root / f"{prefix}{name}" / "metrics.json").read_text())
-    return {m: (load(f"{m}-holdout")["mean_accuracy"], load(m)["train"]["mean_accuracy"],
-                load(f"{m}-holdout-lm")["mean_accuracy_lm"]) for m, _ in METHODS}
+def rows(table_dir: Path) -> dict:
+    """{(algorithm, group): row} of a compare artifact's table.json."""
+    doc = json.loads((table_dir / "table.json").read_text())
+    return {(r["algorithm"], r["group"]): r for r in doc["rows"]}
 
 
-def table(acc: dict) -> list[str]:
-    rows = [HEADER] + [(name, *(f"{a:.1%}" for a in acc[m])) for m, name in METHODS]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-    lines = []
-    for i, r in enumerate(rows):
-        lines.append(" | ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
-        if i == 0:
-            lines.append("-|-".join("-" * w for w in widths))
-    return lines
+def table_lines(table_dir: Path) -> tuple[str, str]:
+    """table.md split into its Markdown table and its caption."""
+    table, caption = (table_dir / "table.md").read_text().split("\n\n", 1)
+    return table, caption.strip()
 
 
-def points(a: float, b: float) -> str:
-    return f"{100 * (a - b):+.1f} points"
+def pct(row: dict) -> str:
+    half = row["accuracy_ci"]
+    return f"{row['accuracy']:.1%}" + ("" if half is None else f" ± {100 * half:.1f}")
 
 
-def ring_caption(acc: dict) -> str:
+def points(a: dict, b: dict) -> str:
+    return f"{100 * (a['accuracy'] - b['accuracy']):+.1f} points"
+
+
+def ring_caption(r: dict) -> str:
     """One sentence on the ring: does each hypernetwork beat the one global model where its paper says?"""
-    pefll, pfedhn, fedavg = acc["pefll"], acc["pfedhn"], acc["fedavg"]
-    return (f"Without label masking, PeFLL's new clients ({pefll[0]:.1%}) and pFedHN's training clients "
-            f"({pfedhn[1]:.1%}) are {points(pefll[0], fedavg[0])} and {points(pfedhn[1], fedavg[1])} from FedAvg's "
-            f"single model ({fedavg[0]:.1%} / {fedavg[1]:.1%}; any single model is capped near 47%), while "
-            f"pFedHN's new clients, which only train a fresh embedding, are {points(pfedhn[0], fedavg[0])} from it.")
+    pefll_new, pfedhn_train, pfedhn_new = r["pefll", "new"], r["pfedhn", "train"], r["pfedhn", "new"]
+    fedavg_new, fedavg_train = r["fedavg", "new"], r["fedavg", "train"]
+    seeds = pefll_new["num_seeds"]
+    return (f"Without label masking (mean over {seeds} seeds ± 95 % interval), PeFLL's new clients "
+            f"({pct(pefll_new)}) and pFedHN's training clients ({pct(pfedhn_train)}) are "
+            f"{points(pefll_new, fedavg_new)} and {points(pfedhn_train, fedavg_train)} from FedAvg's single model "
+            f"({pct(fedavg_new)} / {pct(fedavg_train)}; any single model is capped near 47%), while pFedHN's new "
+            f"clients, which only train a fresh embedding, are {points(pfedhn_new, fedavg_new)} from it "
+            f"({pct(pfedhn_new)}).")
 
 
-def digits_caption(acc: dict) -> str:
-    best = max(METHODS, key=lambda m: acc[m[0]][0])[1]
-    spread = max(a[0] for a in acc.values()) - min(a[0] for a in acc.values())
-    return (f"Digits with 2 classes a client is easy for every method: new-client accuracy spans "
-            f"{100 * spread:.1f} points (best: {best}), so it shows that each pipeline works, not which "
-            "method personalizes best.")
+def digits_caption(r: dict) -> str:
+    new = {a: row for (a, g), row in r.items() if g == "new"}
+    best = max(new, key=lambda a: new[a]["accuracy"])
+    spread = max(x["accuracy"] for x in new.values()) - min(x["accuracy"] for x in new.values())
+    return (f"Digits with 2 classes a client is easy for every method: new-client accuracy (mean over seeds) spans "
+            f"{100 * spread:.1f} points (best: {NAMES.get(best, best)}), so it shows that each pipeline works, not "
+            "which method personalizes best.")
 
 
 def main(root: str) -> None:
     root = Path(root)
-    for title, prefix, caption in (("digits", "", digits_caption), ("ring", "ring-", ring_caption)):
-        acc = accuracies(root, prefix)
-        print(f"{title}: test accuracy, mean over clients, no label masking unless the column says so")
-        print("\n".join(table(acc)))
-        print(caption(acc))
+    legend = ""
+    for title, caption in (("digits", digits_caption), ("ring", ring_caption)):
+        table, legend = table_lines(root / f"{title}-table")
+        print(f"{title}: test accuracy (%) per method and client group, `pflx compare` over seeds "
+              f"(runs: {root / title}-*; table: {root / title}-table/table.md)")
+        print(table)
+        print(caption(rows(root / f"{title}-table")))
         print()
+    print(legend)
 
 
 if __name__ == "__main__":
