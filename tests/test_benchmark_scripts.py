@@ -99,3 +99,62 @@ def test_the_tune_benchmark_prints_its_ratio_beside_the_target():
     assert proc.returncode in (0, 1), proc.stderr
     assert "grid: best validation accuracy" in proc.stdout
     assert "target <= 0.40" in proc.stdout or "pruned TPE reaches the grid's best" in proc.stdout
+
+
+CONFORMANCE = [sys.executable, str(ROOT / "benchmarks" / "conformance.py")]
+NO_PEER_ENV = {k: v for k, v in ENV.items() if k not in ("PFLLIB_DIR", "PFLLIB_PYTHON")}
+
+
+def test_the_conformance_benchmark_refuses_an_unknown_algorithm_and_a_single_seed():
+    proc = subprocess.run([*CONFORMANCE, "--algorithms", "fedavg,scaffold"], env=NO_PEER_ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().startswith("conformance.py: --algorithms must be among fedavg, fedprox, ditto,")
+    assert proc.stderr.strip().endswith("; got scaffold")
+    proc = subprocess.run([*CONFORMANCE, "--seeds", "0"], env=NO_PEER_ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "conformance.py: --seeds must list two or more integers; got '0'"
+
+
+def test_the_conformance_benchmark_skips_with_a_notice_without_pfllib_or_its_modules(tmp_path):
+    proc = subprocess.run([*CONFORMANCE, "--pfllib", str(tmp_path), "--rounds", "2"], env=NO_PEER_ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (f"conformance.py: skipped: {tmp_path} is not a PFLlib checkout (no "
+                                   "system/flcore/servers/serveravg.py); see docs/performance/conformance.md")
+    servers = tmp_path / "system" / "flcore" / "servers"
+    servers.mkdir(parents=True)
+    (servers / "serveravg.py").write_text("")
+    proc = subprocess.run([*CONFORMANCE, "--pfllib", str(tmp_path), "--python", "/bin/false", "--rounds", "2"],
+                          env=NO_PEER_ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ("conformance.py: skipped: /bin/false lacks torch, numpy, sklearn, h5py, "
+                                   "matplotlib, which PFLlib imports; see docs/performance/conformance.md for its "
+                                   "virtual environment")
+
+
+@pytest.mark.slow
+def test_the_conformance_benchmark_prints_its_table_at_two_rounds(tmp_path):
+    """With a PFLlib checkout (PFLLIB_DIR or .venv-bench/PFLlib) the table's format; without one, the notice."""
+    proc = subprocess.run([*CONFORMANCE, "--algorithms", "fedavg,fedper", "--rounds", "2", "--seeds", "0,1", "--json",
+                           str(tmp_path / "rows.json")], env=ENV, capture_output=True, text=True, timeout=1200)
+    pfllib = os.environ.get("PFLLIB_DIR") or str(ROOT / ".venv-bench" / "PFLlib")
+    if not (Path(pfllib) / "system" / "flcore" / "servers" / "serveravg.py").is_file():
+        assert proc.returncode == 0 and proc.stdout.startswith("conformance.py: skipped: "), proc.stderr
+        return
+    if "lacks" in proc.stdout:  # a checkout, but no Python with PFLlib's imports
+        assert proc.returncode == 0 and proc.stdout.startswith("conformance.py: skipped: "), proc.stderr
+        return
+    assert proc.returncode in (0, 1), proc.stderr  # two rounds decide nothing; the format is what is tested
+    lines = proc.stdout.splitlines()
+    assert "pathological 2 classes a client, 20 clients" in lines[0] and "2 rounds" in lines[0]
+    assert lines[1].split() == ["algorithm", "pflx", "%", "PFLlib", "%", "diff", "pflx", "spread", "PFLlib", "spread",
+                                "bound", "pflx", "s", "PFLlib", "s", "verdict"]
+    rows = __import__("json").loads((tmp_path / "rows.json").read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["fedavg", "fedper"]
+    for row, line in zip(rows, lines[2:4]):
+        assert line.split()[0] == row["algorithm"] and line.split()[-1] == ("ok" if row["ok"] else "MISS")
+        assert all(0 <= a <= 100 for a in row["pflx"] + row["PFLlib"]) and len(row["pflx"]) == 2
+        assert row["bound"] >= 2.0 and row["ok"] == (abs(row["diff"]) <= row["bound"])
+    assert any(line.startswith("not matched:") for line in lines)
+    assert lines[-1].startswith("every shared algorithm agrees") or "outside the bound" in lines[-1]

@@ -1,0 +1,392 @@
+"""Benchmark: every algorithm pflx shares with PFLlib, trained by both on the same clients, side by side.
+
+One pflx partition (``builtin:digits``, pathological, two classes a client, ``--clients`` 20
+clients, 75/25 train/test within each client, as PFLlib's generators split) is exported into
+PFLlib's data layout (``dataset/<name>/{train,test}/<i>.npz``, each a pickled dict ``{'x', 'y'}``);
+both tools get the same standardized arrays (train-pool mean and std per feature). Each algorithm
+then trains in pflx and in PFLlib with matched settings: MLP 64-100-10 (the same layers, PyTorch's
+default initialization), plain SGD (no momentum, no clipping), lr 0.05, batch 10, one local
+epoch, ``--rounds`` rounds, every client every round, and the method's own constants set equal
+where they mean the same (the table ``ALGORITHMS`` below; what could not be matched is printed
+under the table). Every run repeats for each of ``--seeds``; the partition is the same for all.
+
+The figure is the pooled test accuracy of the training clients (correct / samples over all
+clients' test splits, PFLlib's ``evaluate``) after the last round, each tool's own personalized
+model where the method has one. The verdict: every algorithm's mean gap
+``|pflx - PFLlib|`` within ``max(2 points, the larger seed-to-seed spread)``, where a tool's
+spread is max - min over the seeds; exit 1 otherwise. Without PFLlib (or without the modules it
+imports) the benchmark says so and exits 0.
+
+PFLlib is driven as a subprocess on the exported files: this script's ``--child pfllib`` mode,
+run by the peer's Python with PFLlib's ``system/`` on its path and the temp folder as working
+directory, builds PFLlib's own argument namespace from PFLlib's own parser (its ``main.py``),
+puts the MLP in ``args.model`` (split into ``base`` and ``head`` for the methods whose
+``main.py`` branch does so), and calls the method's ``Server(args, 0).train()``. Nothing of
+PFLlib is copied here. PFLlib seeds torch with 0 at import and at every client's construction;
+the driver reseeds torch, numpy and random with the run's seed after the server is built, so its
+seeds differ as pflx's do.
+
+    python benchmarks/conformance.py --pfllib /path/to/PFLlib [--algorithms fedavg,ditto] [--rounds 100]
+        [--seeds 0,1] [--jobs 1]
+
+PFLlib is looked for at ``--pfllib``, ``$PFLLIB_DIR``, then ``.venv-bench/PFLlib`` beside this
+checkout; its Python at ``--python``, ``$PFLLIB_PYTHON``, ``.venv-bench/bin/python``, else this
+interpreter (it needs torch, numpy, scikit-learn, h5py and matplotlib: PFLlib's server module
+imports the last two). See docs/performance/conformance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+DATASET = "pflxdigits"  # PFLlib picks its data reader by name ("News", "Shakespeare"); this one reads arrays
+PEER_MODULES = ("torch", "numpy", "sklearn", "h5py", "matplotlib")
+LR, BATCH, HIDDEN = 0.05, 10, 100
+
+
+def _algorithms(rounds: int) -> dict[str, dict]:
+    """pflx algorithm -> its keys, PFLlib's ``-algo`` name and flags, and what stays unmatched.
+
+    ``split``: PFLlib's ``main.py`` wraps the net as ``BaseHeadSplit(base, head)`` for this method.
+    ``acc``: the PFLlib server list holding the personalized accuracy (pFedMe keeps its own).
+    """
+    return {
+        "fedavg": dict(peer="FedAvg", split=True, pflx={}, flags=[]),
+        "fedprox": dict(peer="FedProx", pflx={"mu": 0.01}, flags=["-mu", "0.01"]),
+        "ditto": dict(peer="Ditto", pflx={"lam": 0.1}, flags=["-mu", "0.1", "-pls", "1"]),
+        "fedrep": dict(peer="FedRep", split=True, pflx={"head_epochs": 5, "body_epochs": 1, "local_epochs": None},
+                       flags=["-pls", "5"]),
+        "fedper": dict(peer="FedPer", split=True, pflx={}, flags=[]),
+        "lg-fedavg": dict(peer="LG-FedAvg", split=True, pflx={}, flags=[]),
+        "apfl": dict(peer="APFL", pflx={"alpha": 0.5}, flags=["-al", "0.5"],
+                     unmatched="PFLlib's APFL keeps alpha fixed at -al; pflx learns it (alpha_lr = lr), as APFL's "
+                               "Alg. 1 does"),
+        "pfedme": dict(peer="pFedMe", acc="rs_test_acc_per",
+                       pflx={"lam": 15.0, "K": 5, "personal_lr": 0.01, "beta": 1.0},
+                       flags=["-lam", "15", "-K", "5", "-lrp", "0.01", "-bt", "1.0"],
+                       unmatched="PFLlib's pFedMe scores the global model as 'personalized' (defect 1 in "
+                                 "docs/performance/conformance.md)"),
+        "perfedavg": dict(peer="PerAvg", pflx={}, flags=[],
+                          unmatched="Per-FedAvg: PFLlib's local step takes two batches per update; its evaluation "
+                                    "fine-tunes one step on one batch"),
+        "local": dict(peer="Local", pflx={"local_epochs": rounds}, flags=[]),
+        "fedbabu": dict(peer="FedBABU", split=True, pflx={"finetune_epochs": 5}, flags=["-fte", "5"]),
+        "fedrod": dict(peer="FedROD", split=True, pflx={}, flags=[]),
+        "fedbn": dict(peer="FedBN", bn=True, pflx={"model_arch": "mlp-bn"}, flags=[],
+                      unmatched="FedBN: PFLlib weighs the shared layers by data size, pflx uniformly (Alg. 1)"),
+        "fedala": dict(peer="FedALA", pflx={"ala_eta": 1.0, "ala_sample": 0.8, "ala_layers": 1,
+                                            "ala_threshold": 0.1, "ala_num_pre_loss": 10},
+                       flags=["-et", "1.0", "-s", "80", "-p", "2"],
+                       unmatched="FedALA: PFLlib's start phase has no cap (pflx: 100 passes) and samples a "
+                                 "contiguous slice (pflx: a random subset)"),
+        "feddbe": dict(peer="FedDBE", split=True, pflx={"dbe_kappa": 50.0, "dbe_momentum": 1.0},
+                       flags=["-klw", "50", "-mo", "1.0"]),
+        "gpfl": dict(peer="GPFL", split=True, pflx={"gpfl_lambda": 0.01, "gpfl_mu": 0.1},
+                     flags=["-lam", "0.01", "-mu", "0.1"],
+                     unmatched="GPFL: PFLlib conditions on the client's previous-round GCE, pflx on the global GCE "
+                               "it receives (the paper)"),
+    }
+
+
+COMMON_UNMATCHED = (
+    "one local epoch: PFLlib takes floor(n / 10) batches (drop_last), pflx ceil(n / 10)",
+    "PFLlib's loop trains rounds + 1 times and scores at the start of round `rounds` (FedBABU after its extra "
+    "round and fine-tuning); pflx scores after round `rounds`",
+    "model initialization: the same layers and PyTorch's default init, drawn from each tool's own seed",
+)
+
+
+# ----------------------------------------------------------------------------- parent: orchestration
+
+
+def _find_pfllib(arg: str | None) -> tuple[pathlib.Path | None, str]:
+    """The PFLlib checkout: the first of --pfllib, $PFLLIB_DIR, .venv-bench/PFLlib that is given (or exists)."""
+    given = arg or os.environ.get("PFLLIB_DIR")
+    cand = pathlib.Path(given) if given else ROOT / ".venv-bench" / "PFLlib"
+    if (cand / "system" / "flcore" / "servers" / "serveravg.py").is_file():
+        return cand.resolve(), ""
+    return None, (f"{cand} is not a PFLlib checkout (no system/flcore/servers/serveravg.py)" if given else
+                  "PFLlib not found (give --pfllib DIR or PFLLIB_DIR, or put a checkout at .venv-bench/PFLlib)")
+
+
+def _find_python(arg: str | None) -> str:
+    for cand in (arg, os.environ.get("PFLLIB_PYTHON"), str(ROOT / ".venv-bench" / "bin" / "python")):
+        if cand and pathlib.Path(cand).exists():
+            return cand
+    return sys.executable
+
+
+def _missing_modules(python: str) -> list[str]:
+    code = ("import importlib.util, sys; print(','.join(m for m in sys.argv[1:] "
+            "if importlib.util.find_spec(m) is None))")
+    out = subprocess.run([python, "-c", code, *PEER_MODULES], capture_output=True, text=True)
+    return [m for m in out.stdout.strip().split(",") if m] if out.returncode == 0 else list(PEER_MODULES)
+
+
+def _peer_version(pfllib: pathlib.Path) -> str:
+    out = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "a snapshot (no git metadata)"
+
+
+def _export(work: pathlib.Path, clients: int, partition_seed: int) -> dict:
+    """The partition, standardized, as pflx's arrays (``pflx.npz``) and PFLlib's per-client files."""
+    import numpy as np
+
+    from pfl_cli.data import load_dataset
+    from pfl_cli.partition import PartitionConfig, partition_labels
+    from pfl_cli.rng import make_rng
+
+    ds = load_dataset("builtin:digits")
+    part = partition_labels(ds.y, PartitionConfig(scheme="pathological", classes_per_client=2, num_clients=clients,
+                                                  holdout_clients=0, test_fraction=0.25),
+                            num_classes=10, rng=make_rng(partition_seed, "partition"))
+    x = ds.x.reshape(len(ds.x), -1).astype(np.float32)
+    pool = x[part.train_indices]
+    std = pool.std(0)
+    x = (x - pool.mean(0)) / np.where(std > 0, std, 1.0)  # train-pool statistics, what pflx's normalize does
+    np.savez(work / "pflx.npz", x=x, y=ds.y.astype(np.int64))
+    with open(work / "partition.pkl", "wb") as f:
+        import pickle
+
+        pickle.dump(part, f)
+    for split, offsets, indices in (("train", part.train_offsets, part.train_indices),
+                                    ("test", part.test_offsets, part.test_indices)):
+        folder = work / "dataset" / DATASET / split
+        folder.mkdir(parents=True)
+        for i in range(part.num_clients):
+            rows = indices[offsets[i]:offsets[i + 1]]
+            with open(folder / f"{i}.npz", "wb") as f:  # PFLlib's layout: np.savez_compressed(f, data={...})
+                np.savez_compressed(f, data={"x": x[rows], "y": ds.y[rows].astype(np.int64)})
+    (work / "cwd").mkdir()  # PFLlib reads ../dataset and writes ../results relative to its working directory
+    sizes = part.train_sizes
+    return {"clients": part.num_clients, "train": int(sizes.sum()), "test": int(len(part.test_indices)),
+            "train_per_client": f"{sizes.min()}-{sizes.max()}"}
+
+
+def _run(framework: str, alg: str, seed: int, args, work: pathlib.Path, pfllib: pathlib.Path, python: str) -> dict:
+    cmd = ["--child", framework, "--algorithm", alg, "--seed", str(seed), "--rounds", str(args.rounds),
+           "--work", str(work)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if framework == "pflx":
+        env["PYTHONPATH"] = str(ROOT)
+        proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), *cmd], capture_output=True,
+                              text=True, env=env)
+    else:
+        env["PYTHONPATH"] = str(pfllib / "system")
+        proc = subprocess.run([python, str(pathlib.Path(__file__).resolve()), *cmd], capture_output=True, text=True,
+                              env=env, cwd=work / "cwd")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{framework} {alg} seed {seed} exited {proc.returncode}: "
+                           f"{' | '.join(proc.stderr.strip().splitlines()[-4:])}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"  {framework} {alg} seed {seed}: {100 * result['accuracy']:.2f} % in {result['seconds']:.0f} s",
+          file=sys.stderr, flush=True)
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pfllib", help="a PFLlib checkout (default: $PFLLIB_DIR, then .venv-bench/PFLlib)")
+    ap.add_argument("--python", help="the Python that runs PFLlib (default: $PFLLIB_PYTHON, .venv-bench/bin/python, "
+                                     "else this one)")
+    ap.add_argument("--algorithms", default="", help="comma-separated pflx names (default: every shared one)")
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (each one thread)")
+    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--algorithm", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        t = time.perf_counter()
+        acc = (_child_pflx if args.child == "pflx" else _child_pfllib)(args)
+        print(json.dumps({"accuracy": acc, "seconds": time.perf_counter() - t}))
+        return 0
+    table = _algorithms(args.rounds)
+    algorithms = [a for a in args.algorithms.split(",") if a] or list(table)
+    unknown = [a for a in algorithms if a not in table]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        seeds = []
+    if unknown or len(seeds) < 2 or args.rounds < 1 or args.clients < 2 or args.jobs < 1:
+        why = (f"--algorithms must be among {', '.join(table)}; got {', '.join(unknown)}" if unknown else
+               f"--seeds must list two or more integers; got {args.seeds!r}" if len(seeds) < 2 else
+               "--rounds, --clients (>= 2) and --jobs must be positive")
+        print(f"conformance.py: {why}", file=sys.stderr)
+        return 2
+    pfllib, why = _find_pfllib(args.pfllib)
+    if pfllib is None:
+        print(f"conformance.py: skipped: {why}; see docs/performance/conformance.md")
+        return 0
+    python = _find_python(args.python)
+    missing = _missing_modules(python)
+    if missing:
+        print(f"conformance.py: skipped: {python} lacks {', '.join(missing)}, which PFLlib imports; "
+              "see docs/performance/conformance.md for its virtual environment")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="pflx-conformance-") as tmp:
+        work = pathlib.Path(tmp)
+        data = _export(work, args.clients, 0)
+        print(f"PFLlib {_peer_version(pfllib)} at {pfllib}; builtin:digits, pathological 2 classes a client, "
+              f"{data['clients']} clients ({data['train']} train / {data['test']} test samples, "
+              f"{data['train_per_client']} train a client), standardized; MLP 64-{HIDDEN}-10, SGD lr {LR}, batch "
+              f"{BATCH}, 1 local epoch, {args.rounds} rounds, every client every round; seeds {args.seeds}",
+              flush=True)
+        jobs = [(f, a, s) for a in algorithms for s in seeds for f in ("pflx", "PFLlib")]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(lambda j: _run(*j, args, work, pfllib, python), jobs))
+    runs = {(f, a, s): r for (f, a, s), r in zip(jobs, results)}
+    print(f"{'algorithm':<10} {'pflx %':>7} {'PFLlib %':>8} {'diff':>6} {'pflx spread':>11} {'PFLlib spread':>13} "
+          f"{'bound':>5} {'pflx s':>6} {'PFLlib s':>8}  verdict")
+    misses, rows = [], []
+    for a in algorithms:
+        acc = {f: [100 * runs[(f, a, s)]["accuracy"] for s in seeds] for f in ("pflx", "PFLlib")}
+        secs = {f: statistics.mean(runs[(f, a, s)]["seconds"] for s in seeds) for f in ("pflx", "PFLlib")}
+        mean = {f: statistics.mean(v) for f, v in acc.items()}
+        spread = {f: max(v) - min(v) for f, v in acc.items()}
+        diff = mean["pflx"] - mean["PFLlib"]
+        bound = max(2.0, *spread.values())
+        ok = abs(diff) <= bound
+        misses += [] if ok else [a]
+        rows.append({"algorithm": a, "peer": table[a]["peer"], "pflx": acc["pflx"], "PFLlib": acc["PFLlib"],
+                     "diff": diff, "bound": bound, "ok": ok})
+        print(f"{a:<10} {mean['pflx']:>7.2f} {mean['PFLlib']:>8.2f} {diff:>+6.2f} {spread['pflx']:>11.2f} "
+              f"{spread['PFLlib']:>13.2f} {bound:>5.2f} {secs['pflx']:>6.1f} {secs['PFLlib']:>8.1f}  "
+              f"{'ok' if ok else 'MISS'}", flush=True)
+    print("settings matched: data, partition, standardization, model layers, plain SGD lr, batch, epochs, rounds, "
+          "cohort (all clients); method constants: " + "; ".join(
+              f"{a} {' '.join(table[a]['flags']) or '(none)'}" for a in algorithms))
+    print("not matched:")
+    for line in COMMON_UNMATCHED + tuple(table[a]["unmatched"] for a in algorithms if "unmatched" in table[a]):
+        print(f"  - {line}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"rounds": args.rounds, "seeds": seeds, "rows": rows}, indent=1))
+    print("every shared algorithm agrees within its bound" if not misses else
+          f"{len(misses)} algorithm(s) outside the bound max(2 points, larger seed spread): {', '.join(misses)}")
+    return 1 if misses else 0
+
+
+# ----------------------------------------------------------------------------- children: one framework each
+
+
+def _child_pflx(args) -> float:
+    import pickle
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    from pfl_cli.fl.api import train_federated
+    from pfl_cli.registry import train_config
+
+    work = pathlib.Path(args.work)
+    with np.load(work / "pflx.npz") as f:
+        x, y = f["x"], f["y"]
+    with open(work / "partition.pkl", "rb") as f:
+        part = pickle.load(f)
+    spec = _algorithms(args.rounds)[args.algorithm]
+    keys = dict(rounds=args.rounds, clients_per_round=None, local_epochs=1, batch_size=BATCH, lr=LR, momentum=0.0,
+                client_clip=0.0, model_arch="mlp", mlp_hidden=(HIDDEN,), eval_every=args.rounds, val_fraction=0.0,
+                normalize=False, seed=args.seed, device="cpu")
+    keys.update(spec["pflx"])
+    keys = {k: v for k, v in keys.items() if v is not None}
+    run = train_federated(x, y, 10, part, train_config(args.algorithm, **keys))
+    return run.outcome.best.summaries()["train"]["pooled_accuracy"]
+
+
+def _peer_args(pfllib_main: pathlib.Path, argv: list[str]):
+    """PFLlib's own argument namespace: the parser its ``main.py`` builds, read from that file."""
+    source = pfllib_main.read_text()
+    start = source.rindex("\n", 0, source.index("parser = argparse.ArgumentParser()")) + 1
+    end = source.index("args = parser.parse_args()")
+    scope = {"argparse": argparse}
+    exec(compile(textwrap.dedent(source[start:end]), str(pfllib_main), "exec"), scope)  # the parser's add_argument calls only
+    return scope["parser"].parse_args(argv)
+
+
+def _child_pfllib(args) -> float:
+    import contextlib
+    import importlib
+    import random
+
+    import numpy as np
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    spec = _algorithms(args.rounds)[args.algorithm]
+    system = next(pathlib.Path(p) for p in sys.path if (pathlib.Path(p) / "flcore").is_dir())
+    peer = _peer_args(system / "main.py", [
+        "-data", DATASET, "-ncl", "10", "-m", "MLP", "-algo", spec["peer"], "-gr", str(args.rounds),
+        "-eg", str(args.rounds), "-lbs", str(BATCH), "-lr", str(LR), "-ls", "1", "-nc", str(_clients(args.work)),
+        "-jr", "1.0", "-dev", "cpu", "-fd", str(HIDDEN), *spec["flags"]])
+
+    torch.manual_seed(args.seed)
+    model = _peer_mlp_class()(spec.get("bn", False))
+    if spec.get("split"):  # what PFLlib's main.py does for this method
+        models = importlib.import_module("flcore.trainmodel.models")
+        head = model.fc
+        model.fc = nn.Identity()
+        model = models.BaseHeadSplit(model, head)
+    peer.model = model
+    module = importlib.import_module(f"flcore.servers.server{_SERVER_FILE.get(spec['peer'], spec['peer'].lower())}")
+    cls = getattr(module, _SERVER_CLASS.get(spec["peer"], spec["peer"]))
+    with contextlib.redirect_stdout(sys.stderr):  # PFLlib prints every evaluation; the result line is ours
+        server = cls(peer, 0)
+        torch.manual_seed(args.seed)  # every PFLlib client's constructor seeded torch with 0
+        np.random.seed(args.seed)
+        random.seed(args.seed)
+        server.train()
+    return float(getattr(server, spec.get("acc", "rs_test_acc"))[-1])
+
+
+def _peer_mlp_class():
+    """pflx's ``mlp`` (and ``mlp-bn``) for PFLlib: fc1 (-> bn1) -> relu -> fc, logits out. A module-level name
+    (``__main__.MLP``), since PFLlib pickles the whole global model at the end of a run."""
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class MLP(nn.Module):
+        def __init__(self, bn: bool):
+            super().__init__()
+            self.fc1 = nn.Linear(64, HIDDEN)
+            self.bn1 = nn.BatchNorm1d(HIDDEN) if bn else nn.Identity()
+            self.fc = nn.Linear(HIDDEN, 10)
+
+        def forward(self, x):
+            return self.fc(F.relu(self.bn1(self.fc1(torch.flatten(x, 1)))))
+
+    MLP.__qualname__ = "MLP"
+    globals()["MLP"] = MLP
+    return MLP
+
+
+_SERVER_FILE = {"PerAvg": "peravg", "pFedMe": "pFedMe", "LG-FedAvg": "lg", "FedROD": "rod", "FedBABU": "babu",
+                "FedBN": "bn", "FedALA": "ala", "FedDBE": "dbe", "FedRep": "rep", "FedPer": "per", "FedProx": "prox",
+                "FedAvg": "avg"}
+_SERVER_CLASS = {"LG-FedAvg": "LG_FedAvg"}
+
+
+def _clients(work: str) -> int:
+    return len(list((pathlib.Path(work) / "dataset" / DATASET / "train").glob("*.npz")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
