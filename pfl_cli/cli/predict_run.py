@@ -249,7 +249,7 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
             ids = torch.as_tensor(np.asarray(part.client_id)[run.clients], dtype=torch.int64)
             writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))
     _note_unseen_test_labels(report, part, ds.y, run.clients)
-    _print_summary(report, out, metrics, s)
+    _print_summary(report, out, metrics, s, ds.num_classes)
 
 
 def unseen_test_labels(part, y: np.ndarray, clients: np.ndarray) -> list[tuple[int, int, int]]:
@@ -276,7 +276,7 @@ def _note_unseen_test_labels(report: Reporter, part, y, clients) -> None:
                     f"train data{zero}; label masking never predicts those classes.")
 
 
-def _print_summary(report: Reporter, out: Path, m: dict, s: dict) -> None:
+def _print_summary(report: Reporter, out: Path, m: dict, s: dict, num_classes: int) -> None:
     extra = (f"; {m['optimizer_steps']} optimizer steps; "
              f"{'one model per client' if m['personalized'] else 'one global model'}")
     if m["num_unlabeled_clients"]:
@@ -286,3 +286,8 @@ def _print_summary(report: Reporter, out: Path, m: dict, s: dict) -> None:
     table = accuracy_table(f"predict -> {out}: {m['algorithm']} model, {m['clients']} clients, {m['device']}",
                            {m["clients"]: clean(s)}, m["label_mask"], extra)
     report.result({"out": str(out), "up_to_date": False, **m}, table)
+    from pfl_cli.cli.chance import near_chance
+
+    warning = near_chance({m["clients"]: m["mean_accuracy_nolm"]}, num_classes, m["algorithm"])
+    if warning:  # issue 33: predictions near chance say so
+        report.warn(warning)

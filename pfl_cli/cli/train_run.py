@@ -413,3 +413,9 @@ def _print_summary(report: Reporter, out: Path, m: dict) -> None:
                                  "device")},
             **groups}
     report.result(data, table)
+    from pfl_cli.cli.chance import near_chance
+
+    warning = near_chance({g: m[g].get("mean_accuracy") for g in ("train", "holdout") if g in m},
+                          m["dataset"]["num_classes"], m["algorithm"])
+    if warning:  # issue 33: a run whose settings did not learn says so (never under --dp: nothing released)
+        report.warn(warning)
