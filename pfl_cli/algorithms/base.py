@@ -103,7 +103,8 @@ class Algorithm(ABC):
 
             return {"client": backbone_spec(cfg.backbone, store.input_shape, store.num_classes,
                                             tune=cfg.backbone_tune, weights=cfg.backbone_weights or None)}
-        return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))}
+        return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden),
+                                      vocab=getattr(store, "vocab_size", None), lstm_hidden=cfg.lstm_hidden)}
 
     @abstractmethod
     def build(self) -> None:

@@ -35,7 +35,7 @@ from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.fl.params import cpu_tree
 
 
-LABEL_FREE = {"auto": None, "cnn-x": "cnn-x", "mlp-x": "mlp-x"}
+LABEL_FREE = {"auto": None, "cnn-x": "cnn-x", "mlp-x": "mlp-x", "lstm-x": "lstm-x"}
 
 
 def split_halves(mask, gen):
@@ -100,7 +100,8 @@ class FLowDUPConfig(LDFedAvgConfig):
     """FLowDUP's keys: LD-FedAvg's and the hypernetwork from unlabeled data."""
 
     algorithm: str = key("flowdup", "the algorithm these keys configure")
-    embedding: str = key("auto", "h_1: auto | cnn-x | mlp-x (reads inputs only, eq. 5.3)", choices=tuple(LABEL_FREE))
+    embedding: str = key("auto", "h_1: auto | cnn-x | mlp-x | lstm-x (reads inputs only, eq. 5.3)",
+                         choices=tuple(LABEL_FREE))
     feature_dim: int = key(256, "e: h_1's output width", f"{T} eq. 5.9: e = 256")
     hyper_hidden: int = key(100, "h_2's hidden width")
     lambda_reg: float = key(1e-3, "lambda of Omega = ||h(X) - psi_r||^2", f"{T} eq. 5.4")
@@ -285,13 +286,15 @@ class FLowDUP(LDFedAvg):
         from pfl_cli.models import client_spec, embedding_spec
 
         if cfg.embedding not in LABEL_FREE:
-            raise ConfigError(f"embedding must be auto, cnn-x or mlp-x for flowdup (h_1 reads inputs only, eq. "
+            raise ConfigError(f"embedding must be auto, cnn-x, mlp-x or lstm-x for flowdup (h_1 reads inputs only, eq. "
                               f"5.3); got {cfg.embedding!r}.")
         from pfl_cli.models.embedding import resolve_embedding
 
         arch = LDFedAvg.resolve_arch(cfg, store)
-        kind = LABEL_FREE[cfg.embedding] or resolve_embedding("auto", store.input_shape) + "-x"
-        arch["features"] = embedding_spec(kind, store.input_shape, store.num_classes, cfg.feature_dim)  # h_1
+        vocab = getattr(store, "vocab_size", None)  # text: h_1 is LEAF's LSTM on the characters (lstm-x)
+        kind = LABEL_FREE[cfg.embedding] or resolve_embedding("auto", store.input_shape, vocab) + "-x"
+        arch["features"] = embedding_spec(kind, store.input_shape, store.num_classes, cfg.feature_dim,  # h_1
+                                          vocab=vocab, lstm_hidden=cfg.lstm_hidden)
         arch["head"] = client_spec("mlp", (cfg.feature_dim,), arch["subspace"]["dim"], (cfg.hyper_hidden,))  # h_2
         return arch
 

@@ -102,7 +102,8 @@ class HyperFL(Attackable, Algorithm):
         from pfl_cli.fl.split import split_names
         from pfl_cli.models import build, client_spec, hyper_spec
 
-        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))
+        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden),
+                             vocab=getattr(store, "vocab_size", None), lstm_hidden=cfg.lstm_hidden)
         features = split_names(build(client))[0]
         dim = int(cfg.embed_dim) or DEFAULT_EMBED_DIM
         # the HyperFL code: Linear(64, hidden) -> ReLU -> one linear head per feature-extractor tensor

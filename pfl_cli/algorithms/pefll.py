@@ -61,8 +61,8 @@ class PeFLLConfig(TrainConfig):
     lambda_h: float = key(1e-3, "Eq. (4.1) regularizer of the hypernetwork", "thesis App. B.1.2: lambda_h = 1e-3")
     lambda_v: float = key(1e-3, "Eq. (4.1) regularizer of the embedding net", "thesis App. B.1.2: lambda_v = 1e-3")
     lambda_theta: float = key(0.0, "Eq. (4.1) regularizer of the client model", "thesis App. B.1.2: lambda_theta = 0")
-    embedding: str = key("auto", "embedding net: auto (cnn for images, mlp for vectors) | cnn | cnn-x | linear | mlp "
-                         "| mlp-x", "PeFLL authors' code: embed-model cnn", choices=EMBEDDINGS)
+    embedding: str = key("auto", "embedding net: auto (lstm for text, cnn for images, mlp for vectors) | cnn | cnn-x "
+                         "| linear | mlp | mlp-x | lstm | lstm-x", "PeFLL authors' code: embed-model cnn", choices=EMBEDDINGS)
     embed_dim: int = key(0, "descriptor dimension l (0 = int(1 + n / 4))", "thesis App. B.1.2: l = n/4, as int(1 + n/4) in the code")
     hyper_size: str = key("M", "hypernetwork S / M / L = 1 / 3 / 5 hidden layers",
                           "PeFLL authors' code: hyper-nhid 3 (thesis Table B.5: M)", choices=HYPER_SIZES)
@@ -126,11 +126,13 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
         from pfl_cli.fl.config import hidden_sizes
         from pfl_cli.models import client_spec, embedding_spec, hyper_spec
 
-        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden))
+        text = {"vocab": getattr(store, "vocab_size", None), "lstm_hidden": cfg.lstm_hidden}  # LEAF's LSTM for text
+        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden), **text)
         dim = descriptor_dim(cfg, store.num_clients)
         return {
             "client": client,
-            "embedding": embedding_spec(cfg.embedding, store.input_shape, store.num_classes, dim),
+            # App. B.1.3: for Shakespeare "the LSTM model ... as the client model, and as the embedding network"
+            "embedding": embedding_spec(cfg.embedding, store.input_shape, store.num_classes, dim, **text),
             "hypernetwork": hyper_spec(dim, client, cfg.hyper_size, cfg.hyper_hidden),
         }
 

@@ -123,7 +123,8 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
         from pfl_cli.models import build, client_spec, hyper_spec, table_spec
 
         hidden = hidden_sizes(cfg.mlp_hidden)
-        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden)
+        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden,
+                             vocab=getattr(store, "vocab_size", None), lstm_hidden=cfg.lstm_hidden)
         rows = max(len(store.clients(ROLE_TRAIN)), 1)   # one row per train client: holdout clients have none
         dim = descriptor_dim(cfg, rows)  # §5: e = int(1 + n/4), n the train clients (the table's rows)
         generate = split_names(build(client))[0] if cls.personal_head else None

@@ -181,7 +181,8 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
 
         try:
             run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=device, resume=state,
-                                  labeled=ds.labeled, on_checkpoint=on_checkpoint, on_progress=on_progress)
+                                  labeled=ds.labeled, vocab_size=ds.extra.get("vocab_size"),
+                                  on_checkpoint=on_checkpoint, on_progress=on_progress)
         except TrainingDiverged as err:
             raise RunError(_diverged_message(err, cfg, ck_path, out)) from None
         finally:

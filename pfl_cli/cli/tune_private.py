@@ -43,7 +43,8 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter) -> 
         tcfg = dataclasses.replace(plan.trial_cfg, **values)
         validate_train_config(tcfg)
         try:
-            run = train_federated(data.x, data.y, data.num_classes, data.partition, tcfg, labeled=data.labeled)
+            run = train_federated(data.x, data.y, data.num_classes, data.partition, tcfg, labeled=data.labeled,
+                                  vocab_size=data.vocab_size)
         except TrainingDiverged:
             # The released model stopped being finite: this run outputs "no score" (data-independent bottom).
             rows.append([i, "fail", None, *values.values()])

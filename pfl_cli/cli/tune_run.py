@@ -205,7 +205,7 @@ def _tuning_data(ds, part, seed: int, fraction: float, val_clients: float, unlab
 
     vpart = validation_partition(part, val_fraction=fraction, val_clients=val_clients,
                                  rng=make_rng(seed, "tune-validation"), unlabeled_validation_clients=unlabeled)
-    return TuningData(ds.x, ds.y, ds.num_classes, vpart, labeled=ds.labeled)
+    return TuningData(ds.x, ds.y, ds.num_classes, vpart, labeled=ds.labeled, vocab_size=ds.extra.get("vocab_size"))
 
 
 def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: dict, partition: Path,

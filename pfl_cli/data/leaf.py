@@ -15,6 +15,8 @@ Tasks (detected from the type of ``x`` unless ``task=`` is given):
 - ``femnist``: ``x`` is 784 pixel values -> float32 (N, 1, 28, 28); ``y`` in [0, 62).
 - ``shakespeare``: ``x`` is a string -> int64 letter codes (N, len); ``y`` is the next
   character -> its code; 80 classes over LEAF's alphabet :data:`SHAKESPEARE_LETTERS`.
+  ``dataset.json`` records ``vocab_size`` 80: text data, which ``train`` reads as codes
+  into LEAF's LSTM (``model_arch`` auto -> lstm).
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
         client=np.asarray(clients, dtype=str),
         pool=None if single_pool else np.asarray(pool_ids, dtype=np.uint8),
         class_names=class_names,
-        extra={"leaf_task": task},
+        # Shakespeare's x are character codes: the vocabulary marks them as text (token sequences) for the
+        # engine, which reads them as codes (no standardization) into LEAF's LSTM (pfl_cli.models.sequence).
+        extra={"leaf_task": task, **({"vocab_size": len(SHAKESPEARE_LETTERS)} if task == "shakespeare" else {})},
     )
 
 

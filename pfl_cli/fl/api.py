@@ -148,6 +148,7 @@ def make_algorithm(cfg: TrainConfig, store, *, arch: dict | None = None):
 
 def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, cfg: TrainConfig, *,
                     device: Any = None, resume: dict | None = None, labeled: np.ndarray | None = None,
+                    vocab_size: int | None = None,
                     on_checkpoint: Callable[[dict], None] | None = None,
                     on_progress: Callable[[int, int, dict], None] | None = None) -> TrainRun:
     """Train ``cfg.algorithm`` on a partition's train clients and evaluate on all its clients.
@@ -167,6 +168,9 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
     labeled : ndarray of bool (n_samples,), optional
         The dataset's labeled mark (``Dataset.labeled``); unknown labels (-1) and the clients a
         partition marks unlabeled are unlabeled in any case.
+    vocab_size : int, optional
+        Text data (``Dataset.extra["vocab_size"]``, e.g. LEAF Shakespeare's 80 letters): ``x`` holds
+        token codes, read as codes (:func:`pfl_cli.fl.store.build_store`); ``model_arch`` auto is LEAF's LSTM.
     """
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.distributed import held_clients
@@ -179,7 +183,8 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
     store = build_store(x, y, num_classes, partition, val_fraction=cfg.val_fraction,
                         rng=make_rng(cfg.seed, "validation-split"), device=device, normalize=cfg.normalize,
                         labeled=labeled, hidden_labels=cfg.evaluate_hidden_labels,
-                        held=held_clients(partition.num_clients))  # a rank loads only its own clients
+                        held=held_clients(partition.num_clients),  # a rank loads only its own clients
+                        vocab_size=vocab_size)
     alg = make_algorithm(cfg, store)
     if cfg.dp_epsilon is not None:
         alg.dp = plan_dp(cfg, store)  # calibrated before the first round
@@ -205,6 +210,12 @@ def model_payload(alg, weights: dict) -> dict[str, Any]:
         "weights": weights,
         "num_classes": torch.tensor(alg.store.num_classes),
     }
+
+
+def model_vocab(arch: dict) -> int | None:
+    """The vocabulary a trained model's nets read (text data), from its specs; None for numeric inputs."""
+    vocabs = {spec["vocab"] for spec in arch.values() if isinstance(spec, dict) and "vocab" in spec}
+    return vocabs.pop() if len(vocabs) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -273,7 +284,7 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     norm = model["normalization"]
     store = build_store(x, y, num_classes, partition, val_fraction=0.0, rng=None, device=device,
                         normalize=True, stats=(norm["mean"].numpy(), norm["std"].numpy()), labeled=labeled,
-                        hidden_labels=cfg.evaluate_hidden_labels)
+                        hidden_labels=cfg.evaluate_hidden_labels, vocab_size=model_vocab(model["arch"]))
     alg = make_algorithm(train_cfg, store, arch=model["arch"])
     restore(alg.load_weights, model["weights"], "model.pt: the weights tree", fix="Re-create it with pflx train.",
             like=alg.weights())

@@ -40,7 +40,8 @@ def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
     On a CPU, vmap over a cohort's conv weights becomes a grouped convolution, which oneDNN
     runs slower than one ordinary convolution per client (``benchmarks/train_bench.py``:
     LeNet, cohort 25: vmap 0.6x the loop), and models of at least ``LOOP_MIN_PARAMETERS``
-    parameters run faster client by client (see that constant's measurements); small MLPs run
+    parameters run faster client by client (see that constant's measurements); so do LSTMs, whose
+    fused kernel runs only outside vmap (:func:`_is_recurrent`); small MLPs run
     faster as one batched call (digits MLP, cohort 10: 5x). On a GPU the batched path is the
     one that fills the device, so ``auto`` keeps vmap there. The choice depends only on the
     device and the architecture, never on a timing taken at run time, so the same seed gives
@@ -56,13 +57,23 @@ def resolve_cohort_exec(cohort_exec: str, model, device) -> str:
         return "vmap"
     convolutional = _is_convolutional(model)
     large = sum(p.numel() for p in model.parameters()) >= LOOP_MIN_PARAMETERS
-    return "loop" if convolutional or large else "vmap"
+    return "loop" if convolutional or large or _is_recurrent(model) else "vmap"
 
 
 def _is_convolutional(model) -> bool:
     import torch
 
     return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def _is_recurrent(model) -> bool:
+    """An LSTM (LEAF's Shakespeare net): on a CPU one client's fused LSTM kernel at a time beats vmap,
+    which has no rule for that kernel and runs the recurrence step by step
+    (``benchmarks/lstm_cohort_bench.py``, 2-core dev CPU, 1 thread, 2026-11-25, cohort 5, batch 10, momentum
+    and clip; ms per cohort step, vmap / loop: LSTM 16 (5,840 parameters) 84 / 22, LSTM 64 (58,064) 222 / 44)."""
+    import torch
+
+    return any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
 
 
 def cohort_forward(model, params: Mapping[str, "object"], x, how: str, shared: Mapping | None = None):

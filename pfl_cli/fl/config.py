@@ -13,8 +13,8 @@ from typing import Optional
 from pfl_cli.schema import register_choices
 
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
-CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn")  # -bn: models.normalized (FedBN)
-EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm")  # -bn: FedBN; lstm: text
+EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x", "lstm", "lstm-x")
 BACKBONE_TUNES = ("adapters", "probe", "full")  # models.pretrained.TUNES (kept here: no torch import for the schema)
 HYPER_SIZES = ("S", "M", "L")
 SERVER_OPTIMIZERS = ("adam", "sgd")
@@ -45,10 +45,12 @@ class TrainConfig:
     momentum: float = key(0.9, "client SGD momentum (buffer reset every round)")
     client_clip: float = key(50.0, "per-client gradient-norm clip before each step (0 = off)")
     lambda_theta: float = key(0.0, "client weight decay, added as 2*lambda_theta*param")
-    model_arch: str = key("auto", "client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp | hyperfl-cnn"
-                          " | mlp-bn | lenet-bn (batch-norm variants, for fedbn)",
+    model_arch: str = key("auto", "client net: auto (lstm for text, lenet for images >= 28x28, else mlp) | lenet | mlp"
+                          " | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn) | lstm",
                           choices=CLIENT_ARCHS)
     mlp_hidden: tuple = key((32,), "hidden widths of the mlp client net")
+    lstm_hidden: int = key(256, "width of both LSTM layers of the lstm client net (text data) and its embedding net",
+                           "LEAF (Caldas et al. 2018): two LSTM layers of 256 units")
     eval_every: int = key(50, "rounds between evaluations (and checkpoints)")
     val_fraction: float = key(0.1, "share of every train client's samples held out for model selection")
     label_mask: bool = key(False, "headline accuracy with classes absent from a client's train data masked out")
@@ -107,8 +109,8 @@ KEY_RULES: dict[str, tuple] = {
     **{k: ("int", 0, None) for k in ("rounds", "embed_dim", "finetune_steps", "checkpoint_every", "seed",
                                      "embed_rounds", "head_epochs", "body_epochs", "new_client_epochs")},
     **{k: ("int", 1, None) for k in ("clients_per_round", "local_steps", "batch_size", "descriptor_batch",
-                                     "eval_every", "hyper_hidden", "subspace_dim", "subspace_nnz", "feature_dim",
-                                     "local_epochs", "K", "knn_k", "adapt_steps", "adapt_hidden")},
+                                     "eval_every", "hyper_hidden", "lstm_hidden", "subspace_dim", "subspace_nnz",
+                                     "feature_dim", "local_epochs", "K", "knn_k", "adapt_steps", "adapt_hidden")},
     **{k: ("float", 0.0, None) for k in ("client_clip", "server_clip", "lambda_h", "lambda_v", "lambda_theta",
                                          "lambda_reg", "hn_weight_decay", "mu", "lam", "alpha_lr", "personal_clip",
                                          "personal_weight_decay")},

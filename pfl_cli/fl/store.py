@@ -145,6 +145,7 @@ class ClientStore:
     labeled: np.ndarray = None
     partition_sha: bytes = b""  # fl.client_state.partition_digest: ties private per-client state to its clients
     held: np.ndarray = None  # bool (n_clients,): clients whose samples are in ``x``; None: all of them
+    vocab_size: int | None = None  # text data: ``x`` holds token codes in [0, vocab_size), read as codes
 
     @property
     def num_clients(self) -> int:
@@ -164,9 +165,12 @@ class ClientStore:
         return np.flatnonzero(self.role == role)
 
     def inputs(self, index):
-        """Standardized float32 inputs of sample ``index`` (any shape of indices)."""
+        """Standardized float32 inputs of sample ``index`` (any shape of indices); text data's token codes
+        (int64) as they are: a code is a name, not a magnitude, so nothing standardizes it."""
         import torch
 
+        if self.vocab_size is not None:
+            return self.x[index]
         if isinstance(index, torch.Tensor) and index.dtype in (torch.int64, torch.int32) and self.x.dim() > 1 \
                 and self.x.is_contiguous():
             # One row gather on the flattened samples: the same values as ``x[index]``, which runs
@@ -209,7 +213,7 @@ def visible_labels(y: np.ndarray | None, n: int, partition, labeled: np.ndarray 
 def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, val_fraction: float, rng, device,
                 normalize: bool = True, stats: tuple[np.ndarray, np.ndarray] | None = None,
                 labeled: np.ndarray | None = None, hidden_labels: bool = False,
-                held: np.ndarray | None = None) -> ClientStore:
+                held: np.ndarray | None = None, vocab_size: int | None = None) -> ClientStore:
     """Load a partition's clients onto ``device``.
 
     Parameters
@@ -234,6 +238,10 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
         :func:`pfl_cli.fl.distributed.held_clients`); the others' index rows are
         :data:`NOT_HERE`. Statistics, validation split, label masks and sizes are computed
         from the whole partition first, so they are the same on every rank. Default: all.
+    vocab_size : int, optional
+        Text data (a dataset that declares a vocabulary, e.g. LEAF Shakespeare's 80 letters):
+        ``x`` (n_samples, length) holds token codes in ``[0, vocab_size)``, kept as int64 and
+        never standardized (``normalize`` does not apply; the statistics are 0 and 1).
     """
     import torch
 
@@ -243,6 +251,9 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
     role = np.asarray(partition.role)
     owner, samples = partition.train_owner(), np.asarray(partition.train_indices)
     val = split_validation(owner, role == ROLE_TRAIN, val_fraction, rng)
+    if vocab_size is not None:
+        x = _token_codes(x, vocab_size)
+        normalize = False
     if normalize:
         if stats is None:
             stats = normalization_stats(x, samples[~val & (role[owner] == ROLE_TRAIN)])
@@ -278,5 +289,19 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
         num_classes=int(num_classes), input_shape=tuple(int(s) for s in x.shape[1:]), device=device,
         labeled=fit_labels > 0,
         partition_sha=partition_digest(partition.client_id, role, partition.train_offsets, partition.train_indices),
-        held=held,
+        held=held, vocab_size=None if vocab_size is None else int(vocab_size),
     )
+
+
+def _token_codes(x: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Text data's ``x`` as int64 codes; :class:`InputError` unless they are sequences of codes in the vocabulary."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 2:
+        raise InputError(f"vocab_size must be an integer >= 2; got {vocab_size!r}.")
+    x = np.asarray(x)
+    if x.ndim != 2 or not np.issubdtype(x.dtype, np.integer):
+        raise InputError(f"vocab_size: text data are integer token codes of shape (samples, length); got "
+                         f"{x.dtype} of shape {x.shape}.")
+    if x.size and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise InputError(f"vocab_size: token codes must lie in [0, {vocab_size}); got codes from {int(x.min())} "
+                         f"to {int(x.max())}.")
+    return x.astype(np.int64, copy=False)

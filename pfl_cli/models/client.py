@@ -21,7 +21,8 @@ from torch import nn
 
 from pfl_cli.errors import InputError, check_param
 
-CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn")  # -bn: models.normalized (FedBN)
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm")  # -bn: models.normalized
+# (FedBN); lstm: models.sequence (LEAF's Shakespeare LSTM, for text: token-code sequences)
 LENET_KERNELS = 16  # Conv1 filters of Table B.1; pFedHN's S / M / L targets use 8 / 16 / 32 (App. B)
 
 MIN_IMAGE_SIZE = 28  # MNIST / FEMNIST; smaller images go to the MLP
@@ -95,14 +96,27 @@ def require_image(param: str, value: str, input_shape: Sequence[int]) -> None:
         )
 
 
-def resolve_arch(arch: str, input_shape: Sequence[int]) -> str:
-    """The concrete client architecture (``"lenet"`` or ``"mlp"``) for ``arch`` and the input.
+def resolve_arch(arch: str, input_shape: Sequence[int], vocab: int | None = None) -> str:
+    """The concrete client architecture for ``arch`` and the input.
 
-    ``"auto"`` picks ``"lenet"`` for images ``(C, H, W)`` with ``H, W >= 28`` and ``"mlp"``
-    otherwise. An explicit ``"lenet"`` on a non-image input raises :class:`InputError`.
+    ``vocab`` is the number of token codes of text data (sequences of int codes, e.g. LEAF
+    Shakespeare's 80 characters), None for numeric inputs. ``"auto"`` picks ``"lstm"`` for text,
+    ``"lenet"`` for images ``(C, H, W)`` with ``H, W >= 28`` and ``"mlp"`` otherwise. A net that
+    reads numbers asked of text, or the LSTM asked of numbers, raises :class:`InputError`: the
+    MLP would read character codes as magnitudes.
     """
     check_param("model_arch", arch in CLIENT_ARCHS, f"must be one of {', '.join(CLIENT_ARCHS)}", arch)
     shape = check_input_shape(input_shape)
+    if vocab is not None:
+        if arch not in ("auto", "lstm"):
+            raise InputError(f"model_arch {arch!r} reads numeric inputs; this data is text (sequences of "
+                             f"{vocab} token codes, input shape {shape!r}). Use --model-arch lstm (or auto).")
+        if len(shape) != 1:
+            raise InputError(f"model_arch lstm reads one token sequence per sample; got input shape {shape!r}.")
+        return "lstm"
+    if arch == "lstm":
+        raise InputError(f"model_arch 'lstm' reads text (token-code sequences, e.g. leaf:...?task=shakespeare); "
+                         f"this data is numeric (input shape {shape!r}). Use --model-arch auto, lenet or mlp.")
     if arch == "auto":
         return "lenet" if is_image_shape(shape) else "mlp"
     if arch in ("lenet", "hyperfl-cnn", "lenet-bn"):
@@ -313,33 +327,41 @@ def client_model(
     *,
     hidden: Sequence[int] = (32,),
     kernels: int = LENET_KERNELS,
+    vocab: int | None = None,
 ) -> nn.Module:
     """Build a client network for inputs of one-sample shape ``input_shape``.
 
     Parameters
     ----------
-    arch : {"auto", "lenet", "mlp"}
-        ``"auto"`` is ``"lenet"`` for images (C, H, W) with H, W >= 28, else ``"mlp"``.
+    arch : {"auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm"}
+        ``"auto"`` is ``"lstm"`` for text (``vocab`` given), ``"lenet"`` for images (C, H, W)
+        with H, W >= 28, else ``"mlp"``.
     input_shape : sequence of int
         Shape of one sample, without the batch dimension.
     num_classes : int
         Number of classes C (at least 2).
     hidden : sequence of int, default (32,)
-        Hidden widths of the MLP; ignored by LeNet.
+        Hidden widths of the MLP, or the LSTM's layer widths; ignored by LeNet.
+    vocab : int, optional
+        Number of token codes of text data (the LSTM's embedding rows); None for numeric data.
 
     Returns
     -------
     torch.nn.Module
-        A :class:`LeNet` or :class:`MLP` whose forward maps (B, *input_shape) to (B, C) logits.
+        A net whose forward maps (B, *input_shape) to (B, C) logits.
 
     Raises
     ------
     InputError
-        For an unknown ``arch``, ``"lenet"`` on a non-image input, ``num_classes < 2`` or a
-        non-positive hidden width.
+        For an unknown ``arch``, ``"lenet"`` on a non-image input, a numeric net on text or the
+        LSTM on numbers, ``num_classes < 2`` or a non-positive hidden width.
     """
-    resolved = resolve_arch(arch, input_shape)
+    resolved = resolve_arch(arch, input_shape, vocab)
     shape = check_input_shape(input_shape)
+    if resolved == "lstm":  # LEAF's Shakespeare model (pfl_cli.models.sequence)
+        from pfl_cli.models.sequence import CharLSTM
+
+        return CharLSTM(vocab, num_classes, hidden)
     if resolved == "lenet":
         return LeNet(shape[0], num_classes, shape[1:], kernels)
     if resolved == "hyperfl-cnn":

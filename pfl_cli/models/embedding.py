@@ -13,6 +13,8 @@ Kinds (:data:`EMBEDDINGS`):
 - ``"linear"`` -- one linear map of the one-hot label (the CIFAR-100 embedding; image ignored).
 - ``"mlp"`` -- MLP on ``[flatten(x), y_onehot]``: (d + C) -> 64 -> 64 -> dim (§7.2).
 - ``"mlp-x"`` -- the same MLP on ``flatten(x)`` only.
+- ``"lstm"`` / ``"lstm-x"`` -- for text: LEAF's Shakespeare LSTM with the last layer of size l
+  (App. B.1.3), reading the label as the next character, or not (:mod:`pfl_cli.models.sequence`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pfl_cli.errors import check_param
+from pfl_cli.errors import InputError, check_param
 from pfl_cli.models.client import (
     LeNetTrunk,
     check_image_size,
@@ -34,7 +36,7 @@ from pfl_cli.models.client import (
     require_image,
 )
 
-EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x")
+EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x", "lstm", "lstm-x")
 
 
 class CNNEmbedding(LeNetTrunk):
@@ -158,14 +160,24 @@ class MLPEmbedding(nn.Module):
         return self.fc3(x)
 
 
-def resolve_embedding(kind: str, input_shape: Sequence[int]) -> str:
+def resolve_embedding(kind: str, input_shape: Sequence[int], vocab: int | None = None) -> str:
     """The concrete embedding kind for ``kind`` and the input (``"auto"`` resolved).
 
-    ``"auto"`` is ``"cnn"`` for images (C, H, W) with H, W >= 28 and ``"mlp"`` otherwise;
-    ``"cnn"`` / ``"cnn-x"`` on a non-image input raise :class:`InputError`.
+    ``"auto"`` is ``"lstm"`` for text (``vocab``: the number of token codes), ``"cnn"`` for
+    images (C, H, W) with H, W >= 28 and ``"mlp"`` otherwise; ``"cnn"`` / ``"cnn-x"`` on a
+    non-image input, ``"mlp"`` / ``"mlp-x"`` on text and the LSTMs on numbers raise
+    :class:`InputError` (``"linear"`` reads the label only and takes either).
     """
     check_param("embedding", kind in EMBEDDINGS, f"must be one of {', '.join(EMBEDDINGS)}", kind)
     shape = check_input_shape(input_shape)
+    if vocab is not None:
+        if kind not in ("auto", "lstm", "lstm-x", "linear"):
+            raise InputError(f"embedding {kind!r} reads numeric inputs; this data is text (sequences of {vocab} "
+                             f"token codes). Use --embedding lstm, lstm-x, linear (or auto).")
+        return "lstm" if kind == "auto" else kind
+    if kind in ("lstm", "lstm-x"):
+        raise InputError(f"embedding {kind!r} reads text (token-code sequences); this data is numeric (input shape "
+                         f"{shape!r}). Use --embedding auto, cnn, mlp or linear.")
     if kind == "auto":
         return "cnn" if is_image_shape(shape) else "mlp"
     if kind in ("cnn", "cnn-x"):
@@ -179,7 +191,8 @@ def embedding_net(
     num_classes: int,
     dim: int,
     *,
-    hidden: int = 64,
+    hidden: int | Sequence[int] = 64,
+    vocab: int | None = None,
 ) -> nn.Module:
     """Build an embedding network phi for inputs of one-sample shape ``input_shape``.
 
@@ -193,8 +206,11 @@ def embedding_net(
         Number of classes C (width of the one-hot labels).
     dim : int
         Embedding (descriptor) size l, at least 1.
-    hidden : int, default 64
-        Hidden width of the ``"mlp"`` / ``"mlp-x"`` kinds; ignored by the others.
+    hidden : int or sequence of int, default 64
+        Hidden width of the ``"mlp"`` / ``"mlp-x"`` kinds, the LSTM's layer widths for
+        ``"lstm"`` / ``"lstm-x"``; ignored by the others.
+    vocab : int, optional
+        Number of token codes of text data; None for numeric data.
 
     Returns
     -------
@@ -207,9 +223,13 @@ def embedding_net(
         For an unknown ``kind``, a CNN kind on non-image input, ``dim < 1`` or
         ``num_classes < 2``.
     """
-    resolved = resolve_embedding(kind, input_shape)
+    resolved = resolve_embedding(kind, input_shape, vocab)
     shape = check_input_shape(input_shape)
     check_int("embed_dim", dim, 1)
+    if resolved in ("lstm", "lstm-x"):
+        from pfl_cli.models.sequence import LSTMEmbedding
+
+        return LSTMEmbedding(vocab, num_classes, dim, hidden, use_labels=resolved == "lstm")
     if resolved in ("cnn", "cnn-x"):
         return CNNEmbedding(shape[0], num_classes, dim, shape[1:], use_labels=resolved == "cnn")
     if resolved == "linear":

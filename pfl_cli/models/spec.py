@@ -8,6 +8,7 @@ spec (in the artifact's JSON) says which modules to build before ``load_state_di
     {"kind": "embedding", "arch": "cnn", "input_shape": [3, 32, 32], "num_classes": 10,
      "dim": 26, "hidden": 64}
     {"kind": "hypernetwork", "in_dim": 26, "target": {<client spec>}, "size": "M", "hidden": 100}
+    {"kind": "client", "arch": "lstm", "input_shape": [80], "num_classes": 80, "hidden": [256, 256], "vocab": 80}
 
 :func:`build` turns any of them into a fresh (randomly initialized) module with the same
 parameter names and shapes as the one that was trained.
@@ -24,24 +25,32 @@ from pfl_cli.errors import InputError, check_param
 from pfl_cli.models.client import check_hidden, check_input_shape, check_int, client_model, resolve_arch
 from pfl_cli.models.embedding import embedding_net, resolve_embedding
 from pfl_cli.models.hypernetwork import HyperNetwork, hyper_layers
+from pfl_cli.models.sequence import LEAF_HIDDEN
 from pfl_cli.models.util import count_parameters
 
 SPEC_KINDS = ("client", "embedding", "hypernetwork", "table")
 
 
 def client_spec(
-    arch: str, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32,), kernels: int = 16
+    arch: str, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32,), kernels: int = 16,
+    *, vocab: int | None = None, lstm_hidden: int = 256,
 ) -> dict:
     """Spec of :func:`~pfl_cli.models.client.client_model` with ``arch`` resolved.
 
-    ``hidden`` (the MLP widths) is recorded for both archs; LeNet ignores it.
+    ``hidden`` (the MLP widths) is recorded for every arch but the LSTM; LeNet ignores it.
+    ``vocab`` (the number of token codes) marks text data, whose net is LEAF's LSTM: its spec
+    records ``vocab`` and ``hidden`` = two layers of ``lstm_hidden`` (LEAF's 256).
 
     Examples
     --------
     >>> client_spec("auto", (64,), 10)
     {'kind': 'client', 'arch': 'mlp', 'input_shape': [64], 'num_classes': 10, 'hidden': [32]}
+    >>> client_spec("auto", (80,), 80, vocab=80)["hidden"]
+    [256, 256]
     """
-    resolved = resolve_arch(arch, input_shape)
+    resolved = resolve_arch(arch, input_shape, vocab)
+    if resolved == "lstm":
+        hidden = (check_int("lstm_hidden", lstm_hidden, 1),) * len(LEAF_HIDDEN)
     spec = {
         "kind": "client",
         "arch": resolved,
@@ -49,23 +58,29 @@ def client_spec(
         "num_classes": check_int("num_classes", num_classes, 2),
         "hidden": list(check_hidden("mlp_hidden", hidden)),
     }
+    if resolved == "lstm":
+        spec["vocab"] = check_int("vocab_size", vocab, 2)
     if check_int("kernels", kernels, 1) != 16:  # pFedHN's S / L LeNets (the default M is Table B.1)
         spec["kernels"] = kernels
     return spec
 
 
 def embedding_spec(
-    kind: str, input_shape: Sequence[int], num_classes: int, dim: int, hidden: int = 64
+    kind: str, input_shape: Sequence[int], num_classes: int, dim: int, hidden: int = 64,
+    *, vocab: int | None = None, lstm_hidden: int = 256,
 ) -> dict:
     """Spec of :func:`~pfl_cli.models.embedding.embedding_net` with ``kind`` resolved.
+
+    For text (``vocab`` given) the LSTM kinds record ``vocab`` and ``hidden`` = the client
+    LSTM's layers (two of ``lstm_hidden``): "the same LSTM" (PeFLL thesis App. B.1.3).
 
     Examples
     --------
     >>> embedding_spec("auto", (3, 32, 32), 10, 26)["arch"]
     'cnn'
     """
-    resolved = resolve_embedding(kind, input_shape)
-    return {
+    resolved = resolve_embedding(kind, input_shape, vocab)
+    spec = {
         "kind": "embedding",
         "arch": resolved,
         "input_shape": list(check_input_shape(input_shape)),
@@ -73,6 +88,12 @@ def embedding_spec(
         "dim": check_int("embed_dim", dim, 1),
         "hidden": check_int("embed_hidden", hidden, 1),
     }
+    if resolved in ("lstm", "lstm-x"):
+        spec["hidden"] = [check_int("lstm_hidden", lstm_hidden, 1)] * len(LEAF_HIDDEN)
+        spec["vocab"] = check_int("vocab_size", vocab, 2)
+    elif vocab is not None:  # linear: reads the label only
+        spec["vocab"] = check_int("vocab_size", vocab, 2)
+    return spec
 
 
 def hyper_spec(in_dim: int, target_spec: dict, size: str = "M", hidden: int = 100, *,
@@ -159,6 +180,7 @@ def build(spec: dict) -> nn.Module:
             _field(spec, "num_classes"),
             hidden=tuple(spec.get("hidden", (32,))),
             kernels=spec.get("kernels", 16),
+            vocab=spec.get("vocab"),
         )
     if kind == "embedding":
         return embedding_net(
@@ -167,6 +189,7 @@ def build(spec: dict) -> nn.Module:
             _field(spec, "num_classes"),
             _field(spec, "dim"),
             hidden=spec.get("hidden", 64),
+            vocab=spec.get("vocab"),
         )
     if kind == "table":
         return nn.Embedding(_field(spec, "rows"), _field(spec, "dim"))  # N(0, 1) init, as pFedHN's code

@@ -44,6 +44,7 @@ class TuningData:
     num_classes: int
     partition: Any          # pfl_cli.tune.split.validation_partition(...)
     labeled: np.ndarray | None = None
+    vocab_size: int | None = None  # text data (token codes): the dataset's vocabulary
 
 
 def objective_of(algorithm_class: type, label_mask: bool) -> dict[str, str]:
@@ -170,7 +171,7 @@ class Objective:
         d = self.data
         try:
             run = train_federated(d.x, d.y, d.num_classes, d.partition, cfg, labeled=d.labeled,
-                                  on_progress=on_progress)
+                                  vocab_size=d.vocab_size, on_progress=on_progress)
         except TrainingDiverged as err:
             trial.set_user_attr("error", f"diverged at round {err.round}")
             raise TrialFailed(f"diverged at round {err.round}") from None

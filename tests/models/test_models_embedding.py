@@ -84,7 +84,7 @@ def test_linear_is_linear_in_the_label():
 
 
 def test_unknown_kind():
-    pattern = r"embedding must be one of auto, cnn, cnn-x, linear, mlp, mlp-x; got 'gru'"
+    pattern = r"embedding must be one of auto, cnn, cnn-x, linear, mlp, mlp-x, lstm, lstm-x; got 'gru'"
     with pytest.raises(InputError, match=pattern):
         embedding_net("gru", CIFAR, 10, 26)
 
