@@ -153,6 +153,16 @@ class Objective:
         trial.storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
         trial.storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
         values = suggest(trial, self.params)
+        done = _same_config(trial)
+        if done is not None:  # a finite space's sampler drew a config again: its result, without training again
+            trial.set_user_attr("duplicate_of", done.number)
+            for step, value in sorted(done.intermediate_values.items()):
+                trial.report(value, step)
+            if done.state == optuna.trial.TrialState.PRUNED:
+                raise optuna.TrialPruned(f"the same config as trial {done.number}, which was pruned")
+            if "selected_round" in done.user_attrs:
+                trial.set_user_attr("selected_round", done.user_attrs["selected_round"])
+            return float(done.value)
         try:
             cfg = self.config(values)
         except PflxError as err:
@@ -184,6 +194,21 @@ class Objective:
         if not total:  # no rounds, no curve: the one evaluation is the curve
             trial.report(value, 0)
         return value
+
+
+def _same_config(trial):
+    """An earlier finished (complete or pruned) trial with exactly ``trial``'s values, or None.
+
+    Every trial trains with the same seed, so the same config gives the same curve: TPE and random search
+    over ``choice``/``int`` keys draw configs again, and those cost nothing (Optuna's FAQ recipe).
+    """
+    import optuna
+
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    for t in trial.study.get_trials(deepcopy=False, states=finished):
+        if t.params == trial.params:
+            return t
+    return None
 
 
 def optimize(study, objective: Objective, trials: int, *, callbacks: Sequence[Callable] = ()) -> None:

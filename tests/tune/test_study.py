@@ -94,3 +94,17 @@ def test_the_returned_value_is_the_selected_models_validation_accuracy(digits_cl
     run = train_federated(ds.x, ds.y, ds.num_classes, vpart, cfg)
     assert t.value == pytest.approx(run.outcome.best.summaries()["train"]["mean_accuracy"], abs=0)
     assert t.user_attrs["selected_round"] == run.outcome.best.round
+
+
+def test_a_config_drawn_again_returns_its_result_without_training(digits_clients, monkeypatch):
+    import pfl_cli.fl.api as api
+
+    ds, part = digits_clients
+    calls = []
+    real = api.train_federated
+    monkeypatch.setattr(api, "train_federated", lambda *a, **k: calls.append(1) or real(*a, **k))
+    study, _ = _run(ds.y, part, trials=3, space={"lr": "choice:0.05"})
+    assert len(calls) == 1  # one training; the two draws of the same config reuse it
+    assert [t.user_attrs.get("duplicate_of") for t in study.trials] == [None, 0, 0]
+    assert len({t.value for t in study.trials}) == 1
+    assert all(t.intermediate_values == study.trials[0].intermediate_values for t in study.trials)
