@@ -8,7 +8,7 @@ with one forward pass; a test point's prediction interpolates (Eq. 4)
     p_kNN(y | x) proportional to sum over the k nearest x_j of 1[y_j = y] exp(-d(phi(x), phi(x_j)) / T)
 
 with d the Euclidean distance, lambda = ``interpolation``, k = ``knn_k`` and T = ``knn_scale``
-(PeFLL §4.1 used scale 100). The search is batched: all test points of a chunk of
+(the PeFLL thesis's baseline used scale 100, App. B.1.2). The search is batched: all test points of a chunk of
 clients against their own datastores in one ``vmap``'d distance matrix and ``topk``.
 No optimizer step at prediction; no private state (the datastore is rebuilt from the
 client's data). Interpolation 0 is the global model. Not done: the paper's per-client

@@ -1,7 +1,7 @@
 """PeFLL (Scott, Zakerinia, Lampert, ICLR 2024; thesis Alg. 7 and 8).
 
 A server-side hypernetwork h(v; eta_h) maps a client descriptor v = mean_b phi(x_b, y_b; eta_v)
-(the embedding network averaged over a batch of the client's data, §1.1) to the client's
+(the embedding network averaged over a batch of the client's data, thesis §4.3) to the client's
 model theta = h(v). Training (Alg. 8, in the backward form of the authors' code):
 
 1. each cohort client computes v on one batch and keeps the graph (steps 5-7);
@@ -36,7 +36,7 @@ SERVER_DEFAULTS = {"adam": {"lr": 2e-4, "clip": 50.0}, "sgd": {"lr": 1.0, "clip"
 
 @dataclass(frozen=True)
 class PeFLLConfig(TrainConfig):
-    """PeFLL's keys (Alg. 8), defaults from the thesis and the authors' code (thesis §4.4, App. B.1.2, and the authors' code)."""
+    """PeFLL's keys (Alg. 8), defaults from the thesis (§4.4, App. B.1.2) and the authors' code."""
 
     algorithm: str = key("pefll", "the algorithm these keys configure")
     rounds: int = key(5000, "communication rounds", "thesis §4.4: T = 5000 rounds")
@@ -63,7 +63,8 @@ class PeFLLConfig(TrainConfig):
     lambda_theta: float = key(0.0, "Eq. (4.1) regularizer of the client model", "thesis App. B.1.2: lambda_theta = 0")
     embedding: str = key("auto", "embedding net: auto (lstm for text, cnn for images, mlp for vectors) | cnn | cnn-x "
                          "| linear | mlp | mlp-x | lstm | lstm-x", "PeFLL authors' code: embed-model cnn", choices=EMBEDDINGS)
-    embed_dim: int = key(0, "descriptor dimension l (0 = int(1 + n / 4))", "thesis App. B.1.2: l = n/4, as int(1 + n/4) in the code")
+    embed_dim: int = key(0, "descriptor dimension l (0 = int(1 + n / 4))",
+                         "thesis App. B.1.2: l = n/4, as int(1 + n/4) in the code")
     hyper_size: str = key("M", "hypernetwork S / M / L = 1 / 3 / 5 hidden layers",
                           "PeFLL authors' code: hyper-nhid 3 (thesis Table B.5: M)", choices=HYPER_SIZES)
     hyper_hidden: int = key(100, "hypernetwork hidden width", "PeFLL authors' code: hyper-hid 100")
@@ -96,7 +97,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     }
     search_space_source = ("Scott et al., PeFLL (ICLR 2024) / thesis §4.4: client lr by grid search on validation "
                            "data; thesis App. B, Table B.6: lambda_theta x lambda_h = lambda_v over {0, 1e-5, 1e-3}; "
-                           "embedding: §2.2's label embedding as the alternative descriptor")
+                           "embedding: thesis §4.4's linear label embedding as the alternative descriptor")
     tune_group = "new"
     paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4"
     new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
@@ -138,7 +139,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
 
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
-        """§1.5: eta_v down, v up, theta down, delta theta up, dv down, d eta_v up = 2(d + |eta_v| + l)."""
+        """Alg. 8's messages: eta_v down, v up, theta down, delta theta up, dv down, d eta_v up: 2(d + |eta_v| + l)."""
         from pfl_cli.models import num_parameters
 
         return 2 * (num_parameters(arch["client"]) + num_parameters(arch["embedding"])
@@ -164,7 +165,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
             self.make_optimizer = lambda: torch.optim.SGD(params, lr=lr, momentum=self.cfg.server_momentum)
         self._optimizer = None
 
-    # ------------------------------------------------------------------ descriptors (§1.1)
+    # ------------------------------------------------------------------ descriptors (thesis §4.3)
     def _embed_mean(self, index, mask):
         """v = masked mean of phi(x, y) over each row of ``index`` (k, b) -> (k, l)."""
         return self._embed_batch(self.store.inputs(index), self.store.onehot(index), mask)
@@ -356,7 +357,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
         return {**{f"h.{k}": g for k, g in g_h.items()}, **{f"e.{k}": g for k, g in g_e.items()}}
 
     def _record_traffic(self, c, v, theta, new) -> None:
-        """§1.5: eta_v down, v up, theta down, delta theta up, dv down, d eta_v up, per cohort client."""
+        """Alg. 8's messages: eta_v down, v up, theta down, delta theta up, dv down, d eta_v up, per cohort client."""
         t = self.traffic
         for k, p in self.embed.named_parameters():
             t.send(f"embedding.{k}", p, copies=c)
@@ -417,7 +418,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
         return self.cfg.local_steps
 
     def upload(self, x, y, *, steps: int, noise_gen=None, start=None, clients=None, private=None):
-        """§1.5 messages 2 and 4: the descriptor v of the client's batch and its delta theta.
+        """Alg. 8's messages 2 and 4 (lines 7 and 11): the descriptor v of the client's batch and its delta theta.
 
         The same batch builds the descriptor (steps 5-6) and feeds the ``steps`` local steps
         from theta = h(v) (steps 8-11; 0 steps: the gradient at theta). Message 6 (d eta_v) is a
@@ -441,7 +442,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     def personalize(self, clients: np.ndarray, gen):
         return self.server_models(self.raw_descriptors(clients, gen)), True
 
-    # ------------------------------------------------------------------ descriptor analysis (§3.4)
+    # ------------------------------------------------------------------ descriptor analysis (thesis §4.4, Fig. 4.1)
     def diagnostics(self):
         if not self.cfg.track_descriptors:
             return {}

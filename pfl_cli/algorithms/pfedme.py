@@ -9,7 +9,7 @@ Each local step of a cohort client draws a batch D and
 
 The server mixes  w <- (1 - beta) w + beta * mean_i w_i  (line 11; the uniform mean over the cohort S).
 Steps are plain gradient steps (no momentum, no clipping). Each client's last theta~ is its
-personalized model, kept as private state. A new client (PeFLL §4.1) starts from the global
+personalized model, kept as private state. A new client (PeFLL thesis §4.4, App. B.1.2) starts from the global
 model and runs the same local procedure for ``new_client_epochs`` epochs; its model is theta~.
 """
 
@@ -26,7 +26,7 @@ from pfl_cli.fl.config import key
 from pfl_cli.fl.params import stack, weighted_mean
 
 
-DEFAULT_LAMBDA = 15.0  # PeFLL §4.1: lambda = 15, K = 3, beta = 1
+DEFAULT_LAMBDA = 15.0  # PeFLL thesis App. B.1.2: lambda = 15, K = 3, beta = 1
 
 
 def pfedme_lambda(cfg) -> float:

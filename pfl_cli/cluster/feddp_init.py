@@ -82,7 +82,7 @@ def server_centers(noisy_sums: np.ndarray, noisy_counts: np.ndarray, fallback: n
     """Step 3 / Lloyd update, server: nu_j = m_j / n_j.
 
     A cluster whose noisy count is below 1 keeps ``fallback[j]`` (a public earlier
-    estimate), instead of dividing by ~0 (the empty-cluster guard of §3.1).
+    estimate), instead of dividing by ~0 (pflx's empty-cluster guard around thesis Algorithm 11).
     """
     ok = noisy_counts >= 1.0
     centers = np.array(fallback, dtype=np.float64)
