@@ -286,7 +286,7 @@ class MLP(nn.Module):
     -----
     Layers are named ``fc1`` ... ``fcN`` (N = ``len(hidden) + 1``), so the parameters are
     ``fc1.weight``, ``fc1.bias``, ..., ``fcN.bias``; no buffers. The digits model
-    64 -> 32 -> 10 (spec §7.2) has 2,410 parameters.
+    64 -> 32 -> 10 (the digits tests' net) has 2,410 parameters.
 
     Examples
     --------

@@ -125,7 +125,7 @@ class MLPEmbedding(nn.Module):
         Embedding size l.
     hidden : int, default 64
         Width of both hidden layers: (d + C) -> hidden -> hidden -> l with ReLU between
-        (spec §7.2, "74->64->64->l" for digits); no output nonlinearity.
+        ("74->64->64->l" for digits); no output nonlinearity.
     use_labels : bool, default True
         False gives the label-free ``"mlp-x"`` network on d inputs.
 
