@@ -65,12 +65,9 @@ class FedBABU(FedAvg):
 
     @classmethod
     def floats_per_client_round(cls, arch: dict) -> int:
-        from pfl_cli.fl.split import split_names
-        from pfl_cli.models import build
+        from pfl_cli.fl.split import part_floats
 
-        net = build(arch["client"])
-        body, _ = split_names(net, cls.name)
-        return 2 * sum(p.numel() for k, p in net.named_parameters() if k in set(body))
+        return 2 * part_floats(arch["client"], "body", cls.name)
 
     def build(self) -> None:
         from pfl_cli.fl.split import split_names

@@ -55,13 +55,9 @@ class PartialSharing(PrivateState, _GlobalModel):
 
     @classmethod
     def floats_per_client_round(cls, arch: dict) -> int:
-        from pfl_cli.fl.split import split_names
-        from pfl_cli.models import build
+        from pfl_cli.fl.split import part_floats
 
-        net = build(arch["client"])
-        body, head = split_names(net, cls.name)
-        shared = set(body if cls.shared_part == "body" else head)
-        return 2 * sum(p.numel() for k, p in net.named_parameters() if k in shared)
+        return 2 * part_floats(arch["client"], cls.shared_part, cls.name)
 
     def build(self) -> None:
         from pfl_cli.fl.split import split_names

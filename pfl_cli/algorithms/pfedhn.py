@@ -456,5 +456,12 @@ class PFedHNPC(PFedHN):
     tune_group = "train"
     paper = "pFedHN-PC: Shamsian et al., ICML 2021 §3.3"
     new_client_protocol = "a fresh embedding and head trained embed_rounds rounds"
+
+    @staticmethod
+    def floats_per_client_round(arch: dict) -> int:
+        """The generated feature extractor down and its update up; the head never leaves the client (§3.3)."""
+        from pfl_cli.fl.split import part_floats
+
+        return 2 * part_floats(arch["client"], "body")
     config = PFedHNPCConfig
     personal_head = True

@@ -33,3 +33,14 @@ def split_names(net, algorithm: str | None = None) -> tuple[list[str], list[str]
     raise InputError(f"algorithm {algorithm!r} splits the client net into a body and a head; the mlp without "
                      f"hidden layers (mlp_hidden={list(getattr(net, 'hidden', []))}) has no body. Set mlp_hidden "
                      "to at least one layer (e.g. --set mlp_hidden=[32]).")
+
+
+def part_floats(spec: dict, part: str, algorithm: str | None = None) -> int:
+    """Parameters in the ``part`` ("body" or "head") of the client net ``spec`` describes: what an algorithm
+    that shares only that part exchanges, each way, per client and round."""
+    from pfl_cli.models import build
+
+    net = build(spec)
+    body, head = split_names(net, algorithm)
+    names = set(body if part == "body" else head)
+    return sum(p.numel() for k, p in net.named_parameters() if k in names)

@@ -49,3 +49,14 @@ def test_metrics_match_the_message_tensors(digits_clients, alg):
     msgs = run.algorithm.exchanged()
     for k, p in net.named_parameters():  # the model-sized messages are exactly the client net's tensors
         assert msgs["down"][k] == p.numel()
+
+
+@pytest.mark.parametrize("alg", ["pfedhn", "pfedhn-pc", "fedrep", "fedbabu"])
+def test_the_reported_floats_are_the_measured_ones(digits_clients, alg):
+    """floats_per_client_round (metrics.json) against the tensors the run really sent and received."""
+    ds, part = digits_clients
+    cfg = small_config(algorithm=alg, **BASE)
+    run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
+    comm = run.algorithm.traffic.summary()
+    measured = comm["floats_down_per_client_round"] + comm["floats_up_per_client_round"]
+    assert type(run.algorithm).floats_per_client_round(run.model["arch"]) == measured
