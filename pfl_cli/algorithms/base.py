@@ -101,6 +101,10 @@ class Algorithm(ABC):
         if getattr(cfg, "backbone", ""):  # HyperFL Table 2's baselines: the pre-trained backbone net
             from pfl_cli.models.pretrained import backbone_spec
 
+            if getattr(store, "vocab_size", None) is not None:
+                raise InputError(f"backbone {cfg.backbone!r} reads images; this data is text (token codes). Drop "
+                                 "--set backbone= (the LSTM is the text client net).")
+
             return {"client": backbone_spec(cfg.backbone, store.input_shape, store.num_classes,
                                             tune=cfg.backbone_tune, weights=cfg.backbone_weights or None)}
         return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden),

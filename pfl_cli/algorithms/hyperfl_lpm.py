@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pfl_cli.algorithms.hyperfl import DEFAULT_EMBED_DIM, HyperFL, HyperFLConfig
-from pfl_cli.errors import ConfigError
+from pfl_cli.errors import ConfigError, InputError
 from pfl_cli.fl.config import key
 
 
@@ -58,6 +58,9 @@ class HyperFLLPM(HyperFL):
         if not cfg.backbone:
             raise ConfigError(f"hyperfl-lpm needs a backbone: --set backbone={'|'.join(BACKBONES)} "
                               f"(and backbone_weights=PATH for pre-trained weights).")
+        if getattr(store, "vocab_size", None) is not None:
+            raise InputError(f"backbone {cfg.backbone!r} reads images; this data is text (token codes): hyperfl-lpm "
+                             "adapts a pre-trained image backbone and has no text variant.")
         if cfg.backbone_tune != "adapters":
             raise ConfigError(f"hyperfl-lpm generates adapters: backbone_tune must be adapters; got {cfg.backbone_tune!r} "
                               f"(the probe and FPT baselines are --algorithm fedavg / local).")

@@ -109,8 +109,10 @@ def resolve_arch(arch: str, input_shape: Sequence[int], vocab: int | None = None
     shape = check_input_shape(input_shape)
     if vocab is not None:
         if arch not in ("auto", "lstm"):
+            fix = ("pflx has no text net with batch-norm layers (what fedbn keeps local)" if arch.endswith("-bn")
+                   else "Use --model-arch lstm (or auto)")
             raise InputError(f"model_arch {arch!r} reads numeric inputs; this data is text (sequences of "
-                             f"{vocab} token codes, input shape {shape!r}). Use --model-arch lstm (or auto).")
+                             f"{vocab} token codes, input shape {shape!r}). {fix}.")
         if len(shape) != 1:
             raise InputError(f"model_arch lstm reads one token sequence per sample; got input shape {shape!r}.")
         return "lstm"

@@ -76,7 +76,11 @@ def test_fedavg_lstm_learns_next_characters(text_partition, cli):
 @pytest.mark.parametrize("args,param", [
     (["--model-arch", "lenet"], "model_arch 'lenet' reads numeric inputs; this data is text"),
     (["--model-arch", "mlp"], "model_arch 'mlp' reads numeric inputs; this data is text"),
-    (["--algorithm", "fedbn"], "model_arch 'mlp-bn' reads numeric inputs; this data is text"),
+    (["--algorithm", "fedbn"], "model_arch 'mlp-bn' reads numeric inputs; this data is text (sequences of 80 token "
+                               "codes, input shape (80,)). pflx has no text net with batch-norm layers"),
+    (["--algorithm", "fedbn", "--set", "model_arch=lstm"], "fedbn keeps the client net's normalization layers local"),
+    (["--algorithm", "hyperfl-lpm", "--set", "backbone=vit-micro"], "backbone 'vit-micro' reads images; this data is text"),
+    (["--algorithm", "fedavg", "--set", "backbone=vit-micro"], "backbone 'vit-micro' reads images; this data is text"),
     (["--algorithm", "pefll", "--embedding", "mlp"], "embedding 'mlp' reads numeric inputs; this data is text"),
 ])
 def test_numeric_nets_are_refused_on_text(text_partition, cli, tmp_path, args, param):
