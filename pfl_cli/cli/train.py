@@ -38,7 +38,7 @@ def train(
     label_mask: Annotated[bool, typer.Option("--label-mask/--no-label-mask", help="Headline accuracy with classes absent from a client's train data masked out: a test sample of such a class is always wrong, and a client whose test labels are all absent from its train labels scores 0% (Dirichlet partitions have such clients). Both are always reported.", show_default=False)] = False,
     finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="fedavg, fedprox: local steps from the global model before evaluation; perfedavg: its fine-tuning steps (0 = one).", show_default=False)] = 0,
     local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="local: epochs per client (default 200); fedavg: epochs instead of --local-steps; hyperfl: hypernetwork epochs per round (default 5).")] = None,
-    model_arch: Annotated[str, typer.Option("--model-arch", help="Client net: auto (lenet for images >= 28x28, else mlp) | lenet | mlp | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn).", show_default=False)] = "auto",
+    model_arch: Annotated[str, typer.Option("--model-arch", help="Client net: auto (lstm for text, lenet for images >= 28x28, else mlp) | lenet | mlp | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn) | lstm (LEAF's Shakespeare LSTM, text data; width: --set lstm_hidden=W).", show_default=False)] = "auto",
     embedding: Annotated[str, typer.Option("--embedding", help="pefll embedding net: auto | cnn | cnn-x | linear | mlp | mlp-x.", show_default=False)] = "auto",
     embed_dim: Annotated[int, typer.Option("--embed-dim", help="pefll descriptor / pfedhn embedding dimension (0 = int(1 + clients / 4)); hyperfl embedding (0 = 64).", show_default=False)] = 0,
     hyper_size: Annotated[str, typer.Option("--hyper-size", help="pefll / pfedhn hypernetwork: S | M | L (1 / 3 / 5 hidden layers; hyperfl has one, with a ReLU).", show_default=False)] = "M",
@@ -67,7 +67,7 @@ def train(
 
     Keys without a flag, set with --config FILE.yaml or --set key=value: momentum, client_clip,
     server_optimizer (adam | sgd), server_momentum, server_clip, lambda_h, lambda_v, lambda_theta,
-    mlp_hidden (e.g. [32]), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
+    mlp_hidden (e.g. [32]), lstm_hidden (width of the text LSTM's two layers, 256), hyper_hidden, descriptor_batch, eval_descriptor (all | batch), normalize,
     checkpoint_every (0 = at every evaluation), cohort_exec (auto | vmap | loop: how a cohort's local
     SGD runs; auto takes the one measured faster for the device and client net).
 
