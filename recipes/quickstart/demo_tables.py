@@ -35,7 +35,8 @@ def pct(row: dict) -> str:
 
 
 def points(a: dict, b: dict) -> str:
-    return f"{100 * (a['accuracy'] - b['accuracy']):+.1f} points"
+    """a - b in points, from the rounded means the table and the caption show (so the reader's subtraction agrees)."""
+    return f"{round(100 * a['accuracy'], 1) - round(100 * b['accuracy'], 1):+.1f} points"
 
 
 def ring_caption(r: dict) -> str:
