@@ -77,7 +77,7 @@ def _build(cfg, part, ds, position: int):
     store = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=cfg.val_fraction,
                         rng=make_rng(cfg.seed, "validation-split"), device=resolve_device(cfg.device),
                         normalize=cfg.normalize, labeled=ds.labeled, hidden_labels=cfg.evaluate_hidden_labels,
-                        held=held)
+                        held=held, vocab_size=ds.extra.get("vocab_size"))  # text: token codes, as pflx train
     return store, make_algorithm(cfg, store)
 
 

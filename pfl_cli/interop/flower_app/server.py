@@ -61,6 +61,7 @@ class ServerStore:
     mean: object
     std: object
     partition_sha: bytes  # fl.client_state.partition_digest, as build_store computes it
+    vocab_size: int | None = None  # text data (dataset.json's vocab_size): the LSTM client net, as build_store's
 
     def clients(self, role: int) -> np.ndarray:
         return np.flatnonzero(self.role == role)
@@ -249,7 +250,8 @@ def _server_store(cfg, part, info, part_art, facts: dict, norm: dict) -> ServerS
                        num_classes=int(info["num_classes"]), role=np.asarray(part.role), labeled=labeled,
                        fit=_sizes_only(length), mean=norm["mean"], std=norm["std"],
                        partition_sha=partition_digest(part.client_id, np.asarray(part.role), part.train_offsets,
-                                                      part.train_indices))
+                                                      part.train_indices),
+                       vocab_size=info.get("vocab_size"))
 
 
 def _sizes_only(length):
