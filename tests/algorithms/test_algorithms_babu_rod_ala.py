@@ -1,4 +1,4 @@
-"""FedBABU, FedRoD, FedBN, FedALA, FedDBE and GPFL (issue 35): their rounds against per-client references, resume, new clients, bad keys.
+"""FedBABU, FedRoD, FedBN, FedALA, FedDBE, GPFL and pFedLA (issue 35): their rounds against per-client references, resume, new clients, bad keys.
 
 Each reference replays a round's random draws (same generator seed) one client at a time with
 plain torch (``torch.optim.SGD`` or hand-written steps) and compares the batched result.
@@ -22,9 +22,10 @@ from pfl_cli.registry import entries, train_config
 from pfl_cli.rng import make_rng
 from pflx_testing import replace, small_config
 
-NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe", "gpfl")
+NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe", "gpfl", "pfedla")
 BASE = small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
-                    finetune_epochs=1, ala_max_start_epochs=6, ala_num_pre_loss=3)
+                    finetune_epochs=1, ala_max_start_epochs=6, ala_num_pre_loss=3, pfedla_hidden=16,
+                    pfedla_embed_dim=8)
 TOL = dict(atol=2e-5, rtol=1e-4)
 
 
@@ -506,3 +507,75 @@ def test_configs_are_frozen_and_declare_their_sources():
         assert all(f.metadata["doc"] for f in own)
     assert np.isclose(train_config("fedala").ala_sample, 0.8) and train_config("fedala").ala_layers == 1
     assert train_config("fedbabu").finetune_epochs == 5
+
+
+# ----------------------------------------------------------------------------- pFedLA
+def test_pfedla_round_equals_the_per_client_hypernetwork_loop(store):
+    """Per client: alpha from its own hypernetwork (a plain module), theta_bar layer by layer over the train
+    clients' stored models, torch.optim.SGD on theta_bar, then one SGD step of psi_i and v_i on
+    <theta_bar, stopgrad(theta_bar - theta')> (the chain rule of the paper's step 3)."""
+    import copy
+
+    alg = alg_for(store, algorithm="pfedla", pfedla_hn_lr=50.0, client_clip=0.0)
+    train = store.clients(ROLE_TRAIN)
+    c0 = cohort(store)
+    alg.run_round(0, c0, gen(0))  # the stored models differ from one another after a round
+    c = torch.as_tensor(train[[0, 1, 7]])
+    models = {k: alg.private.values["theta." + k][torch.as_tensor(train)].clone() for k in alg.names}
+    rows = alg.private.gather(c)
+    index, mask = sample_batches(store.fit, c, alg.cfg.local_steps, alg.cfg.batch_size, gen(1))
+    refs = []
+    for i, client in enumerate(c.tolist()):
+        hn = copy.deepcopy(alg.hnet)
+        hn.load_state_dict({k: rows["hn." + k][i] for k in alg.hn_names})
+        v = rows["v"][i].clone().requires_grad_(True)
+        raw = hn(v)
+        me = int(np.flatnonzero(train == client)[0])
+        bar = {}
+        for k in alg.names:
+            w = torch.relu(raw[k.rsplit(".", 1)[0]])
+            w = w / w.sum() if float(w.sum().detach()) > 0 else F.one_hot(torch.tensor(me), len(train)).float()
+            bar[k] = sum(w[j] * models[k][j] for j in range(len(train)))
+        start = {k: b.detach().unsqueeze(0) for k, b in bar.items()}
+        trained = local_sgd_reference(alg.net, start, store, index[i:i + 1], mask[i:i + 1], **alg.sgd_options())[0]
+        surrogate = sum((bar[k] * (bar[k].detach() - trained[k][0])).sum() for k in alg.names)
+        leaves = [*hn.parameters(), v]
+        grads = torch.autograd.grad(surrogate, leaves)
+        stepped = [p.detach() - 50.0 * g for p, g in zip(leaves, grads)]
+        refs.append(({k: trained[k][0] for k in alg.names}, dict(zip(alg.hn_names, stepped[:-1])), stepped[-1]))
+    alg.run_round(1, c, gen(1))
+    after = alg.private.gather(c)
+    for i, (theta, hn, v) in enumerate(refs):
+        close({k: after["theta." + k][i] for k in alg.names}, theta)
+        close({k: after["hn." + k][i] for k in alg.hn_names}, hn)
+        torch.testing.assert_close(after["v"][i], v, **TOL)
+        assert not torch.equal(after["v"][i], rows["v"][i])  # the embedding moved
+    # a train client's model is theta_bar from its (new) hypernetwork; weights are >= 0 and sum to one
+    own = alg.own_models(c[:1])
+    assert set(own) == set(alg.names) and all(v.shape[0] == 1 for v in own.values())
+
+
+def test_pfedla_layer_weights_normalize_and_fall_back_to_the_own_model():
+    from pfl_cli.algorithms.pfedla import aggregate_layers, layer_groups, layer_weights
+
+    raw = {"fc1": torch.tensor([[1.0, 3.0, -2.0], [-1.0, -5.0, -0.5]])}
+    own = F.one_hot(torch.tensor([0, 2]), 3).float()
+    alpha = layer_weights(raw, own)
+    torch.testing.assert_close(alpha["fc1"], torch.tensor([[0.25, 0.75, 0.0], [0.0, 0.0, 1.0]]))
+    models = {"fc1.weight": torch.arange(6.0).reshape(3, 2), "fc1.bias": torch.tensor([1.0, 2.0, 3.0])}
+    bar = aggregate_layers(alpha, models, {"fc1.weight": "fc1", "fc1.bias": "fc1"})
+    torch.testing.assert_close(bar["fc1.weight"], torch.tensor([[0.25 * 0 + 0.75 * 2, 0.25 * 1 + 0.75 * 3], [4.0, 5.0]]))
+    torch.testing.assert_close(bar["fc1.bias"], torch.tensor([1.75, 3.0]))
+    assert layer_groups(["a.w", "a.b", "b.w"]) == {"a": ["a.w", "a.b"], "b": ["b.w"]}
+
+
+def test_pfedla_new_clients_start_from_the_train_clients_mean(store):
+    alg = alg_for(store, algorithm="pfedla", new_client_epochs=0)
+    alg.run_round(0, cohort(store), gen())
+    new = store.clients(1)[:2]
+    params, personalized = alg.personalize(new, gen(1))
+    assert personalized and alg.client_sgd_steps == 0
+    train = torch.as_tensor(store.clients(ROLE_TRAIN))
+    ref = mean(store, train, {k: alg.private.values["theta." + k][train] for k in alg.names})
+    for k in alg.names:
+        torch.testing.assert_close(params[k][1], ref[k].float(), **TOL)

@@ -1,4 +1,4 @@
-"""`pflx train` / `pflx predict` / `pflx algorithms` end to end with FedBABU, FedRoD, FedBN, FedALA, FedDBE and GPFL (issue 35)."""
+"""`pflx train` / `pflx predict` / `pflx algorithms` end to end with FedBABU, FedRoD, FedBN, FedALA, FedDBE, GPFL and pFedLA (issue 35)."""
 
 import json
 
@@ -11,8 +11,8 @@ from pfl_cli.cli.train_run import torch_bytes
 from pfl_cli.fl import train_federated
 from pflx_testing import cli_args, small_config
 
-NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe", "gpfl")
-PRIVATE = ("fedrod", "fedbn", "fedala", "feddbe", "gpfl")
+NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe", "gpfl", "pfedla")
+PRIVATE = ("fedrod", "fedbn", "fedala", "feddbe", "gpfl", "pfedla")
 FAST = ["--rounds", "12", "--eval-every", "6", "--local-steps", "3", "--lr", "0.05", "--clients-per-round", "16",
         "--set", "mlp_hidden=[16]", "--set", "new_client_epochs=2", "--set", "finetune_epochs=2",
         "--set", "ala_max_start_epochs=5"]
@@ -88,6 +88,10 @@ def test_resumed_run_writes_the_same_model(digits_clients, name):
     (("--algorithm", "fedrod", "--dp", "eps=1"), "fedrod"),
     (("--algorithm", "feddbe", "--set", "dbe_momentum=2"), "dbe_momentum must be a number in (0, 1] for feddbe"),
     (("--algorithm", "gpfl", "--set", "gpfl_lambda=-1"), "gpfl_lambda must be a finite number >= 0 for gpfl"),
+    (("--algorithm", "pfedla", "--set", "pfedla_hn_lr=0"), "pfedla_hn_lr must be a finite number > 0 for pfedla"),
+    (("--algorithm", "pfedla", "--set", "pfedla_embed_dim=0"), "pfedla_embed_dim must be an integer >= 1 for pfedla"),
+    (("--algorithm", "pfedla", "--set", "dbe_kappa=1"), "unknown --set key 'dbe_kappa' for algorithm 'pfedla'"),
+    (("--algorithm", "pfedla", "--dp", "eps=1"), "pfedla"),
     (("--algorithm", "fedbn", "--set", "model_arch=mlp"), "model_arch: fedbn keeps the client net's normalization"),
     (("--algorithm", "fedavg", "--set", "model_arch=mlp-bn"), "model_arch 'mlp-bn' has batch-norm layers"),
 ])
@@ -107,7 +111,7 @@ def test_algorithms_lists_each_with_its_keys_and_sources(cli, name):
     keys = {r["key"]: r for r in doc["keys"]}
     assert list(keys) == registry.get(name).keys
     own = {"fedbabu": "finetune_epochs", "fedrod": "new_client_epochs", "fedbn": "model_arch", "fedala": "ala_eta",
-           "feddbe": "dbe_kappa", "gpfl": "gpfl_lambda"}[name]
+           "feddbe": "dbe_kappa", "gpfl": "gpfl_lambda", "pfedla": "pfedla_hn_lr"}[name]
     assert keys[own]["source"] and keys[own]["source"] != "pflx"
 
 
