@@ -74,7 +74,9 @@ def _study(data, cfg, params, *, sampler, pruner, stop_at: float | None = None):
             reached[0] = spent[0]
             study_.stop()
 
-    study.optimize(timed, n_trials=24, catch=(TrialFailed,), callbacks=[stop_when_reached])
+    # the grid runs its 24 configs; the pruned study may draw more (configs drawn again cost nothing)
+    study.optimize(timed, n_trials=24 if sampler == "grid" else 48, catch=(TrialFailed,),
+                   callbacks=[stop_when_reached])
     spent, reached = spent[0], reached[0]
     best = max((t.value for t in study.trials if t.value is not None and t.state.name == "COMPLETE"), default=None)
     return best, spent, reached, study

@@ -54,6 +54,38 @@ class Param:
         show = (lambda v: str(int(v))) if self.kind == "int" else (lambda v: f"{v:g}")
         return f"{self.kind}:{show(self.low)}:{show(self.high)}"
 
+    @property
+    def ordered(self) -> bool:
+        """A choice of numbers: the study stores its rank among them, so a model-based sampler (TPE) sees
+        that 0.01 lies between 0.003 and 0.03 instead of treating the values as unrelated categories."""
+        return self.kind == "choice" and all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                                             for c in self.choices)
+
+    def _ranked(self) -> list[int]:
+        return sorted(range(len(self.choices)), key=lambda i: self.choices[i])
+
+    def stored_values(self) -> list:
+        """What the study stores for each value a grid visits (ranks, labels, or the values)."""
+        if self.ordered:
+            return list(range(len(self.choices)))
+        if self.kind == "choice":
+            return list(self.labels)
+        return self.grid()
+
+    def decode(self, stored):
+        """The typed config value of what the study stored."""
+        if self.ordered:
+            return self.choices[self._ranked()[int(stored)]]
+        if self.kind == "choice":
+            return self.choices[self.labels.index(stored)]
+        return int(stored) if self.kind == "int" else float(stored)
+
+    def label(self, stored) -> str:
+        """What a person reads for a stored value (the choice as typed on the command line)."""
+        if self.ordered:
+            return self.labels[self._ranked()[int(stored)]]
+        return str(stored) if self.kind == "choice" else stored
+
     def grid(self) -> list:
         """The values a grid search visits: the choices, or every integer of an int range."""
         if self.kind == "choice":
@@ -210,9 +242,10 @@ def suggest(trial, params: Sequence[Param]) -> dict[str, Any]:
             out[p.key] = trial.suggest_float(p.key, p.low, p.high)
         elif p.kind == "int":
             out[p.key] = trial.suggest_int(p.key, int(p.low), int(p.high))
+        elif p.ordered:  # the rank of a numeric choice, so TPE models its order (Param.ordered)
+            out[p.key] = p.decode(trial.suggest_int(p.key, 0, len(p.choices) - 1))
         else:  # the study stores the label (Optuna keeps plain values only); the config gets the typed value
-            label = trial.suggest_categorical(p.key, list(p.labels))
-            out[p.key] = p.choices[p.labels.index(label)]
+            out[p.key] = p.decode(trial.suggest_categorical(p.key, list(p.labels)))
     return out
 
 

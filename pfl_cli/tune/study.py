@@ -61,8 +61,7 @@ def make_sampler(kind: str, params: Sequence, *, seed: int | None):
     if kind not in SAMPLERS:
         raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}; got {kind!r}.")
     if kind == "grid":
-        return optuna.samplers.GridSampler({p.key: list(p.labels) if p.kind == "choice" else p.grid()
-                                            for p in params}, seed=seed)
+        return optuna.samplers.GridSampler({p.key: p.stored_values() for p in params}, seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # a few random trials first, as TPE needs (Bergstra et al. 2011); fewer than Optuna's 10 so that a
@@ -71,7 +70,7 @@ def make_sampler(kind: str, params: Sequence, *, seed: int | None):
 
 
 def grid_size(params: Sequence) -> int:
-    return int(np.prod([len(p.labels) if p.kind == "choice" else len(p.grid()) for p in params]))
+    return int(np.prod([len(p.stored_values()) for p in params]))
 
 
 def make_pruner(kind: str, *, rounds: int = 0):
@@ -255,7 +254,8 @@ def trial_rows(study, params: Sequence) -> tuple[list[str], list[list]]:
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and \
             t.datetime_start else None
         curve = ";".join(f"{step}:{v:.6g}" for step, v in sorted(t.intermediate_values.items()))
-        rows.append([t.number, t.state.name.lower(), t.value, *(t.params.get(k) for k in keys),
+        rows.append([t.number, t.state.name.lower(), t.value,
+                     *(p.label(t.params[p.key]) if p.key in t.params else None for p in params),
                      t.user_attrs.get("selected_round"), None if seconds is None else round(seconds, 3),
                      t.user_attrs.get("error", ""), curve])
     return header, rows
@@ -270,11 +270,11 @@ def best_trial(study):
 
 
 def best_values(trial, params: Sequence) -> dict[str, Any]:
-    """The typed config values of ``trial`` (choices mapped back from the labels the study stores)."""
+    """The typed config values of ``trial`` (choices mapped back from the ranks or labels the study stores)."""
     out = {}
     for p in params:
         v = trial.params[p.key]
-        out[p.key] = p.choices[p.labels.index(v)] if p.kind == "choice" else (int(v) if p.kind == "int" else float(v))
+        out[p.key] = p.decode(v)
     return out
 
 

@@ -9,7 +9,7 @@ import pytest
 from pfl_cli import registry
 from pfl_cli.tune.space import resolve_space
 from pfl_cli.tune.split import validation_partition
-from pfl_cli.tune.study import Objective, TrialFailed, TuningData, best_trial, optimize, trial_rows
+from pfl_cli.tune.study import Objective, TrialFailed, TuningData, best_trial, best_values, optimize, trial_rows
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SMALL = dict(rounds=3, eval_every=1, local_steps=5, clients_per_round=4, mlp_hidden=(16,), device="cpu")
@@ -20,7 +20,7 @@ def _study(sampler=None, pruner=None):
                                pruner=pruner or optuna.pruners.NopPruner())
 
 
-def _run(y, part, *, algorithm="fedavg", space=None, trials=3, pruner=None, **keys):
+def _run(y, part, *, algorithm="fedavg", space=None, trials=3, pruner=None, grid=False, **keys):
     from pfl_cli.data import load_dataset
 
     ds = load_dataset("builtin:digits")
@@ -30,7 +30,9 @@ def _run(y, part, *, algorithm="fedavg", space=None, trials=3, pruner=None, **ke
     group = "holdout" if entry.algorithm.tune_group == "new" else "train"
     vpart = validation_partition(part, val_fraction=0.2, val_clients=0.2 if group == "holdout" else 0.0,
                                  rng=np.random.default_rng(0))
-    study = _study(pruner=pruner)
+    from pfl_cli.tune.study import make_sampler
+
+    study = _study(sampler=make_sampler("grid", params, seed=0) if grid else None, pruner=pruner)
     optimize(study, Objective(TuningData(ds.x, y, ds.num_classes, vpart), cfg, params, group=group,
                               metric="mean_accuracy"), trials)
     return study, params
@@ -71,12 +73,14 @@ def test_each_evaluation_is_reported_and_a_pruner_stops_the_trial(digits_clients
 
 def test_diverging_trials_are_recorded_as_failed_and_the_study_goes_on(digits_clients):
     ds, part = digits_clients
-    study, params = _run(ds.y, part, trials=3, space={"lr": "choice:0.05,1e9", "momentum": "choice:0.5"},
-                         client_clip=0.0)
-    states = {t.params["lr"]: t.state for t in study.trials}
-    assert states["0.05"] == optuna.trial.TrialState.COMPLETE
-    assert states["1e9"] == optuna.trial.TrialState.FAIL
+    study, params = _run(ds.y, part, trials=2, space={"lr": "choice:0.05,1e9", "momentum": "choice:0.5"},
+                         client_clip=0.0, grid=True)
     header, rows = trial_rows(study, params)
+    states = {r[header.index("lr")]: r[header.index("state")] for r in rows}
+    assert states == {"0.05": "complete", "1e9": "fail"}
+    # numeric choices are stored by rank (TPE sees their order); trials.csv and best.yaml get the values
+    assert sorted({t.params["lr"] for t in study.trials}) == [0, 1]
+    assert best_values(best_trial(study), params) == {"lr": 0.05, "momentum": 0.5}
     errors = {r[header.index("lr")]: r[header.index("error")] for r in rows}
     assert errors["1e9"].startswith("diverged at round")
 
