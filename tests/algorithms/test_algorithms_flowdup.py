@@ -63,7 +63,7 @@ def test_23_p_for_a_150k_weight_cnn_and_k_10000_fits_in_memory_and_time():
 def test_k_larger_than_the_model_is_refused(store):
     with pytest.raises(ConfigError, match="subspace_dim must be at most the client model's 610 weights; got 611"):
         FLowDUP(small_config(**{**SMALL, "subspace_dim": 611}), store)
-    with pytest.raises(ConfigError, match="embedding must be one of auto, cnn-x, mlp-x; got 'mlp'"):
+    with pytest.raises(ConfigError, match="embedding must be one of auto, cnn-x, mlp-x, lstm-x; got 'mlp'"):
         FLowDUP(small_config(**{**SMALL, "embedding": "mlp"}), store)
 
 
