@@ -32,12 +32,7 @@ def read_clients(art: Artifact, flag: str, *, num_samples: int) -> dict[str, np.
     from pfl_cli.partition.base import Partition
 
     name = "clients.npz"
-    listed(art, flag, name)
-    try:
-        arrays = load_npz(art.file(name))
-    except ArtifactError as err:
-        reason = str(err).split("(", 1)[-1].rstrip(".").removesuffix(")")
-        raise refuse(art, flag, name, f"must be a readable .npz of plain arrays ({reason})") from None
+    arrays = _plain_npz(art, flag, name)
     missing = sorted(set(REQUIRED) - set(arrays))
     if missing:
         raise refuse(art, flag, name, f"lacks the arrays {missing}")
@@ -83,12 +78,7 @@ def read_train_samples(art: Artifact, flag: str, *, num_samples: int) -> np.ndar
     Rules: it holds ``sample``, a 1-D integer array, strictly increasing, in ``[0, num_samples)``.
     """
     name = "train_samples.npz"
-    listed(art, flag, name)
-    try:
-        arrays = load_npz(art.file(name))
-    except ArtifactError as err:
-        reason = str(err).split("(", 1)[-1].rstrip(".").removesuffix(")")
-        raise refuse(art, flag, name, f"must be a readable .npz of plain arrays ({reason})") from None
+    arrays = _plain_npz(art, flag, name)
     if "sample" not in arrays:
         raise refuse(art, flag, name, "lacks the array 'sample'")
     _integer_vector(art, flag, name, arrays, "sample")
@@ -96,3 +86,13 @@ def read_train_samples(art: Artifact, flag: str, *, num_samples: int) -> np.ndar
     if len(sample) and (sample[0] < 0 or sample[-1] >= num_samples or (np.diff(sample) <= 0).any()):
         raise refuse(art, flag, name, f"sample must be strictly increasing dataset indices in [0, {num_samples})")
     return sample
+
+
+def _plain_npz(art: Artifact, flag: str, name: str) -> dict:
+    """The arrays of the artifact's listed ``name``, or the refusal that names the file and why."""
+    listed(art, flag, name)
+    try:
+        return load_npz(art.file(name))
+    except ArtifactError as err:
+        reason = str(err).split("(", 1)[-1].rstrip(".").removesuffix(")")
+        raise refuse(art, flag, name, f"must be a readable .npz of plain arrays ({reason})") from None
