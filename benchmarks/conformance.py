@@ -325,7 +325,9 @@ def _child_pflx(args) -> float:
                 client_clip=0.0, model_arch="mlp", mlp_hidden=(HIDDEN,), eval_every=args.rounds, val_fraction=0.0,
                 normalize=False, seed=args.seed, device="cpu")
     keys.update(spec["pflx"])
-    keys = {k: v for k, v in keys.items() if v is not None}
+    # None in a method's row means "leave this key at the method's default" (FedRep's local_epochs); the
+    # benchmark's own None (clients_per_round: every client every round) must stay.
+    keys = {k: v for k, v in keys.items() if v is not None or k not in spec["pflx"]}
     run = train_federated(x, y, 10, part, train_config(args.algorithm, **keys))
     return run.outcome.best.summaries()["train"]["pooled_accuracy"]
 
