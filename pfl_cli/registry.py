@@ -43,6 +43,7 @@ BUILTINS = (
     "pfl_cli.algorithms.fedbabu:FedBABU", "pfl_cli.algorithms.fedrod:FedRoD", "pfl_cli.algorithms.fedbn:FedBN",
     "pfl_cli.algorithms.fedala:FedALA", "pfl_cli.algorithms.feddbe:FedDBE",
     "pfl_cli.algorithms.gpfl:GPFL", "pfl_cli.algorithms.pfedla:PFedLA",
+    "pfl_cli.algorithms.fedpac:FedPAC",
 )
 
 

@@ -1,0 +1,423 @@
+"""FedPAC (Xu, Tong, Huang, ICLR 2023): feature alignment and classifier collaboration.
+
+The client net is a feature extractor f (the body, shared) and a linear classifier phi (the head,
+one per client; the split is :mod:`pfl_cli.fl.split`). A round, for every cohort client i
+(the paper's Algorithm 1):
+
+1. it receives the global body and the global class prototypes c_k, and with the received body
+   computes its feature statistics (§4.3): h_i[k] = p_{i,k} mu_{i,k}, its class prior times its
+   class mean of f(x), and the variance term V_i = sum_k p_{i,k} E[||f(x)||^2 | k] -
+   sum_k p_{i,k}^2 ||mu_{i,k}||^2;
+2. it trains its head for ``head_epochs`` epochs with the body frozen (step size ``head_lr``), then the
+   body for ``body_epochs`` epochs with the head frozen on cross-entropy plus the feature alignment
+   lambda * ||f(x) - c_y||^2 (§4.2, Eq. 4; from the second round on, once prototypes exist, and only
+   for the classes that have one);
+3. it uploads body, head, its class prototypes (class means of f(x) with the trained body, §4.2) and
+   its statistics (h_i, V_i and its class counts);
+4. the server averages the bodies weighted by data size, merges the prototypes into the global
+   ones, c_k = sum_i n_{i,k} c_{i,k} / sum_i n_{i,k} (Eq. 6; a class no cohort client holds keeps its
+   last prototype), and per client solves the quadratic program of §4.3 for the combination weights
+
+       alpha_i = argmin_{alpha in simplex} || sum_j alpha_j (h_i - h_j) ||^2 + sum_j alpha_j^2 V_j / n_j
+
+   over the cohort j, sending back the personalized head phi_i = sum_j alpha_{ij} phi_j (the
+   client's model until its next round, and the head its next round starts from).
+
+The program is solved for the whole cohort at once (:func:`combination_weights`: a batched
+accelerated projected-gradient solve, then the exact solution on the support it finds where the
+KKT conditions confirm it).
+
+Exchanged per cohort client and round: down the body, the C x d global prototypes and the
+personalized head; up the body, the head, the C x d prototypes, the C x d statistics h_i, V_i and
+the C class counts (:meth:`FedPAC.floats_per_client_round`).
+
+A new client (unseen in training): the global body with a head from the initial one trained
+``new_client_epochs`` epochs on its own data, the body frozen (pflx's protocol for private heads,
+PeFLL App. A.2's 20 epochs; the paper evaluates training clients only).
+
+Defaults: the authors' code (the paper's App. A.5 points to it): ``options.py`` lam 1.0, local_epoch 5
+(body epochs), local_bs 50, lr 0.01, momentum 0.5; ``methods/fedpac.py`` one classifier epoch at lr
+0.1 and weight decay 5e-4 (lambda_theta 2.5e-4 here, pflx adding 2 * lambda_theta * param).
+
+Departures of the peers from the paper, where pflx follows the paper:
+
+- the alignment term: the authors' code and PFLlib (``clientpac.py``) take ``MSELoss`` of f(x) and
+  c_y, the mean over the d coordinates, where Eq. 4 has the squared norm; their lambda is pflx's
+  ``fedpac_lambda * d`` (PFLlib's ``-lam 1`` on a 100-wide feature is ``fedpac_lambda=0.01``);
+- global prototypes: PFLlib (``serverpac.py``, ``proto_aggregation``) averages the clients'
+  prototypes uniformly; Eq. 6 (and the authors' code) weighs them by class counts;
+- combination weights: the authors' code and PFLlib solve the program with cvxpy after dropping
+  eigenvalues below 0.01 when the matrix is not numerically PSD, zero weights below 1e-3 and
+  (PFLlib) do not renormalize the rest; pflx takes the program's exact minimizer. Where a cohort
+  client gets no solution PFLlib falls back to ``uploaded_heads[cid]``, indexing the cohort's list
+  by client id.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.partial import _GlobalModel
+from pfl_cli.errors import ConfigError, InputError
+from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
+
+NET = "net."
+SRC = "FedPAC (ICLR 2023) authors' code"
+
+
+class FeatureNet(nn.Module):
+    """``net`` answering ``forward(x)`` with its logits and ``forward(x, parts=True)`` with (f(x), logits)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        head = getattr(net, "head", None)
+        if not (callable(getattr(net, "features", None)) and callable(head) and isinstance(head(), nn.Linear)):
+            raise InputError(f"model_arch: fedpac aligns the representation before a linear classifier; the "
+                             f"{type(net).__name__} net has no features() / linear head(). Use --set "
+                             "model_arch=mlp or lenet.")
+        self.net = net
+
+    def forward(self, x, parts: bool = False):
+        h = self.net.features(x)
+        logits = self.net.head()(h)
+        return (h, logits) if parts else logits
+
+
+# ----------------------------------------------------------------------------- the combination weights
+def _project_simplex(v):
+    """Euclidean projection of each row of ``v`` (..., m) onto the probability simplex (Duchi et al. 2008)."""
+    m = v.shape[-1]
+    u = torch.sort(v, dim=-1, descending=True).values
+    css = u.cumsum(-1) - 1.0
+    k = torch.arange(1, m + 1, device=v.device, dtype=v.dtype)
+    rho = ((u - css / k) > 0).to(v.dtype).mul(k).argmax(-1, keepdim=True)  # the last index where it holds
+    theta = css.gather(-1, rho) / (rho + 1).to(v.dtype)
+    return (v - theta).clamp_min(0.0)
+
+
+def _exact_on_support(P, alpha, tol: float):
+    """The minimizer of a^T P a over the simplex restricted to each row's support, where KKT confirms it.
+
+    On a support S the optimum solves P_SS a_S = mu 1 with 1^T a_S = 1 (a_S = P_SS^-1 1 / 1^T P_SS^-1 1);
+    it is the global optimum when a_S >= 0 and every gradient entry off S is >= mu. Rows where the
+    solve fails or KKT does not hold keep ``alpha``.
+    """
+    b, m, _ = P.shape
+    on = alpha > tol
+    eye = torch.eye(m, dtype=P.dtype, device=P.device).expand(b, m, m)
+    both = on.unsqueeze(-1) & on.unsqueeze(-2)
+    A = torch.where(both, P, eye)
+    rhs = on.to(P.dtype).unsqueeze(-1)
+    z, info = torch.linalg.solve_ex(A, rhs)
+    z = z.squeeze(-1) * on
+    total = z.sum(-1, keepdim=True)
+    exact = z / total
+    grad = 2.0 * torch.einsum("bij,bj->bi", P, exact)
+    mu = (grad * exact).sum(-1, keepdim=True)
+    scale = P.diagonal(dim1=-2, dim2=-1).abs().amax(-1, keepdim=True).clamp_min(1e-300)
+    ok = ((info == 0) & (total.squeeze(-1) > 0) & torch.isfinite(exact).all(-1) & (exact >= -1e-12).all(-1)
+          & ((grad - mu >= -1e-9 * scale) | on).all(-1))
+    return torch.where(ok.unsqueeze(-1), exact.clamp_min(0.0) / exact.clamp_min(0.0).sum(-1, keepdim=True), alpha)
+
+
+def simplex_qp(P, *, iters: int = 5000, tol: float = 1e-13):
+    """``argmin_{a in simplex} a^T P a`` for each symmetric PSD matrix of ``P`` (b, m, m): (b, m) float64.
+
+    FISTA (projected, with adaptive restart) from the uniform weights, stopped when every problem's
+    Frank-Wolfe gap, ``g^T a - min_j g_j`` (an upper bound on its suboptimality), is below ``tol`` times
+    its scale; then the exact solution on the support found (:func:`_exact_on_support`).
+    """
+    P = P.to(torch.float64)
+    P = 0.5 * (P + P.transpose(-1, -2))
+    b, m, _ = P.shape
+    if m == 1:
+        return torch.ones(b, 1, dtype=torch.float64, device=P.device)
+    lipschitz = 2.0 * torch.linalg.eigvalsh(P)[..., -1].clamp_min(1e-300)          # (b,)
+    step = (1.0 / lipschitz).unsqueeze(-1)
+    scale = P.diagonal(dim1=-2, dim2=-1).abs().amax(-1).clamp_min(1e-300)
+    x = torch.full((b, m), 1.0 / m, dtype=torch.float64, device=P.device)
+    y, t = x.clone(), torch.ones(b, 1, dtype=torch.float64, device=P.device)
+
+    def value(a):
+        return torch.einsum("bi,bij,bj->b", a, P, a)
+
+    fx = value(x)
+    for it in range(iters):
+        g = 2.0 * torch.einsum("bij,bj->bi", P, y)
+        x_new = _project_simplex(y - step * g)
+        f_new = value(x_new)
+        restart = (f_new > fx).unsqueeze(-1)                     # O'Donoghue & Candes: drop the momentum
+        t_new = 0.5 * (1.0 + torch.sqrt(1.0 + 4.0 * t * t))
+        y = torch.where(restart, x_new, x_new + ((t - 1.0) / t_new) * (x_new - x))
+        t = torch.where(restart, torch.ones_like(t), t_new)
+        x, fx = x_new, f_new
+        if it % 20 == 19:
+            gx = 2.0 * torch.einsum("bij,bj->bi", P, x)
+            gap = (gx * x).sum(-1) - gx.amin(-1)
+            if bool((gap <= tol * scale).all()):
+                break
+    return _exact_on_support(P, x, 1e-12)
+
+
+def combination_weights(h, v, n):
+    """FedPAC's classifier-combination weights (§4.3) of a cohort of m clients: (m, m), row i client i's alpha.
+
+    ``h`` (m, C, d): each client's h_j[k] = p_{j,k} mu_{j,k}; ``v`` (m,): its variance term V_j; ``n`` (m,): its
+    number of labeled samples. Row i minimizes ``||sum_j a_j (h_i - h_j)||^2 + sum_j a_j^2 V_j / n_j`` over
+    the simplex. The bias matrix is formed from the Gram matrix K = H H^T:
+    <h_i - h_j, h_i - h_l> = K_ii - K_ij - K_il + K_jl.
+    """
+    H = h.reshape(h.shape[0], -1).to(torch.float64)
+    K = H @ H.T
+    diag = K.diagonal()
+    bias = diag[:, None, None] - K[:, :, None] - K[:, None, :] + K[None, :, :]       # (i, j, l)
+    var = torch.diag_embed((v.to(torch.float64) / n.to(torch.float64).clamp_min(1.0)).clamp_min(0.0))
+    return simplex_qp(bias + var.unsqueeze(0))
+
+
+def feature_statistics(sums):
+    """``(h, V, n)`` of each client from its :class:`~pfl_cli.fl.prototypes.ClassSums` (§4.3).
+
+    h[k] = p_k mu_k = S_k / n; V = sum_k p_k E[||f||^2 | k] - sum_k p_k^2 ||mu_k||^2 = sum_k Q_k / n - sum_k ||S_k||^2 / n^2,
+    with S_k, Q_k the class sums of f(x) and of ||f(x)||^2 and n the client's labeled samples.
+    """
+    n = sums.counts.sum(-1)
+    nn_ = n.clamp_min(1.0)
+    h = sums.sums / nn_[:, None, None]
+    v = sums.sq.sum(-1) / nn_ - (sums.sums ** 2).sum((-1, -2)) / nn_ ** 2
+    return h, v.clamp_min(0.0), n
+
+
+# ----------------------------------------------------------------------------- local training
+def fedpac_steps(model: FeatureNet, params: dict, store, steps, *, trainable: list[str], sgd: dict,
+                 lam: float = 0.0, prototypes=None, seen=None):
+    """The cohort's local steps (``vmap``) on cross-entropy plus ``lam`` * ||f(x) - c_y||^2 (FedPAC Eq. 4),
+    each averaged over a client's real labeled samples; the alignment only for samples whose class has a
+    prototype (``seen``). ``prototypes`` None: cross-entropy alone. Returns (params, each client's mean loss).
+    """
+    from torch.func import functional_call, vmap
+
+    from pfl_cli.fl.batches import ActiveMean
+    from pfl_cli.fl.cohort import _masked_mean_loss, sgd_update_
+
+    forward = vmap(lambda p, x: functional_call(model, p, (x,), {"parts": True}))
+    theta = {k: v.detach().clone() for k, v in params.items()}
+    moving = {k: theta[k] for k in trainable}
+    buf = {k: torch.zeros_like(v) for k, v in moving.items()} if sgd.get("momentum") else {}
+    device = next(iter(theta.values())).device
+    mean_loss = ActiveMean(steps.num_clients, device)
+    align = prototypes is not None and lam > 0
+    for idx, m, go in steps:
+        for v in moving.values():
+            v.requires_grad_(True)
+        h, logits = forward(theta, store.inputs(idx))
+        y = store.y[idx]
+        loss = _masked_mean_loss(logits, y, m)
+        if align:
+            yc = y.clamp_min(0)
+            w = m * (y >= 0) * seen[yc]
+            dist = ((h - prototypes[yc]) ** 2).sum(-1)                                   # (c, b)
+            loss = loss + lam * (dist * w).sum(-1) / (m * (y >= 0)).sum(-1).clamp_min(1.0)
+        grads = dict(zip(moving, torch.autograd.grad(loss.sum(), list(moving.values()))))
+        for v in moving.values():
+            v.requires_grad_(False)
+        sgd_update_(moving, grads, buf, **sgd, active=go)
+        mean_loss.add(loss.detach(), go)
+    return {k: v.detach() for k, v in theta.items()}, mean_loss.mean()
+
+
+# ----------------------------------------------------------------------------- config and algorithm
+def _number(name: str, v, *, positive: bool = False) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+        rule = "> 0" if positive else ">= 0"
+        raise ConfigError(f"{name} must be a finite number {rule} for fedpac; got {v!r}.")
+
+
+@dataclass(frozen=True)
+class FedPACConfig(TrainConfig):
+    """FedPAC's keys: epochs on the head and on the body, the alignment weight and the head's step size."""
+
+    algorithm: str = key("fedpac", "the algorithm these keys configure")
+    rounds: int = key(5000, "communication rounds", "thesis §4.4, App. B.1.2: all methods but Local train 5000 rounds")
+    batch_size: int = key(50, "client minibatch size", f"{SRC}, options.py: --local_bs 50")
+    lr: float = key(0.01, "client SGD step size of the body", f"{SRC}, options.py: --lr 0.01")
+    momentum: float = key(0.5, "client SGD momentum (buffer reset every round and phase)",
+                          f"{SRC}, options.py: --momentum 0.5")
+    lambda_theta: float = key(2.5e-4, "client weight decay, added as 2*lambda_theta*param",
+                              f"{SRC}, methods/fedpac.py: SGD weight_decay 5e-4")
+    head_lr: float = key(0.1, "client SGD step size of the head (its epochs, and a new client's)",
+                         f"{SRC}, methods/fedpac.py: the classifier's SGD at lr 0.1")
+    head_epochs: int = key(1, "epochs on the head per round, body frozen (Alg. 1)",
+                           f"{SRC}, methods/fedpac.py: epoch_classifier = 1")
+    body_epochs: int = key(5, "epochs on the body per round, head frozen, with the feature alignment (Alg. 1)",
+                           f"{SRC}, options.py: --local_epoch 5")
+    fedpac_lambda: float = key(1.0, "lambda: weight of the feature alignment ||f(x) - c_y||^2 (Eq. 4)",
+                               f"{SRC}, options.py: --lam 1.0 (the code's MSELoss divides it by d)")
+    new_client_epochs: int = key(20, "epochs a new client trains a head from the initial one on the frozen body",
+                                 "PeFLL (ICLR 2024) App. A.2: a new client's head trained locally for 20 epochs")
+
+    def validate(self) -> None:
+        super().validate()
+        _number("fedpac_lambda", self.fedpac_lambda)
+        _number("head_lr", self.head_lr, positive=True)
+        for name in ("head_epochs", "body_epochs", "new_client_epochs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be an integer >= 0 for fedpac; got {v!r}.")
+        if self.head_epochs == 0 and self.body_epochs == 0:
+            raise ConfigError("head_epochs / body_epochs: fedpac needs local training; got 0 epochs on both (set "
+                              "body_epochs >= 1).")
+
+
+class FedPAC(PrivateState, _GlobalModel):
+    name = "fedpac"
+    paper = "FedPAC: Xu, Tong, Huang, ICLR 2023"
+    new_client_protocol = "the global body with a head trained new_client_epochs from the initial one"
+    config = FedPACConfig
+    dp_unit = None
+    not_distributed = "its statistics, prototypes and per-client head combination run in one process"
+    search_space = {"lr": "log:1e-3:1", "head_lr": "log:1e-2:1", "fedpac_lambda": "log:1e-3:10"}
+    search_space_source = ("Xu, Tong & Huang, FedPAC (ICLR 2023): lr per dataset, the classifier's own step "
+                           "(the authors' code: 0.1) and lambda (their default 1; Fig. 4 studies its effect)")
+    tune_group = "train"
+
+    @classmethod
+    def floats_per_client_round(cls, arch: dict) -> int:
+        """Down: body, C x d prototypes, personalized head; up: body, head, C x d prototypes, C x d h_i, V_i,
+        C counts."""
+        from pfl_cli.fl.split import split_names
+        from pfl_cli.models import build
+
+        net = build(arch["client"])
+        body, head = split_names(net, cls.name)
+        sizes = dict((k, p.numel()) for k, p in net.named_parameters())
+        nb, nh = sum(sizes[k] for k in body), sum(sizes[k] for k in head)
+        classes, d = int(arch["client"]["num_classes"]), net.head().in_features
+        return (nb + classes * d + nh) + (nb + nh + 2 * classes * d + 1 + classes)
+
+    def build(self) -> None:
+        from pfl_cli.fl.split import split_names
+
+        self.net = FeatureNet(self.client_net())
+        body, head = split_names(self.net.net, self.name)
+        init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+        self.body, self.head = [NET + k for k in body], [NET + k for k in head]
+        self.global_params = init
+        self.init_head = {k: init[k] for k in self.head}
+        self.private = self.new_private_state(self.init_head)
+        d = self.net.net.head().in_features
+        self.prototypes = torch.zeros(self.store.num_classes, d, device=self.device)
+        self.seen = torch.zeros(self.store.num_classes, dtype=torch.bool, device=self.device)
+
+    # -- pieces of a round
+    def _features(self):
+        from torch.func import functional_call
+
+        return lambda p, x: functional_call(self.net, p, (x,), {"parts": True})[0]
+
+    def _class_sums(self, params: dict, clients):
+        from pfl_cli.fl.prototypes import class_feature_sums
+
+        return class_feature_sums(self._features(), params, self.store, clients)
+
+    def _train(self, start: dict, clients, gen, *, part: str, epochs: int, align: bool):
+        steps, taken = self.draw_batches(clients, gen, epochs=epochs)
+        sgd = self.sgd_update_options()
+        if part == "head":
+            sgd = {**sgd, "lr": float(self.cfg.head_lr)}
+        theta, loss = fedpac_steps(self.net, start, self.store, steps, sgd=sgd,
+                                   trainable=self.head if part == "head" else self.body,
+                                   lam=float(self.cfg.fedpac_lambda), prototypes=self.prototypes if align else None,
+                                   seen=self.seen)
+        return theta, loss, taken
+
+    def run_round(self, t, cohort, gen):
+        from pfl_cli.fl.prototypes import merge_prototypes
+
+        cfg = self.cfg
+        c = len(cohort)
+        start = {**stack({k: self.global_params[k] for k in self.body}, c), **self.private.gather(cohort)}
+        self.traffic.send("body", torch.cat([self.global_params[k].flatten() for k in self.body]), copies=c)
+        self.traffic.send("prototypes", self.prototypes, copies=c)
+        # 1. statistics of the received body (every cohort client's h_j in the same feature space)
+        h, v, n = feature_statistics(self._class_sums(start, cohort))
+        # 2. head epochs (body frozen), then body epochs with the alignment to the global prototypes
+        theta, loss = start, None
+        if cfg.head_epochs:
+            theta, loss, _ = self._train(theta, cohort, gen, part="head", epochs=cfg.head_epochs, align=False)
+        if cfg.body_epochs:
+            theta, loss, _ = self._train(theta, cohort, gen, part="body", epochs=cfg.body_epochs,
+                                         align=bool(self.seen.any()))
+        # 3. uploads: body, head, class prototypes of the trained body, statistics
+        local = self._class_sums(theta, cohort)
+        protos = local.prototypes()
+        for name, k in (("body", self.body), ("head", self.head)):
+            self.traffic.receive(name, torch.cat([theta[j].flatten(1) for j in k], 1))
+        self.traffic.receive("prototypes", protos)
+        self.traffic.receive("class_counts", local.counts)
+        self.traffic.receive("statistics_h", h)
+        self.traffic.receive("statistics_v", v)
+        # 4. server: body mean, global prototypes, each client's combined head
+        self.global_params.update(weighted_mean(self.store, cohort, {k: theta[k] for k in self.body}))
+        self.prototypes, self.seen = merge_prototypes(self.prototypes, self.seen, protos, local.counts)
+        alpha = combination_weights(h, v, n).to(theta[self.head[0]].dtype)
+        heads = {k: torch.einsum("ij,j...->i...", alpha, theta[k]) for k in self.head}
+        self.traffic.send("personalized_head", torch.cat([heads[k].flatten(1) for k in self.head], 1))
+        self.private.scatter(cohort, heads)
+        self.last_alpha = alpha
+        return loss
+
+    # -- serving
+    def own_models(self, rows):
+        return {**stack({k: self.global_params[k] for k in self.body}, len(rows)), **self.private.gather(rows)}
+
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """The initial head trained ``new_client_epochs`` epochs (cross-entropy, ``head_lr``), the body frozen."""
+        start = dict(self.global_params)  # its head never moves from the initial one
+        if not self.cfg.new_client_epochs or not len(clients):
+            return stack(start, len(clients))
+
+        def build(sel):
+            theta, _, taken = self._train(stack(start, len(sel)), sel, gen, part="head",
+                                          epochs=self.cfg.new_client_epochs, align=False)
+            self.client_sgd_steps += taken
+            return theta
+
+        return self.chunked(np.asarray(clients, dtype=np.int64), build)
+
+    def protocol(self, new: bool) -> dict:
+        if not new:
+            return {"protocol": "the global body with its own combined head", "rounds": 0}
+        e = self.cfg.new_client_epochs
+        return {"protocol": f"the global body with a head trained {e} epochs" if e
+                else "the global body with the initial head", "rounds": 0}
+
+    # -- persistence: the global prototypes join the server's state
+    def _prototype_state(self) -> dict:
+        return {"prototypes": self.prototypes.detach().cpu().clone(), "seen": self.seen.detach().cpu().clone()}
+
+    def _load_prototypes(self, state: dict) -> None:
+        self.prototypes = state["prototypes"].to(self.device)
+        self.seen = state["seen"].to(self.device)
+
+    def state(self):
+        return {**super().state(), "prototypes": self._prototype_state()}
+
+    def load_state(self, state):
+        super().load_state(state)
+        self._load_prototypes(state["prototypes"])
+
+    def weights(self):
+        return {**super().weights(), "prototypes": cpu_tree(self._prototype_state())}
+
+    def load_weights(self, weights):
+        super().load_weights(weights)
+        if "prototypes" in weights:
+            self._load_prototypes(weights["prototypes"])
