@@ -44,6 +44,7 @@ BUILTINS = (
     "pfl_cli.algorithms.fedala:FedALA", "pfl_cli.algorithms.feddbe:FedDBE",
     "pfl_cli.algorithms.gpfl:GPFL", "pfl_cli.algorithms.pfedla:PFedLA",
     "pfl_cli.algorithms.fedpac:FedPAC",
+    "pfl_cli.algorithms.fedcp:FedCP",
 )
 
 
