@@ -14,8 +14,8 @@ import difflib
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
-from pfl_cli.artifacts import read_utf8
 from pfl_cli.errors import ConfigError
+from pfl_cli.formats import read_utf8
 from pfl_cli.schema import coerce_field
 
 T = TypeVar("T")

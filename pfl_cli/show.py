@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from pfl_cli.artifacts import MANIFEST, PRODUCER, Artifact, read_artifact
 from pfl_cli.errors import ArtifactError
+from pfl_cli.manifest import MANIFEST, PRODUCER, Artifact
+from pfl_cli.readers import read_artifact
 
 STAGES = tuple(PRODUCER) + ("privacy-account",)
 
@@ -123,7 +124,7 @@ def _tune(art: Artifact) -> dict:
 
 def _compare(art: Artifact) -> dict:
     """Each row of the comparison: mean accuracy ± its interval over seeds (table.json, or its nonprivate twin)."""
-    from pfl_cli.artifacts import load_json
+    from pfl_cli.formats import load_json
 
     name = next((n for n in ("table.json", "nonprivate-table.json") if art.has(n)), None)
     doc = load_json(art.file(name)) if name else {}

@@ -3,7 +3,7 @@
 A train artifact gives its training clients (``clients.csv`` rows of role 0) and the holdout
 clients it evaluated while training (role 1); a predict artifact of ``--clients holdout`` gives
 the new clients, served with its algorithm's own protocol. Every artifact is opened with
-:func:`pfl_cli.artifacts.read_artifact` (stage, schema, hashes) and its documents with
+:func:`pfl_cli.readers.read_artifact` (stage, schema, hashes) and its documents with
 :mod:`pfl_cli.readers`; a predict artifact is tied to its train artifact by the model's content
 hash, so it inherits the algorithm, the configuration and the seed it was trained with.
 
@@ -24,8 +24,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pfl_cli.artifacts import Artifact, canonical_json, read_artifact, read_utf8, sha256_bytes
 from pfl_cli.errors import ArtifactError, InputError
+from pfl_cli.formats import canonical_json, read_utf8, sha256_bytes
+from pfl_cli.manifest import Artifact
+from pfl_cli.readers import read_artifact
 
 FLAG = "RUN"
 STAGES = ("train", "predict")

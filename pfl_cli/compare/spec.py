@@ -61,7 +61,7 @@ def load_spec(path: str | Path) -> CompareSpec:
     import yaml
 
     from pfl_cli import yaml12
-    from pfl_cli.artifacts import read_utf8
+    from pfl_cli.formats import read_utf8
 
     path = Path(path)
     if not path.is_file():

@@ -7,8 +7,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from pfl_cli.artifacts import sha256_array
 from pfl_cli.errors import DatasetError, check_memory
+from pfl_cli.formats import sha256_array
 
 POOL_TRAIN = 0
 POOL_TEST = 1

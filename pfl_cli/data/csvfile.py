@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pfl_cli.artifacts import read_utf8
 from pfl_cli.data.base import Dataset, check_options, labels_from_array, option_num_classes
 from pfl_cli.errors import DatasetError
+from pfl_cli.formats import read_utf8
 
 OPTIONS = ("label", "client", "labeled", "num_classes")
 DEFAULT_LABEL_COLUMNS = ("label", "y")

@@ -24,8 +24,7 @@ import numpy as np
 
 from pfl_cli.errors import ConfigError, InputError
 from pfl_cli.fl.config import CLIENT_SETS, PredictConfig, TrainConfig, hidden_sizes
-
-MODEL_FORMAT = "pflx-model-1"
+from pfl_cli.manifest import MODEL_FORMAT
 
 
 def validate_train_config(cfg: TrainConfig) -> None:

@@ -1,7 +1,7 @@
 """Checkpoints of a training run: fingerprint, sealed content, atomic writes, resume, round cross-check.
 
 The latest checkpoint of ``train --out OUT`` lives in ``.OUT.checkpoint/state.pt`` beside OUT,
-replaced atomically (:func:`pfl_cli.artifacts.write_atomic`). It carries a fingerprint of the
+replaced atomically (:func:`pfl_cli.formats.write_atomic`). It carries a fingerprint of the
 resolved config and the input hashes and a sha256 of its content (:func:`seal_checkpoint`);
 it is resumed only when the content matches its sha256, the fingerprint matches the resuming
 command's, and its round counter agrees with the evaluation history it stores.
@@ -33,7 +33,7 @@ def checkpoint_dir(out: Path) -> Path:
 
 def fingerprint(config: dict, inputs: list[dict]) -> str:
     """What a checkpoint must match to be resumed: the resolved config and the input hashes."""
-    from pfl_cli.artifacts import canonical_json
+    from pfl_cli.formats import canonical_json
 
     doc = {"config": config, "inputs": [[i["stage"], i["sha256"]] for i in inputs]}
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
@@ -212,7 +212,7 @@ class Checkpointer:
         return load_resume(self.path, self.fp, cfg) if self.path.is_file() else None
 
     def write(self, state: dict) -> None:
-        from pfl_cli.artifacts import write_atomic
+        from pfl_cli.formats import write_atomic
         from pfl_cli.fl.distributed import world
 
         if world()[0] == 0:  # every rank holds this same state; one file

@@ -25,8 +25,8 @@ try:
 except ImportError as err:  # pragma: no cover - exercised without the extra by tests/interop
     raise ImportError("pfl_cli.interop.flower needs the flower extra: pip install 'pflx[flower]'") from err
 
-from pfl_cli.artifacts import load_partition
 from pfl_cli.partition.base import ROLE_HOLDOUT, ROLE_TRAIN
+from pfl_cli.readers import load_partition
 
 PARTS = ("train", "test")
 CLIENTS = {"all": None, "train": ROLE_TRAIN, "holdout": ROLE_HOLDOUT}

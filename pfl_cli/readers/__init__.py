@@ -6,7 +6,8 @@ payload file through the reader of its kind, which checks types, shapes, dtypes,
 consistency with the other files of the artifact (and with the manifest's config), and refuses
 anything else with one line naming the artifact, the file and the rule (ArtifactError, exit 2).
 
-- ``manifest.json``: :func:`pfl_cli.artifacts.check_manifest` (inside ``read_artifact``);
+- the directory and its ``manifest.json``: :func:`read_artifact` (:mod:`.artifact`, with
+  :func:`pfl_cli.manifest.check_manifest`), and :func:`load_partition` for a whole partition;
 - ``dataset.json``, ``stats.json``, ``metrics.json``, ``mdm.json``: :mod:`.documents`;
 - ``clients.npz`` (and the partition's files together), a train artifact's ``train_samples.npz``: :mod:`.clients`;
 - ``model.pt``: :mod:`.model` (imports torch when called);
@@ -15,15 +16,22 @@ anything else with one line naming the artifact, the file and the rule (Artifact
 
 ``docs/reference/artifact-checks.md`` lists each rule. Nothing here imports torch at module
 level: ``show`` and ``privacy-account`` use these readers and never import torch.
+
+Layers: the readers import :mod:`pfl_cli.manifest` and :mod:`pfl_cli.formats` (and, inside the
+functions that build one, the object they read into: a Partition, MDM parameters, a privacy
+ledger), never the writer (:mod:`pfl_cli.artifacts`) or the engine (:mod:`pfl_cli.fl`), which
+both import the readers.
 """
 
+from pfl_cli.readers.artifact import load_partition, read_artifact
 from pfl_cli.readers.checkpoint import check_checkpoint_location, check_checkpoint_state
 from pfl_cli.readers.clients import read_clients, read_partition_files, read_train_samples
 from pfl_cli.readers.documents import read_dataset_info, read_mdm, read_metrics, read_stats
 from pfl_cli.readers.ledger import read_ledger
 
-__all__ = ["check_checkpoint_location", "check_checkpoint_state", "read_clients", "read_dataset_info", "read_ledger",
-           "read_mdm", "read_metrics", "read_model_payload", "read_partition_files", "read_stats", "read_train_samples"]
+__all__ = ["check_checkpoint_location", "check_checkpoint_state", "load_partition", "read_artifact", "read_clients",
+           "read_dataset_info", "read_ledger", "read_mdm", "read_metrics", "read_model_payload", "read_partition_files",
+           "read_stats", "read_train_samples"]
 
 
 def read_model_payload(*args, **kwargs):

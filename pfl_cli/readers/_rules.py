@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pfl_cli.artifacts import Artifact
+from pfl_cli.manifest import PRODUCER, Artifact
 from pfl_cli.errors import ArtifactError
 
 
@@ -17,8 +17,6 @@ def refuse(art: Artifact, flag: str, name: str, rule: str, got: Any = ..., fix: 
 
 
 def producer(art: Artifact) -> str:
-    from pfl_cli.artifacts import PRODUCER
-
     return PRODUCER.get(art.stage, f"pflx {art.stage}")
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfl_cli.artifacts import Artifact, load_npz
+from pfl_cli.formats import load_npz
+from pfl_cli.manifest import Artifact
 from pfl_cli.errors import ArtifactError
 from pfl_cli.readers._rules import listed, refuse
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from pfl_cli.artifacts import Artifact, load_json
+from pfl_cli.formats import load_json
+from pfl_cli.manifest import Artifact
 from pfl_cli.errors import ArtifactError
 from pfl_cli.readers._rules import is_int, is_number, listed, refuse
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pfl_cli.artifacts import Artifact
+from pfl_cli.manifest import Artifact
 from pfl_cli.errors import InputError
 from pfl_cli.readers._rules import is_number, producer, refuse
 from pfl_cli.readers.documents import _document

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pfl_cli.artifacts import Artifact
+from pfl_cli.manifest import MODEL_FORMAT, Artifact
 from pfl_cli.readers._rules import is_int, listed, refuse
 
 
@@ -20,14 +20,12 @@ def read_model_payload(art: Artifact, flag: str, *, num_classes: int | None = No
     """The model payload of ``model.pt`` (``pfl_cli.fl.api.model_payload``), checked.
 
     Rules: loads with ``torch.load(weights_only=True)``; a dict with ``format``
-    ``pflx-model-1``, ``algorithm`` (the manifest config's), ``arch`` (an object),
-    ``weights`` (nested objects of tensors), ``normalization`` (``mean`` and ``std`` float
+    ``pflx-model-1`` (:data:`pfl_cli.manifest.MODEL_FORMAT`), ``algorithm`` (the manifest
+    config's), ``arch`` (an object), ``weights`` (nested objects of tensors), ``normalization`` (``mean`` and ``std`` float
     tensors of one shape, ``std`` > 0) and ``num_classes`` (a one-element integer tensor, >= 1,
     and the ``num_classes`` of metrics.json's dataset when given).
     """
     import torch
-
-    from pfl_cli.fl.api import MODEL_FORMAT
 
     name = "model.pt"
     listed(art, flag, name)

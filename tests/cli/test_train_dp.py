@@ -255,12 +255,12 @@ def test_interrupted_dp_run_keeps_a_private_checkpoint_and_resumes_only_with_its
     import os
     import stat
 
-    from pfl_cli import artifacts
+    from pfl_cli import formats  # the checkpoint is written with formats.write_atomic
     from pfl_cli.fl.checkpoint import checkpoint_dir
 
     out = root / "ppsgd-killed"
     args = ["--algorithm", "ppsgd", *LDP]
-    real, writes = artifacts.write_atomic, []
+    real, writes = formats.write_atomic, []
 
     def write_then_die(path, data):
         if len(writes) == 3:
@@ -268,7 +268,7 @@ def test_interrupted_dp_run_keeps_a_private_checkpoint_and_resumes_only_with_its
         real(path, data)
         writes.append(path)
 
-    monkeypatch.setattr(artifacts, "write_atomic", write_then_die)
+    monkeypatch.setattr(formats, "write_atomic", write_then_die)
     capsys.readouterr()
     assert train(root, out, *args) == 130
     # One error line after the progress lines of the rounds that ran (they carry no private value under --dp).
@@ -284,7 +284,7 @@ def test_interrupted_dp_run_keeps_a_private_checkpoint_and_resumes_only_with_its
     assert state["round"] == 3 and state["private_run"] and state["dp_noise"] == "secure"
     assert not {"history", "best", "loss_acc", "traffic"} & set(state)
     assert set(state["client_held"]) == {"heads", "has_head"} and "heads" not in state["algorithm"]
-    monkeypatch.setattr(artifacts, "write_atomic", real)
+    monkeypatch.setattr(formats, "write_atomic", real)
     # The other noise mode: one line naming the parameter, exit 2, nothing written, the checkpoint kept.
     seeded = [args[0], args[1], args[2], args[3] + ",noise=seeded", *args[4:]]
     assert train(root, out, *seeded, "--resume") == 2

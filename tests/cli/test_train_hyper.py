@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pfl_cli import artifacts
+from pfl_cli import formats
 from pfl_cli.cli.app import main as _main
 from pflx_testing import cli_args
 from pfl_cli.fl.checkpoint import checkpoint_dir
@@ -104,16 +104,16 @@ def test_an_interrupted_run_resumes_byte_identically(root, tmp_path, monkeypatch
     """A run stopped right after its round-3 checkpoint (as by a kill) and resumed equals an uninterrupted one."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert train(root, whole, "--algorithm", alg, *extra, "--set", "checkpoint_every=2") == 0
-    real = artifacts.write_atomic
+    real = formats.write_atomic
 
     def write_then_die(path, data):
         real(path, data)
         raise KeyboardInterrupt  # the process dies after the checkpoint reached the disk
 
-    monkeypatch.setattr(artifacts, "write_atomic", write_then_die)
+    monkeypatch.setattr(formats, "write_atomic", write_then_die)
     assert train(root, killed, "--algorithm", alg, *extra, "--set", "checkpoint_every=2") != 0
     assert not killed.exists() and torch.load(checkpoint_dir(killed) / "state.pt", weights_only=True)["round"] == 2
-    monkeypatch.setattr(artifacts, "write_atomic", real)
+    monkeypatch.setattr(formats, "write_atomic", real)
     assert train(root, killed, "--algorithm", alg, *extra, "--set", "checkpoint_every=2",
                  "--resume") == 0
     for name in ("metrics.csv", "metrics.json", "clients.csv", "model.pt", "checkpoint/state.pt"):

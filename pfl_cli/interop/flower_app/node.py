@@ -34,7 +34,7 @@ class NodeData:
 
 def load_node(context, *, build: bool = True) -> NodeData:
     """Read the node config, the partition and the dataset; build the one-client store and the algorithm."""
-    from pfl_cli.artifacts import load_partition
+    from pfl_cli.readers import load_partition
     from pfl_cli.data import load_dataset
     from pfl_cli.errors import InputError
 
