@@ -80,9 +80,10 @@ def _algorithms(rounds: int) -> dict[str, dict]:
                      unmatched="APFL: PFLlib adds 0.02 * alpha to alpha's gradient, a term APFL's Alg. 1 has not"),
         "pfedme": dict(peer="pFedMe", acc="rs_test_acc_per",
                        pflx={"lam": 15.0, "K": 5, "personal_lr": 0.01, "beta": 1.0},
-                       flags=["-lam", "15", "-K", "5", "-lrp", "0.01", "-bt", "1.0"],
-                       unmatched="PFLlib's pFedMe scores the global model as 'personalized' (defect 1 in "
-                                 "docs/performance/conformance.md)"),
+                       flags=["-lam", "15", "-K", "5", "-lrp", "0.01", "-bt", "1.0"], unalias=True,
+                       unmatched="pFedMe: PFLlib's stored personalized parameters alias its model (defect 1 in "
+                                 "docs/performance/conformance.md), so the driver keeps copies of them and scores "
+                                 "those; PFLlib's inner step adds an L2 term (mu = 0.001) pflx's has not"),
         "perfedavg": dict(peer="PerAvg", pflx={}, flags=[],
                           unmatched="Per-FedAvg: PFLlib's local step takes two batches per update; its evaluation "
                                     "fine-tunes one step on one batch"),
@@ -313,23 +314,28 @@ def _child_pflx(args) -> float:
 
     torch.set_num_threads(1)
     from pfl_cli.fl.api import train_federated
-    from pfl_cli.registry import train_config
 
     work = pathlib.Path(args.work)
     with np.load(work / "pflx.npz") as f:
         x, y = f["x"], f["y"]
     with open(work / "partition.pkl", "rb") as f:
         part = pickle.load(f)
-    spec = _algorithms(args.rounds)[args.algorithm]
-    keys = dict(rounds=args.rounds, clients_per_round=None, local_epochs=1, batch_size=BATCH, lr=LR, momentum=0.0,
-                client_clip=0.0, model_arch="mlp", mlp_hidden=(HIDDEN,), eval_every=args.rounds, val_fraction=0.0,
-                normalize=False, seed=args.seed, device="cpu")
+    run = train_federated(x, y, 10, part, _pflx_config(args.algorithm, args.rounds, args.seed))
+    return run.outcome.best.summaries()["train"]["pooled_accuracy"]
+
+
+def _pflx_config(algorithm: str, rounds: int, seed: int):
+    """pflx's TrainConfig for one run: the matched settings, then the method's row of ``_algorithms``."""
+    from pfl_cli.registry import train_config
+
+    spec = _algorithms(rounds)[algorithm]
+    keys = dict(rounds=rounds, clients_per_round=None, local_epochs=1, batch_size=BATCH, lr=LR, momentum=0.0,
+                client_clip=0.0, model_arch="mlp", mlp_hidden=(HIDDEN,), eval_every=rounds, val_fraction=0.0,
+                normalize=False, seed=seed, device="cpu")
     keys.update(spec["pflx"])
     # None in a method's row means "leave this key at the method's default" (FedRep's local_epochs); the
-    # benchmark's own None (clients_per_round: every client every round) must stay.
-    keys = {k: v for k, v in keys.items() if v is not None or k not in spec["pflx"]}
-    run = train_federated(x, y, 10, part, train_config(args.algorithm, **keys))
-    return run.outcome.best.summaries()["train"]["pooled_accuracy"]
+    # benchmark's own None (clients_per_round: every client every round, as PFLlib's -jr 1) must stay.
+    return train_config(algorithm, **{k: v for k, v in keys.items() if v is not None or k not in spec["pflx"]})
 
 
 def _peer_args(pfllib_main: pathlib.Path, argv: list[str]):
@@ -369,6 +375,8 @@ def _child_pfllib(args) -> float:
         model.fc = nn.Identity()
         model = models.BaseHeadSplit(model, head)
     peer.model = model
+    if spec.get("unalias"):
+        _score_pfedme_personalized()
     module = importlib.import_module(f"flcore.servers.server{_SERVER_FILE.get(spec['peer'], spec['peer'].lower())}")
     cls = getattr(module, _SERVER_CLASS.get(spec["peer"], spec["peer"]))
     with contextlib.redirect_stdout(sys.stderr):  # PFLlib prints every evaluation; the result line is ours
@@ -378,6 +386,33 @@ def _child_pfllib(args) -> float:
         random.seed(args.seed)
         server.train()
     return float(getattr(server, spec.get("acc", "rs_test_acc"))[-1])
+
+
+def _score_pfedme_personalized():
+    """Make PFLlib's pFedMe score its personalized models, not its global one (defect 1 in the docs).
+
+    PFLlib's inner optimizer returns the model's own parameter objects, which the client stores as
+    its personalized parameters; the client then writes its local model, and the next round the
+    global model, into those same tensors, so its "personalized" evaluation scores the global model.
+    Here the inner step returns copies (the last theta~ of the round survives, pFedMe's personalized
+    model), and the personalized evaluations, which load theta~ into the model, put the model's
+    own parameters back afterwards: training then starts from the global model, as it does unpatched.
+    Nothing else of the method changes.
+    """
+    from flcore.clients.clientpFedMe import clientpFedMe
+    from flcore.optimizers.fedoptimizer import pFedMeOptimizer
+
+    step = pFedMeOptimizer.step
+    pFedMeOptimizer.step = lambda self, *a, **k: [p.detach().clone() for p in step(self, *a, **k)]
+    for name in ("test_metrics_personalized", "train_metrics_personalized"):
+        def kept(self, _score=getattr(clientpFedMe, name)):
+            own = [p.data for p in self.model.parameters()]
+            try:
+                return _score(self)
+            finally:
+                for p, data in zip(self.model.parameters(), own):
+                    p.data = data
+        setattr(clientpFedMe, name, kept)
 
 
 def _peer_mlp_class():

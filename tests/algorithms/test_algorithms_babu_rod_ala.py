@@ -237,6 +237,47 @@ def test_fedbn_round_equals_the_torch_batchnorm_per_client_loop(store):
     torch.testing.assert_close(functional_call(alg.predict_net, own, (x,)), check(x), **TOL)
 
 
+def test_fedbn_rounds_with_changing_cohorts_equal_per_client_torch_models(store):
+    """Four rounds, cohorts that leave clients out: every client keeps one torch net whose BatchNorm (weights
+    and running statistics) is never overwritten; each round it takes the server's other layers, trains, and
+    the server averages those layers uniformly. A client's pflx model must be that net, sampled or not."""
+    alg = alg_for(store, algorithm="fedbn", momentum=0.0, client_clip=0.0)
+    train = store.clients(ROLE_TRAIN)
+    cohorts = [train[[0, 3, 5, 9]], train[[3, 5]], train[[0, 9, 1]], train[[5, 1]]]
+    init = {**alg.global_params, **{k: v[0] for k, v in alg.private.gather(torch.as_tensor(train[:1])).items()}}
+    nets = {}
+    for i in map(int, train):
+        nets[i] = _torch_bn_mlp(alg.net)
+        nets[i].load_state_dict(init, strict=False)
+    server = {k: v.clone() for k, v in alg.global_params.items()}
+    for t, c in enumerate(cohorts):
+        c = torch.as_tensor(c)
+        index, mask, _ = CohortBatches(store.fit, c, alg.cfg.local_steps, alg.cfg.batch_size, gen(t)).materialize()
+        for i, client in enumerate(map(int, c)):
+            net = nets[client]
+            net.load_state_dict(server, strict=False)  # the shared layers only; its BatchNorm stays
+            net.train()
+            opt = torch.optim.SGD(list(net.parameters()), lr=alg.cfg.lr)
+            for s in range(index.shape[1]):
+                real = mask[i, s] > 0
+                opt.zero_grad()
+                F.cross_entropy(net(store.inputs(index[i, s][real])), store.y[index[i, s][real]]).backward()
+                opt.step()
+        server = {k: torch.stack([nets[int(i)].state_dict()[k] for i in c]).mean(0) for k in server}
+        alg.run_round(t, c, gen(t))
+    close(alg.global_params, server)
+    rows = torch.as_tensor(train)
+    own = alg.own_models(rows)
+    x = store.inputs(store.test.index[rows, :6])
+    for r, client in enumerate(map(int, train)):
+        nets[client].load_state_dict(server, strict=False)
+        nets[client].eval()
+        close({k: v[r] for k, v in own.items()},
+              {k: v for k, v in nets[client].state_dict().items() if "num_batches" not in k})
+        torch.testing.assert_close(functional_call(alg.predict_net, {k: v[r] for k, v in own.items()}, (x[r],)),
+                                   nets[client](x[r]), **TOL)
+
+
 def test_fedbn_needs_normalization_layers_and_the_others_refuse_them(store):
     from pfl_cli.errors import InputError
 
