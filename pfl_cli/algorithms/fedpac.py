@@ -185,8 +185,8 @@ def combination_weights(h, v, n):
 def feature_statistics(sums):
     """``(h, V, n)`` of each client from its :class:`~pfl_cli.fl.prototypes.ClassSums` (§4.3).
 
-    h[k] = p_k mu_k = S_k / n; V = sum_k p_k E[||f||^2 | k] - sum_k p_k^2 ||mu_k||^2 = sum_k Q_k / n - sum_k ||S_k||^2 / n^2,
-    with S_k, Q_k the class sums of f(x) and of ||f(x)||^2 and n the client's labeled samples.
+    h[k] = p_k mu_k = S_k / n; V = sum_k p_k E[||f||^2 | k] - sum_k p_k^2 ||mu_k||^2
+    = sum_k Q_k / n - sum_k ||S_k||^2 / n^2, with S_k, Q_k the class sums of f(x) and of ||f(x)||^2 and n the client's labeled samples.
     """
     n = sums.counts.sum(-1)
     nn_ = n.clamp_min(1.0)
