@@ -111,6 +111,10 @@ def _algorithms(rounds: int) -> dict[str, dict]:
                        unmatched="FedPAC: PFLlib averages the clients' class prototypes uniformly (pflx: weighted by "
                                  "class counts, Eq. 6) and zeroes combination weights below 1e-3 without "
                                  "renormalizing (pflx: the QP's exact minimizer)"),
+        "fedcp": dict(peer="FedCP", split=True, pflx={"fedcp_lambda": 5.0, "fedcp_tau": 1.0}, flags=["-lam", "5"],
+                      unmatched="FedCP: PFLlib's global head is the mean of 0.5 h^p + 0.5 h^g (pflx: of h^p), its "
+                                "v_i is random before a client's first round, and it draws Gumbel noise when "
+                                "testing (pflx: the noise-free policy)"),
     }
 
 
