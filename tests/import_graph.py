@@ -80,17 +80,29 @@ def _targets(node: ast.Import | ast.ImportFrom, here: str, is_package: bool, kno
     return out
 
 
-def graph(kinds: tuple[str, ...] = ("top",), root: Path = ROOT) -> dict[str, set[str]]:
-    """module -> the pfl_cli modules it imports (with the packages above them), for imports of ``kinds``."""
+def imports(root: Path = ROOT) -> dict[str, list[tuple[str, str]]]:
+    """module -> (imported pfl_cli module, kind) for each import statement of its source."""
     found = modules(root)
     known = set(found)
-    edges: dict[str, set[str]] = {name: set() for name in found}
+    out = {}
     for name, file in found.items():
         tree = ast.parse(file.read_text(), filename=str(file))
-        for node, kind in _imports(tree):
-            if kind not in kinds:
-                continue
-            for target in _targets(node, name, file.name == "__init__.py", known):
+        out[name] = [(target, kind) for node, kind in _imports(tree)
+                     for target in _targets(node, name, file.name == "__init__.py", known)]
+    return out
+
+
+def graph(kinds: tuple[str, ...] = ("top",), root: Path = ROOT, *,
+          parsed: dict[str, list[tuple[str, str]]] | None = None) -> dict[str, set[str]]:
+    """module -> the pfl_cli modules it imports (with the packages above them), for imports of ``kinds``.
+
+    ``parsed``: the result of :func:`imports` when the caller has it already.
+    """
+    parsed = imports(root) if parsed is None else parsed
+    edges: dict[str, set[str]] = {name: set() for name in parsed}
+    for name, found in parsed.items():
+        for target, kind in found:
+            if kind in kinds:
                 while target:
                     # A module's own package is already loading when its body runs: no edge to it.
                     if target != name and not name.startswith(target + "."):
@@ -142,8 +154,9 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def main() -> None:
+    parsed = imports()
     for title, kinds in (("top-level imports", ("top",)), ("top-level and function-level imports", ("top", "function"))):
-        edges = graph(kinds)
+        edges = graph(kinds, parsed=parsed)
         found = cycles(edges)
         print(f"# {title}: {len(edges)} modules, {sum(map(len, edges.values()))} edges, {len(found)} cycle(s)")
         for component in found:
