@@ -1,5 +1,6 @@
 """The comparison recipe end to end (slow tier): make -> train/predict artifacts over seeds -> `pflx compare`'s
-table and table.py's extras; a rerun does nothing."""
+table and table.py's extras; a rerun does nothing. Its smoke size (the Makefile header's ROUNDS=2 line) runs in
+tests/recipes/test_executed_recipes.py."""
 
 import json
 import os
@@ -59,24 +60,3 @@ def test_compare_recipe_on_cpu(tmp_path, recipe, algorithms):
         make(out, recipe, algorithms + " ditto")
         assert (out / names[0] / "s0" / "manifest.json").stat().st_mtime_ns == stamp
         assert (out / "ditto" / "s2" / "manifest.json").is_file()
-
-
-@pytest.mark.slow
-def test_compare_recipe_at_smoke_size(tmp_path):
-    """ROUNDS=2, two algorithms, the default three seeds: the table `pflx compare` wrote, printed by make, with an
-    interval on every row; a rerun does nothing; one seed more retrains only that seed (~30 s)."""
-    out = tmp_path / "smoke"
-    printed = make(out, "digits.yaml", "fedavg pefll", "ROUNDS=2")
-    doc = json.loads((out / "table" / "table.json").read_text())
-    assert [(r["label"], r["group"], r["seeds"]) for r in doc["rows"]] == [
-        (a, g, [0, 1, 2]) for a in ("fedavg", "pefll") for g in ("train", "new")]
-    assert all(r["accuracy_ci"] is not None and r["accuracy_ci"] >= 0 for r in doc["rows"])
-    assert (out / "table" / "table.md").read_text() in printed
-    config = json.loads((out / "fedavg" / "s1" / "manifest.json").read_text())["config"]
-    assert config["rounds"] == 2 and config["seed"] == 1
-    stamp = (out / "table" / "manifest.json").stat().st_mtime_ns
-    make(out, "digits.yaml", "fedavg pefll", "ROUNDS=2")
-    assert (out / "table" / "manifest.json").stat().st_mtime_ns == stamp
-    make(out, "digits.yaml", "fedavg pefll", "ROUNDS=2", "SEEDS=0 1 2 3")
-    doc = json.loads((out / "table" / "table.json").read_text())
-    assert all(r["seeds"] == [0, 1, 2, 3] for r in doc["rows"])

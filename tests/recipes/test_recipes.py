@@ -61,16 +61,3 @@ def check_train_section(path, data):
     for name, own in data["compare"].items():
         shared = {k: v for k, v in values.items() if k in registry.get(name).keys}
         registry.resolve_train_config(file_values={**shared, "algorithm": name}, overrides=own)
-
-
-def test_quickstart_makefile_chain(tmp_path, cli):
-    import subprocess
-    import sys
-
-    repo = ROOT.parent
-    cmd = ["make", "-s", "-f", "recipes/Makefile", f"ROOT={tmp_path}", f"PFLX={sys.executable} -m pfl_cli"]
-    subprocess.run(cmd, cwd=repo, check=True)
-    stamp = (tmp_path / "part" / "manifest.json").stat().st_mtime_ns
-    out = subprocess.run(cmd, cwd=repo, check=True, capture_output=True, text=True).stdout
-    assert (tmp_path / "part" / "manifest.json").stat().st_mtime_ns == stamp  # up to date: make did nothing
-    assert "Nothing to be done" in out or out == ""

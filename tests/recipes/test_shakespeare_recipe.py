@@ -1,53 +1,31 @@
-"""recipes/pefll/shakespeare*.yaml (PeFLL thesis Figs. B.2 / B.3): the header commands run at smoke size.
+"""recipes/pefll/shakespeare*.yaml (PeFLL thesis Figs. B.2 / B.3).
 
-The CPU smoke recipe runs as its header gives it (the fixture writer, partition, three trains, two predicts,
-the figure script) with 2 rounds and a width-8 LSTM; the GPU recipe runs the same chain on that fixture
-(its dataset and device overridden, 2 rounds). Both also resolve in tests/recipes/test_recipe_commands.py.
+The CPU smoke recipe runs as its header gives it in tests/recipes/test_executed_recipes.py (docs tier), which
+checks its figure's curves. The GPU recipe needs a GPU and the LEAF Shakespeare data: here
+it runs the same chain on the smoke recipe's fixture (its dataset and device overridden, 2 rounds). Both also
+resolve in tests/recipes/test_executed_recipes.py.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import pathlib
-import shlex
 import subprocess
 import sys
 
 import pytest
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "docs"))
+import executed  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SMOKE = ROOT / "recipes" / "pefll" / "shakespeare-smoke.yaml"
 GPU = ROOT / "recipes" / "pefll" / "shakespeare.yaml"
 TINY = ["--set", "rounds=2", "--set", "eval_every=1", "--set", "lstm_hidden=8"]
 
 
 def header(path: pathlib.Path) -> list[list[str]]:
-    """The header's `pflx ...` and `python ...` commands, in order."""
-    cmds = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line[1:].strip()
-        if text.startswith(("pflx ", "python ")):
-            cmds.append(shlex.split(text))
-    return cmds
-
-
-def run_chain(path: pathlib.Path, tmp: pathlib.Path, cli, extra: dict[str, list[str]]) -> dict[str, int]:
-    """Every header command with ``runs/`` under ``tmp``; pflx ones through the CLI, scripts in a subprocess."""
-    done: dict[str, int] = {}
-    for cmd in header(path):
-        args = [str(tmp / a) if a.startswith("runs/") else a for a in cmd]
-        if args[0] == "python":
-            out = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, capture_output=True, text=True)
-            assert out.returncode == 0, (args, out.stderr)
-        else:
-            args = args[1:] + extra.get(args[1], [])
-            run = cli(*args, "--format", "quiet")
-            assert run.code == 0, (" ".join(args), run.err)
-        done[cmd[1]] = done.get(cmd[1], 0) + 1
-    return done
+    """The header's ``pflx ...`` and ``python ...`` commands, in order (tests/docs/executed.py extracts them)."""
+    return [c for line in executed.header_lines(path) for c in executed.commands(line) if c[0] in ("pflx", "python")]
 
 
 def check_figure(figure: pathlib.Path, algorithms: set[str]) -> None:
@@ -60,20 +38,7 @@ def check_figure(figure: pathlib.Path, algorithms: set[str]) -> None:
     assert pefll[1] == pytest.approx(2 * pefll[0]) and pefll[0] > fedavg[0] > 0  # PeFLL sends more per round
 
 
-@pytest.mark.slow
-def test_smoke_recipe_runs_as_its_header_gives_it(cli, tmp_path, monkeypatch):
-    monkeypatch.chdir(ROOT)  # the recipe's paths are the repository root's; runs/ go to tmp_path
-    data = tmp_path / "runs" / "shk-smoke-data"
-    extra = {"partition": ["--dataset", f"leaf:{data}?task=shakespeare"], "train": TINY}
-    done = run_chain(SMOKE, tmp_path, cli, extra)
-    assert done == {"recipes/pefll/shakespeare_fixture.py": 1, "partition": 1, "train": 3, "predict": 2,
-                    "recipes/pefll/shakespeare_figure.py": 1}
-    unseen = json.loads((tmp_path / "runs" / "shk-smoke-pefll-unseen" / "metrics.json").read_text())
-    assert unseen["algorithm"] == "pefll" and unseen["num_clients"] == 2
-    check_figure(tmp_path / "runs" / "shk-smoke-figure", {"pefll", "fedavg", "fedrep"})
-
-
-@pytest.mark.slow
+@pytest.mark.docs
 def test_gpu_recipe_runs_at_smoke_size_on_the_fixture(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     data = tmp_path / "data"
