@@ -15,7 +15,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= test,hf,flower,docs,tensorboard
 PYTEST_ARGS ?=
 
-.PHONY: install install-runtime test test-all docs demo bench scaling clean
+.PHONY: install install-runtime test test-docs test-all docs demo bench scaling clean
 
 # Only the project's .venv is ever created here; an active environment already has its python.
 $(VENV)/bin/python:
@@ -36,9 +36,15 @@ install: install-runtime
 # generated option table fails to build is an error (a few seconds).
 MKDOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
 
+# Three steps: the default tier (minutes), the docs tier (every command of the README, the tutorials and the
+# recipes, executed at smoke size: tests/docs/executed.py) and the site. Slow learning tests run in test-all.
 test: install
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not docs" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m docs $(PYTEST_ARGS)
 	$(MKDOCS_BUILD)
+
+test-docs: install
+	$(PY) -m pytest -q -m docs $(PYTEST_ARGS)
 
 docs: install
 	$(MKDOCS_BUILD)

@@ -30,12 +30,21 @@ def test_no_active_env_creates_and_uses_dot_venv(tmp_path):
     assert any(l.startswith("python3 -m venv \".venv\"") for l in lines), run.stdout
     # Every install and test step runs the venv's python, never the bare interpreter.
     steps = [l for l in lines if "pip install" in l or "pytest" in l or "mkdocs" in l]
-    assert len(steps) == 5, steps
+    assert len(steps) == 6, steps
     assert all(l.lstrip("@").split("NO_MKDOCS_2_WARNING=1 ")[-1].startswith(".venv/bin/python ") for l in steps), steps
     assert 'pip install -q "torch==2.13.0"' in run.stdout
     assert 'pip install -q -e ".[test,hf,flower,docs,tensorboard]"' in run.stdout
-    # The docs site is built strict after the tests (CI runs `make test`).
+    # The default tier, then the docs tier (the documented commands executed), then the site built strict
+    # (CI runs `make test`).
+    assert steps[-3].rstrip().endswith('-m pytest -q -m "not slow and not docs"')
+    assert steps[-2].rstrip().endswith("-m pytest -q -m docs")
     assert steps[-1].endswith("-m mkdocs build --strict --quiet --site-dir site")
+
+
+def test_the_docs_tier_has_its_own_target(tmp_path):
+    run = _make(tmp_path, "test-docs")
+    assert run.returncode == 0, run.stderr
+    assert [l for l in run.stdout.splitlines() if "pytest" in l] == [".venv/bin/python -m pytest -q -m docs "]
 
 
 def test_demo_installs_the_runtime_and_nothing_else(tmp_path):
