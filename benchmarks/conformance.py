@@ -451,7 +451,7 @@ def _peer_mlp_class():
 
 _SERVER_FILE = {"PerAvg": "peravg", "pFedMe": "pFedMe", "LG-FedAvg": "lg", "FedROD": "rod", "FedBABU": "babu",
                 "FedBN": "bn", "FedALA": "ala", "FedDBE": "dbe", "FedRep": "rep", "FedPer": "per", "FedProx": "prox",
-                "FedAvg": "avg", "FedPAC": "pac"}
+                "FedAvg": "avg", "FedPAC": "pac", "FedCP": "cp", "FedAS": "as"}
 _SERVER_CLASS = {"LG-FedAvg": "LG_FedAvg"}
 
 
