@@ -92,6 +92,14 @@ def test_simplex_qp_matches_scipy_on_batches_with_sparse_solutions():
     np.testing.assert_allclose(alpha[0], np.array([100, 0.2, 0.2, 0.2, 0.2, 0.2]) / 101, atol=1e-12)
 
 
+def test_simplex_qp_with_a_zero_cost_partner_stays_finite():
+    """Clients 0 and 1 identical with no variance: client 0's program reaches 0 on their edge (P singular)."""
+    h = torch.tensor([[[1.0, 0.0]], [[1.0, 0.0]], [[0.0, 1.0]]], dtype=torch.float64)
+    alpha = combination_weights(h, torch.tensor([0.0, 0.0, 1.0]), torch.tensor([10.0, 10.0, 10.0]))
+    assert torch.isfinite(alpha).all() and torch.allclose(alpha.sum(1), torch.ones(3, dtype=torch.float64))
+    assert float(alpha[0, :2].sum()) > 1 - 1e-6 and float(alpha[1, :2].sum()) > 1 - 1e-6
+
+
 def test_combination_weights_equal_the_loop_form_of_the_program():
     """The matrix of client i's program, written as the paper's sums: sum_k <h_i[k] - h_j[k], h_i[k] - h_l[k]>
     plus V_j / n_j on the diagonal; scipy minimizes it; rows sum to one."""
