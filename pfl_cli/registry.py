@@ -45,6 +45,7 @@ BUILTINS = (
     "pfl_cli.algorithms.gpfl:GPFL", "pfl_cli.algorithms.pfedla:PFedLA",
     "pfl_cli.algorithms.fedpac:FedPAC",
     "pfl_cli.algorithms.fedcp:FedCP",
+    "pfl_cli.algorithms.fedas:FedAS",
 )
 
 

@@ -71,7 +71,7 @@ def test_resumed_run_writes_the_same_model(digits_clients):
     (("--set", "gpfl_lambda=1"), "unknown --set key 'gpfl_lambda' for algorithm 'fedcp'"),
     (("--set", "fedcp_lamda=1"), "did you mean 'fedcp_lambda'"),
     (("--set", "mlp_hidden=[]"), "splits the client net into a body and a head"),
-    (("--dp", "eps=1"), "fedcp"),
+    (("--dp", "eps=1"), "--dp is not supported by algorithm 'fedcp'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(root, tmp_path, capsys, extra, message):
     code = main(["train", "--partition", str(root / "part"), "--algorithm", "fedcp", "--out", str(tmp_path / "bad"),
