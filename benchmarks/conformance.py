@@ -115,6 +115,12 @@ def _algorithms(rounds: int) -> dict[str, dict]:
                       unmatched="FedCP: PFLlib's global head is the mean of 0.5 h^p + 0.5 h^g (pflx: of h^p), its "
                                 "v_i is random before a client's first round, and it draws Gumbel noise when "
                                 "testing (pflx: the noise-free policy)"),
+        "fedas": dict(peer="FedAS", split=True,
+                      pflx={"fedas_align_lr": 0.01, "fedas_align_epochs": 1, "fedas_align_batch": 16}, flags=[],
+                      stub=("avg_generalization_metrics",),
+                      unmatched="FedAS: PFLlib averages the whole model (its global head is never read) and computes "
+                                "Fisher traces outside the cohort too; its train() calls avg_generalization_metrics, "
+                                "which PFLlib lacks (serveras.py line 114): the driver stubs it"),
     }
 
 
@@ -391,6 +397,9 @@ def _child_pfllib(args) -> float:
         _score_pfedme_personalized()
     module = importlib.import_module(f"flcore.servers.server{_SERVER_FILE.get(spec['peer'], spec['peer'].lower())}")
     cls = getattr(module, _SERVER_CLASS.get(spec["peer"], spec["peer"]))
+    for name in spec.get("stub", ()):  # a method the peer's server calls but PFLlib does not define (FedAS)
+        if not hasattr(cls, name):
+            setattr(cls, name, lambda self: None)
     with contextlib.redirect_stdout(sys.stderr):  # PFLlib prints every evaluation; the result line is ours
         server = cls(peer, 0)
         torch.manual_seed(args.seed)  # every PFLlib client's constructor seeded torch with 0
