@@ -77,7 +77,7 @@ EVERY = {
     "hyperfl-lpm": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
     "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [], "fedtta": [],
     "fedbabu": ["--set", "finetune_epochs=1"], "fedrod": [], "fedbn": [], "fedala": ["--set", "ala_max_start_epochs=3"], "feddbe": [],
-    "gpfl": [], "pfedla": [], "fedcp": [], "fedas": [],
+    "gpfl": [], "pfedla": [], "fedcp": [], "fedas": [], "fedpac": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }
