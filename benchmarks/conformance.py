@@ -103,13 +103,13 @@ def _algorithms(rounds: int) -> dict[str, dict]:
                      flags=["-lam", "0.01", "-mu", "0.1"],
                      unmatched="GPFL: PFLlib conditions on the client's previous-round GCE, pflx on the global GCE "
                                "it receives (the paper)"),
-        # PFLlib's alignment is MSELoss (the mean over the d = 100 features), Eq. 4's the squared norm: -lam 1 = 0.01
+        # PFLlib's alignment is MSELoss (the mean over the d = 100 features), the paper's is the squared norm: -lam 1 = 0.01
         "fedpac": dict(peer="FedPAC", split=True,
                        pflx={"fedpac_lambda": 1.0 / HIDDEN, "head_epochs": 1, "body_epochs": 1, "head_lr": LR,
                              "lambda_theta": 0.0, "local_epochs": None},
                        flags=["-lam", "1.0"],
                        unmatched="FedPAC: PFLlib averages the clients' class prototypes uniformly (pflx: weighted by "
-                                 "class counts, Eq. 6) and zeroes combination weights below 1e-3 without "
+                                 "class counts, as the paper) and zeroes combination weights below 1e-3 without "
                                  "renormalizing (pflx: the QP's exact minimizer)"),
         "fedcp": dict(peer="FedCP", split=True, pflx={"fedcp_lambda": 5.0, "fedcp_tau": 1.0}, flags=["-lam", "5"],
                       unmatched="FedCP: PFLlib's global head is the mean of 0.5 h^p + 0.5 h^g (pflx: of h^p), its "

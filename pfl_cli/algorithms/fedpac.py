@@ -5,18 +5,19 @@ one per client; the split is :mod:`pfl_cli.fl.split`). A round, for every cohort
 (the paper's Algorithm 1):
 
 1. it receives the global body and the global class prototypes c_k, and with the received body
-   computes its feature statistics (§4.3): h_i[k] = p_{i,k} mu_{i,k}, its class prior times its
+   computes its feature statistics (§4, classifier collaboration): h_i[k] = p_{i,k} mu_{i,k}, its class prior times its
    class mean of f(x), and the variance term V_i = sum_k p_{i,k} E[||f(x)||^2 | k] -
    sum_k p_{i,k}^2 ||mu_{i,k}||^2;
 2. it trains its head for ``head_epochs`` epochs with the body frozen (step size ``head_lr``), then the
    body for ``body_epochs`` epochs with the head frozen on cross-entropy plus the feature alignment
-   lambda * ||f(x) - c_y||^2 (§4.2, Eq. 4; from the second round on, once prototypes exist, and only
-   for the classes that have one);
-3. it uploads body, head, its class prototypes (class means of f(x) with the trained body, §4.2) and
+   lambda * ||f(x) - c_y||^2 (§4, the local objective; from the second round on, once prototypes
+   exist, and only for the classes that have one);
+3. it uploads body, head, its class prototypes (class means of f(x) with the trained body) and
    its statistics (h_i, V_i and its class counts);
 4. the server averages the bodies weighted by data size, merges the prototypes into the global
-   ones, c_k = sum_i n_{i,k} c_{i,k} / sum_i n_{i,k} (Eq. 6; a class no cohort client holds keeps its
-   last prototype), and per client solves the quadratic program of §4.3 for the combination weights
+   ones, c_k = sum_i n_{i,k} c_{i,k} / sum_i n_{i,k} (§4; a class no cohort client holds keeps its
+   last prototype), and per client solves the paper's quadratic program (§4, classifier
+   collaboration) for the combination weights
 
        alpha_i = argmin_{alpha in simplex} || sum_j alpha_j (h_i - h_j) ||^2 + sum_j alpha_j^2 V_j / n_j
 
@@ -42,10 +43,10 @@ Defaults: the authors' code (the paper's App. A.5 points to it): ``options.py`` 
 Departures of the peers from the paper, where pflx follows the paper:
 
 - the alignment term: the authors' code and PFLlib (``clientpac.py``) take ``MSELoss`` of f(x) and
-  c_y, the mean over the d coordinates, where Eq. 4 has the squared norm; their lambda is pflx's
+  c_y, the mean over the d coordinates, where the paper's regularizer has the squared norm; their lambda is pflx's
   ``fedpac_lambda * d`` (PFLlib's ``-lam 1`` on a 100-wide feature is ``fedpac_lambda=0.01``);
 - global prototypes: PFLlib (``serverpac.py``, ``proto_aggregation``) averages the clients'
-  prototypes uniformly; Eq. 6 (and the authors' code) weighs them by class counts;
+  prototypes uniformly; the paper (and the authors' code) weighs them by class counts;
 - combination weights: the authors' code and PFLlib solve the program with cvxpy after dropping
   eigenvalues below 0.01 when the matrix is not numerically PSD, zero weights below 1e-3 and
   (PFLlib) do not renormalize the rest; pflx takes the program's exact minimizer. Where a cohort
@@ -164,7 +165,7 @@ def simplex_qp(P, *, iters: int = 100, tol: float = 1e-13):
 
 
 def combination_weights(h, v, n):
-    """FedPAC's classifier-combination weights (§4.3) of a cohort of m clients: (m, m), row i client i's alpha.
+    """FedPAC's classifier-combination weights (§4) of a cohort of m clients: (m, m), row i client i's alpha.
 
     ``h`` (m, C, d): each client's h_j[k] = p_{j,k} mu_{j,k}; ``v`` (m,): its variance term V_j; ``n`` (m,): its
     number of labeled samples. Row i minimizes ``||sum_j a_j (h_i - h_j)||^2 + sum_j a_j^2 V_j / n_j`` over
@@ -180,10 +181,11 @@ def combination_weights(h, v, n):
 
 
 def feature_statistics(sums):
-    """``(h, V, n)`` of each client from its :class:`~pfl_cli.fl.prototypes.ClassSums` (§4.3).
+    """``(h, V, n)`` of each client from its :class:`~pfl_cli.fl.prototypes.ClassSums` (§4).
 
     h[k] = p_k mu_k = S_k / n; V = sum_k p_k E[||f||^2 | k] - sum_k p_k^2 ||mu_k||^2
-    = sum_k Q_k / n - sum_k ||S_k||^2 / n^2, with S_k, Q_k the class sums of f(x) and of ||f(x)||^2 and n the client's labeled samples.
+    = sum_k Q_k / n - sum_k ||S_k||^2 / n^2, with S_k, Q_k the class sums of f(x) and of ||f(x)||^2
+    and n the client's labeled samples.
     """
     n = sums.counts.sum(-1)
     nn_ = n.clamp_min(1.0)
@@ -195,7 +197,7 @@ def feature_statistics(sums):
 # ----------------------------------------------------------------------------- local training
 def fedpac_steps(model: FeatureNet, params: dict, store, steps, *, trainable: list[str], sgd: dict,
                  lam: float = 0.0, prototypes=None, seen=None):
-    """The cohort's local steps (``vmap``) on cross-entropy plus ``lam`` * ||f(x) - c_y||^2 (FedPAC Eq. 4),
+    """The cohort's local steps (``vmap``) on cross-entropy plus ``lam`` * ||f(x) - c_y||^2 (FedPAC §4),
     each averaged over a client's real labeled samples; the alignment only for samples whose class has a
     prototype (``seen``). ``prototypes`` None: cross-entropy alone. Returns (params, each client's mean loss).
     """
@@ -255,7 +257,7 @@ class FedPACConfig(TrainConfig):
                            f"{SRC}, methods/fedpac.py: epoch_classifier = 1")
     body_epochs: int = key(5, "epochs on the body per round, head frozen, with the feature alignment (Alg. 1)",
                            f"{SRC}, options.py: --local_epoch 5")
-    fedpac_lambda: float = key(1.0, "lambda: weight of the feature alignment ||f(x) - c_y||^2 (Eq. 4)",
+    fedpac_lambda: float = key(1.0, "lambda: weight of the feature alignment ||f(x) - c_y||^2 (§4)",
                                f"{SRC}, options.py: --lam 1.0 (the code's MSELoss divides it by d)")
     new_client_epochs: int = key(20, "epochs a new client trains a head from the initial one on the frozen body",
                                  "PeFLL (ICLR 2024) App. A.2: a new client's head trained locally for 20 epochs")

@@ -1,9 +1,9 @@
 """Class prototypes: per-client, per-class sums of a representation over a client's own samples.
 
 A class prototype (a feature centroid) is the mean representation f(x) of a client's samples of
-one class (FedProto, Tan et al. AAAI 2022; FedPAC, Xu, Tong & Huang ICLR 2023, §4.2). The server's
+one class (FedProto, Tan et al. AAAI 2022; FedPAC, Xu, Tong & Huang ICLR 2023, §4). The server's
 global prototype of class k is the sample-weighted mean of the clients' prototypes,
-``c_k = sum_i n_{i,k} c_{i,k} / sum_i n_{i,k}`` (FedPAC Eq. 6), which is the pooled sum of
+``c_k = sum_i n_{i,k} c_{i,k} / sum_i n_{i,k}`` (FedPAC §4), which is the pooled sum of
 features over the pooled count: :func:`class_feature_sums` returns the sums, counts and summed
 squared norms from which prototypes, global prototypes and second-moment statistics follow.
 
@@ -66,7 +66,7 @@ def class_feature_sums(features, params: dict, store, clients, *, split: str = "
 
 def merge_prototypes(previous, seen, prototypes, counts):
     """The global prototypes: ``sum_i n_{i,k} c_{i,k} / sum_i n_{i,k}`` over the clients that hold class k
-    (FedPAC Eq. 6); a class none of them holds keeps ``previous`` (and its ``seen`` flag).
+    (FedPAC §4); a class none of them holds keeps ``previous`` (and its ``seen`` flag).
 
     ``previous`` (C, d), ``seen`` (C,) bool; ``prototypes`` (c, C, d) and ``counts`` (c, C) of the cohort.
     Returns the new (C, d) float32 prototypes and (C,) ``seen``.
