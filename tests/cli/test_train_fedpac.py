@@ -11,7 +11,7 @@ from pfl_cli.cli.train_run import torch_bytes
 from pfl_cli.fl import train_federated
 from pflx_testing import small_config
 
-FAST = ["--rounds", "10", "--eval-every", "5", "--lr", "0.05", "--clients-per-round", "16", "--batch-size", "16",
+FAST = ["--rounds", "6", "--eval-every", "3", "--lr", "0.05", "--clients-per-round", "16", "--batch-size", "16",
         "--set", "mlp_hidden=[16]", "--set", "new_client_epochs=5", "--set", "body_epochs=1"]
 
 
