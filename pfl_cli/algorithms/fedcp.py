@@ -22,7 +22,9 @@ f, the CPN and the global head down, f, the CPN and the personalized head up:
 
 Departures from PFLlib (``clientcp.py``, ``servercp.py``, which are also the authors' code):
 - PFLlib uploads 0.5 h^p + 0.5 h^g (its ``generate_upload_head``) for the global head; pflx uploads
-  the personalized head, as the paper's algorithm aggregates the personalized heads into the global one.
+  the personalized head and averages those, the aggregation the paper describes (this reading was not
+  re-checked against the paper's full text when the module was written; on the conformance task the two
+  agree within seed noise).
 - PFLlib draws v_i uniformly at random before a client's first round (its ``context`` starts as
   ``torch.rand``) and from the personalized head afterwards; pflx takes v_i from the personalized
   head from the first round on.
