@@ -133,8 +133,8 @@ def test_smoke_substitutions_only_shrink_sizes():
             "make -f recipes/Makefile ROOT=runs/mk ROUNDS=400\n")
     assert executed.smoke(code).splitlines() == [
         "pflx tune --partition runs/part --trials 2 --rounds 2 --eval-every 1 --out x",
-        "make -C recipes/compare OUT=$PWD/runs/c ROUNDS=2   # all",
-        "make -C recipes/compare ROUNDS=3 OUT=$PWD/runs/c",
+        "make -C recipes/compare OUT=$PWD/runs/c ROUNDS=2 SEEDS=0   # all",
+        "make -C recipes/compare ROUNDS=3 OUT=$PWD/runs/c SEEDS=0",
         "make -f recipes/Makefile ROOT=runs/mk ROUNDS=2"]
     assert all(len(why) > 20 for _, _, why in executed.SMOKE)
 
