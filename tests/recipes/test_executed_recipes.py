@@ -37,6 +37,8 @@ CHECKED = ("train", "predict", "attack", "cluster")
 
 # Appended to a header's `pflx train` (as --set) where the algorithm takes the key: the smoke size.
 SMOKE_SETS = {"rounds": 2, "eval_every": 1, "local_epochs": 1, "local_steps": 2, "embed_rounds": 1}
+# Appended to a header's `pflx attack`: the attack's optimizer steps and images are its length, not its wiring.
+ATTACK_SMOKE = ["--iterations", "20", "--images", "2"]
 # Per recipe, more --set for its train commands (with why).
 RECIPE_SETS = {
     "pefll/shakespeare-smoke.yaml": ["lstm_hidden=8"],  # a width-8 LSTM: the chain, not the model, is tested
@@ -123,9 +125,12 @@ def _algorithm(argv: list[str], recipe: pathlib.Path) -> str:
 
 def smoke_line(line: str, recipe: pathlib.Path) -> str:
     """A header line at smoke size: train commands get SMOKE_SETS (where the algorithm takes the key) and the
-    recipe's RECIPE_SETS appended as --set (the last --set wins); make gets executed.SMOKE's ROUNDS."""
+    recipe's RECIPE_SETS appended as --set (the last --set wins); attack gets ATTACK_SMOKE; make gets
+    executed.SMOKE's ROUNDS and SEEDS."""
     line = executed.smoke(line)
     argv = shlex.split(line, comments=True)
+    if argv[:2] == ["pflx", "attack"]:
+        return line.split(" #")[0] + " " + " ".join(ATTACK_SMOKE)
     if argv[:2] != ["pflx", "train"]:
         return line
     keys = registry.get(_algorithm(argv, recipe)).keys
@@ -255,3 +260,19 @@ def test_compare_makefile_all_at_its_smoke_size(tmp_path):
     assert all(r["seeds"] == [0, 1, 2, 3] for r in doc["rows"])
     assert (out / "fedavg" / "s0" / "manifest.json").stat().st_mtime_ns < (out / "fedavg" / "s3" /
                                                                            "manifest.json").stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("makefile", ["recipes/Makefile", "recipes/compare/Makefile"])
+def test_every_command_of_a_makefiles_header_parses(makefile, tmp_path):
+    """Each `make ...` line of the Makefile's header comment, with -n (its target and variables resolve; nothing
+    runs): the targets themselves run above, at smoke size."""
+    lines = executed.header_lines(ROOT / makefile)
+    assert len(lines) >= 2, lines
+    cwd = executed.scratch(tmp_path)
+    if any("runs/part" in line for line in lines):  # the partition of the README's first pipeline, reused
+        readme = next(b for b in executed.blocks("README.md") if "pflx partition" in b.code)
+        partition = next(ln for ln in readme.code.splitlines() if ln.startswith("pflx partition"))
+        assert executed.run_shell(partition, cwd).returncode == 0
+    for line in lines:
+        r = executed.run_shell(line.replace("make ", "make -n ", 1), cwd, timeout=120)
+        assert r.returncode == 0 and "pfl_cli" in r.stdout, (line, r.stderr[-2000:])
