@@ -276,3 +276,21 @@ def test_every_command_of_a_makefiles_header_parses(makefile, tmp_path):
     for line in lines:
         r = executed.run_shell(line.replace("make ", "make -n ", 1), cwd, timeout=120)
         assert r.returncode == 0 and "pfl_cli" in r.stdout, (line, r.stderr[-2000:])
+
+
+NOT_RUN = [(p, line) for p in RECIPES if p not in CHAINS for line in executed.header_lines(p)]
+
+
+@pytest.mark.parametrize("path,line", NOT_RUN, ids=[f"{p.relative_to(ROOT / 'recipes')}:{i}"
+                                                    for i, (p, _) in enumerate(NOT_RUN)])
+def test_a_header_line_that_does_not_run_here_parses(path, line, tmp_path):
+    """A recipe whose data are not shipped (or whose header trains nothing): each header line is checked to
+    parse (executed.check_parses: --help, make -n); a `python -c` one-liner is compiled. Its train / predict /
+    attack / cluster commands also resolve their config above."""
+    cwd = executed.scratch(tmp_path)
+    for argv in executed.commands(line):
+        if argv[:2] == ["python", "-c"]:
+            compile(argv[2], f"{path.name} header", "exec")
+            continue
+        why = executed.check_parses(argv, cwd)
+        assert why is None, (line, why)
