@@ -147,7 +147,7 @@ def _find_pfllib(arg: str | None) -> tuple[pathlib.Path | None, str]:
 def _find_python(arg: str | None) -> str:
     for cand in (arg, os.environ.get("PFLLIB_PYTHON"), str(ROOT / ".venv-bench" / "bin" / "python")):
         if cand and pathlib.Path(cand).exists():
-            return cand
+            return os.path.abspath(cand)  # PFLlib runs in the temp folder; not resolve(): a venv's python is a link
     return sys.executable
 
 
