@@ -21,7 +21,8 @@ import executed  # noqa: E402
 ROOT = executed.ROOT
 REQUIRED = ["README.md", "docs/getting-started.md", "docs/index.md",
             *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md"))]
-PAGES = [*REQUIRED, "docs/commands/compare.md", "docs/commands/tune.md", "docs/algorithms/pefll.md",
+PAGES = [*REQUIRED, "docs/commands/compare.md", "docs/commands/tune.md", "docs/commands/algorithms.md",
+         "docs/commands/cluster.md", "docs/commands/mdm-fit.md", "docs/algorithms/pefll.md",
          "docs/algorithms/pfedhn.md", "docs/algorithms/hyperfl.md", "docs/algorithms/fedavg.md"]
 # Pages whose blocks need a marker of an optional extra (deselected with a notice where it is absent).
 EXTRA = {"docs/tutorials/deploy-flower.md": pytest.mark.flower}
@@ -48,6 +49,9 @@ def _install_plugin(cwd: Path) -> dict[str, str]:
 
 # What a page needs before its first block that the page itself says in prose, not in a block (with why).
 def _setup(page: str, cwd: Path) -> dict[str, str]:
+    if page == "docs/commands/mdm-fit.md":  # it fits the clients of runs/part, the README's partition
+        r = executed.run_shell(_first_pipeline_partition(), cwd)
+        assert r.returncode == 0, r.stderr
     if page == "docs/tutorials/write-your-own-algorithm.md":
         # "Install it (`pip install ./pflx_fedavgm`)"; its commands read runs/part, the README's partition.
         r = executed.run_shell(_first_pipeline_partition(), cwd)
