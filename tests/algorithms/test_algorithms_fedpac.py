@@ -323,13 +323,18 @@ def test_a_key_of_another_algorithm_is_refused_with_did_you_mean():
         train_config("fedpac", gpfl_lambda=1.0)
 
 
+def test_the_default_alignment_weight_is_one_over_the_feature_width(store):
+    assert make_algorithm(replace(BASE, fedpac_lambda=None), store).alignment_weight == 1 / 16
+    assert make_algorithm(BASE, store).alignment_weight == 0.5
+
+
 def test_config_defaults_and_sources():
     import dataclasses
 
     cfg = train_config("fedpac")
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lr = 1.0
-    assert (cfg.fedpac_lambda, cfg.head_epochs, cfg.body_epochs, cfg.head_lr, cfg.batch_size) == (1.0, 1, 5, 0.1, 50)
+    assert (cfg.fedpac_lambda, cfg.head_epochs, cfg.body_epochs, cfg.head_lr, cfg.batch_size) == (None, 1, 5, 0.1, 50)
     own = {f.name: f for f in dataclasses.fields(cfg)}
     for name in ("fedpac_lambda", "head_epochs", "body_epochs", "head_lr", "lr", "momentum", "batch_size"):
         assert own[name].metadata["source"], name
