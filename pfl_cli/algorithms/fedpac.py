@@ -42,7 +42,7 @@ Defaults: the authors' code (the paper's App. A.5 points to it): ``options.py`` 
 lam 1.0 weighs the mean over the d feature coordinates (below), so ``fedpac_lambda`` defaults to 1 / d
 on the paper's squared norm, the same strength. Measured on the ring task (100 clients, 10 a round,
 200 rounds, seed 1): lambda = 1 / d = 1 / 32 gives the train clients 0.833, lambda = 1 on the squared
-norm 0.461 (the features collapse onto the prototypes).
+norm 0.461.
 
 Departures of the peers from the paper, where pflx follows the paper:
 
