@@ -46,17 +46,17 @@ norm 0.461.
 
 Departures of the peers from the paper, where pflx follows the paper:
 
-- the alignment term: the authors' code and PFLlib (``clientpac.py``) take ``MSELoss`` of f(x) and
+- the alignment term: the authors' code and PFLlib (``clientpac.py`` line 78) take ``MSELoss`` of f(x) and
   c_y, the mean over the d coordinates, where the paper's regularizer has the squared norm; their
   lambda is pflx's ``fedpac_lambda * d`` (PFLlib's ``-lam 1`` on a 100-wide feature is
   ``fedpac_lambda=0.01``, pflx's default there);
-- global prototypes: PFLlib (``serverpac.py``, ``proto_aggregation``) averages the clients'
+- global prototypes: PFLlib (``serverpac.py`` line 189, ``proto_aggregation``) averages the clients'
   prototypes uniformly; the paper (and the authors' code) weighs them by class counts;
 - combination weights: the authors' code and PFLlib solve the program with cvxpy after dropping
-  eigenvalues below 0.01 when the matrix is not numerically PSD, zero weights below 1e-3 and
-  (PFLlib) do not renormalize the rest; pflx takes the program's exact minimizer. Where a cohort
-  client gets no solution PFLlib falls back to ``uploaded_heads[cid]``, indexing the cohort's list
-  by client id.
+  eigenvalues below 0.01 when the matrix is not numerically PSD and zero weights below 1e-3
+  (``serverpac.py`` line 242); PFLlib's ``add_heads`` does not renormalize the rest; pflx takes the
+  program's exact minimizer. Where a cohort client gets no solution PFLlib falls back to
+  ``uploaded_heads[cid]`` (line 162), indexing the cohort's list by client id.
 """
 
 from __future__ import annotations
