@@ -29,8 +29,15 @@ PFLlib is copied here. PFLlib seeds torch with 0 at import and at every client's
 the driver reseeds torch, numpy and random with the run's seed after the server is built, so its
 seeds differ as pflx's do.
 
+Each tool draws its initial model from its own seed unless ``--shared-init``: then PFLlib starts
+from pflx's initial model of the same seed (its ``fc1`` and output layer, written by this script
+and loaded by the driver before ``main.py``'s split), so that a gap measures the procedures and the
+batch order, not two initial draws. FedBABU needs it: its head stays at the initial draw for all of
+training, and its final accuracy spans several points over draws (docs/performance/conformance.md).
+Methods whose pflx model has more than the MLP's layers are refused under ``--shared-init``.
+
     python benchmarks/conformance.py --pfllib /path/to/PFLlib [--algorithms fedavg,ditto] [--rounds 100]
-        [--seeds 0,1] [--jobs 1]
+        [--seeds 0,1] [--jobs 1] [--shared-init]
 
 PFLlib is looked for at ``--pfllib``, ``$PFLLIB_DIR``, then ``.venv-bench/PFLlib`` beside this
 checkout; its Python at ``--python``, ``$PFLLIB_PYTHON``, ``.venv-bench/bin/python``, else this
@@ -103,8 +110,9 @@ def _algorithms(rounds: int) -> dict[str, dict]:
                      flags=["-lam", "0.01", "-mu", "0.1"],
                      unmatched="GPFL: PFLlib conditions on the client's previous-round GCE, pflx on the global GCE "
                                "it receives (the paper)"),
-        # PFLlib's alignment is MSELoss (the mean over the d = 100 features), the paper's is the squared norm: -lam 1 = 0.01
-        "fedpac": dict(peer="FedPAC", split=True,
+        # PFLlib's alignment is MSELoss (the mean over the d = 100 features), the paper's the squared norm:
+        # -lam 1 is fedpac_lambda 0.01 (pflx's default 1 / d)
+        "fedpac": dict(peer="FedPAC", split=True, needs=("cvxpy",),  # serverpac.py imports cvxpy
                        pflx={"fedpac_lambda": 1.0 / HIDDEN, "head_epochs": 1, "body_epochs": 1, "head_lr": LR,
                              "lambda_theta": 0.0, "local_epochs": None},
                        flags=["-lam", "1.0"],
@@ -151,11 +159,14 @@ def _find_python(arg: str | None) -> str:
     return sys.executable
 
 
-def _missing_modules(python: str) -> list[str]:
+def _missing_modules(python: str, extra: tuple = ()) -> list[str]:
+    """PFLlib's imports (and ``extra``: the modules one method's server imports, its ``needs``) the peer's
+    Python lacks."""
+    wanted = (*PEER_MODULES, *extra)
     code = ("import importlib.util, sys; print(','.join(m for m in sys.argv[1:] "
             "if importlib.util.find_spec(m) is None))")
-    out = subprocess.run([python, "-c", code, *PEER_MODULES], capture_output=True, text=True)
-    return [m for m in out.stdout.strip().split(",") if m] if out.returncode == 0 else list(PEER_MODULES)
+    out = subprocess.run([python, "-c", code, *wanted], capture_output=True, text=True)
+    return [m for m in out.stdout.strip().split(",") if m] if out.returncode == 0 else list(wanted)
 
 
 def _peer_version(pfllib: pathlib.Path) -> str:
@@ -246,6 +257,8 @@ def main(argv=None) -> int:
                     "ring; builtin:digits works too)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each one thread)")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--shared-init", action="store_true", help="PFLlib starts from pflx's initial model of the "
+                    "same seed (default: each tool draws its own)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--algorithm", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -274,7 +287,7 @@ def main(argv=None) -> int:
         print(f"conformance.py: skipped: {why}; see docs/performance/conformance.md")
         return 0
     python = _find_python(args.python)
-    missing = _missing_modules(python)
+    missing = _missing_modules(python, tuple(m for a in algorithms for m in table[a].get("needs", ())))
     if missing:
         print(f"conformance.py: skipped: {python} lacks {', '.join(missing)}, which PFLlib imports; "
               "see docs/performance/conformance.md for its virtual environment")
@@ -282,10 +295,19 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="pflx-conformance-") as tmp:
         work = pathlib.Path(tmp)
         data = _export(work, args.dataset, args.clients, 0)
+        if args.shared_init:
+            try:
+                for a in algorithms:
+                    for s in seeds:
+                        _write_initial_model(work, a, args.rounds, s)
+            except ValueError as e:
+                print(f"conformance.py: {e}", file=sys.stderr)
+                return 2
         print(f"PFLlib {_peer_version(pfllib)} at {pfllib}; {args.dataset}, pathological 2 classes a client, "
               f"{data['clients']} clients ({data['train']} train / {data['test']} test samples, "
               f"{data['train_per_client']} train a client), standardized; MLP {data['features']}-{HIDDEN}-10, SGD lr {LR}, batch "
-              f"{BATCH}, 1 local epoch, {args.rounds} rounds, every client every round; seeds {args.seeds}",
+              f"{BATCH}, 1 local epoch, {args.rounds} rounds, every client every round; seeds {args.seeds}; initial "
+              f"model: {'shared (pflx draws it)' if args.shared_init else 'each tool its own draw'}",
               flush=True)
         jobs = [(f, a, s) for a in algorithms for s in seeds for f in ("pflx", "PFLlib")]
         with ThreadPoolExecutor(args.jobs) as pool:
@@ -308,11 +330,13 @@ def main(argv=None) -> int:
         print(f"{a:<10} {mean['pflx']:>7.2f} {mean['PFLlib']:>8.2f} {diff:>+6.2f} {spread['pflx']:>11.2f} "
               f"{spread['PFLlib']:>13.2f} {bound:>5.2f} {secs['pflx']:>6.1f} {secs['PFLlib']:>8.1f}  "
               f"{'ok' if ok else 'MISS'}", flush=True)
-    print("settings matched: data, partition, standardization, model layers, plain SGD lr, batch, epochs, rounds, "
+    print("settings matched: data, partition, standardization, model layers" + (
+          ", initial model" if args.shared_init else "") + ", plain SGD lr, batch, epochs, rounds, "
           "cohort (all clients); method constants: " + "; ".join(
               f"{a} {' '.join(table[a]['flags']) or '(none)'}" for a in algorithms))
     print("not matched:")
-    for line in COMMON_UNMATCHED + tuple(table[a]["unmatched"] for a in algorithms if "unmatched" in table[a]):
+    common = COMMON_UNMATCHED[:1] if args.shared_init else COMMON_UNMATCHED
+    for line in common + tuple(table[a]["unmatched"] for a in algorithms if "unmatched" in table[a]):
         print(f"  - {line}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"rounds": args.rounds, "seeds": seeds, "rows": rows}, indent=1))
@@ -356,6 +380,42 @@ def _pflx_config(algorithm: str, rounds: int, seed: int):
     return train_config(algorithm, **{k: v for k, v in keys.items() if v is not None or k not in spec["pflx"]})
 
 
+def _initial_model_file(algorithm: str, seed: int) -> str:
+    return f"init-{algorithm}-{seed}.pt"
+
+
+def _write_initial_model(work: pathlib.Path, algorithm: str, rounds: int, seed: int) -> dict:
+    """pflx's initial model for this run (its global model before round 1) under the peer MLP's names,
+    written where the PFLlib child loads it. ValueError for a method whose model is more than the MLP."""
+    import pickle
+
+    import numpy as np
+    import torch
+
+    from pfl_cli.fl.api import make_algorithm
+    from pfl_cli.fl.store import build_store
+    from pfl_cli.rng import make_rng
+
+    cfg = _pflx_config(algorithm, rounds, seed)
+    with np.load(work / "pflx.npz") as f:
+        x, y = f["x"], f["y"]
+    with open(work / "partition.pkl", "rb") as f:
+        part = pickle.load(f)
+    store = build_store(x, y, 10, part, val_fraction=cfg.val_fraction, rng=make_rng(seed, "validation-split"),
+                        device=torch.device("cpu"), normalize=cfg.normalize)
+    alg = make_algorithm(cfg, store)
+    start = getattr(alg, "global_params", None)
+    names = {"fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias", "fc2.weight": "fc.weight", "fc2.bias": "fc.bias",
+             "bn1.weight": "bn1.weight", "bn1.bias": "bn1.bias"}
+    if start is None or not set(start) <= set(names) or not {"fc1.weight", "fc2.weight"} <= set(start):
+        raise ValueError(f"--shared-init: {algorithm}'s pflx model is not the benchmark's MLP alone "
+                         f"(parameters {sorted(start) if start is not None else 'not one global model'}); "
+                         "run it without --shared-init")
+    peer = {names[k]: v.detach().cpu().clone() for k, v in start.items()}
+    torch.save(peer, work / _initial_model_file(algorithm, seed))
+    return peer
+
+
 def _peer_args(pfllib_main: pathlib.Path, argv: list[str]):
     """PFLlib's own argument namespace: the parser its ``main.py`` builds, read from that file."""
     source = pfllib_main.read_text()
@@ -387,6 +447,9 @@ def _child_pfllib(args) -> float:
     with np.load(pathlib.Path(args.work) / "pflx.npz") as f:
         features = int(np.prod(f["x"].shape[1:]))
     model = _peer_mlp_class()(features, spec.get("bn", False))
+    shared = pathlib.Path(args.work) / _initial_model_file(args.algorithm, args.seed)
+    if shared.exists():  # --shared-init: pflx's initial model of this seed, under the peer's names
+        model.load_state_dict(torch.load(shared), strict=False)
     if spec.get("split"):  # what PFLlib's main.py does for this method
         models = importlib.import_module("flcore.trainmodel.models")
         head = model.fc
