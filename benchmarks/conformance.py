@@ -449,7 +449,10 @@ def _child_pfllib(args) -> float:
     model = _peer_mlp_class()(features, spec.get("bn", False))
     shared = pathlib.Path(args.work) / _initial_model_file(args.algorithm, args.seed)
     if shared.exists():  # --shared-init: pflx's initial model of this seed, under the peer's names
-        model.load_state_dict(torch.load(shared), strict=False)
+        missing, unexpected = model.load_state_dict(torch.load(shared), strict=False)
+        if unexpected or any(not k.startswith("bn1.") for k in missing):  # only BatchNorm's buffers keep theirs
+            raise RuntimeError(f"--shared-init: {shared.name} does not fit the peer's MLP: missing {missing}, "
+                               f"unexpected {unexpected}")
     if spec.get("split"):  # what PFLlib's main.py does for this method
         models = importlib.import_module("flcore.trainmodel.models")
         head = model.fc
