@@ -30,3 +30,31 @@ def test_every_pflx_run_trains_every_client_every_round_with_the_matched_optimiz
         assert getattr(cfg, k, None) == (v if v is not None else getattr(type(cfg)(), k, None)), k
     if "local_epochs" not in row:
         assert cfg.local_epochs == 1
+
+
+def test_shared_init_gives_pfllib_the_model_pflx_starts_from(tmp_path):
+    """``--shared-init``: the file the PFLlib driver loads holds pflx's initial model of the seed (its
+    ``init-client`` draw) under the peer MLP's names, and the peer MLP then computes pflx's logits."""
+    import torch
+
+    from pfl_cli.algorithms.base import seeded
+    from pfl_cli.models.client import MLP
+
+    conformance._export(tmp_path, conformance.DEFAULT_DATASET, 20, 0)
+    written = conformance._write_initial_model(tmp_path, "fedbabu", 3, 1)
+    loaded = torch.load(tmp_path / conformance._initial_model_file("fedbabu", 1))
+    assert sorted(loaded) == ["fc.bias", "fc.weight", "fc1.bias", "fc1.weight"]
+    ours = seeded(1, "init-client", lambda: MLP(64, 10, (conformance.HIDDEN,)))
+    peer = conformance._peer_mlp_class()(64, False)
+    peer.load_state_dict(loaded)  # strict: every layer of the peer's MLP comes from the file
+    x = torch.randn(7, 64)
+    torch.testing.assert_close(peer(x), ours(x), rtol=0, atol=0)
+    other = conformance._write_initial_model(tmp_path, "fedbabu", 3, 2)
+    assert not torch.equal(other["fc.weight"], written["fc.weight"])  # each seed its own draw, as unshared
+
+
+def test_shared_init_refuses_a_method_whose_model_is_more_than_the_mlp(tmp_path):
+    conformance._export(tmp_path, conformance.DEFAULT_DATASET, 20, 0)
+    with pytest.raises(ValueError, match=r"--shared-init: gpfl's pflx model is not the benchmark's MLP alone"):
+        conformance._write_initial_model(tmp_path, "gpfl", 3, 0)
+    assert not (tmp_path / conformance._initial_model_file("gpfl", 0)).exists()
