@@ -6,7 +6,7 @@ values with the YAML 1.2 core schema instead (https://yaml.org/spec/1.2.2/#103-c
 only ``true``/``false`` are booleans, integers are decimal, ``0o`` octal or ``0x`` hex, ``1e-3``
 is a float, and everything else is a string that the stage's schema then types or refuses.
 A mapping that repeats a key is an error, not "the last one wins". Files are read as UTF-8
-(:func:`pfl_cli.artifacts.read_utf8`).
+(:func:`pfl_cli.formats.read_utf8`).
 """
 
 from __future__ import annotations

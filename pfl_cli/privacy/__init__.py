@@ -30,7 +30,7 @@ size, clip norms, a radius -- are public: given by the user or computed from pub
 never from the private data; a stage that needs one and lacks it says so and exits 2. No
 exact count of the private data (clients, cohort sizes, points, clipped fractions, costs)
 is released. ``delta < 1/n`` is checked against a public population bound
-(``population=N``), because n itself is private. :func:`pfl_cli.artifacts.check_release_contract`
+(``population=N``), because n itself is private. :func:`pfl_cli.manifest.check_release_contract`
 checks a finished artifact file by file.
 """
 

@@ -3,7 +3,7 @@
 Each :class:`StageCase` runs one DP command end to end on two *neighbouring* private
 inputs (the second lacks one privacy unit) with the same seed, and names the exact counts
 of the private data that no released file (and no printed result) may contain. The test
-then walks every file of both artifacts with :func:`pfl_cli.artifacts.check_release_contract`
+then walks every file of both artifacts with :func:`pfl_cli.manifest.check_release_contract`
 and checks that nothing but mechanism outputs differs between the neighbours' ledgers.
 
 To put another stage under the contract, append a StageCase whose
