@@ -66,6 +66,35 @@ def test_the_pflx_side_of_the_peer_benchmark_times_rounds_and_learns(tmp_path):
     assert result["accuracy"] > 0.5  # 3 rounds of 4 steps on class-mean images: far above chance (0.1)
 
 
+def test_the_peers_are_handed_the_bytes_and_batches_pflx_trains_on(tmp_path):
+    """Item 7 of issue 34: the memory verdict compares like with like only if every framework holds the
+    same uint8 pool and standardizes each batch as pflx does (per-channel train-pool statistics)."""
+    import numpy as np
+    import torch
+
+    from pfl_cli.fl.store import normalization_stats
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import peers
+    finally:
+        sys.path.pop(0)
+    data = tmp_path / "data.npz"
+    peers._make_data(data, 3, 40)
+    x, y, clients = peers._load(str(data))
+    assert x.dtype == np.uint8 and clients == 3
+    stats = peers._pool_stats(x, chunk=7)  # chunks that do not divide the pool
+    mean, std = normalization_stats(x, np.arange(len(x)))
+    np.testing.assert_allclose(stats[0].ravel(), mean.ravel(), rtol=1e-6)
+    np.testing.assert_allclose(stats[1].ravel(), std.ravel(), rtol=1e-6)
+    batch = peers._standardize(x[:5], stats)
+    reference = (torch.as_tensor(x[:5], dtype=torch.float64) - torch.as_tensor(mean, dtype=torch.float64).reshape(1, -1, 1, 1)) \
+        / torch.as_tensor(std, dtype=torch.float64).reshape(1, -1, 1, 1)
+    assert batch.dtype == torch.float32
+    torch.testing.assert_close(batch.double(), reference, rtol=1e-5, atol=1e-5)
+    assert peers._lr("fedavg-cnn") == 0.1 and peers._lr("fedprox-mlp") == peers._lr("fedavg-mlp") == 0.005
+
+
 @pytest.mark.slow
 def test_the_hyperfl_lpm_measurement_runs_on_cpu():
     proc = subprocess.run(
