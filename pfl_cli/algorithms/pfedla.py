@@ -227,8 +227,10 @@ class PFedLA(PrivateState, Algorithm):
         return {k: torch.cat([o[k] for o in out]) for k in self.names}
 
     def mean_model(self) -> dict:
-        """The train clients' models averaged by data size (a new client's start)."""
-        return weighted_mean(self.store, self.train_rows, self.stored_models())
+        """The train clients' models averaged by their train-split sizes (a new client's start): fit and
+        validation samples together, so that predict, which carves no validation split, rebuilds the mean
+        that train's holdout evaluation used."""
+        return weighted_mean(self.store, self.train_rows, self.stored_models(), whole_train_split=True)
 
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         start = self.mean_model()

@@ -52,11 +52,17 @@ def merge_rows(n: int, parts) -> dict:
     return out
 
 
-def weighted_mean(store, cohort, theta: dict, *, by_size: bool = True) -> dict:
-    """The server average of the cohort's models: by data size (FedAvg Alg. 3 line 9) or uniform."""
+def weighted_mean(store, cohort, theta: dict, *, by_size: bool = True, whole_train_split: bool = False) -> dict:
+    """The server average of the cohort's models: by data size (FedAvg Alg. 3 line 9) or uniform.
+
+    ``whole_train_split``: weigh by a client's fit and validation samples together, a size that ``train``
+    (which carves a validation split) and ``predict`` (which does not) both see the same, for a mean
+    that predict rebuilds from stored models (pFedLA's new-client start).
+    """
     import torch
 
-    size = store.fit.length[cohort].to(torch.float32) if by_size else torch.ones(len(cohort), device=cohort.device)
+    length = store.fit.length + store.val.length if whole_train_split else store.fit.length
+    size = length[cohort].to(torch.float32) if by_size else torch.ones(len(cohort), device=cohort.device)
     weight = size / size.sum().clamp_min(1.0)
     return {k: torch.einsum("c,c...->...", weight, v) for k, v in theta.items()}
 
