@@ -158,8 +158,11 @@ def test_the_conformance_benchmark_skips_with_a_notice_without_pfllib_or_its_mod
                           env=NO_PEER_ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ("conformance.py: skipped: /bin/false lacks torch, numpy, sklearn, h5py, "
-                                   "matplotlib, which PFLlib imports; see docs/performance/conformance.md for its "
-                                   "virtual environment")
+                                   "matplotlib, cvxpy, which PFLlib imports; see docs/performance/conformance.md "
+                                   "for its virtual environment")  # cvxpy: FedPAC's server module imports it
+    proc = subprocess.run([*CONFORMANCE, "--pfllib", str(tmp_path), "--python", "/bin/false", "--rounds", "2",
+                           "--algorithms", "fedavg,ditto"], env=NO_PEER_ENV, capture_output=True, text=True, timeout=120)
+    assert "lacks torch, numpy, sklearn, h5py, matplotlib, which PFLlib imports" in proc.stdout  # no cvxpy asked
 
 
 @pytest.mark.slow
