@@ -29,15 +29,18 @@ PFLlib is copied here. PFLlib seeds torch with 0 at import and at every client's
 the driver reseeds torch, numpy and random with the run's seed after the server is built, so its
 seeds differ as pflx's do.
 
-Each tool draws its initial model from its own seed unless ``--shared-init``: then PFLlib starts
-from pflx's initial model of the same seed (its ``fc1`` and output layer, written by this script
-and loaded by the driver before ``main.py``'s split), so that a gap measures the procedures and the
-batch order, not two initial draws. FedBABU needs it: its head stays at the initial draw for all of
-training, and its final accuracy spans several points over draws (docs/performance/conformance.md).
-Methods whose pflx model has more than the MLP's layers are refused under ``--shared-init``.
+The initial model (``--init``): ``shared``, PFLlib starts from pflx's initial model of the same
+seed (its ``fc1`` and output layer, written by this script and loaded by the driver before
+``main.py``'s split), so that a gap measures the procedures and the batch order, not two initial
+draws; FedBABU needs it: its head stays at the initial draw for all of training, and its final
+accuracy spans several points over draws (docs/performance/conformance.md). Methods whose pflx
+model has more than the MLP's layers cannot share it and are refused under ``shared``; ``own``,
+each tool draws its own from its seed; ``auto`` (the default), shared where the method's model is
+the MLP alone, each tool's own draw otherwise (the table says which). ``--shared-init`` is
+``--init shared``.
 
     python benchmarks/conformance.py --pfllib /path/to/PFLlib [--algorithms fedavg,ditto] [--rounds 100]
-        [--seeds 0,1] [--jobs 1] [--shared-init]
+        [--seeds 0,1] [--jobs 1] [--init auto|shared|own]
 
 PFLlib is looked for at ``--pfllib``, ``$PFLLIB_DIR``, then ``.venv-bench/PFLlib`` beside this
 checkout; its Python at ``--python``, ``$PFLLIB_PYTHON``, ``.venv-bench/bin/python``, else this
@@ -257,8 +260,10 @@ def main(argv=None) -> int:
                     "ring; builtin:digits works too)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each one thread)")
     ap.add_argument("--json", help="also write the rows here")
-    ap.add_argument("--shared-init", action="store_true", help="PFLlib starts from pflx's initial model of the "
-                    "same seed (default: each tool draws its own)")
+    ap.add_argument("--init", choices=("auto", "shared", "own"), default="auto",
+                    help="shared: PFLlib starts from pflx's initial model of the same seed; own: each tool draws "
+                    "its own; auto (default): shared where the method's model is the MLP alone, else own")
+    ap.add_argument("--shared-init", action="store_const", const="shared", dest="init", help="--init shared")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--algorithm", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -295,19 +300,16 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="pflx-conformance-") as tmp:
         work = pathlib.Path(tmp)
         data = _export(work, args.dataset, args.clients, 0)
-        if args.shared_init:
-            try:
-                for a in algorithms:
-                    for s in seeds:
-                        _write_initial_model(work, a, args.rounds, s)
-            except ValueError as e:
-                print(f"conformance.py: {e}", file=sys.stderr)
-                return 2
+        try:
+            shared = _share_initial_models(work, algorithms, args.rounds, seeds, args.init)
+        except ValueError as e:
+            print(f"conformance.py: {e}", file=sys.stderr)
+            return 2
         print(f"PFLlib {_peer_version(pfllib)} at {pfllib}; {args.dataset}, pathological 2 classes a client, "
               f"{data['clients']} clients ({data['train']} train / {data['test']} test samples, "
               f"{data['train_per_client']} train a client), standardized; MLP {data['features']}-{HIDDEN}-10, SGD lr {LR}, batch "
               f"{BATCH}, 1 local epoch, {args.rounds} rounds, every client every round; seeds {args.seeds}; initial "
-              f"model: {'shared (pflx draws it)' if args.shared_init else 'each tool its own draw'}",
+              f"model: {_init_words(args.init, shared, algorithms)}",
               flush=True)
         jobs = [(f, a, s) for a in algorithms for s in seeds for f in ("pflx", "PFLlib")]
         with ThreadPoolExecutor(args.jobs) as pool:
@@ -326,16 +328,17 @@ def main(argv=None) -> int:
         ok = abs(diff) <= bound
         misses += [] if ok else [a]
         rows.append({"algorithm": a, "peer": table[a]["peer"], "pflx": acc["pflx"], "PFLlib": acc["PFLlib"],
-                     "diff": diff, "bound": bound, "ok": ok})
+                     "diff": diff, "bound": bound, "ok": ok, "initial_model": "shared" if a in shared else "own"})
         print(f"{a:<10} {mean['pflx']:>7.2f} {mean['PFLlib']:>8.2f} {diff:>+6.2f} {spread['pflx']:>11.2f} "
               f"{spread['PFLlib']:>13.2f} {bound:>5.2f} {secs['pflx']:>6.1f} {secs['PFLlib']:>8.1f}  "
-              f"{'ok' if ok else 'MISS'}", flush=True)
+              f"{'ok' if ok else 'MISS'}{'' if a in shared else ' (own draws)'}", flush=True)
     print("settings matched: data, partition, standardization, model layers" + (
-          ", initial model" if args.shared_init else "") + ", plain SGD lr, batch, epochs, rounds, "
+          ", initial model" if shared == set(algorithms) else "") + ", plain SGD lr, batch, epochs, rounds, "
           "cohort (all clients); method constants: " + "; ".join(
               f"{a} {' '.join(table[a]['flags']) or '(none)'}" for a in algorithms))
     print("not matched:")
-    common = COMMON_UNMATCHED[:1] if args.shared_init else COMMON_UNMATCHED
+    own = [a for a in algorithms if a not in shared]
+    common = COMMON_UNMATCHED[:1] + ((f"{COMMON_UNMATCHED[1]} ({', '.join(own)})",) if own else ())
     for line in common + tuple(table[a]["unmatched"] for a in algorithms if "unmatched" in table[a]):
         print(f"  - {line}")
     if args.json:
@@ -414,6 +417,31 @@ def _write_initial_model(work: pathlib.Path, algorithm: str, rounds: int, seed: 
     peer = {names[k]: v.detach().cpu().clone() for k, v in start.items()}
     torch.save(peer, work / _initial_model_file(algorithm, seed))
     return peer
+
+
+def _share_initial_models(work: pathlib.Path, algorithms: list, rounds: int, seeds: list, init: str) -> set:
+    """Write pflx's initial model of every seed for the methods that start PFLlib from it; their names.
+
+    ``shared``: every method or a ValueError naming the first that cannot; ``auto``: those that can;
+    ``own``: none."""
+    shared = set()
+    for a in algorithms if init != "own" else ():
+        try:
+            for s in seeds:
+                _write_initial_model(work, a, rounds, s)
+            shared.add(a)
+        except ValueError:
+            if init == "shared":
+                raise
+    return shared
+
+
+def _init_words(init: str, shared: set, algorithms: list) -> str:
+    if init == "own" or not shared:
+        return "each tool its own draw"
+    own = [a for a in algorithms if a not in shared]
+    return "shared (pflx draws it)" + (f"; each tool its own draw for {', '.join(own)} (more than the MLP)"
+                                       if own else "")
 
 
 def _peer_args(pfllib_main: pathlib.Path, argv: list[str]):

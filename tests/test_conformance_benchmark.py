@@ -58,3 +58,18 @@ def test_shared_init_refuses_a_method_whose_model_is_more_than_the_mlp(tmp_path)
     with pytest.raises(ValueError, match=r"--shared-init: gpfl's pflx model is not the benchmark's MLP alone"):
         conformance._write_initial_model(tmp_path, "gpfl", 3, 0)
     assert not (tmp_path / conformance._initial_model_file("gpfl", 0)).exists()
+
+
+def test_auto_init_shares_where_the_model_is_the_mlp_and_lets_the_rest_draw_their_own(tmp_path):
+    """The default ``--init auto``: FedBABU starts PFLlib from pflx's draw (a file per seed), GPFL keeps
+    each tool's own draw (no file); ``shared`` refuses GPFL; ``own`` writes nothing."""
+    conformance._export(tmp_path, conformance.DEFAULT_DATASET, 20, 0)
+    assert conformance._share_initial_models(tmp_path, ["fedbabu", "gpfl"], 3, [0, 1], "auto") == {"fedbabu"}
+    for seed in (0, 1):
+        assert (tmp_path / conformance._initial_model_file("fedbabu", seed)).is_file()
+        assert not (tmp_path / conformance._initial_model_file("gpfl", seed)).exists()
+    with pytest.raises(ValueError, match="gpfl's pflx model is not the benchmark's MLP alone"):
+        conformance._share_initial_models(tmp_path, ["fedbabu", "gpfl"], 3, [0, 1], "shared")
+    assert conformance._share_initial_models(tmp_path / "x", ["fedbabu"], 3, [0, 1], "own") == set()
+    assert conformance._init_words("auto", {"fedbabu"}, ["fedbabu", "gpfl"]) == (
+        "shared (pflx draws it); each tool its own draw for gpfl (more than the MLP)")
