@@ -7,8 +7,6 @@ import torch
 
 from pfl_cli import registry
 from pfl_cli.cli.app import main as _main
-from pfl_cli.cli.train_run import torch_bytes
-from pfl_cli.fl import train_federated
 from pflx_testing import cli_args, small_config
 
 NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe", "gpfl", "pfedla")
@@ -24,59 +22,30 @@ def main(argv):
     return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("babu-rod-ala")
-    assert main(["partition", "--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal",
-                 "--num-clients", "20", "--holdout-clients", "4", "--test-fraction", "0.3",
-                 "--out", str(root / "part"), "--format", "quiet"]) == 0
-    return root
-
-
-def load(path):
-    return json.loads(path.read_text())
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_train_then_predict_train_and_new_clients(root, name):
-    out = root / name
+def test_train_then_predict_train_and_new_clients(train_predicts, name):
     # new FedBN / FedDBE clients start from untrained normalization weights / a zero bias: 2 epochs leave them
     # near chance (their default: 20)
     extra = ["--set", "new_client_epochs=20"] if name in ("fedbn", "feddbe") else []
-    assert main(["train", "--partition", str(root / "part"), "--algorithm", name, "--out", str(out),
-                 "--format", "quiet", *FAST, *extra]) == 0
-    metrics = load(out / "metrics.json")
-    assert metrics["algorithm"] == name and metrics["train"]["num_clients"] == 16
+    metrics, payload, preds = train_predicts(name, [*FAST, *extra], run=main)
     assert metrics["train"]["mean_accuracy"] > 0.5
     floats = metrics["communication"]["floats_down_per_client_round"] + \
         metrics["communication"]["floats_up_per_client_round"]
-    payload = torch.load(out / "model.pt", weights_only=True)
     # feddbe's one-time consensus (2 x 16 means of the 16-unit representation) on top of its rounds
     once = 2 * 16 * 16 / metrics["communication"]["client_rounds"] if name == "feddbe" else 0
     assert floats == pytest.approx(registry.get(name).algorithm.floats_per_client_round(payload["arch"]) + once)
     assert ("private" in payload["weights"]) == (name in PRIVATE)
-    for clients in ("train", "holdout"):
-        pred = root / f"{name}-{clients}"
-        assert main(["predict", "--model", str(out), "--partition", str(root / "part"), "--clients", clients,
-                     "--out", str(pred), "--format", "quiet"]) == 0
-        m = load(pred / "metrics.json")
-        assert m["num_clients"] == (16 if clients == "train" else 4) and m["personalized"]
+    for clients, m in preds.items():
+        assert m["personalized"]
         # train clients of fedrod and fedala are served from their private state; fedbabu fine-tunes everyone
         assert (m["optimizer_steps"] == 0) == (clients == "train" and name in PRIVATE)
         assert m["mean_accuracy"] > 0.4, (name, clients, m["mean_accuracy"])  # chance: 0.1
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_resumed_run_writes_the_same_model(digits_clients, name):
-    ds, part = digits_clients
-    cfg = small_config(algorithm=name, rounds=8, eval_every=4, local_steps=2, lr=0.05, mlp_hidden=(16,),
-                       new_client_epochs=1, finetune_epochs=1, ala_max_start_epochs=4)
-    saved = []
-    whole = train_federated(ds.x, ds.y, 10, part, cfg, device="cpu", on_checkpoint=saved.append)
-    resumed = train_federated(ds.x, ds.y, 10, part, cfg, device="cpu", resume=saved[0])
-    assert saved[0]["round"] == 4
-    assert torch_bytes(resumed.model) == torch_bytes(whole.model)
-    assert resumed.outcome.history == whole.outcome.history
+def test_resumed_run_writes_the_same_model(resume_matches, name):
+    resume_matches(small_config(algorithm=name, rounds=8, eval_every=4, local_steps=2, lr=0.05, mlp_hidden=(16,),
+                                new_client_epochs=1, finetune_epochs=1, ala_max_start_epochs=4), at=4)
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -95,24 +64,16 @@ def test_resumed_run_writes_the_same_model(digits_clients, name):
     (("--algorithm", "fedbn", "--set", "model_arch=mlp"), "model_arch: fedbn keeps the client net's normalization"),
     (("--algorithm", "fedavg", "--set", "model_arch=mlp-bn"), "model_arch 'mlp-bn' has batch-norm layers"),
 ])
-def test_bad_input_is_one_line_and_exit_2(root, tmp_path, capsys, extra, message):
+def test_bad_input_is_one_line_and_exit_2(train_refused, extra, message):
     # pflx itself (not main above, which drops the keys an algorithm does not take)
-    code = _main(["train", "--partition", str(root / "part"), "--out", str(tmp_path / "bad"), "--rounds", "2", *extra])
-    err = capsys.readouterr().err
-    assert code == 2 and message in err and err.count("\n") == 1, err
-    assert not (tmp_path / "bad").exists()
+    train_refused(["--rounds", "2", *extra], message, run=_main)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_algorithms_lists_each_with_its_keys_and_sources(cli, name):
-    rows = {r["algorithm"]: r for r in json.loads(cli("algorithms", "--format", "json").out)["algorithms"]}
-    assert rows[name]["dp"] == "none" and rows[name]["paper"] and rows[name]["new_clients"]
-    doc = json.loads(cli("algorithms", name, "--format", "json").out)
-    keys = {r["key"]: r for r in doc["keys"]}
-    assert list(keys) == registry.get(name).keys
+def test_algorithms_lists_each_with_its_keys_and_sources(listed_with_sources, name):
     own = {"fedbabu": "finetune_epochs", "fedrod": "new_client_epochs", "fedbn": "model_arch", "fedala": "ala_eta",
            "feddbe": "dbe_kappa", "gpfl": "gpfl_lambda", "pfedla": "pfedla_hn_lr"}[name]
-    assert keys[own]["source"] and keys[own]["source"] != "pflx"
+    listed_with_sources(name, (own,))
 
 
 def test_fedbn_on_images_with_lenet_bn(tmp_path, cli):

@@ -1,21 +1,16 @@
 """`pflx train` / `pflx predict` end to end with the personalized baselines."""
 
-import json
-
 import pytest
-import torch
 
 from pfl_cli.cli.app import main as _main
-from pflx_testing import cli_args
-from pfl_cli.cli.train_run import torch_bytes
-from pfl_cli.fl import train_federated
-from pflx_testing import small_config
+from pflx_testing import cli_args, small_config
 
 
 def main(argv):
     """pflx; a train command gets the shared small settings only where its algorithm takes them."""
     argv = [str(a) for a in argv]
     return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
+
 
 NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg", "pfedme", "knnper")
 EXTRA = {"perfedavg": ["--set", "beta=0.3", "--finetune-steps", "3"]}
@@ -24,38 +19,16 @@ FAST = ["--rounds", "12", "--eval-every", "6", "--local-steps", "3", "--lr", "0.
         "--set", "mlp_hidden=[16]", "--set", "new_client_epochs=2", "--set", "head_epochs=1"]
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("baselines")
-    assert main(["partition", "--dataset", "builtin:digits", "--classes-per-client", "2", "--class-shares", "equal",
-                 "--num-clients", "20", "--holdout-clients", "4", "--test-fraction", "0.3",
-                 "--out", str(root / "part"), "--format", "quiet"]) == 0
-    return root
-
-
-def load(path):
-    return json.loads(path.read_text())
-
-
 @pytest.mark.parametrize("name", NEW)
-def test_train_then_predict_train_and_new_clients(root, name, capsys):
-    out = root / name
-    assert main(["train", "--partition", str(root / "part"), "--algorithm", name, "--out", str(out),
-                 "--format", "quiet", *FAST, *EXTRA.get(name, [])]) == 0
-    metrics = load(out / "metrics.json")
-    assert metrics["algorithm"] == name and metrics["train"]["num_clients"] == 16
+def test_train_then_predict_train_and_new_clients(train_predicts, name):
+    metrics, payload, preds = train_predicts(name, [*FAST, *EXTRA.get(name, [])], run=main)
     assert metrics["train"]["mean_accuracy"] > 0.5
-    payload = torch.load(out / "model.pt", weights_only=True)
     private = name in PRIVATE
     assert ("private" in payload["weights"]) == private
     if private:  # a cohort of all 16 train clients: every one has its state
         assert int(payload["weights"]["private"]["has"].sum()) == 16
-    for clients in ("train", "holdout"):
-        pred = root / f"{name}-{clients}"
-        assert main(["predict", "--model", str(out), "--partition", str(root / "part"), "--clients", clients,
-                     "--out", str(pred), "--format", "quiet"]) == 0
-        m = load(pred / "metrics.json")
-        assert m["num_clients"] == (16 if clients == "train" else 4) and m["personalized"] == (name != "fedprox")
+    for clients, m in preds.items():
+        assert m["personalized"] == (name != "fedprox")
         if clients == "train" and private:
             assert m["optimizer_steps"] == 0  # served from the private state, no training
         if clients == "holdout":  # the new-client protocol trains, except fedprox (global) and knnper (kNN)
@@ -64,16 +37,9 @@ def test_train_then_predict_train_and_new_clients(root, name, capsys):
 
 
 @pytest.mark.parametrize("name", NEW)
-def test_resumed_run_writes_the_same_model(digits_clients, name):
-    ds, part = digits_clients
-    cfg = small_config(algorithm=name, rounds=8, eval_every=4, local_steps=2, lr=0.05, mlp_hidden=(16,),
-                      new_client_epochs=1, head_epochs=1)
-    saved = []
-    whole = train_federated(ds.x, ds.y, 10, part, cfg, device="cpu", on_checkpoint=saved.append)
-    resumed = train_federated(ds.x, ds.y, 10, part, cfg, device="cpu", resume=saved[0])
-    assert saved[0]["round"] == 4
-    assert torch_bytes(resumed.model) == torch_bytes(whole.model)
-    assert resumed.outcome.history == whole.outcome.history
+def test_resumed_run_writes_the_same_model(resume_matches, name):
+    resume_matches(small_config(algorithm=name, rounds=8, eval_every=4, local_steps=2, lr=0.05, mlp_hidden=(16,),
+                                new_client_epochs=1, head_epochs=1), at=4)
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -85,8 +51,5 @@ def test_resumed_run_writes_the_same_model(digits_clients, name):
     (("--algorithm", "perfedavg", "--set", "variant=xx"), "variant must be one of fo, hf; got 'xx'"),
     (("--algorithm", "pfedme", "--set", "lam=-15"), "lam must be a finite number >= 0"),
 ])
-def test_bad_input_is_one_line_and_exit_2(root, tmp_path, capsys, extra, message):
-    code = main(["train", "--partition", str(root / "part"), "--out", str(tmp_path / "bad"), *FAST, *extra])
-    err = capsys.readouterr().err
-    assert code == 2 and message in err and err.count("\n") == 1, err
-    assert not (tmp_path / "bad").exists()
+def test_bad_input_is_one_line_and_exit_2(train_refused, extra, message):
+    train_refused([*FAST, *extra], message, run=main)
