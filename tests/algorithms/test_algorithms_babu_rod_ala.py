@@ -13,44 +13,19 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from pfl_cli.errors import ConfigError
-from pfl_cli.fl.api import make_algorithm
 from pfl_cli.fl.batches import CohortBatches, sample_batches
 from pfl_cli.fl.cohort import local_sgd_reference
 from pfl_cli.fl.split import split_names
-from pfl_cli.fl.store import ROLE_TRAIN, build_store
+from pfl_cli.fl.store import ROLE_TRAIN
 from pfl_cli.registry import entries, train_config
-from pfl_cli.rng import make_rng
+from baseline_support import TOL, alg_factory, close, cohort, gen
 from pflx_testing import replace, small_config
 
 NAMES = ("fedbabu", "fedrod", "fedbn", "fedala", "feddbe", "gpfl", "pfedla")
 BASE = small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
                     finetune_epochs=1, ala_max_start_epochs=6, ala_num_pre_loss=3, pfedla_hidden=16,
                     pfedla_embed_dim=8)
-TOL = dict(atol=2e-5, rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def store(digits_clients):
-    ds, part = digits_clients
-    return build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.1, rng=make_rng(0, "validation-split"),
-                       device="cpu")
-
-
-def alg_for(store, **opts):
-    return make_algorithm(replace(BASE, **opts), store)
-
-
-def gen(seed=7):
-    return torch.Generator().manual_seed(seed)
-
-
-def cohort(store, k=4):
-    return torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 3, 5, 9][:k]])
-
-
-def close(a, b):
-    for k in b:
-        torch.testing.assert_close(a[k], b[k], **TOL, msg=k)
+alg_for = alg_factory(BASE)
 
 
 def mean(store, clients, theta, *, whole_train_split=False):

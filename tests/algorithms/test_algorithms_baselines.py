@@ -18,35 +18,15 @@ from pfl_cli.errors import InputError
 from pfl_cli.fl.api import make_algorithm
 from pfl_cli.fl.batches import sample_batches
 from pfl_cli.fl.cohort import local_sgd, local_sgd_reference
+from baseline_support import TOL, alg_factory, close, cohort, gen
 from pflx_testing import replace, small_config
 from pfl_cli.fl.split import split_names
-from pfl_cli.fl.store import ROLE_TRAIN, build_store
 from pfl_cli.models import num_parameters
-from pfl_cli.rng import make_rng
 
 BASE = small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4, new_client_epochs=1,
                    head_epochs=1, body_epochs=1)
-TOL = dict(atol=2e-5, rtol=1e-4)
+alg_for = alg_factory(BASE)
 NEW = ("fedprox", "fedper", "fedrep", "lg-fedavg", "ditto", "apfl", "perfedavg", "pfedme", "knnper")
-
-
-@pytest.fixture(scope="module")
-def store(digits_clients):
-    ds, part = digits_clients
-    return build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.1, rng=make_rng(0, "validation-split"),
-                       device="cpu")
-
-
-def alg_for(store, **opts):
-    return make_algorithm(replace(BASE, **opts), store)
-
-
-def gen(seed=7):
-    return torch.Generator().manual_seed(seed)
-
-
-def cohort(store, k=4):
-    return torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 3, 5, 9][:k]])
 
 
 def stacked(params, c):
@@ -79,11 +59,6 @@ def mean(store, clients, theta, by_size=True):
     w = store.fit.length[clients].double() if by_size else torch.ones(len(clients), dtype=torch.float64)
     w = w / w.sum()
     return {k: sum(float(w[i]) * v[i] for i in range(len(clients))) for k, v in theta.items()}
-
-
-def close(a, b):
-    for k in b:
-        torch.testing.assert_close(a[k], b[k], **TOL, msg=k)
 
 
 # ----------------------------------------------------------------------------- building blocks

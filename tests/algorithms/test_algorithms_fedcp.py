@@ -14,40 +14,15 @@ from torch.func import functional_call
 
 from pfl_cli.algorithms.fedcp import conditional_policy, gumbel_noise
 from pfl_cli.errors import ConfigError
-from pfl_cli.fl.api import make_algorithm
 from pfl_cli.fl.mmd import FEDCP_BANDWIDTHS, mmd2
-from pfl_cli.fl.store import ROLE_HOLDOUT, ROLE_TRAIN, build_store
+from pfl_cli.fl.store import ROLE_HOLDOUT
 from pfl_cli.registry import train_config
-from pfl_cli.rng import make_rng
-from pflx_testing import replace, small_config
+from baseline_support import alg_factory, close, cohort, gen
+from pflx_testing import small_config
 
 BASE = small_config(algorithm="fedcp", mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4,
                     new_client_epochs=1)
-TOL = dict(atol=2e-5, rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def store(digits_clients):
-    ds, part = digits_clients
-    return build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.1, rng=make_rng(0, "validation-split"),
-                       device="cpu")
-
-
-def alg_for(store, **opts):
-    return make_algorithm(replace(BASE, **opts), store)
-
-
-def gen(seed=7):
-    return torch.Generator().manual_seed(seed)
-
-
-def cohort(store):
-    return torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 3, 5, 9]])
-
-
-def close(a, b):
-    for k in b:
-        torch.testing.assert_close(a[k], b[k], **TOL, msg=k)
+alg_for = alg_factory(BASE)
 
 
 # ----------------------------------------------------------------------------- numeric pieces

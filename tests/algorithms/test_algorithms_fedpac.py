@@ -18,30 +18,13 @@ from pfl_cli.algorithms.fedpac import combination_weights, feature_statistics, s
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.api import make_algorithm
 from pfl_cli.fl.batches import CohortBatches
-from pfl_cli.fl.store import ROLE_TRAIN, build_store
 from pfl_cli.registry import train_config
-from pfl_cli.rng import make_rng
+from baseline_support import TOL, cohort, gen
 from pflx_testing import replace, small_config
 
 BASE = small_config("fedpac", mlp_hidden=(16,), batch_size=8, lr=0.05, head_lr=0.1, momentum=0.5, lambda_theta=1e-3,
                     client_clip=0.0, head_epochs=1, body_epochs=1, clients_per_round=4, new_client_epochs=1,
                     fedpac_lambda=0.5)
-TOL = dict(atol=2e-5, rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def store(digits_clients):
-    ds, part = digits_clients
-    return build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.1, rng=make_rng(0, "validation-split"),
-                       device="cpu")
-
-
-def gen(seed=7):
-    return torch.Generator().manual_seed(seed)
-
-
-def cohort(store):
-    return torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 3, 5, 9]])
 
 
 # ----------------------------------------------------------------------------- the quadratic program
