@@ -32,8 +32,7 @@ import numpy as np
 
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
-from pfl_cli.errors import ConfigError
-from pfl_cli.fl.config import key
+from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
 STARTED = "ala_started"  # private flag: 1.0 once a client has left its start phase
@@ -61,31 +60,10 @@ class FedALAConfig(FedAvgRoundConfig):
 
     def validate(self) -> None:
         super().validate()
-        import math
-
-        def bad(name, rule, value):
-            return ConfigError(f"{name} must be {rule} for fedala; got {value!r}.")
-
-        def number(v):
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-        def integer(v):
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        if not number(self.ala_eta) or self.ala_eta <= 0:
-            raise bad("ala_eta", "a finite number > 0", self.ala_eta)
-        if not number(self.ala_sample) or not 0 < self.ala_sample <= 1:
-            raise bad("ala_sample", "a fraction in (0, 1]", self.ala_sample)
-        if not integer(self.ala_layers) or self.ala_layers < 1:
-            raise bad("ala_layers", "an integer >= 1", self.ala_layers)
-        if not number(self.ala_threshold) or self.ala_threshold < 0:
-            raise bad("ala_threshold", "a finite number >= 0", self.ala_threshold)
-        if not integer(self.ala_num_pre_loss) or self.ala_num_pre_loss < 1:
-            raise bad("ala_num_pre_loss", "an integer >= 1", self.ala_num_pre_loss)
-        if not integer(self.ala_max_start_epochs) or self.ala_max_start_epochs < 1:
-            raise bad("ala_max_start_epochs", "an integer >= 1", self.ala_max_start_epochs)
-        if not integer(self.new_client_epochs) or self.new_client_epochs < 0:
-            raise bad("new_client_epochs", "an integer >= 0", self.new_client_epochs)
+        check_own_keys(self, {"ala_eta": "a finite number > 0", "ala_sample": "a fraction in (0, 1]",
+                              "ala_layers": "an integer >= 1", "ala_threshold": "a finite number >= 0",
+                              "ala_num_pre_loss": "an integer >= 1", "ala_max_start_epochs": "an integer >= 1",
+                              "new_client_epochs": "an integer >= 0"})
 
 
 class FedALA(PrivateState, FedAvg):

@@ -34,7 +34,6 @@ weighs the bodies by data size instead of dividing by zero. DP: none (``--dp`` i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,8 +42,7 @@ import torch
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import ConfigError
-from pfl_cli.fl.config import key
+from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack
 
 
@@ -127,13 +125,8 @@ class FedASConfig(FedAvgRoundConfig):
 
     def validate(self) -> None:
         super().validate()
-        lr = self.fedas_align_lr
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-            raise ConfigError(f"fedas_align_lr must be a finite number > 0 for fedas; got {lr!r}.")
-        for name, low in (("fedas_align_epochs", 0), ("fedas_align_batch", 1), ("new_client_epochs", 0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ConfigError(f"{name} must be an integer >= {low} for fedas; got {v!r}.")
+        check_own_keys(self, {"fedas_align_lr": "a finite number > 0", "fedas_align_epochs": "an integer >= 0",
+                              "fedas_align_batch": "an integer >= 1", "new_client_epochs": "an integer >= 0"})
 
 
 class FedAS(PrivateState, _GlobalModel):

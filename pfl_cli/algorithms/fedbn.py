@@ -30,8 +30,8 @@ import numpy as np
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import CLIENT_ARCHS, key
+from pfl_cli.errors import InputError
+from pfl_cli.fl.config import CLIENT_ARCHS, check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
 
@@ -48,9 +48,7 @@ class FedBNConfig(FedAvgRoundConfig):
 
     def validate(self) -> None:
         super().validate()
-        v = self.new_client_epochs
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"new_client_epochs must be an integer >= 0 for fedbn; got {v!r}.")
+        check_own_keys(self, {"new_client_epochs": "an integer >= 0"})
 
 
 class FedBN(PrivateState, _GlobalModel):

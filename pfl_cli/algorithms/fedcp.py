@@ -45,7 +45,6 @@ DP: none (``--dp`` is refused).
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -57,8 +56,8 @@ from torch import nn
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import key
+from pfl_cli.errors import InputError
+from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
 CONTEXT = "context"
@@ -187,13 +186,8 @@ class FedCPConfig(FedAvgRoundConfig):
 
     def validate(self) -> None:
         super().validate()
-        lam, tau, e = self.fedcp_lambda, self.fedcp_tau, self.new_client_epochs
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
-            raise ConfigError(f"fedcp_lambda must be a finite number >= 0 for fedcp; got {lam!r}.")
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
-            raise ConfigError(f"fedcp_tau must be a finite number > 0 for fedcp; got {tau!r}.")
-        if isinstance(e, bool) or not isinstance(e, int) or e < 0:
-            raise ConfigError(f"new_client_epochs must be an integer >= 0 for fedcp; got {e!r}.")
+        check_own_keys(self, {"fedcp_lambda": "a finite number >= 0", "fedcp_tau": "a finite number > 0",
+                              "new_client_epochs": "an integer >= 0"})
 
 
 class FedCP(PrivateState, _GlobalModel):

@@ -34,8 +34,8 @@ from torch import nn
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import key
+from pfl_cli.errors import InputError
+from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
 NET = "net."
@@ -118,15 +118,8 @@ class FedDBEConfig(FedAvgRoundConfig):
 
     def validate(self) -> None:
         super().validate()
-        import math
-
-        k, mo, e = self.dbe_kappa, self.dbe_momentum, self.new_client_epochs
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k < 0:
-            raise ConfigError(f"dbe_kappa must be a finite number >= 0 for feddbe; got {k!r}.")
-        if isinstance(mo, bool) or not isinstance(mo, (int, float)) or not 0 < mo <= 1:
-            raise ConfigError(f"dbe_momentum must be a number in (0, 1] for feddbe; got {mo!r}.")
-        if isinstance(e, bool) or not isinstance(e, int) or e < 0:
-            raise ConfigError(f"new_client_epochs must be an integer >= 0 for feddbe; got {e!r}.")
+        check_own_keys(self, {"dbe_kappa": "a finite number >= 0", "dbe_momentum": "a number in (0, 1]",
+                              "new_client_epochs": "an integer >= 0"})
 
 
 class FedDBE(PrivateState, _GlobalModel):

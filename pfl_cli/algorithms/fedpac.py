@@ -61,7 +61,6 @@ Departures of the peers from the paper, where pflx follows the paper:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -72,7 +71,7 @@ from torch import nn
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 
 NET = "net."
@@ -239,12 +238,6 @@ def fedpac_steps(model: FeatureNet, params: dict, store, steps, *, trainable: li
 
 
 # ----------------------------------------------------------------------------- config and algorithm
-def _number(name: str, v, *, positive: bool = False) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
-        rule = "> 0" if positive else ">= 0"
-        raise ConfigError(f"{name} must be a finite number {rule} for fedpac; got {v!r}.")
-
-
 @dataclass(frozen=True)
 class FedPACConfig(TrainConfig):
     """FedPAC's keys: epochs on the head and on the body, the alignment weight and the head's step size."""
@@ -272,13 +265,9 @@ class FedPACConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.fedpac_lambda is not None:
-            _number("fedpac_lambda", self.fedpac_lambda)
-        _number("head_lr", self.head_lr, positive=True)
-        for name in ("head_epochs", "body_epochs", "new_client_epochs"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ConfigError(f"{name} must be an integer >= 0 for fedpac; got {v!r}.")
+        check_own_keys(self, {"fedpac_lambda": "a finite number >= 0", "head_lr": "a finite number > 0",
+                              "head_epochs": "an integer >= 0", "body_epochs": "an integer >= 0",
+                              "new_client_epochs": "an integer >= 0"})
         if self.head_epochs == 0 and self.body_epochs == 0:
             raise ConfigError("head_epochs / body_epochs: fedpac needs local training; got 0 epochs on both (set "
                               "body_epochs >= 1).")

@@ -28,8 +28,7 @@ import numpy as np
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import ConfigError
-from pfl_cli.fl.config import key
+from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
 
@@ -43,9 +42,7 @@ class FedRoDConfig(FedAvgRoundConfig):
 
     def validate(self) -> None:
         super().validate()
-        v = self.new_client_epochs
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"new_client_epochs must be an integer >= 0 for fedrod; got {v!r}.")
+        check_own_keys(self, {"new_client_epochs": "an integer >= 0"})
 
 
 class FedRoD(PrivateState, _GlobalModel):

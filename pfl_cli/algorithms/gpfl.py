@@ -31,7 +31,6 @@ computes them from the global GCE the client receives, as the paper defines them
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,8 +41,8 @@ from torch import nn
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import key
+from pfl_cli.errors import InputError
+from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
 CONTEXT_P, CONTEXT_G = "context_p", "context_g"
@@ -147,10 +146,7 @@ class GPFLConfig(FedAvgRoundConfig):
 
     def validate(self) -> None:
         super().validate()
-        for name in ("gpfl_lambda", "gpfl_mu"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0 for gpfl; got {v!r}.")
+        check_own_keys(self, {"gpfl_lambda": "a finite number >= 0", "gpfl_mu": "a finite number >= 0"})
 
 
 class GPFL(PrivateState, _GlobalModel):

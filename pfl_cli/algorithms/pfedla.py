@@ -53,8 +53,7 @@ from typing import Optional
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, PrivateState, seeded
-from pfl_cli.errors import ConfigError
-from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 from pfl_cli.rng import seed_sequence
 
@@ -117,16 +116,8 @@ class PFedLAConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        import math
-
-        lr, e, d, h = self.pfedla_hn_lr, self.new_client_epochs, self.pfedla_embed_dim, self.pfedla_hidden
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-            raise ConfigError(f"pfedla_hn_lr must be a finite number > 0 for pfedla; got {lr!r}.")
-        for name, value in (("pfedla_embed_dim", d), ("pfedla_hidden", h)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an integer >= 1 for pfedla; got {value!r}.")
-        if isinstance(e, bool) or not isinstance(e, int) or e < 0:
-            raise ConfigError(f"new_client_epochs must be an integer >= 0 for pfedla; got {e!r}.")
+        check_own_keys(self, {"pfedla_hn_lr": "a finite number > 0", "pfedla_embed_dim": "an integer >= 1",
+                              "pfedla_hidden": "an integer >= 1", "new_client_epochs": "an integer >= 0"})
 
 
 class PFedLA(PrivateState, Algorithm):

@@ -154,6 +154,51 @@ def check_keys(cfg) -> None:
             raise ConfigError(f"{f.name} must be in [0, 1); got {value!r}.")
 
 
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _finite(v) -> bool:
+    import math
+
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# The rules an algorithm's own keys are checked against (check_own_keys), by the words its message uses.
+OWN_RULES = {
+    "an integer >= 0": lambda v: _integer(v) and v >= 0,
+    "an integer >= 1": lambda v: _integer(v) and v >= 1,
+    "a finite number >= 0": lambda v: _finite(v) and v >= 0,
+    "a finite number > 0": lambda v: _finite(v) and v > 0,
+    "a number in (0, 1]": lambda v: _finite(v) and 0 < v <= 1,
+    "a fraction in (0, 1]": lambda v: _finite(v) and 0 < v <= 1,
+}
+
+
+def check_own_keys(cfg, rules: dict) -> None:
+    """Refuse the first key of ``rules`` (key -> a rule of :data:`OWN_RULES`) whose value in ``cfg`` breaks its
+    rule, as "KEY must be RULE for ALGORITHM; got VALUE."; None passes for an optional key.
+
+    Examples
+    --------
+    >>> from pfl_cli.registry import train_config
+    >>> check_own_keys(train_config("fedcp"), {"fedcp_tau": "a finite number > 0"})
+    >>> check_own_keys(train_config("fedcp", fedcp_tau=2.0), {"fedcp_tau": "an integer >= 1"})
+    Traceback (most recent call last):
+    ...
+    pfl_cli.errors.ConfigError: fedcp_tau must be an integer >= 1 for fedcp; got 2.0.
+    """
+    from pfl_cli.errors import ConfigError
+
+    optional = {f.name for f in fields(cfg) if _optional(f)}
+    for name, rule in rules.items():
+        value = getattr(cfg, name)
+        if value is None and name in optional:
+            continue
+        if not OWN_RULES[rule](value):
+            raise ConfigError(f"{name} must be {rule} for {cfg.algorithm}; got {value!r}.")
+
+
 def _optional(f) -> bool:
     return f.default is None or "Optional" in str(f.type)
 
