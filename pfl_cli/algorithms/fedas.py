@@ -50,15 +50,9 @@ def _features_fn(net, body: list[str]):
     """One client's representation f(x) from its body parameters (``vmap``-able)."""
     from torch.func import functional_call
 
-    class _Features(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = net
+    from pfl_cli.models.util import FeatureView
 
-        def forward(self, x):
-            return self.net.features(x)
-
-    view = _Features()
+    view = FeatureView(net)
     return lambda p, x: functional_call(view, {f"net.{k}": v for k, v in p.items() if k in body}, (x,))
 
 

@@ -59,6 +59,7 @@ from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.models.util import FeatureView
 
 CONTEXT = "context"
 CPN, HEAD_G = "cpn.", "head_g."
@@ -95,17 +96,6 @@ class FedCPNet(nn.Module):
         r, s = self.policy(h, noise)
         logits = self.net.head()(h * r) + self.head_g(h * s)
         return (logits, h) if parts else logits
-
-
-class _Features(nn.Module):
-    """``net.features`` as a module's forward (the global extractor of the MMD term, parameters ``net.*``)."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        return self.net.features(x)
 
 
 def conditional_policy(scores, tau: float, noise=None):
@@ -149,7 +139,7 @@ def fedcp_steps(model: FedCPNet, params: dict, base: dict, context, store, steps
     from pfl_cli.fl.mmd import mmd2
 
     forward = vmap(lambda p, x, z: functional_call(model, p, (x, z), {"parts": True}))
-    features = vmap(lambda p, x: functional_call(_Features(model.net), p, (x,)))
+    features = vmap(lambda p, x: functional_call(FeatureView(model.net), p, (x,)))  # the MMD term's global extractor
     theta = {k: v.detach().clone() for k, v in params.items()}
     buffers = {CONTEXT: context}
     buf = {k: torch.zeros_like(theta[k]) for k in trainable} if sgd.get("momentum") else {}

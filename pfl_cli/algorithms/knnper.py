@@ -26,6 +26,7 @@ from torch import nn
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import stack
+from pfl_cli.models.util import FeatureView
 
 
 PREFIX = "net."
@@ -60,15 +61,6 @@ class KNNPerNet(nn.Module):
         return torch.log(p.clamp_min(1e-30))
 
 
-class _Features(nn.Module):
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        return self.net.features(x)
-
-
 @dataclass(frozen=True)
 class KNNPerConfig(FedAvgRoundConfig):
     """kNN-Per's keys: FedAvg's round and the kNN memory."""
@@ -96,7 +88,7 @@ class KNNPer(FedAvg):
         self.personalized = True
         cfg = self.cfg
         self.knn_net = KNNPerNet(self.net, cfg.knn_k, cfg.knn_scale, cfg.interpolation)
-        self.feature_net = _Features(self.net)
+        self.feature_net = FeatureView(self.net)
 
     @property
     def predict_net(self):

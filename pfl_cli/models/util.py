@@ -46,3 +46,15 @@ def stacked_params(module: nn.Module, c: int) -> dict[str, torch.Tensor]:
         name: p.detach().unsqueeze(0).repeat(c, *([1] * p.dim()))
         for name, p in module.named_parameters()
     }
+
+
+class FeatureView(nn.Module):
+    """``net.features`` as a module's forward, its parameters named ``net.*``: the representation of a client
+    net as a ``functional_call`` target (FedCP's global extractor, kNN-Per's datastore, FedAS's alignment)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net.features(x)
