@@ -1,13 +1,16 @@
 """Helpers of the personalized baselines' tests: a round against its per-client reference
 (test_algorithms_*.py) and the ring learning tests (test_*_learning.py)."""
 
+import pytest
 import torch
 
 from pfl_cli.data import load_dataset
+from pfl_cli.errors import ConfigError
 from pfl_cli.fl import train_federated
 from pfl_cli.fl.api import make_algorithm
 from pfl_cli.fl.store import ROLE_TRAIN
 from pfl_cli.partition import PartitionConfig, partition_labels
+from pfl_cli.registry import train_config
 from pfl_cli.rng import make_rng
 from pflx_testing import replace
 
@@ -33,6 +36,19 @@ def cohort(store, k=4):
 def close(a, b):
     for k in b:
         torch.testing.assert_close(a[k], b[k], **TOL, msg=k)
+
+
+def assert_config_refused(algorithm, opts, message):
+    """``train_config(algorithm, **opts)`` raises a ConfigError whose text holds ``message``."""
+    with pytest.raises(ConfigError) as err:
+        train_config(algorithm, **opts)
+    assert message in str(err.value), str(err.value)
+
+
+def assert_unknown_key(algorithm, key, then=""):
+    """``key`` is refused as unknown for ``algorithm``, the message going on to match the pattern ``then``."""
+    with pytest.raises(ConfigError, match=f"unknown key '{key}' for algorithm '{algorithm}'{then}"):
+        train_config(algorithm, **{key: 1.0})
 
 
 # ----------------------------------------------------------------------------- the ring learning tests
