@@ -419,6 +419,15 @@ class ServerOptimizerState:
         self.opt.load_state_dict(state["optimizer"])
 
 
+def epochs_protocol(new: bool, epochs: int, served: str, trained: str, untrained: str) -> dict:
+    """``protocol(new)`` of an algorithm that serves a train client ``served`` from its state and starts a new
+    client the same way each time, training it ``epochs``: ``trained`` (``{e}``: the epochs), or ``untrained``
+    when ``epochs`` is 0."""
+    if not new:
+        return {"protocol": served, "rounds": 0}
+    return {"protocol": trained.format(e=epochs) if epochs else untrained, "rounds": 0}
+
+
 def descriptor_dim(cfg, num_clients: int) -> int:
     """l = int(1 + n / 4) unless given (pFedHN §5; PeFLL thesis App. B.1.2)."""
     return int(cfg.embed_dim) if cfg.embed_dim else int(1 + num_clients / 4)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
@@ -140,7 +140,7 @@ class FedALA(PrivateState, FedAvg):
         return self.train_clients(self.global_params, clients, gen, epochs=self.cfg.new_client_epochs)
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "its local model as last trained", "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"global model trained {e} epochs" if e else "global model", "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "its local model as last trained",
+                               "global model trained {e} epochs",
+                               "global model")

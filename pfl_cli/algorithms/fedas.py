@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import check_own_keys, key
@@ -210,8 +210,7 @@ class FedAS(PrivateState, _GlobalModel):
                                   trainable=set(self.head))
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "its own model (the aligned body it trained and its head)", "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"the global body with the initial head trained {e} epochs" if e
-                else "the global body with the initial head", "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "its own model (the aligned body it trained and its head)",
+                               "the global body with the initial head trained {e} epochs",
+                               "the global body with the initial head")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
@@ -137,8 +137,7 @@ class FedBN(PrivateState, _GlobalModel):
         return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "the global layers with its own normalization layers", "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"its normalization layers trained {e} epochs, the global layers frozen" if e
-                else "the global layers with the initial normalization weights and its own statistics", "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "the global layers with its own normalization layers",
+                               "its normalization layers trained {e} epochs, the global layers frozen",
+                               "the global layers with the initial normalization weights and its own statistics")

@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
@@ -268,9 +268,7 @@ class FedCP(PrivateState, _GlobalModel):
         return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "its own personalized head with the global extractor, CPN and global head",
-                    "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"the global head as its personalized head, trained {e} epochs on the frozen rest" if e
-                else "the global head as its personalized head", "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "its own personalized head with the global extractor, CPN and global head",
+                               "the global head as its personalized head, trained {e} epochs on the frozen rest",
+                               "the global head as its personalized head")

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
@@ -209,11 +209,10 @@ class FedDBE(PrivateState, _GlobalModel):
         return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "the global model with its own representation bias", "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"its representation bias trained {e} epochs on the frozen global model" if e
-                else "the global model (zero representation bias)", "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "the global model with its own representation bias",
+                               "its representation bias trained {e} epochs on the frozen global model",
+                               "the global model (zero representation bias)")
 
     def _consensus(self) -> dict:
         """zbar^g and whether it is set (fixed shapes: a checkpoint is checked against a fresh run's state)."""

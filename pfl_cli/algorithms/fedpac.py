@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import ConfigError, InputError
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
@@ -397,11 +397,10 @@ class FedPAC(PrivateState, _GlobalModel):
         return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "the global body with its own combined head", "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"the global body with a head trained {e} epochs" if e
-                else "the global body with the initial head", "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "the global body with its own combined head",
+                               "the global body with a head trained {e} epochs",
+                               "the global body with the initial head")
 
     # -- persistence: the global prototypes join the server's state
     def _prototype_state(self) -> dict:

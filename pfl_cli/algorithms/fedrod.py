@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import check_own_keys, key
@@ -110,8 +110,7 @@ class FedRoD(PrivateState, _GlobalModel):
         return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "its own personalized head on the generic predictor", "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"a personalized head trained {e} epochs on the frozen generic predictor" if e
-                else "the generic predictor with the initial personalized head", "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "its own personalized head on the generic predictor",
+                               "a personalized head trained {e} epochs on the frozen generic predictor",
+                               "the generic predictor with the initial personalized head")

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
@@ -232,8 +232,7 @@ class GPFL(PrivateState, _GlobalModel):
         return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "its own head on the global extractor, CoV and GCE", "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"a fresh head trained {e} epochs on the frozen rest" if e else "the initial head",
-                "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "its own head on the global extractor, CoV and GCE",
+                               "a fresh head trained {e} epochs on the frozen rest",
+                               "the initial head")

@@ -52,7 +52,7 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, PrivateState, seeded
+from pfl_cli.algorithms.base import Algorithm, PrivateState, epochs_protocol, seeded
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 from pfl_cli.rng import seed_sequence
@@ -230,11 +230,10 @@ class PFedLA(PrivateState, Algorithm):
         return self.train_clients(start, clients, gen, epochs=self.cfg.new_client_epochs)
 
     def protocol(self, new: bool) -> dict:
-        if not new:
-            return {"protocol": "its layer-wise aggregated model from its hypernetwork", "rounds": 0}
-        e = self.cfg.new_client_epochs
-        return {"protocol": f"train clients' mean model trained {e} epochs" if e else "train clients' mean model",
-                "rounds": 0}
+        return epochs_protocol(new, self.cfg.new_client_epochs,
+                               "its layer-wise aggregated model from its hypernetwork",
+                               "train clients' mean model trained {e} epochs",
+                               "train clients' mean model")
 
     def state(self):
         return {"private": self.private.state()}
