@@ -408,6 +408,10 @@ def _write_initial_model(work: pathlib.Path, algorithm: str, rounds: int, seed: 
                         device=torch.device("cpu"), normalize=cfg.normalize)
     alg = make_algorithm(cfg, store)
     start = getattr(alg, "global_params", None)
+    if start is not None and start and all(k.startswith("net.") for k in start):
+        # FedRoD's generic predictor is the MLP inside its two-head wrapper; its personalized head starts as a
+        # copy of the MLP's classifier in pflx and in PFLlib (clientrod.py: deepcopy(model.head)), so it shares too
+        start = {k[len("net."):]: v for k, v in start.items()}
     names = {"fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias", "fc2.weight": "fc.weight", "fc2.bias": "fc.bias",
              "bn1.weight": "bn1.weight", "bn1.bias": "bn1.bias"}
     if start is None or not set(start) <= set(names) or not {"fc1.weight", "fc2.weight"} <= set(start):

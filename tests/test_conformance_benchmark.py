@@ -65,6 +65,10 @@ def test_auto_init_shares_where_the_model_is_the_mlp_and_lets_the_rest_draw_thei
     each tool's own draw (no file); ``shared`` refuses GPFL; ``own`` writes nothing."""
     conformance._export(tmp_path, conformance.DEFAULT_DATASET, 20, 0)
     assert conformance._share_initial_models(tmp_path, ["fedbabu", "gpfl"], 3, [0, 1], "auto") == {"fedbabu"}
+    # FedRoD's generic predictor is the MLP inside its two-head wrapper: it shares, under the MLP's names
+    assert conformance._share_initial_models(tmp_path, ["fedrod"], 3, [0], "auto") == {"fedrod"}
+    assert sorted(__import__("torch").load(tmp_path / conformance._initial_model_file("fedrod", 0))) == [
+        "fc.bias", "fc.weight", "fc1.bias", "fc1.weight"]
     for seed in (0, 1):
         assert (tmp_path / conformance._initial_model_file("fedbabu", seed)).is_file()
         assert not (tmp_path / conformance._initial_model_file("gpfl", seed)).exists()
