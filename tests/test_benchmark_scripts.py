@@ -49,13 +49,19 @@ def test_the_peer_benchmark_skips_with_a_notice_or_runs_without_installing_anyth
         assert f"fedavg-mlp vs {peer}: pflx speed-up" in proc.stdout, proc.stderr
 
 
-def test_the_pflx_side_of_the_peer_benchmark_times_rounds_and_learns(tmp_path):
-    """The child that times pflx: one warm-up round, then per-round wall and CPU time, start-up, accuracy."""
+def _peers_module():
+    """benchmarks/peers.py as a module (the benchmarks folder is not a package on the path)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import peers
     finally:
         sys.path.pop(0)
+    return peers
+
+
+def test_the_pflx_side_of_the_peer_benchmark_times_rounds_and_learns(tmp_path):
+    """The child that times pflx: one warm-up round, then per-round wall and CPU time, start-up, accuracy."""
+    peers = _peers_module()
     data = tmp_path / "data.npz"
     peers._make_data(data, 4, 64)
     proc = subprocess.run([*PEERS, "--child", "pflx", "--workload", "fedavg-mlp", "--data", str(data), "--rounds", "2",
@@ -74,11 +80,7 @@ def test_the_peers_are_handed_the_bytes_and_batches_pflx_trains_on(tmp_path):
 
     from pfl_cli.fl.store import normalization_stats
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import peers
-    finally:
-        sys.path.pop(0)
+    peers = _peers_module()
     data = tmp_path / "data.npz"
     peers._make_data(data, 3, 40)
     x, y, clients = peers._load(str(data))
