@@ -409,8 +409,9 @@ def _write_initial_model(work: pathlib.Path, algorithm: str, rounds: int, seed: 
     alg = make_algorithm(cfg, store)
     start = getattr(alg, "global_params", None)
     if start is not None and start and all(k.startswith("net.") for k in start):
-        # FedRoD's generic predictor is the MLP inside its two-head wrapper; its personalized head starts as a
-        # copy of the MLP's classifier in pflx and in PFLlib (clientrod.py: deepcopy(model.head)), so it shares too
+        # the MLP inside a method's wrapper (FedRoD's generic predictor beside its personalized head, FedDBE's and
+        # FedPAC's nets): the global model is still the MLP, so PFLlib can start from it; what the wrapper adds
+        # per client is each tool's own (FedRoD's head starts as the classifier's copy in both: clientrod.py:15)
         start = {k[len("net."):]: v for k, v in start.items()}
     names = {"fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias", "fc2.weight": "fc.weight", "fc2.bias": "fc.bias",
              "bn1.weight": "bn1.weight", "bn1.bias": "bn1.bias"}
