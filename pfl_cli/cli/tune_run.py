@@ -159,7 +159,8 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
-    data = _tuning_data(ds, part, cfg.seed, o.validation_fraction, val_clients, unlabeled_validation)
+    data = _tuning_data(ds, part, cfg.seed, o.validation_fraction, val_clients, unlabeled_validation,
+                        noise=cfg.dp_noise if private else None)
     if private:
         from pfl_cli.cli.tune_private import run_private_study
 
@@ -198,13 +199,15 @@ def _staging_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.study"
 
 
-def _tuning_data(ds, part, seed: int, fraction: float, val_clients: float, unlabeled: bool):
-    from pfl_cli.rng import make_rng
+def _tuning_data(ds, part, seed: int, fraction: float, val_clients: float, unlabeled: bool, noise: str | None = None):
+    """``noise``: ``--dp``'s noise mode (the carve's salt from OS entropy unless seeded, the carve neighbour-stable)."""
+    from pfl_cli.privacy.randomness import noise_source
     from pfl_cli.tune.split import validation_partition
     from pfl_cli.tune.study import TuningData
 
-    vpart = validation_partition(part, val_fraction=fraction, val_clients=val_clients,
-                                 rng=make_rng(seed, "tune-validation"), unlabeled_validation_clients=unlabeled)
+    rng = noise_source("seeded" if noise is None else noise, seed).numpy("tune-validation")
+    vpart = validation_partition(part, val_fraction=fraction, val_clients=val_clients, rng=rng,
+                                 unlabeled_validation_clients=unlabeled, x=ds.x, y=ds.y, stable=noise is not None)
     return TuningData(ds.x, ds.y, ds.num_classes, vpart, labeled=ds.labeled, vocab_size=ds.extra.get("vocab_size"))
 
 

@@ -175,12 +175,14 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
     from pfl_cli.fl.distributed import held_clients
     from pfl_cli.fl.loop import run_rounds
     from pfl_cli.fl.store import build_store
-    from pfl_cli.rng import make_rng
+    from pfl_cli.privacy.randomness import train_randomness
 
     validate_train_config(cfg)
     device = device if device is not None else resolve_device(cfg.device)
+    # the carve's salt: the seed's stream, or under --dp the mechanism's randomness (OS entropy unless noise=seeded)
     store = build_store(x, y, num_classes, partition, val_fraction=cfg.val_fraction,
-                        rng=make_rng(cfg.seed, "validation-split"), device=device, normalize=cfg.normalize,
+                        rng=train_randomness(cfg).numpy("validation-split"), stable_carve=cfg.dp_epsilon is not None,
+                        device=device, normalize=cfg.normalize,
                         labeled=labeled, hidden_labels=cfg.evaluate_hidden_labels,
                         held=held_clients(partition.num_clients),  # a rank loads only its own clients
                         vocab_size=vocab_size)

@@ -90,17 +90,80 @@ def normalization_stats(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.
     return mean.astype(np.float32), std.astype(np.float32)
 
 
-def split_validation(owner: np.ndarray, is_train: np.ndarray, fraction: float, rng) -> np.ndarray:
+_SAMPLE_TAG, _CLIENT_TAG = b"pflx-carve-sample", b"pflx-carve-client"
+_HASH_CHUNK = 4096
+
+
+def carve_salt(rng) -> bytes:
+    """The 16-byte key of a carve's draws, read from ``rng`` (the seed's stream, or OS entropy under ``--dp``)."""
+    return bytes(rng.bytes(16))
+
+
+def _unit(digests: list[bytes]) -> np.ndarray:
+    """Keyed-hash digests (8 bytes each) as float64 in [0, 1): the top 53 bits."""
+    words = np.frombuffer(b"".join(digests), dtype="<u8")
+    return (words >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def sample_uniforms(x: np.ndarray, y: np.ndarray | None, idx: np.ndarray, salt: bytes) -> np.ndarray:
+    """One uniform draw in [0, 1) per sample ``idx``, keyed by the sample's content, not its position.
+
+    The draw is BLAKE2b keyed with ``salt`` over the sample's bytes (features, dtype, shape and
+    label): it depends on that sample and the salt only, so adding or removing any other sample
+    (anywhere in the dataset or the partition) leaves it unchanged, and without the salt it is
+    unpredictable. Identical samples draw the same value (they are the same record).
+    """
+    import hashlib
+
+    idx = np.asarray(idx, dtype=np.int64)
+    key = hashlib.blake2b(_SAMPLE_TAG + salt, digest_size=32).digest()
+    labels = np.full(len(idx), -1, np.int64) if y is None else np.asarray(y, dtype=np.int64)[idx]
+    head = f"{np.asarray(x[:0]).dtype.str}{tuple(x.shape[1:])}".encode()
+    out = []
+    for i in range(0, len(idx), _HASH_CHUNK):
+        rows = np.ascontiguousarray(np.asarray(x[idx[i:i + _HASH_CHUNK]]))
+        for row, label in zip(rows, labels[i:i + _HASH_CHUNK]):
+            h = hashlib.blake2b(head, key=key, digest_size=8)
+            h.update(row.tobytes())
+            h.update(int(label).to_bytes(8, "little", signed=True))
+            out.append(h.digest())
+    return _unit(out) if out else np.zeros(0, np.float64)
+
+
+def client_uniforms(client_id: np.ndarray, salt: bytes) -> np.ndarray:
+    """One uniform draw in [0, 1) per client, keyed by its ``client_id`` (the partition's name of it)."""
+    import hashlib
+
+    key = hashlib.blake2b(_CLIENT_TAG + salt, digest_size=32).digest()
+    out = [hashlib.blake2b(int(c).to_bytes(8, "little", signed=True), key=key, digest_size=8).digest()
+           for c in np.asarray(client_id, dtype=np.int64)]
+    return _unit(out) if out else np.zeros(0, np.float64)
+
+
+def split_validation(owner: np.ndarray, is_train: np.ndarray, fraction: float, u: np.ndarray,
+                     stable: bool = False) -> np.ndarray:
     """Which train samples each train client holds out for model selection (a bool mask).
 
-    Client i holds out ``floor(fraction * n_i)`` of its samples, chosen uniformly at random,
-    and keeps at least one to train on; holdout clients keep everything.
+    ``u``: each sample's own uniform draw (:func:`sample_uniforms`, keyed by its content).
+
+    - ``stable`` (under ``--dp``): a sample validates iff its own draw ``u < fraction``, nothing
+      else: a sample's side depends on that sample and the salt only, so the fit sets of two
+      datasets that differ in one sample differ in at most that sample (the neighbour relation of
+      ``docs/privacy/release-contract.md``). The per-client count is then binomial, and a small
+      client may keep no sample to train on (it then trains on nothing).
+    - otherwise: client i holds out the ``floor(fraction * n_i)`` samples of smallest draw and keeps
+      at least one to train on. The count couples a client's samples (one more sample can move
+      another), which only ``--dp`` must exclude.
+
+    Holdout clients keep everything.
     """
     sizes = np.bincount(owner, minlength=len(is_train))
     if fraction == 0 or len(owner) == 0:
         return np.zeros(len(owner), dtype=bool)
+    if stable:
+        return (np.asarray(u) < fraction) & np.asarray(is_train, bool)[owner]
     n_val = np.minimum(np.floor(fraction * sizes).astype(np.int64), np.maximum(sizes - 1, 0)) * is_train
-    order = np.lexsort((rng.random(len(owner)), owner))  # a random order inside each client
+    order = np.lexsort((u, owner))  # each client's samples by their own draw
     rank = np.empty(len(owner), dtype=np.int64)
     rank[order] = np.arange(len(owner)) - (np.cumsum(sizes) - sizes)[owner[order]]
     return rank < n_val[owner]
@@ -213,7 +276,8 @@ def visible_labels(y: np.ndarray | None, n: int, partition, labeled: np.ndarray 
 def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, val_fraction: float, rng, device,
                 normalize: bool = True, stats: tuple[np.ndarray, np.ndarray] | None = None,
                 labeled: np.ndarray | None = None, hidden_labels: bool = False,
-                held: np.ndarray | None = None, vocab_size: int | None = None) -> ClientStore:
+                held: np.ndarray | None = None, vocab_size: int | None = None,
+                stable_carve: bool = False) -> ClientStore:
     """Load a partition's clients onto ``device``.
 
     Parameters
@@ -224,7 +288,11 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
     val_fraction : float in [0, 1)
         Share of every train client's train samples held out for model selection.
     rng : numpy.random.Generator
-        Draws the validation split.
+        Draws the validation split's salt (:func:`carve_salt`): each sample's side then comes from a
+        keyed hash of its own content (:func:`sample_uniforms`), never from its position. Under
+        ``--dp`` pass the mechanism's randomness (OS entropy unless ``noise=seeded``).
+    stable_carve : bool
+        The neighbour-stable carve (:func:`split_validation`), for ``--dp``.
     normalize : bool
         Standardize inputs; the statistics are ``stats`` when given (a trained model's),
         else computed on the train clients' fit samples.
@@ -250,7 +318,11 @@ def build_store(x: np.ndarray, y: np.ndarray, num_classes: int, partition, *, va
     n = partition.num_clients
     role = np.asarray(partition.role)
     owner, samples = partition.train_owner(), np.asarray(partition.train_indices)
-    val = split_validation(owner, role == ROLE_TRAIN, val_fraction, rng)
+    if val_fraction > 0:
+        u = sample_uniforms(x, y, samples, carve_salt(rng))
+        val = split_validation(owner, role == ROLE_TRAIN, val_fraction, u, stable=stable_carve)
+    else:
+        val = np.zeros(len(samples), dtype=bool)
     if vocab_size is not None:
         x = _token_codes(x, vocab_size)
         normalize = False

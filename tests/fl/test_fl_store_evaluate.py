@@ -32,7 +32,7 @@ def test_fit_and_val_split_each_train_client(store, digits_clients):
 
 def test_split_validation_keeps_one_sample_to_train_on():
     owner = np.array([0, 1, 1, 2, 2, 2, 2])
-    held = split_validation(owner, np.array([True, True, False]), 0.9, np.random.default_rng(0))
+    held = split_validation(owner, np.array([True, True, False]), 0.9, np.random.default_rng(0).random(len(owner)))
     assert held[owner == 0].sum() == 0 and held[owner == 1].sum() == 1 and held[owner == 2].sum() == 0
 
 

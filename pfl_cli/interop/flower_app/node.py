@@ -64,7 +64,7 @@ def _build(cfg, part, ds, position: int):
     from pfl_cli.fl.api import make_algorithm
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.store import build_store
-    from pfl_cli.rng import make_rng
+    from pfl_cli.privacy.randomness import train_randomness
 
     if part.rotation is not None:  # rotated clients (partition --rotations): rotated as pflx train rotates them
         import dataclasses
@@ -75,7 +75,8 @@ def _build(cfg, part, ds, position: int):
     held = np.zeros(part.num_clients, dtype=bool)
     held[position] = True
     store = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=cfg.val_fraction,
-                        rng=make_rng(cfg.seed, "validation-split"), device=resolve_device(cfg.device),
+                        rng=train_randomness(cfg).numpy("validation-split"), stable_carve=cfg.dp_epsilon is not None,
+                        device=resolve_device(cfg.device),
                         normalize=cfg.normalize, labeled=ds.labeled, hidden_labels=cfg.evaluate_hidden_labels,
                         held=held, vocab_size=ds.extra.get("vocab_size"))  # text: token codes, as pflx train
     return store, make_algorithm(cfg, store)
