@@ -130,6 +130,9 @@ class ArtifactWriter:
         self.seed = seed
         # Under DP a private input's hash would tell neighbouring datasets apart: withhold it.
         self.inputs = [dict(i) if (not self.dp or i.get("public")) else {**i, "sha256": None} for i in inputs]
+        for ref in self.inputs:  # an input artifact is found again from another directory, or in a moved tree
+            if ref.get("stage") != "dataset" and "relative_path" not in ref:
+                ref["relative_path"] = os.path.relpath(os.path.abspath(ref["path"]), os.path.abspath(self.out))
         self._input_hashes = [i.get("sha256") for i in inputs]
         self.force = force
         check_out_apart(self.out, inputs)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from pfl_cli.errors import ArtifactError
 from pfl_cli.manifest import MANIFEST, PRODUCER, Artifact
 from pfl_cli.readers import read_artifact
+from pfl_cli.readers.artifact import input_location
 
 STAGES = tuple(PRODUCER) + ("privacy-account",)
 
@@ -26,14 +27,16 @@ def open_artifact(path: str | Path) -> Artifact:
     return read_artifact(path, STAGES, flag="artifact")
 
 
-def _input_status(ref: dict[str, Any]) -> str:
-    """``ok`` when the input artifact is still there with the recorded hash; datasets are not re-read."""
+def _input_status(ref: dict[str, Any], art: Artifact) -> str:
+    """``ok`` when the input artifact of ``art`` is still there with the recorded hash (looked for as
+    :func:`pfl_cli.readers.artifact.input_location` says); datasets are not re-read."""
     if ref.get("stage") == "dataset":
         return "dataset (not re-read)"
+    where = input_location(art, ref)
     try:
-        found = read_artifact(ref["path"], ref["stage"], flag="input")
+        found = read_artifact(where, ref["stage"], flag="input")
     except ArtifactError as err:
-        return "missing" if not Path(ref["path"]).exists() else f"unreadable: {err}"
+        return "missing" if not where.exists() else f"unreadable: {err}"
     if ref.get("sha256") is None:  # a DP artifact withholds the hash of its private inputs
         return "ok (hash withheld under --dp)"
     return "ok" if found.content_hash == ref.get("sha256") else "changed since (hash differs)"
@@ -168,7 +171,7 @@ def describe(path: str | Path) -> dict[str, Any]:
         "seed": m.get("seed"),
         "argv": m.get("argv"),
         "config": dict(art.config),
-        "inputs": [{**ref, "status": _input_status(ref)} for ref in m.get("inputs", [])],
+        "inputs": [{**ref, "status": _input_status(ref, art)} for ref in m.get("inputs", [])],
         "outputs": [{"path": o["path"], "bytes": o.get("bytes"), "sha256": o["sha256"], "verified": True}
                     for o in m.get("outputs", [])],
         "headline": headline(art),
@@ -182,16 +185,17 @@ def lineage(path: str | Path) -> list[dict[str, Any]]:
     """
     chain: list[dict[str, Any]] = []
 
-    def visit(ref: dict[str, Any], depth: int, status: str) -> None:
+    def visit(ref: dict[str, Any], where: Path, depth: int, status: str) -> None:
         entry = {"depth": depth, "path": ref["path"], "stage": ref["stage"], "sha256": ref.get("sha256"), "status": status}
         chain.append(entry)
         if ref["stage"] == "dataset" or not status.startswith("ok"):
             return
-        art = read_artifact(ref["path"], ref["stage"], flag="input")
+        art = read_artifact(where, ref["stage"], flag="input")
         entry["headline"] = headline(art)
         for sub in art.manifest.get("inputs", []):
-            visit(sub, depth + 1, _input_status(sub))
+            visit(sub, input_location(art, sub) if sub["stage"] != "dataset" else Path(), depth + 1,
+                  _input_status(sub, art))
 
     root = open_artifact(path)
-    visit({**root.input_ref()}, 0, "ok")
+    visit({**root.input_ref()}, root.path, 0, "ok")
     return chain

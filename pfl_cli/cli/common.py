@@ -76,13 +76,17 @@ def train_stage_config(*, config_file: Path | None, flags: Mapping[str, Any], se
 
 
 def load_partition_dataset(partition: Path, *, flag: str = "--partition"):
-    """A partition artifact and its dataset, refused when the dataset no longer matches dataset.json."""
+    """A partition artifact and its dataset, refused when the dataset no longer matches dataset.json.
+
+    The dataset is looked for where dataset.json recorded it, then relative to the artifact, then
+    under ``PFLX_DATA`` (:func:`pfl_cli.data.location.locate_dataset`), its digest checked.
+    """
     from pfl_cli.artifacts import load_partition
-    from pfl_cli.data import load_dataset
+    from pfl_cli.data.location import locate_dataset
     from pfl_cli.errors import ArtifactError
 
     part, info, artifact = load_partition(partition, flag=flag)
-    ds = load_dataset(info["spec"])
+    ds = locate_dataset(info, artifact.path, flag=flag)
     if ds.num_samples != int(info["num_samples"]) or (
         info.get("labels_sha256") and ds.labels_sha256 != info["labels_sha256"]
     ):

@@ -8,6 +8,7 @@ import numpy as np
 
 from pfl_cli.artifacts import ArtifactWriter
 from pfl_cli.data import Dataset
+from pfl_cli.data.location import source_record
 from pfl_cli.partition import Partition, partition_stats
 
 
@@ -22,7 +23,8 @@ def write_partition_artifact(
     hist, stats = partition_stats(part, dataset.y, dataset.num_classes)
     if extra_stats:
         stats.update(extra_stats)
-    writer.save_json("dataset.json", dataset.info())
+    # The path resolved, relative to the artifact, and digested: the data are found from anywhere (data/location.py).
+    writer.save_json("dataset.json", {**dataset.info(), **source_record(dataset, writer.out)})
     writer.save_npz("clients.npz", **part.to_arrays())
     header = ["client_id", "role", "n_train", "n_test", *[f"class_{c}" for c in range(hist.shape[1])]]
     rows = np.column_stack([part.client_id, part.role, part.train_sizes, part.test_sizes, hist]).astype(np.int64)

@@ -27,7 +27,7 @@ import numpy as np
 from pfl_cli.errors import ArtifactError, InputError
 from pfl_cli.formats import canonical_json, read_utf8, sha256_bytes
 from pfl_cli.manifest import Artifact
-from pfl_cli.readers import read_artifact
+from pfl_cli.readers import input_location, read_artifact
 
 FLAG = "RUN"
 STAGES = ("train", "predict")
@@ -91,7 +91,7 @@ def _partition_hash(art: Artifact, given: str) -> str:
     ref = _input(art, given, "partition")
     if ref.get("sha256"):
         return str(ref["sha256"])
-    where = Path(str(ref["path"]))
+    where = input_location(art, ref)
     if not (where / "manifest.json").is_file():
         raise _refuse(given, f"its manifest withholds the partition's sha256 (a --dp run) and the partition it names "
                       f"({where}) is not here to read; run compare from the directory the run was started in.")
@@ -183,7 +183,7 @@ def _model_of(run: _Run, trained: Mapping[str, Artifact]) -> Artifact:
     if run.model_hash in trained:
         return trained[run.model_hash]
     ref = _input(run.art, run.given, "train")
-    where = Path(str(ref["path"]))
+    where = input_location(run.art, ref)
     if (where / "manifest.json").is_file():
         model = read_artifact(where, "train", flag=f"{FLAG} {run.given}: model")
         if model.content_hash == run.model_hash:

@@ -7,7 +7,8 @@ consistency with the other files of the artifact (and with the manifest's config
 anything else with one line naming the artifact, the file and the rule (ArtifactError, exit 2).
 
 - the directory and its ``manifest.json``: :func:`read_artifact` (:mod:`.artifact`, with
-  :func:`pfl_cli.manifest.check_manifest`), and :func:`load_partition` for a whole partition;
+  :func:`pfl_cli.manifest.check_manifest`), :func:`load_partition` for a whole partition, and
+  :func:`input_location` for where an input artifact a manifest names is now;
 - ``dataset.json``, ``stats.json``, ``metrics.json``, ``mdm.json``: :mod:`.documents`;
 - ``clients.npz`` (and the partition's files together), a train artifact's ``train_samples.npz``: :mod:`.clients`;
 - ``model.pt``: :mod:`.model` (imports torch when called);
@@ -23,14 +24,14 @@ ledger), never the writer (:mod:`pfl_cli.artifacts`) or the engine (:mod:`pfl_cl
 both import the readers.
 """
 
-from pfl_cli.readers.artifact import load_partition, read_artifact
+from pfl_cli.readers.artifact import input_location, load_partition, read_artifact
 from pfl_cli.readers.checkpoint import check_checkpoint_location, check_checkpoint_state
 from pfl_cli.readers.clients import read_clients, read_partition_files, read_train_samples
 from pfl_cli.readers.documents import read_dataset_info, read_mdm, read_metrics, read_stats
 from pfl_cli.readers.ledger import read_ledger
 
-__all__ = ["check_checkpoint_location", "check_checkpoint_state", "load_partition", "read_artifact", "read_clients",
-           "read_dataset_info", "read_ledger", "read_mdm", "read_metrics", "read_model_payload", "read_partition_files",
+__all__ = ["check_checkpoint_location", "check_checkpoint_state", "input_location", "load_partition", "read_artifact",
+           "read_clients", "read_dataset_info", "read_ledger", "read_mdm", "read_metrics", "read_model_payload", "read_partition_files",
            "read_stats", "read_train_samples"]
 
 

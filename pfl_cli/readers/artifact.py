@@ -10,7 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from pfl_cli.errors import ArtifactError
 from pfl_cli.formats import load_json, sha256_file
@@ -82,6 +82,31 @@ def read_artifact(path: str | Path, stage: str | Sequence[str], *, flag: str = "
                     "or was edited. Re-create it."
                 )
     return artifact
+
+
+def input_location(art: Artifact, ref: Mapping[str, Any]) -> Path:
+    """Where the input artifact that ``art``'s manifest names in ``ref`` is now.
+
+    Tried in order: the path relative to ``art`` (recorded since inputs carry ``relative_path``:
+    it holds in a tree of artifacts moved or copied together, from any working directory), then
+    the path as it was typed (relative to the directory ``art`` was made in). A candidate counts
+    when it is an artifact of the recorded stage whose content hash is the recorded sha256 (any
+    such artifact when the hash is withheld under --dp). None found: the typed path, for the
+    caller to report missing.
+    """
+    typed = Path(str(ref["path"]))
+    candidates = [art.path / str(ref["relative_path"])] if ref.get("relative_path") else []
+    for where in [*candidates, typed]:
+        if not (where / MANIFEST).is_file():
+            continue
+        if ref.get("sha256") is None:
+            return where
+        try:
+            if read_artifact(where, str(ref["stage"]), verify=False).content_hash == ref["sha256"]:
+                return where
+        except ArtifactError:
+            continue
+    return typed
 
 
 def _writer_of(out: Path) -> str | None:

@@ -7,6 +7,7 @@ writes a non-finite value as null).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Mapping
 
 from pfl_cli.formats import load_json
@@ -58,7 +59,8 @@ def _check_fields(art: Artifact, flag: str, name: str, doc: Mapping, fields: Map
 # ---------------------------------------------------------------------------- dataset.json
 DATASET_FIELDS = {"spec": "str", "num_samples": "count", "num_classes": "count", "input_shape": "list",
                   "labels_sha256": "hex64?", "dtype": "str", "has_test_pool": "bool", "has_natural_clients": "bool",
-                  "class_names": "list"}
+                  "class_names": "list", "spec_given": "str", "source": "object"}
+SOURCE_FIELDS = {"path": "str", "relative_path": "str", "kind": "str", "sha256": "hex64", "content_sha256": "hex64"}
 
 
 def read_dataset_info(art: Artifact, flag: str) -> dict:
@@ -66,7 +68,9 @@ def read_dataset_info(art: Artifact, flag: str) -> dict:
 
     Rules: an object with ``spec`` (non-empty, and the manifest config's ``dataset`` when it
     names one), ``num_samples`` (integer >= 1), ``num_classes`` (integer >= 0), ``input_shape``
-    (a list of integers >= 0), ``labels_sha256`` (64 hex digits or null).
+    (a list of integers >= 0), ``labels_sha256`` (64 hex digits or null); ``source`` (a file
+    or directory dataset: where it was and its digest, :mod:`pfl_cli.data.location`) an object
+    with an absolute ``path``, ``kind`` file or directory and 64-hex-digit digests.
     """
     name = "dataset.json"
     doc = _document(art, flag, name)
@@ -78,8 +82,13 @@ def read_dataset_info(art: Artifact, flag: str) -> dict:
     shape = doc.get("input_shape", [])
     if not all(is_int(d) and d >= 0 for d in shape):  # 0: a dataset without features (refused where they are used)
         raise refuse(art, flag, name, "input_shape must be a list of integers >= 0", shape)
-    said = art.config.get("dataset")
-    if isinstance(said, str) and said != doc["spec"]:
+    source = doc.get("source")
+    if source is not None:
+        _check_fields(art, flag, name, source, SOURCE_FIELDS, required=("path", "kind"), prefix="source.")
+        if source["kind"] not in ("file", "directory") or not os.path.isabs(source["path"]):
+            raise refuse(art, flag, name, "source must name an absolute path and kind file or directory", source)
+    said = art.config.get("dataset")  # as typed; dataset.json holds it with the path made absolute
+    if isinstance(said, str) and said not in (doc["spec"], doc.get("spec_given")):
         raise refuse(art, flag, name, f"spec must be the dataset of the manifest's config ({said!r})", doc["spec"])
     return doc
 
