@@ -10,6 +10,7 @@ import typer
 from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
+from pfl_cli.cli.unseen import ALLOW_HELP
 
 FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "unknowns_lr", "tv", "rog_scale", "upload", "local_steps",
          "infer_labels", "lpips_weights", "device", "seed")
@@ -34,6 +35,7 @@ def attack_command(
     infer_labels: Annotated[bool, typer.Option("--infer-labels", help="Infer labels with the iDLG rule (batch size 1) instead of knowing them.")] = False,
     lpips_weights: Annotated[Optional[str], typer.Option("--lpips-weights", help="Local AlexNet-LPIPS state dict (features.N.* + lin0..4.model.1.weight) to also score LPIPS; nothing is downloaded.")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
+    allow_unchecked_overlap: Annotated[bool, typer.Option("--allow-unchecked-overlap", help=ALLOW_HELP)] = False,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -67,4 +69,5 @@ def attack_command(
 
     require_matplotlib("pflx attack (reconstructions.png)")
     cfg = stage_config(AttackConfig, "attack", config_file=config, flags=explicit_flags(ctx, FLAGS), sets=set_)
-    run_attack(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt))
+    run_attack(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt),
+               allow_unchecked=allow_unchecked_overlap)

@@ -6,7 +6,9 @@ The ``attack`` artifact:
   ``upload_mode`` (gradient | weights), ``local_steps``, ``upload_steps`` (SGD steps behind
   the message), ``iterations``, ``lr``, ``unknowns_lr``, ``labels`` (known | inferred) and
   ``label_accuracy``,
-  ``upload`` (names of the message's tensors), ``device``, ``model``; per attack
+  ``upload`` (names of the message's tensors), ``device``, ``model``, ``overlap_unchecked`` (true:
+  ``--allow-unchecked-overlap`` attacked a partition that could not be checked against the samples a
+  ``--dp`` model trained on, :mod:`pfl_cli.cli.unseen`); per attack
   ``{attack: {mean_psnr, median_psnr, mean_ssim, median_ssim, mean_lpips, median_lpips}}`` under
   ``results`` (SSIM null for vector data, LPIPS null without ``--lpips-weights``). PSNR / SSIM compare images scaled to [0, 1] by the dataset's value range.
 - ``images.csv``: image, client_id, sample (dataset index), label, attack, psnr, ssim, lpips.
@@ -43,16 +45,18 @@ def _refuse_unattacked(train_cfg) -> None:
                          f"uploads of {attacked}.")
 
 
-def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter) -> None:
+def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter,
+               allow_unchecked: bool = False) -> None:
     from pfl_cli.attack.api import attack_model, validate_attack_config
     from pfl_cli.fl.device import resolve_device
 
     validate_attack_config(cfg)
     device = resolve_device(cfg.device)
-    inputs = open_model_stage("attack", cfg, model=model, partition=partition, out=out, force=force, report=report)
+    inputs = open_model_stage("attack", cfg, model=model, partition=partition, out=out, force=force, report=report,
+                              allow_unchecked=allow_unchecked)
     if inputs is None:
         return
-    writer, model_art, payload, train_cfg, part, ds = inputs
+    writer, model_art, payload, train_cfg, part, ds, unchecked = inputs
     _refuse_unattacked(train_cfg)
     optimized = [a for a in OPTIMIZED if cfg.attack in (a, "all")]
     with report.progress("attack", total=cfg.iterations * len(optimized), unit="iteration") as bar:
@@ -84,6 +88,7 @@ def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, rep
         "results": results,
         "device": str(device),
         "model": model_art.input_ref(),
+        "overlap_unchecked": unchecked,
     })
     rows = [[i, int(ids[i]), int(run.sample[i]), int(run.label[i]), a, float(run.psnr[a][i]),
              None if run.ssim[a] is None else float(run.ssim[a][i]),

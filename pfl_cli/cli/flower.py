@@ -104,6 +104,7 @@ def write_deployment(run) -> None:
 
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.cli.train_run import train_metrics, write_train_files
+    from pfl_cli.cli.unseen import partition_input
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import TrainRun, model_payload
     from pfl_cli.fl.loop import TrainOutcome, evaluation_rows
@@ -122,7 +123,7 @@ def write_deployment(run) -> None:
     config = config_to_dict(cfg)
     private = alg.dp is not None
     writer = ArtifactWriter(run.out, stage="train", config=config, seed=cfg.seed,
-                            inputs=[run.partition_artifact.input_ref()], force=run.force, dp=private)
+                            inputs=[partition_input(run.partition_artifact)], force=run.force, dp=private)
     participation = (["round", "client_id", "node_id", "status"], run.participation)
     with writer:
         if private:  # pflx train --dp's artifact: the ledger, the model, public facts; the rest on request

@@ -10,6 +10,7 @@ import typer
 from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
+from pfl_cli.cli.unseen import ALLOW_HELP
 
 FLAGS = ("clients", "label_mask", "finetune_steps", "eval_descriptor", "embed_rounds", "local_epochs", "save_models",
          "device", "seed", "evaluate_hidden_labels", "predictions")
@@ -31,6 +32,7 @@ def predict(
     predictions: Annotated[bool, typer.Option("--predictions/--no-predictions", help="Write predictions.npz: client_id, split, sample, predicted class and probabilities of every train and test sample.")] = True,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: a histogram of per-client accuracy (not part of the config).")] = False,
+    allow_unchecked_overlap: Annotated[bool, typer.Option("--allow-unchecked-overlap", help=ALLOW_HELP)] = False,
     seed: SeedOpt = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -71,4 +73,5 @@ def predict(
         from pfl_cli.cli.figures import require_matplotlib
 
         require_matplotlib("--plot")
-    run_predict(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot)
+    run_predict(cfg, model=model, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot,
+                allow_unchecked=allow_unchecked_overlap)

@@ -13,7 +13,9 @@ The ``predict`` artifact:
   the algorithm's paper protocol for clients without trained state when there are any, ``new_clients`` of
   them), ``rounds`` (of that protocol, e.g. pFedHN's embedding rounds); ``optimizer_steps`` (optimizer
   steps taken while predicting: local SGD steps plus server-side embedding steps; PeFLL takes none); ``personalized``; ``device``; ``model`` (the train
-  artifact's input reference). Mean accuracy averages per-client accuracies over clients with test
+  artifact's input reference); ``overlap_unchecked`` (true: ``--allow-unchecked-overlap`` scored a
+  partition that could not be checked against the samples a ``--dp`` model trained on,
+  :mod:`pfl_cli.cli.unseen`). Mean accuracy averages per-client accuracies over clients with test
   samples; pooled accuracy is correct / total over all their test samples.
 - ``clients.csv``: client_id, role (0 train, 1 holdout), n_train, n_test, accuracy, accuracy_lm.
 - ``predictions.npz`` (unless ``--no-predictions``): one row per sample of every predicted client,
@@ -89,78 +91,19 @@ def check_same_dataset(partition: Path, info: dict, train_metrics: dict, command
             "e.g. one from pflx simulate over it.")
 
 
-_CLIENT_ROLES = {"train": (0,), "holdout": (1,), "all": (0, 1)}
-
-
-def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, partition: Path, part, part_art,
-                         info: dict) -> None:
-    """Refuse (exit 2) samples the model trained on where ``stage`` takes them for unseen ones.
-
-    ``predict`` scores the test samples of the ``clients`` clients, ``attack`` reconstructs their
-    train samples. On the model's own partition both are what they claim to be: a partition holds
-    each sample once, holdout clients never train, and attack's ``--clients train`` are the clients
-    whose uploads the model trained on, on purpose. Any other partition of the same dataset may
-    hand out the model's training samples again (another seed, a simulated partition), so its
-    samples are compared with the model's: the train artifact's ``train_samples.npz``, else (a
-    --dp model records none) the partition its manifest names, read from that path.
-    """
-    ref = next((i for i in model_art.manifest.get("inputs", []) if i.get("stage") == "partition"), None)
-    if ref is None:  # a train artifact always names its partition; nothing to compare with otherwise
-        return
-    recorded = ref.get("sha256")  # withheld under --dp: the path identifies the partition then
-    same_path = Path(ref["path"]).resolve() == part_art.path.resolve()
-    if recorded == part_art.content_hash or (recorded is None and same_path):
-        return
-    trained = _model_training_samples(model, model_art, ref, info)
-    if trained is None:  # a --dp model of another dataset: no sample of this one was trained on
-        return
-    if stage == "predict":
-        indices, owner, what = part.test_indices, part.test_owner(), "test samples"
-    else:
-        indices, owner, what = part.train_indices, part.train_owner(), "train samples (the attack's targets)"
-    chosen = np.asarray(indices)[np.isin(np.asarray(part.role)[owner], _CLIENT_ROLES[clients])]
-    hits = int(np.count_nonzero(np.isin(chosen, trained)))
-    if hits:
-        raise ArtifactError(
-            f"--partition {partition}: {hits} of the {len(chosen)} {what} of its {clients} clients are samples "
-            f"the model trained on (--model {model}, trained on the partition {ref['path']}); {stage} takes them "
-            "for unseen data. Pass the model's own partition, or one whose clients hold none of its training "
-            "samples.")
-
-
-def _model_training_samples(model: Path, model_art, ref: dict, info: dict) -> np.ndarray | None:
-    """Sorted dataset indices the model trained on (None: it trained on another dataset); exit 2 if unknown."""
-    from pfl_cli.artifacts import load_partition
-    from pfl_cli.fl.store import ROLE_TRAIN
-    from pfl_cli.readers import read_train_samples
-
-    if model_art.has("train_samples.npz"):  # the same dataset: check_same_dataset has compared the labels
-        return read_train_samples(model_art, "--model", num_samples=int(info["num_samples"]))
-    dataset = next((i for i in model_art.manifest.get("inputs", []) if i.get("stage") == "dataset"), {})
-    if dataset.get("path") not in (None, info["spec"]):
-        return None
-    path = Path(ref["path"])
-    if (path / "manifest.json").is_file():
-        trained_part, trained_info, trained_art = load_partition(path, flag="--model's partition")
-        if ref.get("sha256") in (None, trained_art.content_hash):
-            if trained_info.get("labels_sha256") != info.get("labels_sha256"):
-                return None
-            owner = trained_part.train_owner()
-            return np.unique(np.asarray(trained_part.train_indices)[np.asarray(trained_part.role)[owner] == ROLE_TRAIN])
-    raise ArtifactError(
-        f"--model {model}: cannot tell which samples of {info['spec']} it trained on: it records none (a --dp model "
-        f"does not), and its partition {path} is {'changed' if path.exists() else 'gone'}. Restore that partition "
-        "at its path, or pass the model's own partition.")
-
-
 def open_model_stage(stage: str, cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter,
-                     up_to_date_hint: str = ""):
-    """What a stage reading a train artifact and a partition starts with (predict, attack).
+                     up_to_date_hint: str = "", allow_unchecked: bool = False):
+    """What a stage reading a train artifact and a partition starts with (the scoring stages of
+    :data:`pfl_cli.cli.unseen.SCORING_STAGES`: predict, attack).
 
     Checks ``--out`` first, reads the model and the partition's dataset, refuses a partition
-    over another dataset, and returns ``(writer, model_art, payload, train_cfg, part, ds)``, or
-    None after reporting that ``out`` is up to date.
+    over another dataset and any scored sample the model trained on (:mod:`pfl_cli.cli.unseen`),
+    and returns ``(writer, model_art, payload, train_cfg, part, ds, unchecked)`` (``unchecked``:
+    the overlap could not be checked and ``--allow-unchecked-overlap`` accepted that; a warning
+    says so), or None after reporting that ``out`` is up to date.
     """
+    from pfl_cli.cli.unseen import ALLOW_FLAG, check_unseen_samples
+
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
 
@@ -168,18 +111,23 @@ def open_model_stage(stage: str, cfg, *, model: Path, partition: Path, out: Path
     model_art, payload, train_cfg, train_metrics = read_model(model)
     part, info, part_art, ds = load_partition_dataset(partition)
     check_same_dataset(partition, info, train_metrics, stage)
-    check_unseen_samples(stage, cfg.clients, model=model, model_art=model_art, partition=partition, part=part,
-                         part_art=part_art, info=info)
+    unchecked = check_unseen_samples(stage, cfg.clients, model=model, model_art=model_art, partition=partition,
+                                     part=part, part_art=part_art, info=info, ds=ds, allow_unchecked=allow_unchecked)
     writer = ArtifactWriter(out, stage=stage, config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[model_art.input_ref(), part_art.input_ref(), ds.input_ref()], force=force)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same config and inputs); nothing to do.{up_to_date_hint}")
         report.result({"out": str(out), "up_to_date": True})
         return None
-    return writer, model_art, payload, train_cfg, part, ds
+    if unchecked:
+        report.warn(f"{ALLOW_FLAG}: {stage} scores --partition {partition} unchecked: --model {model} lists no "
+                    "training samples (--dp) and its own partition is not at hand, so some scored samples may be "
+                    "samples it trained on; metrics.json says overlap_unchecked: true.")
+    return writer, model_art, payload, train_cfg, part, ds, unchecked
 
 
-def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter, plot: bool = False) -> None:
+def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter, plot: bool = False,
+                allow_unchecked: bool = False) -> None:
     import torch
 
     from pfl_cli.fl.api import predict_clients
@@ -188,10 +136,11 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     _check_config(cfg)
     device = resolve_device(cfg.device)
     inputs = open_model_stage("predict", cfg, model=model, partition=partition, out=out, force=force, report=report,
-                              up_to_date_hint=f" `pflx show --plot {out}` draws its histogram." if plot else "")
+                              up_to_date_hint=f" `pflx show --plot {out}` draws its histogram." if plot else "",
+                              allow_unchecked=allow_unchecked)
     if inputs is None:
         return
-    writer, model_art, payload, train_cfg, part, ds = inputs
+    writer, model_art, payload, train_cfg, part, ds, unchecked = inputs
     from pfl_cli import registry
 
     servers = "; ".join(e.algorithm.serves_unlabeled for e in registry.entries().values()
@@ -231,6 +180,7 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "personalized": bool(run.personalized),
         "device": str(device),
         "model": model_art.input_ref(),
+        "overlap_unchecked": unchecked,
     })
     rows = client_rows(part, [run.evaluation])
     with writer:

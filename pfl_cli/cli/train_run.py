@@ -12,8 +12,9 @@ The ``train`` artifact (DESIGN.md section 3):
   tensors the algorithm really exchanged (``pfl_cli.fl.communication``), with a per-message breakdown;
 - ``clients.csv``: client_id, role (0 train, 1 holdout, as in the partition's stats.csv), n_train
   (fit + validation samples), n_test, accuracy, accuracy_lm (label-masked) of the selected model;
-- ``train_samples.npz``: ``sample``, the sorted dataset indices of the train clients' train samples
-  (what predict and attack compare another partition with; not under ``--dp``);
+- ``train_samples.npz``: ``sample``, the sorted dataset indices of the train clients' train samples,
+  and ``digest`` (uint8, 16 bytes a sample), their content digests (what predict and attack compare
+  scored samples with, :mod:`pfl_cli.cli.unseen`; not under ``--dp``);
 - ``checkpoint/state.pt``: the last checkpoint of the run (absent for ``local``, which has no rounds).
 
 While training, the latest checkpoint lives in ``.<out>.checkpoint/state.pt`` beside ``--out``
@@ -127,7 +128,9 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
                          f"{part.num_clients} clients are holdout clients. Re-partition with fewer "
                          "--holdout-clients.")
     config = config_to_dict(cfg)
-    inputs = [part_art.input_ref(), ds.input_ref()]
+    from pfl_cli.cli.unseen import partition_input, training_record
+
+    inputs = [partition_input(part_art), ds.input_ref()]  # the partition's recipe identifies it under --dp too
     private = cfg.dp_epsilon is not None
     if not private:  # under --dp the number and sizes of the clients are private: nothing is said about them
         _warn_clamped(cfg, part, n_train, report)
@@ -199,7 +202,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
                           cfg.write_nonprivate)
         return
     with writer:
-        write_train_files(writer, config, run, part, metrics)
+        write_train_files(writer, config, run, part, metrics, record=training_record(part, ds, info["spec"]))
         if plot:  # drawn from the CSV just written, exactly as `pflx show --plot` redraws it
             from pfl_cli.cli.figures import training_curves
 
@@ -210,15 +213,18 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     _print_summary(report, out, metrics)
 
 
-def write_train_files(writer, config: dict, run, part, metrics: dict) -> None:
+def write_train_files(writer, config: dict, run, part, metrics: dict, record=None) -> None:
     """The files of a train artifact without DP: config.yaml, model.pt, metrics.csv, metrics.json, clients.csv,
     train_samples.npz.
 
     Also what the Flower ServerApp writes (``pfl_cli.interop.flower_app.server``).
     ``train_samples.npz`` (``sample``: the sorted dataset indices of the train clients' train
-    samples) lets predict and attack refuse, on another partition of the same dataset, samples the
-    model trained on, also once the partition is gone. A DP artifact does not hold it (which
-    records trained is what DP protects): there the partition at the manifest's path is read.
+    samples; ``digest``: their content digests, :mod:`pfl_cli.data.digest`) lets predict and attack
+    refuse any scored sample with the content of one the model trained on, on any partition, also
+    once the partition is gone (:mod:`pfl_cli.cli.unseen`). ``record`` is ``(sample, digest)`` from
+    :func:`pfl_cli.cli.unseen.training_record`; without it (the Flower server reads no samples) the
+    indices alone are written, and predict digests them from the dataset. A DP artifact holds
+    neither (which records trained is what DP protects).
     """
     import yaml
 
@@ -231,8 +237,11 @@ def write_train_files(writer, config: dict, run, part, metrics: dict) -> None:
     writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
                     client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
                                        if g in run.outcome.best.groups]))
-    trained = np.asarray(part.role)[part.train_owner()] == ROLE_TRAIN
-    writer.save_npz("train_samples.npz", sample=np.unique(np.asarray(part.train_indices, np.int64)[trained]))
+    if record is None:
+        trained = np.asarray(part.role)[part.train_owner()] == ROLE_TRAIN
+        writer.save_npz("train_samples.npz", sample=np.unique(np.asarray(part.train_indices, np.int64)[trained]))
+    else:
+        writer.save_npz("train_samples.npz", sample=record[0], digest=record[1])
 
 
 def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> None:

@@ -73,10 +73,13 @@ def read_partition_files(art: Artifact, flag: str) -> tuple[dict, dict[str, np.n
     return info, arrays, stats
 
 
-def read_train_samples(art: Artifact, flag: str, *, num_samples: int) -> np.ndarray:
-    """``train_samples.npz`` of a train artifact: the dataset indices the model trained on, checked.
+def read_train_samples(art: Artifact, flag: str, *, num_samples: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """``train_samples.npz`` of a train artifact: ``(sample, digest)``, the dataset indices the model
+    trained on and their content digests (:mod:`pfl_cli.data.digest`; None in an artifact written
+    before pflx recorded them), checked.
 
-    Rules: it holds ``sample``, a 1-D integer array, strictly increasing, in ``[0, num_samples)``.
+    Rules: it holds ``sample``, a 1-D integer array, strictly increasing, in ``[0, num_samples)``;
+    ``digest``, when present, is a uint8 array of shape ``(len(sample), 16)``.
     """
     name = "train_samples.npz"
     arrays = _plain_npz(art, flag, name)
@@ -86,7 +89,11 @@ def read_train_samples(art: Artifact, flag: str, *, num_samples: int) -> np.ndar
     sample = arrays["sample"].astype(np.int64)
     if len(sample) and (sample[0] < 0 or sample[-1] >= num_samples or (np.diff(sample) <= 0).any()):
         raise refuse(art, flag, name, f"sample must be strictly increasing dataset indices in [0, {num_samples})")
-    return sample
+    digest = arrays.get("digest")
+    if digest is not None and (digest.dtype != np.uint8 or digest.shape != (len(sample), 16)):
+        raise refuse(art, flag, name, f"digest must be a uint8 array of shape ({len(sample)}, 16), one row per sample",
+                     f"{digest.dtype} array of shape {digest.shape}")
+    return sample, digest
 
 
 def _plain_npz(art: Artifact, flag: str, name: str) -> dict:

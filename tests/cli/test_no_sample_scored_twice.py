@@ -1,0 +1,215 @@
+"""No sample scored twice (DESIGN.md section 7): a stage that scores a model never takes a sample the model
+trained on for unseen data, however the partition presents it (issue 39, item 4).
+
+Generated over the scoring stages (``pfl_cli.cli.unseen.SCORING_STAGES``: a new one is covered by adding it
+there) and over both a model that lists its training samples (no DP) and one that cannot (``--dp``). The
+reference is obviously correct: a Python set of each sample's bytes (features and label) that the model
+trained on, against the bytes of the samples the stage would score.
+
+Cases: (a) the model's partition re-created at the same path with another seed; (b) the same samples
+permuted within each class (same labels, same labels hash, same indices, other content); (c) copies of
+training samples at other indices; and the control: the model's own partition is scored.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from pfl_cli.artifacts import load_partition
+from pfl_cli.cli.app import main as _main
+from pfl_cli.cli.unseen import ALLOW_FLAG, CLIENT_ROLES, SCORING_STAGES
+from pfl_cli.data import load_dataset
+
+CLIENTS = "holdout"  # both stages take it; its clients' samples are never trained on in the model's own partition
+PART = ["--classes-per-client", "2", "--class-shares", "equal", "--num-clients", "10", "--holdout-clients", "4",
+        "--test-fraction", "0.3", "--format", "quiet"]
+TRAIN = ["--algorithm", "fedavg", "--rounds", "2", "--eval-every", "2", "--local-steps", "2", "--set",
+         "mlp_hidden=[8]", "--format", "quiet"]
+DP = ["--dp", "eps=4,delta=1e-6,clip=0.5,population=1000,noise=seeded", "--set", "normalize=false"]
+# smoke-sized runs of a stage (a --dp client uploads no raw gradient: attack its one-step delta)
+CHEAP = {"attack": ["--images", "1", "--iterations", "1", "--attack", "dlg", "--local-steps", "1"]}
+MODES = ("listed", "dp")  # the model lists its training samples (no DP) / cannot (--dp)
+
+
+def main(argv):
+    return _main([str(a) for a in argv])
+
+
+def save(path, x, y):
+    np.savez(path, x=x, y=y)
+    return f"npz:{path}"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """data.npz (600 digits) and three variants of it; partitions and a model per mode over data.npz.
+
+    - ``perm.npz``: the samples of each class in another order (labels, their hash and a partition's
+      indices unchanged; the content at each index another sample's);
+    - ``dup.npz``: some holdout clients' samples replaced by copies of training samples of their class.
+    """
+    root = tmp_path_factory.mktemp("unseen")
+    digits = load_dataset("builtin:digits")
+    x, y = digits.x[:600], digits.y[:600]
+    spec = save(root / "data.npz", x, y)
+    rng = np.random.default_rng(0)
+    perm = np.arange(len(y))
+    for c in np.unique(y):
+        at = np.flatnonzero(y == c)
+        perm[at] = rng.permutation(at)
+    save(root / "perm.npz", x[perm], y)
+    assert main(["partition", "--dataset", spec, *PART, "--out", root / "part"]) == 0
+    part, _, _ = load_partition(root / "part")
+    trained = trained_indices(part)
+    holdout = np.flatnonzero(np.isin(part.role, CLIENT_ROLES[CLIENTS]))
+    targets = np.concatenate([part.train_of(j) for j in holdout] + [part.test_of(j) for j in holdout])
+    dup = x.copy()
+    for i in targets[::3]:  # a third of the holdout clients' samples become copies of training samples
+        same_class = trained[y[trained] == y[i]]
+        if len(same_class):
+            dup[i] = x[rng.choice(same_class)]
+    save(root / "dup.npz", dup, y)
+    for name in ("perm", "dup"):
+        assert main(["partition", "--dataset", f"npz:{root / name}.npz", *PART, "--out", root / f"part-{name}"]) == 0
+    for mode in MODES:
+        assert main(["train", "--partition", root / "part", *TRAIN, *(DP if mode == "dp" else []),
+                     "--out", root / mode]) == 0
+    return root
+
+
+def trained_indices(part):
+    """The train clients' train samples: what a model trained on ``part`` read (the partition's own record)."""
+    return np.unique(np.concatenate([part.train_of(j) for j in np.flatnonzero(part.role == 0)]))
+
+
+def sample_bytes(ds, i):
+    return ds.x[i].tobytes() + int(ds.y[i]).to_bytes(8, "little", signed=True)
+
+
+def scored_training_samples(stage, model_part, part):
+    """The reference: how many samples ``stage`` scores on ``part`` hold the bytes of one the model trained on."""
+    trained_ds, ds = load_dataset(model_part[1]["spec"]), load_dataset(part[1]["spec"])
+    trained = {sample_bytes(trained_ds, i) for i in trained_indices(model_part[0])}
+    p = part[0]
+    split = p.test_of if SCORING_STAGES[stage].split == "test" else p.train_of
+    chosen = [i for j in np.flatnonzero(np.isin(p.role, CLIENT_ROLES[CLIENTS])) for i in split(j)]
+    return sum(sample_bytes(ds, i) in trained for i in chosen), len(chosen)
+
+
+def score(stage, model, partition, out, *extra):
+    return main([stage, "--model", model, "--partition", partition, "--clients", CLIENTS, "--out", out,
+                 "--format", "json", *CHEAP.get(stage, []), *extra])
+
+
+def refused(capsys, code, out):
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert not out.exists()
+    return err
+
+
+@pytest.fixture(scope="module")
+def walked(root):
+    """(a): a model per mode on ``walk``; then ``walk`` re-created at its path with another seed."""
+    walk = root / "walk"
+    assert main(["partition", "--dataset", f"npz:{root / 'data.npz'}", *PART, "--out", walk]) == 0
+    own = load_partition(walk)
+    for mode in MODES:
+        assert main(["train", "--partition", walk, *TRAIN, *(DP if mode == "dp" else []),
+                     "--out", root / f"walk-{mode}"]) == 0
+    assert main(["partition", "--dataset", f"npz:{root / 'data.npz'}", *PART, "--seed", "1", "--force",
+                 "--out", walk]) == 0
+    return walk, own
+
+
+@pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
+@pytest.mark.parametrize("mode", MODES)
+def test_own_partition_is_scored(root, tmp_path, capsys, stage, mode):
+    out = tmp_path / "out"
+    assert score(stage, root / mode, root / "part", out) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["overlap_unchecked"] is False
+
+
+@pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
+@pytest.mark.parametrize("mode", MODES)
+def test_partition_recreated_with_another_seed_at_the_models_path(walked, root, tmp_path, capsys, stage, mode):
+    walk, own = walked
+    hits, total = scored_training_samples(stage, own, load_partition(walk))
+    assert hits > 0  # the re-created partition hands out samples the model trained on
+    out = tmp_path / "out"
+    err = refused(capsys, score(stage, root / f"walk-{mode}", walk, out), out)
+    if mode == "listed":  # the model lists its samples: the overlap is counted, and no flag lets it through
+        assert f"{hits} of the {total} " in err and "the model trained on" in err
+        err = refused(capsys, score(stage, root / f"walk-{mode}", walk, out, ALLOW_FLAG), out)
+        assert f"{hits} of the {total} " in err
+        return
+    # --dp: the model lists none and its own partition is gone: refused unless the user accepts it unchecked
+    assert "cannot check" in err and ALLOW_FLAG in err
+    assert score(stage, root / f"walk-{mode}", walk, out, ALLOW_FLAG) == 0
+    captured = capsys.readouterr()
+    assert json.loads((out / "metrics.json").read_text())["overlap_unchecked"] is True
+    assert json.loads(captured.out)["overlap_unchecked"] is True
+    assert f"{ALLOW_FLAG}: {stage} scores" in captured.err and "overlap_unchecked: true" in captured.err
+
+
+@pytest.mark.parametrize("variant", ["perm", "dup"])
+@pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
+@pytest.mark.parametrize("mode", MODES)
+def test_training_samples_at_other_indices_are_refused(root, tmp_path, capsys, stage, mode, variant):
+    # (b) perm: same labels hash and the same indices as the model's partition, other content at each index;
+    # (c) dup: copies of training samples where the model's partition has unseen ones.
+    own, other = load_partition(root / "part"), load_partition(root / f"part-{variant}")
+    np.testing.assert_array_equal(own[0].test_indices, other[0].test_indices)
+    assert own[1]["labels_sha256"] == other[1]["labels_sha256"]
+    hits, total = scored_training_samples(stage, own, other)
+    assert hits > 0
+    out = tmp_path / "out"
+    err = refused(capsys, score(stage, root / mode, root / f"part-{variant}", out), out)
+    assert f"{hits} of the {total} " in err and "the model trained on" in err
+
+
+def test_training_record_is_content_digests(root):
+    # Non-DP: 16 bytes of digest a training sample, one per index the partition trained; none under --dp.
+    from pfl_cli.data.digest import sample_digests
+
+    part, info, _ = load_partition(root / "part")
+    record = np.load(root / "listed" / "train_samples.npz")
+    ds = load_dataset(info["spec"])
+    np.testing.assert_array_equal(record["sample"], trained_indices(part))
+    assert record["digest"].dtype == np.uint8 and record["digest"].shape == (len(record["sample"]), 16)
+    np.testing.assert_array_equal(record["digest"], sample_digests(ds.x, ds.y, record["sample"]))
+    assert not (root / "dp" / "train_samples.npz").exists()
+    ref = next(i for i in json.loads((root / "dp" / "manifest.json").read_text())["inputs"]
+               if i["stage"] == "partition")
+    assert ref["sha256"] is None and len(ref["recipe"]) == 64  # the release contract: no private fingerprint
+
+
+def test_digests_compare_content_not_dtype_or_index():
+    from pfl_cli.data.digest import sample_digests
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (50, 3, 4, 4), dtype=np.uint8)
+    y = rng.integers(0, 3, 50)
+    d = sample_digests(images, y)
+    for dtype in (np.float32, np.float64, np.int64):  # one image digests alike however it is stored
+        np.testing.assert_array_equal(sample_digests(images.astype(dtype), y), d)
+    order = rng.permutation(50)
+    np.testing.assert_array_equal(sample_digests(images[order], y[order]), d[order])
+    # against the obvious reference: equal digests exactly where the (features, label) bytes are equal
+    x = np.concatenate([images, images[:5]]).astype(np.float32) / 7
+    labels = np.concatenate([y, y[:4], (y[4:5] + 1) % 3])
+    keys = [x[i].tobytes() + bytes([labels[i]]) for i in range(len(x))]
+    dig = [bytes(r) for r in sample_digests(x, labels)]
+    assert all((keys[i] == keys[j]) == (dig[i] == dig[j]) for i in range(len(x)) for j in range(len(x)))
+    assert (sample_digests(np.array([[0.0, 1.5]])) == sample_digests(np.array([[-0.0, 1.5]]))).all()
+
+
+def test_moved_model_partition_under_dp_is_still_its_own(root, tmp_path, capsys):
+    # --dp withholds the partition's sha256; its recipe (public options and seed) recognises it after a move.
+    shutil.copytree(root / "part", tmp_path / "moved")
+    out = tmp_path / "out"
+    assert score("predict", root / "dp", tmp_path / "moved", out) == 0
+    assert json.loads((out / "metrics.json").read_text())["overlap_unchecked"] is False
