@@ -184,3 +184,112 @@ def test_artifacts_travel(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_artifacts_travel_with_tune(tmp_path, monkeypatch, capsys):
     _check_travels(tmp_path, monkeypatch, capsys, ["partition", "tune"])
+
+
+# ---------------------------------------------------------------------------- the dataset, found again or refused
+def _npz_partition(cli, root: Path, monkeypatch) -> Path:
+    """``root/data.npz`` (digits) and the partition ``root/part`` of it, made from ``root`` with a relative spec."""
+    from pfl_cli.data.builtin import _digits_arrays
+
+    x, y = _digits_arrays()
+    root.mkdir(parents=True, exist_ok=True)
+    np.savez(root / "data.npz", x=x[:200], y=y[:200])
+    monkeypatch.chdir(root)
+    assert cli("partition", "--dataset", "npz:data.npz", "--num-clients", "4", "--out", "part", "--format",
+               "quiet").code == 0
+    return root / "part"
+
+
+def _stage(cli, part: Path, out: Path):
+    """A stage that reads the partition's dataset (every such stage loads it through the same function)."""
+    return cli("cluster", "--partition", part, "--server-data", "builtin:digits", "--k", "2", "--no-dp",
+               "--reference-n-init", "1", "--out", out, "--format", "quiet")
+
+
+def test_dataset_json_records_the_resolved_path_and_digest(cli, tmp_path, monkeypatch):
+    part = _npz_partition(cli, tmp_path / "a", monkeypatch)
+    doc = json.loads((part / "dataset.json").read_text())
+    assert doc["spec"] == f"npz:{tmp_path / 'a' / 'data.npz'}" and doc["spec_given"] == "npz:data.npz"
+    from pfl_cli.data import load_dataset
+    from pfl_cli.formats import sha256_file
+
+    assert doc["source"] == {"path": str(tmp_path / "a" / "data.npz"), "relative_path": "../data.npz", "kind": "file",
+                             "sha256": sha256_file(tmp_path / "a" / "data.npz"),
+                             "content_sha256": load_dataset(f"npz:{tmp_path / 'a' / 'data.npz'}").content_sha256}
+    builtin = tmp_path / "b"
+    assert cli("partition", "--num-clients", "4", "--out", builtin, "--format", "quiet").code == 0
+    assert "source" not in json.loads((builtin / "dataset.json").read_text())  # builtin: needs nothing
+
+
+def test_a_moved_dataset_is_named_with_the_variable_that_finds_it(cli, tmp_path, monkeypatch):
+    from pfl_cli.cli.common import load_partition_dataset
+
+    part = _npz_partition(cli, tmp_path / "a", monkeypatch)
+    (tmp_path / "store").mkdir()
+    shutil.move(tmp_path / "a" / "data.npz", tmp_path / "store" / "data.npz")
+    monkeypatch.chdir(tmp_path)
+    r = _stage(cli, part, tmp_path / "t")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert str(tmp_path / "a" / "data.npz") in r.err and "PFLX_DATA" in r.err
+    assert not (tmp_path / "t").exists() and not list(tmp_path.glob(".t*"))  # nothing written
+    monkeypatch.setenv("PFLX_DATA", f"{tmp_path / 'elsewhere'}{os.pathsep}{tmp_path / 'store'}")
+    _, info, _, ds = load_partition_dataset(part)
+    assert ds.spec == info["spec"] and ds.num_samples == 200  # found under the second root, named as recorded
+
+
+def test_a_changed_dataset_is_refused_and_a_resaved_one_accepted(cli, tmp_path, monkeypatch):
+    from pfl_cli.cli.common import load_partition_dataset
+
+    part = _npz_partition(cli, tmp_path / "a", monkeypatch)
+    with np.load(tmp_path / "a" / "data.npz") as d:
+        x, y = d["x"], d["y"]
+    before = (tmp_path / "a" / "data.npz").read_bytes()
+    np.savez(tmp_path / "a" / "data.npz", x=x, y=y)  # the same arrays: another zip time stamp, the same content
+    assert load_partition_dataset(part)[3].num_samples == 200
+    changed = x.copy()
+    changed[0, 0] += 1  # one feature of one sample: the labels and the size, all the old check saw, unchanged
+    np.savez(tmp_path / "a" / "data.npz", x=changed, y=y)  # in place, read from where the partition was made
+    r = _stage(cli, part, tmp_path / "t")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert "not the data the partition was made from" in r.err and "PFLX_DATA" in r.err
+    assert not (tmp_path / "t").exists()
+    (tmp_path / "orig").mkdir()
+    np.savez(tmp_path / "orig" / "data.npz", x=x, y=y)
+    monkeypatch.setenv("PFLX_DATA", str(tmp_path / "orig"))  # an unchanged copy elsewhere is found and used
+    assert np.array_equal(load_partition_dataset(part)[3].x, x) and before != (tmp_path / "a" / "data.npz").read_bytes()
+
+
+def _write_mnist(root: Path, start: int) -> None:
+    """A tiny MNIST IDX layout (gzip'd): 6 train and 2 test images of 28x28."""
+    import gzip
+    import struct
+
+    root.mkdir(parents=True, exist_ok=True)
+    for name, array, magic in (("train-images-idx3-ubyte", np.arange(6 * 784) + start, 0x803),
+                               ("train-labels-idx1-ubyte", np.arange(6) % 3, 0x801),
+                               ("t10k-images-idx3-ubyte", np.arange(2 * 784) + 7, 0x803),
+                               ("t10k-labels-idx1-ubyte", np.arange(2) % 3, 0x801)):
+        array = (array % 256).astype(np.uint8).reshape((-1, 28, 28) if magic == 0x803 else (-1,))
+        head = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape)
+        with gzip.open(root / f"{name}.gz", "wb") as fh:
+            fh.write(head + array.tobytes())
+
+
+def test_a_directory_dataset_is_digested_by_its_arrays(cli, tmp_path, monkeypatch):
+    """A layout's digest is that of the arrays it loads to: a copy re-compressed (other bytes) is accepted,
+    one with another image is refused."""
+    from pfl_cli.cli.common import load_partition_dataset
+
+    _write_mnist(tmp_path / "mnist", 0)
+    monkeypatch.chdir(tmp_path)
+    assert cli("partition", "--dataset", "mnist:mnist", "--num-clients", "2", "--out", "part", "--format",
+               "quiet").code == 0
+    source = json.loads((tmp_path / "part" / "dataset.json").read_text())["source"]
+    assert source["kind"] == "directory" and "sha256" not in source
+    shutil.rmtree(tmp_path / "mnist")
+    _write_mnist(tmp_path / "copy" / "mnist", 0)
+    monkeypatch.setenv("PFLX_DATA", str(tmp_path / "copy"))
+    assert load_partition_dataset(tmp_path / "part")[3].num_samples == 8
+    _write_mnist(tmp_path / "copy" / "mnist", 1)
+    r = _stage(cli, tmp_path / "part", tmp_path / "t")
+    assert r.code == 2 and "not the data the partition was made from" in r.err, r.err
