@@ -22,8 +22,9 @@ def test_every_pflx_run_trains_every_client_every_round_with_the_matched_optimiz
     assert cfg.planned_cohort(20) in (None, 20)
     assert (cfg.rounds, cfg.seed, cfg.eval_every, cfg.batch_size, cfg.lr) == (7, 3, 7, conformance.BATCH,
                                                                                conformance.LR)
-    assert (cfg.momentum, cfg.client_clip, cfg.lambda_theta, cfg.val_fraction, cfg.normalize) == (0.0, 0.0, 0.0,
-                                                                                                  0.0, False)
+    inert = getattr(cfg.algorithm_class, "inert_keys", {})  # keys the method refuses as without effect
+    for k, v in dict(momentum=0.0, client_clip=0.0, lambda_theta=0.0, val_fraction=0.0, normalize=False).items():
+        assert k in inert or getattr(cfg, k) == v, k
     assert cfg.mlp_hidden == (conformance.HIDDEN,)
     row = conformance._algorithms(7)[algorithm]["pflx"]
     for k, v in row.items():  # the method's constants, and its Nones left at the method's default
@@ -77,3 +78,106 @@ def test_auto_init_shares_where_the_model_is_the_mlp_and_lets_the_rest_draw_thei
     assert conformance._share_initial_models(tmp_path / "x", ["fedbabu"], 3, [0, 1], "own") == set()
     assert conformance._init_words("auto", {"fedbabu"}, ["fedbabu", "gpfl"]) == (
         "shared (pflx draws it); each tool its own draw for gpfl (more than the MLP)")
+
+
+# ----------------------------------------------------------------------------- the paired verdict (issue 39, defect 6)
+T975 = {2: 4.302653, 3: 3.182446, 4: 2.776445}  # Student t 0.975 quantiles by degrees of freedom (tables)
+
+
+def _reference_interval(diffs):
+    """The 95 % t-interval of the mean, written out: mean +- t(0.975, n - 1) * sd / sqrt(n)."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5
+    return mean - T975[n - 1] * sd / n ** 0.5, mean + T975[n - 1] * sd / n ** 0.5
+
+
+def _old_rule_ok(pflx, peer):
+    """The verdict before issue 39: |mean gap| within max(2 points, the larger seed spread)."""
+    diff = sum(pflx) / len(pflx) - sum(peer) / len(peer)
+    return abs(diff) <= max(2.0, max(pflx) - min(pflx), max(peer) - min(peer))
+
+
+@pytest.mark.parametrize("pflx,peer", [
+    ([79.20, 80.09, 79.65], [77.43, 78.32, 77.88]),   # +1.77 on every seed: the gap the old bound passed
+    ([79.20, 80.31, 79.65], [77.65, 78.32, 77.88]),   # +1.55, +1.99, +1.77
+    ([50.0, 60.0, 70.0, 80.0], [48.9, 58.8, 68.7, 78.8]),  # +1.1 to +1.3 under seed spreads of 30 points
+])
+def test_a_systematic_same_sign_gap_under_two_points_fails(pflx, peer):
+    assert _old_rule_ok(pflx, peer)  # the old verdict passed these
+    v = conformance.paired_verdict(pflx, peer)
+    assert v["verdict"] == "gap", v
+    low, high = _reference_interval([a - b for a, b in zip(pflx, peer)])
+    assert v["low"] == pytest.approx(low, abs=1e-4) and v["high"] == pytest.approx(high, abs=1e-4)
+    assert v["low"] > 0 and v["mean"] == pytest.approx(sum(pflx) / len(pflx) - sum(peer) / len(peer))
+
+
+@pytest.mark.parametrize("pflx,peer,verdict", [
+    ([78.0, 79.5, 77.2], [76.5, 80.7, 76.9], "ok"),      # +1.5, -1.2, +0.3: noise around 0
+    ([80.0, 80.0, 80.0], [79.78, 79.78, 79.78], "ok"),   # +0.22 on every seed (one test sample): under tolerance
+    ([85.0, 79.0, 83.0], [80.0, 80.0, 80.0], "miss"),    # +5, -1, +3: mean 2.33 > 2, interval spans 0
+    ([70.0, 71.0, 72.0], [72.5, 73.6, 74.4], "gap"),     # -2.5, -2.6, -2.4 is "miss": checked below
+])
+def test_the_verdict_on_noise_on_a_negligible_gap_and_on_a_large_one(pflx, peer, verdict):
+    if verdict == "gap":
+        verdict = "miss"  # |mean| > 2 is a miss whatever the interval says
+    v = conformance.paired_verdict(pflx, peer)
+    assert v["verdict"] == verdict, v
+    low, high = _reference_interval([a - b for a, b in zip(pflx, peer)])
+    assert (v["low"], v["high"]) == pytest.approx((low, high), abs=1e-4)
+
+
+def test_the_tolerance_and_bound_are_the_callers():
+    pflx, peer = [80.0, 80.1, 79.9], [79.6, 79.7, 79.5]  # +0.4 on every seed
+    assert conformance.paired_verdict(pflx, peer)["verdict"] == "ok"
+    assert conformance.paired_verdict(pflx, peer, tolerance=0.3)["verdict"] == "gap"
+    assert conformance.paired_verdict(pflx, peer, bound=0.3, tolerance=0.1)["verdict"] == "miss"
+
+
+@pytest.mark.parametrize("pflx,peer", [([1.0, 2.0], [1.0, 2.0]), ([1.0, 2.0, 3.0], [1.0, 2.0])])
+def test_the_verdict_needs_three_paired_seeds(pflx, peer):
+    with pytest.raises(ValueError, match="needs the same three or more seeds in both tools"):
+        conformance.paired_verdict(pflx, peer)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seeds", "0,1"], "--seeds must list three or more distinct integers"),
+    (["--seeds", "0,1,1"], "--seeds must list three or more distinct integers"),
+    (["--participation", "0"], "--participation must list distinct join ratios in (0, 1]"),
+    (["--participation", "1,1.5"], "--participation must list distinct join ratios in (0, 1]"),
+    (["--participation", "half"], "--participation must list distinct join ratios in (0, 1]"),
+    (["--tolerance", "3"], "--tolerance must be >= 0 and <= --bound"),
+])
+def test_bad_settings_are_refused_in_one_line_before_anything_runs(argv, message, capsys, tmp_path):
+    json_out = tmp_path / "rows.json"
+    assert conformance.main([*argv, "--pfllib", str(tmp_path / "absent"), "--json", str(json_out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"conformance.py: {message}") and "\n" not in err
+    assert not json_out.exists()
+
+
+def test_a_quarter_cohort_trains_five_of_twenty_clients_in_both_tools():
+    """pflx's clients_per_round and PFLlib's int(num_clients * join_ratio) agree; join 1 is every client."""
+    assert conformance.cohort_size(0.25, 20) == 5 == int(20 * 0.25)
+    assert conformance.cohort_size(1.0, 20) is None
+    assert conformance.parse_participation("1,0.25") == [1.0, 0.25]
+    for algorithm in conformance._algorithms(7):
+        cfg = conformance._pflx_config(algorithm, 7, 3, conformance.cohort_size(0.25, 20))
+        assert cfg.planned_cohort(20) == 5 and cfg.rounds == 7, algorithm
+    # FedALA runs as the authors' code does: ALA on every client each round
+    assert conformance._pflx_config("fedala", 7, 3).ala_every_client is True
+
+
+def test_the_peer_cache_is_keyed_by_setting_cohort_seed_and_initial_model(tmp_path):
+    init = tmp_path / "init.pt"
+    init.write_bytes(b"one draw")
+    cache = conformance.PeerCache(str(tmp_path / "cache.json"), "v|ring|20|50")
+    keys = {cache.key("fedavg", 1.0, 0, init), cache.key("fedavg", 0.25, 0, init), cache.key("fedavg", 1.0, 1, init),
+            cache.key("fedavg", 1.0, 0, tmp_path / "absent.pt")}
+    assert len(keys) == 4
+    cache.add(cache.key("fedavg", 1.0, 0, init), {"accuracy": 0.5, "seconds": 1.0})
+    init.write_bytes(b"another draw")  # another initial model: not the cached run
+    again = conformance.PeerCache(str(tmp_path / "cache.json"), "v|ring|20|50")
+    assert cache.key("fedavg", 1.0, 0, init) not in again and len(again) == 1
+    assert conformance.PeerCache(str(tmp_path / "cache.json"), "v|ring|20|100").key(
+        "fedavg", 1.0, 0, init) not in again
