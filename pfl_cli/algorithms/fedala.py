@@ -17,6 +17,18 @@ A train client's personalized model is its local model as it last trained it. A 
 no local model, so ALA is the identity: it trains the global model on its data for
 ``new_client_epochs`` epochs (pflx's fine-tuning protocol for new clients).
 
+With ``ala_every_client`` (the authors' code, PFLlib's ``serverala.py``: ``send_models`` runs
+``local_initialization`` on every client each round, and ``evaluate`` scores those models), ALA
+runs on every train client, not only the cohort, each time the global model changes: at the end of
+every round, after the server's average, each train client forms theta_hat_i from its local model
+(the initial model for a client that has not trained yet) and the new Theta, and keeps it as its
+local model. The next cohort trains from those (the global model did not change in between, so this
+is the authors' order), and a train client's personalized model is its ALA-aggregated model, the one
+the authors' code evaluates. Off (the default), ALA runs for the cohort only, before its training, as
+the procedure of the paper's §"Adaptive Local Aggregation" describes it (a selected client receives
+Theta and forms theta_hat_i); on the conformance task the two differ by the figures in
+docs/performance/conformance.md ("FedALA: every client's ALA").
+
 Departures, said here: the start phase is capped at ``ala_max_start_epochs`` passes (the paper
 and PFLlib train until converged, which PFLlib's README warns can stall with a small threshold);
 the ``s`` share is a uniformly random subset of the client's samples each round (PFLlib takes a
@@ -54,6 +66,10 @@ class FedALAConfig(FedAvgRoundConfig):
                                "FedALA (AAAI 2023) authors' code, README: threshold 0.01 in the paper")
     ala_num_pre_loss: int = key(10, "start phase: pass losses the convergence test looks at",
                                 "FedALA (AAAI 2023) authors' code, ALA.py: num_pre_loss = 10")
+    ala_every_client: bool = key(False, "run ALA on every train client each round against the new global model "
+                                 "(their personalized model is the ALA-aggregated one), not on the cohort alone",
+                                 "FedALA (AAAI 2023) authors' code, PFLlib serverala.py send_models: "
+                                 "local_initialization on every client")
     ala_max_start_epochs: int = key(100, "start phase: at most this many passes (a bound the paper has not)")
     new_client_epochs: int = key(20, "epochs a new client trains the global model on its data",
                                  "PeFLL (ICLR 2024) App. A.2: new clients of the baselines train 20 local epochs")
@@ -98,12 +114,51 @@ class FedALA(PrivateState, FedAvg):
                     STARTED: torch.tensor(0.0, device=self.device)}
         self.private = self.new_private_state(template)
 
+    def _ala(self, clients, row: dict, gen):
+        """ALA of ``clients`` (their private ``row``) against the current global model: theta_hat, W, started."""
+        from pfl_cli.fl.ala import adaptive_local_aggregation
+
+        cfg = self.cfg
+        hat, w, _ = adaptive_local_aggregation(
+            self.net, {k: row[k] for k in self.global_params}, self.global_params,
+            {k: row[f"W.{k}"] for k in self.top}, row[STARTED] > 0.5, self.store, clients, gen,
+            top=self.top, share=cfg.ala_sample, batch_size=cfg.batch_size, eta=cfg.ala_eta,
+            threshold=cfg.ala_threshold, num_pre_loss=cfg.ala_num_pre_loss,
+            max_start_epochs=cfg.ala_max_start_epochs)
+        return hat, w
+
+    def _every_client_round(self, cohort, gen):
+        """``ala_every_client``: the cohort trains from its stored local model (ALA-aggregated with this
+        global model at the end of the last round; the global model itself before any ALA), then every
+        train client aggregates with the new global model (PFLlib serverala.py send_models)."""
+        import torch
+
+        from pfl_cli.fl.store import ROLE_TRAIN
+
+        row = self.private.gather(cohort)
+        has = self.private.has[cohort]
+        start = stack(self.global_params, len(cohort))
+        for k in start:
+            start[k][has] = row[k][has]
+        theta, loss, _ = self.cohort_sgd(start, cohort, gen, **self.round_schedule())
+        self.record_exchange(self.global_params, theta, len(cohort))
+        self.server_step(weighted_mean(self.store, cohort, theta))
+        self.private.scatter(cohort, theta)
+        train = torch.as_tensor(self.store.clients(ROLE_TRAIN), device=cohort.device)
+        everyone = self.private.gather(train)
+        hat, w = self._ala(train, everyone, gen)
+        self.private.scatter(train, {**hat, **{f"W.{k}": w[k] for k in self.top},
+                                     STARTED: torch.ones_like(everyone[STARTED])})
+        return loss
+
     def run_round(self, t, cohort, gen):
         import torch
 
         from pfl_cli.fl.ala import adaptive_local_aggregation
 
         cfg = self.cfg
+        if cfg.ala_every_client:
+            return self._every_client_round(cohort, gen)
         row = self.private.gather(cohort)
         local = {k: row[k] for k in self.global_params}
         weights = {k: row[f"W.{k}"] for k in self.top}
