@@ -16,15 +16,19 @@ on the same batch (:func:`pfl_cli.fl.mmd.mmd2`, a sum of RBF kernels). f, the CP
 together by the client optimizer.
 
 The server averages f and the CPN weighted by client data size, and makes the next global head the
-size-weighted mean of the uploaded personalized heads. Exchanged per cohort client and round:
+size-weighted mean of the clients' 0.5 h^p + 0.5 h^g (h^g the global head the client received): the
+authors' code (``clientcp.py`` ``generate_upload_head``, ``servercp.py`` ``global_head``), so the
+global head moves halfway to the mean personalized head each round. Exchanged per cohort client and round:
 f, the CPN and the global head down, f, the CPN and the personalized head up:
 2 x (|client net| + |CPN|) floats.
 
 Departures from PFLlib (``clientcp.py``, ``servercp.py``, which are also the authors' code):
-- PFLlib uploads 0.5 h^p + 0.5 h^g (its ``generate_upload_head``) for the global head; pflx uploads
-  the personalized head and averages those, the aggregation the paper describes (this reading was not
-  re-checked against the paper's full text when the module was written; on the conformance task the two
-  agree within seed noise).
+- The global head: pflx averages 0.5 h^p + 0.5 h^g as the authors' code does (above; until issue 39
+  pflx averaged h^p alone, which on the conformance task scored the figures in
+  docs/performance/conformance.md, "FedCP's global head"). The paper's text could not be consulted
+  from the session that made the change; the authors' code is the reference it follows. Under partial
+  participation PFLlib hands the new global head (and CPN) to the cohort only, so a client selected
+  later trains against the head of its own last round; pflx's cohort receives the current global head.
 - PFLlib draws v_i uniformly at random before a client's first round (its ``context`` starts as
   ``torch.rand``) and from the personalized head afterwards; pflx takes v_i from the personalized
   head from the first round on.
@@ -239,9 +243,10 @@ class FedCP(PrivateState, _GlobalModel):
         up = {k: theta[k] for k in trainable}
         self.record_exchange(self.global_params, up, len(cohort))
         mean = weighted_mean(self.store, cohort, up)
-        # the next global head: the size-weighted mean of the personalized heads
-        self.global_params = {**{k: mean[k] for k in self.extractor + self.cpn},
-                              **{g: mean[p] for g, p in self.pairs.items()}}
+        # the next global head: the size-weighted mean of the uploads 0.5 h^p_i + 0.5 h^g (the authors' code,
+        # clientcp.py generate_upload_head; servercp.py global_head), h^g the global head the cohort received
+        head = {g: 0.5 * mean[p] + 0.5 * self.global_params[g] for g, p in self.pairs.items()}
+        self.global_params = {**{k: mean[k] for k in self.extractor + self.cpn}, **head}
         self.private.scatter(cohort, {k: theta[k] for k in self.head})
         return loss
 
