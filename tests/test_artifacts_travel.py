@@ -56,6 +56,10 @@ CHAIN: dict[str, Step] = {
     "privacy-account": Step(("privacy-account", "km"), "acct"),
     "attack": Step(("attack", "--model", "model", "--partition", "part", "--images", "2", "--batch-size", "1",
                     "--attack", "dlg", "--iterations", "3", "--device", "cpu"), "att"),
+    "train-dp": Step(("train", "--partition", "part", "--algorithm", "fedavg", *SMALL, "--set", "normalize=false",
+                      "--dp", "eps=4,clip=1,population=100,noise=seeded"), "model-dp", slow=True),
+    "predict-dp": Step(("predict", "--model", "model-dp", "--partition", "part", "--clients", "holdout"), "pred-dp",
+                       slow=True),  # a --dp model records no training samples: its partition is read from its manifest
     "tune": Step(("tune", "--partition", "part", "--algorithm", "fedavg", "--trials", "2", *SMALL,
                   "--space", "lr=choice:0.01,0.1", "--sampler", "grid"), "tune", slow=True),
     "show": Step(("show", "--lineage", "pred")),
@@ -84,7 +88,7 @@ def _run(name: str, step: Step, cwd: Path, root: Path, out: str | None, monkeypa
     """Run ``step`` from ``cwd`` over the tree at ``root`` (given relative to ``cwd``), writing ``out``."""
     monkeypatch.chdir(cwd)
     prefix = Path(os.path.relpath(root, cwd))
-    args, read_paths = [], {"part", "mdm", "sim", "model", "pred", "km", "fedavg.yaml"}
+    args, read_paths = [], {"part", "mdm", "sim", "model", "model-dp", "pred", "km", "fedavg.yaml"}
     for a in step.args:
         if a in read_paths:
             a = str(prefix / a)
@@ -148,6 +152,8 @@ def _check_travels(tmp_path, monkeypatch, capsys, names) -> None:
         if root is moved:
             shutil.copytree(origin, moved, symlinks=True)
             shutil.rmtree(origin)
+            again = _run("partition", CHAIN["partition"], moved, moved, "part", monkeypatch, capsys)
+            assert again["up_to_date"], "the same partition command in the moved tree must be a no-op"
         for name in names:
             step = CHAIN[name]
             if not step.reads:
@@ -182,8 +188,9 @@ def test_artifacts_travel(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_artifacts_travel_with_tune(tmp_path, monkeypatch, capsys):
-    _check_travels(tmp_path, monkeypatch, capsys, ["partition", "tune"])
+def test_artifacts_travel_every_step(tmp_path, monkeypatch, capsys):
+    """The whole chain: also a --dp model's predict (its partition found through the model's manifest) and tune."""
+    _check_travels(tmp_path, monkeypatch, capsys, list(CHAIN))
 
 
 # ---------------------------------------------------------------------------- the dataset, found again or refused
