@@ -135,11 +135,20 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
     storage = open_storage(o.storage) if o.storage is not None else None  # an unreachable URL: before any work
     part, info, part_art, ds = load_partition_dataset(partition)
     private = cfg.dp_epsilon is not None
+    notice = getattr(getattr(cfg, "algorithm_class", None), "partition_notice", None)  # FLowDUP's size notice
+    if not private and notice is not None and (line := notice(part)):  # under --dp the clients' number is private
+        report.warn(line)
     new_group = objective["group"] == "holdout"
     val_clients = o.validation_clients if o.validation_clients is not None else (0.2 if new_group else 0.0)
     if new_group and val_clients == 0:
         raise ConfigError(f"--validation-clients 0: {cfg.algorithm} is scored on clients unseen in training, so the "
                           "study needs validation clients; give a share in (0, 1), e.g. 0.2.")
+    if private:  # the score noise from the public federation size, or refused when it cannot select (issue 39)
+        from pfl_cli.tune.private import resolve_score_noise
+
+        o = dataclasses.replace(o, dp_score_noise=resolve_score_noise(
+            o.dp_score_noise, "dp_score_noise" in o.explicit, population=cfg.dp_population,
+            group=objective["group"], validation_clients=val_clients))
     # New clients without labels (FLowDUP's setting): validation clients take part unlabeled, as the real ones
     # will, and their hidden labels only score them.
     unlabeled_validation = bool(new_group and part.labeled is not None and _holdout_unlabeled(part))
@@ -166,12 +175,16 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
 
         run_private_study(plan, o, data, writer=writer, out=out, report=report)
         return
-    meta = {"algorithm": cfg.algorithm, "partition": part_art.content_hash,
-            "objective": f"{objective['group']}:{objective['metric']}"}
+    from pfl_cli.tune.study import study_identity
+
+    meta = study_identity(trial_cfg, params, objective, partition=part_art.content_hash,
+                          validation={"fraction": o.validation_fraction, "clients": val_clients,
+                                      "unlabeled": unlabeled_validation})
     staging = _staging_dir(out)
     if storage is None:
         if force and staging.exists():
             shutil.rmtree(staging)
+            report.note(f"--force: deleted the unfinished study in {staging} and started a fresh one.")
         staging.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{(staging / 'study.db').resolve()}"
     else:
@@ -183,7 +196,8 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
     interrupt.kept(f"interrupted; nothing was written to --out, and the finished trials are kept in {where}: run "
                    "the same command again to continue the study.")
     started = time.time()
-    study = _run_study(plan, o, data, url=url, name=name, meta=meta, partition=partition, report=report)
+    study = _run_study(plan, o, data, url=url, name=name, meta=meta, partition=partition, report=report,
+                       force=force)
     _write_artifact(writer, study, plan, o, out=out, staging=None if storage is not None else staging,
                     started=started, plot=plot, storage=o.storage)
     _print_summary(report, out, study, plan, partition)
@@ -212,16 +226,26 @@ def _tuning_data(ds, part, seed: int, fraction: float, val_clients: float, unlab
 
 
 def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: dict, partition: Path,
-               report: Reporter):
-    from pfl_cli.tune.study import Objective, best_trial, make_pruner, make_sampler, open_storage, open_study, optimize
+               report: Reporter, force: bool = False):
+    from pfl_cli.tune.study import (Objective, Proposals, best_trial, counted, identity_digest, make_pruner,
+                                    make_sampler, open_storage, open_study, optimize)
 
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress line says what its INFO lines say
     storage = open_storage(url)
+    if o.storage is None:  # the staging study beside --out: one unfinished study, whatever its (algorithm's) name
+        from pfl_cli.tune.study import identity_differences, refusal
+
+        for other in optuna.get_all_study_names(storage):
+            if other != name:
+                attrs = optuna.load_study(study_name=other, storage=storage).user_attrs
+                raise refusal(other, identity_differences(attrs, meta) or ["algorithm (--algorithm)"])
     study = open_study(storage, name, sampler=make_sampler(plan.sampler, plan.params, seed=plan.cfg.seed),
-                       pruner=make_pruner(plan.pruner, rounds=plan.cfg.rounds), meta=meta)
-    before = len(study.trials)
+                       pruner=make_pruner(plan.pruner, rounds=plan.cfg.rounds), meta=meta, force=force,
+                       on_replaced=report.note)
+    identity = identity_digest(meta)
+    before = counted(study)
     if before:
         report.note(f"continuing the study {name!r}: {before} of {o.trials} trials already there.")
     with report.progress("tune", o.trials, unit="trial") as bar:
@@ -234,16 +258,17 @@ def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: d
             return "" if best is None else f"best {100 * best.value:.1f}% (trial {best.number})"
 
         def on_done(study_, _trial) -> None:
-            done = min(len(study_.trials), o.trials)
+            done = min(counted(study_), o.trials)
             bar.advance(done - seen[0], status=status(study_))
             seen[0] = done
 
         if o.jobs == 1:
             objective = Objective(data, plan.trial_cfg, plan.params, group=plan.objective["group"],
-                                  metric=plan.objective["metric"])
-            optimize(study, objective, o.trials, callbacks=[on_done])
+                                  metric=plan.objective["metric"], identity=identity)
+            optimize(study, objective, o.trials, proposals=Proposals(plan.sampler, plan.params, plan.cfg.seed),
+                     callbacks=[on_done])
         else:
-            _run_workers(plan, o, url=url, name=name, meta=meta, partition=partition,
+            _run_workers(plan, o, url=url, name=name, identity=identity, partition=partition,
                          poll=lambda: on_done(storage_study(storage, name), None))
     return storage_study(storage, name)
 
@@ -255,12 +280,12 @@ def storage_study(storage, name: str):
 
 
 # ---------------------------------------------------------------------------- worker processes
-def _run_workers(plan: Plan, o: TuneOptions, *, url: str, name: str, meta: dict, partition: Path, poll) -> None:
+def _run_workers(plan: Plan, o: TuneOptions, *, url: str, name: str, identity: str, partition: Path, poll) -> None:
     """``o.jobs`` processes run trials of the one study (its storage coordinates them), one torch thread each."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch thread pools
-    procs = [ctx.Process(target=_worker, args=(plan, o, url, name, str(partition), rank), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(plan, o, url, name, identity, str(partition), rank), daemon=True)
              for rank in range(o.jobs)]
     for p in procs:
         p.start()
@@ -281,14 +306,14 @@ def _run_workers(plan: Plan, o: TuneOptions, *, url: str, name: str, meta: dict,
                        "workers' tracebacks).")
 
 
-def _worker(plan: Plan, o: TuneOptions, url: str, name: str, partition: str, rank: int) -> None:
+def _worker(plan: Plan, o: TuneOptions, url: str, name: str, identity: str, partition: str, rank: int) -> None:
     import logging
     import sys
 
     import torch
 
     from pfl_cli.cli.common import load_partition_dataset
-    from pfl_cli.tune.study import Objective, make_pruner, make_sampler, open_storage, open_study, optimize
+    from pfl_cli.tune.study import Objective, Proposals, make_pruner, make_sampler, open_storage, open_study, optimize
 
     torch.set_num_threads(1)
     logging.getLogger("optuna").setLevel(logging.WARNING)
@@ -296,12 +321,12 @@ def _worker(plan: Plan, o: TuneOptions, url: str, name: str, partition: str, ran
         part, _info, _art, ds = load_partition_dataset(Path(partition))
         data = _tuning_data(ds, part, plan.cfg.seed, o.validation_fraction, plan.validation_clients,
                             plan.unlabeled_validation)
-        study = open_study(open_storage(url), name,
-                           sampler=make_sampler(plan.sampler, plan.params, seed=plan.cfg.seed * 1000 + rank + 1),
+        seed = plan.cfg.seed * 1000 + rank + 1  # each worker its own draws
+        study = open_study(open_storage(url), name, sampler=make_sampler(plan.sampler, plan.params, seed=seed),
                            pruner=make_pruner(plan.pruner, rounds=plan.cfg.rounds), meta={})
         objective = Objective(data, plan.trial_cfg, plan.params, group=plan.objective["group"],
-                              metric=plan.objective["metric"])
-        optimize(study, objective, o.trials)
+                              metric=plan.objective["metric"], identity=identity)
+        optimize(study, objective, o.trials, proposals=Proposals(plan.sampler, plan.params, seed))
     except Exception as err:  # noqa: BLE001 - one line per worker, the parent says what to do
         if os.environ.get("PFLX_DEBUG", "") not in ("", "0"):
             raise

@@ -28,7 +28,23 @@ from pfl_cli.errors import ConfigError, InputError, PflxError
 
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "halving", "none")
-META_KEYS = ("algorithm", "partition", "objective")  # what a resumed study must share with the command
+# A study's identity: every setting that changes what one of its trials computes. A resumed study (the same
+# --storage and --study-name, or the staging study beside --out) must have been made with all of them equal,
+# or its trials and the new ones would be ranked together (best.yaml: a config never evaluated). Each name
+# is stored as a user attribute of the study; the flag is what the refusal tells the user to look at.
+IDENTITY = {
+    "algorithm": "--algorithm",
+    "config": "--config / --set / training flags",
+    "space": "--space",
+    "rounds": "--rounds",
+    "objective": "--label-mask",
+    "validation": "--validation-fraction / --validation-clients",
+    "partition": "--partition",
+    "version": "the pflx version",
+}
+# Config keys that are not part of the identity: where it runs, what is also written, and the keys that are
+# identity components of their own (label_mask is the objective's metric).
+_NOT_IDENTITY = ("device", "write_nonprivate", "algorithm", "rounds", "label_mask")
 
 
 class TrialFailed(Exception):
@@ -105,33 +121,98 @@ def open_storage(url: str):
                          "installed).") from None
 
 
-def open_study(storage, name: str, *, sampler, pruner, meta: Mapping[str, Any]):
-    """Create the study, or load it when it exists and was made by the same command (``meta`` matches)."""
+def study_identity(cfg, params: Sequence, objective: Mapping[str, str], *, validation: Mapping[str, Any],
+                   partition: str) -> dict[str, Any]:
+    """The identity (IDENTITY) of a study of ``cfg`` over ``params``: JSON values, as stored in the study."""
+    import json
+
+    from pfl_cli import __version__
+    from pfl_cli.config import config_to_dict
+    from pfl_cli.tune.space import describe
+
+    searched = {p.key for p in params}
+    base = {k: v for k, v in config_to_dict(cfg).items() if k not in _NOT_IDENTITY and k not in searched}
+    ident = {"algorithm": cfg.algorithm, "config": base, "space": describe(params), "rounds": int(cfg.rounds),
+             "objective": f"{objective['group']}:{objective['metric']}", "validation": dict(validation),
+             "partition": partition, "version": __version__}
+    assert set(ident) == set(IDENTITY)
+    return json.loads(json.dumps(ident))  # as the storage gives it back (tuples as lists)
+
+
+def identity_digest(identity: Mapping[str, Any]) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def identity_differences(have: Mapping[str, Any], want: Mapping[str, Any]) -> list[str]:
+    """One short phrase per identity component that differs: ``rounds (--rounds): 4 in the study, 2 now``."""
+    def short(v: Any) -> str:
+        text = v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) \
+            else str(v)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    out, missing = [], [key for key in IDENTITY if key in want and key not in have]
+    if missing:
+        out.append(f"{', '.join(missing)}: not recorded in the study (made by an earlier pflx)")
+    for key, flag in IDENTITY.items():
+        if key not in want or key not in have:
+            continue
+        if have[key] != want[key]:
+            a, b = have[key], want[key]
+            if isinstance(a, dict) and isinstance(b, dict):  # name the keys, not two long dicts
+                keys = sorted(k for k in set(a) | set(b) if a.get(k, "-") != b.get(k, "-"))
+                a, b = {k: a.get(k, "-") for k in keys}, {k: b.get(k, "-") for k in keys}
+            out.append(f"{key} ({flag}): {short(a)} in the study, {short(b)} now")
+    return out
+
+
+def open_study(storage, name: str, *, sampler, pruner, meta: Mapping[str, Any], force: bool = False,
+               on_replaced: Callable[[str], None] | None = None):
+    """Create the study, or load it when it exists and has the same identity (``meta``, see
+    :func:`study_identity`); a study of another identity is refused naming what differs, or with ``force``
+    deleted and made afresh (``on_replaced`` is told what was deleted). Empty ``meta``: load without checking
+    (worker processes of a study the parent opened)."""
     import optuna
 
     study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
                                 direction="maximize", load_if_exists=True)
+    if not meta:
+        return study
     have = study.user_attrs
-    if have:
-        for key in META_KEYS:
-            if key in meta and key in have and have[key] != meta[key]:
-                raise InputError(f"--storage / --out: the existing study {name!r} has {key} {have[key]!r}, this "
-                                 f"command {meta[key]!r}; a study resumes only the same search. Use another "
-                                 "--study-name or --out, or --force to start over.")
-    else:
+    if not have and not study.trials:  # a new study: it takes this command's identity
         for key, value in meta.items():
             study.set_user_attr(key, value)
-    return study
+        return study
+    differ = identity_differences(have, meta)
+    if not differ:
+        return study
+    if force:
+        n = len(study.trials)
+        optuna.delete_study(study_name=name, storage=storage)
+        if on_replaced is not None:
+            on_replaced(f"--force: deleted the study {name!r} ({n} trials; it differed in "
+                        f"{', '.join(d.split(' (')[0].split(':')[0] for d in differ)}) and started a fresh one.")
+        return open_study(storage, name, sampler=sampler, pruner=pruner, meta=meta)
+    raise refusal(name, differ)
+
+
+def refusal(name: str, differ: Sequence[str]) -> InputError:
+    return InputError(f"--storage / --out: the existing study {name!r} was made with other settings, and a study "
+                      f"resumes only the same search: {'; '.join(differ)}. Give the study's settings again, or "
+                      "another --study-name or --out, or --force to delete that study and start a fresh one.")
 
 
 class Objective:
     """One trial: draw, train on validation data, report every evaluation, return the selected score."""
 
     def __init__(self, data: TuningData, base_cfg, params: Sequence, *, group: str, metric: str,
-                 on_trial: Callable[[int, int], None] | None = None) -> None:
+                 on_trial: Callable[[int, int], None] | None = None, identity: str | None = None) -> None:
         self.data, self.base_cfg, self.params = data, base_cfg, tuple(params)
         self.group, self.metric = group, metric
         self.on_trial = on_trial
+        self.identity = identity  # identity_digest of the study's identity: a cached result is reused only within it
 
     def config(self, values: Mapping[str, Any]):
         from pfl_cli.fl.api import validate_train_config
@@ -147,12 +228,9 @@ class Objective:
         from pfl_cli.fl.loop import TrainingDiverged
         from pfl_cli.tune.space import suggest
 
-        import socket
-
-        trial.storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
-        trial.storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
+        trial.storage.set_trial_system_attr(trial._trial_id, "pflx_identity", self.identity)
         values = suggest(trial, self.params)
-        done = _same_config(trial)
+        done = _same_config(trial, self.identity)
         if done is not None:  # a finite space's sampler drew a config again: its result, without training again
             trial.set_user_attr("duplicate_of", done.number)
             for step, value in sorted(done.intermediate_values.items()):
@@ -195,8 +273,9 @@ class Objective:
         return value
 
 
-def _same_config(trial):
-    """An earlier finished (complete or pruned) trial with exactly ``trial``'s values, or None.
+def _same_config(trial, identity: str | None = None):
+    """An earlier finished (complete or pruned) trial with exactly ``trial``'s values and the same identity
+    (:func:`identity_digest`: the same base config, rounds, validation carve, ...), or None.
 
     Every trial trains with the same seed, so the same config gives the same curve: TPE and random search
     over ``choice``/``int`` keys draw configs again, and those cost nothing (Optuna's FAQ recipe).
@@ -205,28 +284,137 @@ def _same_config(trial):
 
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     for t in trial.study.get_trials(deepcopy=False, states=finished):
-        if t.params == trial.params:
+        if t.params == trial.params and t.system_attrs.get("pflx_identity") == identity:
             return t
     return None
 
 
-def optimize(study, objective: Objective, trials: int, *, callbacks: Sequence[Callable] = ()) -> None:
-    """Run trials until the study holds ``trials`` trials in all (finished, pruned, failed or running).
+INTERRUPTED = "interrupted (not counted: the same command runs this config again)"
 
-    A trial left RUNNING by a killed process is marked failed first, so that the count is of real trials
-    and a resumed study runs the missing ones.
-    """
+
+def counted(study) -> int:
+    """The trials that count against --trials: all but the interrupted ones (Ctrl-C, a killed process) and
+    the queued ones."""
     import optuna
 
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING
+               and not t.system_attrs.get("pflx_interrupted"))
+
+
+class Proposals:
+    """What the k-th counted trial of a study draws: a sampler made afresh for it, seeded from (seed, k).
+
+    Optuna's samplers keep their random state in the process, so a resumed study would start the stream
+    again and propose trial 0's config once more. Seeded per trial, the k-th counted trial draws the same
+    whether the study ran through or was interrupted and resumed: random search draws from its seed alone, and
+    TPE's model reads the complete and pruned trials only, which an interruption does not change. A grid takes
+    its points in one seeded order, the first not yet held by a counted trial (a queued trial fixes it).
+    """
+
+    def __init__(self, kind: str, params: Sequence, seed: int | None) -> None:
+        self.kind, self.params, self.seed = kind, tuple(params), seed
+        if kind == "grid":
+            import itertools
+
+            keys = [p.key for p in self.params]
+            points = [dict(zip(keys, v)) for v in itertools.product(*(p.stored_values() for p in self.params))]
+            order = np.random.default_rng(np.random.SeedSequence([0 if seed is None else seed, 7])).permutation(
+                len(points))
+            self.points = [points[i] for i in order]
+
+    def sampler(self, k: int):
+        seed = None if self.seed is None else int(np.random.SeedSequence([self.seed, k]).generate_state(1)[0])
+        return make_sampler("random" if self.kind == "grid" else self.kind, self.params, seed=seed)
+
+    def fixed(self, study) -> dict | None | bool:
+        """The grid point the next trial takes (None: not a grid; False: every point is held)."""
+        if self.kind != "grid":
+            return None
+        held = [t.params for t in study.get_trials(deepcopy=False)
+                if not t.system_attrs.get("pflx_interrupted") and t.params]
+        for point in self.points:
+            if point not in held:
+                return point
+        return False
+
+
+def optimize(study, objective: Objective, trials: int, *, proposals: Proposals | None = None,
+             callbacks: Sequence[Callable] = ()) -> None:
+    """Run trials until ``trials`` count (:func:`counted`: finished, pruned, failed or running elsewhere).
+
+    Optuna's ask-and-tell loop, run here rather than by ``study.optimize`` so that Ctrl-C (KeyboardInterrupt)
+    marks the trial it stopped as interrupted, with no log lines, and is raised on to the CLI's one-line
+    message. An interrupted trial and one left RUNNING by a killed process are failed trials that do not count:
+    the same command afterwards runs the missing trials, the interrupted config again among them (with
+    ``proposals``, each counted trial draws what it would have drawn in an uninterrupted study).
+    """
+    import socket
+
+    import optuna
+
+    if proposals is None and isinstance(study.sampler, optuna.samplers.GridSampler):
+        # Optuna's GridSampler stops the study from inside tell(), which only its optimize() allows
+        raise ValueError("a grid study runs with proposals=Proposals('grid', params, seed)")
     for t in study.trials:
         if t.state == optuna.trial.TrialState.RUNNING and _orphaned(t):
-            study._storage.set_trial_user_attr(t._trial_id, "error", "interrupted (the process running it stopped)")
-            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
-    cap = optuna.study.MaxTrialsCallback(trials, states=None)
-    remaining = trials - len(study.trials)
-    if remaining > 0:
-        study.optimize(objective, n_trials=remaining, catch=(TrialFailed,), callbacks=[cap, *callbacks],
-                       gc_after_trial=False, show_progress_bar=False)
+            _mark_interrupted(study, t._trial_id, "the process running it stopped")
+    while counted(study) < trials:
+        k = counted(study)
+        if proposals is not None:
+            point = proposals.fixed(study)
+            if point is False:
+                return  # every grid point has its trial
+            study.sampler = proposals.sampler(k)
+            waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+            if point is not None and not waiting:
+                study.enqueue_trial(point)
+        trial = None
+        try:
+            trial = study.ask()
+            study._storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
+            study._storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
+            if _surplus(study, trial.number, trials):  # another process asked for the last trial first
+                study._storage.set_trial_system_attr(trial._trial_id, "pflx_surplus", True)
+                _mark_interrupted(study, trial._trial_id, "not run: the study had its trials")
+                return
+            try:
+                value = objective(trial)
+            except optuna.TrialPruned:
+                frozen = study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            except TrialFailed:
+                frozen = study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                frozen = study.tell(trial, value)
+        except KeyboardInterrupt:
+            if trial is not None:
+                _mark_interrupted(study, trial._trial_id, "Ctrl-C")
+            raise
+        except BaseException as err:  # a bug or a failed storage: the trial is recorded as failed, the error raised
+            if trial is not None and study._storage.get_trial(trial._trial_id).state.is_finished() is False:
+                study._storage.set_trial_user_attr(trial._trial_id, "error", f"{type(err).__name__}: {err}"[:300])
+                study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+            raise
+        for callback in callbacks:
+            callback(study, frozen)
+
+
+def _surplus(study, number: int, trials: int) -> bool:
+    """Trial ``number`` is beyond the ``trials`` that count, all asked before it (processes sharing a study)."""
+    import optuna
+
+    before = [t for t in study.get_trials(deepcopy=False) if t.number <= number and
+              t.state != optuna.trial.TrialState.WAITING and not t.system_attrs.get("pflx_interrupted")]
+    return len(before) > trials
+
+
+def _mark_interrupted(study, trial_id: int, why: str) -> None:
+    import optuna
+
+    storage = study._storage
+    storage.set_trial_system_attr(trial_id, "pflx_interrupted", True)
+    storage.set_trial_user_attr(trial_id, "error", f"{INTERRUPTED}: {why}")
+    if not storage.get_trial(trial_id).state.is_finished():
+        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
 
 
 def _orphaned(trial) -> bool:
@@ -251,6 +439,8 @@ def trial_rows(study, params: Sequence) -> tuple[list[str], list[list]]:
     header = ["number", "state", "value", *keys, "selected_round", "seconds", "error", "curve"]
     rows = []
     for t in study.trials:
+        if t.system_attrs.get("pflx_surplus"):  # asked by a process that came second, never run
+            continue
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and \
             t.datetime_start else None
         curve = ";".join(f"{step}:{v:.6g}" for step, v in sorted(t.intermediate_values.items()))
@@ -281,5 +471,7 @@ def best_values(trial, params: Sequence) -> dict[str, Any]:
 def state_counts(study) -> dict[str, int]:
     counts: dict[str, int] = {}
     for t in study.trials:
+        if t.system_attrs.get("pflx_surplus"):
+            continue
         counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
     return counts

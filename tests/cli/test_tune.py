@@ -72,19 +72,18 @@ def csv_rows(path: Path):
 
 def test_a_killed_study_continues_where_it_stopped(cli, part, tmp_path):
     """The running study lives beside --out; the same command runs only the missing trials, and a trial
-    that was running when its process died is marked failed, not counted as done."""
-    from pfl_cli.artifacts import read_artifact
+    that was running when its process died is marked failed and not counted: it is run again."""
+    import shutil
 
     out = tmp_path / "t"
+    r = cli("tune", "--partition", part, "--algorithm", "fedavg", "--trials", "1", *SMALL, "--out", tmp_path / "t1")
+    assert r.code == 0, r.err
     staging = tmp_path / ".t.study"
     staging.mkdir()
+    shutil.copyfile(tmp_path / "t1" / "study.db", staging / "study.db")  # the study of the same command, 1 trial
     storage = f"sqlite:///{staging / 'study.db'}"
-    study = optuna.create_study(storage=storage, study_name="pflx-tune-fedavg", direction="maximize")
-    sha = read_artifact(part, ["partition"]).content_hash
-    for k, v in {"algorithm": "fedavg", "partition": sha, "objective": "train:mean_accuracy"}.items():
-        study.set_user_attr(k, v)
+    study = optuna.load_study(storage=storage, study_name="pflx-tune-fedavg")
     dist = optuna.distributions.FloatDistribution(1e-3, 1.0, log=True)
-    study.add_trial(optuna.trial.create_trial(params={"lr": 0.02}, distributions={"lr": dist}, value=0.5))
     orphan = study.ask({"lr": dist})  # a trial whose process is gone
     study._storage.set_trial_system_attr(orphan._trial_id, "pflx_pid", 2 ** 22 + 12345)
     import socket
@@ -94,8 +93,8 @@ def test_a_killed_study_continues_where_it_stopped(cli, part, tmp_path):
     assert r.code == 0, r.err
     assert "continuing the study" in r.err
     rows = list(csv_rows(out / "trials.csv"))
-    assert [r_["state"] for r_ in rows] == ["complete", "fail", "complete"]
-    assert rows[0]["value"] == "0.5" and rows[1]["error"].startswith("interrupted")
+    assert [r_["state"] for r_ in rows] == ["complete", "fail", "complete", "complete"]
+    assert rows[1]["error"].startswith("interrupted (not counted") and "the process running it stopped" in rows[1]["error"]
 
 
 def test_resuming_a_study_of_another_algorithm_is_refused(cli, part, tmp_path):
@@ -107,7 +106,8 @@ def test_resuming_a_study_of_another_algorithm_is_refused(cli, part, tmp_path):
     study.set_user_attr("algorithm", "fedavg")
     study.set_user_attr("partition", "0" * 64)
     r = cli("tune", "--partition", part, "--algorithm", "fedavg", "--trials", "2", *SMALL, "--out", out)
-    assert r.code == 2 and "has partition" in r.err and "--force" in r.err
+    assert r.code == 2 and "made by an earlier pflx" in r.err and "partition (--partition)" in r.err
+    assert "--force" in r.err
     assert not out.exists()
 
 

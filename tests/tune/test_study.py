@@ -30,11 +30,11 @@ def _run(y, part, *, algorithm="fedavg", space=None, trials=3, pruner=None, grid
     group = "holdout" if entry.algorithm.tune_group == "new" else "train"
     vpart = validation_partition(part, val_fraction=0.2, val_clients=0.2 if group == "holdout" else 0.0,
                                  rng=np.random.default_rng(0))
-    from pfl_cli.tune.study import make_sampler
+    from pfl_cli.tune.study import Proposals
 
-    study = _study(sampler=make_sampler("grid", params, seed=0) if grid else None, pruner=pruner)
+    study = _study(pruner=pruner)
     optimize(study, Objective(TuningData(ds.x, y, ds.num_classes, vpart), cfg, params, group=group,
-                              metric="mean_accuracy"), trials)
+                              metric="mean_accuracy"), trials, proposals=Proposals("grid", params, 0) if grid else None)
     return study, params
 
 
