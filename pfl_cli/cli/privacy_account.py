@@ -59,6 +59,53 @@ def _read_ledgers(dirs: list[Path]):
     return ledgers, inputs, seeded
 
 
+def study_prior(config_file: Path | None, partition: Path, cfg):
+    """``(ledger, note)`` for ``train --dp --config best.yaml`` where best.yaml is a DP study's release.
+
+    Choosing the config is a mechanism on the study's data (Papernot & Steinke 2022), and training with it
+    on the same data is a second one: their epsilons compose (sequential composition). When ``config_file``
+    lies in a ``tune --dp`` artifact (its manifest lists the file, and it has a ``privacy.json``) that was run
+    on ``partition`` (the study's recorded partition path, resolved, is this one), the study's ledger is
+    returned to be composed into the training run's ``privacy.json``; when the study ran on another
+    partition path, only a note saying how to compose by hand (pflx cannot tell whether the two hold the
+    same people: a DP manifest withholds the partition's digest). ``(None, None)`` otherwise.
+    """
+    from pfl_cli.artifacts import read_artifact
+    from pfl_cli.errors import ArtifactError, ConfigError
+    from pfl_cli.readers import read_ledger
+
+    if config_file is None or cfg.dp_epsilon is None:
+        return None, None
+    here = Path(config_file).resolve().parent
+    if not (here / "manifest.json").is_file():
+        return None, None
+    try:
+        art = read_artifact(here, ["tune"], flag="--config")
+    except ArtifactError:
+        return None, None
+    names = {o.get("path") for o in art.manifest.get("outputs", [])}
+    if Path(config_file).name not in names or not art.has("privacy.json"):
+        return None, None
+    _doc, ledger = read_ledger(art, "--config")
+    studied = [i for i in art.manifest.get("inputs", []) if i.get("stage") == "partition"]
+    paths = {(here / i["relative_path"]).resolve() if i.get("relative_path") else Path(i["path"]).resolve()
+             for i in studied if i.get("path")}
+    if Path(partition).resolve() not in paths:
+        where = ", ".join(sorted(str(p) for p in paths)) or "an unrecorded partition"
+        return None, (f"--config {config_file} is the release of a private study on {where}, not on --partition "
+                      f"{partition}; if the two hold the same people, their epsilons compose: pflx privacy-account "
+                      f"{here} OUT.")
+    unit = cfg.algorithm_class.dp_unit
+    if ledger.unit != unit or abs(ledger.delta - cfg.dp_delta) > 1e-12 * max(ledger.delta, cfg.dp_delta):
+        raise ConfigError(f"--config {config_file}: the private study that chose it (a {ledger.unit}-level ledger at "
+                          f"delta {ledger.delta:g}) ran on this --partition, and its epsilon composes with this run's "
+                          f"({unit}-level, delta {cfg.dp_delta:g}) only at the same unit and delta; train with --dp "
+                          f"delta={ledger.delta:g} and an algorithm of the same unit, or account both with pflx "
+                          "privacy-account.")
+    return ledger, (f"privacy.json composes the private study that chose --config ({here}) with this training run "
+                    "(both read --partition); pflx privacy-account shows the total.")
+
+
 def privacy_account(
     ctx: typer.Context,
     ledgers: Annotated[Optional[list[Path]], typer.Argument(help="Artifact directories whose privacy.json to compose.", show_default=False)] = None,

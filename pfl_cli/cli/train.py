@@ -136,9 +136,12 @@ def train(
     if nproc != 1:
         _launch(cfg, nproc)
     rank = int(os.environ.get("RANK", "0"))
+    from pfl_cli.cli.privacy_account import study_prior
+
+    study = study_prior(config, partition, cfg)  # best.yaml of a private study on this partition: its ledger composes
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
               report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot,  # rank 0 alone reports and writes
-              logs=logs, log_dir=log_dir or default_log_dir(out))
+              logs=logs, log_dir=log_dir or default_log_dir(out), study=study)
 
 
 def _launch(cfg, nproc: int) -> None:

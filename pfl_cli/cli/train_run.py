@@ -84,7 +84,9 @@ def accuracy_table(title: str, groups: dict[str, dict], label_mask: bool, captio
 
 # ---------------------------------------------------------------------------- the command
 def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-              plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
+              plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None, study=(None, None)) -> None:
+    """``study``: ``(ledger, note)`` of the private study whose best.yaml is the config
+    (:func:`pfl_cli.cli.privacy_account.study_prior`): its ledger composes into privacy.json."""
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
@@ -99,18 +101,19 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
         device = distributed.start(device)
         try:
             _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                       plot=plot, logs=logs, log_dir=log_dir)
+                       plot=plot, logs=logs, log_dir=log_dir, study=study)
         except BaseException:
             distributed.stop()
             raise
         distributed.stop(finished=True)
         return None
     return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                      plot=plot, logs=logs, log_dir=log_dir)
+                      plot=plot, logs=logs, log_dir=log_dir, study=study)
 
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-               plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
+               plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None,
+               study=(None, None)) -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import train_federated
@@ -196,11 +199,15 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         return
     if private:
         with writer:
-            write_dp_artifact(writer, cfg, config, run, part, metrics)
+            write_dp_artifact(writer, cfg, config, run, part, metrics, prior=study[0])
             writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
         _print_dp_summary(report, out, {**metrics, "dp": {**clean(run.dp.info()), "noise": cfg.dp_noise}},
                           cfg.write_nonprivate)
+        if study[1]:
+            report.note(study[1])
         return
+    if study[1]:
+        report.note(study[1])
     with writer:
         write_train_files(writer, config, run, part, metrics, record=training_record(part, ds, info["spec"]))
         if plot:  # drawn from the CSV just written, exactly as `pflx show --plot` redraws it
@@ -244,12 +251,13 @@ def write_train_files(writer, config: dict, run, part, metrics: dict, record=Non
         writer.save_npz("train_samples.npz", sample=record[0], digest=record[1])
 
 
-def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> None:
+def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior=None) -> None:
     """The train artifact under --dp: only what the ledger covers, diagnostics as nonprivate* on request.
 
     - ``model.pt``: the last round's model, the output of the DP mechanism (no selection by
       private validation accuracy; inputs are not standardized with private statistics);
-    - ``privacy.json``: the ledger; ``config.yaml``: the public config;
+    - ``privacy.json``: the ledger (after ``prior``'s events: the private study that chose the config, on
+      the same data, whose epsilon composes with this run's); ``config.yaml``: the public config;
     - ``metrics.json``: public facts only (algorithm, rounds, sizes, the mechanism's calibration);
     - with ``--write-nonprivate``: ``nonprivate.json`` (accuracies of the model on the private
       clients), ``nonprivate-metrics.csv`` (every evaluation), ``nonprivate-clients.csv``.
@@ -265,7 +273,8 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict) -> No
     writer.path("model.pt", release=MECHANISM).write_bytes(torch_bytes(run.model))
     from pfl_cli.privacy.randomness import statement
 
-    writer.save_json("privacy.json", {**run.dp.ledger().to_dict(accountant=cfg.dp_accountant),
+    ledger = run.dp.ledger() if prior is None else prior.compose(run.dp.ledger())
+    writer.save_json("privacy.json", {**ledger.to_dict(accountant=cfg.dp_accountant),
                                       **statement(cfg.dp_noise)}, release=POST_PROCESSING)
     # Exact counts of the private data (clients without labels; the realized Poisson cohorts behind the
     # communication totals) are diagnostics, not releases.

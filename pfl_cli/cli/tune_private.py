@@ -27,7 +27,8 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter) -> 
     from pfl_cli.privacy.events import event_key
     from pfl_cli.privacy.ledger import PrivacyLedger
     from pfl_cli.privacy.randomness import SecureNumpyGenerator, statement
-    from pfl_cli.tune.private import draw_trial_count, release_score, repeat_and_select, score_events
+    from pfl_cli.tune.private import (draw_trial_count, release_score, repeat_and_select, score_events,
+                                      score_standard_error)
 
     cfg = plan.cfg
     seeded = cfg.dp_noise == "seeded"
@@ -73,13 +74,16 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter) -> 
                                   "(Papernot & Steinke 2022)",), accountant="rdp")
     best_cfg = dataclasses.replace(cfg, **best[1])
     doc = ledger.to_dict(accountant="rdp")
+    # Post-processing of the released noisy score and count: how far apart two trials must be to be told apart.
+    se = score_standard_error(o.dp_score_noise, best[2]["noisy_count"], min(max(best[2]["score"], 0.0), 1.0))
     metrics = {"algorithm": cfg.algorithm, "objective": plan.objective,
                "best": {"params": best[1], "noisy_score": best[2]["score"],
                         "noisy_sum": best[2]["noisy_sum"], "noisy_count": best[2]["noisy_count"]},
                "space": {p.key: p.spec() for p in plan.params}, "sampler": plan.sampler, "pruner": plan.pruner,
                "dp": {"unit": doc["unit"], "epsilon": doc["epsilon"], "delta": doc["delta"],
                       "trial_epsilon": cfg.dp_epsilon, "mean_trials": o.trials, "shape": o.dp_shape,
-                      "score_noise_multiplier": o.dp_score_noise, "noise": cfg.dp_noise}}
+                      "score_noise_multiplier": o.dp_score_noise, "score_standard_error": se,
+                      "noise": cfg.dp_noise}}
     with writer:
         head = ("# pflx tune --dp: the released best config of a private study (Papernot & Steinke 2022); "
                 "privacy.json covers the whole study.\n")
@@ -91,6 +95,13 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter) -> 
             writer.save_csv("nonprivate-trials.csv", ["trial", "state", "noisy_score", *(p.key for p in plan.params)],
                             rows, release=NONPRIVATE)
     _print(report, out, metrics)
+    if se > SELECTION_NOTE_SE:
+        report.note(f"the released score's standard error is about {100 * se:.1f} points (score noise "
+                    f"{o.dp_score_noise:g} over the scored clients): trials closer than about {200 * se:.0f} points "
+                    "were told apart by noise, not by the data.")
+
+
+SELECTION_NOTE_SE = 0.05  # above this standard error the output says that the selection was mostly noise
 
 
 def _draw(params, rng) -> dict:
@@ -114,7 +125,8 @@ def _print(report: Reporter, out: Path, m: dict) -> None:
     dp = m["dp"]
     table = Table(title=f"tune --dp -> {out}: {m['algorithm']}, released best of a private study", title_justify="left",
                   caption=f"whole study: epsilon {dp['epsilon']:.4g} at delta {dp['delta']:g} ({dp['unit']}-level; "
-                          f"each trial {dp['trial_epsilon']:g}); the score is a noisy release", caption_justify="left")
+                          f"each trial {dp['trial_epsilon']:g}); the score is a noisy release, standard error "
+                          f"about {100 * dp['score_standard_error']:.1f} points", caption_justify="left")
     table.add_column("noisy validation score", justify="right")
     for key in m["best"]["params"]:
         table.add_column(key, justify="right")

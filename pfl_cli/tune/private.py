@@ -30,6 +30,62 @@ MECHANISM_KEYS = ("rounds", "clients_per_round", "batch_size", "local_steps", "l
                   "checkpoint_every", "label_mask", "val_fraction")
 
 
+# The released score of a trial is noisy_sum / noisy_count over n scored clients, each Gaussian with standard
+# deviation sigma (the score noise multiplier, sensitivity 1): by the delta method its standard error is
+# sigma * sqrt(1 + s^2) / n at score s, between sigma / n (s = 0) and sigma * sqrt(2) / n (s = 1). Selection
+# compares released scores, so it resolves differences of a few standard errors only.
+DEFAULT_SCORE_NOISE = 3.0      # without a public federation size, and the most the default goes to
+SCORE_SE_TARGET = 0.05         # the default noise aims at 5 points of standard error (at s = 1)
+SCORE_SE_LIMIT = 0.10          # a study that cannot resolve 10 points (at s = 0, the best case) selects at random
+MIN_DEFAULT_SCORE_NOISE = 0.5  # below this the score events' epsilon swamps the study's: no default goes lower
+
+
+def score_standard_error(noise: float, clients: float, score: float = 1.0) -> float:
+    """Delta-method standard error of a released score (a fraction) over ``clients`` scored clients."""
+    return float(noise) * math.sqrt(1.0 + float(score) ** 2) / max(float(clients), 1.0)
+
+
+def scored_clients_bound(population: int | None, group: str, validation_clients: float) -> float | None:
+    """The most clients a trial's score can average over, from the public population bound only (the number
+    of clients is private: a default read from it would release it): every train client (objective group
+    ``train``) or the validation clients' share of them (``holdout``)."""
+    if population is None:
+        return None
+    return float(population) * (validation_clients if group == "holdout" else 1.0)
+
+
+def resolve_score_noise(noise: float, explicit: bool, *, population: int | None, group: str,
+                        validation_clients: float) -> float:
+    """``--dp-score-noise``: the user's, checked, or the default from the public federation size.
+
+    Default: the noise at which a score over the most clients the population bound allows has a
+    standard error of :data:`SCORE_SE_TARGET`, at most :data:`DEFAULT_SCORE_NOISE`. Refused (one line) when
+    the study cannot select: the given noise leaves a standard error above :data:`SCORE_SE_LIMIT` even over
+    that many clients, or the default would fall below :data:`MIN_DEFAULT_SCORE_NOISE`.
+    """
+    n = scored_clients_bound(population, group, validation_clients)
+    if n is None:
+        return float(noise) if explicit else DEFAULT_SCORE_NOISE
+    what = "validation clients" if group == "holdout" else "train clients"
+    if explicit:
+        se = score_standard_error(noise, n, 0.0)
+        if se > SCORE_SE_LIMIT:
+            top = SCORE_SE_LIMIT * n
+            raise ConfigError(f"--dp-score-noise {noise:g}: a trial's released score over at most {n:g} {what} "
+                              f"(--dp population={population}) has a standard error of at least {100 * se:.1f} "
+                              f"points, above the {100 * SCORE_SE_LIMIT:g} a selection must resolve, so the study "
+                              f"would select at random; give --dp-score-noise {top:.3g} or less (it spends more "
+                              "epsilon) or tune on more clients.")
+        return float(noise)
+    default = min(DEFAULT_SCORE_NOISE, SCORE_SE_TARGET * n / math.sqrt(2.0))
+    if default < MIN_DEFAULT_SCORE_NOISE:
+        raise ConfigError(f"--dp-score-noise: at most {n:g} {what} (--dp population={population}) are too few for a "
+                          f"private selection: a score noise of {MIN_DEFAULT_SCORE_NOISE:g} already leaves a standard "
+                          f"error of {100 * score_standard_error(MIN_DEFAULT_SCORE_NOISE, n):.1f} points; tune on "
+                          "more clients, or give --dp-score-noise explicitly (a smaller noise spends more epsilon).")
+    return round(default, 4)
+
+
 def check_private_space(params: Sequence) -> None:
     for p in params:
         if p.key in MECHANISM_KEYS:

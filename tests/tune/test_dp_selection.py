@@ -1,0 +1,126 @@
+"""A private study that can select, says how well it selects, and composes with the training it chooses (issue 39, 9).
+
+The default ``--dp-score-noise 3`` on a sum over ~24 clients is a standard error of ~14 points on the mean:
+the selection was noise on small federations and nothing said so. And training with the released
+best.yaml on the same data is a second mechanism whose epsilon composes with the study's.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from pfl_cli.errors import ConfigError
+from pfl_cli.tune.private import (DEFAULT_SCORE_NOISE, SCORE_SE_LIMIT, release_score, resolve_score_noise,
+                                  score_standard_error)
+
+
+@pytest.mark.parametrize("score, clients, noise", [(0.9, 24, 3.0), (0.5, 24, 1.0), (0.2, 100, 3.0)])
+def test_the_standard_error_matches_the_released_scores_spread(score, clients, noise):
+    """Against the mechanism itself: the spread of many releases of one trial's score."""
+    rng = np.random.default_rng(0)
+    acc = np.full(clients, score)
+    released = np.array([release_score(acc, noise, rng)["score"] for _ in range(20000)])
+    assert np.std(released) == pytest.approx(score_standard_error(noise, clients, score), rel=0.06)
+
+
+def test_the_default_comes_from_the_public_federation_size():
+    # 5 points of standard error at score 1 over the population bound, at most 3
+    assert resolve_score_noise(3.0, False, population=24, group="train", validation_clients=0.0) == \
+        pytest.approx(0.05 * 24 / np.sqrt(2), abs=1e-4)
+    assert resolve_score_noise(3.0, False, population=10_000, group="train", validation_clients=0.0) == 3.0
+    assert resolve_score_noise(3.0, False, population=None, group="train", validation_clients=0.0) == \
+        DEFAULT_SCORE_NOISE
+    # scored on validation clients: their share of the population
+    assert resolve_score_noise(3.0, False, population=200, group="holdout", validation_clients=0.2) == \
+        pytest.approx(0.05 * 40 / np.sqrt(2), abs=1e-4)
+    for n in (24, 100, 1000):
+        noise = resolve_score_noise(3.0, False, population=n, group="train", validation_clients=0.0)
+        assert score_standard_error(noise, n, 1.0) <= 0.05 + 1e-9
+
+
+def test_a_score_noise_that_cannot_select_is_refused_with_the_number():
+    with pytest.raises(ConfigError, match=r"--dp-score-noise 3: .* at most 24 train clients .* standard error of at "
+                                          r"least 12.5 points, above the 10 .* give --dp-score-noise 2.4 or less"):
+        resolve_score_noise(3.0, True, population=24, group="train", validation_clients=0.0)
+    assert resolve_score_noise(2.0, True, population=24, group="train", validation_clients=0.0) == 2.0
+    with pytest.raises(ConfigError, match="too few for a private selection"):
+        resolve_score_noise(3.0, False, population=8, group="train", validation_clients=0.0)
+    assert SCORE_SE_LIMIT == 0.10
+
+
+DP = "eps=2,delta=1e-6,clip=0.5,population=30,noise=seeded"
+SMALL = ["--rounds", "2", "--eval-every", "2", "--local-steps", "2", "--batch-size", "8", "--set", "normalize=false",
+         "--set", "mlp_hidden=[8]", "--set", "dp_sampling_rate=0.3"]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A partition of 30 clients and a private fedavg study on it (the population bound is public: 30)."""
+    from pfl_cli.cli.app import main
+
+    d = tmp_path_factory.mktemp("dpsel")
+    assert main(["partition", "--dataset", "builtin:digits", "--iid", "--num-clients", "34", "--holdout-clients", "4",
+                 "--out", str(d / "part"), "--format", "quiet"]) == 0
+    assert main(["tune", "--partition", str(d / "part"), "--algorithm", "fedavg", "--trials", "2", "--dp", DP, *SMALL,
+                 "--out", str(d / "study"), "--format", "quiet"]) == 0
+    return d
+
+
+def test_the_study_prints_its_scores_standard_error(study):
+    metrics = json.loads((study / "study" / "metrics.json").read_text())
+    dp = metrics["dp"]
+    assert dp["score_noise_multiplier"] == pytest.approx(0.05 * 30 / np.sqrt(2), abs=1e-4)
+    best = metrics["best"]
+    assert dp["score_standard_error"] == pytest.approx(score_standard_error(
+        dp["score_noise_multiplier"], best["noisy_count"], min(max(best["noisy_score"], 0), 1)))
+
+
+def test_an_explicit_noise_that_cannot_select_is_refused_and_nothing_written(study, cli):
+    out = study / "refused"
+    run = cli("tune", "--partition", study / "part", "--algorithm", "fedavg", "--trials", "2", "--dp", DP, *SMALL,
+              "--dp-score-noise", "5", "--out", out)
+    lines = run.err.strip().splitlines()
+    assert run.code == 2 and len(lines) == 1, run.err
+    assert "--dp-score-noise 5" in lines[0] and "16.7 points" in lines[0]
+    assert not out.exists()
+
+
+def test_training_with_the_released_config_composes_the_studys_ledger(study, cli):
+    import shutil
+
+    from pfl_cli.privacy.ledger import PrivacyLedger
+
+    run = cli("train", "--partition", study / "part", "--config", study / "study" / "best.yaml", "--out",
+              study / "run")
+    assert run.code == 0, run.err
+    assert "composes the private study" in run.err + run.out
+    # The same config copied away from its study: training alone (the reference ledger of this training run).
+    shutil.copy(study / "study" / "best.yaml", study / "alone.yaml")
+    assert cli("train", "--partition", study / "part", "--config", study / "alone.yaml", "--out",
+               study / "run-alone").code == 0
+    total = json.loads((study / "run" / "privacy.json").read_text())
+    alone = PrivacyLedger.from_dict(json.loads((study / "run-alone" / "privacy.json").read_text()))
+    prior = PrivacyLedger.from_dict(json.loads((study / "study" / "privacy.json").read_text()))
+    assert total["events"] == [*json.loads((study / "study" / "privacy.json").read_text())["events"],
+                               *json.loads((study / "run-alone" / "privacy.json").read_text())["events"]]
+    expected = prior.compose(alone).epsilon("rdp")
+    assert total["epsilon"] == pytest.approx(expected)
+    assert total["epsilon"] > max(prior.epsilon("rdp"), alone.epsilon("rdp"))
+    acct = cli("privacy-account", study / "run", "--format", "json")
+    assert acct.code == 0, acct.err
+    assert json.loads(acct.out)["epsilon"] == pytest.approx(expected)
+
+
+def test_a_study_on_another_partition_is_named_not_composed(study, cli):
+    from pfl_cli.cli.app import main
+
+    assert main(["partition", "--dataset", "builtin:digits", "--iid", "--num-clients", "34", "--holdout-clients", "4",
+                 "--seed", "1", "--out", str(study / "other"), "--format", "quiet"]) == 0
+    run = cli("train", "--partition", study / "other", "--config", study / "study" / "best.yaml", "--out",
+              study / "run-other")
+    assert run.code == 0, run.err
+    assert "pflx privacy-account" in run.err + run.out and "not on --partition" in run.err + run.out
+    events = json.loads((study / "run-other" / "privacy.json").read_text())["events"]
+    assert not any(e.get("type", "").startswith("RepeatAndSelect") or "repeat" in json.dumps(e).lower()
+                   for e in events)
