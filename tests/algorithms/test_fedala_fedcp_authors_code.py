@@ -84,3 +84,41 @@ def test_fedcp_next_global_head_averages_half_personalized_half_global(store):
         mean_p = sum(float(w[i]) * heads[p][i] for i in range(len(c)))
         torch.testing.assert_close(alg.global_params[g_], 0.5 * mean_p + 0.5 * before[g_])
         assert not torch.allclose(alg.global_params[g_], mean_p, atol=1e-3)
+
+
+def test_pfedla_flbench_direction_is_pflx_step_negated(store):
+    """benchmarks/pfedla_hn_lr.py's FL-bench direction: from the same state, one round moves every client's
+    hypernetwork by exactly minus pflx's step (pflx: descent on 1/2 ||theta' - theta_bar||^2, pFedHN §3), and
+    leaves local training alone (the same trained models)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import pfedla_hn_lr
+    finally:
+        sys.path.pop(0)
+    from pfl_cli.algorithms import pfedla
+
+    make = alg_factory(small_config(mlp_hidden=(16,), local_steps=4, batch_size=8, lr=0.05, clients_per_round=4,
+                                    pfedla_hidden=16, pfedla_embed_dim=8, pfedla_hn_lr=10.0, momentum=0.0,
+                                    client_clip=0.0))
+    c = cohort(store)
+    ours, theirs = make(store, algorithm="pfedla"), make(store, algorithm="pfedla")
+    start = {k: v.clone() for k, v in ours.private.gather(c).items()}
+    ours.run_round(0, c, gen(0))
+    original = pfedla.PFedLA.run_round
+    try:
+        pfedla_hn_lr.flbench_direction()
+        theirs.run_round(0, c, gen(0))
+    finally:
+        pfedla.PFedLA.run_round = original
+    a, b = ours.private.gather(c), theirs.private.gather(c)
+    moved = 0
+    for k in start:
+        if k.startswith(("hn.", "v")):
+            torch.testing.assert_close(b[k] - start[k], -(a[k] - start[k]), rtol=1e-4, atol=1e-6)
+            moved += int(not torch.equal(a[k], start[k]))
+        else:  # theta: the trained models do not depend on the hypernetwork's step of this round
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    assert moved > 0
