@@ -133,6 +133,14 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
         return False
     scored = digest_keys(sample_digests(unrotated_x(ds, part, info["spec"]), ds.y, chosen))
     hits = int(np.count_nonzero(np.isin(scored, digest_keys(trained))))
+    if hits and own:  # the partition hands one sample out twice: to a train client, and as unseen data
+        raise ArtifactError(
+            f"--partition {partition}: {hits} of the {len(chosen)} {scoring.what} of its {clients} clients are "
+            f"samples the model trained on (same features and label; --model {model}): the partition is the "
+            "model's own and holds them twice, once in a train client's train split (pflx simulate --replacement "
+            f"over a dataset without a test pool draws both from one pool; or the dataset holds duplicates); "
+            f"{stage} takes them for unseen data. Re-create it without reuse (pflx simulate --no-replacement) or "
+            "deduplicate the dataset, and train again.")
     if hits:
         raise ArtifactError(
             f"--partition {partition}: {hits} of the {len(chosen)} {scoring.what} of its {clients} clients are "

@@ -98,8 +98,8 @@ def scored_training_samples(stage, model_part, part):
     return sum(sample_bytes(ds, i) in trained for i in chosen), len(chosen)
 
 
-def score(stage, model, partition, out, *extra):
-    return main([stage, "--model", model, "--partition", partition, "--clients", CLIENTS, "--out", out,
+def score(stage, model, partition, out, *extra, clients=CLIENTS):
+    return main([stage, "--model", model, "--partition", partition, "--clients", clients, "--out", out,
                  "--format", "json", *CHEAP.get(stage, []), *extra])
 
 
@@ -124,13 +124,32 @@ def walked(root):
     return walk, own
 
 
+@pytest.mark.parametrize("clients", ["holdout", "train"])
 @pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
 @pytest.mark.parametrize("mode", MODES)
-def test_own_partition_is_scored(root, tmp_path, capsys, stage, mode):
+def test_own_partition_is_scored(root, tmp_path, capsys, stage, mode, clients):
+    # holdout clients and test splits are unseen; attack --clients train attacks the trained uploads on purpose
     out = tmp_path / "out"
-    assert score(stage, root / mode, root / "part", out) == 0
+    assert score(stage, root / mode, root / "part", out, clients=clients) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["overlap_unchecked"] is False
+
+
+@pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
+@pytest.mark.parametrize("mode", MODES)
+def test_own_partition_holding_a_training_sample_twice_is_refused(root, tmp_path, capsys, stage, mode):
+    # (c) on the model's own partition: a dataset with copies of training samples where unseen ones should be
+    # (as pflx simulate --replacement over one pool deals them out)
+    model = root / f"dup-{mode}"
+    if not model.exists():
+        assert main(["train", "--partition", root / "part-dup", *TRAIN, *(DP if mode == "dp" else []),
+                     "--out", model]) == 0
+    own = load_partition(root / "part-dup")
+    hits, total = scored_training_samples(stage, own, own)
+    assert hits > 0
+    out = tmp_path / "out"
+    err = refused(capsys, score(stage, model, root / "part-dup", out), out)
+    assert f"{hits} of the {total} " in err and "the model's own and holds them twice" in err
 
 
 @pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
