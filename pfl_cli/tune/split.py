@@ -92,9 +92,9 @@ def validation_partition(part, *, val_fraction: float, val_clients: float, rng: 
     labeled = np.ones(part.num_clients, bool) if part.labeled is None else np.asarray(part.labeled, bool)
     chosen = np.zeros(part.num_clients, bool)
     if val_clients > 0:
-        chosen[train] = _validation_clients(train, labeled[train], client_uniforms(np.asarray(part.client_id)[train],
-                                                                                   salt),
-                                            val_clients, unlabeled_validation_clients, stable)
+        u_client = client_uniforms(np.asarray(part.client_id)[train], salt)
+        chosen[train] = _validation_clients(train, labeled[train], u_client, val_clients, unlabeled_validation_clients,
+                                            stable)
     sizes = np.diff(part.train_offsets)[train]
     owner = np.repeat(np.arange(len(train)), sizes)
     samples = np.concatenate([part.train_of(j) for j in train]) if len(train) else np.zeros(0, np.int64)

@@ -175,7 +175,8 @@ def _observe_cluster(monkeypatch, seen: Observed, unit: str) -> None:
         recs = []
         for c in range(len(offsets) - 1):
             rows = points[offsets[c]:offsets[c + 1]]
-            key = c if unit == "example" else _digest(np.sort(np.asarray([_digest(r, 0) for r in rows])).astype("S16"), 0)
+            content = np.sort(np.asarray([_digest(r, 0) for r in rows])).astype("S16")
+            key = c if unit == "example" else _digest(content, 0)
             recs += [(key, "points", _digest(r, 0)) for r in rows]
         seen.calls.append(recs)
         return real(points, offsets, server, **kwargs)
@@ -382,3 +383,66 @@ def test_the_comparison_sees_a_moved_record():
     assert differing(a, b, "example") == {"s1", "s3"}
     assert differing(a, b, "client") == {1, 2}
     assert differing(a, [r for r in a if r[2] != "s3"], "example") == {"s3"}
+
+
+# ------------------------------------------------------------------------------ the carves themselves
+def _carve_records(vpart, x, y) -> list[tuple]:
+    return [(int(vpart.client_id[j]), f"{side}:{int(vpart.role[j])}", _digest(x[i], y[i]))
+            for j in range(vpart.num_clients)
+            for side, idx in (("fit", vpart.train_of(j)), ("val", vpart.test_of(j))) for i in idx]
+
+
+@pytest.mark.parametrize("unit", ["example", "client"])
+def test_the_dp_carve_moves_no_record_but_the_removed_one(unit):
+    """validation_partition(stable=True) on D and on every one of many neighbours, same salt."""
+    from pfl_cli.data import load_dataset
+    from pfl_cli.partition.base import Partition
+    from pfl_cli.tune.split import validation_partition
+
+    ds = load_dataset("builtin:digits")
+    part = _partition(None)
+
+    def carve(p):
+        return _carve_records(validation_partition(p, val_fraction=0.3, val_clients=0.3, x=ds.x, y=ds.y, stable=True,
+                                                   rng=np.random.default_rng(5)), ds.x, ds.y)
+
+    full = carve(part)
+    rng = np.random.default_rng(0)
+    train = np.flatnonzero(part.role == 0)
+    for _ in range(12 if unit == "example" else len(train)):
+        lists = [list(part.train_of(j)) for j in range(part.num_clients)]
+        keep = np.ones(part.num_clients, bool)
+        if unit == "example":
+            c = int(rng.choice(train))
+            j = lists[c].pop(int(rng.integers(len(lists[c]))))
+            removed = _digest(ds.x[j], ds.y[j])
+        else:
+            c = int(train[_])
+            keep[c] = False
+            removed = int(part.client_id[c])
+        sizes = np.array([len(a) for a, k in zip(lists, keep) if k])
+        flat = np.concatenate([a for a, k in zip(lists, keep) if k]).astype(np.int64)
+        test = [part.test_of(j) for j in range(part.num_clients) if keep[j]]
+        neighbour = Partition(client_id=part.client_id[keep], role=part.role[keep],
+                              train_offsets=np.r_[0, np.cumsum(sizes)], train_indices=flat,
+                              test_offsets=np.r_[0, np.cumsum([len(t) for t in test])],
+                              test_indices=np.concatenate(test))
+        assert differing(full, carve(neighbour), unit) <= {removed}
+
+
+def test_the_non_dp_carve_keeps_the_shares():
+    """Without --dp: exact counts, the same carve for the same seed, a share near the one asked for."""
+    from pfl_cli.data import load_dataset
+    from pfl_cli.tune.split import validation_partition
+
+    ds = load_dataset("builtin:digits")
+    part = _partition(None)
+    runs = [validation_partition(part, val_fraction=0.2, val_clients=0.2, x=ds.x, y=ds.y,
+                                 rng=np.random.default_rng(1)) for _ in range(2)]
+    np.testing.assert_array_equal(runs[0].test_indices, runs[1].test_indices)
+    v = runs[0]
+    assert int((v.role == 1).sum()) == round(0.2 * (N_CLIENTS - N_HOLDOUT))
+    train_val = sum(len(v.test_of(j)) for j in range(v.num_clients) if v.role[j] == 0)
+    train_all = train_val + sum(len(v.train_of(j)) for j in range(v.num_clients) if v.role[j] == 0)
+    assert train_val == 20 * int((v.role == 0).sum())   # round(0.2 * 100) of each 100-sample client
+    assert train_val / train_all == pytest.approx(0.2)

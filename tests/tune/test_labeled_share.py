@@ -18,7 +18,8 @@ def _partition(n_train: int, n_labeled: int, n_holdout: int = 2, size: int = 6) 
     n = n_train + n_holdout
     labeled = np.zeros(n, np.uint8)
     labeled[np.random.default_rng(1).choice(n_train, n_labeled, replace=False)] = 1
-    return Partition(client_id=np.arange(100, 100 + n), role=np.r_[np.zeros(n_train), np.ones(n_holdout)].astype(np.uint8),
+    role = np.r_[np.zeros(n_train), np.ones(n_holdout)].astype(np.uint8)
+    return Partition(client_id=np.arange(100, 100 + n), role=role,
                      train_offsets=np.arange(n + 1) * size, train_indices=np.arange(n * size),
                      test_offsets=np.arange(n + 1), test_indices=n * size + np.arange(n), labeled=labeled)
 
