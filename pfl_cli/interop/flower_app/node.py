@@ -36,6 +36,7 @@ def load_node(context, *, build: bool = True) -> NodeData:
     """Read the node config, the partition and the dataset; build the one-client store and the algorithm."""
     from pfl_cli.readers import load_partition
     from pfl_cli.data import load_dataset
+    from pfl_cli.data.location import locate_dataset
     from pfl_cli.errors import InputError
 
     cfg = train_config(context.run_config)
@@ -46,7 +47,9 @@ def load_node(context, *, build: bool = True) -> NodeData:
                              "\"partition-dir='PART' partition-id=K\".")
     part, info, artifact = load_partition(str(node["partition-dir"]), flag="node config partition-dir")
     position = int(node["partition-id"])
-    ds = load_dataset(str(node.get("dataset", info["spec"])))
+    # The partition's dataset wherever it now is (recorded path, beside the partition, PFLX_DATA), digest checked.
+    ds = (load_dataset(str(node["dataset"])) if "dataset" in node else
+          locate_dataset(info, artifact.path, flag="node config partition-dir"))
     facts = {"partition-id": position, "partition-sha256": artifact.content_hash,
              "input-shape": [int(d) for d in ds.x.shape[1:]], "num-classes": int(ds.num_classes),
              "num-samples": int(ds.num_samples), "labels-sha256": str(ds.labels_sha256 or "")}
