@@ -118,6 +118,8 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
     indices, owner = ((part.test_indices, part.test_owner()) if scoring.split == "test"
                       else (part.train_indices, part.train_owner()))
     chosen = np.asarray(indices, np.int64)[np.isin(np.asarray(part.role)[owner], CLIENT_ROLES[clients])]
+    if not len(chosen):  # nothing scored, nothing that could overlap
+        return False
     trained = _model_training_digests(model_art, ref, own, part, info, ds)
     if trained is None:
         if allow_unchecked:
@@ -129,7 +131,7 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
             f"options, seed or pflx version differ), and that one "
             f"{'was replaced at' if where.exists() else 'is gone from'} {where}. Pass the model's own partition, restore it at {where}, "
             f"or pass {ALLOW_FLAG} to score this one anyway (recorded as overlap_unchecked).")
-    if not len(chosen) or not len(trained):
+    if not len(trained):
         return False
     scored = digest_keys(sample_digests(unrotated_x(ds, part, info["spec"]), ds.y, chosen))
     hits = int(np.count_nonzero(np.isin(scored, digest_keys(trained))))
@@ -159,8 +161,8 @@ def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, d
 
     if model_art.has("train_samples.npz"):
         sample, digest = read_train_samples(model_art, "--model", num_samples=int(info["num_samples"]))
-        if digest is None:  # recorded before digests were: the indices into this dataset (its labels hash matched)
-            digest = sample_digests(unrotated_x(ds, part, info["spec"]), ds.y, sample)
+        if digest is None:  # recorded before digests were: indices into the dataset the manifest names
+            digest = _digests_of_recorded(model_art, sample, part, info, ds)
         return digest
     if own:  # the model's own partition, recognised by its recipe: its train clients' train samples
         return training_record(part, ds, info["spec"])[1]
@@ -178,3 +180,26 @@ def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, d
             their_info.get("labels_sha256") and their_ds.labels_sha256 != their_info["labels_sha256"]):
         return None  # its dataset changed since: what the model trained on is no longer there
     return sample_digests(their_ds.x, their_ds.y, trained_samples(theirs))
+
+
+def _digests_of_recorded(model_art, sample: np.ndarray, part, info: dict, ds) -> np.ndarray:
+    """Digests of a pre-digest record's indices, read from the dataset the model's manifest names (found by
+    its spec and content sha256); from this partition's dataset where that one is not found (same labels)."""
+    from dataclasses import replace
+
+    from pfl_cli.data import load_dataset
+    from pfl_cli.data.digest import sample_digests
+    from pfl_cli.errors import PflxError
+
+    ref = next((i for i in model_art.manifest.get("inputs", []) if i.get("stage") == "dataset"), {})
+    here = replace(ds, x=unrotated_x(ds, part, info["spec"]))
+    candidates = [here]
+    if ref.get("path") not in (None, info["spec"]):
+        try:
+            candidates.insert(0, load_dataset(ref["path"]))
+        except (PflxError, OSError):
+            pass
+    for there in candidates:
+        if len(sample) and there.num_samples > sample[-1] and there.content_sha256 == ref.get("sha256"):
+            return sample_digests(there.x, there.y, sample)
+    return sample_digests(here.x, here.y, sample)

@@ -232,3 +232,26 @@ def test_moved_model_partition_under_dp_is_still_its_own(root, tmp_path, capsys)
     out = tmp_path / "out"
     assert score("predict", root / "dp", tmp_path / "moved", out) == 0
     assert json.loads((out / "metrics.json").read_text())["overlap_unchecked"] is False
+
+
+@pytest.mark.parametrize("record, needle", [
+    ("indices", "are samples the model trained on"),  # pflx before digests: the indices, read in the model's data
+    ("bad", "train_samples.npz: digest must be a uint8 array of shape"),
+])
+def test_a_record_without_digests_is_read_in_the_models_dataset(root, tmp_path, capsys, record, needle):
+    # (b) with an artifact written before digests: the indices name samples of the dataset the model trained on
+    # (found by its manifest's spec and content hash), not of the partition's permuted copy.
+    from fuzz.damaged import rehash
+
+    model = tmp_path / "old"
+    shutil.copytree(root / "listed", model)
+    sample = np.load(model / "train_samples.npz")["sample"]
+    arrays = {"sample": sample} if record == "indices" else {"sample": sample, "digest": np.zeros((3, 16), np.uint8)}
+    np.savez(model / "train_samples.npz", **arrays)
+    rehash(model, "train_samples.npz")
+    out = tmp_path / "out"
+    err = refused(capsys, score("predict", model, root / "part-perm", out), out)
+    assert needle in err
+    if record == "indices":
+        hits, total = scored_training_samples("predict", load_partition(root / "part"), load_partition(root / "part-perm"))
+        assert f"{hits} of the {total} " in err
