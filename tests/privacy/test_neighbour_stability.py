@@ -106,12 +106,15 @@ class Observed:
 
 
 def _store_records(store) -> list[tuple]:
+    """The store's records; a store that holds some clients only (a Flower node, a distributed rank): theirs."""
     x = store.x.cpu().numpy()
     y = store.y_eval.cpu().numpy()
     out = []
     for side in ("fit", "val", "test"):
         padded = getattr(store, side)
         for j in range(store.num_clients):
+            if store.held is not None and not store.held[j]:
+                continue
             n = int(padded.length[j])
             for i in padded.index[j, :n].tolist():
                 out.append((int(store.client_id[j]), f"{side}:{int(store.role[j])}", _digest(x[i], y[i])))
@@ -131,7 +134,8 @@ def _observe_engine(monkeypatch, seen: Observed, unit: str) -> None:
         store = real_build(*args, **kwargs)
         seen.calls.append(_store_records(store))
         rows = [getattr(store, s).index[j, :int(getattr(store, s).length[j])]
-                for s in ("fit", "val", "test") for j in range(store.num_clients)]
+                for s in ("fit", "val", "test") for j in range(store.num_clients)
+                if store.held is None or store.held[j]]
         import torch
 
         store._observed_allowed = set(torch.cat(rows).tolist()) if rows else set()
@@ -446,3 +450,58 @@ def test_the_non_dp_carve_keeps_the_shares():
     train_all = train_val + sum(len(v.train_of(j)) for j in range(v.num_clients) if v.role[j] == 0)
     assert train_val == 20 * int((v.role == 0).sum())   # round(0.2 * 100) of each 100-sample client
     assert train_val / train_all == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------------------------ the Flower app
+FLOWER_RECIPE = """seed: 0
+train:
+  algorithm: fedavg
+  rounds: 2
+  eval_every: 2
+  clients_per_round: 3
+  local_steps: 2
+  batch_size: 8
+  lr: 0.05
+  val_fraction: 0           # Flower keeps the last round: no validation carve
+  model_arch: mlp
+  mlp_hidden: [8]
+  normalize: false
+  dp_epsilon: 4
+  dp_clip: 1
+  dp_population: 50
+  dp_noise: seeded
+"""
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_the_flower_apps_nodes_read_neighbours_that_differ_in_one_client(tmp_path, monkeypatch):
+    """The Flower app releases under a ledger (DP-FedAvg, client-level): every node's store, built on D and on
+    D' (one client fewer, every other client on its own node), holds the same records for the same client."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))
+    from flower_fake_grid import FakeGrid
+
+    from pfl_cli.cli.flower import server_main
+
+    (tmp_path / "recipe.yaml").write_text(FLOWER_RECIPE)
+    observed = []
+    for name, neighbour in (("D", None), ("D-prime", "client")):
+        d = tmp_path / name
+        d.mkdir()
+        part = _write_partition(d / "part", neighbour)
+        assert main(["flower", "app", "--config", str(tmp_path / "recipe.yaml"), "--partition", str(part),
+                     "--out", str(d / "app"), "--format", "quiet"]) == 0
+        n = _partition(neighbour).num_clients
+        nodes = {100 + k: {"partition-dir": str(part), "partition-id": k} for k in range(n)}
+        seen = Observed()
+        with monkeypatch.context() as m:
+            _observe_engine(m, seen, "client")
+            grid = FakeGrid(d / "app", nodes, run_config_overrides={"out": str(d / "out")})
+            server_main(grid, grid.server_context())
+        assert (d / "out" / "privacy.json").is_file()
+        assert seen.stray_reads == 0
+        observed.append([r for call in seen.calls for r in call])   # every node's own client, and the server's
+    assert differing(*observed, "client") <= {_removed("client")}
+    assert _removed("client") in {c for c, _, _ in observed[0]}       # the nodes' records were observed
