@@ -255,3 +255,20 @@ def test_a_record_without_digests_is_read_in_the_models_dataset(root, tmp_path, 
     if record == "indices":
         hits, total = scored_training_samples("predict", load_partition(root / "part"), load_partition(root / "part-perm"))
         assert f"{hits} of the {total} " in err
+
+
+@pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
+def test_a_training_sample_shown_at_another_angle_is_the_same_sample(root, tmp_path, capsys, stage):
+    # Rotated clients (partition --rotations) see their images turned when the data load: the sample is the
+    # stored image, so another partition that deals it out at another angle still hands back a training sample.
+    rotated = root / "rot"
+    if not (rotated / "model").exists():
+        for seed in (0, 1):
+            assert main(["partition", "--dataset", f"npz:{root / 'data.npz'}", *PART, "--rotations", "0,90,180,270",
+                         "--seed", seed, "--out", rotated / f"part{seed}"]) == 0
+        assert main(["train", "--partition", rotated / "part0", *TRAIN, "--out", rotated / "model"]) == 0
+    hits, total = scored_training_samples(stage, load_partition(rotated / "part0"), load_partition(rotated / "part1"))
+    assert hits > 0
+    out = tmp_path / "out"
+    err = refused(capsys, score(stage, rotated / "model", rotated / "part1", out), out)
+    assert f"{hits} of the {total} " in err
