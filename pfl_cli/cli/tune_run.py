@@ -4,8 +4,8 @@ under --dp), the artifact, the summary.
 The ``tune`` artifact (DESIGN.md section 3):
 
 - ``best.yaml``: the resolved train config of the best trial, which ``pflx train --config`` takes as is;
-- ``trials.csv``: every trial's number, state (complete / pruned / fail), score, searched values,
-  selected round, seconds, failure reason and validation curve (``round:accuracy;...``);
+- ``trials.csv``: every trial's number, state (complete / pruned / fail, or interrupted: not counted), score,
+  searched values, selected round, seconds, failure reason and validation curve (``round:accuracy;...``);
 - ``study.db``: the Optuna study (SQLite), for ``optuna-dashboard`` or further analysis;
 - ``metrics.json``: the objective (group, metric), the best trial, trial counts, the space, CPU time;
 - with ``--plot``: ``history.png`` and ``parallel.png``.

@@ -444,7 +444,7 @@ def trial_rows(study, params: Sequence) -> tuple[list[str], list[list]]:
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and \
             t.datetime_start else None
         curve = ";".join(f"{step}:{v:.6g}" for step, v in sorted(t.intermediate_values.items()))
-        rows.append([t.number, t.state.name.lower(), t.value,
+        rows.append([t.number, _state(t), t.value,
                      *(p.label(t.params[p.key]) if p.key in t.params else None for p in params),
                      t.user_attrs.get("selected_round"), None if seconds is None else round(seconds, 3),
                      t.user_attrs.get("error", ""), curve])
@@ -473,5 +473,10 @@ def state_counts(study) -> dict[str, int]:
     for t in study.trials:
         if t.system_attrs.get("pflx_surplus"):
             continue
-        counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
+        counts[_state(t)] = counts.get(_state(t), 0) + 1
     return counts
+
+
+def _state(trial) -> str:
+    """complete | pruned | fail | running, or interrupted (a failed trial that does not count)."""
+    return "interrupted" if trial.system_attrs.get("pflx_interrupted") else trial.state.name.lower()

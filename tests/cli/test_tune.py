@@ -93,7 +93,7 @@ def test_a_killed_study_continues_where_it_stopped(cli, part, tmp_path):
     assert r.code == 0, r.err
     assert "continuing the study" in r.err
     rows = list(csv_rows(out / "trials.csv"))
-    assert [r_["state"] for r_ in rows] == ["complete", "fail", "complete", "complete"]
+    assert [r_["state"] for r_ in rows] == ["complete", "interrupted", "complete", "complete"]
     assert rows[1]["error"].startswith("interrupted (not counted") and "the process running it stopped" in rows[1]["error"]
 
 
