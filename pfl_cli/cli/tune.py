@@ -66,8 +66,12 @@ def tune(
 
     The study is an Optuna study in an SQLite file: a killed tune continues where it stopped when the
     same command runs again; --storage URL puts it in a database several machines share (run the
-    same command on each). The artifact holds study.db, trials.csv (every trial's config, state and
-    validation curve), best.yaml, metrics.json and, with --plot, history.png and parallel.png.
+    same command on each). Ctrl-C prints one line; the trial it stopped is recorded as interrupted, not
+    counted, and run again. A study resumes only the same search: a command that differs in the algorithm,
+    the base config, --space, --rounds, the objective, the validation carve, the partition or the pflx
+    version is refused naming what differs; --force deletes that study and starts a fresh one. The
+    artifact holds study.db, trials.csv (every trial's config, state and validation curve), best.yaml,
+    metrics.json and, with --plot, history.png and parallel.png.
 
     Examples: pflx tune --partition runs/part --algorithm fedavg --trials 12 --rounds 100 --out runs/tune ;
     pflx tune --partition runs/part --algorithm pefll --space lambda_theta=log:1e-4:1e-1 --out runs/tune-pefll ;
