@@ -188,6 +188,9 @@ def test_training_samples_at_other_indices_are_refused(root, tmp_path, capsys, s
     out = tmp_path / "out"
     err = refused(capsys, score(stage, root / mode, root / f"part-{variant}", out), out)
     assert f"{hits} of the {total} " in err and "the model trained on" in err
+    # a --dp model's own partition is still at its path, so the overlap is known: no flag lets it through
+    err = refused(capsys, score(stage, root / mode, root / f"part-{variant}", out, ALLOW_FLAG), out)
+    assert f"{hits} of the {total} " in err
 
 
 def test_training_record_is_content_digests(root):
