@@ -108,25 +108,19 @@ def _unit(digests: list[bytes]) -> np.ndarray:
 def sample_uniforms(x: np.ndarray, y: np.ndarray | None, idx: np.ndarray, salt: bytes) -> np.ndarray:
     """One uniform draw in [0, 1) per sample ``idx``, keyed by the sample's content, not its position.
 
-    The draw is BLAKE2b keyed with ``salt`` over the sample's bytes (features, dtype, shape and
-    label): it depends on that sample and the salt only, so adding or removing any other sample
-    (anywhere in the dataset or the partition) leaves it unchanged, and without the salt it is
-    unpredictable. Identical samples draw the same value (they are the same record).
+    The draw is BLAKE2b keyed with ``salt`` over the sample's content digest
+    (:func:`pfl_cli.data.digest.sample_digests`: features and label, the identity predict's overlap check uses
+    too): it depends on that sample and the salt only, so adding or removing any other sample (anywhere in
+    the dataset or the partition) leaves it unchanged, and without the salt it is unpredictable. Identical
+    samples draw the same value (they are the same record).
     """
     import hashlib
 
-    idx = np.asarray(idx, dtype=np.int64)
+    from pfl_cli.data.digest import sample_digests
+
     key = hashlib.blake2b(_SAMPLE_TAG + salt, digest_size=32).digest()
-    labels = np.full(len(idx), -1, np.int64) if y is None else np.asarray(y, dtype=np.int64)[idx]
-    head = f"{np.asarray(x[:0]).dtype.str}{tuple(x.shape[1:])}".encode()
-    out = []
-    for i in range(0, len(idx), _HASH_CHUNK):
-        rows = np.ascontiguousarray(np.asarray(x[idx[i:i + _HASH_CHUNK]]))
-        for row, label in zip(rows, labels[i:i + _HASH_CHUNK]):
-            h = hashlib.blake2b(head, key=key, digest_size=8)
-            h.update(row.tobytes())
-            h.update(int(label).to_bytes(8, "little", signed=True))
-            out.append(h.digest())
+    digests = sample_digests(x, y, np.asarray(idx, dtype=np.int64), chunk=_HASH_CHUNK)
+    out = [hashlib.blake2b(row.tobytes(), key=key, digest_size=8).digest() for row in digests]
     return _unit(out) if out else np.zeros(0, np.float64)
 
 
