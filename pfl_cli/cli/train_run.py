@@ -137,6 +137,9 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     private = cfg.dp_epsilon is not None
     if not private:  # under --dp the number and sizes of the clients are private: nothing is said about them
         _warn_clamped(cfg, part, n_train, report)
+        notice = getattr(getattr(cfg, "algorithm_class", None), "partition_notice", None)  # FLowDUP's size notice
+        if notice is not None and (line := notice(part)):
+            report.warn(line)
     writer = ArtifactWriter(out, stage="train", config=config, seed=cfg.seed, inputs=inputs, force=force, dp=private)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same config and inputs); nothing to do."
