@@ -37,6 +37,7 @@ class Step:
     out: str | None = None       # the artifact it writes (None: it prints its result only)
     reads: bool = True           # it reads an artifact or the dataset (so it runs again from elsewhere)
     slow: bool = False
+    code: int = 0                # a refusal (exit 2) must be the same refusal from anywhere
 
 
 # Every command of `pflx`, in chain order. A command that writes nothing and reads nothing says why.
@@ -60,6 +61,13 @@ CHAIN: dict[str, Step] = {
                       "--dp", "eps=4,clip=1,population=100,noise=seeded"), "model-dp", slow=True),
     "predict-dp": Step(("predict", "--model", "model-dp", "--partition", "part", "--clients", "holdout"), "pred-dp",
                        slow=True),  # a --dp model records no training samples: its partition is read from its manifest
+    "predict-dp-sim": Step(("predict", "--model", "model-dp", "--partition", "sim", "--clients", "holdout"),
+                           "pred-dp-sim", slow=True, code=2),  # not its partition: compared with the one it names
+    "partition-rot": Step(("partition", "--dataset", "npz:data/images.npz", "--num-clients", "6", "--holdout-clients",
+                           "2", "--rotations", "0,90,180,270"), "rot", reads=False, slow=True),
+    "train-rot": Step(("train", "--partition", "rot", "--algorithm", "fedavg", *SMALL), "model-rot", slow=True),
+    "predict-rot": Step(("predict", "--model", "model-rot", "--partition", "rot", "--clients", "holdout"), "pred-rot",
+                        slow=True),  # a rotated partition reads its unrotated samples again to compare them
     "tune": Step(("tune", "--partition", "part", "--algorithm", "fedavg", "--trials", "2", *SMALL,
                   "--space", "lr=choice:0.01,0.1", "--sampler", "grid"), "tune", slow=True),
     "show": Step(("show", "--lineage", "pred")),
@@ -81,6 +89,7 @@ def _data(root: Path) -> None:
     (root / "data").mkdir(parents=True)
     np.savez(root / "data" / "digits.npz", x=x[:400], y=y[:400])
     np.savez(root / "data" / "server.npz", x=x[400:460])
+    np.savez(root / "data" / "images.npz", x=x[:300].reshape(-1, 8, 8), y=y[:300])
     (root / "fedavg.yaml").write_text("algorithm: fedavg\nrounds: 2\nval_fraction: 0\n")
 
 
@@ -88,7 +97,7 @@ def _run(name: str, step: Step, cwd: Path, root: Path, out: str | None, monkeypa
     """Run ``step`` from ``cwd`` over the tree at ``root`` (given relative to ``cwd``), writing ``out``."""
     monkeypatch.chdir(cwd)
     prefix = Path(os.path.relpath(root, cwd))
-    args, read_paths = [], {"part", "mdm", "sim", "model", "model-dp", "pred", "km", "fedavg.yaml"}
+    args, read_paths = [], {"part", "mdm", "sim", "model", "model-dp", "pred", "km", "rot", "model-rot", "fedavg.yaml"}
     for a in step.args:
         if a in read_paths:
             a = str(prefix / a)
@@ -100,7 +109,9 @@ def _run(name: str, step: Step, cwd: Path, root: Path, out: str | None, monkeypa
     capsys.readouterr()
     code = main([*args, "--format", "json"])
     captured = capsys.readouterr()
-    assert code == 0, f"{name} from {cwd}: {captured.err}"
+    assert code == step.code, f"{name} from {cwd}: {captured.err}"
+    if code:  # the refusal, its paths as typed from the tree's root
+        return {"error": captured.err.replace(f"{prefix}{os.sep}" if str(prefix) != "." else "\0", "")}
     return json.loads(captured.out) if captured.out.strip() else {}
 
 
@@ -165,6 +176,9 @@ def _check_travels(tmp_path, monkeypatch, capsys, names) -> None:
                 again, first = _payload(out, typed), _payload(root / step.out)
                 differ = sorted(f for f in set(again) | set(first) if again.get(f) != first.get(f))
                 assert not differ, f"{name} from {where}: another result in {differ}"
+            if step.code:
+                assert result == made[name], f"{name} from {where}: another refusal"
+                continue
             check = SAME_OUTPUT.get(step.args[0])
             if check is not None:
                 check(made[name], result, where)
@@ -189,7 +203,9 @@ def test_artifacts_travel(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_artifacts_travel_every_step(tmp_path, monkeypatch, capsys):
-    """The whole chain: also a --dp model's predict (its partition found through the model's manifest) and tune."""
+    """The whole chain: also a --dp model's predict on its own partition and on another one (its partition found
+    through the model's manifest), a rotated partition (its unrotated samples read again where the data were found),
+    and tune."""
     _check_travels(tmp_path, monkeypatch, capsys, list(CHAIN))
 
 

@@ -77,9 +77,9 @@ def unrotated_x(ds, part, spec: str) -> np.ndarray:
     """The dataset's features as stored: a sample is the same sample whatever angle a client shows it at."""
     if part.rotation is None:
         return ds.x
-    from pfl_cli.data import load_dataset
+    from pfl_cli.data.location import load_located
 
-    return load_dataset(spec).x
+    return load_located(spec).x  # where the stage found the data (a moved dataset: not at the recorded path)
 
 
 def trained_samples(part) -> np.ndarray:
@@ -124,7 +124,9 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
     if trained is None:
         if allow_unchecked:
             return True
-        where = Path(ref["path"])
+        from pfl_cli.readers import input_location
+
+        where = input_location(model_art, ref)
         raise ArtifactError(
             f"--partition {partition}: cannot check its {scoring.what} against the samples --model {model} trained "
             f"on: the model records none (a --dp model does not), this partition is not the one it trained on (its "
@@ -155,9 +157,9 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
 def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, ds) -> np.ndarray | None:
     """Content digests of the samples the model trained on; None where they cannot be known (a --dp model)."""
     from pfl_cli.artifacts import load_partition
-    from pfl_cli.data import load_dataset
     from pfl_cli.data.digest import sample_digests
-    from pfl_cli.readers import read_train_samples
+    from pfl_cli.data.location import locate_dataset
+    from pfl_cli.readers import input_location, read_train_samples
 
     if model_art.has("train_samples.npz"):
         sample, digest = read_train_samples(model_art, "--model", num_samples=int(info["num_samples"]))
@@ -166,7 +168,7 @@ def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, d
         return digest
     if own:  # the model's own partition, recognised by its recipe: its train clients' train samples
         return training_record(part, ds, info["spec"])[1]
-    path = Path(ref["path"])
+    path = input_location(model_art, ref)  # beside the model in a moved tree, from any working directory
     if ref.get("recipe") is None or not (path / "manifest.json").is_file():
         return None
     try:
@@ -175,7 +177,7 @@ def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, d
         return None
     if partition_recipe(their_art) != ref["recipe"]:  # re-created there with another seed or config
         return None
-    their_ds = load_dataset(their_info["spec"])
+    their_ds = locate_dataset(their_info, their_art.path, flag="--model's partition")
     if their_ds.num_samples != int(their_info["num_samples"]) or (
             their_info.get("labels_sha256") and their_ds.labels_sha256 != their_info["labels_sha256"]):
         return None  # its dataset changed since: what the model trained on is no longer there

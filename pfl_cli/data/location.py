@@ -87,6 +87,17 @@ def source_record(ds: Dataset, artifact_dir: str | Path) -> dict[str, Any]:
     return record
 
 
+# recorded spec -> the spec :func:`locate_dataset` found it under in this process (for :func:`load_located`)
+_FOUND: dict[str, str] = {}
+
+
+def load_located(spec: str) -> Dataset:
+    """Load the recorded ``spec`` again from where :func:`locate_dataset` last found it in this process
+    (the recorded path when it has not looked): a stage that needs the raw arrays a second time (a
+    rotated partition's unrotated features) reads the copy the first load checked."""
+    return _as_recorded(load_dataset(_FOUND.get(spec, spec)), spec)
+
+
 def _candidates(source: Mapping[str, Any], artifact_dir: Path, env: Mapping[str, str]) -> list[tuple[Path, str]]:
     """(path, where it came from), in the order they are tried."""
     stored = Path(str(source["path"]))
@@ -132,6 +143,7 @@ def locate_dataset(info: Mapping[str, Any], artifact_dir: str | Path, *, flag: s
         if not same_bytes and recorded and ds.content_sha256 != recorded:
             wrong.append(f"{path} ({origin}: sha256 {ds.content_sha256[:12]}, recorded {str(recorded)[:12]})")
             continue
+        _FOUND[spec] = with_path(spec, os.path.abspath(path))
         return _as_recorded(ds, spec)
     name = Path(str(source["path"])).name
     if wrong:
