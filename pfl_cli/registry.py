@@ -144,7 +144,7 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
     (below flags and ``--set``), the others are left aside.
     """
     from pfl_cli.config import resolve_config
-    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.fl.config import TrainConfig, inert_refusal
     from pfl_cli.schema import coerce_field
 
     file_values, sections = _split_sections(file_values or {})
@@ -161,11 +161,14 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
     file_values = {**file_values, **own}
     layers = ((labels[0], file_values),) + layers[1:]
     taken = set(entry.keys)
+    inert = entry.algorithm.inert_keys
     for where, layer in layers:
         for k in layer:
             k = str(k).strip().replace("-", "_")
             if k not in taken and k not in ignore:
                 raise unknown_key(k, entry, where)
+            if k in inert:  # whatever its value: the user asked for an effect the algorithm does not have
+                raise inert_refusal(k, entry.name, inert[k], where=where)
     cfg = resolve_config(entry.config, file_values=file_values, flag_values=flag_values, overrides=overrides,
                          ignore=ignore)
     cfg.validate()

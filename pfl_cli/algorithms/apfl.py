@@ -103,6 +103,8 @@ class APFL(PrivateState, FedAvg):
     config = APFLConfig
     models_upload = False  # its w steps are plain SGD beside v and alpha, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
+    inert_keys = {k: "its steps are plain SGD (Deng et al. 2020, Alg. 1: no momentum, no clipping, no weight decay)"
+                  for k in ("momentum", "client_clip", "lambda_theta")}
 
     def build(self) -> None:
         import torch

@@ -64,6 +64,10 @@ class Algorithm(ABC):
     # The clients the method is for, which `pflx tune` scores on validation data: "train" (its
     # training clients' validation split) or "new" (validation clients carved out of the train clients).
     tune_group = "train"
+    # Keys its config takes (from a config it shares) that change nothing it computes: key -> why, completing
+    # "KEY has no effect on NAME because ...". Refused in a config file, a flag, --set and a tune space
+    # (pfl_cli.fl.config.check_inert); every other key changes what it trains (tests/algorithms/test_no_ignored_key.py).
+    inert_keys: dict[str, str] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
         """DP support and the config are declared by each algorithm, never inherited from its parent:
@@ -81,6 +85,8 @@ class Algorithm(ABC):
         self.cfg = cfg
         self.store = store
         self.device = store.device
+        if arch is None:  # a training run: its keys against the data they would act on
+            check_keys_on_data(cfg, store)
         self.arch = arch if arch is not None else self.resolve_arch(cfg, store)
         net = self.arch.get("client") if isinstance(self.arch, dict) else None
         if isinstance(net, dict) and str(net.get("arch", "")).endswith("-bn") and not self.local_normalization:
@@ -417,6 +423,25 @@ class ServerOptimizerState:
     def load_state(self, state):
         self.load_weights(state)
         self.opt.load_state_dict(state["optimizer"])
+
+
+BACKBONE_KEYS = ("backbone", "backbone_weights", "backbone_tune")
+# Why the backbone keys change nothing for an algorithm whose hypernetwork generates the client nets.
+GENERATED_NETS = ("its hypernetwork generates model_arch's client net (a pre-trained backbone is a client net of the "
+                  "algorithms that train one directly, and of hyperfl-lpm)")
+
+
+def check_keys_on_data(cfg, store) -> None:
+    """Refuse a key set away from its default that this training data leaves without effect (one line, exit 2);
+    the keys without effect whatever the data are refused with the config (``pfl_cli.fl.config.check_inert``)."""
+    from pfl_cli.fl.config import inert_refusal
+
+    if cfg.lstm_hidden != type(cfg)().lstm_hidden and getattr(store, "vocab_size", None) is None:
+        raise inert_refusal("lstm_hidden", cfg.algorithm, "this data is not text: no LSTM net reads it (the LSTM is "
+                            "the net of token-code data, e.g. LEAF Shakespeare)", cfg.lstm_hidden)
+    if cfg.evaluate_hidden_labels and bool(np.all(store.labeled)):
+        raise inert_refusal("evaluate_hidden_labels", cfg.algorithm, "every client of this partition has its "
+                            "labels (the key scores clients without labels against their hidden ones)", True)
 
 
 def epochs_protocol(new: bool, epochs: int, served: str, trained: str, untrained: str) -> dict:

@@ -193,8 +193,7 @@ class FedAS(PrivateState, _GlobalModel):
         self.record_exchange({k: self.global_params[k] for k in self.body}, shared, len(cohort))
         self.traffic.receive("fisher_trace", fim)
         w = fisher_weights(fim, self.store.fit.length[cohort]).to(theta[self.body[0]].dtype)
-        self.global_params = {**self.global_params,
-                              **{k: torch.einsum("c,c...->...", w, v) for k, v in shared.items()}}
+        self.global_params = self.server_average({k: torch.einsum("c,c...->...", w, v) for k, v in shared.items()})
         self.private.scatter(cohort, theta)
         return loss
 

@@ -110,7 +110,8 @@ class FedBN(PrivateState, _GlobalModel):
                                      **self.round_schedule())
         shared = {k: theta[k] for k in self.shared}
         self.record_exchange(self.global_params, shared, len(cohort))
-        self.global_params = weighted_mean(self.store, cohort, shared, by_size=False)  # Alg. 1: (1/K) sum_k
+        # Alg. 1: (1/K) sum_k, then the server step (server_lr, server_momentum; 1 and 0: the mean itself)
+        self.global_params = self.server_average(weighted_mean(self.store, cohort, shared, by_size=False))
         self.private.scatter(cohort, {k: theta[k] for k in self.init_local})
         return loss
 

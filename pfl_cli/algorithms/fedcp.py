@@ -246,7 +246,7 @@ class FedCP(PrivateState, _GlobalModel):
         # the next global head: the size-weighted mean of the uploads 0.5 h^p_i + 0.5 h^g (the authors' code,
         # clientcp.py generate_upload_head; servercp.py global_head), h^g the global head the cohort received
         head = {g: 0.5 * mean[p] + 0.5 * self.global_params[g] for g, p in self.pairs.items()}
-        self.global_params = {**{k: mean[k] for k in self.extractor + self.cpn}, **head}
+        self.global_params = self.server_average({**{k: mean[k] for k in self.extractor + self.cpn}, **head})
         self.private.scatter(cohort, {k: theta[k] for k in self.head})
         return loss
 

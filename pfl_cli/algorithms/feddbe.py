@@ -187,7 +187,7 @@ class FedDBE(PrivateState, _GlobalModel):
                                         **self.round_schedule())
         model = {k: theta[k] for k in self.shared}
         self.record_exchange(self.global_params, model, len(cohort))
-        self.global_params = weighted_mean(self.store, cohort, model)
+        self.global_params = self.server_average(weighted_mean(self.store, cohort, model))
         self.private.scatter(cohort, {PRBM: theta[PRBM]})
         return loss
 

@@ -86,7 +86,7 @@ class FedRoD(PrivateState, _GlobalModel):
         theta, loss, _ = self._steps(start, cohort, gen, train_generic=True, **self.round_schedule())
         generic = {k: theta[k] for k in self.generic}
         self.record_exchange(self.global_params, generic, len(cohort))
-        self.global_params = weighted_mean(self.store, cohort, generic)
+        self.global_params = self.server_average(weighted_mean(self.store, cohort, generic))
         self.private.scatter(cohort, {k: theta[k] for k in self.personal})
         return loss
 

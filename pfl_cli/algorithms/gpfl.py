@@ -207,7 +207,7 @@ class GPFL(PrivateState, _GlobalModel):
         theta, loss, _ = self._steps(start, cohort, gen, trainable=list(start), **self.round_schedule())
         shared = {k: theta[k] for k in self.shared}
         self.record_exchange(self.global_params, shared, len(cohort))
-        self.global_params = weighted_mean(self.store, cohort, shared)
+        self.global_params = self.server_average(weighted_mean(self.store, cohort, shared))
         self.private.scatter(cohort, {k: theta[k] for k in self.head})
         return loss
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_cli.algorithms.base import Algorithm, seeded
+from pfl_cli.algorithms.base import BACKBONE_KEYS, GENERATED_NETS, Algorithm, seeded
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weighted_mean
@@ -95,6 +95,7 @@ class HyperFL(Attackable, Algorithm):
     paper = "HyperFL: Guo et al., AAAI 2025, §3"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
     config = HyperFLConfig
+    inert_keys = dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS)
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:

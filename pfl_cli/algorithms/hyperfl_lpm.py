@@ -46,6 +46,7 @@ class HyperFLLPM(HyperFL):
                            "on a log range around them")
     tune_group = "train"
     config = HyperFLLPMConfig
+    inert_keys = {}  # the backbone keys are its client net (HyperFL's refusal of them is not inherited)
     paper = "HyperFL-LPM: Guo et al., AAAI 2025 §3.3, App. D.1"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
 

@@ -43,6 +43,8 @@ class LDPFedAvg(LocalDP, FedAvg):
     config = LDPFedAvgConfig
     dp_unit = "example"  # declared: DP-SGD on every client (pfl_cli.fl.dpsgd)
     dp_contribution = "model delta"
+    inert_keys = {"local_epochs": "its rounds take local_steps DP-SGD steps on Poisson-sampled batches, the steps its "
+                                  "accountant counts (pfl_cli.fl.dpsgd); set --local-steps"}
 
     def run_round(self, t, cohort, gen):
         import torch

@@ -25,11 +25,32 @@ from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 class _GlobalModel(Algorithm):
     """The server's state: one global client net (only its shared part is ever updated)."""
 
+    server_buf: dict | None = None  # the server momentum buffer of :meth:`server_average` (none before a step)
+
+    def server_average(self, mean: dict) -> dict:
+        """The global parameters after the server step towards the cohort's aggregate ``mean`` (its keys only).
+
+        FedAvg's server step (:func:`pfl_cli.fl.server.momentum_step`) with the config's ``server_lr``
+        and ``server_momentum``; their defaults (1, 0) give ``mean`` itself, the paper's aggregation. A
+        config without those keys takes the mean.
+        """
+        from pfl_cli.fl.server import momentum_step
+
+        lr, momentum = getattr(self.cfg, "server_lr", 1.0), getattr(self.cfg, "server_momentum", 0.0)
+        params, self.server_buf = momentum_step(self.global_params, self.server_buf or {}, mean, lr=lr,
+                                                momentum=momentum)
+        return params
+
     def state(self):
-        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
+        state = {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
+        if self.server_buf:
+            state["server_buf"] = {k: v.detach().clone() for k, v in self.server_buf.items()}
+        return state
 
     def load_state(self, state):
         self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
+        buf = state.get("server_buf")
+        self.server_buf = {k: v.to(self.device) for k, v in buf.items()} if buf else None
 
     def weights(self):
         return {"client": cpu_tree(self.global_params)}

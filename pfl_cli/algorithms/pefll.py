@@ -23,7 +23,8 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, descriptor_dim, seeded
+from pfl_cli.algorithms.base import (BACKBONE_KEYS, GENERATED_NETS, Algorithm, ServerOptimizerState, descriptor_dim,
+                                     seeded)
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES, SERVER_OPTIMIZERS, TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict
@@ -75,6 +76,15 @@ class PeFLLConfig(TrainConfig):
                                        "PeFLL authors' code: its frozen m, s")
     track_descriptors: bool = key(False, "log Spearman(descriptor, label-distribution distances) of holdout clients")
 
+    def validate(self) -> None:
+        super().validate()
+        if self.server_momentum and self.server_optimizer != "sgd":
+            from pfl_cli.fl.config import inert_refusal
+
+            raise inert_refusal("server_momentum", self.algorithm, f"its server optimizer is {self.server_optimizer} "
+                                "(server_momentum is the sgd server optimizer's: --set server_optimizer=sgd)",
+                                self.server_momentum)
+
     def planned_cohort(self, num_clients: int | None = None) -> int | None:
         """``clients_per_round``, else round(0.05 n) of all n clients, at least 1 (thesis §4.4: 5% of the clients)."""
         if self.clients_per_round is not None or num_clients is None:
@@ -102,6 +112,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4"
     new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
     config = PeFLLConfig
+    inert_keys = dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS)
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
 
     @property

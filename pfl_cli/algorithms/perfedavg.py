@@ -83,6 +83,8 @@ class PerFedAvg(FedAvg):
     config = PerFedAvgConfig
     models_upload = False  # its steps are MAML steps on two batches, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
+    inert_keys = {k: "its steps, local and fine-tuning, are plain SGD (Fallah et al. 2020, Alg. 1: no momentum, no "
+                     "clipping, no weight decay)" for k in ("momentum", "client_clip", "lambda_theta")}
 
     def build(self) -> None:
         super().build()

@@ -30,7 +30,8 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, ServerOptimizerState, descriptor_dim, seeded
+from pfl_cli.algorithms.base import (BACKBONE_KEYS, GENERATED_NETS, Algorithm, ServerOptimizerState, descriptor_dim,
+                                     seeded)
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import HYPER_SIZES, TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack
@@ -113,6 +114,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
     paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021, §3, Alg. 1"
     new_client_protocol = "a fresh embedding trained embed_rounds rounds, hypernetwork frozen"
     config = PFedHNConfig
+    inert_keys = dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS)
     personal_head = False
 
     @classmethod

@@ -98,6 +98,10 @@ class PFedMe(PrivateState, FedAvg):
     config = PFedMeConfig
     models_upload = False  # its w follows the Moreau envelope's inner solution, not FedAvg's upload
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
+    inert_keys = {**{k: "its server step is beta (Dinh et al. 2020, Alg. 1 line 11: w <- (1 - beta) w + beta * the "
+                        "cohort mean); set --set beta=B" for k in ("server_lr", "server_momentum")},
+                  **{k: "its steps are plain gradient steps (Dinh et al. 2020, Alg. 1: no momentum, no clipping, "
+                        "no weight decay; lam is its regularizer)" for k in ("momentum", "client_clip", "lambda_theta")}}
 
     def build(self) -> None:
         super().build()

@@ -8,7 +8,7 @@ range is checked by name (:data:`KEY_RULES`), so one key means one thing in ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import Any, Optional
 
 from pfl_cli.schema import register_choices
 
@@ -83,6 +83,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Every check on the keys, before any data is read or drawn (subclasses add theirs)."""
         check_keys(self)
+        check_inert(self)
         hidden = self.mlp_hidden if isinstance(self.mlp_hidden, (list, tuple)) else [self.mlp_hidden]
         if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
             from pfl_cli.errors import ConfigError
@@ -152,6 +153,49 @@ def check_keys(cfg) -> None:
             raise ConfigError(f"{f.name} must be a fraction in [0, 1]; got {value!r}.")
         if kind == "below1" and not 0.0 <= value < 1.0:
             raise ConfigError(f"{f.name} must be in [0, 1); got {value!r}.")
+
+
+# Keys that act only beside another: key -> (whether ``cfg`` has it, what to add). A value other than the default
+# without it changes nothing, and is refused (check_inert). write_nonprivate's own refusal is in pfl_cli.fl.api.
+DP_ONLY = ("dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accountant", "dp_noise")
+NEEDS: dict[str, tuple] = {k: (lambda cfg: cfg.dp_epsilon is not None, "--dp eps=E (no DP mechanism runs)")
+                           for k in DP_ONLY}
+NEEDS.update({k: (lambda cfg: bool(cfg.backbone), "--set backbone=NAME (the client net is model_arch's)")
+              for k in ("backbone_weights", "backbone_tune")})
+
+
+def inert_refusal(key: str, algorithm: str, why: str, got: Any = None, where: str = "") -> "ConfigError":
+    """One line: ``key`` changes nothing ``algorithm`` computes, why, and to drop it."""
+    from pfl_cli.errors import ConfigError
+
+    value = f"; got {got!r}" if got is not None else ""
+    return ConfigError(f"{where}{key} has no effect on algorithm {algorithm!r} because {why}{value}; drop it "
+                       "(`pflx algorithms " + algorithm + "` lists the keys it reads).")
+
+
+def check_inert(cfg) -> None:
+    """Refuse a key set away from its default where it changes nothing: a key the algorithm declares inert
+    (``Algorithm.inert_keys``), or a key whose companion (:data:`NEEDS`) is not set.
+
+    >>> from pfl_cli.registry import train_config
+    >>> train_config("fedavg", dp_delta=1e-5)
+    Traceback (most recent call last):
+    ...
+    pfl_cli.errors.ConfigError: dp_delta has no effect without --dp eps=E (no DP mechanism runs); got 1e-05. Add --dp eps=E or drop it.
+    """
+    from pfl_cli.errors import ConfigError
+
+    inert = getattr(cfg.algorithm_class, "inert_keys", None) or {}
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name == "algorithm" or value == f.default:
+            continue
+        if f.name in inert:
+            raise inert_refusal(f.name, cfg.algorithm, inert[f.name], value)
+        need = NEEDS.get(f.name)
+        if need is not None and not need[0](cfg):
+            raise ConfigError(f"{f.name} has no effect without {need[1]}; got {value!r}. Add {need[1].split(' (')[0]} "
+                              "or drop it.")
 
 
 def _integer(v) -> bool:

@@ -175,6 +175,10 @@ def resolve_space(entry, overrides: Mapping[str, str] | None = None) -> tuple[Pa
                               "and the algorithm are fixed by the user; compare seeds with pflx compare).")
         if key not in fields:
             raise unknown_key(key, entry, where="--space ")
+        if key in entry.algorithm.inert_keys:  # trials that differ only in it would compute the same model
+            from pfl_cli.fl.config import inert_refusal
+
+            raise inert_refusal(key, entry.name, entry.algorithm.inert_keys[key], where="--space ")
         param = parse_spec(key, spec)
         params.append(_typed(param, entry.config, fields[key]))
     return tuple(params)

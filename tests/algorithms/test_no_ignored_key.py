@@ -1,0 +1,311 @@
+"""No ignored key: every key an algorithm accepts changes what it computes, or is refused (issue 39, item 3).
+
+Generated from the registry (DESIGN.md §7): for every algorithm and every field of its config, a tiny
+run (digits, 4 train clients, 2 rounds) with the key at a second valid value must differ from the run at
+the base value in what the run yields: the selected weights, the algorithm's final state, the metrics
+history or the checkpoints it hands out. A key that changes none of them must be refused ("KEY has no
+effect ..."), which also passes. The second value is derived from the key's type, range and value
+(:func:`candidates`); a key whose effect needs a companion key set takes it from :data:`CONTEXT`. Only
+the keys of :data:`INERT`, each with its reason, are left unchecked. A new algorithm or key is covered
+without new test code.
+
+The default tier runs the keys of two representatives and the server step of every algorithm that
+takes one; the full product (every algorithm x every key, minutes on 2 cores) is ``slow``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pfl_cli import registry
+from pfl_cli.errors import PflxError
+from pfl_cli.fl.config import KEY_RULES
+
+# The shared tiny settings, each where the algorithm takes it (values every algorithm accepts).
+BASE = {"rounds": 2, "clients_per_round": 2, "local_steps": 2, "batch_size": 8, "eval_every": 2,
+        "mlp_hidden": (8,), "val_fraction": 0.2}
+# A key changes nothing by design, whatever the data: why.
+INERT = {
+    "algorithm": "names the config's algorithm; another value is another algorithm (its own suite)",
+    "device": "auto is the cpu on a machine without a GPU; the suite compares runs on one device",
+    "cohort_exec": "an execution strategy (vmap or a loop) with equal results by design "
+                   "(tests/fl/test_cohort_exec.py asserts it)",
+}
+# The round keys of an algorithm without rounds (``federated = False``: Local) change nothing it trains. They are
+# accepted, not refused: a recipe's shared train section holds them for every algorithm it runs, Local included
+# (recipes/hyperfl/lpm-digits-smoke.yaml with --set algorithm=local).
+ROUND_KEYS = ("rounds", "clients_per_round", "eval_every", "checkpoint_every")
+# A key whose effect shows only beside another key or on other data: the companion settings of its run
+# (and of the base run it is compared with).
+# (and what each algorithm's DP variant asks besides: public inputs only, e.g. PeFLL's fixed descriptor size)
+DP = {"dp_epsilon": 8.0, "dp_clip": 1.0, "dp_population": 40, "dp_noise": "seeded", "normalize": False,
+      "standardize_descriptor": False, "embed_dim": 4}
+DP_KEYS = ("dp_epsilon", "dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accountant", "dp_noise",
+           "write_nonprivate")
+CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "sgd"},
+           "backbone_tune": {"backbone": "resnet-micro"}, "backbone_weights": {"backbone": "resnet-micro"}}
+# Keys that choose the client net act on images (digits' 8x8 vectors take only the mlp): their runs read
+# digits as 1x32x32 images.
+IMAGES = ("model_arch", "backbone", "backbone_tune", "backbone_weights")
+# An algorithm that runs only on a pre-trained backbone (HyperFL-LPM): every run of it takes one, on images.
+NEEDS_BACKBONE = {"backbone": "resnet-micro"}
+# Values to try where the key's type cannot give one (strings without declared choices).
+OVERRIDES = {
+    "client_sizes": ["S,L"],
+    "dp_accountant": ["pld"],
+    "backbone": ["resnet-micro", "vit-micro"],
+    "backbone_weights": [lambda: _backbone_file("resnet-micro")],
+}
+
+
+def small(name: str, **values) -> dict:
+    """BASE, and the algorithm's own epoch/step/round counts at 1 and widths at 8, with ``values``."""
+    from pfl_cli.fl.config import TrainConfig
+
+    entry = registry.get(name)
+    defaults = entry.config()
+    out = {k: v for k, v in BASE.items() if k in entry.keys}
+    common = {f.name for f in dataclasses.fields(TrainConfig)}
+    for f in dataclasses.fields(entry.config):
+        value = getattr(defaults, f.name)
+        if f.name in out or f.name in common or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if f.name.endswith(("_epochs", "_steps", "_rounds")) and value > 1:
+            out[f.name] = 1
+        elif f.name.endswith(("_hidden", "_dim")) and value > 8:
+            out[f.name] = 8
+    return {**out, **values}
+
+
+def candidates(name: str, key: str, base) -> list:
+    """Second values of ``key`` from its type, range and ``base`` value, the likeliest to bite first."""
+    field = {f.name: f for f in dataclasses.fields(registry.get(name).config)}[key]
+    if key in OVERRIDES:
+        return [v for v in OVERRIDES[key] if v != base]
+    choices = field.metadata.get("choices")
+    if choices:
+        return [c for c in choices if c != base]
+    if isinstance(base, bool):
+        return [not base]
+    kind, low, high = KEY_RULES.get(key, ("any", None, None))
+    if isinstance(base, int):
+        out = [base + 1, base - 1, base + 2, 2 * base + 1]
+        return list(dict.fromkeys(v for v in out if (low is None or v >= low) and v != base))
+    if isinstance(base, float):
+        if kind in ("below1", "frac"):
+            out = [base / 2 if base else 0.5, 0.9, 0.0]
+        else:
+            out = [base / 2 if base else 0.5, 2 * base + 1, 1e-3]
+        return [v for v in out if v != base]
+    if base is None:
+        return [1, 0.5, 1e-3, 2]
+    if isinstance(base, tuple):
+        return [base + (8,), (base[0] + 1,)]
+    return []
+
+
+def fingerprint(name: str, images: bool = False, **values) -> dict:
+    """What a tiny run of ``name`` yields: weights, final state, history, checkpoints (flattened)."""
+    import torch
+
+    from pfl_cli.fl.api import train_federated
+
+    ds, part = _data()
+    x = np.kron(ds.x.reshape(-1, 1, 8, 8), np.ones((1, 1, 4, 4), dtype=ds.x.dtype)) if images else ds.x
+    cfg = registry.train_config(name, **small(name, **values))
+    checkpoints, progress = [], []  # what a run hands out: checkpoints, and the headline numbers it reports
+    run = train_federated(x, ds.y, ds.num_classes, part, cfg, device=torch.device("cpu"),
+                          on_checkpoint=lambda c: checkpoints.append(int(c["round"])),
+                          on_progress=lambda done, total, latest: progress.append((done, sorted(latest.items()))))
+    ledger = run.dp.info() if run.dp is not None else None  # what a DP run releases about its mechanism
+    return {"weights": _flat(run.model["weights"]), "state": _flat(run.algorithm.state()),
+            "history": [list(r) for r in run.outcome.history] + [ledger], "checkpoints": checkpoints + progress}
+
+
+def same(a: dict, b: dict) -> bool:
+    if a["history"] != b["history"] or a["checkpoints"] != b["checkpoints"]:
+        return False
+    for part in ("weights", "state"):
+        if a[part].keys() != b[part].keys():
+            return False
+        for k, x in a[part].items():
+            y = b[part][k]
+            if isinstance(x, np.ndarray) != isinstance(y, np.ndarray):
+                return False
+            if isinstance(x, np.ndarray) and (x.shape != y.shape or not np.array_equal(x, y)):
+                return False
+            if not isinstance(x, np.ndarray) and x != y:
+                return False
+    return True
+
+
+def check_key(name: str, key: str) -> str:
+    """The key's verdict: "" when a second value changes the run, or every second value is refused; else what
+    was ignored. The values are tried in turn until one changes the run (in a 2-round run, eval_every 3 and 4
+    are alike, 1 is not).
+
+    The base run (the key at its base value) must run: a value refused against it is refused because of
+    this key alone, which keeps the promise as a change of the run does.
+    """
+    entry = registry.get(name)
+    dp = {**DP, "dp_sampling_rate": 0.25} if entry.algorithm.dp_unit == "example" else DP
+    context = dict(dp) if entry.algorithm.dp_required else {}  # a local-DP algorithm runs only under --dp
+    if key not in DP_KEYS or entry.algorithm.dp_unit is not None:  # no DP variant: its DP keys alone
+        context.update(dp if key in DP_KEYS else CONTEXT.get(key, {}))
+    if _needs_backbone(name):
+        context = {**NEEDS_BACKBONE, **context}
+    context = {k: v for k, v in context.items() if k in entry.keys}
+    images = key in IMAGES or _needs_backbone(name)
+    try:
+        reference = _base(name, images, tuple(sorted(context.items())))
+    except PflxError:
+        if key in context or not CONTEXT.get(key):
+            raise
+        # the algorithm refuses the key's companion (no backbone for FedRoD's two heads): the key is tried alone
+        context = {k: v for k, v in context.items() if k not in CONTEXT[key] or k in NEEDS_BACKBONE and
+                   _needs_backbone(name)}
+        reference = _base(name, images, tuple(sorted(context.items())))
+    if key == "label_mask" and not _masking_shows(reference):
+        return ""  # the key picks the masked accuracy as the headline; on this run both are equal everywhere
+    base_value = getattr(registry.train_config(name, **small(name, **context)), key)
+    values = candidates(name, key, base_value)
+    if not values:
+        return f"{name}: no second value of {key} from its type; give it one in OVERRIDES"
+    ignored = []
+    for value in values:
+        value = value() if callable(value) else value
+        try:
+            got = fingerprint(name, images, **{**context, key: value})
+        except PflxError:
+            continue  # refused: only this key differs from the base run, which ran
+        if not same(got, reference):
+            return ""
+        ignored.append(f"{value!r} gives the run of {base_value!r}")
+    if ignored:
+        return (f"{name}: key {key} is accepted and changes nothing ({'; '.join(ignored)}); make it act, or refuse "
+                "it where it does not (Algorithm.inert_keys, pfl_cli.fl.config.NEEDS)")
+    return ""  # every other value refused: the key is not ignored either
+
+
+# ------------------------------------------------------------------------------------ cases
+def _cases() -> list:
+    cases = []
+    for name, entry in registry.entries().items():
+        for key in entry.keys:
+            if key in INERT or (key in ROUND_KEYS and not entry.algorithm.federated):
+                continue
+            default = name == "fedrod" or key in ("server_lr", "server_momentum")
+            cases.append(pytest.param(name, key, id=f"{name}-{key}",
+                                      marks=() if default else pytest.mark.slow))
+    return cases
+
+
+@pytest.mark.parametrize("name, key", _cases())
+def test_every_key_changes_the_run_or_is_refused(name, key):
+    problem = check_key(name, key)
+    assert not problem, problem
+
+
+def test_inert_table_holds_keys_that_exist():
+    """The table of inert keys stays tiny and names only keys some algorithm takes."""
+    every = {k for e in registry.entries().values() for k in e.keys}
+    assert set(INERT) <= every and len(INERT) <= 3
+    for entry in registry.entries().values():  # a declared inert key is one the config takes
+        assert set(entry.algorithm.inert_keys) <= set(entry.keys), entry.name
+
+
+@pytest.mark.parametrize("name", [n for n, e in registry.entries().items() if e.algorithm.inert_keys])
+def test_inert_keys_refused_in_every_layer(name):
+    """A key an algorithm declares inert is refused whatever its value and wherever it is set: one line."""
+    from pfl_cli.errors import ConfigError
+    from pfl_cli.registry import get, resolve_train_config
+    from pfl_cli.tune.space import resolve_space
+
+    entry = get(name)
+    for key in entry.algorithm.inert_keys:
+        default = getattr(entry.config(), key)
+        for layer in ("file_values", "flag_values", "overrides"):
+            with pytest.raises(ConfigError, match=f"{key} has no effect on algorithm '{name}' because"):
+                resolve_train_config(**{layer: {"algorithm": name, key: default}})
+        with pytest.raises(ConfigError, match=f"--space {key} has no effect"):
+            resolve_space(entry, {key: "float:0.1:0.9"})
+        with pytest.raises(ConfigError, match="has no effect"):
+            registry.train_config(name, **{key: 0.5})
+
+
+# ------------------------------------------------------------------------------------ helpers
+_BASES: dict = {}
+_DATA: list = []
+
+
+def _data():
+    if not _DATA:
+        from pfl_cli.data import load_dataset
+        from pfl_cli.partition import PartitionConfig, partition_labels
+        from pfl_cli.rng import make_rng
+
+        ds = load_dataset("builtin:digits")
+        cfg = PartitionConfig(scheme="pathological", classes_per_client=2, class_shares="equal", num_clients=6,
+                              holdout_clients=2, test_fraction=0.3)
+        _DATA.append((ds, partition_labels(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(0, "partition"),
+                                           pool=ds.pool)))
+    return _DATA[0]
+
+
+def _base(name: str, images: bool, context: tuple) -> dict:
+    if (name, images, context) not in _BASES:
+        _BASES[(name, images, context)] = fingerprint(name, images, **dict(context))
+    return _BASES[(name, images, context)]
+
+
+def _needs_backbone(name: str) -> bool:
+    """Whether ``name`` refuses to run without a backbone (its plain base run is refused for want of one)."""
+    try:
+        _base(name, False, ())
+    except PflxError as err:
+        return "backbone" in str(err)
+    return False
+
+
+def _masking_shows(run: dict) -> bool:
+    """Whether a run's history has an evaluation whose label-masked accuracy differs from the plain one."""
+    rows = {(r[0], r[1], r[2]): r[3] for r in run["history"] if isinstance(r, list)}
+    return any(v != rows.get((rnd, group, metric + "_lm")) for (rnd, group, metric), v in rows.items()
+               if metric in ("mean_accuracy", "pooled_accuracy"))
+
+
+def _backbone_file(name: str) -> str:
+    """A state dict of the backbone ``name`` unlike its seeded random weights (every entry 0.01), in a temp dir."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from pfl_cli.models.pretrained import PretrainedNet
+
+    path = Path(tempfile.mkdtemp(prefix="pflx-keys-")) / f"{name}.pth"
+    net = PretrainedNet(name, (1, 32, 32), 10, "adapters")
+    torch.save({k: torch.full_like(v, 0.01) for k, v in net.backbone.state_dict().items()}, path)
+    return str(path)
+
+
+def _flat(tree, prefix: str = "") -> dict:
+    import torch
+
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}/{k}"))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(_flat(v, f"{prefix}/{i}"))
+    elif torch.is_tensor(tree):
+        out[prefix] = tree.detach().cpu().double().numpy().copy()
+    elif hasattr(tree, "state") and callable(tree.state):  # a ClientState
+        out.update(_flat(tree.state(), prefix))
+    else:
+        out[prefix] = tree
+    return out
