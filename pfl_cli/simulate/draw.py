@@ -1,16 +1,21 @@
 """Dealing server samples to simulated clients whose class counts are given (vectorized).
 
+A training sample is never a test sample (DESIGN.md section 5): each class's server samples are
+split once, by a seeded draw, into a train pool and a test pool; train samples are dealt from the
+train pool only and test samples from the test pool only (:func:`deal`).
+
 Two sampling regimes (thesis §3.1 "subsample the centralized data"; it is silent on replacement):
 
-- ``replacement=True`` -- the server data acts as a population that every client samples
-  independently: no sample repeats *within* a client, but clients may share samples.
-  A class runs short when one client needs more of it than the pool holds.
+- ``replacement=True`` -- each pool acts as a population that every client samples
+  independently: no sample repeats *within* a client, but clients may share samples of one
+  pool. A class runs short when the most any client needs to train on plus the most any
+  client needs to test on exceeds its samples.
 - ``replacement=False`` -- clients are disjoint: no sample repeats within or across
   clients. A class runs short when all clients together need more of it than the pool.
 
 The shortage policy is explicit: ``error`` refuses up front, ``cap`` gives the clients
-what there is (fewer samples), ``replace`` reuses samples (with replacement) to meet the
-counts exactly. What happened goes into the returned ``info``.
+what there is (fewer samples), ``replace`` reuses samples of the same pool (with replacement)
+to meet the counts exactly. What happened goes into the returned ``info``.
 """
 
 from __future__ import annotations
@@ -67,13 +72,38 @@ def _cap_disjoint(demand: np.ndarray, supply: int) -> np.ndarray:
     return np.minimum(np.diff(cum, prepend=0), demand)
 
 
-def _shortage_error(short: dict[str, Any], replacement: bool) -> InfeasibleError:
-    c = short["classes"][0]
-    where = ("one client needs" if replacement else "the clients together need")
+def _pool_sizes(need_train: np.ndarray, need_test: np.ndarray, supply: np.ndarray) -> np.ndarray:
+    """How many samples of each class go to its test pool (the rest to its train pool).
+
+    The pools share each class in proportion to the needs: a class with enough samples gives each
+    pool its need plus its share of the spare samples, so neither runs short; a class that runs
+    short is split in proportion to the needs (rounding towards the train pool), each needed pool
+    keeping at least one sample when the class has two, and both are capped or reused alike.
+    """
+    total = need_train + need_test
+    spare = supply - total
+    share = need_test / np.maximum(total, 1)
+    fair = need_test + np.floor(np.maximum(spare, 0) * share + 0.5).astype(np.int64)
+    two = supply >= 2
+    short = np.floor(supply * share).astype(np.int64)
+    short = np.maximum(short, ((need_test > 0) & two).astype(np.int64))
+    short = np.minimum(short, supply - ((need_train > 0) & two).astype(np.int64))
+    return np.where(spare >= 0, fair, short)
+
+
+def _shortage_error(c: int, need_train: int, need_test: int, supply: int, n_short: int,
+                    replacement: bool) -> InfeasibleError:
+    if replacement:
+        where = (f"a client needs up to {need_train} samples of it to train on and a client up to {need_test} "
+                 f"to test on ({need_train + need_test} distinct samples: a training sample is never a test sample)")
+    else:
+        where = (f"the clients together need {need_train + need_test} samples of it ({need_train} to train on, "
+                 f"{need_test} to test on; a training sample is never a test sample)")
     return InfeasibleError(
-        f"class {c['class']} runs short: {where} {c['demanded']} samples of it and the server pool has {c['available']} "
-        f"({len(short['classes'])} class(es) short). Pass --shortage cap (fewer samples), --shortage replace (reuse "
-        "samples), " + ("or fewer/smaller clients." if replacement else "--replacement, or fewer clients.")
+        f"class {c} runs short: {where} and the server pool has {supply} ({n_short} class(es) short). "
+        "Pass --shortage cap (fewer samples), --shortage replace (reuse samples), "
+        + ("a lower --test-fraction, or fewer/smaller clients." if replacement
+           else "--replacement, a lower --test-fraction, or fewer clients.")
     )
 
 
@@ -88,7 +118,13 @@ def deal(
     rng: np.random.Generator,
     on_class: Callable[[int], None] | None = None,
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], dict[str, Any]]:
-    """Give client ``i`` ``train_counts[i, l]`` + ``test_counts[i, l]`` samples of class ``l``.
+    """Give client ``i`` ``train_counts[i, l]`` train and ``test_counts[i, l]`` test samples of class ``l``.
+
+    No sample is ever dealt both as a train sample (of any client) and as a test sample (of any
+    client), DESIGN.md section 5: first each class's pool samples are split once, by a seeded
+    draw, into a train pool and a test pool (sizes from :func:`_pool_sizes`); train samples are
+    then dealt from the train pool only and test samples from the test pool only, so with
+    replacement (and under ``shortage="replace"``) a sample repeats within its pool only.
 
     Parameters
     ----------
@@ -107,58 +143,93 @@ def deal(
     Returns
     -------
     train, test : (offsets, indices) CSR pairs
+        Each client's indices ascending.
     info : dict
-        The shortage record for ``stats.json``.
+        The shortage record for ``stats.json``; ``test_pool`` is each class's test pool size.
+
+    Raises
+    ------
+    InfeasibleError
+        Under ``shortage="error"`` a class whose samples cannot cover both needs; under
+        ``"replace"`` a needed pool left without any sample to reuse.
     """
     n, num_classes = train_counts.shape
-    demand = train_counts + test_counts
+    train_counts, test_counts = train_counts.copy(), test_counts.copy()
     supply = np.bincount(labels, minlength=num_classes)
-    need = demand.max(axis=0) if replacement else demand.sum(axis=0)
-    short_cls = np.flatnonzero(need > supply)
+    agg = (lambda m: m.max(axis=0) if n else np.zeros(num_classes, dtype=np.int64)) if replacement \
+        else (lambda m: m.sum(axis=0))
+    need_train, need_test = agg(train_counts), agg(test_counts)
+    short_cls = np.flatnonzero(need_train + need_test > supply)
+    if len(short_cls) and shortage == "error":
+        c = int(short_cls[0])
+        raise _shortage_error(c, int(need_train[c]), int(need_test[c]), int(supply[c]), len(short_cls), replacement)
+    test_size = _pool_sizes(need_train, need_test, supply)
+    pools = {"train": supply - test_size, "test": test_size}
+    needs = {"train": need_train, "test": need_test}
+    if shortage == "replace":
+        for side in ("train", "test"):
+            empty = np.flatnonzero((needs[side] > 0) & (pools[side] == 0))
+            if len(empty):
+                c = int(empty[0])
+                if supply[c] == 0:
+                    raise InfeasibleError(
+                        f"class {c} is requested but the server pool has no sample of it, so nothing can be reused. "
+                        "Pass --shortage cap, or use server data that holds every class.")
+                raise InfeasibleError(
+                    f"class {c} runs short: the clients need {needs[side][c]} {side} samples of it but its "
+                    f"{supply[c]} server sample(s) all go to {'test' if side == 'train' else 'training'} "
+                    "(a training sample is never a test sample), so none can be reused. "
+                    "Pass --shortage cap, --test-fraction 0, or use server data with more samples of the class.")
     info: dict[str, Any] = {
         "policy": shortage, "replacement": bool(replacement),
-        "classes": [{"class": int(c), "demanded": int(need[c]), "available": int(supply[c])} for c in short_cls],
+        "classes": [{"class": int(c), "pool": side, "demanded": int(needs[side][c]), "available": int(pools[side][c])}
+                    for c in short_cls for side in ("train", "test") if needs[side][c] > pools[side][c]],
     }
-    if len(short_cls) and shortage == "error":
-        raise _shortage_error(info, replacement)
-    empty_short = [int(c) for c in short_cls if supply[c] == 0]
-    if empty_short and shortage == "replace":
-        raise InfeasibleError(
-            f"class {empty_short[0]} is requested but the server pool has no sample of it, so nothing can be reused. "
-            "Pass --shortage cap, or use server data that holds every class."
-        )
     order = np.argsort(labels, kind="stable")
     starts = np.concatenate([[0], np.cumsum(supply)])
-    owners, picks, reused_total, capped_total, clients_hit = [], [], 0, 0, np.zeros(n, dtype=bool)
+    counts = {"train": train_counts, "test": test_counts}
+    dealt: dict[str, tuple[list, list]] = {"train": ([], []), "test": ([], [])}
+    reused_total, capped_total, clients_hit = 0, 0, np.zeros(n, dtype=bool)
     for c in range(num_classes):  # a loop over classes; every client at once inside
-        o, p, over = _deal_class(demand, c, int(supply[c]), replacement=replacement, shortage=shortage, rng=rng)
-        if over.any():
-            clients_hit |= over > 0
-            if shortage == "cap":
-                capped_total += int(over.sum())
-            else:
-                reused_total += int(over.sum())
-        owners.append(o)
-        picks.append(indices[order[starts[c]:starts[c + 1]]][p] if len(p) else np.zeros(0, dtype=np.int64))
+        members = indices[order[starts[c]:starts[c + 1]]][rng.permutation(int(supply[c]))]
+        sub = {"test": members[:test_size[c]], "train": members[test_size[c]:]}
+        for side in ("train", "test"):
+            o, p, over = _deal_class(counts[side], c, len(sub[side]), replacement=replacement, shortage=shortage, rng=rng)
+            if over.any():
+                clients_hit |= over > 0
+                if shortage == "cap":
+                    capped_total += int(over.sum())
+                else:
+                    reused_total += int(over.sum())
+            dealt[side][0].append(o)
+            dealt[side][1].append(sub[side][p] if len(p) else np.zeros(0, dtype=np.int64))
         if on_class is not None:
             on_class(c)
-    owner, idx, is_train = _split_by_rank(owners, picks, np.minimum(train_counts, demand), rng)
     info.update({
         "short_classes": [int(c) for c in short_cls],
         "clients_affected": int(clients_hit.sum()),
         "samples_capped": int(capped_total),
         "samples_reused": int(reused_total),
+        "test_pool": test_size.astype(np.int64).tolist(),
     })
-    return (csr_from_assignment(owner[is_train], n, idx[is_train]),
-            csr_from_assignment(owner[~is_train], n, idx[~is_train]), info)
+    return _csr(*dealt["train"], n), _csr(*dealt["test"], n), info
+
+
+def _csr(owners: list, picks: list, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The dealt samples as a CSR pair, each client's indices ascending (deterministic, readable)."""
+    owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
+    idx = np.concatenate(picks).astype(np.int64) if picks else np.zeros(0, dtype=np.int64)
+    tidy = np.lexsort((idx, owner))
+    return csr_from_assignment(owner[tidy], n, idx[tidy])
 
 
 def _deal_class(demand: np.ndarray, c: int, supply: int, *, replacement: bool, shortage: str,
                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every client's samples of class ``c``: ``(owner, pool position, shortfall per client)``.
 
-    Under ``shortage="cap"`` a short client's demand is lowered in place (it keeps its train counts
-    first); under ``"replace"`` its shortfall is drawn again from the class's pool.
+    ``demand`` is one side's counts (train or test) and ``supply`` that side's pool size of class ``c``.
+    Under ``shortage="cap"`` a short client's demand is lowered in place; under ``"replace"`` its
+    shortfall is drawn again from the same pool.
     """
     n = demand.shape[0]
     d = demand[:, c]
@@ -175,25 +246,3 @@ def _deal_class(demand: np.ndarray, c: int, supply: int, *, replacement: bool, s
         owner = np.concatenate([owner, np.repeat(np.arange(n), over)])
         position = np.concatenate([position, rng.integers(supply, size=int(over.sum()))])
     return owner, position, over
-
-
-def _split_by_rank(owners: list, picks: list, train_keep: np.ndarray,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Owner, dataset index and train flag of every dealt sample, each client's indices ascending.
-
-    Within each (client, class) group a random order decides which samples are test: the first
-    ``train_keep[client, class]`` are train.
-    """
-    num_classes = len(owners)
-    owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
-    idx = np.concatenate(picks) if picks else np.zeros(0, dtype=np.int64)
-    cls = np.repeat(np.arange(num_classes), [len(o) for o in owners])
-    keys = rng.random(owner.size)
-    srt = np.lexsort((keys, cls, owner))
-    owner, idx, cls = owner[srt], idx[srt], cls[srt]
-    group = owner * num_classes + cls
-    first = np.searchsorted(group, group, side="left")
-    rank = np.arange(owner.size) - first
-    is_train = rank < train_keep[owner, cls]
-    tidy = np.lexsort((idx, owner))  # each client's indices ascending: deterministic, readable
-    return owner[tidy], idx[tidy], is_train[tidy]
