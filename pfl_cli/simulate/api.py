@@ -15,7 +15,10 @@ then that many samples of each class are dealt from the server data
 Test data and holdout clients work as in ``partition``: with an official test pool each
 client's test samples follow its train labels; otherwise each client also gets about
 ``test_fraction`` of its samples as test data with the same class proportions, so its
-*train* histogram is exactly the simulated one.
+*train* histogram is exactly the simulated one. Either way no sample is both a train sample
+(of any client) and a test sample (of any client), DESIGN.md section 5: without an official
+test pool each class's samples are split once into a train pool and a test pool
+(:func:`pfl_cli.simulate.draw.deal`).
 """
 
 from __future__ import annotations
