@@ -1,28 +1,41 @@
 """What the docs and the recipes show, executed: the one mechanism behind tests/docs/test_executed_docs.py and
-tests/recipes/test_executed_recipes.py (issue 34, "Documentation that is executed").
+tests/recipes/test_executed_recipes.py (issue 34, "Documentation that is executed"; issue 39, "every fence
+accounted").
 
-Extraction. The code blocks of a Markdown page come from pytest-codeblocks' ``extract_from_file`` (a maintained
-extractor: fences of any length, indented blocks in lists and admonitions, line numbers, and the
-``<!-- pytest.mark.NAME(...) -->`` comment right above a block as that block's mark). Its own runner is not used:
-it runs a block in pytest's working directory (a page writes ``runs/``), with ``shell=True`` and no ``-e``
-(a failing command in the middle of a block goes unseen), without a timeout and without the smoke-size overrides
-below. mktestdocs' ``grab_code_blocks`` drops a block's info string and whatever precedes the fence, so a block
-cannot carry a mark; pytest-markdown-docs and pytest-examples run Python blocks only.
+Extraction (``fences``). Every fenced block of a Markdown page, as Python-Markdown's superfences (the site) and
+GitHub (the README) render it: backtick and tilde fences of any length, at any indentation (inside list items
+and mkdocs-material admonitions, whose body is indented by 4; the indentation is removed from the code), any
+info string or none, and its opening fence's line. The ``<!-- pytest.mark.NAME(...) -->`` comment right above a
+block (blank lines between allowed, nothing else) is that block's mark; an unknown mark, a mark that marks no
+block and a fence that is never closed are errors naming page:line. (pytest-codeblocks' ``extract_from_file``,
+used before, sees backtick fences only, and attaches a mark to the next block however much prose lies between.)
+
+Which blocks hold a command (``holds_command``): a block holds pflx's commands when one of its command lines
+(``$ `` prompts stripped, continuation lines joined, comments dropped, split at && ; | and after ``do``/``then``)
+runs ``pflx``, ``make``, ``python -m pfl_cli`` or a script of ``benchmarks/`` or ``recipes/``, whatever its info
+string (bash, sh, shell, console, text, none). Each such block must be run or marked parse-only with a reason
+(tests/docs/test_executed_docs.py); an output line such as ``pflx: error: ...`` is not a command.
 
 Running. A page's blocks run in order, in one scratch directory (a later block uses what an earlier one wrote),
 whose ``recipes/`` and ``benchmarks/`` are links to the repository's, with the test environment's ``bin/`` first
-on PATH (``pflx``, ``python``). A shell block runs under ``bash -e -o pipefail``; a Python block runs with the
-page's earlier Python blocks before it (they build one module, as a reader pastes them).
+on PATH (``pflx``, ``python``). A shell block (``bash``, ``sh``, ``shell``) runs under ``bash -e -o pipefail``; a
+``console`` block runs its ``$ `` lines the same way and the output it shows (its other lines) must each appear
+in what they print; a Python block runs with the page's earlier Python blocks before it (they build one module,
+as a reader pastes them). A block with another info string (yaml, text, none) is not run.
 
 Marks (an HTML comment on its own line above the block; the page renders without it):
 
 ``<!-- pytest.mark.docs_parse_only("why it cannot run here") -->``
     The block needs what a test cannot have (a GPU, a dataset that is not shipped, a package install, a server
-    that runs until stopped). Each of its commands is checked to parse instead, never skipped: ``pflx ...`` and
-    any other program with ``--help`` appended (the subcommand and every flag must exist: an unknown option is
-    an error before ``--help`` is honoured), ``make ...`` with ``make -n`` from the repository root (the
-    target exists), ``pip install`` of pflx's extras (each extra is one the installed pflx provides), ``source FILE``
-    (the environment's ``bin/activate`` exists).
+    that runs until stopped). Each of its commands is checked to parse instead, never skipped, on every page
+    (pages that are not run have theirs checked in the default tier): ``pflx ...`` and any other program with
+    ``--help`` appended (the subcommand and every flag must exist: an unknown option is an error before
+    ``--help`` is honoured), ``make ...`` with ``make -n`` from the repository root (the target exists), a
+    Python script of ``benchmarks/`` or ``recipes/`` with its own argparse parser run on the arguments as
+    written (every flag exists and every value converts; the script does not run), ``python -c CODE`` compiled,
+    ``pip install`` of pflx's extras (each extra is one the installed pflx provides), ``source FILE`` (the
+    environment's ``bin/activate`` exists). ``.venv/bin/`` is the test environment's ``bin/``; ``nice -n N``,
+    ``time`` and ``VAR=value`` before a command are dropped.
 ``<!-- pytest.mark.docs_refusal("message") -->``
     The block runs and must end in pflx's one-line refusal (exit 2) containing ``message`` (e.g. a database
     server that is not there): its flags parse and the refusal is the documented one.
@@ -43,8 +56,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_codeblocks import extract_from_file
-
 ROOT = Path(__file__).resolve().parents[2]
 SHELL = ("bash", "sh")
 BIN = Path(sys.executable).parent
@@ -60,6 +71,10 @@ SMOKE: list[tuple[str, str, str]] = [
     (r"\brounds: \d+", "rounds: 2", "the same, for rounds written in a spec file (compare --spec)"),
     (r"\beval_every: \d+", "eval_every: 1", "the same, for eval_every in a spec file"),
     (r"\blocal_epochs: \d+", "local_epochs: 1", "the same, for local_epochs in a spec file"),
+    (r"^(pflx train\b)(?!.*--rounds)(?!.*--resume)", r"\1 --set rounds=2",
+     "a train command whose rounds come from its --config (a recipe's hundreds): 2, as above (--resume: the run's own)"),
+    (r"--iterations \d+", "--iterations 20", "attack: 20 optimizer steps exercise the attack, not its PSNR"),
+    (r"--images \d+", "--images 2", "attack: two targets exercise the batched optimization"),
     (r"^(make -C recipes/compare\b(?!.*ROUNDS=).*?)(\s*(#.*)?)$", r"\1 ROUNDS=2\2",
      "the comparison Makefile's own smoke size (ROUNDS=2, its header) where the command gives none"),
     (r"^(make -C recipes/compare\b(?!.*SEEDS=).*?)(\s*(#.*)?)$", r"\1 SEEDS=0\2",
@@ -73,13 +88,16 @@ SMOKE: list[tuple[str, str, str]] = [
 FULL_SIZE = {"docs/tutorials/dp-pipeline.md": "the text explains the epsilon that its 50 DP rounds print (~10 s)"}
 
 MARK = re.compile(r"^pytest\.mark\.(docs_parse_only|docs_refusal)\((.*)\)$", re.S)
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>.*?)\s*$")
+COMMENT = re.compile(r"^\s*<!--\s*(.*?)\s*-->\s*$")
+RUN = (*SHELL, "shell", "console", "python")  # the info strings whose blocks a page's run executes
 
 
 @dataclass(frozen=True)
 class Block:
     page: str  # relative to the repository root
     line: int  # the opening fence's line
-    syntax: str
+    syntax: str  # the info string's first word ("" for an untagged fence)
     code: str
     mark: str | None = None  # "docs_parse_only" | "docs_refusal"
     why: str | None = None  # the mark's argument
@@ -89,20 +107,131 @@ class Block:
         return f"{self.page}:{self.line}"
 
 
-def blocks(page: str) -> list[Block]:
-    """The page's bash/sh and python blocks, in order, with their marks."""
-    out = []
-    for b in extract_from_file(ROOT / page):
-        syntax = (b.syntax or "").split()[0] if b.syntax else ""
-        if syntax not in (*SHELL, "python"):
+def fences(page: str) -> list[Block]:
+    """Every fenced block of the page, in order, with its mark (see the module's docstring)."""
+    lines = (ROOT / page).read_text().splitlines()
+    out: list[Block] = []
+    pending: list[tuple[int, str]] = []  # the mark comments above the next fence: (line, text)
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if m and not (m["fence"][0] == "`" and "`" in m["info"]):
+            close = re.compile(rf"^ *{re.escape(m['fence'][0])}{{{len(m['fence'])},}}\s*$")
+            end = next((j for j in range(i + 1, len(lines)) if close.match(lines[j])), None)
+            if end is None:
+                raise ValueError(f"{page}:{i + 1}: a fence that is never closed")
+            indent = len(m["indent"])
+            body = [ln[min(indent, len(ln) - len(ln.lstrip(" "))):] for ln in lines[i + 1:end]]
+            mark = why = None
+            for at, text in pending:
+                found = MARK.match(text)
+                if found is None:
+                    raise ValueError(f"{page}:{at}: unknown docs mark {text!r} (docs_parse_only, docs_refusal)")
+                mark, why = found.group(1), ast.literal_eval(found.group(2))
+            info = m["info"].strip("{}").lstrip(".")
+            out.append(Block(page, i + 1, info.split()[0].lower() if info else "",
+                             "".join(f"{ln}\n" for ln in body), mark, why))
+            pending, i = [], end + 1
             continue
-        mark = why = None
-        for m in b.marks:
-            found = MARK.match(m.strip())
-            if found is None:
-                raise ValueError(f"{page}:{b.lineno}: unknown docs mark {m!r} (docs_parse_only, docs_refusal)")
-            mark, why = found.group(1), ast.literal_eval(found.group(2))
-        out.append(Block(page, b.lineno, syntax, b.code, mark, why))
+        comment = COMMENT.match(lines[i])
+        if comment and comment.group(1).startswith("pytest"):
+            pending.append((i + 1, comment.group(1)))
+        elif lines[i].strip() and pending:
+            raise ValueError(f"{page}:{pending[0][0]}: a docs mark marks the block right below it; "
+                             f"line {i + 1} is not a fence")
+        i += 1
+    if pending:
+        raise ValueError(f"{page}:{pending[0][0]}: a docs mark below the last block marks nothing")
+    return out
+
+
+def blocks(page: str) -> list[Block]:
+    """The page's blocks that a run executes (shell, console and python), in order, with their marks."""
+    return [b for b in fences(page) if b.syntax in RUN]
+
+
+def shell_code(b: Block) -> str:
+    """What a shell block runs: a console block's ``$ `` lines (with their continuation lines), else all."""
+    if b.syntax != "console" and not any(ln.startswith("$ ") for ln in b.code.splitlines()):
+        return b.code
+    out, cont = [], False
+    for ln in b.code.splitlines():
+        if ln.startswith("$ ") or cont:
+            out.append(ln[2:] if ln.startswith("$ ") and not cont else ln)
+            cont = ln.rstrip().endswith("\\")
+    return "".join(f"{ln}\n" for ln in out)
+
+
+def shown_output(b: Block) -> list[str]:
+    """A console block's output lines: what it shows that is not a command."""
+    commands_ = set(shell_code(b).splitlines())
+    return [ln for ln in b.code.splitlines() if ln.strip() and ln not in commands_ and not ln.startswith("$ ")]
+
+
+PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\S*")
+
+
+def program(argv: list[str]) -> list[str]:
+    """The command without what runs it: ``VAR=value``, ``nice [-n N]``, ``time``, ``exec``, ``do``, ``then``."""
+    while argv:
+        if PREFIX.fullmatch(argv[0]) or argv[0] in ("time", "exec", "do", "then", "else", "env"):
+            argv = argv[1:]
+        elif argv[0] == "nice":
+            argv = argv[3:] if argv[1:2] == ["-n"] else argv[1:]
+        else:
+            break
+    return argv
+
+
+def command_lines(b: Block) -> list[list[str]]:
+    """The simple commands a block shows, tolerant of output lines (a line shlex cannot split is not one)."""
+    out = []
+    for line in shell_code(b).replace("\\\n", " ").splitlines():
+        lex = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+        lex.whitespace_split, lex.commenters = True, "#"
+        try:
+            words = list(lex)
+        except ValueError:
+            continue
+        cur: list[str] = []
+        for w in [*words, ";"]:
+            if set(w) <= set(";&|"):
+                out.append(program(cur))
+                cur = []
+            else:
+                cur.append(w)
+    return [c for c in out if c]
+
+
+def is_pflx_command(argv: list[str]) -> bool:
+    """pflx's own commands: pflx, make, python -m pfl_cli, a script of benchmarks/ or recipes/."""
+    name = re.sub(r"^(\./)?\.venv/bin/", "", argv[0])
+    if name in ("pflx", "make") or re.match(r"(\./)?(benchmarks|recipes)/\S+\.(py|sh)$", name):
+        return True
+    if re.fullmatch(r"python3?", name):
+        rest = argv[1:]
+        return rest[:2] == ["-m", "pfl_cli"] or bool(rest) and bool(re.match(r"(\./)?(benchmarks|recipes)/", rest[0]))
+    return False
+
+
+def holds_command(b: Block) -> bool:
+    return b.syntax != "python" and any(is_pflx_command(c) for c in command_lines(b))
+
+
+def unaccounted(page: str, run: bool) -> list[str]:
+    """The page's blocks that hold a pflx command and are neither run (``run``: the page's blocks are executed,
+    and the block's info string is one a run executes) nor marked parse-only with a reason (over 10
+    characters): each as page:line, its info string and its first such command."""
+    out = []
+    for b in fences(page):
+        if not holds_command(b):
+            continue
+        if b.mark == "docs_parse_only" and len(b.why or "") > 10:
+            continue
+        if run and b.syntax in RUN and b.mark != "docs_parse_only":
+            continue
+        first = next(c for c in command_lines(b) if is_pflx_command(c))
+        out.append(f"{b.where} [{b.syntax or 'untagged'}{', ' + b.mark if b.mark else ''}] {shlex.join(first)[:80]}")
     return out
 
 
@@ -176,10 +305,30 @@ def _extras() -> set[str]:
     return set(metadata("pflx").get_all("Provides-Extra") or ())
 
 
+# Run a script's own argparse parser on the arguments as written, and stop before the script does anything.
+_PARSE_ARGS = """
+import argparse, runpy, sys
+class Parsed(Exception):
+    pass
+def parse_args(self, args=None, namespace=None):
+    namespace, extra = self.parse_known_args(args, namespace)
+    if extra:
+        self.error("unrecognized arguments: " + " ".join(extra))
+    raise Parsed
+argparse.ArgumentParser.parse_args = parse_args
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except Parsed:
+    sys.exit(0)
+sys.exit(sys.argv[0] + " has no argparse parser: its arguments cannot be checked without running it")
+"""
+
+
 def check_parses(argv: list[str], cwd: Path) -> str | None:
     """None when the command would be accepted as written, else why not (see the module's docstring)."""
-    while argv and re.fullmatch(r"[A-Z_]+=\S*", argv[0]):  # VAR=value before the command
-        argv = argv[1:]
+    argv = program(argv)
+    argv = [re.sub(r"^(\./)?\.venv/bin/", f"{BIN}/", argv[0]), *argv[1:]]
     name = argv[0]
     if name == "make":
         r = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, env=env(), capture_output=True, text=True)
@@ -196,8 +345,26 @@ def check_parses(argv: list[str], cwd: Path) -> str | None:
         return None if reqs else "pip install of nothing"
     if name == "source":
         return None if (BIN / "activate").is_file() else f"no {BIN / 'activate'}"
+    if re.fullmatch(r"(.*/)?python3?", name) and argv[1:2] == ["-c"]:
+        try:
+            compile(argv[2], "python -c", "exec")
+        except SyntaxError as e:
+            return f"python -c: {e}"
+        return None
+    if re.fullmatch(r"(.*/)?python3?", name) and len(argv) > 1 and argv[1].endswith(".py"):
+        r = subprocess.run([sys.executable, "-c", _PARSE_ARGS, *argv[1:]], cwd=cwd, env=env(),
+                           capture_output=True, text=True, timeout=120)
+        return None if r.returncode == 0 else f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()[-800:]}"
     r = subprocess.run([*argv, "--help"], cwd=cwd, env=env(), capture_output=True, text=True, timeout=120)
     return None if r.returncode == 0 else f"{' '.join(argv)} --help: exit {r.returncode}: {r.stderr.strip()[-800:]}"
+
+
+def parse_block(b: Block, cwd: Path) -> list[str]:
+    """A parse-only block's commands checked to parse: why each that does not, as page:line: why."""
+    cmds = command_lines(b)
+    if not cmds:
+        return [f"{b.where}: a parse-only block with no command"]
+    return [f"{b.where}: {why}" for why in (check_parses(argv, cwd) for argv in cmds) if why is not None]
 
 
 def run_page(page: str, cwd: Path, extra_env: dict | None = None) -> list[tuple[Block, str]]:
@@ -207,25 +374,27 @@ def run_page(page: str, cwd: Path, extra_env: dict | None = None) -> list[tuple[
     assert found, f"{page} has no shell or python block"
     outputs, python = [], []
     for b in found:
-        code = b.code if page in FULL_SIZE else smoke(b.code)
+        size = (lambda c: c) if page in FULL_SIZE else smoke
         if b.syntax == "python":
+            code = size(b.code)
             python.append(code)
             r = run_python("\n".join(python), cwd, extra_env=extra_env)
             assert r.returncode == 0, (b.where, code, r.stderr[-3000:])
         elif b.mark == "docs_parse_only":
-            cmds = commands(code)
-            assert cmds, (b.where, "a parse-only block with no command")
-            for argv in cmds:
-                why = check_parses(argv, cwd)
-                assert why is None, (b.where, why)
+            failed = parse_block(b, cwd)
+            assert not failed, failed
             outputs.append((b, ""))
             continue
         else:
+            code = size(shell_code(b))
             r = run_shell(code, cwd, extra_env=extra_env)
             if b.mark == "docs_refusal":
                 assert r.returncode == 2 and b.why in r.stderr, (b.where, code, r.returncode, r.stderr[-3000:])
             else:
                 assert r.returncode == 0, (b.where, code, r.stdout[-2000:], r.stderr[-3000:])
+            if b.syntax == "console":  # what the page shows the command printing, it prints
+                missing = [ln for ln in shown_output(b) if ln.strip() not in r.stdout + r.stderr]
+                assert not missing, (b.where, "shown but not printed", missing, r.stdout[-2000:], r.stderr[-2000:])
         outputs.append((b, r.stdout))
     return outputs
 
