@@ -316,3 +316,26 @@ def test_a_directory_dataset_is_digested_by_its_arrays(cli, tmp_path, monkeypatc
     _write_mnist(tmp_path / "copy" / "mnist", 1)
     r = _stage(cli, tmp_path / "part", tmp_path / "t")
     assert r.code == 2 and "not the data the partition was made from" in r.err, r.err
+
+
+def test_a_partition_written_before_sources_were_recorded_still_reads(cli, tmp_path, monkeypatch):
+    """dataset.json of an older pflx: the spec as typed, no source. Read from where it was made as before; from
+    elsewhere the error names what was tried and PFLX_DATA, which finds the data (size and labels checked)."""
+    from pfl_cli.cli.common import load_partition_dataset
+    from pfl_cli.formats import sha256_file
+
+    part = _npz_partition(cli, tmp_path / "a", monkeypatch)
+    doc = json.loads((part / "dataset.json").read_text())
+    legacy = {k: v for k, v in doc.items() if k not in ("source", "spec_given")} | {"spec": "npz:data.npz"}
+    (part / "dataset.json").write_text(json.dumps(legacy))
+    manifest = json.loads((part / "manifest.json").read_text())
+    for o in manifest["outputs"]:
+        if o["path"] == "dataset.json":
+            o["sha256"], o["bytes"] = sha256_file(part / "dataset.json"), (part / "dataset.json").stat().st_size
+    (part / "manifest.json").write_text(json.dumps(manifest))
+    assert load_partition_dataset(part)[3].num_samples == 200  # from the directory it was made in
+    monkeypatch.chdir(tmp_path)
+    r = _stage(cli, part, tmp_path / "t")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "PFLX_DATA" in r.err, r.err
+    monkeypatch.setenv("PFLX_DATA", str(tmp_path / "a"))
+    assert load_partition_dataset(part)[3].num_samples == 200
