@@ -12,7 +12,10 @@ trains it with local SGD, and uploads Delta theta_i = theta_i' - theta_bar_i (st
 keeps theta_i' = theta_bar_i + Delta theta_i as client i's model and moves HN_i by the chain rule
 (step 3): psi_i and v_i take one SGD step of size ``pfedla_hn_lr`` along
 (d theta_bar_i / d (psi_i, v_i))^T (theta_bar_i - theta_i'), the local update standing in for the
-gradient of client i's loss at theta_bar_i (as pFedHN's server step). Each HN_i is its own: no
+gradient of client i's loss at theta_bar_i: descent on 1/2 ||theta_i' - theta_bar_i||^2, the surrogate
+pFedHN gives as the reason for its update (Shamsian et al., ICML 2021, §3), which moves theta_bar_i
+towards the trained model. (pFedHN's Alg. 1 writes Delta theta = theta~ - theta with a minus step,
+the opposite sign to that surrogate's gradient; FL-bench takes that literal sign.) Each HN_i is its own: no
 hypernetwork parameter is shared between clients. The cohort's clients aggregate from the models
 stored at the start of the round and train in parallel (one vmapped hypernetwork forward for the
 cohort).
@@ -29,17 +32,21 @@ Hypernetwork shape and defaults: embedding 100, three Linear + ReLU layers of wi
 Linear(100, N) head per layer, head weights drawn uniform in [0, 1] with zero bias (so every
 initial weight is positive and alpha starts near the uniform mean), embeddings N(0, 1), plain SGD on
 the hypernetworks: FL-bench's ``src/server/pfedla.py`` (the paper's numbers were not checked here).
-The hypernetwork lr is pflx's: with N train clients alpha is a sum-normalized vector of N positive
-outputs of size ~ hidden / 2 each, so a step moves it by ~ lr / (N hidden); at FL-bench's 5e-3 a
-client's self-weight on the ring (80 train clients) stays at 1/80 after 30 rounds, at 100 it
-rises and pFedLA reaches 0.70 on its train clients where FedAvg reaches 0.33 (seed 0).
+The hypernetwork lr is pflx's (the pFedLA paper's text was not available to check its value): with N
+train clients alpha is a sum-normalized vector of N positive outputs of size ~ hidden / 2 each, so a
+step moves it by ~ lr / (N hidden); at FL-bench's 5e-3 a client's self-weight on the ring (80 train
+clients) stays at 1/80 after 30 rounds, at 100 it rises and pFedLA reaches 0.70 on its train clients
+where FedAvg reaches 0.33 (seed 0). Measured again on the conformance task (benchmarks/pfedla_hn_lr.py:
+20 ring clients, 50 rounds, seeds 0-2, docs/performance/conformance.md): hn_lr 100 scores 76.7 %,
+FL-bench's 5e-3 35.3 % (34.9 % in FL-bench's direction), FedAvg's level (35.3 %): alpha stays
+uniform; 100 in FL-bench's direction collapses (12.3 %).
 
 Departures of FL-bench (``src/server/pfedla.py`` with ``src/client/fedavg.py``), where pflx follows
 the paper's Fig. 2: (1) its client loads its stored model over the aggregated one
 (``set_parameters`` loads ``personal_model_params`` after ``regular_model_params``, and pFedLA marks
 all parameters personal), so it trains its own last model rather than theta_bar_i; (2) its
 hypernetwork step takes ``grad_outputs = -(old - new)``, the sign that moves theta_bar_i away from
-the trained model; (3) it weighs per parameter tensor (a weight and its bias apart), where the paper
+the trained model (pFedHN's Alg. 1 read literally; above); (3) it weighs per parameter tensor (a weight and its bias apart), where the paper
 weighs per layer; (4) clients of a round run one after another, each seeing the models its
 predecessors just stored. HeurpFedLA (the paper's variant that pins the top-k layers of a client's
 own model) is not built.
@@ -105,8 +112,9 @@ class PFedLAConfig(TrainConfig):
     local_steps: int = key(50, "k: client SGD steps per round", "thesis §4.4: k = 50")
     local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
     pfedla_hn_lr: float = key(100.0, "SGD step size of each client's hypernetwork and embedding on the server",
-                              "measured on the ring task (tests/algorithms/test_babu_rod_ala_learning.py): "
-                              "FL-bench's hn_lr 5e-3 (src/server/pfedla.py) leaves alpha at its uniform start")
+                              "measured on the ring task (tests/algorithms/test_babu_rod_ala_learning.py) and on "
+                              "the conformance task (benchmarks/pfedla_hn_lr.py): FL-bench's hn_lr 5e-3 "
+                              "(src/server/pfedla.py) leaves alpha at its uniform start")
     pfedla_embed_dim: int = key(100, "size of each client's hypernetwork input embedding v_i",
                                 "FL-bench src/server/pfedla.py: embedding_dim 100")
     pfedla_hidden: int = key(100, "width of the hypernetworks' three hidden layers",
