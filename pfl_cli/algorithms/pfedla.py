@@ -46,9 +46,9 @@ the paper's Fig. 2: (1) its client loads its stored model over the aggregated on
 (``set_parameters`` loads ``personal_model_params`` after ``regular_model_params``, and pFedLA marks
 all parameters personal), so it trains its own last model rather than theta_bar_i; (2) its
 hypernetwork step takes ``grad_outputs = -(old - new)``, the sign that moves theta_bar_i away from
-the trained model (pFedHN's Alg. 1 read literally; above); (3) it weighs per parameter tensor (a weight and its bias apart), where the paper
-weighs per layer; (4) clients of a round run one after another, each seeing the models its
-predecessors just stored. HeurpFedLA (the paper's variant that pins the top-k layers of a client's
+the trained model (pFedHN's Alg. 1 read literally; above); (3) it weighs per parameter tensor (a
+weight and its bias apart), where the paper weighs per layer; (4) clients of a round run one after
+another, each seeing the models its predecessors just stored. HeurpFedLA (the paper's variant that pins the top-k layers of a client's
 own model) is not built.
 """
 
