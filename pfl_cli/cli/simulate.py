@@ -79,7 +79,7 @@ def simulate(
         return
     with report.progress("simulate", None, unit="step") as bar:
         part = simulate_partition(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(cfg.seed, "simulate"),
-                                  model=params, like_counts=like_counts, pool=ds.pool,
+                                  model=params, like_counts=like_counts, pool=ds.pool, x=ds.x,
                                   on_progress=core_progress(bar, lambda status: status["step"]))
     with writer:
         _, stats = write_partition_artifact(writer, part, ds, plot=cfg.plot)

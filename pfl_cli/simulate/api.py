@@ -123,6 +123,7 @@ def simulate_partition(
     model: MDMParams | None = None,
     like_counts: np.ndarray | None = None,
     pool: np.ndarray | None = None,
+    x: np.ndarray | None = None,
     on_progress: Callable[[int, int, dict], None] | None = None,
 ) -> Partition:
     """Build simulated clients from server data as a :class:`~pfl_cli.partition.Partition`.
@@ -141,6 +142,10 @@ def simulate_partition(
         True clients' train histograms (mode ``conditional-iid``; sizes for ``iid``).
     pool : ndarray of shape (n_samples,), optional
         0 = train pool, 1 = official test pool.
+    x : ndarray of shape (n_samples, ...), optional
+        The server samples' features. Given, samples holding the same content (features and
+        label, :func:`pfl_cli.data.digest.sample_digests`) count as one sample: they all go to
+        the train pool or all to the test pool when test samples are drawn from the server data.
     on_progress : callable(done, total, status), optional
         Called after each of ``num_classes + 2`` steps: the histograms drawn, each class dealt to
         every client (:func:`~pfl_cli.simulate.draw.deal`), the test split; ``status`` =
@@ -184,8 +189,13 @@ def simulate_partition(
     n_test = np.floor(sizes * fraction / (1 - fraction) + 0.5).astype(np.int64)
     props = np.where(sizes[:, None] > 0, train_counts / np.maximum(sizes, 1)[:, None], 0.0)
     test_counts = split_counts(props, n_test) if fraction > 0 else np.zeros_like(train_counts)
+    same = None
+    if x is not None and test_counts.any():  # copies of one sample must not land in both pools
+        from pfl_cli.data.digest import sample_digests
+
+        same = np.unique(sample_digests(x, labels, train_pool), axis=0, return_inverse=True)[1].reshape(-1)
     train, test, shortage = deal(train_counts, test_counts, labels[train_pool], train_pool,
-                                 replacement=cfg.replacement, shortage=cfg.shortage, rng=r_deal,
+                                 replacement=cfg.replacement, shortage=cfg.shortage, rng=r_deal, same=same,
                                  on_class=lambda c: step(2 + c, f"class {c + 1}/{num_classes} dealt"))
     if use_pool:
         from pfl_cli.partition.stats import label_histograms

@@ -93,6 +93,12 @@ def _pool_sizes(need_train: np.ndarray, need_test: np.ndarray, supply: np.ndarra
 
 def _shortage_error(c: int, need_train: int, need_test: int, supply: int, n_short: int,
                     replacement: bool) -> InfeasibleError:
+    if need_train + need_test <= supply:  # enough samples, but copies of one sample cannot be split
+        return InfeasibleError(
+            f"class {c} runs short: the clients need {need_train} samples of it to train on and {need_test} to test on, "
+            f"and its {supply} server samples hold copies of one sample that cannot be split between training and "
+            f"testing (a training sample is never a test sample) ({n_short} class(es) short). Pass --shortage cap, "
+            "--shortage replace, a lower --test-fraction, or server data without duplicate samples.")
     if replacement:
         where = (f"a client needs up to {need_train} samples of it to train on and a client up to {need_test} "
                  f"to test on ({need_train + need_test} distinct samples: a training sample is never a test sample)")
@@ -117,6 +123,7 @@ def deal(
     shortage: str,
     rng: np.random.Generator,
     on_class: Callable[[int], None] | None = None,
+    same: np.ndarray | None = None,
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], dict[str, Any]]:
     """Give client ``i`` ``train_counts[i, l]`` train and ``test_counts[i, l]`` test samples of class ``l``.
 
@@ -139,6 +146,9 @@ def deal(
     rng : numpy.random.Generator
     on_class : callable(class), optional
         Called after each class is dealt to every client (progress).
+    same : ndarray of shape (n_pool,), optional
+        A content id of each pool sample: samples with one id hold the same content (one sample
+        stored twice) and go to one pool together (the cut moves to the nearest id boundary).
 
     Returns
     -------
@@ -159,13 +169,27 @@ def deal(
     agg = (lambda m: m.max(axis=0) if n else np.zeros(num_classes, dtype=np.int64)) if replacement \
         else (lambda m: m.sum(axis=0))
     need_train, need_test = agg(train_counts), agg(test_counts)
-    short_cls = np.flatnonzero(need_train + need_test > supply)
+    order = np.argsort(labels, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(supply)])
+    planned = _pool_sizes(need_train, need_test, supply)
+    members, test_size = [], np.zeros(num_classes, dtype=np.int64)
+    for c in range(num_classes):  # the one seeded split of each class into its two pools
+        at = order[starts[c]:starts[c + 1]]
+        if same is None:
+            members.append(indices[at][rng.permutation(len(at))])
+            test_size[c] = planned[c]
+            continue
+        ids = np.unique(same[at], return_inverse=True)[1].reshape(-1)
+        keys = rng.random(int(ids.max()) + 1 if len(ids) else 0)[ids]
+        srt = np.lexsort((ids, keys))  # a random order of the content ids, each id's samples together
+        members.append(indices[at][srt])
+        test_size[c] = _cut(ids[srt], int(planned[c]), int(need_test[c]), int(supply[c] - need_train[c]))
+    pools = {"train": supply - test_size, "test": test_size}
+    needs = {"train": need_train, "test": need_test}
+    short_cls = np.flatnonzero((need_train > pools["train"]) | (need_test > pools["test"]))
     if len(short_cls) and shortage == "error":
         c = int(short_cls[0])
         raise _shortage_error(c, int(need_train[c]), int(need_test[c]), int(supply[c]), len(short_cls), replacement)
-    test_size = _pool_sizes(need_train, need_test, supply)
-    pools = {"train": supply - test_size, "test": test_size}
-    needs = {"train": need_train, "test": need_test}
     if shortage == "replace":
         for side in ("train", "test"):
             empty = np.flatnonzero((needs[side] > 0) & (pools[side] == 0))
@@ -185,14 +209,11 @@ def deal(
         "classes": [{"class": int(c), "pool": side, "demanded": int(needs[side][c]), "available": int(pools[side][c])}
                     for c in short_cls for side in ("train", "test") if needs[side][c] > pools[side][c]],
     }
-    order = np.argsort(labels, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(supply)])
     counts = {"train": train_counts, "test": test_counts}
     dealt: dict[str, tuple[list, list]] = {"train": ([], []), "test": ([], [])}
     reused_total, capped_total, clients_hit = 0, 0, np.zeros(n, dtype=bool)
     for c in range(num_classes):  # a loop over classes; every client at once inside
-        members = indices[order[starts[c]:starts[c + 1]]][rng.permutation(int(supply[c]))]
-        sub = {"test": members[:test_size[c]], "train": members[test_size[c]:]}
+        sub = {"test": members[c][:test_size[c]], "train": members[c][test_size[c]:]}
         for side in ("train", "test"):
             o, p, over = _deal_class(counts[side], c, len(sub[side]), replacement=replacement, shortage=shortage, rng=rng)
             if over.any():
@@ -213,6 +234,18 @@ def deal(
         "test_pool": test_size.astype(np.int64).tolist(),
     })
     return _csr(*dealt["train"], n), _csr(*dealt["test"], n), info
+
+
+def _cut(ids: np.ndarray, target: int, low: int, high: int) -> int:
+    """Where to cut a class's samples (content ids ``ids``, each id's samples together) into its two pools.
+
+    Only between two ids, so no content lands in both pools; the boundary nearest ``target`` among
+    those in ``[low, high]`` (both pools then cover their needs), else the one nearest ``target``.
+    """
+    bounds = np.concatenate([[0], np.flatnonzero(ids[1:] != ids[:-1]) + 1, [len(ids)]])
+    fits = bounds[(bounds >= low) & (bounds <= high)]
+    pick = fits if len(fits) else bounds
+    return int(pick[np.argmin(np.abs(pick - target))])
 
 
 def _csr(owners: list, picks: list, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,8 @@ Generated over the simulate modes (``pfl_cli.simulate.MODES``), both sampling re
 of the server data: one pool; two pools (an official test pool) with ``--test-fraction`` (test samples
 drawn from the train pool); two pools with the official test pool. The reference is obviously correct:
 Python sets of the dataset indices, and of the samples' content digests (``sample_digests``: features and
-label), that any client (train or holdout) trains on, against those that any client is tested on.
+label), that any client (train or holdout) trains on, against those that any client is tested on. A server
+dataset holding copies of some samples at other indices is a case of its own: a copy is the same sample.
 """
 
 import warnings
@@ -29,6 +30,13 @@ MODEL = MDMParams(np.array([0.5, 0.5]), np.vstack([np.full(C, 0.5), np.linspace(
 LIKE = np.random.default_rng(7).integers(0, 8, size=(30, C))
 OFFICIAL = np.zeros(len(Y), dtype=np.uint8)
 OFFICIAL[::4] = 1                                   # every 4th sample in an official test pool
+# Digits where about a fifth of the samples are copies of other samples of their class (same features, same label).
+_rng = np.random.default_rng(11)
+COPIES = X.copy()
+for _c in range(C):
+    _at = np.flatnonzero(Y == _c)
+    _to = _rng.choice(_at, size=len(_at) // 5, replace=False)
+    COPIES[_to] = X[_rng.choice(np.setdiff1d(_at, _to), size=len(_to))]
 POOLS = {  # name: (pool, test_fraction)
     "one pool": (None, 0.3),
     "two pools, --test-fraction": (OFFICIAL, 0.3),
@@ -37,7 +45,7 @@ POOLS = {  # name: (pool, test_fraction)
 
 
 def simulate(mode="mdm", replacement=True, pools="one pool", shortage="cap", num_clients=30, seed=0, like=LIKE,
-             holdout=0.2):
+             holdout=0.2, x=X):
     pool, fraction = POOLS[pools]
     cfg = validate_config(
         SimulateConfig(mode=mode, replacement=replacement, shortage=shortage, test_fraction=fraction,
@@ -46,17 +54,17 @@ def simulate(mode="mdm", replacement=True, pools="one pool", shortage="cap", num
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # shortage warnings: the crowded cases run short on purpose
         return simulate_partition(Y, cfg, num_classes=C, rng=np.random.default_rng(seed),
-                                  model=None if mode == "conditional-iid" else MODEL, like_counts=like, pool=pool)
+                                  model=None if mode == "conditional-iid" else MODEL, like_counts=like, pool=pool, x=x)
 
 
-def overlap(part):
+def overlap(part, x=X):
     """(indices, contents) that some client trains on and some client is tested on: Python sets, client by client."""
     train_idx, test_idx = set(), set()
     for j in range(part.num_clients):  # every client, holdout clients included
         train_idx.update(int(i) for i in part.train_of(j))
         test_idx.update(int(i) for i in part.test_of(j))
-    content = {bytes(d) for d in sample_digests(X, Y, np.array(sorted(train_idx), dtype=np.int64))}
-    tested = {bytes(d) for d in sample_digests(X, Y, np.array(sorted(test_idx), dtype=np.int64))}
+    content = {bytes(d) for d in sample_digests(x, Y, np.array(sorted(train_idx), dtype=np.int64))}
+    tested = {bytes(d) for d in sample_digests(x, Y, np.array(sorted(test_idx), dtype=np.int64))}
     return len(train_idx & test_idx), len(content & tested), len(test_idx)
 
 
@@ -67,6 +75,17 @@ def test_no_training_sample_is_a_test_sample(mode, replacement, pools):
     part = simulate(mode=mode, replacement=replacement, pools=pools)
     by_index, by_content, tested = overlap(part)
     assert tested > 0                                # the check has test samples to look at
+    assert (by_index, by_content) == (0, 0), f"{by_index} indices / {by_content} contents both train and test"
+
+
+@pytest.mark.parametrize("replacement", [True, False], ids=["replacement", "no-replacement"])
+@pytest.mark.parametrize("mode", MODES)
+def test_copies_of_a_sample_are_one_sample(mode, replacement):
+    """Copies of one sample at other indices all go to the train pool or all to the test pool."""
+    assert len(np.unique(sample_digests(COPIES, Y), axis=0)) < len(Y) - 200  # the data does hold copies
+    part = simulate(mode=mode, replacement=replacement, x=COPIES)
+    by_index, by_content, tested = overlap(part, x=COPIES)
+    assert tested > 0
     assert (by_index, by_content) == (0, 0), f"{by_index} indices / {by_content} contents both train and test"
 
 
@@ -118,3 +137,13 @@ def test_impossible_requests_are_refused_up_front():
     with pytest.raises(InfeasibleError, match=rf"class {C} runs short: the clients need 1 test samples of it but its 1 "
                                               r"server sample\(s\) all go to training.*--test-fraction 0"):
         simulate_partition(labels, cfg, num_classes=C + 1, rng=np.random.default_rng(0), like_counts=like)
+    # Enough samples of class 0 in number, but both are copies of one sample: they cannot be split.
+    x = np.stack([X[0], X[0], X[1], X[2]])
+    cfg = validate_config(SimulateConfig(mode="conditional-iid", shortage="error", test_fraction=0.5), has_model=False,
+                          like_clients=1, has_labels=True)
+    with pytest.raises(InfeasibleError, match=r"class 0 runs short: .* copies of one sample that cannot be split"):
+        simulate_partition(np.array([0, 0, 1, 1]), cfg, num_classes=2, rng=np.random.default_rng(0),
+                           like_counts=np.array([[1, 1]]), x=x)
+    part = simulate_partition(np.array([0, 0, 1, 1]), cfg, num_classes=2, rng=np.random.default_rng(0),
+                              like_counts=np.array([[1, 1]]), x=np.stack([X[0], X[3], X[1], X[2]]))
+    assert part.train_sizes.tolist() == [2] and part.test_sizes.tolist() == [2]
