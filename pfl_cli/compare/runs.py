@@ -94,7 +94,8 @@ def _partition_hash(art: Artifact, given: str) -> str:
     where = input_location(art, ref)
     if not (where / "manifest.json").is_file():
         raise _refuse(given, f"its manifest withholds the partition's sha256 (a --dp run) and the partition it names "
-                      f"({where}) is not here to read; run compare from the directory the run was started in.")
+                      f"({where}) is not here to read, nor beside the run where its manifest places it; restore it "
+                      "there (moved together with the run, it is found from any directory).")
     return read_artifact(where, "partition", flag=f"{FLAG} {given}: partition").content_hash
 
 
