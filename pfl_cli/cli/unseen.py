@@ -23,6 +23,7 @@ What a model trained on comes from:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,8 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
     if ref is None:  # a train artifact always names its partition; nothing to compare with otherwise
         return False
     own = (part_art.content_hash == ref["sha256"] if ref.get("sha256") is not None
-           else ref.get("recipe") is not None and ref["recipe"] == partition_recipe(part_art))
+           else ref.get("recipe") is not None and ref["recipe"] == partition_recipe(part_art)
+           and not _recipe_over_other_data(model_art, ref, info))
     if own and scoring.own_train_clients and clients == "train":
         return False
     indices, owner = ((part.test_indices, part.test_owner()) if scoring.split == "test"
@@ -152,6 +154,29 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
             f"{ref['path']}); {stage} takes them for unseen data. Pass the model's own partition, or one whose "
             "clients hold none of its training samples.")
     return False
+
+
+def _recipe_over_other_data(model_art, ref: dict, info: dict) -> bool:
+    """True where the model's partition, still found where its manifest names it, was made from other data.
+
+    A recipe names the options, not the data: the same options over a dataset file replaced in place
+    make another partition with the recipe of the model's own. Where the model's partition is found,
+    the content digest of the dataset each one records (``dataset.json``) tells them apart; where it is
+    not, the recipe is all there is (see the module's docstring).
+    """
+    from pfl_cli.artifacts import read_artifact
+    from pfl_cli.readers import input_location
+
+    where = input_location(model_art, ref)
+    try:
+        theirs = read_artifact(where, ["partition"], flag="--model's partition", verify=False)
+        their_info = json.loads(theirs.file("dataset.json").read_text())
+    except (ArtifactError, OSError, ValueError):
+        return False
+    if partition_recipe(theirs) != ref["recipe"]:  # re-created there with other options: not evidence either way
+        return False
+    mine, recorded = ((i.get("source") or {}).get("content_sha256") for i in (info, their_info))
+    return bool(mine and recorded and mine != recorded)
 
 
 def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, ds) -> np.ndarray | None:

@@ -237,6 +237,35 @@ def test_moved_model_partition_under_dp_is_still_its_own(root, tmp_path, capsys)
     assert json.loads((out / "metrics.json").read_text())["overlap_unchecked"] is False
 
 
+@pytest.fixture(scope="module")
+def replaced(root):
+    """A --dp model on a copy of data.npz; then that file overwritten by perm.npz (same labels, the samples of each
+    class in another order) and partitioned again with the model's options: the recipe of the model's own."""
+    d = root / "replaced"
+    d.mkdir()
+    shutil.copy(root / "data.npz", d / "data.npz")
+    spec = f"npz:{d / 'data.npz'}"
+    assert main(["partition", "--dataset", spec, *PART, "--out", d / "part"]) == 0
+    assert main(["train", "--partition", d / "part", *TRAIN, *DP, "--out", d / "dp"]) == 0
+    shutil.copy(root / "perm.npz", d / "data.npz")
+    assert main(["partition", "--dataset", spec, *PART, "--out", d / "again"]) == 0
+    return d
+
+
+@pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
+def test_same_options_over_a_dataset_replaced_in_place_is_not_the_dp_models_own(root, replaced, tmp_path, capsys,
+                                                                                stage):
+    # A recipe names options, not data (review of issue 39, item 4): before, the partition above passed for the
+    # --dp model's own, and predict scored 75 of its 180 test samples that the model trained on.
+    model_part = load_partition(replaced / "part")
+    model_part = (model_part[0], {**model_part[1], "spec": f"npz:{root / 'data.npz'}"})  # the data it trained on
+    hits, scored = scored_training_samples(stage, model_part, load_partition(replaced / "again"))
+    assert hits > 0.1 * scored  # the reference: the samples the stage would score include trained ones
+    out = tmp_path / "out"
+    err = refused(capsys, score(stage, replaced / "dp", replaced / "again", out), out)
+    assert "is not the data the partition was made from" in err
+
+
 @pytest.mark.parametrize("record, needle", [
     ("indices", "are samples the model trained on"),  # pflx before digests: the indices, read in the model's data
     ("bad", "train_samples.npz: digest must be a uint8 array of shape"),
