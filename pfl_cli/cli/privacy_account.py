@@ -65,7 +65,8 @@ def study_prior(config_file: Path | None, partition: Path, cfg):
     Choosing the config is a mechanism on the study's data (Papernot & Steinke 2022), and training with it
     on the same data is a second one: their epsilons compose (sequential composition). When ``config_file``
     lies in a ``tune --dp`` artifact (its manifest lists the file, and it has a ``privacy.json``) that was run
-    on ``partition`` (the study's recorded partition path, resolved, is this one), the study's ledger is
+    on ``partition`` (the study's recorded partition path, resolved, is this one, or the partition there is a copy of
+    this one or made by the same recipe from the same data), the study's ledger is
     returned to be composed into the training run's ``privacy.json``; when the study ran on another
     partition path, only a note saying how to compose by hand (pflx cannot tell whether the two hold the
     same people: a DP manifest withholds the partition's digest). ``(None, None)`` otherwise.
@@ -90,7 +91,7 @@ def study_prior(config_file: Path | None, partition: Path, cfg):
     studied = [i for i in art.manifest.get("inputs", []) if i.get("stage") == "partition"]
     paths = {(here / i["relative_path"]).resolve() if i.get("relative_path") else Path(i["path"]).resolve()
              for i in studied if i.get("path")}
-    if Path(partition).resolve() not in paths:
+    if Path(partition).resolve() not in paths and not any(_same_partition(p, Path(partition)) for p in paths):
         where = ", ".join(sorted(str(p) for p in paths)) or "an unrecorded partition"
         return None, (f"--config {config_file} is the release of a private study on {where}, not on --partition "
                       f"{partition}; if the two hold the same people, their epsilons compose: pflx privacy-account "
@@ -104,6 +105,27 @@ def study_prior(config_file: Path | None, partition: Path, cfg):
                           "privacy-account.")
     return ledger, (f"privacy.json composes the private study that chose --config ({here}) with this training run "
                     "(both read --partition); pflx privacy-account shows the total.")
+
+
+def _same_partition(studied: Path, partition: Path) -> bool:
+    """Whether two partition artifacts hand out the same records: byte-identical payloads (a copy), or the same
+    recipe (stage, version, options, seed) over a dataset of the same content digest (a partition is a
+    deterministic function of the two; DESIGN.md section 5)."""
+    import json
+
+    from pfl_cli.artifacts import read_artifact
+    from pfl_cli.cli.unseen import partition_recipe
+    from pfl_cli.errors import ArtifactError
+
+    try:
+        a, b = (read_artifact(p, ["partition"], flag="--partition", verify=False) for p in (studied, partition))
+        if a.content_hash == b.content_hash:
+            return True
+        data = [(json.loads(x.file("dataset.json").read_text()).get("source") or {}).get("content_sha256")
+                for x in (a, b)]
+    except (ArtifactError, OSError, ValueError):
+        return False
+    return partition_recipe(a) == partition_recipe(b) and data[0] is not None and data[0] == data[1]
 
 
 def privacy_account(

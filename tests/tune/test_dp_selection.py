@@ -124,3 +124,26 @@ def test_a_study_on_another_partition_is_named_not_composed(study, cli):
     events = json.loads((study / "run-other" / "privacy.json").read_text())["events"]
     assert not any(e.get("type", "").startswith("RepeatAndSelect") or "repeat" in json.dumps(e).lower()
                    for e in events)
+
+
+@pytest.mark.parametrize("how", ["copied", "recreated"])
+def test_a_copy_of_the_studys_partition_composes_too(study, cli, how):
+    # The same records under another path: a copy (cp -r), or the study's partition command run again elsewhere
+    # (same options and seed over the same data). Before (review of issue 39, item 9), only a note was printed
+    # and privacy.json held the training run's epsilon alone (2.0 instead of 10.1).
+    import shutil
+
+    from pfl_cli.cli.app import main
+
+    where = study / how / "deeper" / "part"
+    if how == "copied":
+        shutil.copytree(study / "part", where)
+    else:
+        assert main(["partition", "--dataset", "builtin:digits", "--iid", "--num-clients", "34", "--holdout-clients",
+                     "4", "--out", str(where), "--format", "quiet"]) == 0
+    run = cli("train", "--partition", where, "--config", study / "study" / "best.yaml", "--out", study / how / "run")
+    assert run.code == 0, run.err
+    assert "composes the private study" in run.err + run.out
+    study_events = json.loads((study / "study" / "privacy.json").read_text())["events"]
+    events = json.loads((study / how / "run" / "privacy.json").read_text())["events"]
+    assert events[:len(study_events)] == study_events and len(events) > len(study_events)
