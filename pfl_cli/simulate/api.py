@@ -179,9 +179,13 @@ def simulate_partition(
         if on_progress is not None:
             on_progress(done, total, {"step": name})
 
+    def dealt(c: int) -> None:
+        if c == 0:  # reported once deal has checked the request: a refusal comes before any progress
+            step(1, f"histograms of {cfg.num_clients} clients drawn ({cfg.mode})")
+        step(2 + c, f"class {c + 1}/{num_classes} dealt")
+
     marginal = np.bincount(labels[train_pool], minlength=num_classes) / max(len(train_pool), 1)
     train_counts, mode_info = _train_counts(cfg, num_classes, marginal, model, like_counts, r_counts)
-    step(1, f"histograms of {cfg.num_clients} clients drawn ({cfg.mode})")
     use_pool = cfg.test_fraction is None and len(test_pool) > 0
     fraction = 0.0 if use_pool else (DEFAULT_TEST_FRACTION if cfg.test_fraction is None else cfg.test_fraction)
     sizes = train_counts.sum(axis=1)
@@ -196,7 +200,7 @@ def simulate_partition(
         same = np.unique(sample_digests(x, labels, train_pool), axis=0, return_inverse=True)[1].reshape(-1)
     train, test, shortage = deal(train_counts, test_counts, labels[train_pool], train_pool,
                                  replacement=cfg.replacement, shortage=cfg.shortage, rng=r_deal, same=same,
-                                 on_class=lambda c: step(2 + c, f"class {c + 1}/{num_classes} dealt"))
+                                 on_class=dealt)
     if use_pool:
         from pfl_cli.partition.stats import label_histograms
 

@@ -124,9 +124,14 @@ def test_same_seed_same_bytes_other_seed_other_split():
 def test_impossible_requests_are_refused_up_front():
     # One client alone needs 150 train + 64 test samples of each class; digits has about 180 of each.
     big = np.full((2, C), 150)
+    cfg = validate_config(SimulateConfig(mode="conditional-iid", shortage="error", test_fraction=0.3), has_model=False,
+                          like_clients=2, has_labels=True)
+    progress = []
     with pytest.raises(InfeasibleError, match=r"class \d runs short: a client needs up to 150 samples of it to train "
                                               r"on and a client up to \d+ to test on.*--shortage cap"):
-        simulate(mode="conditional-iid", shortage="error", like=big, holdout=0)
+        simulate_partition(Y, cfg, num_classes=C, rng=np.random.default_rng(0), like_counts=big, x=X,
+                           on_progress=lambda *a: progress.append(a))
+    assert progress == []                              # up front: refused before any progress line
     # A class with a single server sample that a client trains on leaves nothing to reuse as a test sample.
     labels = np.where(np.arange(len(Y)) == 0, C, Y)    # class C (an extra class) holds sample 0 only
     like = np.zeros((3, C + 1), dtype=np.int64)
