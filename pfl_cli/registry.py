@@ -162,15 +162,18 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
     layers = ((labels[0], file_values),) + layers[1:]
     taken = set(entry.keys)
     inert = entry.algorithm.inert_keys
+    asked = []  # keys the algorithm declares inert, given in a layer: refused whatever their value
     for where, layer in layers:
         for k in layer:
             k = str(k).strip().replace("-", "_")
             if k not in taken and k not in ignore:
                 raise unknown_key(k, entry, where)
-            if k in inert:  # whatever its value: the user asked for an effect the algorithm does not have
-                raise inert_refusal(k, entry.name, inert[k], where=where)
+            if k in inert:
+                asked.append((k, where))
     cfg = resolve_config(entry.config, file_values=file_values, flag_values=flag_values, overrides=overrides,
-                         ignore=ignore)
+                         ignore=ignore)  # a value of the wrong type is refused first, as for any key
+    if asked:
+        raise inert_refusal(asked[0][0], entry.name, inert[asked[0][0]], where=asked[0][1])
     cfg.validate()
     return cfg
 

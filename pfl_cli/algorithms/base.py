@@ -436,12 +436,22 @@ def check_keys_on_data(cfg, store) -> None:
     the keys without effect whatever the data are refused with the config (``pfl_cli.fl.config.check_inert``)."""
     from pfl_cli.fl.config import inert_refusal
 
-    if cfg.lstm_hidden != type(cfg)().lstm_hidden and getattr(store, "vocab_size", None) is None:
+    lstm_asked = "lstm" in (getattr(cfg, "model_arch", ""), getattr(cfg, "embedding", "").removesuffix("-x"))
+    if cfg.lstm_hidden != type(cfg)().lstm_hidden and getattr(store, "vocab_size", None) is None and not lstm_asked:
+        # (an LSTM asked for by name on numbers is refused by the net itself, naming the net)
         raise inert_refusal("lstm_hidden", cfg.algorithm, "this data is not text: no LSTM net reads it (the LSTM is "
                             "the net of token-code data, e.g. LEAF Shakespeare)", cfg.lstm_hidden)
     if cfg.evaluate_hidden_labels and bool(np.all(store.labeled)):
         raise inert_refusal("evaluate_hidden_labels", cfg.algorithm, "every client of this partition has its "
                             "labels (the key scores clients without labels against their hidden ones)", True)
+    rate = getattr(cfg, "labeled_rate", None)
+    if rate is not None and rate != type(cfg)().labeled_rate:
+        from pfl_cli.fl.store import ROLE_TRAIN
+
+        if bool(np.all(np.asarray(store.labeled)[np.asarray(store.clients(ROLE_TRAIN))])):
+            raise inert_refusal("labeled_rate", cfg.algorithm, "every train client of this partition has its labels "
+                                "(the key sets the labeled share of cohorts that mix labeled and unlabeled clients; "
+                                "thesis Alg. 9)", rate)
 
 
 def epochs_protocol(new: bool, epochs: int, served: str, trained: str, untrained: str) -> dict:

@@ -44,7 +44,9 @@ class LDPFedAvg(LocalDP, FedAvg):
     dp_unit = "example"  # declared: DP-SGD on every client (pfl_cli.fl.dpsgd)
     dp_contribution = "model delta"
     inert_keys = {"local_epochs": "its rounds take local_steps DP-SGD steps on Poisson-sampled batches, the steps its "
-                                  "accountant counts (pfl_cli.fl.dpsgd); set --local-steps"}
+                                  "accountant counts (pfl_cli.fl.dpsgd); set --local-steps",
+                  "client_clip": "DP-SGD clips each sample's gradient to --dp clip=C (Abadi et al. 2016, Alg. 1), "
+                                 "not the client's"}
 
     def run_round(self, t, cohort, gen):
         import torch

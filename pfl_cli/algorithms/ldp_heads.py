@@ -47,6 +47,8 @@ class PersonalHeadLDPConfig(TrainConfig):
 class PersonalHeadLDP(LocalDP, Algorithm):
     dp_contribution = "representation delta (all layers but the classifier)"
     client_held_state = ("heads", "has_head")  # each client's own head: kept on the client, never sent or released
+    inert_keys = {"client_clip": "DP-SGD clips each sample's gradient to --dp clip=C (Abadi et al. 2016, Alg. 1), "
+                                 "not the client's"}
     # Issue 21: the head is trained without noise on the same records that feed the DP-SGD steps of the
     # representation, so those steps' per-sample gradients depend on every record through the head.
     dp_coverage = ("what the ledger covers: the DP-SGD steps on the representation with the client's head treated "

@@ -155,13 +155,15 @@ def check_keys(cfg) -> None:
             raise ConfigError(f"{f.name} must be in [0, 1); got {value!r}.")
 
 
-# Keys that act only beside another: key -> (whether ``cfg`` has it, what to add). A value other than the default
-# without it changes nothing, and is refused (check_inert). write_nonprivate's own refusal is in pfl_cli.fl.api.
+# Keys that act only in some settings: key -> (whether ``cfg`` is one, when the key has no effect). A value other
+# than the default elsewhere changes nothing, and is refused (check_inert). write_nonprivate's own refusal is in pfl_cli.fl.api.
 DP_ONLY = ("dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accountant", "dp_noise")
-NEEDS: dict[str, tuple] = {k: (lambda cfg: cfg.dp_epsilon is not None, "--dp eps=E (no DP mechanism runs)")
+NEEDS: dict[str, tuple] = {k: (lambda cfg: cfg.dp_epsilon is not None, "without --dp eps=E (no DP mechanism runs)")
                            for k in DP_ONLY}
-NEEDS.update({k: (lambda cfg: bool(cfg.backbone), "--set backbone=NAME (the client net is model_arch's)")
+NEEDS.update({k: (lambda cfg: bool(cfg.backbone), "without --set backbone=NAME (the client net is model_arch's)")
               for k in ("backbone_weights", "backbone_tune")})
+NEEDS["checkpoint_every"] = (lambda cfg: cfg.dp_epsilon is None, "under --dp (a DP run checkpoints every round, so "
+                             "that a resumed run never releases a round twice; pfl_cli.fl.loop)")
 
 
 def inert_refusal(key: str, algorithm: str, why: str, got: Any = None, where: str = "") -> "ConfigError":
@@ -181,7 +183,7 @@ def check_inert(cfg) -> None:
     >>> train_config("fedavg", dp_delta=1e-5)
     Traceback (most recent call last):
     ...
-    pfl_cli.errors.ConfigError: dp_delta has no effect without --dp eps=E (no DP mechanism runs); got 1e-05. Add --dp eps=E or drop it.
+    pfl_cli.errors.ConfigError: dp_delta has no effect without --dp eps=E (no DP mechanism runs); got 1e-05. Drop it.
     """
     from pfl_cli.errors import ConfigError
 
@@ -194,8 +196,7 @@ def check_inert(cfg) -> None:
             raise inert_refusal(f.name, cfg.algorithm, inert[f.name], value)
         need = NEEDS.get(f.name)
         if need is not None and not need[0](cfg):
-            raise ConfigError(f"{f.name} has no effect without {need[1]}; got {value!r}. Add {need[1].split(' (')[0]} "
-                              "or drop it.")
+            raise ConfigError(f"{f.name} has no effect {need[1]}; got {value!r}. Drop it.")
 
 
 def _integer(v) -> bool:

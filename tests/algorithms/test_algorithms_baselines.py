@@ -253,12 +253,12 @@ def test_apfl_round_equals_the_per_client_loop(store):
 
 
 def test_apfl_with_alpha_one_is_local_training(store):
-    alg = alg_for(store, algorithm="apfl", alpha=1.0, alpha_lr=0.0, momentum=0.0, client_clip=0.0)
+    alg = alg_for(store, algorithm="apfl", alpha=1.0, alpha_lr=0.0)  # its steps are plain SGD (momentum refused)
     c = cohort(store)
     v0 = alg.private.gather(c)
     v0.pop("alpha")
     alg.run_round(0, c, gen())
-    local = ref_sgd(alg, v0, c, gen(), steps=4)
+    local = ref_sgd(alg, v0, c, gen(), steps=4, sgd=PLAIN_SGD)
     models, _ = alg.personalize(c.numpy(), gen())
     close(models, local)
     assert torch.equal(alg.private.values["alpha"], torch.ones(store.num_clients))
