@@ -352,6 +352,14 @@ def test_smoke_substitutions_only_shrink_sizes():
         "make -C recipes/compare OUT=$PWD/runs/c ROUNDS=2 SEEDS=0   # all",
         "make -C recipes/compare ROUNDS=3 OUT=$PWD/runs/c SEEDS=0",
         "make -f recipes/Makefile ROOT=runs/mk ROUNDS=2"]
+    code = ("pflx train --config recipes/quickstart/digits-pfedhn.yaml --partition runs/d --out runs/p\n"
+            "pflx train --partition runs/part --rounds 400 --out runs/a\npflx train --config c.yaml --out runs/a --resume\n"
+            "pflx attack --model runs/a --partition runs/part --images 8 --iterations 1500 --out runs/att\n")
+    assert executed.smoke(code).splitlines() == [
+        "pflx train --set rounds=2 --config recipes/quickstart/digits-pfedhn.yaml --partition runs/d --out runs/p",
+        "pflx train --partition runs/part --rounds 2 --out runs/a",
+        "pflx train --config c.yaml --out runs/a --resume",  # a resume is its run's own command
+        "pflx attack --model runs/a --partition runs/part --images 2 --iterations 20 --out runs/att"]
     assert all(len(why) > 20 for _, _, why in executed.SMOKE)
 
 
