@@ -244,7 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
     debug = os.environ.get("PFLX_DEBUG", "") not in ("", "0")
     stage = args[0] if args and args[0] in _subcommand_names() else None
-    command = _command(stage)  # `pflx -h`, an unknown name, a root option: the whole tree
+    try:
+        command = _command(stage)  # `pflx -h`, an unknown name, a root option: the whole tree
+    except KeyboardInterrupt:  # Ctrl-C while the command is built (its options' types evaluated)
+        interrupt.reset()
+        _report_error(interrupt.message(), EXIT_INTERRUPTED, stage, as_json=_json_errors(args))
+        return EXIT_INTERRUPTED
     error: str | None = None
     if "pfl_cli.artifacts" in sys.modules:  # an earlier in-process run may have set --wait
         sys.modules["pfl_cli.artifacts"].set_wait(False)
@@ -329,7 +334,7 @@ def _report_error(message: str, code: int, stage: str | None, *, as_json: bool) 
 
 
 def run() -> None:  # pragma: no cover - console-script shim
-    raise SystemExit(main())
+    interrupt.finish(main())
 
 
 if __name__ == "__main__":  # `python -m pfl_cli.cli.app` runs pflx like `python -m pfl_cli`

@@ -22,3 +22,20 @@ def kept(note: str) -> None:
 
 def message() -> str:
     return _note[0]
+
+
+def finish(code: int) -> None:
+    """End the pflx process with ``code`` (the console script and ``python -m pfl_cli``). Once the command has
+    finished, a Ctrl-C during the interpreter's exit changes nothing; after an interruption (130, its line
+    printed) the process ends at once: CPython re-raises SIGINT at exit when a KeyboardInterrupt went through code
+    it ran, and the shell would see a kill instead of exit 130."""
+    import os
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    raise SystemExit(code)

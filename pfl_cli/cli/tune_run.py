@@ -307,7 +307,6 @@ def _run_workers(plan: Plan, o: TuneOptions, *, url: str, name: str, identity: s
 
 
 def _worker(plan: Plan, o: TuneOptions, url: str, name: str, identity: str, partition: str, rank: int) -> None:
-    import logging
     import sys
 
     import torch
@@ -316,7 +315,9 @@ def _worker(plan: Plan, o: TuneOptions, url: str, name: str, identity: str, part
     from pfl_cli.tune.study import Objective, Proposals, make_pruner, make_sampler, open_storage, open_study, optimize
 
     torch.set_num_threads(1)
-    logging.getLogger("optuna").setLevel(logging.WARNING)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # (the logger's own level is reset when optuna configures it)
     try:
         part, _info, _art, ds = load_partition_dataset(Path(partition))
         data = _tuning_data(ds, part, plan.cfg.seed, o.validation_fraction, plan.validation_clients,
@@ -327,6 +328,8 @@ def _worker(plan: Plan, o: TuneOptions, url: str, name: str, identity: str, part
         objective = Objective(data, plan.trial_cfg, plan.params, group=plan.objective["group"],
                               metric=plan.objective["metric"], identity=identity)
         optimize(study, objective, o.trials, proposals=Proposals(plan.sampler, plan.params, seed))
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent says the one line
+        raise SystemExit(130) from None
     except Exception as err:  # noqa: BLE001 - one line per worker, the parent says what to do
         if os.environ.get("PFLX_DEBUG", "") not in ("", "0"):
             raise
