@@ -202,10 +202,9 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         return
     if private:
         with writer:
-            write_dp_artifact(writer, cfg, config, run, part, metrics, prior=study[0])
+            released = write_dp_artifact(writer, cfg, config, run, part, metrics, prior=study[0])
             writer.after_swap(lambda: shutil.rmtree(ck_dir, ignore_errors=True))
-        _print_dp_summary(report, out, {**metrics, "dp": {**clean(run.dp.info()), "noise": cfg.dp_noise}},
-                          cfg.write_nonprivate)
+        _print_dp_summary(report, out, {**metrics, "dp": released}, cfg.write_nonprivate)
         if study[1]:
             report.note(study[1])
         return
@@ -254,8 +253,9 @@ def write_train_files(writer, config: dict, run, part, metrics: dict, record=Non
         writer.save_npz("train_samples.npz", sample=record[0], digest=record[1])
 
 
-def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior=None) -> None:
+def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior=None) -> dict:
     """The train artifact under --dp: only what the ledger covers, diagnostics as nonprivate* on request.
+    Returns metrics.json's ``dp`` block (with ``prior``: ``epsilon_total``, privacy.json's epsilon).
 
     - ``model.pt``: the last round's model, the output of the DP mechanism (no selection by
       private validation accuracy; inputs are not standardized with private statistics);
@@ -277,14 +277,16 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior
     from pfl_cli.privacy.randomness import statement
 
     ledger = run.dp.ledger() if prior is None else prior.compose(run.dp.ledger())
-    writer.save_json("privacy.json", {**ledger.to_dict(accountant=cfg.dp_accountant),
-                                      **statement(cfg.dp_noise)}, release=POST_PROCESSING)
+    doc = ledger.to_dict(accountant=cfg.dp_accountant)
+    writer.save_json("privacy.json", {**doc, **statement(cfg.dp_noise)}, release=POST_PROCESSING)
     # Exact counts of the private data (clients without labels; the realized Poisson cohorts behind the
     # communication totals) are diagnostics, not releases.
     private_keys = ("train", "holdout", "val", "dataset", "best_round", "communication", "num_unlabeled_clients")
     public = {k: v for k, v in metrics.items() if k not in private_keys}
     public["dataset"] = {"spec": metrics["dataset"]["spec"], "num_classes": metrics["dataset"]["num_classes"]}
     public["dp"] = {**clean(run.dp.info()), "noise": cfg.dp_noise}
+    if prior is not None:  # the guarantee of the model is the total, not this run's share of it
+        public["dp"]["epsilon_total"] = doc["epsilon"]
     writer.save_json("metrics.json", public, release=POST_PROCESSING)
     if cfg.write_nonprivate:
         outcome = run.outcome
@@ -298,6 +300,7 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior
                                                    "accuracy_lm"],
                         client_rows(part, [outcome.best.groups[g] for g in ("train", "holdout")
                                            if g in outcome.best.groups]), release=NONPRIVATE)
+    return public["dp"]
 
 
 def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) -> None:
@@ -306,10 +309,12 @@ def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) ->
     dp = m["dp"]
     table = Table(title=f"train --dp -> {out}: {m['algorithm']}, model of the last round ({m['rounds']}), "
                   f"{m['device']}", title_justify="left")
-    for col in ("unit", "epsilon", "delta", "clip", "noise multiplier", "sampling rate", "accountant"):
+    total = "epsilon_total" in dp  # composed with the private study that chose the config
+    for col in ("unit", "epsilon", *(["with study"] if total else []), "delta", "clip", "noise multiplier",
+                "sampling rate", "accountant"):
         table.add_column(col, justify="right")
-    table.add_row(dp["unit"], f"{dp['epsilon']:g}", f"{dp['delta']:g}", f"{dp['clip']:g}",
-                  f"{dp['noise_multiplier']:.4g}", f"{dp.get('sampling_rate', float('nan')):.4g}", dp["accountant"])
+    table.add_row(dp["unit"], f"{dp['epsilon']:g}", *([f"{dp['epsilon_total']:.4g}"] if total else []),
+                  f"{dp['delta']:g}", f"{dp['clip']:g}", f"{dp['noise_multiplier']:.4g}", f"{dp.get('sampling_rate', float('nan')):.4g}", dp["accountant"])
     data = {"out": str(out), "up_to_date": False, "dp": dp,
             **{k: m[k] for k in ("algorithm", "rounds", "selection", "device")}}
     from pfl_cli.privacy.randomness import stamp

@@ -107,6 +107,10 @@ def test_training_with_the_released_config_composes_the_studys_ledger(study, cli
     expected = prior.compose(alone).epsilon("rdp")
     assert total["epsilon"] == pytest.approx(expected)
     assert total["epsilon"] > max(prior.epsilon("rdp"), alone.epsilon("rdp"))
+    # what the run reports is the model's guarantee, the total (before: metrics.json and the table said 2.0 alone)
+    assert json.loads((study / "run" / "metrics.json").read_text())["dp"]["epsilon_total"] == total["epsilon"]
+    assert f"{total['epsilon']:.4g}" in run.out
+    assert "epsilon_total" not in json.loads((study / "run-alone" / "metrics.json").read_text())["dp"]
     acct = cli("privacy-account", study / "run", "--format", "json")
     assert acct.code == 0, acct.err
     assert json.loads(acct.out)["epsilon"] == pytest.approx(expected)
