@@ -100,10 +100,10 @@ def study_prior(config_file: Path | None, partition: Path, cfg):
     if ledger.unit != unit or abs(ledger.delta - cfg.dp_delta) > 1e-12 * max(ledger.delta, cfg.dp_delta):
         raise ConfigError(f"--config {config_file}: the private study that chose it (a {ledger.unit}-level ledger at "
                           f"delta {ledger.delta:g}) ran on this --partition, and its epsilon composes with this run's "
-                          f"({unit}-level, delta {cfg.dp_delta:g}) only at the same unit and delta; train with --dp "
+                          f"({unit}-level, delta {cfg.dp_delta:g}) only at the same unit and delta; run with --dp "
                           f"delta={ledger.delta:g} and an algorithm of the same unit, or account both with pflx "
                           "privacy-account.")
-    return ledger, (f"privacy.json composes the private study that chose --config ({here}) with this training run "
+    return ledger, (f"privacy.json composes the private study that chose --config ({here}) with this run "
                     "(both read --partition); pflx privacy-account shows the total.")
 
 

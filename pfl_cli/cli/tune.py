@@ -95,4 +95,7 @@ def tune(
                           storage=storage, study_name=study_name, validation_fraction=validation_fraction,
                           validation_clients=validation_clients, dp_shape=dp_shape, dp_score_noise=dp_score_noise,
                           explicit=frozenset(explicit_flags(ctx, ("dp_shape", "dp_score_noise"))))
-    run_tune(cfg, options, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot)
+    from pfl_cli.cli.privacy_account import study_prior
+
+    study = study_prior(config, partition, cfg)  # --config: a private study's best.yaml on this partition composes
+    run_tune(cfg, options, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot, study=study)

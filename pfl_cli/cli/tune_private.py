@@ -17,7 +17,9 @@ from pfl_cli.cli.output import Reporter
 from pfl_cli.errors import RunError
 
 
-def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter) -> None:
+def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter, prior=None) -> None:
+    """``prior``: the ledger of the private study whose best.yaml is ``--config`` (on the same partition). This
+    study's release is a function of that one's too, so its privacy.json lists that study's events first."""
     import yaml
 
     from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING
@@ -72,6 +74,8 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter) -> 
                                   f"shape {o.dp_shape}), each a DP training run plus a Gaussian release (noise "
                                   f"multiplier {o.dp_score_noise}) of its validation score; the best is released "
                                   "(Papernot & Steinke 2022)",), accountant="rdp")
+    if prior is not None:
+        ledger = prior.compose(ledger)
     best_cfg = dataclasses.replace(cfg, **best[1])
     doc = ledger.to_dict(accountant="rdp")
     # Post-processing of the released noisy score and count: how far apart two trials must be to be told apart.
@@ -83,7 +87,7 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter) -> 
                "dp": {"unit": doc["unit"], "epsilon": doc["epsilon"], "delta": doc["delta"],
                       "trial_epsilon": cfg.dp_epsilon, "mean_trials": o.trials, "shape": o.dp_shape,
                       "score_noise_multiplier": o.dp_score_noise, "score_standard_error": se,
-                      "noise": cfg.dp_noise}}
+                      "noise": cfg.dp_noise, "composes_config_study": prior is not None}}
     with writer:
         head = ("# pflx tune --dp: the released best config of a private study (Papernot & Steinke 2022); "
                 "privacy.json covers the whole study.\n")
@@ -124,7 +128,8 @@ def _print(report: Reporter, out: Path, m: dict) -> None:
 
     dp = m["dp"]
     table = Table(title=f"tune --dp -> {out}: {m['algorithm']}, released best of a private study", title_justify="left",
-                  caption=f"whole study: epsilon {dp['epsilon']:.4g} at delta {dp['delta']:g} ({dp['unit']}-level; "
+                  caption=f"whole study{' with the one that chose --config' if dp.get('composes_config_study') else ''}: "
+                          f"epsilon {dp['epsilon']:.4g} at delta {dp['delta']:g} ({dp['unit']}-level; "
                           f"each trial {dp['trial_epsilon']:g}); the score is a noisy release, standard error "
                           f"about {100 * dp['score_standard_error']:.1f} points", caption_justify="left")
     table.add_column("noisy validation score", justify="right")

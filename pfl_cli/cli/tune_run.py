@@ -121,7 +121,9 @@ def _check_options(cfg, o: TuneOptions):
 
 
 def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, report: Reporter,
-             plot: bool = False) -> None:
+             plot: bool = False, study=(None, None)) -> None:
+    """``study``: ``(ledger, note)`` of the private study whose best.yaml is ``--config``
+    (:func:`pfl_cli.cli.privacy_account.study_prior`): under --dp its ledger composes into privacy.json."""
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.cli.common import load_partition_dataset
     from pfl_cli.config import config_to_dict
@@ -173,7 +175,9 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
     if private:
         from pfl_cli.cli.tune_private import run_private_study
 
-        run_private_study(plan, o, data, writer=writer, out=out, report=report)
+        run_private_study(plan, o, data, writer=writer, out=out, report=report, prior=study[0])
+        if study[1]:
+            report.note(study[1])
         return
     from pfl_cli.tune.study import study_identity
 

@@ -151,3 +151,18 @@ def test_a_copy_of_the_studys_partition_composes_too(study, cli, how):
     study_events = json.loads((study / "study" / "privacy.json").read_text())["events"]
     events = json.loads((study / how / "run" / "privacy.json").read_text())["events"]
     assert events[:len(study_events)] == study_events and len(events) > len(study_events)
+
+
+def test_a_private_study_started_from_anothers_release_composes_it(study, cli):
+    # tune --dp --config STUDY/best.yaml: the second study's release is a function of the first one's too. Before
+    # (review of issue 39, item 9), its privacy.json held its own event alone, and so did a training run's after it.
+    run = cli("tune", "--partition", study / "part", "--config", study / "study" / "best.yaml", "--algorithm",
+              "fedavg", "--trials", "2", "--set", "dp_sampling_rate=0.3", "--space", "momentum=float:0.5:0.9",
+              "--out", study / "second")
+    assert run.code == 0, run.err
+    assert "composes the private study" in run.err + run.out
+    first = json.loads((study / "study" / "privacy.json").read_text())
+    second = json.loads((study / "second" / "privacy.json").read_text())
+    assert second["events"][:len(first["events"])] == first["events"] and len(second["events"]) > len(first["events"])
+    assert second["epsilon"] > first["epsilon"]
+    assert json.loads((study / "second" / "metrics.json").read_text())["dp"]["epsilon"] == second["epsilon"]
