@@ -7,7 +7,8 @@ GitHub (the README) render it: backtick and tilde fences of any length, at any i
 and mkdocs-material admonitions, whose body is indented by 4; the indentation is removed from the code), any
 info string or none, and its opening fence's line. The ``<!-- pytest.mark.NAME(...) -->`` comment right above a
 block (blank lines between allowed, nothing else) is that block's mark; an unknown mark, a mark that marks no
-block and a fence that is never closed are errors naming page:line. (pytest-codeblocks' ``extract_from_file``,
+block, a fence that is never closed and a fence in a blockquote or on a list marker's line (``> ```bash``,
+``- ```bash``: not read) are errors naming page:line. (pytest-codeblocks' ``extract_from_file``,
 used before, sees backtick fences only, and attaches a mark to the next block however much prose lies between.)
 
 Which blocks hold a command (``holds_command``): a block holds pflx's commands when one of its command lines
@@ -90,6 +91,8 @@ FULL_SIZE = {"docs/tutorials/dp-pipeline.md": "the text explains the epsilon tha
 MARK = re.compile(r"^pytest\.mark\.(docs_parse_only|docs_refusal)\((.*)\)$", re.S)
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>.*?)\s*$")
 COMMENT = re.compile(r"^\s*<!--\s*(.*?)\s*-->\s*$")
+# A fence this scanner does not read: in a blockquote, or on a list item's marker line. An error, not a blind spot.
+HIDDEN = re.compile(r"^\s*(>\s*)+(`{3,}|~{3,})|^\s*([-*+]|\d+[.)])\s+(`{3,}|~{3,})")
 RUN = (*SHELL, "shell", "console", "python")  # the info strings whose blocks a page's run executes
 
 
@@ -133,6 +136,9 @@ def fences(page: str) -> list[Block]:
                              "".join(f"{ln}\n" for ln in body), mark, why))
             pending, i = [], end + 1
             continue
+        if HIDDEN.match(lines[i]):
+            raise ValueError(f"{page}:{i + 1}: a fence in a blockquote or on a list marker's line, which the docs "
+                             "tests do not read: start it on a line of its own, indented under the item")
         comment = COMMENT.match(lines[i])
         if comment and comment.group(1).startswith("pytest"):
             pending.append((i + 1, comment.group(1)))

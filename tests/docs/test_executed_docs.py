@@ -270,6 +270,8 @@ def test_every_form_of_fence_is_found_and_accounted(tmp_path, monkeypatch):
      "p.md:4: a docs mark below the last block marks nothing"),
     ("text\n~~~~\npflx x\n~~~\n", "p.md:2: a fence that is never closed"),
     ("<!-- pytest.mark.docs_parse_olny(\"typo\") -->\n```bash\npflx x\n```\n", "p.md:1: unknown docs mark"),
+    ("text\n\n> ```bash\n> pflx x\n> ```\n", "p.md:3: a fence in a blockquote"),
+    ("1. ```bash\n   pflx x\n   ```\n", "p.md:1: a fence in a blockquote or on a list marker's line"),
 ])
 def test_a_misplaced_mark_or_an_open_fence_is_an_error(text, error, tmp_path, monkeypatch):
     (tmp_path / "p.md").write_text(text)
