@@ -148,10 +148,11 @@ def _validation_clients(train: np.ndarray, labeled: np.ndarray, u: np.ndarray, s
     if stable:
         chosen = (u < share) & (labeled | unlabeled_may)
         if not chosen.any() or not (labeled & ~chosen).any():
-            raise InputError(f"--validation-clients {share:g} under --dp: each of the {len(train)} train clients "
-                             f"validates on its own draw, and this draw left {int(chosen.sum())} validation clients "
-                             f"and {int((labeled & ~chosen).sum())} labeled clients to train; raise or lower "
-                             "--validation-clients, or partition into more clients.")
+            # no count in the message: the numbers of clients are private under --dp (release-contract.md)
+            raise InputError(f"--validation-clients {share:g} under --dp: each train client validates on its own "
+                             "draw, and this draw left no validation client or no labeled client to train (how many "
+                             "there are is private and not shown); raise or lower --validation-clients, or partition "
+                             "into more clients.")
         return chosen
     if n_unl and not unlabeled_may:
         raise InputError(f"--validation-clients {share:g}: only labeled clients can validate here, and carving any of "

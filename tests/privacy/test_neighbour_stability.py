@@ -505,3 +505,24 @@ def test_the_flower_apps_nodes_read_neighbours_that_differ_in_one_client(tmp_pat
         observed.append([r for call in seen.calls for r in call])   # every node's own client, and the server's
     assert differing(*observed, "client") <= {_removed("client")}
     assert _removed("client") in {c for c, _, _ in observed[0]}       # the nodes' records were observed
+
+
+def test_a_refused_dp_carve_prints_no_count_of_the_private_clients():
+    """Printing is releasing: the refusal of a degenerate --dp draw names the option, not how many clients there
+    are or how many the draw chose (review of issue 39, item 1: it printed 'each of the 30 train clients ... left
+    0 validation clients and 30 labeled clients')."""
+    import re
+
+    from pfl_cli.errors import InputError
+    from pfl_cli.tune.split import validation_partition
+
+    part = _partition(None)
+    refused = 0
+    for seed in range(20):
+        try:
+            validation_partition(part, val_fraction=0.2, val_clients=0.02, rng=np.random.default_rng(seed),
+                                 stable=True)
+        except InputError as err:
+            refused += 1
+            assert set(re.findall(r"\d+(?:\.\d+)?", str(err))) <= {"0.02"}, str(err)
+    assert refused  # the reference: with 10 train clients a 2 % draw leaves none to validate on most seeds
