@@ -55,7 +55,7 @@ TRAIN = ("train", "--partition", "part", "--algorithm", "fedavg", "--rounds", "8
 CASES: dict[str, Case] = {
     "partition": Case(("partition", "--dataset", "builtin:digits", "--classes-per-client", "2", "--num-clients", "8",
                        "--holdout-clients", "2", "--test-fraction", "0.3"), "part"),
-    "mdm-fit": Case(("mdm-fit", "--partition", "part", "--components", "1", "--rounds", "6", "--restarts", "2"),
+    "mdm-fit": Case(("mdm-fit", "--partition", "part", "--components", "3", "--rounds", "400", "--restarts", "3"),
                     "mdm", progress=True),
     "simulate": Case(("simulate", "--model", "mdm", "--dataset", "builtin:digits", "--num-clients", "6",
                       "--holdout-clients", "1"), "sim", progress=True),
@@ -129,7 +129,7 @@ def _interrupt(root: Path, case: Case, out: str | None, rng: np.random.Generator
                 if not line:
                     break
                 head.append(line)
-            time.sleep(rng.uniform(0.0, 0.6) / (attempt + 1))
+            time.sleep(rng.uniform(0.0, 0.6) / (attempt + 1) if attempt < 3 else 0.0)  # last: at the line itself
         else:  # anywhere in the run once the interpreter is up (its own start-up, `site`, is Python's, not pflx's)
             time.sleep(max(_interpreter_startup(), span * rng.uniform(0.05, 0.95) / (attempt + 1)))
         proc.send_signal(signal.SIGSTOP)
