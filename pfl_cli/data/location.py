@@ -55,10 +55,27 @@ def with_path(spec: str, path: str | Path) -> str:
     return f"{scheme}:{path}{mark}{query}"
 
 
+def _absolute(arg: str) -> str:
+    """The absolute path of the file or directory ``arg`` opens.
+
+    ``os.path.abspath`` folds ``..`` by the letters (``data/link/../g.npz`` -> ``data/g.npz``), the
+    kernel through the link (``link``'s target's parent): where the two name different files the
+    link-resolved path is the one read. Otherwise the path as spelled is kept, so a link inside a
+    tree of artifacts and data travels with the tree.
+    """
+    path = os.path.abspath(arg)
+    try:
+        if os.path.samefile(path, arg):
+            return path
+    except OSError:
+        pass
+    return os.path.realpath(arg)
+
+
 def resolved_spec(spec: str) -> str:
     """``spec`` with its path made absolute (against the working directory); generators unchanged."""
     arg = spec_path(spec)
-    return spec if arg is None else with_path(spec, os.path.abspath(arg))
+    return spec if arg is None else with_path(spec, _absolute(arg))
 
 
 def source_record(ds: Dataset, artifact_dir: str | Path) -> dict[str, Any]:
@@ -72,7 +89,7 @@ def source_record(ds: Dataset, artifact_dir: str | Path) -> dict[str, Any]:
     arg = spec_path(ds.spec)
     if arg is None:
         return {}
-    path = os.path.abspath(arg)
+    path = _absolute(arg)
     source: dict[str, Any] = {
         "path": path,
         "relative_path": os.path.relpath(path, os.path.abspath(artifact_dir)),
@@ -103,7 +120,11 @@ def _candidates(source: Mapping[str, Any], artifact_dir: Path, env: Mapping[str,
     stored = Path(str(source["path"]))
     found = [(stored, "recorded path")]
     if source.get("relative_path"):
-        found.append((artifact_dir / str(source["relative_path"]), "relative to the partition"))
+        # folded by the letters, as it was recorded (os.path.relpath): through a linked directory
+        # (``runs -> /scratch/runs``) ``runs/part/../../data`` is the tree's ``data``, not /scratch's
+        found.append((Path(os.path.normpath(os.path.join(os.path.abspath(artifact_dir),
+                                                         str(source["relative_path"])))),
+                      "relative to the partition"))
     for root in (r for r in env.get(ENV, "").split(os.pathsep) if r.strip()):
         found.append((Path(root) / stored.name, ENV))
     return found

@@ -1,0 +1,89 @@
+"""Review of "artifacts travel" (issue 39) at its edges: symbolic links on the way to the data or to the
+partition. Each case runs real commands (``pflx partition`` through :func:`main`) on a temporary tree and
+reads the partition back with :func:`pfl_cli.data.location.locate_dataset`, the lookup every stage uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pfl_cli.cli.app import main
+from pfl_cli.data.location import locate_dataset
+from pfl_cli.errors import DatasetError
+from pfl_cli.formats import sha256_file
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+
+
+def _save(path: Path, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, x=rng.normal(size=(n, 6)).astype("float32"), y=np.arange(n) % 3)
+
+
+def _partition(cwd: Path, spec: str, out: str) -> dict:
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        assert main(["partition", "--dataset", spec, "--num-clients", "3", "--out", out]) == 0
+    finally:
+        os.chdir(old)
+    return json.loads((cwd / out / "dataset.json").read_text())
+
+
+def test_dotdot_after_a_link_records_the_file_read(tmp_path, monkeypatch):
+    """``npz:data/lnk/../g.npz`` with ``data/lnk -> /elsewhere/sub`` reads ``/elsewhere/g.npz`` (the kernel
+    resolves ``..`` through the link); ``os.path.abspath`` folds it to ``data/g.npz``. Before the fix the
+    partition recorded that other file (path and bytes digest) beside the loaded data's digest: every
+    later stage refused the untouched data ("no longer matches the partition")."""
+    monkeypatch.delenv("PFLX_DATA", raising=False)
+    read, decoy = tmp_path / "elsewhere" / "g.npz", tmp_path / "proj" / "data" / "g.npz"
+    _save(read, 60, 0)
+    _save(decoy, 45, 1)
+    (tmp_path / "elsewhere" / "sub").mkdir()
+    (tmp_path / "proj" / "data" / "lnk").symlink_to(tmp_path / "elsewhere" / "sub")
+    info = _partition(tmp_path / "proj", "npz:data/lnk/../g.npz", "part")
+    assert info["num_samples"] == 60
+    assert os.path.samefile(info["source"]["path"], read), info["source"]
+    assert info["source"]["sha256"] == sha256_file(read)
+    ds = locate_dataset(info, tmp_path / "proj" / "part", env={})
+    assert len(ds.y) == 60
+
+
+def test_partition_under_a_linked_runs_dir_finds_the_moved_tree(tmp_path):
+    """``proj/runs -> /scratch/runs`` (a cluster's scratch space), data in ``proj/data``: the recorded
+    relative path ``../../data/g.npz`` is meant from ``proj/runs/part``. After ``proj`` moves, the kernel
+    resolves ``proj2/runs/part/../..`` to /scratch's parent. Before the fix: "not found (tried ...,
+    proj2/runs/part/../../data/g.npz)" though that path, read as written, holds the data."""
+    _save(tmp_path / "proj" / "data" / "g.npz", 50, 2)
+    (tmp_path / "scratch" / "runs").mkdir(parents=True)
+    (tmp_path / "proj" / "runs").symlink_to(tmp_path / "scratch" / "runs")
+    info = _partition(tmp_path / "proj", "npz:data/g.npz", "runs/part")
+    assert info["source"]["relative_path"] == os.path.join("..", "..", "data", "g.npz")
+    shutil.move(str(tmp_path / "proj"), str(tmp_path / "proj2"))
+    ds = locate_dataset(info, tmp_path / "proj2" / "runs" / "part", env={})
+    assert len(ds.y) == 50
+    (tmp_path / "proj2" / "data" / "g.npz").unlink()  # and gone, it is still refused
+    with pytest.raises(DatasetError, match="not found"):
+        locate_dataset(info, tmp_path / "proj2" / "runs" / "part", env={})
+
+
+def test_pflx_data_skips_a_wrong_file_of_the_same_name(tmp_path):
+    """``PFLX_DATA=a:b`` with a different ``g.npz`` in ``a``: the copy in ``b`` is used; with ``a`` alone the
+    request is refused naming ``a``'s digest."""
+    _save(tmp_path / "proj" / "data" / "g.npz", 40, 3)
+    info = _partition(tmp_path / "proj", "npz:data/g.npz", "part")
+    _save(tmp_path / "a" / "g.npz", 40, 4)
+    (tmp_path / "b").mkdir()
+    shutil.move(str(tmp_path / "proj" / "data" / "g.npz"), str(tmp_path / "b" / "g.npz"))
+    env = {"PFLX_DATA": os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])}
+    ds = locate_dataset(info, tmp_path / "proj" / "part", env=env)
+    np.testing.assert_array_equal(ds.x, np.load(tmp_path / "b" / "g.npz")["x"])
+    with pytest.raises(DatasetError, match=r"a[/\\]g\.npz \(PFLX_DATA"):
+        locate_dataset(info, tmp_path / "proj" / "part", env={"PFLX_DATA": str(tmp_path / "a")})
