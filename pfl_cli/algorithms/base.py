@@ -431,6 +431,15 @@ GENERATED_NETS = ("its hypernetwork generates model_arch's client net (a pre-tra
                   "algorithms that train one directly, and of hyperfl-lpm)")
 
 
+def require_features(alg, what: str) -> None:
+    """Refuse (one line, exit 2) a client net without ``features()`` (a pre-trained backbone net) for an algorithm
+    whose ``what`` reads the net's features."""
+    if not callable(getattr(alg.net, "features", None)):
+        raise InputError(f"backbone: {what} reads the client net's features (features()); the backbone net "
+                         f"{type(alg.net).__name__} has none; got backbone {alg.cfg.backbone!r}. Drop --set backbone= "
+                         f"({alg.name} runs on model_arch's net).")
+
+
 def check_keys_on_data(cfg, store) -> None:
     """Refuse a key set away from its default that this training data leaves without effect (one line, exit 2);
     the keys without effect whatever the data are refused with the config (``pfl_cli.fl.config.check_inert``)."""

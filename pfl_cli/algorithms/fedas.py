@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pfl_cli.algorithms.base import PrivateState, epochs_protocol
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol, require_features
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import check_own_keys, key
@@ -145,6 +145,7 @@ class FedAS(PrivateState, _GlobalModel):
         from pfl_cli.fl.split import split_names
 
         self.net = self.client_net()
+        require_features(self, "FedAS's parameter alignment")
         self.body, self.head = split_names(self.net, self.name)
         init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.global_params = init                    # the body is shared; the head stays at its initialization

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pfl_cli.algorithms.base import require_features
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import stack
@@ -85,12 +86,7 @@ class KNNPer(FedAvg):
 
     def build(self) -> None:
         super().build()
-        if not callable(getattr(self.net, "features", None)):  # a pre-trained backbone net (--set backbone=)
-            from pfl_cli.errors import InputError
-
-            raise InputError(f"backbone: kNN-Per's datastore holds the client net's features (features()); the "
-                             f"backbone net {type(self.net).__name__} has none; got backbone {self.cfg.backbone!r}. "
-                             "Drop --set backbone= (knnper runs on model_arch's net).")
+        require_features(self, "kNN-Per's datastore")
         self.personalized = True
         cfg = self.cfg
         self.knn_net = KNNPerNet(self.net, cfg.knn_k, cfg.knn_scale, cfg.interpolation)

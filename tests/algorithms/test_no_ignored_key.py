@@ -11,7 +11,8 @@ The second values come from the key's type, range and base value (:func:`candida
 changes the run; strings without declared choices take theirs from :data:`OVERRIDES`. A key whose effect
 needs a companion (the DP keys need --dp, backbone_tune a backbone) is run beside it (:data:`CONTEXT`), keys
 that choose the client net on images (:data:`IMAGES`). Left unchecked: the three keys of :data:`INERT`, each
-with its reason, and the round keys of an algorithm without rounds (:data:`ROUND_KEYS`). A new algorithm or
+with its reason, the key that acts on the written files only (:data:`WRITES`, checked where named), and the round
+keys of an algorithm without rounds (:data:`ROUND_KEYS`). A new algorithm or
 key is covered without new test code.
 
 The default tier runs every key of one representative (fedrod: FedAvg's round, private heads, no DP) and the
@@ -40,6 +41,9 @@ INERT = {
     "cohort_exec": "an execution strategy (vmap or a loop) with equal results by design "
                    "(tests/fl/test_fl_cohort.py::test_every_cohort_exec_gives_the_same_numbers)",
 }
+# A key that acts on the files ``pflx train`` writes, not on the run this suite observes: where that is checked.
+WRITES = {"write_nonprivate": "adds the nonprivate* files of a DP run "
+                              "(tests/cli/test_train_dp.py::test_write_nonprivate_adds_only_nonprivate_files)"}
 # The round keys of an algorithm without rounds (``federated = False``: Local) change nothing it trains. They are
 # accepted, not refused: a recipe's shared train section holds them for every algorithm it runs, Local included
 # (recipes/hyperfl/lpm-digits-smoke.yaml with --set algorithm=local).
@@ -53,6 +57,9 @@ DP_KEYS = ("dp_epsilon", "dp_delta", "dp_clip", "dp_population", "dp_sampling_ra
 CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "sgd"},
            # local_steps acts in rounds of steps; local_epochs, where it is set (FLowDUP, LD-FedAvg, FedTTA), wins
            "local_steps": {"local_epochs": None},
+           # FedALA's start phase stops on the loss's spread over ala_num_pre_loss epochs, or at ala_max_start_epochs
+           "ala_threshold": {"ala_max_start_epochs": 30},
+           "ala_num_pre_loss": {"ala_max_start_epochs": 30, "ala_threshold": 1.0},
            "backbone_tune": {"backbone": "resnet-micro"}, "backbone_weights": {"backbone": "resnet-micro"}}
 # Keys that choose the client net act on images (digits' 8x8 vectors take only the mlp): their runs read
 # digits as 1x32x32 images.
@@ -205,7 +212,7 @@ def _cases() -> list:
     cases = []
     for name, entry in registry.entries().items():
         for key in entry.keys:
-            if key in INERT or (key in ROUND_KEYS and not entry.algorithm.federated):
+            if key in INERT or key in WRITES or (key in ROUND_KEYS and not entry.algorithm.federated):
                 continue
             default = name == "fedrod" or key in ("server_lr", "server_momentum")
             cases.append(pytest.param(name, key, id=f"{name}-{key}",
@@ -222,7 +229,7 @@ def test_every_key_changes_the_run_or_is_refused(name, key):
 def test_inert_table_holds_keys_that_exist():
     """The table of inert keys stays tiny and names only keys some algorithm takes."""
     every = {k for e in registry.entries().values() for k in e.keys}
-    assert set(INERT) <= every and len(INERT) <= 3
+    assert set(INERT) | set(WRITES) | set(ROUND_KEYS) <= every and len(INERT) <= 3 and len(WRITES) <= 1
     for entry in registry.entries().values():  # a declared inert key is one the config takes
         assert set(entry.algorithm.inert_keys) <= set(entry.keys), entry.name
 
