@@ -64,8 +64,12 @@ def test_every_identity_component_has_a_case():
     assert set(CHANGE) == set(IDENTITY)
 
 
-@pytest.mark.parametrize("where", ["storage", "staging"])
-@pytest.mark.parametrize("component", list(IDENTITY))
+# every component through --storage; through the staging study beside --out one in the default tier, all under slow
+CASES = [pytest.param(c, w, marks=[pytest.mark.slow] if w == "staging" and c != "rounds" else [])
+         for w in ("storage", "staging") for c in IDENTITY]
+
+
+@pytest.mark.parametrize("component, where", CASES)
 def test_a_resume_with_one_component_changed_is_refused_naming_it(cli, made, tmp_path, monkeypatch, component,
                                                                   where):
     """The finished study is resumed (through --storage, or as the staging study beside --out that a Ctrl-C
