@@ -70,8 +70,23 @@ def partition_recipe(art) -> str:
 
 
 def partition_input(part_art) -> dict:
-    """A train artifact's reference to its partition: path, stage, sha256 (withheld under --dp) and recipe."""
-    return {**part_art.input_ref(), "recipe": partition_recipe(part_art)}
+    """A train artifact's reference to its partition: path, stage, sha256 (withheld under --dp), recipe and
+    ``absolute_path`` (where it was; found from any working directory by a model copied away alone)."""
+    return {**part_art.input_ref(), "recipe": partition_recipe(part_art),
+            "absolute_path": str(Path(part_art.path).resolve())}
+
+
+def model_partition_location(model_art, ref: dict) -> Path:
+    """Where the partition a train artifact names is now: beside the model in a moved tree, as typed, or at
+    the absolute path it had (a model copied away from its tree, used from another directory)."""
+    from pfl_cli.readers import input_location
+
+    where = input_location(model_art, ref)
+    if not (where / "manifest.json").is_file() and ref.get("absolute_path"):
+        there = Path(ref["absolute_path"])
+        if (there / "manifest.json").is_file():
+            return there
+    return where
 
 
 def unrotated_x(ds, part, spec: str) -> np.ndarray:
@@ -126,9 +141,7 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
     if trained is None:
         if allow_unchecked:
             return True
-        from pfl_cli.readers import input_location
-
-        where = input_location(model_art, ref)
+        where = model_partition_location(model_art, ref)
         raise ArtifactError(
             f"--partition {partition}: cannot check its {scoring.what} against the samples --model {model} trained "
             f"on: the model records none (a --dp model does not), this partition is not the one it trained on (its "
@@ -151,7 +164,7 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
         raise ArtifactError(
             f"--partition {partition}: {hits} of the {len(chosen)} {scoring.what} of its {clients} clients are "
             f"samples the model trained on (same features and label; --model {model}, trained on the partition "
-            f"{ref['path']}); {stage} takes them for unseen data. Pass the model's own partition, or one whose "
+            f"{model_partition_location(model_art, ref)}); {stage} takes them for unseen data. Pass the model's own partition, or one whose "
             "clients hold none of its training samples.")
     return False
 
@@ -165,9 +178,7 @@ def _recipe_over_other_data(model_art, ref: dict, info: dict) -> bool:
     not, the recipe is all there is (see the module's docstring).
     """
     from pfl_cli.artifacts import read_artifact
-    from pfl_cli.readers import input_location
-
-    where = input_location(model_art, ref)
+    where = model_partition_location(model_art, ref)
     try:
         theirs = read_artifact(where, ["partition"], flag="--model's partition", verify=False)
         their_info = json.loads(theirs.file("dataset.json").read_text())
@@ -184,7 +195,7 @@ def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, d
     from pfl_cli.artifacts import load_partition
     from pfl_cli.data.digest import sample_digests
     from pfl_cli.data.location import locate_dataset
-    from pfl_cli.readers import input_location, read_train_samples
+    from pfl_cli.readers import read_train_samples
 
     if model_art.has("train_samples.npz"):
         sample, digest = read_train_samples(model_art, "--model", num_samples=int(info["num_samples"]))
@@ -193,7 +204,7 @@ def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, d
         return digest
     if own:  # the model's own partition, recognised by its recipe: its train clients' train samples
         return training_record(part, ds, info["spec"])[1]
-    path = input_location(model_art, ref)  # beside the model in a moved tree, from any working directory
+    path = model_partition_location(model_art, ref)  # beside the model in a moved tree, from any directory
     if ref.get("recipe") is None or not (path / "manifest.json").is_file():
         return None
     try:

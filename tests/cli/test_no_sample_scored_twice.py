@@ -193,6 +193,21 @@ def test_training_samples_at_other_indices_are_refused(root, tmp_path, capsys, s
     assert f"{hits} of the {total} " in err
 
 
+def test_a_dp_model_copied_away_alone_still_finds_its_partition(root, tmp_path, capsys, monkeypatch):
+    # Trained with --partition typed relative to the working directory, then the model alone copied to another
+    # depth and used from there: its manifest's typed and relative paths both miss the partition, which has not
+    # moved. Before (review), the overlap was 'unverifiable' ('is gone from part'); now it is checked.
+    monkeypatch.chdir(root)
+    assert main(["train", "--partition", "part", *TRAIN, *DP, "--out", tmp_path / "made" / "dp"]) == 0
+    shutil.copytree(tmp_path / "made" / "dp", tmp_path / "a" / "b" / "dp")
+    monkeypatch.chdir(tmp_path / "a" / "b")
+    hits, total = scored_training_samples("predict", load_partition(root / "part"), load_partition(root / "part-dup"))
+    assert hits > 0
+    out = tmp_path / "out"
+    err = refused(capsys, score("predict", "dp", root / "part-dup", out, ALLOW_FLAG), out)
+    assert f"{hits} of the {total} " in err
+
+
 def test_training_record_is_content_digests(root):
     # Non-DP: 16 bytes of digest a training sample, one per index the partition trained; none under --dp.
     from pfl_cli.data.digest import sample_digests
