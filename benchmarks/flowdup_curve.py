@@ -26,6 +26,7 @@ on the 60 new clients, which the study never read. Every run: the thesis's C.1.2
 B = 50, FLowDUP alpha = 0.9, e = 256, k = d) except ``--rounds`` and a cohort of 10 (CPU).
 
     python benchmarks/flowdup_curve.py                                   # the curve of the doc
+    python benchmarks/flowdup_curve.py --lr 0.3                          # both untuned, at FLowDUP's default lr
     python benchmarks/flowdup_curve.py --labeled 10 --seeds 0 --trials 2 --rounds 50   # a smoke run
 
 It prints one row per (labeled clients, seed) and writes the table (``--json``) and the plot (``--png``).
@@ -42,7 +43,7 @@ import numpy as np
 
 METHODS = ("fedavg", "flowdup")
 P = 0.2  # the review's label prevalence (about 10 labeled of 48 train clients)
-HEADER = "labeled  train  seed  FedAvg tuned  FLowDUP tuned  FLowDUP - FedAvg   (tuned values; study+final CPU s)"
+HEADER = "labeled  train  seed        FedAvg        FLowDUP  FLowDUP - FedAvg   (values: tuned, or --lr; CPU s)"
 COMMON = dict(local_epochs=1, batch_size=50, clients_per_round=10, evaluate_hidden_labels=True, val_fraction=0.0)
 
 
@@ -90,6 +91,18 @@ def permuted_digits(seed: int, labeled: int, *, p: float = P, styles: int = 4, s
     return np.ascontiguousarray(x, dtype=np.float32), y.astype(np.int64), part, style
 
 
+def untuned_accuracy(method: str, x, y, part, seed: int, *, lr: float, rounds: int) -> dict:
+    """``method`` at local lr ``lr`` and its other keys' defaults (FLowDUP: lambda 1e-3), scored on the new clients."""
+    from pfl_cli import registry
+    from pfl_cli.fl import train_federated
+
+    start = time.process_time()
+    cfg = registry.train_config(method, **COMMON, rounds=rounds, seed=seed, eval_every=rounds, lr=lr)
+    run = train_federated(x, y, 10, part, cfg, device="cpu")
+    return {"accuracy": 100 * run.outcome.best.summaries()["holdout"]["mean_accuracy"], "values": {"lr": lr},
+            "cpu_s": time.process_time() - start}
+
+
 def tuned_accuracy(method: str, x, y, part, seed: int, *, trials: int, rounds: int) -> dict:
     """``method`` tuned by pflx tune's study on ``part``'s train clients, retrained, scored on the new clients."""
     import optuna
@@ -125,6 +138,7 @@ def tuned_accuracy(method: str, x, y, part, seed: int, *, trials: int, rounds: i
 
 
 def plot(rows: list[dict], path: str) -> None:
+    """FLowDUP - FedAvg per draw and the mean of the seeds against the labeled train clients (log axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,7 +156,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set_xlabel("labeled train clients (p = 0.2 of the train clients)")
     ax.set_ylabel("FLowDUP - FedAvg (points, new clients)")
-    ax.set_title("Permuted digits, both tuned by pflx tune")
+    ax.set_title(f"Permuted digits, {rows[0].get('mode', 'both tuned by pflx tune')}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -154,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1", help="seeds of the draws, comma-separated")
     ap.add_argument("--trials", type=int, default=5, help="study trials per method and draw")
     ap.add_argument("--rounds", type=int, default=150, help="rounds of every trial and final run")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="instead of tuning: both methods at this local lr, their other keys at their defaults")
     ap.add_argument("--json", default="", help="write the rows here")
     ap.add_argument("--png", default="", help="write the plot here")
     ap.add_argument("--merge", nargs="+", default=(), metavar="JSON",
@@ -168,8 +184,12 @@ def main(argv=None) -> int:
     for labeled in (int(v) for v in args.labeled.split(",")):
         for seed in (int(v) for v in args.seeds.split(",")):
             x, y, part, _ = permuted_digits(seed, labeled)
-            res = {m: tuned_accuracy(m, x, y, part, seed, trials=args.trials, rounds=args.rounds) for m in METHODS}
+            if args.lr is None:
+                res = {m: tuned_accuracy(m, x, y, part, seed, trials=args.trials, rounds=args.rounds) for m in METHODS}
+            else:
+                res = {m: untuned_accuracy(m, x, y, part, seed, lr=args.lr, rounds=args.rounds) for m in METHODS}
             row = {"labeled": labeled, "train": int(np.sum(part.role == 0)), "seed": seed,
+                   "mode": f"both tuned by pflx tune, {args.trials} trials" if args.lr is None else f"both at lr {args.lr:g}",
                    **{m: round(res[m]["accuracy"], 2) for m in METHODS},
                    "detail": {m: {k: v for k, v in res[m].items() if k != "accuracy"} for m in METHODS}}
             rows.append(row)

@@ -65,6 +65,10 @@ def split_halves(mask, gen):
 
 T = "thesis ch. 5"
 PAPER_SUBSPACE_DIM = 10_000  # thesis C.1.2
+# The fewest labeled train clients from which FLowDUP was measured ahead of FedAvg on unlabeled new clients in both
+# seeds, at equal settings (permuted digits, 10 / 30 / 100 / 300 labeled at p = 0.2: -2.9 / -0.6 at 10, +3.5 / -0.1
+# at 30, +2.5 / +4.0 at 100; benchmarks/flowdup_curve.py --lr 0.3; docs/algorithms/flowdup.md, "Where FLowDUP helps").
+MEASURED_AHEAD_FROM = 100
 
 
 @dataclass(frozen=True)
@@ -280,6 +284,20 @@ class FLowDUP(LDFedAvg):
     @property
     def regularizer_weight(self) -> float:
         return self.cfg.lambda_reg
+
+    @staticmethod
+    def partition_notice(part) -> Optional[str]:
+        """One line for train and tune when ``part`` has fewer labeled train clients than FLowDUP was measured to
+        need to beat FedAvg (``MEASURED_AHEAD_FROM``), else None. Its hypernetwork learns the map from a client's
+        unlabeled data to its model from the labeled clients alone (eq. 5.5: L is 0 on the others)."""
+        train = np.asarray(part.role) == 0
+        labeled = train if part.labeled is None else train & (np.asarray(part.labeled) > 0)
+        n = int(labeled.sum())
+        if n >= MEASURED_AHEAD_FROM:
+            return None
+        return (f"flowdup: this partition has {n} labeled train client{'s' if n != 1 else ''}; FLowDUP was measured "
+                f"ahead of FedAvg on unlabeled new clients from {MEASURED_AHEAD_FROM} on (docs/algorithms/flowdup.md, "
+                "\"Where FLowDUP helps\"): compare with `pflx tune --algorithm fedavg` on this partition.")
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
