@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +89,17 @@ def test_pflx_data_skips_a_wrong_file_of_the_same_name(tmp_path):
     np.testing.assert_array_equal(ds.x, np.load(tmp_path / "b" / "g.npz")["x"])
     with pytest.raises(DatasetError, match=r"a[/\\]g\.npz \(PFLX_DATA"):
         locate_dataset(info, tmp_path / "proj" / "part", env={"PFLX_DATA": str(tmp_path / "a")})
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_quickstart_makefile_runs_under_make_C(tmp_path):
+    """``make -C recipes ROOT=...`` (the form recipes/compare/Makefile documents) resolves the recipes beside
+    the Makefile. Before: "No rule to make target 'recipes/quickstart/digits-partition.yaml'" (the recipes were
+    named from the repository root). ``make -n`` prints the commands and runs none."""
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run(["make", "-n", "-C", str(repo / "recipes"), f"ROOT={tmp_path}", "PFLX=pflx"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    configs = re.findall(r"--config (\S+)", run.stdout)
+    assert len(configs) == 4, run.stdout
+    assert all((repo / "recipes" / c).is_file() for c in configs), configs
