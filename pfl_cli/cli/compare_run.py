@@ -68,6 +68,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter) -> list[Path]:
     from pfl_cli.cli.common import stage_config, train_stage_config
     from pfl_cli.cli.options import Format
     from pfl_cli.cli.predict_run import run_predict
+    from pfl_cli.cli.privacy_account import study_prior
     from pfl_cli.cli.train_run import run_train
     from pfl_cli.config import load_config_file
     from pfl_cli.fl.config import PredictConfig
@@ -84,15 +85,16 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter) -> list[Path]:
                               f"it under algorithms.{named}, or a config of {alg.name!r}.")
         for seed in spec.seeds:
             sets = [f"{k}={json.dumps(v)}" for k, v in alg.sets] + [f"seed={seed}"]
-            configs.append((alg.name, seed, train_stage_config(config_file=alg.config, flags={"algorithm": alg.name},
-                                                               sets=sets)))
+            cfg = train_stage_config(config_file=alg.config, flags={"algorithm": alg.name}, sets=sets)
+            # a private study's best.yaml on this partition: its ledger composes into each run's privacy.json
+            configs.append((alg.name, seed, cfg, study_prior(alg.config, spec.partition, cfg)))
     predict_cfg = stage_config(PredictConfig, "predict", config_file=None,
                                flags={"clients": "holdout", "predictions": False}, sets=None)
     paths = []
-    for i, (name, seed, cfg) in enumerate(configs, start=1):
+    for i, (name, seed, cfg, study) in enumerate(configs, start=1):
         run = root / name / f"s{seed}"
         report.note(f"compare --spec: train {name} seed {seed} -> {run} ({i}/{len(configs)})")
-        run_train(cfg, partition=spec.partition, out=run, resume=False, force=force, report=quiet)
+        run_train(cfg, partition=spec.partition, out=run, resume=False, force=force, report=quiet, study=study)
         paths.append(run)
         if spec.new_clients:
             new = run.with_name(f"s{seed}-new")

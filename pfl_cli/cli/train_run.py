@@ -314,7 +314,8 @@ def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) ->
                 "sampling rate", "accountant"):
         table.add_column(col, justify="right")
     table.add_row(dp["unit"], f"{dp['epsilon']:g}", *([f"{dp['epsilon_total']:.4g}"] if total else []),
-                  f"{dp['delta']:g}", f"{dp['clip']:g}", f"{dp['noise_multiplier']:.4g}", f"{dp.get('sampling_rate', float('nan')):.4g}", dp["accountant"])
+                  f"{dp['delta']:g}", f"{dp['clip']:g}", f"{dp['noise_multiplier']:.4g}",
+                  f"{dp.get('sampling_rate', float('nan')):.4g}", dp["accountant"])
     data = {"out": str(out), "up_to_date": False, "dp": dp,
             **{k: m[k] for k in ("algorithm", "rounds", "selection", "device")}}
     from pfl_cli.privacy.randomness import stamp

@@ -123,12 +123,15 @@ def _draw(params, rng) -> dict:
     return out
 
 
+WITH_PRIOR = " with the one that chose --config"
+
+
 def _print(report: Reporter, out: Path, m: dict) -> None:
     from rich.table import Table
 
     dp = m["dp"]
     table = Table(title=f"tune --dp -> {out}: {m['algorithm']}, released best of a private study", title_justify="left",
-                  caption=f"whole study{' with the one that chose --config' if dp.get('composes_config_study') else ''}: "
+                  caption=f"whole study{WITH_PRIOR if dp.get('composes_config_study') else ''}: "
                           f"epsilon {dp['epsilon']:.4g} at delta {dp['delta']:g} ({dp['unit']}-level; "
                           f"each trial {dp['trial_epsilon']:g}); the score is a noisy release, standard error "
                           f"about {100 * dp['score_standard_error']:.1f} points", caption_justify="left")

@@ -146,7 +146,8 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
             f"--partition {partition}: cannot check its {scoring.what} against the samples --model {model} trained "
             f"on: the model records none (a --dp model does not), this partition is not the one it trained on (its "
             f"options, seed or pflx version differ), and that one "
-            f"{'was replaced at' if where.exists() else 'is gone from'} {where}. Pass the model's own partition, restore it at {where}, "
+            f"{'was replaced at' if where.exists() else 'is gone from'} {where}. Pass the model's own partition, "
+            f"restore it at {where}, "
             f"or pass {ALLOW_FLAG} to score this one anyway (recorded as overlap_unchecked).")
     if not len(trained):
         return False
@@ -164,7 +165,8 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
         raise ArtifactError(
             f"--partition {partition}: {hits} of the {len(chosen)} {scoring.what} of its {clients} clients are "
             f"samples the model trained on (same features and label; --model {model}, trained on the partition "
-            f"{model_partition_location(model_art, ref)}); {stage} takes them for unseen data. Pass the model's own partition, or one whose "
+            f"{model_partition_location(model_art, ref)}); {stage} takes them for unseen data. Pass the model's own "
+            "partition, or one whose "
             "clients hold none of its training samples.")
     return False
 

@@ -166,3 +166,17 @@ def test_a_private_study_started_from_anothers_release_composes_it(study, cli):
     assert second["events"][:len(first["events"])] == first["events"] and len(second["events"]) > len(first["events"])
     assert second["epsilon"] > first["epsilon"]
     assert json.loads((study / "second" / "metrics.json").read_text())["dp"]["epsilon"] == second["epsilon"]
+
+
+def test_compare_spec_with_the_released_config_composes_the_studys_ledger(study, cli):
+    # compare --spec trains each algorithm's config as `train --config` does. Before (review of issue 39, item 9),
+    # it did not compose: the run's privacy.json said 2.0 where `train --config` says 10.1.
+    spec = study / "spec.yaml"
+    best = study / "study" / "best.yaml"
+    spec.write_text(f"partition: {study / 'part'}\nseeds: [0]\nnew_clients: false\nruns: {study / 'cmp-runs'}\n"
+                    f"algorithms:\n  fedavg: {{config: {best}, set: {{write_nonprivate: true}}}}\n")
+    run = cli("compare", "--spec", spec, "--nonprivate", "--out", study / "cmp")
+    assert run.code == 0, run.err
+    study_events = json.loads((study / "study" / "privacy.json").read_text())["events"]
+    events = json.loads((study / "cmp-runs" / "fedavg" / "s0" / "privacy.json").read_text())["events"]
+    assert events[:len(study_events)] == study_events and len(events) > len(study_events)
