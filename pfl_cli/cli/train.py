@@ -113,7 +113,7 @@ def train(
 
     Examples: pflx train --partition runs/part --algorithm pefll --out runs/pefll ;
     pflx train --partition runs/part --algorithm fedavg --rounds 500 --finetune-steps 10 --out runs/fedavg ;
-    pflx train --partition runs/part --out runs/pefll --resume ;
+    pflx train --partition runs/part --algorithm pefll --out runs/pefll --resume (the same command plus --resume) ;
     pflx train --partition runs/part --algorithm fedavg --dp eps=4,clip=1,population=1000 --set normalize=false --out runs/dp
     """
     from pfl_cli.cli.train_run import run_train
