@@ -47,7 +47,9 @@ WRITES = {"write_nonprivate": "adds the nonprivate* files of a DP run "
 # The round keys of an algorithm without rounds (``federated = False``: Local) change nothing it trains. They are
 # accepted, not refused: a recipe's shared train section holds them for every algorithm it runs, Local included
 # (recipes/hyperfl/lpm-digits-smoke.yaml with --set algorithm=local).
-ROUND_KEYS = ("rounds", "clients_per_round", "eval_every", "checkpoint_every")
+# Without rounds label_mask selects no round either: it only picks the headline metrics.json reports
+# (tests/cli/test_headline_unmasked.py checks that).
+ROUND_KEYS = ("rounds", "clients_per_round", "eval_every", "checkpoint_every", "label_mask")
 # A key whose effect shows only beside another key: the companion settings of its run and of the base run it is
 # compared with. DP: what every DP variant asks besides (public inputs only, e.g. PeFLL's fixed descriptor size).
 DP = {"dp_epsilon": 8.0, "dp_clip": 1.0, "dp_population": 40, "dp_noise": "seeded", "normalize": False,
@@ -64,6 +66,9 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
 # Keys that choose the client net act on images (digits' 8x8 vectors take only the mlp): their runs read
 # digits as 1x32x32 images.
 IMAGES = ("model_arch", "backbone", "backbone_tune", "backbone_weights")
+# ... with a small client lr: FedTTA's LeNet on them reaches NaN in 2 rounds at its defaults (noted in issue 39's
+# report), and a key's effect shows at any lr.
+IMAGE_SETTINGS = {"lr": 1e-4}
 # An algorithm that runs only on a pre-trained backbone (HyperFL-LPM): every run of it takes one, on images.
 NEEDS_BACKBONE = {"backbone": "resnet-micro"}
 # Values to try where the key's type cannot give one (strings without declared choices).
@@ -173,6 +178,8 @@ def check_key(name: str, key: str) -> str:
         context = {**NEEDS_BACKBONE, **context}
     context = {k: v for k, v in context.items() if k in entry.keys}
     images = key in IMAGES or _needs_backbone(name)
+    if images:
+        context = {**{k: v for k, v in IMAGE_SETTINGS.items() if k != key}, **context}
     try:
         reference = _base(name, images, tuple(sorted(context.items())))
     except PflxError:
