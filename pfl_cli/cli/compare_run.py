@@ -36,7 +36,7 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
 
         parsed = load_spec(spec)
         config["spec"] = parsed.to_dict()
-        runs = [*run_spec(parsed, out=out, force=force, report=report), *runs]
+        runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate), *runs]
     groups = read_runs(runs, nonprivate=nonprivate)
     table = compare(groups, level=level)
     inputs = list({g.input_ref["sha256"]: dict(g.input_ref) for g in groups}.values())
@@ -59,7 +59,7 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
     _print(report, out, table, prefix)
 
 
-def run_spec(spec, *, out: Path, force: bool, report: Reporter) -> list[Path]:
+def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool = False) -> list[Path]:
     """Train every algorithm of ``spec`` with every seed (and predict its new clients), as `pflx train` and
     `pflx predict --clients holdout --no-predictions` would; a run already there with the same config and
     inputs is kept (nothing to do). Returns the artifact paths, train then predict, per algorithm and seed."""
@@ -88,6 +88,13 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter) -> list[Path]:
             cfg = train_stage_config(config_file=alg.config, flags={"algorithm": alg.name}, sets=sets)
             # a private study's best.yaml on this partition: its ledger composes into each run's privacy.json
             configs.append((alg.name, seed, cfg, study_prior(alg.config, spec.partition, cfg)))
+    for name, _seed, cfg, _study in configs:  # a --dp run releases no accuracy: refused before any training
+        if cfg.dp_epsilon is not None and not (nonprivate and cfg.write_nonprivate):
+            from pfl_cli.errors import ConfigError
+
+            raise ConfigError(f"--spec: algorithms.{name} trains with --dp (its config sets dp_epsilon), and a --dp "
+                              "run releases no accuracy to compare; pass --nonprivate and set write_nonprivate: true "
+                              f"under algorithms.{name}.set to compare its diagnostics, or drop it from the spec.")
     predict_cfg = stage_config(PredictConfig, "predict", config_file=None,
                                flags={"clients": "holdout", "predictions": False}, sets=None)
     paths = []

@@ -180,3 +180,14 @@ def test_compare_spec_with_the_released_config_composes_the_studys_ledger(study,
     study_events = json.loads((study / "study" / "privacy.json").read_text())["events"]
     events = json.loads((study / "cmp-runs" / "fedavg" / "s0" / "privacy.json").read_text())["events"]
     assert events[:len(study_events)] == study_events and len(events) > len(study_events)
+
+
+def test_compare_spec_with_a_dp_config_and_no_nonprivate_is_refused_before_training(study, cli):
+    # Before (review): every run was trained, written under runs:, and then the comparison refused them (exit 2).
+    spec = study / "spec-refused.yaml"
+    spec.write_text(f"partition: {study / 'part'}\nseeds: [0]\nnew_clients: false\nruns: {study / 'refused-runs'}\n"
+                    f"algorithms:\n  fedavg: {study / 'study' / 'best.yaml'}\n")
+    run = cli("compare", "--spec", spec, "--out", study / "refused-cmp")
+    assert run.code == 2 and len(run.err.strip().splitlines()) == 1, run.err
+    assert "algorithms.fedavg trains with --dp" in run.err
+    assert not (study / "refused-runs").exists() and not (study / "refused-cmp").exists()
