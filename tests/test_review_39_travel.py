@@ -103,3 +103,31 @@ def test_quickstart_makefile_runs_under_make_C(tmp_path):
     configs = re.findall(r"--config (\S+)", run.stdout)
     assert len(configs) == 4, run.stdout
     assert all((repo / "recipes" / c).is_file() for c in configs), configs
+
+
+def test_an_artifact_in_a_linked_runs_dir_finds_its_inputs_after_a_move(tmp_path, monkeypatch, capsys):
+    """``proj/runs -> /scratch/runs``; the partition in ``proj/part``, the model in ``proj/runs/model`` (its
+    recorded relative path ``../../part``). After ``proj`` moves, ``pflx show`` from another directory finds
+    the partition in the moved tree (:func:`pfl_cli.readers.input_location`). Before the fix the kernel went up
+    from /scratch/runs/model and show said "missing"."""
+    from pfl_cli.readers import input_location, read_artifact
+
+    (tmp_path / "scratch" / "runs").mkdir(parents=True)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "runs").symlink_to(tmp_path / "scratch" / "runs")
+    monkeypatch.chdir(tmp_path / "proj")
+    assert main(["partition", "--num-clients", "4", "--out", "part", "--format", "quiet"]) == 0
+    assert main(["train", "--partition", "part", "--algorithm", "fedavg", "--rounds", "1", "--local-steps", "1",
+                 "--set", "mlp_hidden=[8]", "--device", "cpu", "--out", "runs/model", "--format", "quiet"]) == 0
+    shutil.move(str(tmp_path / "proj"), str(tmp_path / "proj2"))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    model = read_artifact(tmp_path / "proj2" / "runs" / "model", "train")
+    ref = next(i for i in model.manifest["inputs"] if i["stage"] == "partition")
+    assert ref["relative_path"] == os.path.join("..", "..", "part")
+    assert os.path.samefile(input_location(model, ref), tmp_path / "proj2" / "part")
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "proj2" / "runs" / "model"), "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    status = {i["stage"]: i.get("status") for i in shown["inputs"]}
+    assert status["partition"] == "ok", shown["inputs"]

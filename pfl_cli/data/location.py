@@ -122,9 +122,11 @@ def _candidates(source: Mapping[str, Any], artifact_dir: Path, env: Mapping[str,
     if source.get("relative_path"):
         # folded by the letters, as it was recorded (os.path.relpath): through a linked directory
         # (``runs -> /scratch/runs``) ``runs/part/../../data`` is the tree's ``data``, not /scratch's
-        found.append((Path(os.path.normpath(os.path.join(os.path.abspath(artifact_dir),
-                                                         str(source["relative_path"])))),
+        rel = str(source["relative_path"])
+        found.append((Path(os.path.normpath(os.path.join(os.path.abspath(artifact_dir), rel))),
                       "relative to the partition"))
+        if ".." in Path(rel).parts:  # then as the kernel reads it
+            found.append((artifact_dir / rel, "relative to the partition"))
     for root in (r for r in env.get(ENV, "").split(os.pathsep) if r.strip()):
         found.append((Path(root) / stored.name, ENV))
     return found

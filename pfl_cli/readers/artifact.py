@@ -95,7 +95,14 @@ def input_location(art: Artifact, ref: Mapping[str, Any]) -> Path:
     caller to report missing.
     """
     typed = Path(str(ref["path"]))
-    candidates = [art.path / str(ref["relative_path"])] if ref.get("relative_path") else []
+    candidates = []
+    if ref.get("relative_path"):
+        # folded by the letters, as recorded (os.path.relpath of two abspaths): from an artifact in a linked
+        # directory (runs -> /scratch/runs) ``runs/model/../../part`` is the tree's ``part``, where the kernel
+        # would go up from /scratch/runs; the path as the kernel reads it comes second
+        rel = str(ref["relative_path"])
+        folded, read = Path(os.path.normpath(os.path.join(os.path.abspath(art.path), rel))), art.path / rel
+        candidates = [read] if _same_dir(folded, read) else [folded, read]  # the shorter form where both agree
     for where in [*candidates, typed]:
         if not (where / MANIFEST).is_file():
             continue
@@ -107,6 +114,13 @@ def input_location(art: Artifact, ref: Mapping[str, Any]) -> Path:
         except ArtifactError:
             continue
     return typed
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _writer_of(out: Path) -> str | None:
