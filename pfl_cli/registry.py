@@ -68,7 +68,9 @@ class Entry:
 
     @property
     def keys(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self.config)]
+        """The keys it takes: its config's fields but those it declares without effect (``inert_keys``, refused)."""
+        inert = getattr(self.algorithm, "inert_keys", {}) or {}
+        return [f.name for f in dataclasses.fields(self.config) if f.name not in inert]
 
 
 _ENTRIES: dict[str, Entry] | None = None
@@ -158,18 +160,22 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
     if "algorithm" in own:
         raise ConfigError(f"{labels[0]}section {name}: sets algorithm; the section of an algorithm holds its own "
                           "keys, the algorithm is named in the train section, by --algorithm or --set.")
+    inert = entry.algorithm.inert_keys
+    if sections or file_values.get("algorithm", name) != name:
+        # a recipe shared by algorithms: its shared keys go to each algorithm where they act, as they go only
+        # where taken (Per-FedAvg takes no momentum from a section that sets it for FedAvg and PeFLL)
+        file_values = {k: v for k, v in file_values.items() if str(k).strip().replace("-", "_") not in inert}
     file_values = {**file_values, **own}
     layers = ((labels[0], file_values),) + layers[1:]
     taken = set(entry.keys)
-    inert = entry.algorithm.inert_keys
     asked = []  # keys the algorithm declares inert, given in a layer: refused whatever their value
     for where, layer in layers:
         for k in layer:
             k = str(k).strip().replace("-", "_")
-            if k not in taken and k not in ignore:
-                raise unknown_key(k, entry, where)
             if k in inert:
                 asked.append((k, where))
+            elif k not in taken and k not in ignore:
+                raise unknown_key(k, entry, where)
     cfg = resolve_config(entry.config, file_values=file_values, flag_values=flag_values, overrides=overrides,
                          ignore=ignore)  # a value of the wrong type is refused first, as for any key
     if asked:

@@ -71,7 +71,8 @@ def summary_row(entry) -> dict[str, str]:
 def key_rows(entry) -> list[dict[str, Any]]:
     """One row per key: name, default, meaning, and where the default comes from ("pflx" when no paper says)."""
     return [{"key": f.name, "default": _plain(f.default), "doc": f.metadata.get("doc", ""),
-             "source": f.metadata.get("source") or "pflx"} for f in dataclasses.fields(entry.config)]
+             "source": f.metadata.get("source") or "pflx"} for f in dataclasses.fields(entry.config)
+            if f.name in entry.keys]  # not the keys it refuses as without effect (Algorithm.inert_keys)
 
 
 def _plain(value):

@@ -158,8 +158,9 @@ def check_keys(cfg) -> None:
 # Keys that act only in some settings: key -> (whether ``cfg`` is one, when the key has no effect). A value other
 # than the default elsewhere changes nothing, and is refused (check_inert). write_nonprivate's own refusal is in pfl_cli.fl.api.
 DP_ONLY = ("dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accountant", "dp_noise")
-NEEDS: dict[str, tuple] = {k: (lambda cfg: cfg.dp_epsilon is not None, "without --dp eps=E (no DP mechanism runs)")
-                           for k in DP_ONLY}
+# (an algorithm with a DP variant keeps them without --dp: a recipe holds them for the command that adds --dp eps=E)
+NEEDS: dict[str, tuple] = {k: (lambda cfg: cfg.dp_epsilon is not None or cfg.algorithm_class.dp_unit is not None,
+                               "on an algorithm without a DP variant (--dp is refused there)") for k in DP_ONLY}
 NEEDS.update({k: (lambda cfg: bool(cfg.backbone), "without --set backbone=NAME (the client net is model_arch's)")
               for k in ("backbone_weights", "backbone_tune")})
 NEEDS["checkpoint_every"] = (lambda cfg: cfg.dp_epsilon is None, "under --dp (a DP run checkpoints every round, so "
@@ -180,10 +181,10 @@ def check_inert(cfg) -> None:
     (``Algorithm.inert_keys``), or a key whose companion (:data:`NEEDS`) is not set.
 
     >>> from pfl_cli.registry import train_config
-    >>> train_config("fedavg", dp_delta=1e-5)
+    >>> train_config("fedrep", dp_delta=1e-5)
     Traceback (most recent call last):
     ...
-    pfl_cli.errors.ConfigError: dp_delta has no effect without --dp eps=E (no DP mechanism runs); got 1e-05. Drop it.
+    pfl_cli.errors.ConfigError: dp_delta has no effect on an algorithm without a DP variant (--dp is refused there); got 1e-05. Drop it.
     """
     from pfl_cli.errors import ConfigError
 
