@@ -131,3 +131,27 @@ def test_an_artifact_in_a_linked_runs_dir_finds_its_inputs_after_a_move(tmp_path
     shown = json.loads(capsys.readouterr().out)
     status = {i["stage"]: i.get("status") for i in shown["inputs"]}
     assert status["partition"] == "ok", shown["inputs"]
+
+
+def test_a_dp_model_copied_away_alone_finds_its_partition_not_a_namesake(tmp_path, monkeypatch, capsys):
+    """A --dp model withholds its partition's hash. Copied alone elsewhere and shown from a directory holding
+    an unrelated artifact named like the partition was typed (``part``, here a train artifact), show must find
+    the partition where it was (the recorded ``absolute_path``), not take the namesake of another stage.
+    Before the fix: "unreadable: input part: expected a 'partition' artifact, found stage 'train'"."""
+    (tmp_path / "made").mkdir()
+    monkeypatch.chdir(tmp_path / "made")
+    small = ["--rounds", "1", "--local-steps", "1", "--set", "mlp_hidden=[8]", "--device", "cpu", "--format", "quiet"]
+    assert main(["partition", "--num-clients", "4", "--out", "part", "--format", "quiet"]) == 0
+    assert main(["train", "--partition", "part", "--algorithm", "fedavg", *small, "--set", "normalize=false",
+                 "--dp", "eps=4,clip=1,population=100,noise=seeded", "--out", "model-dp"]) == 0
+    assert main(["train", "--partition", "part", "--algorithm", "fedavg", *small, "--out", "model"]) == 0
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "cwd").mkdir()
+    shutil.copytree(tmp_path / "made" / "model-dp", tmp_path / "alone" / "model-dp")
+    shutil.copytree(tmp_path / "made" / "model", tmp_path / "cwd" / "part")  # a namesake of another stage
+    monkeypatch.chdir(tmp_path / "cwd")
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "alone" / "model-dp"), "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    status = {i["stage"]: str(i.get("status")) for i in shown["inputs"]}
+    assert status["partition"].startswith("ok"), shown["inputs"]

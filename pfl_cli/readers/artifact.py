@@ -88,8 +88,9 @@ def input_location(art: Artifact, ref: Mapping[str, Any]) -> Path:
     """Where the input artifact that ``art``'s manifest names in ``ref`` is now.
 
     Tried in order: the path relative to ``art`` (recorded since inputs carry ``relative_path``:
-    it holds in a tree of artifacts moved or copied together, from any working directory), then
-    the path as it was typed (relative to the directory ``art`` was made in). A candidate counts
+    it holds in a tree of artifacts moved or copied together, from any working directory), the
+    absolute path it had where recorded (``absolute_path``), then the path as it was typed (from
+    the working directory). A candidate counts
     when it is an artifact of the recorded stage whose content hash is the recorded sha256 (any
     such artifact when the hash is withheld under --dp). None found: the typed path, for the
     caller to report missing.
@@ -103,16 +104,17 @@ def input_location(art: Artifact, ref: Mapping[str, Any]) -> Path:
         rel = str(ref["relative_path"])
         folded, read = Path(os.path.normpath(os.path.join(os.path.abspath(art.path), rel))), art.path / rel
         candidates = [read] if _same_dir(folded, read) else [folded, read]  # the shorter form where both agree
+    if ref.get("absolute_path"):  # where it was (a --dp train's partition: a model copied away alone)
+        candidates.append(Path(str(ref["absolute_path"])))
     for where in [*candidates, typed]:
         if not (where / MANIFEST).is_file():
             continue
-        if ref.get("sha256") is None:
-            return where
-        try:
-            if read_artifact(where, str(ref["stage"]), verify=False).content_hash == ref["sha256"]:
-                return where
+        try:  # of the recorded stage (under --dp, where the hash is withheld, that is all there is to check)
+            found = read_artifact(where, str(ref["stage"]), verify=False)
         except ArtifactError:
             continue
+        if ref.get("sha256") is None or found.content_hash == ref["sha256"]:
+            return where
     return typed
 
 
