@@ -346,6 +346,7 @@ def _write_artifact(writer, study, plan: Plan, o: TuneOptions, *, out: Path, sta
                     plot: bool, storage: str | None) -> None:
     import yaml
 
+    from pfl_cli.cli import interrupt
     from pfl_cli.config import config_to_dict
     from pfl_cli.tune.space import describe
     from pfl_cli.tune.study import best_trial, best_values, state_counts, trial_rows
@@ -376,6 +377,9 @@ def _write_artifact(writer, study, plan: Plan, o: TuneOptions, *, out: Path, sta
         "storage": "study.db" if storage is None else _redacted(storage),
     }
     with writer:
+        # from the swap on, --out holds the whole artifact: a Ctrl-C in the cleanup or the summary says so
+        writer.after_swap(lambda: interrupt.kept(f"interrupted after {out} was written; it is complete (the same "
+                                                 "command again finds it up to date)."))
         writer.save_text("best.yaml", _best_yaml(config_to_dict(best_cfg), plan, best))
         writer.save_csv("trials.csv", header, rows)
         writer.save_json("metrics.json", metrics)

@@ -128,15 +128,40 @@ def study_identity(cfg, params: Sequence, objective: Mapping[str, str], *, valid
 
     from pfl_cli import __version__
     from pfl_cli.config import config_to_dict
-    from pfl_cli.tune.space import describe
 
     searched = {p.key for p in params}
     base = {k: v for k, v in config_to_dict(cfg).items() if k not in _NOT_IDENTITY and k not in searched}
-    ident = {"algorithm": cfg.algorithm, "config": base, "space": describe(params), "rounds": int(cfg.rounds),
+    ident = {"algorithm": cfg.algorithm, "config": base, "space": canonical_space(params), "rounds": int(cfg.rounds),
              "objective": f"{objective['group']}:{objective['metric']}", "validation": dict(validation),
              "partition": partition, "version": __version__}
     assert set(ident) == set(IDENTITY)
     return json.loads(json.dumps(ident))  # as the storage gives it back (tuples as lists)
+
+
+def canonical_space(params: Sequence) -> dict[str, str]:
+    """The space as the study draws and stores it, one text per key: two spellings of one space are one text.
+
+    A numeric choice is stored by its rank among its values (``Param.ordered``), so its values are listed sorted
+    and typed (``choice:0,0.5`` and ``choice:0.5,0.0`` of a float key are ``choice:0,0.5``); any other choice is
+    stored by its label, in the order given (Optuna's categorical distribution), so it stays as typed. A bound
+    is the shortest text that reads back as the same float (``%g``, or all its digits where ``%g`` loses some:
+    0.1000001 is not 0.1)."""
+    def show(v) -> str:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        short = f"{float(v):g}"
+        return short if float(short) == float(v) else repr(float(v))
+
+    out = {}
+    for p in params:
+        if p.ordered:
+            out[p.key] = "choice:" + ",".join(show(v) for v in sorted(p.choices))
+        elif p.kind == "choice":
+            out[p.key] = p.spec()
+        else:
+            bound = (lambda v: str(int(v))) if p.kind == "int" else show
+            out[p.key] = f"{p.kind}:{bound(p.low)}:{bound(p.high)}"
+    return out
 
 
 def identity_digest(identity: Mapping[str, Any]) -> str:
@@ -195,6 +220,11 @@ def open_study(storage, name: str, *, sampler, pruner, meta: Mapping[str, Any], 
             on_replaced(f"--force: deleted the study {name!r} ({n} trials; it differed in "
                         f"{', '.join(d.split(' (')[0].split(':')[0] for d in differ)}) and started a fresh one.")
         return open_study(storage, name, sampler=sampler, pruner=pruner, meta=meta)
+    if not any(key in have for key in IDENTITY):  # giving settings again cannot make such a study resumable
+        raise InputError(f"--storage / --out: the existing study {name!r} ({len(study.trials)} trials) was made by "
+                         "an earlier pflx, which did not record its settings, so pflx cannot tell whether its trials "
+                         "are of this search; give another --study-name or --out, or --force to delete that study "
+                         "and start a fresh one.")
     raise refusal(name, differ)
 
 
