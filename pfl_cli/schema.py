@@ -23,6 +23,7 @@ A field added to a stage dataclass is typed by its annotation without any edit h
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import re
@@ -98,7 +99,9 @@ def coerce_field(cls: type, name: str, value: Any) -> Any:
     parsed = _parse(name, field_types(cls)[name], value, nonfinite)
     allowed = _choices(cls, name)
     if allowed is not None and parsed is not None and parsed not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(map(str, allowed))}; got {show(value)}.")
+        near = difflib.get_close_matches(str(parsed), [str(a) for a in allowed], n=1)
+        tip = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{name} must be one of {', '.join(map(str, allowed))}; got {show(value)}{tip}.")
     if name == "seed" and parsed is not None and parsed < 0:
         raise ConfigError(f"seed must be an integer >= 0; got {show(value)}.")
     return parsed

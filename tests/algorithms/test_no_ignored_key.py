@@ -62,7 +62,10 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            # FedALA's start phase stops on the loss's spread over ala_num_pre_loss epochs, or at ala_max_start_epochs
            "ala_threshold": {"ala_max_start_epochs": 30},
            "ala_num_pre_loss": {"ala_max_start_epochs": 30, "ala_threshold": 1.0},
-           "backbone_tune": {"backbone": "resnet-micro"}, "backbone_weights": {"backbone": "resnet-micro"}}
+           "backbone_tune": {"backbone": "resnet-micro"}, "backbone_weights": {"backbone": "resnet-micro"},
+           # FedExP's eps acts where its step extrapolates (eta_g > 1): clients whose updates disagree, which the
+           # tiny run's two clients do at a large client lr (at the base lr eta_g = 1 whatever eps)
+           "eps": {"lr": 0.5}}
 # Keys that choose the client net act on images (digits' 8x8 vectors take only the mlp): their runs read
 # digits as 1x32x32 images.
 IMAGES = ("model_arch", "backbone", "backbone_tune", "backbone_weights")
