@@ -155,3 +155,30 @@ def test_a_dp_model_copied_away_alone_finds_its_partition_not_a_namesake(tmp_pat
     shown = json.loads(capsys.readouterr().out)
     status = {i["stage"]: str(i.get("status")) for i in shown["inputs"]}
     assert status["partition"].startswith("ok"), shown["inputs"]
+
+
+def test_a_dp_study_in_a_linked_runs_dir_composes_with_the_training_it_chose(tmp_path, monkeypatch, capsys):
+    """``tune --dp`` writes its study to ``runs/study`` with ``runs -> /scratch/runs``; ``train --dp --config
+    runs/study/best.yaml --partition part`` on the study's own partition must compose the study's ledger
+    (docs/privacy/release-contract.md). Before the fix the study's partition was looked for at /scratch/part
+    (the recorded ``../../part`` read from the resolved study): only a note, and privacy.json said this run's
+    epsilon alone, 4.0, for a total of 6.0."""
+    from pfl_cli.readers import read_artifact, read_ledger
+
+    (tmp_path / "scratch" / "runs").mkdir(parents=True)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "runs").symlink_to(tmp_path / "scratch" / "runs")
+    monkeypatch.chdir(tmp_path / "proj")
+    small = ["--rounds", "1", "--local-steps", "1", "--set", "mlp_hidden=[8]", "--set", "normalize=false",
+             "--device", "cpu", "--format", "quiet"]
+    assert main(["partition", "--num-clients", "6", "--out", "part", "--format", "quiet"]) == 0
+    assert main(["tune", "--partition", "part", "--algorithm", "fedavg", "--trials", "2", *small, "--space",
+                 "lr=choice:0.01,0.1", "--sampler", "random", "--dp", "eps=4,clip=1,population=100,noise=seeded",
+                 "--out", "runs/study"]) == 0
+    assert main(["train", "--partition", "part", "--config", "runs/study/best.yaml", "--device", "cpu",
+                 "--format", "quiet", "--out", "runs/final"]) == 0
+    study_doc, study = read_ledger(read_artifact(tmp_path / "proj" / "runs" / "study", "tune"), "--config")
+    final_doc, final = read_ledger(read_artifact(tmp_path / "proj" / "runs" / "final", "train"), "--model")
+    assert final.events[:len(study.events)] == study.events, "the study's events come first, then the run's"
+    assert len(final.events) > len(study.events)
+    assert final_doc["epsilon"] > study_doc["epsilon"] > 4.0

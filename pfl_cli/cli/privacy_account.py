@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -89,8 +90,16 @@ def study_prior(config_file: Path | None, partition: Path, cfg):
         return None, None
     _doc, ledger = read_ledger(art, "--config")
     studied = [i for i in art.manifest.get("inputs", []) if i.get("stage") == "partition"]
-    paths = {(here / i["relative_path"]).resolve() if i.get("relative_path") else Path(i["path"]).resolve()
-             for i in studied if i.get("path")}
+    # the recorded relative path read by its letters from the study as typed (with runs -> /scratch/runs,
+    # runs/study's ../../part is the tree's part; from the resolved study it would be /scratch's)
+    typed_here = Path(os.path.abspath(config_file)).parent
+    paths = set()
+    for i in (i for i in studied if i.get("path")):
+        where = Path(i["path"])
+        if i.get("relative_path"):
+            folded = Path(os.path.normpath(typed_here / i["relative_path"]))
+            where = folded if folded.exists() else here / i["relative_path"]
+        paths.add(where.resolve())
     if Path(partition).resolve() not in paths and not any(_same_partition(p, Path(partition)) for p in paths):
         where = ", ".join(sorted(str(p) for p in paths)) or "an unrecorded partition"
         return None, (f"--config {config_file} is the release of a private study on {where}, not on --partition "
