@@ -153,7 +153,8 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
               weight_decay: float = 0.0, clip: float = 0.0, active=None, cohort_exec: str = "auto",
               fixed: Mapping[str, "object"] | None = None, prox_mu: float = 0.0,
               prox_anchor: Mapping[str, "object"] | None = None, shared: Mapping[str, "object"] | None = None,
-              momentum_state: dict | None = None, clip_groups: list | None = None):
+              momentum_state: dict | None = None, clip_groups: list | None = None,
+              correction: Mapping[str, "object"] | None = None):
     """Run every cohort client's local steps at once.
 
     Parameters
@@ -189,6 +190,10 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
         Proximal term ``prox_mu / 2 * ||theta - anchor||^2`` (FedProx Eq. 2, Ditto Eq. 2):
         its gradient ``prox_mu * (theta - anchor)`` joins the step like weight decay (after
         clipping). Anchors of ``fixed`` parameters are ignored.
+    correction : dict name -> Tensor (c, *shape), optional
+        A constant each client adds to its gradient at every step, after clipping, beside the
+        proximal term (SCAFFOLD's ``c - c_i``, Karimireddy et al. 2020 Alg. 1 line 10; FedDyn's
+        ``-grad L_k(theta_k^{t-1})``, Acar et al. 2021 Alg. 1; :mod:`pfl_cli.fl.control_variates`).
     shared : dict name -> Tensor, optional
         Untrained parameters common to the whole cohort (no cohort axis: a frozen hypernetwork).
     momentum_state : dict name -> Tensor (c, *shape), optional
@@ -214,6 +219,7 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     how = resolve_cohort_exec(cohort_exec, model, next(iter(params.values())).device)
     fixed = dict(fixed or {})
     anchor = {k: prox_anchor[k] for k in params} if prox_mu else {}
+    corr = {k: correction[k] for k in params} if correction is not None else {}
     if momentum or momentum_state is not None or not _steps_in_place(lr, clip_groups, params):
         buf = {k: (momentum_state[k].clone() if momentum_state is not None and k in momentum_state
                    else torch.zeros_like(v)) for k, v in params.items()}  # a private optimizer persists (pFedHN-PC)
@@ -222,14 +228,16 @@ def local_sgd(model, params: Mapping[str, "object"], store, index, mask=None, *,
     opts = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, prox_mu=prox_mu,
                 clip_groups=clip_groups, shared=dict(shared or {}))
     if world()[1] == 1:
-        theta, loss = _train(model, params, store, stream, c, how, fixed=fixed, anchor=anchor, buf=buf, **opts)
+        theta, loss = _train(model, params, store, stream, c, how, fixed=fixed, anchor=anchor, buf=buf,
+                             correction=corr, **opts)
     else:
         # Distributed: this rank trains the clients whose data it holds; every rank gets all of them back.
         rows = rows_here(store, index)
-        mine, fixed, anchor, buf = ({k: v[rows] for k, v in d.items()} for d in (params, fixed, anchor, buf))
+        mine, fixed, anchor, buf, corr = ({k: v[rows] for k, v in d.items()}
+                                          for d in (params, fixed, anchor, buf, corr))
         share = ((idx[rows], m[rows], None if go is None else go[rows]) for idx, m, go in stream)
         theta, loss = _train(model, mine, store, share, count(rows), how, fixed=fixed, anchor=anchor,
-                             buf=buf, **opts)
+                             buf=buf, correction=corr, **opts)
         whole = assemble({**theta, **{_BUF + k: v for k, v in buf.items()}, _LOSS: loss}, rows, c)
         loss = whole.pop(_LOSS)
         buf = {k: whole.pop(_BUF + k) for k in list(buf)}
@@ -272,7 +280,7 @@ _BUF = "\0buf."
 
 
 def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, buf, shared, lr, momentum,
-           weight_decay, clip, prox_mu, clip_groups):
+           weight_decay, clip, prox_mu, clip_groups, correction=None):
     """:func:`local_sgd` on ``c`` clients whose steps come from ``stream``."""
     import torch
 
@@ -283,6 +291,8 @@ def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, buf
     if c == 0:  # a rank with no clients of this cohort
         return theta, torch.zeros(0, device=device)
     step = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, clip=clip, clip_groups=clip_groups)
+    if correction:
+        step["correction"] = correction
     if how == "loop":
         return theta, _train_client_major(model, theta, store, list(stream), c, fixed=fixed, anchor=anchor,
                                           buf=buf, shared=shared, prox_mu=prox_mu, **step)
@@ -294,7 +304,8 @@ def _train(model, params, store, stream, c: int, how: str, *, fixed, anchor, buf
     return theta, mean_loss.mean()
 
 
-def _train_client_major(model, theta, store, steps: list, c: int, *, fixed, anchor, buf, shared, prox_mu, **step):
+def _train_client_major(model, theta, store, steps: list, c: int, *, fixed, anchor, buf, shared, prox_mu,
+                        correction=None, **step):
     """The ``loop`` path: each client's steps back to back, on views of its rows of the stacks (in place).
 
     Clients are independent, so client-major order gives the numbers of the step-major loop;
@@ -325,6 +336,7 @@ def _train_client_major(model, theta, store, steps: list, c: int, *, fixed, anch
         mine = {k: v[row] for k, v in theta.items()}
         net = forward(i, mine, {k: v[i] for k, v in fixed.items()})
         own_buf, own_anchor = {k: b[row] for k, b in buf.items()}, {k: a[row] for k, a in anchor.items()}
+        own = {"correction": {k: d[row] for k, d in correction.items()}} if correction else {}
         loss_sum, count = total[i], 0
         for idx, m, go, real, exact in plan:
             if go is not None and not go[i]:
@@ -338,7 +350,7 @@ def _train_client_major(model, theta, store, steps: list, c: int, *, fixed, anch
                         else _masked_mean_loss(logits, labels, m[i, :real[i]]))
             grads = torch.autograd.grad(loss, leaves(mine))
             sgd_update_(mine, {k: g.unsqueeze(0) for k, g in zip(names, grads)}, own_buf, active=None,
-                        prox_mu=prox_mu, prox_anchor=own_anchor, **step)
+                        prox_mu=prox_mu, prox_anchor=own_anchor, **own, **step)
             loss_sum = loss_sum + loss.detach()
             count += 1
         total[i], taken[i] = loss_sum, count
@@ -444,7 +456,7 @@ def clip_per_client(grads: dict, clip: float) -> dict:
 
 def sgd_step(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 0.0, weight_decay: float = 0.0,
              clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None,
-             clip_groups: list | None = None) -> tuple[dict, dict]:
+             clip_groups: list | None = None, correction: Mapping | None = None) -> tuple[dict, dict]:
     """One ``torch.optim.SGD`` step per client after ``clip_grad_norm_``; new ``(theta, buf)`` dicts.
 
     ``theta``, ``grads`` and ``buf`` (momentum buffers) map names to (c, *shape) tensors; the
@@ -470,6 +482,8 @@ def sgd_step(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 0.0, 
             g = g + weight_decay * p
         if prox_mu:
             g = g + prox_mu * (p - prox_anchor[k])
+        if correction:
+            g = g + correction[k]
         nb = momentum * buf[k] + g if momentum else g
         if active is None:
             new_buf[k], new_theta[k] = nb, p - step * nb
@@ -499,7 +513,8 @@ def _steps_in_place(lr, clip_groups, names) -> bool:
 
 
 def _sgd_inplace_(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 0.0, weight_decay: float = 0.0,
-                  clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None) -> None:
+                  clip: float = 0.0, active=None, prox_mu: float = 0.0, prox_anchor: Mapping | None = None,
+                  correction: Mapping | None = None) -> None:
     """:func:`sgd_step`'s numbers written in place, consuming ``grads`` as scratch space.
 
     The out-of-place step allocates four or five cohort-sized temporaries per step (clipped
@@ -524,6 +539,8 @@ def _sgd_inplace_(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 
             g.add_(p, alpha=weight_decay)
         if prox_mu:
             g.add_(p - prox_anchor[k], alpha=prox_mu)
+        if correction:
+            g.add_(correction[k])
         sel = None if active is None else expand_as_params(active, g).to(g.dtype)
         if sel is not None:
             g.mul_(sel)
