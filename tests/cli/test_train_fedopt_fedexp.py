@@ -48,3 +48,29 @@ def test_resumed_run_writes_the_same_model(resume_matches, name, extra):
 ])
 def test_bad_input_is_one_line_and_exit_2(train_refused, extra, message):
     train_refused([*FAST, *extra], message, run=lambda argv: _main([str(a) for a in argv]))  # every flag as given
+
+
+@pytest.mark.parametrize("name,own", [("fedopt", ("server_optimizer", "server_lr", "beta1", "beta2", "tau")),
+                                      ("fedexp", ("eps", "average_last_two"))])
+def test_listed_with_the_papers_and_no_dp(listed_with_sources, name, own):
+    row = listed_with_sources(name, own)
+    assert "ICLR" in row["paper"]
+
+
+@pytest.mark.parametrize("name", ["fedopt", "fedexp"])
+def test_tune_searches_the_papers_space_and_best_yaml_trains(cli, digits_root, tmp_path, name):
+    import yaml
+
+    from pfl_cli.registry import get
+
+    small = ["--rounds", "2", "--eval-every", "1", "--local-steps", "3", "--clients-per-round", "4",
+             "--set", "mlp_hidden=[16]", "--set", "local_epochs=null"][:None if name == "fedopt" else -2]
+    out = tmp_path / "study"
+    r = cli("tune", "--partition", digits_root / "part", "--algorithm", name, "--trials", "2", *small,
+            "--format", "quiet", "--out", out)
+    assert r.code == 0, r.err
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["algorithm"] == name and set(get(name).algorithm.search_space) <= set(best)
+    r = cli("train", "--partition", digits_root / "part", "--config", out / "best.yaml", "--format", "quiet",
+            "--out", tmp_path / "run")
+    assert r.code == 0, r.err
