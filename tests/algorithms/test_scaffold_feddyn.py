@@ -63,8 +63,9 @@ def population(store):
     return int(store.labeled[store.clients(ROLE_TRAIN)].sum())
 
 
-def test_scaffold_two_rounds_equal_the_per_client_reference(store):
-    alg = alg_for(store, algorithm="scaffold", server_lr=0.7)
+@pytest.mark.parametrize("how", ["vmap", "loop"])  # both paths of local_sgd carry the correction
+def test_scaffold_two_rounds_equal_the_per_client_reference(store, how):
+    alg = alg_for(store, algorithm="scaffold", server_lr=0.7, cohort_exec=how)
     x = {k: v.clone() for k, v in alg.global_params.items()}
     c = {k: torch.zeros_like(v) for k, v in x.items()}
     c_i = {k: torch.zeros(store.num_clients, *v.shape) for k, v in x.items()}
@@ -86,9 +87,10 @@ def test_scaffold_two_rounds_equal_the_per_client_reference(store):
     assert float(c["fc1.weight"].abs().sum()) > 0  # the variates moved: the check compared real state
 
 
-def test_feddyn_two_rounds_equal_the_per_client_reference(store):
+@pytest.mark.parametrize("how", ["vmap", "loop"])
+def test_feddyn_two_rounds_equal_the_per_client_reference(store, how):
     alpha = 0.1
-    alg = alg_for(store, algorithm="feddyn", alpha=alpha)
+    alg = alg_for(store, algorithm="feddyn", alpha=alpha, cohort_exec=how)
     theta = {k: v.clone() for k, v in alg.global_params.items()}
     h = {k: torch.zeros_like(v) for k, v in theta.items()}
     grad = {k: torch.zeros(store.num_clients, *v.shape) for k, v in theta.items()}
