@@ -102,3 +102,48 @@ def test_ctrl_c_after_the_artifact_is_written_does_not_say_nothing_was_written(c
     monkeypatch.undo()
     r = cli(*args)
     assert r.code == 0 and "up to date" in r.err
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("delay", [0.2, pytest.param(1.0, marks=pytest.mark.slow),
+                                   pytest.param(3.0, marks=pytest.mark.slow)])
+def test_ctrl_c_while_jobs_workers_start_is_one_line(cli, tmp_path, delay):
+    """tune --jobs 2, Ctrl-C to the process group ``delay`` s after the workers exist (while spawn's fresh
+    interpreters still import torch and pflx): exit 130, the one line, no worker's traceback. Before, a worker
+    interrupted in its imports printed a KeyboardInterrupt traceback of 30 lines above the one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("reads the worker processes from /proc (Linux)")
+    assert cli("partition", "--dataset", "builtin:digits", "--classes-per-client", "2", "--num-clients", "8",
+               "--format", "quiet", "--out", tmp_path / "part").code == 0
+    cmd = [sys.executable, "-m", "pfl_cli", "tune", "--partition", str(tmp_path / "part"), *SMALL[:3], "40",
+           "--rounds", "30", "--jobs", "2", "--space", "lr=log:1e-2:1e-1", "--format", "quiet",
+           "--out", str(tmp_path / "o")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 120
+    while len(_children(proc.pid)) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.count("pflx: error: interrupted") == 1, err
+    assert not (tmp_path / "o").exists()

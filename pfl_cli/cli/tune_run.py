@@ -287,12 +287,20 @@ def storage_study(storage, name: str):
 def _run_workers(plan: Plan, o: TuneOptions, *, url: str, name: str, identity: str, partition: Path, poll) -> None:
     """``o.jobs`` processes run trials of the one study (its storage coordinates them), one torch thread each."""
     import multiprocessing
+    import signal
 
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch thread pools
     procs = [ctx.Process(target=_worker, args=(plan, o, url, name, identity, str(partition), rank), daemon=True)
              for rank in range(o.jobs)]
-    for p in procs:
-        p.start()
+    # a worker ignores Ctrl-C until its own handler is in place (the first line of _worker): a fresh interpreter
+    # still importing (spawn's bootstrap) would print a traceback; the parent, which has the one line to say,
+    # ends a worker that did not stop by itself
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         while any(p.is_alive() for p in procs):
             time.sleep(0.5)
@@ -311,18 +319,21 @@ def _run_workers(plan: Plan, o: TuneOptions, *, url: str, name: str, identity: s
 
 
 def _worker(plan: Plan, o: TuneOptions, url: str, name: str, identity: str, partition: str, rank: int) -> None:
+    import signal
     import sys
 
-    import torch
-
-    from pfl_cli.cli.common import load_partition_dataset
-    from pfl_cli.tune.study import Objective, Proposals, make_pruner, make_sampler, open_storage, open_study, optimize
-
-    torch.set_num_threads(1)
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # (the logger's own level is reset when optuna configures it)
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # started with Ctrl-C ignored (_run_workers)
+        import torch
+
+        from pfl_cli.cli.common import load_partition_dataset
+        from pfl_cli.tune.study import (Objective, Proposals, make_pruner, make_sampler, open_storage, open_study,
+                                        optimize)
+
+        torch.set_num_threads(1)
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # (its own level is reset when optuna configures it)
         part, _info, _art, ds = load_partition_dataset(Path(partition))
         data = _tuning_data(ds, part, plan.cfg.seed, o.validation_fraction, plan.validation_clients,
                             plan.unlabeled_validation)
