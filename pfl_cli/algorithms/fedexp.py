@@ -37,6 +37,9 @@ class FedExPConfig(TrainConfig):
                                            f"{FEDEXP}, §6: M = 20 clients a round")
     local_steps: int = key(20, "tau: client SGD steps per round", f"{FEDEXP}, §6: tau = 20 local steps")
     local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
+    lr: float = key(10 ** -1.5, "client SGD step size eta_l",
+                    f"{FEDEXP}, §6: eta_l tuned for FedAvg and kept for FedExP; 10^-1.5, FedOpt's (Reddi et al., "
+                    "ICLR 2021, App. D grid)")
     momentum: float = key(0.0, "client SGD momentum", f"{FEDEXP}, Alg. 1: local SGD (no momentum)")
     eps: float = key(1e-3, "eps of the step size's denominator (small: more extrapolation)",
                      f"{FEDEXP}, §6: eps = 10^-3 (tuned on {{10^-3, 10^-2, 10^-1}})")
