@@ -49,3 +49,15 @@ def test_resumed_run_writes_the_same_model(resume_matches, name):
 ])
 def test_bad_input_is_one_line_and_exit_2(train_refused, extra, message):
     train_refused([*FAST[:-4], *extra], message, run=_main)  # every key as given (cli_args drops what is refused)
+
+
+@pytest.mark.parametrize("name,key,choices", [("scaffold", "server_lr", {0.5, 1.0, 2.0}),
+                                              ("feddyn", "alpha", {0.1, 0.01, 0.001})])
+def test_tune_searches_the_papers_space(digits_root, tmp_path, name, key, choices):
+    import yaml
+
+    out = tmp_path / "study"
+    assert _main(["tune", "--partition", str(digits_root / "part"), "--algorithm", name, "--trials", "2",
+                  "--rounds", "2", "--out", str(out), "--format", "quiet"]) == 0
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["algorithm"] == name and best[key] in choices and 1e-3 <= best["lr"] <= 1
