@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from baseline_support import TOL, alg_factory, assert_unknown_key, close, gen
+from baseline_support import alg_factory, assert_unknown_key, close, gen
 from pfl_cli.errors import ConfigError, InputError
 from pfl_cli.fl.batches import sample_batches
 from pfl_cli.fl.store import ROLE_TRAIN
