@@ -49,8 +49,6 @@ class FedDyn(DriftState, FedAvg):
     dp_unit = None  # no DP variant (FedAvg's DP-FedAvg is not inherited)
     models_upload = False  # its local objective adds the dynamic regularizer, not FedAvg's upload
     serves_unlabeled = "feddyn without --finetune-steps (one global model)"
-    not_distributed = ("its per-client gradient state is updated outside the sharded local SGD (not checked "
-                       "across ranks)")
     drift_paper = "Acar et al. 2021, Alg. 1: h moves by alpha/m"
     inert_keys = {k: "its server step is Alg. 1's (Acar et al. 2021: theta^t = mean theta_k - h^t / alpha; "
                   "no server step size or momentum)" for k in ("server_lr", "server_momentum")}

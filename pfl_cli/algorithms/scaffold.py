@@ -56,7 +56,6 @@ class Scaffold(DriftState, FedAvg):
     dp_unit = None  # no DP variant (FedAvg's DP-FedAvg is not inherited: the control variates are a second release)
     models_upload = False  # its steps are corrected by c - c_i, not FedAvg's upload
     serves_unlabeled = "scaffold without --finetune-steps (one global model)"
-    not_distributed = "its control variates are updated outside the sharded local SGD (not checked across ranks)"
     drift_paper = "Karimireddy et al. 2020, Alg. 1 line 17"
     search_space = {"lr": "log:1e-3:1", "server_lr": "choice:0.5,1,2"}
     search_space_source = ("Karimireddy et al., SCAFFOLD (ICML 2020), §7: the local step size tuned per setting "

@@ -79,6 +79,7 @@ EVERY = {
     "fedbabu": ["--set", "finetune_epochs=1"], "fedrod": [], "fedbn": [], "fedala": ["--set", "ala_max_start_epochs=3"], "feddbe": [],
     "gpfl": [], "pfedla": [], "fedcp": [], "fedas": [], "fedpac": [],
     "fedopt": ["--set", "local_epochs=null"], "fedexp": [],
+    "scaffold": [], "feddyn": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }
