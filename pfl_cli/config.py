@@ -171,4 +171,7 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
             return {k: plain(x) for k, x in v.items()}
         return v
 
-    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
+    # An algorithm's keys without effect (Algorithm.inert_keys) are refused when given, even at their default, so a
+    # resolved config (a train artifact's config.yaml, a study's best.yaml) leaves them out: it trains again as written.
+    inert = getattr(getattr(cfg, "algorithm_class", None), "inert_keys", None) or {}
+    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items() if k not in inert}

@@ -144,7 +144,8 @@ def test_the_conformance_benchmark_refuses_an_unknown_algorithm_and_a_single_see
     assert proc.stderr.strip().endswith("; got scaffold")
     proc = subprocess.run([*CONFORMANCE, "--seeds", "0"], env=NO_PEER_ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "conformance.py: --seeds must list two or more integers; got '0'"
+    assert proc.stderr.strip() == ("conformance.py: --seeds must list three or more distinct integers (the paired "
+                                   "verdict's 95 % interval needs them); got '0'")
 
 
 def test_the_conformance_benchmark_skips_with_a_notice_without_pfllib_or_its_modules(tmp_path):
