@@ -141,3 +141,14 @@ def test_a_cohort_above_the_population_is_refused(store, name):
                                          f"for {name}.*got 17"):
         alg = alg_for(store, algorithm=name, clients_per_round=17)
         alg.check_trainable(torch.as_tensor(store.clients(ROLE_TRAIN)))
+
+
+def test_with_local_epochs_k_is_each_clients_own_step_count(store):
+    """Option II divides by K: with local_epochs a client takes epochs * ceil(n_i / b) steps, the count local SGD
+    really takes."""
+    alg = alg_for(store, algorithm="scaffold", local_epochs=2)
+    clients = cohorts(store)[0]
+    k = alg.local_steps_of(clients)
+    n, b = store.fit.length[clients], alg.cfg.batch_size
+    assert k.tolist() == (2 * ((n + b - 1) // b)).tolist() and len(set(k.tolist())) > 1
+    assert int(k.sum()) == alg.local_batches(clients, gen(0), epochs=2).active_steps()
