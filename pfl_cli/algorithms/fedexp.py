@@ -57,6 +57,10 @@ class FedExPConfig(TrainConfig):
 
 class FedExP(FedAvg):
     name = "fedexp"
+    # Their clients run FedAvg's round, but `pflx attack`'s upload model has not been checked against them, and they
+    # take no --dp: not attacked until a test says the modelled upload is theirs.
+    models_upload = False
+    upload_under_dp = False
     search_space = {"lr": "log:1e-3:1", "eps": "choice:0.001,0.01,0.1"}
     search_space_source = (f"{FEDEXP}, §6 / App. C: the client lr tuned on a log grid, eps from "
                            "{10^-3, 10^-2, 10^-1}")

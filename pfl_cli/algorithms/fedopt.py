@@ -68,6 +68,10 @@ class FedOptConfig(TrainConfig):
 
 class FedOpt(FedAvg):
     name = "fedopt"
+    # Their clients run FedAvg's round, but `pflx attack`'s upload model has not been checked against them, and they
+    # take no --dp: not attacked until a test says the modelled upload is theirs.
+    models_upload = False
+    upload_under_dp = False
     search_space = {"lr": "log:1e-3:3.16", "server_lr": "log:1e-3:10", "tau": "log:1e-5:0.1"}
     search_space_source = (f"{REDDI}, §5 / App. D: client lr on 10^-3 ... 10^0.5 and server lr on 10^-3 ... 10^1 "
                            "(log grids); tau on 10^-5 ... 10^-1 (App. E)")

@@ -24,7 +24,7 @@ def test_the_attacked_algorithms_are_those_whose_upload_was_modelled_before():
     assert attacked == {"fedavg", "ditto", "knnper", "ldp-fedavg", "hyperfl", "hyperfl-lpm", "pefll", "pfedhn",
                         "pfedhn-pc"}
     # FedAvg's subclasses whose rounds differ inherit the hooks and say so
-    for name in ("fedprox", "apfl", "perfedavg", "pfedme"):
+    for name in ("fedprox", "apfl", "perfedavg", "pfedme", "fedopt", "fedexp"):
         cls = registry.get(name).algorithm
         assert issubclass(cls, Attackable) and not cls.models_upload and not attackable(cls)
     under_dp = {e.name for e in registry.entries().values() if attackable(e.algorithm) and e.algorithm.upload_under_dp}
