@@ -481,20 +481,26 @@ def main(argv=None) -> int:
 # ----------------------------------------------------------------------------- children: one framework each
 
 
-def _child_pflx(args) -> float:
+def load_export(work) -> tuple:
+    """(x, y, partition) that :func:`_export` wrote to ``work``, for a child process (one torch thread)."""
     import pickle
 
     import numpy as np
     import torch
 
     torch.set_num_threads(1)
-    from pfl_cli.fl.api import train_federated
-
-    work = pathlib.Path(args.work)
+    work = pathlib.Path(work)
     with np.load(work / "pflx.npz") as f:
         x, y = f["x"], f["y"]
     with open(work / "partition.pkl", "rb") as f:
         part = pickle.load(f)
+    return x, y, part
+
+
+def _child_pflx(args) -> float:
+    from pfl_cli.fl.api import train_federated
+
+    x, y, part = load_export(args.work)
     run = train_federated(x, y, 10, part, _pflx_config(args.algorithm, args.rounds, args.seed,
                                                         cohort_size(args.join, part.num_clients)))
     return run.outcome.best.summaries()["train"]["pooled_accuracy"]

@@ -76,19 +76,9 @@ def signed_config(rounds: int, seed: int, hn_lr: float):
 
 
 def _child(args) -> None:
-    import pickle
-
-    import numpy as np
-    import torch
-
-    torch.set_num_threads(1)
     from pfl_cli.fl.api import train_federated
 
-    work = pathlib.Path(args.work)
-    with np.load(work / "pflx.npz") as f:
-        x, y = f["x"], f["y"]
-    with open(work / "partition.pkl", "rb") as f:
-        part = pickle.load(f)
+    x, y, part = conformance.load_export(args.work)
     if args.algorithm == "pfedla":
         lr, sign = args.variant.split(":")
         cfg = signed_config(args.rounds, args.seed, float(lr))
