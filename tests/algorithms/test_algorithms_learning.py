@@ -4,7 +4,7 @@ Everything goes through the public API the CLI uses: ``train_federated`` on the 
 clients, then ``predict_clients`` on the holdout clients, which never took part in
 training. Baselines are tuned honestly on the train clients' validation split (§7.3:
 FedAvg's client learning rate decides everything under label skew), never on holdout data.
-Seed 0 runs in the default suite; seeds 1 and 2 (the spec asks for >= 3) are ``slow``.
+Seed 0 runs in the default suite; seeds 1 and 2 (the spec asks for >= 3) are ``slow`` (the ring test: all three).
 """
 
 
@@ -61,7 +61,8 @@ def test_digits_pefll_generalizes_to_holdout_clients(seed):
     assert holdout_lm >= 0.98, holdout_lm
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.slow  # a minute of learning on 2 cores (issue 39 kept the default tier under 10 minutes)
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ring_pefll_with_label_masking_beats_fedavg_and_local_on_holdout_clients(seed):
     """L2: the ring task: one global model is capped near 47%, a personalized one near 89%."""
     ds, part = _clients("ring:", 100, 20, seed)
