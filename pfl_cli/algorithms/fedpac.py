@@ -66,34 +66,17 @@ from typing import Optional
 
 import numpy as np
 import torch
-from torch import nn
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import ConfigError, InputError
+from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
+from pfl_cli.fl.prototypes import FeatureNet
+from pfl_cli.fl.prototypes import aligned_steps as fedpac_steps  # noqa: F401 - the local steps (§4), here too
 
 NET = "net."
 SRC = "FedPAC (ICLR 2023) authors' code"
-
-
-class FeatureNet(nn.Module):
-    """``net`` answering ``forward(x)`` with its logits and ``forward(x, parts=True)`` with (f(x), logits)."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        head = getattr(net, "head", None)
-        if not (callable(getattr(net, "features", None)) and callable(head) and isinstance(head(), nn.Linear)):
-            raise InputError(f"model_arch: fedpac aligns the representation before a linear classifier; the "
-                             f"{type(net).__name__} net has no features() / linear head(). Use --set "
-                             "model_arch=mlp or lenet.")
-        self.net = net
-
-    def forward(self, x, parts: bool = False):
-        h = self.net.features(x)
-        logits = self.net.head()(h)
-        return (h, logits) if parts else logits
 
 
 # ----------------------------------------------------------------------------- the combination weights
@@ -199,44 +182,6 @@ def feature_statistics(sums):
     return h, v.clamp_min(0.0), n
 
 
-# ----------------------------------------------------------------------------- local training
-def fedpac_steps(model: FeatureNet, params: dict, store, steps, *, trainable: list[str], sgd: dict,
-                 lam: float = 0.0, prototypes=None, seen=None):
-    """The cohort's local steps (``vmap``) on cross-entropy plus ``lam`` * ||f(x) - c_y||^2 (FedPAC §4),
-    each averaged over a client's real labeled samples; the alignment only for samples whose class has a
-    prototype (``seen``). ``prototypes`` None: cross-entropy alone. Returns (params, each client's mean loss).
-    """
-    from torch.func import functional_call, vmap
-
-    from pfl_cli.fl.batches import ActiveMean
-    from pfl_cli.fl.cohort import _masked_mean_loss, sgd_update_
-
-    forward = vmap(lambda p, x: functional_call(model, p, (x,), {"parts": True}))
-    theta = {k: v.detach().clone() for k, v in params.items()}
-    moving = {k: theta[k] for k in trainable}
-    buf = {k: torch.zeros_like(v) for k, v in moving.items()} if sgd.get("momentum") else {}
-    device = next(iter(theta.values())).device
-    mean_loss = ActiveMean(steps.num_clients, device)
-    align = prototypes is not None and lam > 0
-    for idx, m, go in steps:
-        for v in moving.values():
-            v.requires_grad_(True)
-        h, logits = forward(theta, store.inputs(idx))
-        y = store.y[idx]
-        loss = _masked_mean_loss(logits, y, m)
-        if align:
-            yc = y.clamp_min(0)
-            w = m * (y >= 0) * seen[yc]
-            dist = ((h - prototypes[yc]) ** 2).sum(-1)                                   # (c, b)
-            loss = loss + lam * (dist * w).sum(-1) / (m * (y >= 0)).sum(-1).clamp_min(1.0)
-        grads = dict(zip(moving, torch.autograd.grad(loss.sum(), list(moving.values()))))
-        for v in moving.values():
-            v.requires_grad_(False)
-        sgd_update_(moving, grads, buf, **sgd, active=go)
-        mean_loss.add(loss.detach(), go)
-    return {k: v.detach() for k, v in theta.items()}, mean_loss.mean()
-
-
 # ----------------------------------------------------------------------------- config and algorithm
 @dataclass(frozen=True)
 class FedPACConfig(TrainConfig):
@@ -303,7 +248,7 @@ class FedPAC(PrivateState, _GlobalModel):
     def build(self) -> None:
         from pfl_cli.fl.split import split_names
 
-        self.net = FeatureNet(self.client_net())
+        self.net = FeatureNet(self.client_net(), self.name)
         body, head = split_names(self.net.net, self.name)
         init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.body, self.head = [NET + k for k in body], [NET + k for k in head]

@@ -9,11 +9,79 @@ squared norms from which prototypes, global prototypes and second-moment statist
 
 Everything is batched over clients: the representation of every client's fit samples runs
 as one ``vmap`` over the clients' (stacked) parameters, ``chunk`` samples of each client at a time.
+
+The other pieces the prototype methods share: :class:`FeatureNet` (a client net answering with its
+representation and its logits), :func:`aligned_steps` (the cohort's local steps on cross-entropy plus the
+alignment of f(x) to its class's global prototype: FedPAC §4, FedProto Eq. 7-8),
+:func:`spread_prototypes` (unit prototypes spread over the sphere, FedNH §4) and
+:func:`smoothed_prototypes` (FedNH's server update of the prototypes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pfl_cli.errors import InputError
+
+
+class FeatureNet(nn.Module):
+    """``net`` answering ``forward(x)`` with its logits and ``forward(x, parts=True)`` with (f(x), logits)."""
+
+    def __init__(self, net: nn.Module, algorithm: str) -> None:
+        super().__init__()
+        head = getattr(net, "head", None)
+        if not (callable(getattr(net, "features", None)) and callable(head) and isinstance(head(), nn.Linear)):
+            raise InputError(f"model_arch: {algorithm} aligns the representation before a linear classifier; the "
+                             f"{type(net).__name__} net has no features() / linear head(). Use --set "
+                             "model_arch=mlp or lenet.")
+        self.net = net
+
+    def forward(self, x, parts: bool = False):
+        h = self.net.features(x)
+        logits = self.net.head()(h)
+        return (h, logits) if parts else logits
+
+
+def aligned_steps(model: nn.Module, params: dict, store, steps, *, trainable: list[str], sgd: dict,
+                  lam: float = 0.0, prototypes=None, seen=None):
+    """The cohort's local steps (``vmap``) on cross-entropy plus ``lam`` * ||f(x) - c_y||^2 (FedPAC §4;
+    FedProto Eq. 7-8 with the squared L2 distance of its App. B), each averaged over a client's real labeled
+    samples; the alignment only for samples whose class has a prototype (``seen``). ``prototypes`` None:
+    cross-entropy alone. ``model(x, parts=True)`` answers (f(x), logits). Returns (params, each client's
+    mean loss).
+    """
+    from torch.func import functional_call, vmap
+
+    from pfl_cli.fl.batches import ActiveMean
+    from pfl_cli.fl.cohort import _masked_mean_loss, sgd_update_
+
+    forward = vmap(lambda p, x: functional_call(model, p, (x,), {"parts": True}))
+    theta = {k: v.detach().clone() for k, v in params.items()}
+    moving = {k: theta[k] for k in trainable}
+    buf = {k: torch.zeros_like(v) for k, v in moving.items()} if sgd.get("momentum") else {}
+    device = next(iter(theta.values())).device
+    mean_loss = ActiveMean(steps.num_clients, device)
+    align = prototypes is not None and lam > 0
+    for idx, m, go in steps:
+        for v in moving.values():
+            v.requires_grad_(True)
+        h, logits = forward(theta, store.inputs(idx))
+        y = store.y[idx]
+        loss = _masked_mean_loss(logits, y, m)
+        if align:
+            yc = y.clamp_min(0)
+            w = m * (y >= 0) * seen[yc]
+            dist = ((h - prototypes[yc]) ** 2).sum(-1)                                   # (c, b)
+            loss = loss + lam * (dist * w).sum(-1) / (m * (y >= 0)).sum(-1).clamp_min(1.0)
+        grads = dict(zip(moving, torch.autograd.grad(loss.sum(), list(moving.values()))))
+        for v in moving.values():
+            v.requires_grad_(False)
+        sgd_update_(moving, grads, buf, **sgd, active=go)
+        mean_loss.add(loss.detach(), go)
+    return {k: v.detach() for k, v in theta.items()}, mean_loss.mean()
 
 
 @dataclass(frozen=True)
@@ -37,7 +105,6 @@ def class_feature_sums(features, params: dict, store, clients, *, split: str = "
     one row per entry of ``clients`` (LongTensor). Unlabeled samples (label -1) and padding
     add nothing. No gradient flows (statistics, not a loss).
     """
-    import torch
     from torch.func import vmap
 
     index, length = getattr(store, split).rows(clients)
@@ -71,10 +138,50 @@ def merge_prototypes(previous, seen, prototypes, counts):
     ``previous`` (C, d), ``seen`` (C,) bool; ``prototypes`` (c, C, d) and ``counts`` (c, C) of the cohort.
     Returns the new (C, d) float32 prototypes and (C,) ``seen``.
     """
-    import torch
-
     total = counts.sum(0)                                                     # (C,)
     pooled = (prototypes.to(torch.float64) * counts.unsqueeze(-1)).sum(0) / total.clamp_min(1.0).unsqueeze(-1)
     have = total > 0
     new = torch.where(have.unsqueeze(-1), pooled.to(previous.dtype), previous)
     return new, seen | have
+
+
+def spread_prototypes(num_classes: int, dim: int, gen, *, steps: int = 1000, lr: float = 0.1):
+    """``num_classes`` unit vectors of R^dim spread over the sphere (FedNH, Dai et al. AAAI 2023, Alg. 1's
+    initialization: prototypes uniformly spread, for uniformity): (C, d) float32.
+
+    With C <= d the rows are orthonormal (pairwise cosine 0, the authors' code's orthogonal initialization,
+    ``FedUH.py``: ``torch.nn.init.orthogonal_``), here from a QR factorization of a Gaussian matrix drawn
+    from ``gen``. With C > d no orthonormal set exists: the largest pairwise cosine is minimized through its
+    smooth maximum (log-sum-exp at temperature 1 / 20 over the pairs) by ``steps`` normalized gradient steps
+    of size ``lr`` from Gaussian rows, the spreading FedNH asks for (small max_{k != k'} <w_k, w_k'>).
+    """
+    if num_classes <= dim:
+        q, r = torch.linalg.qr(torch.randn(dim, num_classes, generator=gen, dtype=torch.float64))
+        q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)                  # a unique, Haar-uniform frame
+        return q.T.contiguous().to(torch.float32)
+    w = torch.nn.functional.normalize(torch.randn(num_classes, dim, generator=gen, dtype=torch.float64), dim=1)
+    off = ~torch.eye(num_classes, dtype=torch.bool)
+    for _ in range(steps):
+        w.requires_grad_(True)
+        cos = w @ w.T
+        loss = torch.logsumexp(20.0 * cos[off], 0) / 20.0
+        (grad,) = torch.autograd.grad(loss, [w])
+        with torch.no_grad():
+            w = torch.nn.functional.normalize(w - lr * grad / grad.norm().clamp_min(1e-12), dim=1)
+    return w.detach().to(torch.float32)
+
+
+def smoothed_prototypes(previous, unit_means, counts, rho: float):
+    """FedNH's server update (Dai et al. AAAI 2023, Alg. 1; the authors' ``FedNH.py`` ``aggregate``): each class's count-weighted
+    mean of the clients' unit class means, normalized, then ``w_k <- normalize(rho w_k + (1 - rho) mu_k)``.
+
+    ``previous`` (C, d) unit rows; ``unit_means`` (c, C, d): each cohort client's normalized class mean of its
+    normalized representations (zero for a class it lacks); ``counts`` (c, C). A class no cohort client holds
+    has mu_k = 0 and keeps its prototype.
+    """
+    F = torch.nn.functional
+    total = counts.sum(0)                                                              # (C,)
+    mu = (unit_means.to(torch.float64) * counts.unsqueeze(-1)).sum(0) / total.clamp_min(1e-12).unsqueeze(-1)
+    mu = F.normalize(mu, dim=1)
+    new = F.normalize(rho * previous.to(torch.float64) + (1.0 - rho) * mu, dim=1)
+    return new.to(previous.dtype)
