@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -72,22 +73,38 @@ class PlainProgress:
         self.first = 0  # steps already done when timing started (a resumed run)
         self.last_line: float | None = None
         self.finished = False
+        self.status = ""
+        self.lock = threading.Lock()  # advance() and the heartbeat's tick() write from two threads
 
     def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
-        if total is not None:  # known once the work is resolved (predict's client set)
-            self.total = total
-        if self.done == 0 and self.last_line is None and status == "resumed":
-            self.first = n  # a resumed run: its first steps took no time here
-        self.done += n
-        now = self.clock()
-        final = self.total is not None and self.done >= self.total
-        if final and self.finished:
-            return
-        if self.last_line is None or now - self.last_line >= self.every or final:
-            self.finished = final
-            self.last_line = now
-            self.stream.write(self.line(now, status) + "\n")
-            self.stream.flush()
+        with self.lock:
+            if total is not None:  # known once the work is resolved (predict's client set)
+                self.total = total
+            if self.done == 0 and self.last_line is None and status == "resumed":
+                self.first = n  # a resumed run: its first steps took no time here
+            self.done += n
+            self.status = status
+            now = self.clock()
+            final = self.total is not None and self.done >= self.total
+            if final and self.finished:
+                return
+            if self.last_line is None or now - self.last_line >= self.every or final:
+                self.finished = final
+                self._write(now)
+
+    def tick(self) -> None:
+        """The heartbeat: a line when none was written for ``every`` seconds, so that a log never stays silent
+        longer than that while one step (a slow round, a trial's start) takes long."""
+        with self.lock:
+            now = self.clock()
+            since = self.start if self.last_line is None else self.last_line
+            if not self.finished and now - since >= self.every:
+                self._write(now)
+
+    def _write(self, now: float) -> None:
+        self.last_line = now
+        self.stream.write(self.line(now, self.status) + "\n")
+        self.stream.flush()
 
     def line(self, now: float, status: str = "") -> str:
         elapsed = now - self.start
@@ -101,6 +118,18 @@ class PlainProgress:
         return ", ".join(parts)
 
 
+# Off a terminal rich lays tables out in 80 columns, wrapping ``48.8 ±`` / ``2.8`` over two lines and
+# cutting ``algorit…``; a file or pipe has no width, so tables keep their natural one (they never expand).
+OFF_TERMINAL_WIDTH = 10_000
+
+
+def _width(stream: TextIO) -> int | None:
+    """The console width for ``stream``: rich's own choice on a terminal or with COLUMNS set, else unbounded."""
+    if os.environ.get("COLUMNS") or (hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    return OFF_TERMINAL_WIDTH
+
+
 class Reporter:
     """Prints one command's results and notes in the chosen format."""
 
@@ -108,8 +137,8 @@ class Reporter:
         from rich.console import Console  # rich costs ~50 ms: imported by the commands that print, not by --help
 
         self.fmt = Format(fmt)
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=_width(sys.stdout))
+        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
     def result(self, data: dict[str, Any], *human: Any) -> None:
         """Print the command's result: ``data`` as JSON, or the ``human`` renderables."""
@@ -141,7 +170,22 @@ class Reporter:
             yield _Silent()
             return
         if not self.err.is_terminal:
-            yield PlainProgress(description, total, unit, sys.stderr, _progress_every())
+            plain = PlainProgress(description, total, unit, sys.stderr, _progress_every())
+            stop = threading.Event()
+
+            def beat() -> None:
+                while not stop.wait(plain.every):
+                    plain.tick()
+
+            heart = threading.Thread(target=beat, name="pflx-progress", daemon=True)
+            if plain.every > 0:
+                heart.start()
+            try:
+                yield plain
+            finally:
+                stop.set()
+                if heart.is_alive():
+                    heart.join()
             return
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)

@@ -205,6 +205,11 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
     _write_artifact(writer, study, plan, o, out=out, staging=None if storage is not None else staging,
                     started=started, plot=plot, storage=o.storage)
     _print_summary(report, out, study, plan, partition)
+    from pfl_cli.tune.study import still_rising
+
+    if (last := still_rising(study)) is not None:
+        report.warn(f"every trial's validation curve still rises at its last round ({last}): the --rounds budget, "
+                    f"not the searched settings, may be what limits the best score; try --rounds {2 * plan.cfg.rounds}.")
 
 
 def _holdout_unlabeled(part) -> bool:
@@ -232,7 +237,7 @@ def _tuning_data(ds, part, seed: int, fraction: float, val_clients: float, unlab
 def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: dict, partition: Path,
                report: Reporter, force: bool = False):
     from pfl_cli.tune.study import (Objective, Proposals, best_trial, counted, identity_digest, make_pruner,
-                                    make_sampler, open_storage, open_study, optimize)
+                                    make_sampler, open_storage, open_study, optimize, rounds_done)
 
     import optuna
 
@@ -252,23 +257,38 @@ def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: d
     before = counted(study)
     if before:
         report.note(f"continuing the study {name!r}: {before} of {o.trials} trials already there.")
-    with report.progress("tune", o.trials, unit="trial") as bar:
-        seen = [min(before, o.trials)]
+    # Progress in rounds (every trial trains --rounds): a line at least every 10 s in a log and a time left from
+    # the first round on, where a count of trials stays at "left -:--:--" until a whole trial is done (issue 41).
+    rounds = plan.cfg.rounds if plan.cfg.algorithm_class.federated else 0
+    per = max(rounds, 1)
+    with report.progress("tune", o.trials * per, unit="round" if rounds else "trial") as bar:
+        seen = [min(before, o.trials) * per]
+        finished = [min(before, o.trials)]
+        best = [""]
         if seen[0]:
             bar.advance(seen[0], status="resumed")
 
-        def status(study_) -> str:
-            best = best_trial(study_)
-            return "" if best is None else f"best {100 * best.value:.1f}% (trial {best.number})"
+        def status() -> str:
+            trial = f"trial {min(finished[0] + 1, o.trials)}/{o.trials}" if rounds else ""
+            return ", ".join(p for p in (trial, best[0]) if p)
+
+        def move_to(units: int) -> None:
+            units = min(units, o.trials * per)
+            if units > seen[0]:
+                bar.advance(units - seen[0], status=status())
+                seen[0] = units
 
         def on_done(study_, _trial) -> None:
-            done = min(counted(study_), o.trials)
-            bar.advance(done - seen[0], status=status(study_))
-            seen[0] = done
+            top = best_trial(study_)
+            best[0] = "" if top is None else f"best {100 * top.value:.1f}% (trial {top.number})"
+            units = rounds_done(study_, per, o.trials)  # also the running trials' rounds (--jobs' workers)
+            finished[0] = units // per
+            move_to(units)
 
         if o.jobs == 1:
             objective = Objective(data, plan.trial_cfg, plan.params, group=plan.objective["group"],
-                                  metric=plan.objective["metric"], identity=identity)
+                                  metric=plan.objective["metric"], identity=identity,
+                                  on_round=lambda done: move_to(finished[0] * per + done))
             optimize(study, objective, o.trials, proposals=Proposals(plan.sampler, plan.params, plan.cfg.seed),
                      callbacks=[on_done])
         else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -107,18 +108,11 @@ def make_pruner(kind: str, *, rounds: int = 0):
 
 
 def open_storage(url: str):
-    """An Optuna RDB storage at ``url`` (``sqlite:///PATH``, ``postgresql://...``); InputError if it cannot open."""
-    import optuna
+    """An Optuna RDB storage at ``url`` (``sqlite:///PATH``, ``postgresql://...``); InputError if it cannot open
+    (:func:`pfl_cli.tune.storage.open_storage`: the driver, and the schema created by one process at a time)."""
+    from pfl_cli.tune.storage import open_storage as open_rdb
 
-    try:
-        kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as err:  # noqa: BLE001 - a driver missing, a host down, a bad URL: all one answer
-        shown = url.split("@")[-1] if "@" in url else url  # never echo a password
-        reason = " ".join(str(err).split())[:200]
-        raise InputError(f"--storage {shown}: cannot open the study storage ({type(err).__name__}: {reason}); give "
-                         "a URL Optuna can open (sqlite:///PATH, or postgresql://USER@HOST/DB with its driver "
-                         "installed).") from None
+    return open_rdb(url)
 
 
 def study_identity(cfg, params: Sequence, objective: Mapping[str, str], *, validation: Mapping[str, Any],
@@ -198,7 +192,17 @@ def open_study(storage, name: str, *, sampler, pruner, meta: Mapping[str, Any], 
     """Create the study, or load it when it exists and has the same identity (``meta``, see
     :func:`study_identity`); a study of another identity is refused naming what differs, or with ``force``
     deleted and made afresh (``on_replaced`` is told what was deleted). Empty ``meta``: load without checking
-    (worker processes of a study the parent opened)."""
+    (worker processes of a study the parent opened). Under :func:`pfl_cli.tune.storage.exclusive`: processes
+    that start together on one database open the study one at a time, so none reads a half-stored identity."""
+    from pfl_cli.tune.storage import exclusive
+
+    with exclusive(storage):
+        return _open_study(storage, name, sampler=sampler, pruner=pruner, meta=meta, force=force,
+                           on_replaced=on_replaced)
+
+
+def _open_study(storage, name: str, *, sampler, pruner, meta: Mapping[str, Any], force: bool = False,
+                on_replaced: Callable[[str], None] | None = None):
     import optuna
 
     study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
@@ -219,7 +223,7 @@ def open_study(storage, name: str, *, sampler, pruner, meta: Mapping[str, Any], 
         if on_replaced is not None:
             on_replaced(f"--force: deleted the study {name!r} ({n} trials; it differed in "
                         f"{', '.join(d.split(' (')[0].split(':')[0] for d in differ)}) and started a fresh one.")
-        return open_study(storage, name, sampler=sampler, pruner=pruner, meta=meta)
+        return _open_study(storage, name, sampler=sampler, pruner=pruner, meta=meta)
     if not any(key in have for key in IDENTITY):  # giving settings again cannot make such a study resumable
         raise InputError(f"--storage / --out: the existing study {name!r} ({len(study.trials)} trials) was made by "
                          "an earlier pflx, which did not record its settings, so pflx cannot tell whether its trials "
@@ -238,10 +242,12 @@ class Objective:
     """One trial: draw, train on validation data, report every evaluation, return the selected score."""
 
     def __init__(self, data: TuningData, base_cfg, params: Sequence, *, group: str, metric: str,
-                 on_trial: Callable[[int, int], None] | None = None, identity: str | None = None) -> None:
+                 on_trial: Callable[[int, int], None] | None = None, identity: str | None = None,
+                 on_round: Callable[[int], None] | None = None) -> None:
         self.data, self.base_cfg, self.params = data, base_cfg, tuple(params)
         self.group, self.metric = group, metric
         self.on_trial = on_trial
+        self.on_round = on_round  # the trial's rounds done, for a progress display finer than one line a trial
         self.identity = identity  # identity_digest of the study's identity: a cached result is reused only within it
 
     def config(self, values: Mapping[str, Any]):
@@ -278,6 +284,8 @@ class Objective:
         total = cfg.rounds if cfg.algorithm_class.federated else 0
 
         def on_progress(done: int, _total: int, status: dict) -> None:
+            if self.on_round is not None:
+                self.on_round(done)
             if (done % cfg.eval_every == 0 or done == total) and self.group in status:
                 value = float(status[self.group])
                 if math.isfinite(value):
@@ -320,6 +328,43 @@ def _same_config(trial, identity: str | None = None):
 
 
 INTERRUPTED = "interrupted (not counted: the same command runs this config again)"
+
+
+def still_rising(study) -> int | None:
+    """The last round when every finished trial's validation curve still rises there, else None.
+
+    A curve rises at its end when its last reported value is above the one before it (a study's
+    trials all train the same ``--rounds``): then the budget, not the settings, may be what limits
+    the best score, and more rounds are worth a try. Pruned trials stopped early and do not count.
+    """
+    import optuna
+
+    ends = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if "duplicate_of" in t.user_attrs:
+            continue
+        curve = sorted(t.intermediate_values.items())
+        if len(curve) < 2 or not curve[-1][1] > curve[-2][1]:
+            return None
+        ends.append(curve[-1][0])
+    return max(ends) if ends else None
+
+
+def rounds_done(study, rounds: int, trials: int) -> int:
+    """Rounds trained so far for ``--trials`` trials of ``rounds`` each: all of a finished trial's (pruned ones
+    included: their rest is not to be trained), the last reported round of a running one (the workers of
+    ``--jobs`` report at each evaluation)."""
+    import optuna
+
+    finished = running = 0
+    for t in study.get_trials(deepcopy=False):
+        if t.state == optuna.trial.TrialState.WAITING or t.system_attrs.get("pflx_interrupted"):
+            continue
+        if t.state == optuna.trial.TrialState.RUNNING:
+            running += max(t.intermediate_values, default=0)
+        else:
+            finished += 1
+    return min(min(finished, trials) * rounds + running, trials * rounds)
 
 
 def counted(study) -> int:
@@ -385,15 +430,23 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
     if proposals is None and isinstance(study.sampler, optuna.samplers.GridSampler):
         # Optuna's GridSampler stops the study from inside tell(), which only its optimize() allows
         raise ValueError("a grid study runs with proposals=Proposals('grid', params, seed)")
-    for t in study.trials:
-        if t.state == optuna.trial.TrialState.RUNNING and _orphaned(t):
-            _mark_interrupted(study, t._trial_id, "the process running it stopped")
-    while counted(study) < trials:
+    while True:
+        # a trial left RUNNING by a process that died (a killed worker beside this one) is reaped at every turn,
+        # so that the processes still alive run it again; and the study is done for this process once no trial
+        # runs anywhere: another process's last trial may still change the best, which both write
+        if _reap(study) >= trials:
+            if not _running(study):
+                return
+            time.sleep(1.0)
+            continue
         k = counted(study)
         if proposals is not None:
             point = proposals.fixed(study)
-            if point is False:
-                return  # every grid point has its trial
+            if point is False:  # every grid point has its trial
+                if not _running(study):
+                    return
+                time.sleep(1.0)
+                continue
             study.sampler = proposals.sampler(k)
             waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
             if point is not None and not waiting:
@@ -401,12 +454,19 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
         trial = None
         try:
             trial = study.ask()
-            study._storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
+            # the host first: a trial with a pid and no host is an earlier pflx's, taken as orphaned (_orphaned)
             study._storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
+            study._storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
             if _surplus(study, trial.number, trials):  # another process asked for the last trial first
                 study._storage.set_trial_system_attr(trial._trial_id, "pflx_surplus", True)
                 _mark_interrupted(study, trial._trial_id, "not run: the study had its trials")
-                return
+                continue
+            place = _place(study, trial.number)
+            if proposals is not None and place != k:
+                # processes sharing the study asked at once and all counted k trials before: each trial draws
+                # by its own place (its number's rank), so no two draw from one seed, i.e. the same config. The
+                # sampler is only read at the first suggest (Optuna's Trial samples lazily), after this.
+                study.sampler = proposals.sampler(place)
             try:
                 value = objective(trial)
             except optuna.TrialPruned:
@@ -426,6 +486,30 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
             raise
         for callback in callbacks:
             callback(study, frozen)
+
+
+def _reap(study) -> int:
+    """Mark the RUNNING trials whose process is gone (:func:`_orphaned`) interrupted; returns :func:`counted`."""
+    import optuna
+
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if _orphaned(t):
+            _mark_interrupted(study, t._trial_id, "the process running it stopped")
+    return counted(study)
+
+
+def _running(study) -> bool:
+    import optuna
+
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+
+
+def _place(study, number: int) -> int:
+    """How many counted trials (:func:`counted`) were asked before trial ``number``."""
+    import optuna
+
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.number < number and
+               t.state != optuna.trial.TrialState.WAITING and not t.system_attrs.get("pflx_interrupted"))
 
 
 def _surplus(study, number: int, trials: int) -> bool:

@@ -204,3 +204,83 @@ def test_dp_stage_progress_lines_show_no_number_from_private_data(stages, part, 
     # FedDP-Init's 3 releases and 1 Lloyd round; no evaluation on the client data without --write-nonprivate.
     assert [m.group(3) for m in lines] == ["FedDP-Init step 1/3: projection", "FedDP-Init step 2/3: server weights",
                                           "FedDP-Init step 3/3: centers", "FedDP-Lloyds step 1/1"]
+
+
+# ---------------------------------------------------------------------------- heartbeat, tune in rounds, wide tables
+def test_heartbeat_writes_a_line_when_a_step_outlasts_the_cadence():
+    clock, stream = FakeClock(), io.StringIO()
+    bar = PlainProgress("tune", 40, "round", stream, every=10.0, clock=clock)
+    clock.now += 11.0
+    bar.tick()  # a first round slower than the cadence: the log is not silent until it ends
+    bar.advance(1, status="trial 1/4")  # a line was just written: the cadence holds
+    clock.now += 4.0
+    bar.tick()  # within the cadence: nothing
+    clock.now += 7.0
+    bar.tick()  # 11 s since the last line: one, with the last status and the time left from the round done
+    assert stream.getvalue().splitlines() == [
+        "tune: round 0/40 (0%), elapsed 0:00:11",
+        "tune: round 1/40 (2%), elapsed 0:00:22, left ~0:14:18, trial 1/4",
+    ]
+    bar.advance(39)
+    clock.now += 60.0
+    bar.tick()  # the work is done: no line after the final one
+    assert stream.getvalue().splitlines()[-1].startswith("tune: round 40/40 (100%)") and len(
+        stream.getvalue().splitlines()) == 3
+
+
+TUNE_LINE = re.compile(r"^tune: round (\d+)/(\d+) \(\d+%\), elapsed \d+:\d\d:\d\d(, left ~\d+:\d\d:\d\d)?"
+                       r"(, trial (\d+)/(\d+))?(, best \d+\.\d% \(trial \d+\))?$")
+
+
+def test_tune_progress_counts_rounds_of_every_trial_and_says_when_curves_still_rise(part):
+    proc = subprocess.run([sys.executable, "-m", "pfl_cli", "tune", "--partition", str(part / "part"), "--algorithm",
+                           "fedavg", "--trials", "2", "--rounds", "3", "--set", "eval_every=1", "--set",
+                           "local_steps=2", "--space", "lr=log:0.05:0.1", "--out", str(part / "tune")],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [TUNE_LINE.match(ln) for ln in proc.stderr.splitlines() if ln.startswith("tune: ")]
+    assert lines and all(lines), proc.stderr
+    assert [int(m.group(1)) for m in lines] == list(range(1, 7)) and {int(m.group(2)) for m in lines} == {6}
+    assert [m.group(5) for m in lines[:3]] == ["1", "1", "1"] and lines[3].group(5) == "2"
+    assert lines[3].group(7)  # the best trial so far, once the first has finished
+    # digits at lr 0.05-0.1 after 1, 2, 3 rounds of 2 steps: every curve still rises
+    import optuna
+
+    study = optuna.load_study(study_name="pflx-tune-fedavg", storage=f"sqlite:///{part / 'tune' / 'study.db'}")
+    curves = [[v for _, v in sorted(t.intermediate_values.items())] for t in study.trials]
+    if all(c[-1] > c[-2] for c in curves):
+        assert "still rises at its last round (3)" in proc.stderr and "try --rounds 6" in proc.stderr
+    else:
+        assert "still rises" not in proc.stderr
+
+
+def test_still_rising_needs_every_finished_curve_to_rise_at_its_end():
+    import optuna
+
+    from pfl_cli.tune.study import still_rising
+
+    def study_of(curves, pruned=()):
+        study = optuna.create_study(direction="maximize")
+        for i, curve in enumerate(curves):
+            trial = study.ask()
+            for step, value in enumerate(curve, 1):
+                trial.report(value, step)
+            state = optuna.trial.TrialState.PRUNED if i in pruned else optuna.trial.TrialState.COMPLETE
+            study.tell(trial, None if i in pruned else curve[-1], state=state)
+        return study
+
+    assert still_rising(study_of([[0.1, 0.2, 0.3], [0.2, 0.25, 0.26]])) == 3
+    assert still_rising(study_of([[0.1, 0.2, 0.3], [0.2, 0.3, 0.3]])) is None  # one has levelled off
+    assert still_rising(study_of([[0.1, 0.2, 0.3], [0.5, 0.1]], pruned=(1,))) == 3  # a pruned curve stopped early
+    assert still_rising(study_of([[0.1]])) is None  # one point says nothing of a slope
+
+
+def test_tables_in_a_pipe_keep_their_columns(part):
+    proc = subprocess.run([sys.executable, "-m", "pfl_cli", "algorithms"], env={**_env(), "COLUMNS": ""},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("│")]
+    from pfl_cli import registry
+
+    assert "…" not in proc.stdout  # no cell cut to fit 80 columns
+    assert [r.split("│")[1].strip() for r in rows] == list(registry.names())  # one line a row: nothing wrapped
