@@ -46,7 +46,7 @@ BUILTINS = (
     "pfl_cli.algorithms.fedpac:FedPAC",
     "pfl_cli.algorithms.fedcp:FedCP",
     "pfl_cli.algorithms.fedas:FedAS",
-    "pfl_cli.algorithms.fedfomo:FedFomo",
+    "pfl_cli.algorithms.fedfomo:FedFomo", "pfl_cli.algorithms.apple:Apple",
     "pfl_cli.algorithms.scaffold:Scaffold", "pfl_cli.algorithms.feddyn:FedDyn",
     "pfl_cli.algorithms.fedopt:FedOpt", "pfl_cli.algorithms.fedexp:FedExP",
     "pfl_cli.algorithms.fedlc:FedLC",
