@@ -1,0 +1,176 @@
+"""FedProto (Tan, Long, Liu, Zhou, Lu, Jiang, Zhang, AAAI 2022): federated prototype learning, Alg. 1.
+
+Clients exchange class prototypes, never model parameters. Every client i keeps its own whole model
+F_i = g_i o f_i (representation f_i, decision layer g_i; pflx's client net with ``features()`` and a linear
+``head()``), private from the first round it trains. A round, for every cohort client (Alg. 1):
+
+1. it receives the global prototypes C̄^(j) of the classes the server has seen;
+2. it trains its model ``local_epochs`` epochs on L_S(F_i(x), y) + lambda * ||f_i(x) - C̄^(y)||^2 (Eq. 7-8,
+   the per-sample squared L2 distance of App. B's local loss; only for samples whose class has a global
+   prototype: none in the first round);
+3. it uploads its prototypes C_i^(j), the mean of f_i(x) over its samples of class j (Eq. 3, with the
+   trained model), and its class counts |D_{i,j}|;
+4. the server sets C̄^(j) to the count-weighted mean of the cohort's prototypes of class j,
+   sum_i |D_{i,j}| C_i^(j) / N_j (Eq. 6 and App. B's q_i; a class no cohort client holds keeps its last
+   prototype): :func:`pfl_cli.fl.prototypes.merge_prototypes`.
+
+Exchanged per cohort client and round: the C x d global prototypes down, its C x d prototypes and C class
+counts up (:meth:`FedProto.floats_per_client_round`), measured from those tensors (the paper's §5 counts the
+prototypes alone, "parameters communicated per round").
+
+Inference: a train client's own model F_i (its decision layer's prediction; the authors' code reports it
+beside the nearest-prototype rule of Eq. 4, which pflx does not serve). A new client (unseen in training):
+the paper's clients train their own heterogeneous models, so no global model exists to hand over; it gets
+the global prototypes and trains its own model from the common initialization ``new_client_epochs`` epochs
+on the same local objective (step 2), the honest protocol of a prototype-only exchange.
+
+Defaults: App. A (SGD at 0.01, momentum 0.5, one local epoch, batches of 8, lambda 1 for MNIST and FEMNIST).
+The authors' code and PFLlib (``clientproto.py``: ``nn.MSELoss()``) take the mean over the d coordinates
+where the paper writes the squared norm; their lambda 1 is pflx's ``fedproto_lambda`` 1 / d on the squared
+norm, the default (null), as FedPAC's (:mod:`pfl_cli.algorithms.fedpac`). The global prototypes follow the
+paper's count weighting; PFLlib's ``proto_aggregation`` (``serverproto.py``) averages uniformly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from pfl_cli.algorithms.base import PrivateState, epochs_protocol
+from pfl_cli.algorithms.partial import _GlobalModel
+from pfl_cli.fl.config import TrainConfig, check_own_keys, key
+from pfl_cli.fl.params import cpu_tree, stack
+from pfl_cli.fl.prototypes import FeatureNet, aligned_steps, class_feature_sums, merge_prototypes
+
+APPENDIX = "Tan et al., FedProto (AAAI 2022), App. A"
+
+
+@dataclass(frozen=True)
+class FedProtoConfig(TrainConfig):
+    """FedProto's keys: local epochs, the prototype-distance weight lambda and a new client's epochs."""
+
+    algorithm: str = key("fedproto", "the algorithm these keys configure")
+    batch_size: int = key(8, "client minibatch size", f"{APPENDIX}: local batch size 8")
+    lr: float = key(0.01, "client SGD step size", f"{APPENDIX}: SGD with learning rate 0.01")
+    momentum: float = key(0.5, "client SGD momentum (buffer reset every round)", f"{APPENDIX}: momentum 0.5")
+    local_epochs: int = key(1, "epochs of local training per round (Alg. 1, LocalUpdate)",
+                            f"{APPENDIX}: one local epoch")
+    fedproto_lambda: Optional[float] = key(None, "lambda: weight of ||f(x) - global prototype of y||^2 (Eq. 7-8); "
+                                           "null: 1 / d, d the feature width",
+                                           f"{APPENDIX}: lambda 1 (MNIST, FEMNIST) on the authors' MSELoss, the mean "
+                                           "over the d coordinates: 1 / d on the squared norm")
+    new_client_epochs: int = key(20, "epochs a new client trains its own model from the initial one, aligned to "
+                                 "the global prototypes",
+                                 "PeFLL (ICLR 2024) App. A.2: a new client's model part trained locally for 20 epochs")
+
+    def validate(self) -> None:
+        super().validate()
+        check_own_keys(self, {"local_epochs": "an integer >= 1", "fedproto_lambda": "a finite number >= 0",
+                              "new_client_epochs": "an integer >= 0"})
+
+
+class FedProto(PrivateState, _GlobalModel):
+    name = "fedproto"
+    paper = "FedProto: Tan et al., AAAI 2022 (Alg. 1)"
+    new_client_protocol = "its own model trained new_client_epochs from the initial one towards the global prototypes"
+    config = FedProtoConfig
+    dp_unit = None  # no DP variant: the prototypes are class means of private representations, released as such
+    not_distributed = "its prototype merge and per-client models run in one process"
+    search_space = {"lr": "log:1e-3:1", "fedproto_lambda": "log:1e-3:10"}
+    search_space_source = ("Tan et al., FedProto (AAAI 2022), App. A: lambda tuned from a candidate set (their best 1 "
+                           "or 0.1 on the coordinate mean, 1e-3 to 10 on the squared norm here) and the client lr")
+    tune_group = "train"
+
+    @classmethod
+    def floats_per_client_round(cls, arch: dict) -> int:
+        """Down: the C x d global prototypes; up: the C x d client prototypes and the C class counts."""
+        from pfl_cli.models import build
+
+        classes, d = int(arch["client"]["num_classes"]), build(arch["client"]).head().in_features
+        return 2 * classes * d + classes
+
+    def build(self) -> None:
+        self.net = FeatureNet(self.client_net(), self.name)
+        init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+        self.global_params = init  # the common initialization every model starts from; never averaged
+        self.private = self.new_private_state(init)
+        d = self.net.net.head().in_features
+        self.prototypes = torch.zeros(self.store.num_classes, d, device=self.device)
+        self.seen = torch.zeros(self.store.num_classes, dtype=torch.bool, device=self.device)
+
+    @property
+    def alignment_weight(self) -> float:
+        """lambda: ``fedproto_lambda``, or 1 / d (the authors' lambda 1 on the mean over the d coordinates)."""
+        lam = self.cfg.fedproto_lambda
+        return float(lam) if lam is not None else 1.0 / self.net.net.head().in_features
+
+    def _train(self, start: dict, clients, gen, epochs: int):
+        steps, taken = self.draw_batches(clients, gen, epochs=epochs)
+        theta, loss = aligned_steps(self.net, start, self.store, steps, trainable=list(start),
+                                    sgd=self.sgd_update_options(), lam=self.alignment_weight,
+                                    prototypes=self.prototypes if bool(self.seen.any()) else None, seen=self.seen)
+        return theta, loss, taken
+
+    def _class_sums(self, params: dict, clients):
+        from torch.func import functional_call
+
+        features = lambda p, x: functional_call(self.net, p, (x,), {"parts": True})[0]  # noqa: E731
+        return class_feature_sums(features, params, self.store, clients)
+
+    def run_round(self, t, cohort, gen):
+        c = len(cohort)
+        self.traffic.send("prototypes", self.prototypes, copies=c)                        # Alg. 1: C̄ down
+        theta, loss, _ = self._train(self.private.gather(cohort), cohort, gen, self.cfg.local_epochs)
+        local = self._class_sums(theta, cohort)                                            # Eq. 3
+        protos = local.prototypes()
+        self.traffic.receive("prototypes", protos)
+        self.traffic.receive("class_counts", local.counts)
+        self.prototypes, self.seen = merge_prototypes(self.prototypes, self.seen, protos, local.counts)  # Eq. 6
+        self.private.scatter(cohort, theta)
+        return loss
+
+    # -- serving
+    def own_models(self, rows):
+        return self.private.gather(rows)
+
+    def new_clients(self, clients: np.ndarray, gen) -> dict:
+        """Its own model from the initial one, trained ``new_client_epochs`` epochs on Eq. 7-8's objective."""
+        if not self.cfg.new_client_epochs or not len(clients):
+            return stack(self.global_params, len(clients))
+
+        def build(sel):
+            theta, _, taken = self._train(stack(self.global_params, len(sel)), sel, gen, self.cfg.new_client_epochs)
+            self.client_sgd_steps += taken
+            return theta
+
+        return self.chunked(np.asarray(clients, dtype=np.int64), build)
+
+    def protocol(self, new: bool) -> dict:
+        return epochs_protocol(new, self.cfg.new_client_epochs, "its own model",
+                               "its own model trained {e} epochs towards the global prototypes",
+                               "the initial model")
+
+    # -- persistence: the global prototypes join the server's state
+    def _prototype_state(self) -> dict:
+        return {"prototypes": self.prototypes.detach().cpu().clone(), "seen": self.seen.detach().cpu().clone()}
+
+    def _load_prototypes(self, state: dict) -> None:
+        self.prototypes = state["prototypes"].to(self.device)
+        self.seen = state["seen"].to(self.device)
+
+    def state(self):
+        return {**super().state(), "prototypes": self._prototype_state()}
+
+    def load_state(self, state):
+        super().load_state(state)
+        self._load_prototypes(state["prototypes"])
+
+    def weights(self):
+        return {**super().weights(), "prototypes": cpu_tree(self._prototype_state())}
+
+    def load_weights(self, weights):
+        super().load_weights(weights)
+        self._load_prototypes(weights["prototypes"])
