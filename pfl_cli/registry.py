@@ -44,6 +44,7 @@ BUILTINS = (
     "pfl_cli.algorithms.fedala:FedALA", "pfl_cli.algorithms.feddbe:FedDBE",
     "pfl_cli.algorithms.gpfl:GPFL", "pfl_cli.algorithms.pfedla:PFedLA",
     "pfl_cli.algorithms.fedpac:FedPAC",
+    "pfl_cli.algorithms.fedproto:FedProto", "pfl_cli.algorithms.fednh:FedNH",
     "pfl_cli.algorithms.fedcp:FedCP",
     "pfl_cli.algorithms.fedas:FedAS",
     "pfl_cli.algorithms.fedfomo:FedFomo", "pfl_cli.algorithms.apple:Apple",
