@@ -220,6 +220,27 @@ class Algorithm(ABC):
         """The module that evaluates personalize()'s parameters (kNN-Per wraps the client net)."""
         return self.net
 
+    def global_model(self):
+        """``(net, params)``: the one complete model the server holds for every client, which train scores on
+        the pooled test splits (``global_accuracy``), or None for a method whose models are per-client only.
+
+        Detected here: ``global_params`` holding every parameter of ``net``, none of which a client keeps
+        for itself alone (FedAvg and the methods built on its server model: Ditto's and APFL's w, whose
+        clients keep a whole model of their own beside it; FedBABU's body with its fixed head). A method
+        whose clients keep part of the model privately (FedPer's heads, LG-FedAvg's bodies: the server's
+        copy of that part is never trained) or whose server holds no client net (a hypernetwork) has none;
+        one whose global model is not ``global_params`` overrides this. Only personalized runs ask: a
+        method serving one model to every client is scored with that model.
+        """
+        params, net = getattr(self, "global_params", None), getattr(self, "net", None)
+        if not isinstance(params, dict) or net is None:
+            return None
+        names = {k for k, _ in net.named_parameters()}
+        private = getattr(getattr(self, "private", None), "values", None)
+        if isinstance(private, dict) and names & set(private) and not names <= set(private):
+            return None  # a client's own part of the model: the server's copy of it is not a trained model
+        return (net, params) if set(params) == names else None
+
     # ------------------------------------------------------------------ shared helpers
     def client_net(self):
         from pfl_cli.models import build

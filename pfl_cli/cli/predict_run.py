@@ -39,8 +39,10 @@ import numpy as np
 
 from pfl_cli.cli.output import Reporter, core_progress
 from pfl_cli.cli.common import load_partition_dataset
-from pfl_cli.cli.train_run import accuracy_table, clean, client_rows, torch_bytes
+from pfl_cli.cli.train_run import (CLIENT_COLUMNS, accuracy_table, clean, client_rows, has_global_model,
+                                   torch_bytes)
 from pfl_cli.compare.stats import FAIRNESS_KEYS
+from pfl_cli.fl.evaluate import CLASS_METRICS
 from pfl_cli.errors import ArtifactError, ConfigError
 
 
@@ -168,6 +170,9 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "loss": s["loss"],
         # fairness across the predicted clients (pfl_cli.compare.stats): unmasked, and label-masked (_lm)
         **{k: s[k] for k in (*FAIRNESS_KEYS, *(f"{k}_lm" for k in FAIRNESS_KEYS))},
+        # balanced accuracy and macro-F1 (mean over clients, pooled), the global model's (pfl_cli.fl.evaluate)
+        **{k: s[k] for k in CLASS_METRICS},
+        "global_model": has_global_model(run.algorithm),
         "num_clients": s["num_clients"],
         "num_samples": s["num_samples"],
         "num_unlabeled_clients": int(len(run.unlabeled)),
@@ -185,7 +190,7 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
     rows = client_rows(part, [run.evaluation])
     with writer:
         writer.save_json("metrics.json", metrics)
-        writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"], rows)
+        writer.save_csv("clients.csv", CLIENT_COLUMNS, rows)
         if run.predictions is not None:
             p = run.predictions
             writer.save_npz("predictions.npz", client_id=np.asarray(part.client_id, dtype=np.int64)[p["client"]],

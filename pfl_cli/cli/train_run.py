@@ -37,6 +37,10 @@ from pfl_cli.cli.output import Reporter
 from pfl_cli.errors import InputError, RunError
 from pfl_cli.fl.checkpoint import CHECKPOINT_FILE, Checkpointer, fingerprint, torch_bytes
 METRIC_NAMES = ("mean_accuracy", "pooled_accuracy", "mean_accuracy_lm", "pooled_accuracy_lm")
+# clients.csv (and nonprivate-clients.csv, predict's clients.csv): the first six columns as before, then the
+# per-client balanced accuracy and macro-F1 and the global model's accuracy (pfl_cli.fl.evaluate); empty: undefined.
+CLIENT_COLUMNS = ("client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm", "balanced_accuracy",
+                  "macro_f1", "global_accuracy")
 
 
 # ---------------------------------------------------------------------------- shared with predict
@@ -243,7 +247,7 @@ def write_train_files(writer, config: dict, run, part, metrics: dict, record=Non
     writer.path("model.pt").write_bytes(torch_bytes(run.model))
     writer.save_csv("metrics.csv", ["round", "group", "metric", "value"], run.outcome.history)
     writer.save_json("metrics.json", metrics)
-    writer.save_csv("clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy", "accuracy_lm"],
+    writer.save_csv("clients.csv", CLIENT_COLUMNS,
                     client_rows(part, [run.outcome.best.groups[g] for g in ("train", "holdout")
                                        if g in run.outcome.best.groups]))
     if record is None:
@@ -296,8 +300,7 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior
                if g in metrics}}, release=NONPRIVATE)
         writer.save_csv("nonprivate-metrics.csv", ["round", "group", "metric", "value"], outcome.history,
                         release=NONPRIVATE)
-        writer.save_csv("nonprivate-clients.csv", ["client_id", "role", "n_train", "n_test", "accuracy",
-                                                   "accuracy_lm"],
+        writer.save_csv("nonprivate-clients.csv", CLIENT_COLUMNS,
                         client_rows(part, [outcome.best.groups[g] for g in ("train", "holdout")
                                            if g in outcome.best.groups]), release=NONPRIVATE)
     return public["dp"]
@@ -407,6 +410,9 @@ def train_metrics(cfg, run, info: dict, device) -> dict:
     for group in ("train", "holdout", "val"):
         if group in summaries:
             metrics[group] = summaries[group]
+    # Whether the groups' global_accuracy is scored: the method holds one model for every client
+    # (pfl_cli.algorithms.base.Algorithm.global_model); a property of the method, public under --dp.
+    metrics["global_model"] = has_global_model(run.algorithm)
     metrics["parameters"] = params
     metrics["floats_per_client_round"] = floats
     store = run.store
@@ -416,13 +422,21 @@ def train_metrics(cfg, run, info: dict, device) -> dict:
     return clean(metrics)
 
 
+def has_global_model(alg) -> bool:
+    from pfl_cli.fl.evaluate import global_model_of
+
+    return not alg.personalized or global_model_of(alg) is not None
+
+
 def client_rows(part, evals) -> list[list]:
-    """clients.csv rows (client_id, role, n_train, n_test, accuracy, accuracy_lm), in partition order."""
+    """clients.csv rows (:data:`CLIENT_COLUMNS`), in partition order."""
     rows = []
     for ev in evals:
         acc, acc_lm = ev.accuracy(False), ev.accuracy(True)
+        more = ev.client_metrics()
         rows += [(int(c), [int(part.client_id[c]), int(part.role[c]), int(part.train_sizes[c]),
-                           int(part.test_sizes[c]), csv_float(acc[i]), csv_float(acc_lm[i])])
+                           int(part.test_sizes[c]), csv_float(acc[i]), csv_float(acc_lm[i]),
+                           *(csv_float(more[m][i]) for m in CLIENT_COLUMNS[6:])])
                  for i, c in enumerate(ev.clients)]
     return [row for _, row in sorted(rows, key=lambda r: r[0])]
 

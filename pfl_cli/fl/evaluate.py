@@ -5,11 +5,26 @@ from its train data so they are never predicted. pflx sets their logits to -inf 
 argmax (the authors' code multiplies logits by a 0/1 mask, which lets an absent class win
 when every present logit is negative). Both accuracies come from the same logits, so every
 evaluation reports both.
+
+Beside accuracy, the metrics papers print on imbalanced clients: balanced accuracy and macro-F1, per
+client and pooled, from per-client class counts (true positives, true labels, predictions: the
+diagonal and both margins of each client's confusion matrix, all clients of a chunk in one
+``bincount``). The definitions are scikit-learn's (``balanced_accuracy_score``, ``f1_score(average=
+"macro")``): balanced accuracy is the mean recall over the classes with a scored test sample; macro-F1
+the mean of ``2 tp / (support + predicted)`` over the classes in the labels *or* the predictions.
+Per client these run over that client's scored test samples; pooled ones over the summed counts
+(the pooled confusion matrix, never a mean of per-client values). Both score the plain argmax, the
+prediction the headline accuracy scores.
+
+The global model (:meth:`pfl_cli.algorithms.base.Algorithm.global_model`): where a method holds one
+model for every client, it is also scored on the clients' test splits, and ``global_accuracy`` is its
+accuracy on their union -- the "global test set" the optimization papers report (McMahan et al.,
+AISTATS 2017, section 3; Karimireddy et al., ICML 2020, section 7; Reddi et al., ICLR 2021, section 5).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -23,6 +38,14 @@ class GroupEval:
     correct: np.ndarray     # argmax over all classes
     correct_lm: np.ndarray  # argmax over the client's own classes (label masking)
     loss: np.ndarray        # summed cross-entropy per client
+    # Per-client class counts of the plain argmax, (k, C) int64: true positives, scored labels, predictions.
+    # None where an evaluation did not count them (a Flower node's reply, an older checkpoint).
+    tp: np.ndarray | None = None
+    support: np.ndarray | None = None
+    predicted: np.ndarray | None = None
+    # The same counts for the method's global model on the same samples; None where it has none.
+    global_tp: np.ndarray | None = None
+    global_predicted: np.ndarray | None = None
 
     def summary(self) -> dict:
         """Mean of per-client accuracies (clients with data), pooled accuracy, mean loss, and fairness across
@@ -47,12 +70,98 @@ class GroupEval:
             # train, predict and compare (pfl_cli.compare.stats); None where no client has data.
             **client_fairness(self.accuracy(False)),
             **client_fairness(self.accuracy(True), suffix="_lm"),
+            **self.class_summary(),
         }
+
+    def class_summary(self) -> dict:
+        """Balanced accuracy and macro-F1, mean over clients (with scored samples) and pooled; the global
+        model's pooled accuracy, balanced accuracy and macro-F1. None where not counted / no global model."""
+        out = dict.fromkeys(CLASS_METRICS)
+        if self.tp is not None:
+            has = self.n > 0
+
+            def mean(values):
+                return float(np.mean(values[has])) if has.any() else None
+
+            out["mean_balanced_accuracy"] = mean(balanced_accuracy(self.tp, self.support))
+            out["mean_macro_f1"] = mean(macro_f1(self.tp, self.support, self.predicted))
+            tp, support, predicted = self.tp.sum(0), self.support.sum(0), self.predicted.sum(0)
+            out["pooled_balanced_accuracy"] = _none(balanced_accuracy(tp, support))
+            out["pooled_macro_f1"] = _none(macro_f1(tp, support, predicted))
+            if self.global_tp is not None:
+                gtp, gpred = self.global_tp.sum(0), self.global_predicted.sum(0)
+                total = int(support.sum())
+                out["global_accuracy"] = float(gtp.sum() / total) if total else None
+                out["global_balanced_accuracy"] = _none(balanced_accuracy(gtp, support))
+                out["global_macro_f1"] = _none(macro_f1(gtp, support, gpred))
+        return out
+
+    def client_metrics(self) -> dict[str, np.ndarray]:
+        """Per-client ``balanced_accuracy``, ``macro_f1`` and ``global_accuracy`` (NaN: no scored sample, not
+        counted, or no global model)."""
+        nan = np.full(len(self.clients), np.nan)
+        if self.tp is None:
+            return {"balanced_accuracy": nan, "macro_f1": nan, "global_accuracy": nan}
+        with np.errstate(invalid="ignore", divide="ignore"):
+            glob = (np.where(self.n > 0, self.global_tp.sum(1) / np.maximum(self.n, 1), np.nan)
+                    if self.global_tp is not None else nan)
+        return {"balanced_accuracy": balanced_accuracy(self.tp, self.support),
+                "macro_f1": macro_f1(self.tp, self.support, self.predicted), "global_accuracy": glob}
 
     def accuracy(self, label_mask: bool) -> np.ndarray:
         correct = self.correct_lm if label_mask else self.correct
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.n > 0, correct / np.maximum(self.n, 1), np.nan)
+
+
+CLASS_METRICS = ("mean_balanced_accuracy", "pooled_balanced_accuracy", "mean_macro_f1", "pooled_macro_f1",
+                 "global_accuracy", "global_balanced_accuracy", "global_macro_f1")
+
+
+def _none(value) -> float | None:
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+def balanced_accuracy(tp: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """Mean recall ``tp / support`` over the classes with ``support > 0`` along the last axis; NaN without any.
+
+    scikit-learn's ``balanced_accuracy_score`` (``adjusted=False``)
+    on the predictions these counts come from.
+    """
+    present = support > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        recall = np.where(present, tp / np.maximum(support, 1), 0.0).sum(-1)
+        return np.where(present.any(-1), recall / present.sum(-1), np.nan)
+
+
+def macro_f1(tp: np.ndarray, support: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """Mean F1 ``2 tp / (support + predicted)`` over the classes in the labels or the predictions (last axis).
+
+    scikit-learn's ``f1_score(average="macro")`` (whose labels default to those of ``y_true`` and ``y_pred``);
+    NaN where there is no sample at all.
+    """
+    either = support + predicted
+    present = either > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f1 = np.where(present, 2.0 * tp / np.maximum(either, 1), 0.0).sum(-1)
+        return np.where(present.any(-1), f1 / present.sum(-1), np.nan)
+
+
+def _class_counts(pred, y, scored, num_classes: int):
+    """``(tp, support, predicted)``: (k, C) counts of a chunk's scored samples, each one ``bincount`` over
+    ``row * C + class`` for all k clients at once."""
+    import torch
+
+    k = y.shape[0]
+    base = (torch.arange(k, device=y.device) * num_classes)[:, None]
+    true, guess = (base + y.clamp_min(0))[scored], (base + pred)[scored]
+    hit = guess == true
+
+    def count(index):
+        return torch.bincount(index, minlength=k * num_classes).view(k, num_classes).cpu().numpy()
+
+    return count(true[hit]), count(true), count(guess)
 
 
 def _count(logits, y, allowed):
@@ -143,9 +252,9 @@ def evaluate(model, params, store, clients: np.ndarray, split: str = "test", *, 
     rows = torch.as_tensor(held)
     mine = {name: p[rows.to(p.device)] for name, p in params.items()} if personalized else params
     part = _evaluate(model, mine, store, clients[held], split, personalized, max_samples, how)
-    fields = ("n", "correct", "correct_lm", "loss")
-    whole = assemble({f: torch.as_tensor(getattr(part, f)) for f in fields}, rows, k)
-    return GroupEval(clients, *(whole[f].numpy() for f in fields))
+    counted = [f.name for f in fields(GroupEval)[1:] if getattr(part, f.name) is not None]
+    whole = assemble({f: torch.as_tensor(getattr(part, f)) for f in counted}, rows, k)
+    return GroupEval(clients, **{f: whole[f].numpy() for f in counted})
 
 
 def _evaluate(model, params, store, clients: np.ndarray, split: str, personalized: bool, max_samples: int,
@@ -153,6 +262,8 @@ def _evaluate(model, params, store, clients: np.ndarray, split: str, personalize
     k = len(clients)
     out = {name: np.zeros(k, dtype=np.int64) for name in ("n", "correct", "correct_lm")}
     loss = np.zeros(k)
+    c = store.num_classes
+    counts = {name: np.zeros((k, c), dtype=np.int64) for name in ("tp", "support", "predicted")}
     for rows, idx, valid, logits in forward_chunks(model, params, store, clients, split, personalized=personalized,
                                                    max_samples=max_samples, how=how):
         # Model selection (val) reads only labels training may read, never an oracle's hidden ones.
@@ -164,7 +275,9 @@ def _evaluate(model, params, store, clients: np.ndarray, split: str, personalize
         out["correct"][rows] = (plain & scored).sum(1).cpu().numpy()
         out["correct_lm"][rows] = (masked & scored).sum(1).cpu().numpy()
         loss[rows] = (ce * scored).sum(1).double().cpu().numpy()
-    return GroupEval(clients, out["n"], out["correct"], out["correct_lm"], loss)
+        for name, value in zip(counts, _class_counts(logits.argmax(-1), y, scored, c)):
+            counts[name][rows] = value
+    return GroupEval(clients, out["n"], out["correct"], out["correct_lm"], loss, **counts)
 
 
 def predict_samples(model, params, store, clients: np.ndarray, split: str, *, personalized: bool,
@@ -198,8 +311,41 @@ def predict_samples(model, params, store, clients: np.ndarray, split: str, *, pe
 
 
 def _concat(parts: list[GroupEval]) -> GroupEval:
-    return GroupEval(*(np.concatenate([getattr(p, f) for p in parts])
-                       for f in ("clients", "n", "correct", "correct_lm", "loss")))
+    names = [f.name for f in fields(GroupEval)]
+    return GroupEval(**{f: None if any(getattr(p, f) is None for p in parts) else
+                        np.concatenate([getattr(p, f) for p in parts]) for f in names})
+
+
+def _take(ev: GroupEval, order) -> GroupEval:
+    return GroupEval(**{f.name: None if getattr(ev, f.name) is None else getattr(ev, f.name)[order]
+                        for f in fields(GroupEval)})
+
+
+def with_global(alg, evals: dict[str, GroupEval], clients: np.ndarray, personalized: bool, *,
+                max_samples: int = 8192) -> dict[str, GroupEval]:
+    """``evals["test"]`` with its global model's class counts (``global_tp``, ``global_predicted``).
+
+    A method that serves every client one model (``personalized`` False) is its own global model: the
+    counts are the evaluation's. A personalized one is scored again with :meth:`global_model` (one
+    more forward pass over the test samples), or left without them when it holds none.
+    """
+    ev = evals.get("test")
+    if ev is None or ev.tp is None:
+        return evals
+    if not personalized:
+        return {**evals, "test": replace(ev, global_tp=ev.tp, global_predicted=ev.predicted)}
+    glob = global_model_of(alg)
+    if glob is None:
+        return evals
+    net, params = glob
+    g = evaluate(net, params, alg.store, ev.clients, "test", personalized=False, max_samples=max_samples)
+    return {**evals, "test": replace(ev, global_tp=g.tp, global_predicted=g.predicted)}
+
+
+def global_model_of(alg):
+    """``alg.global_model()``, or None for an algorithm (a plugin) that does not define it."""
+    method = getattr(alg, "global_model", None)
+    return method() if callable(method) else None
 
 
 # The named random stream of the new-client protocol (pFedHN's embedding fit, HyperFL's new
@@ -210,7 +356,8 @@ NEW_CLIENT_STREAM = "predict"
 
 
 def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], gen, *, chunk: int = 256,
-                             keep_params: bool = False, max_samples: int = 8192, each_chunk=None):
+                             keep_params: bool = False, max_samples: int = 8192, each_chunk=None,
+                             with_global_model: bool = True):
     """Each client's model from ``alg.personalize``, evaluated on ``splits``, ``chunk`` clients at a time.
 
     Chunking bounds memory by the chunk, not the population: 3,597 FEMNIST writers' LeNets
@@ -224,7 +371,8 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
     personalized : bool
 
     ``each_chunk(clients, params, personalized, net)``, when given, sees every chunk's models
-    (``predict`` writes the chunk's predictions with them).
+    (``predict`` writes the chunk's predictions with them). ``with_global_model``: the test split's
+    evaluation also holds the global model's counts (:func:`with_global`).
     """
     import torch
 
@@ -250,7 +398,9 @@ def personalize_and_evaluate(alg, clients: np.ndarray, splits: tuple[str, ...], 
         where = {int(c): i for i, c in enumerate(clients)}
         for split, ev in evals.items():
             perm = np.argsort([where[int(c)] for c in ev.clients], kind="stable")
-            evals[split] = GroupEval(*(getattr(ev, f)[perm] for f in ("clients", "n", "correct", "correct_lm", "loss")))
+            evals[split] = _take(ev, perm)
+    if with_global_model and len(groups) == 1:
+        evals = with_global(alg, evals, clients, personalized, max_samples=max_samples)
     return evals, out, personalized
 
 

@@ -187,8 +187,11 @@ def _load_resume(alg, state: dict) -> None:
 def _evaluation_to(ev: Evaluation) -> dict:
     import torch
 
-    return {"round": ev.round, "groups": {g: {k: torch.as_tensor(getattr(e, k)) for k in
-                                              ("clients", "n", "correct", "correct_lm", "loss")}
+    from dataclasses import fields
+
+    # every counted field (the class counts too: a resumed run reports what the uninterrupted one does)
+    return {"round": ev.round, "groups": {g: {f.name: torch.as_tensor(getattr(e, f.name)) for f in fields(GroupEval)
+                                              if getattr(e, f.name) is not None}
                                           for g, e in ev.groups.items()}}
 
 

@@ -138,7 +138,9 @@ GROUP_FIELDS = {"mean_accuracy": "fraction?", "pooled_accuracy": "fraction?", "m
                 "pooled_accuracy_lm": "fraction?", "loss": "number?", "num_clients": "count?",
                 "num_samples": "count?", "accuracy_std": "fraction?", "accuracy_worst10": "fraction?",
                 "accuracy_min": "fraction?", "accuracy_std_lm": "fraction?", "accuracy_worst10_lm": "fraction?",
-                "accuracy_min_lm": "fraction?"}
+                "accuracy_min_lm": "fraction?", "mean_balanced_accuracy": "fraction?",
+                "pooled_balanced_accuracy": "fraction?", "mean_macro_f1": "fraction?", "pooled_macro_f1": "fraction?",
+                "global_accuracy": "fraction?", "global_balanced_accuracy": "fraction?", "global_macro_f1": "fraction?"}
 METRICS_FIELDS: dict[str, dict[str, str]] = {
     "train": {"algorithm": "str", "label_mask": "bool", "rounds": "count", "best_round": "count?",
               "dataset": "object", "train": "object", "holdout": "object", "val": "object", "selection": "str?"},
