@@ -17,6 +17,7 @@ def compare_command(
     spec: Annotated[Optional[Path], typer.Option("--spec", help="A YAML spec (partition, seeds, algorithms with their config files, e.g. a tune artifact's best.yaml): run its trainings (and predict on the new clients) first, into its runs: directory (default <out>-runs), then compare them with the RUNs.", show_default=False)] = None,
     nonprivate: Annotated[bool, typer.Option("--nonprivate", help="Accept --dp train runs (and predict runs of --dp models) through their nonprivate-clients.csv (train --write-nonprivate): accuracies on the private clients, not covered by DP. The table's files are then named nonprivate-*.")] = False,
     level: Annotated[float, typer.Option("--level", help="Confidence level of the Student-t interval over seeds.")] = 0.95,
+    metric: Annotated[str, typer.Option("--metric", help="The headline column: accuracy (mean per-client test accuracy), balanced_accuracy or macro_f1 (mean per-client, scikit-learn's definitions), global_accuracy (the global model on the union of the clients' test splits; refused for a method without one). Every metric keeps its columns in table.csv and table.json.")] = "accuracy",
     plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: per-client accuracy of every configuration, training and new clients, one box each (needs the plot extra).")] = False,
     force: ForceOpt = False,
     fmt: FormatOpt = Format.human,
@@ -27,7 +28,8 @@ def compare_command(
     row and group of clients (train: the training clients; new: clients never trained on, from
     predict artifacts of --clients holdout, else the train run's own holdout evaluation): the mean
     per-client test accuracy without label masking averaged over seeds, with the half-width of the
-    two-sided Student-t interval (n/a with one seed: no spread to estimate, not zero); the standard
+    two-sided Student-t interval (n/a with one seed: no spread to estimate, not zero), or the metric
+    --metric picks (balanced accuracy, macro-F1, the global model's accuracy); the standard
     deviation across clients, the mean of the worst 10 % of clients (ceil(0.1 n) of them) and the
     minimum, each over one run's clients and averaged over seeds; the label-masked accuracy in its
     own column. Runs over different partitions or datasets, the same seed twice, or a --dp train
@@ -47,4 +49,4 @@ def compare_command(
 
         require_matplotlib("--plot")
     run_compare(list(runs or ()), out=out, nonprivate=nonprivate, level=level, plot=plot, force=force,
-                report=Reporter(fmt), spec=spec)
+                report=Reporter(fmt), spec=spec, metric=metric)

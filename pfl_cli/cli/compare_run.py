@@ -2,7 +2,8 @@
 
 The ``compare`` artifact (DESIGN.md section 3): ``table.md``, ``table.csv``, ``table.json`` (per
 configuration and client group: mean and interval over seeds, fairness across clients),
-``clients.csv`` (label, group, seed, client_id, accuracy, accuracy_lm of every run) and, with
+``clients.csv`` (label, group, seed, client_id, accuracy, accuracy_lm, balanced_accuracy, macro_f1,
+global_accuracy of every run) and, with
 ``--plot``, ``clients.png``. With ``--nonprivate`` over --dp runs every file is named
 ``nonprivate-*``: the numbers are diagnostics on private clients, not releases.
 """
@@ -16,17 +17,18 @@ from pfl_cli.cli.output import Reporter
 
 
 def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: float, plot: bool, force: bool,
-                report: Reporter, spec: Path | None = None) -> None:
+                report: Reporter, spec: Path | None = None, metric: str = "accuracy") -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.compare import compare, read_runs
-    from pfl_cli.compare.table import CLIENT_COLUMNS, CSV_COLUMNS
+    from pfl_cli.compare.table import CLIENT_COLUMNS, CSV_COLUMNS, check_metric
 
-    config = {"level": level, "nonprivate": nonprivate, "plot": plot}
+    config = {"level": level, "nonprivate": nonprivate, "plot": plot, "metric": metric}
     ArtifactWriter(out, stage="compare", config=config, seed=None, force=force)  # --out problems first
     if not 0.0 < level < 1.0:
         from pfl_cli.errors import ConfigError
 
         raise ConfigError(f"--level must be in (0, 1); got {level!r}.")
+    check_metric(metric)  # before any training of --spec
     if not runs and spec is None:
         from pfl_cli.errors import InputError
 
@@ -38,7 +40,7 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
         config["spec"] = parsed.to_dict()
         runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate), *runs]
     groups = read_runs(runs, nonprivate=nonprivate)
-    table = compare(groups, level=level)
+    table = compare(groups, level=level, metric=metric)
     inputs = list({g.input_ref["sha256"]: dict(g.input_ref) for g in groups}.values())
     writer = ArtifactWriter(out, stage="compare", config=config, seed=None, inputs=inputs, force=force)
     if writer.up_to_date():
@@ -113,20 +115,23 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
 def _print(report: Reporter, out: Path, table, prefix: str) -> None:
     from rich.table import Table
 
-    from pfl_cli.compare.table import GROUP_NAMES, format_interval, format_pct
+    from pfl_cli.compare.table import GROUP_NAMES, TITLES, format_interval, format_pct
 
     runs = len({g.path for g in table.groups})
+    m = table.metric
     title = f"compare -> {out}: {len({r['label'] for r in table.rows})} configurations, {runs} runs"
     rich_table = Table(title=title, title_justify="left", caption=table.markdown().split("\n\n", 1)[1].strip(),
                        caption_justify="left")
-    for name, justify in (("algorithm", "left"), ("clients", "left"), ("seeds", "right"), ("accuracy %", "right"),
+    for name, justify in (("algorithm", "left"), ("clients", "left"), ("seeds", "right"), (f"{TITLES[m]} %", "right"),
+                          *([("accuracy %", "right")] if m != "accuracy" else []),
                           ("std", "right"), ("worst 10%", "right"), ("min", "right"), ("label-masked %", "right")):
         rich_table.add_column(name, justify=justify)
     for r in table.rows:
         rich_table.add_row(r["label"], GROUP_NAMES[(r["group"], r["source"])], str(r["num_seeds"]),
-                           format_interval(r["accuracy"], r["accuracy_ci"]), format_pct(r["accuracy_std"]),
-                           format_pct(r["accuracy_worst10"]), format_pct(r["accuracy_min"]),
-                           format_interval(r["accuracy_lm"], r["accuracy_lm_ci"]))
+                           format_interval(r[m], r[f"{m}_ci"]),
+                           *([format_interval(r["accuracy"], r["accuracy_ci"])] if m != "accuracy" else []),
+                           format_pct(r["accuracy_std"]), format_pct(r["accuracy_worst10"]),
+                           format_pct(r["accuracy_min"]), format_interval(r["accuracy_lm"], r["accuracy_lm_ci"]))
     doc = table.document()
     rows = [{k: v for k, v in row.items() if k not in ("config", "predict_config")} for row in doc["rows"]]
     report.result({"out": str(out), "up_to_date": False, "files_prefix": prefix, **doc, "rows": rows}, rich_table)

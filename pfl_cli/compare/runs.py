@@ -34,6 +34,9 @@ STAGES = ("train", "predict")
 # Keys of a run's config that say which draw it is, not which method: runs differing only there are seeds of one row.
 SEED_KEYS = ("seed",)
 CLIENT_COLUMNS = ("client_id", "role", "accuracy", "accuracy_lm")
+# Columns train and predict write since they count classes (pfl_cli.fl.evaluate); read when present, NaN when an
+# older artifact lacks them.
+EXTRA_CLIENT_COLUMNS = ("balanced_accuracy", "macro_f1", "global_accuracy")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,15 @@ class ClientGroup:
     predict_config: Mapping[str, Any] | None = None  # predict's config without its seed (new clients from predict)
     nonprivate: bool = False   # read from a DP artifact's nonprivate-clients.csv
     input_ref: Mapping[str, Any] = field(default_factory=dict)
+    # Per client (NaN: undefined, or an artifact written before these were counted): balanced accuracy,
+    # macro-F1, the global model's accuracy.
+    balanced_accuracy: np.ndarray | None = None
+    macro_f1: np.ndarray | None = None
+    client_global_accuracy: np.ndarray | None = None
+    # The global model's accuracy on the union of the group's test splits (metrics.json's global_accuracy);
+    # None without a global model or from an older artifact (``global_model`` says which: True, False, None).
+    global_accuracy: float | None = None
+    global_model: bool | None = None
 
     @property
     def key(self) -> str:
@@ -100,10 +112,11 @@ def _partition_hash(art: Artifact, given: str) -> str:
 
 
 def read_client_accuracies(art: Artifact, given: str, name: str) -> dict[str, np.ndarray]:
-    """``clients.csv`` (or ``nonprivate-clients.csv``): client_id, role, accuracy, accuracy_lm, checked.
+    """``clients.csv`` (or ``nonprivate-clients.csv``): client_id, role, accuracy, accuracy_lm, checked; and
+    balanced_accuracy, macro_f1, global_accuracy where the file has them (NaN columns where it does not).
 
     Rules: the file is listed in the manifest; its header has the four columns; ids are integers
-    (unique), roles 0 or 1, accuracies empty (no scored test sample) or numbers in [0, 1].
+    (unique), roles 0 or 1, accuracies (and the optional columns) empty (undefined) or numbers in [0, 1].
     """
     from pfl_cli.readers._rules import listed, refuse
 
@@ -113,24 +126,41 @@ def read_client_accuracies(art: Artifact, given: str, name: str) -> dict[str, np
     missing = [c for c in CLIENT_COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
         raise refuse(art, FLAG, name, f"lacks the columns {missing}")
-    ids, roles, acc, acc_lm = [], [], [], []
+    ids, roles = [], []
+    scores = ("accuracy", "accuracy_lm", *(c for c in EXTRA_CLIENT_COLUMNS if c in reader.fieldnames))
+    values: dict[str, list] = {c: [] for c in scores}
     for line, row in enumerate(reader, start=2):
         try:
             ids.append(int(row["client_id"]))
             roles.append(int(row["role"]))
-            pair = [float(row[c]) if row[c] not in ("", None) else math.nan for c in ("accuracy", "accuracy_lm")]
+            got = [float(row[c]) if row[c] not in ("", None) else math.nan for c in scores]
         except (TypeError, ValueError):
-            raise refuse(art, FLAG, name, f"line {line}: client_id and role must be integers and accuracies "
+            raise refuse(art, FLAG, name, f"line {line}: client_id and role must be integers and {', '.join(scores)} "
                          "numbers or empty", dict(row)) from None
-        if roles[-1] not in (0, 1) or any(not (math.isnan(v) or 0.0 <= v <= 1.0) for v in pair):
-            raise refuse(art, FLAG, name, f"line {line}: role must be 0 or 1 and accuracies in [0, 1] or empty",
-                         dict(row))
-        acc.append(pair[0])
-        acc_lm.append(pair[1])
+        if roles[-1] not in (0, 1) or any(not (math.isnan(v) or 0.0 <= v <= 1.0) for v in got):
+            raise refuse(art, FLAG, name, f"line {line}: role must be 0 or 1 and {', '.join(scores)} in [0, 1] or "
+                         "empty", dict(row))
+        for c, v in zip(scores, got):
+            values[c].append(v)
     if len(set(ids)) != len(ids):
         raise refuse(art, FLAG, name, "client_id must be unique")
-    return {"client_id": np.asarray(ids, dtype=np.int64), "role": np.asarray(roles, dtype=np.int64),
-            "accuracy": np.asarray(acc, dtype=np.float64), "accuracy_lm": np.asarray(acc_lm, dtype=np.float64)}
+    out = {"client_id": np.asarray(ids, dtype=np.int64), "role": np.asarray(roles, dtype=np.int64)}
+    for c in ("accuracy", "accuracy_lm", *EXTRA_CLIENT_COLUMNS):
+        out[c] = np.asarray(values[c], dtype=np.float64) if c in values else np.full(len(ids), np.nan)
+    return out
+
+
+def _per_client(table: Mapping[str, np.ndarray], rows) -> dict[str, np.ndarray]:
+    """The optional per-client columns of ``rows`` as ClientGroup fields."""
+    return {"balanced_accuracy": table["balanced_accuracy"][rows], "macro_f1": table["macro_f1"][rows],
+            "client_global_accuracy": table["global_accuracy"][rows]}
+
+
+def _global(summary: Any, global_model: Any) -> dict[str, Any]:
+    """ClientGroup's ``global_accuracy`` and ``global_model`` from a group summary of metrics.json."""
+    value = summary.get("global_accuracy") if isinstance(summary, Mapping) else None
+    return {"global_accuracy": None if value is None else float(value),
+            "global_model": global_model if isinstance(global_model, bool) else None}
 
 
 def _read_train(art: Artifact, given: str, nonprivate: bool) -> _Run:
@@ -151,15 +181,34 @@ def _read_train(art: Artifact, given: str, nonprivate: bool) -> _Run:
     table = read_client_accuracies(art, given, name)
     base = dict(path=given, stage="train", algorithm=str(metrics["algorithm"]), config=_without_seed(art.config),
                 seed=art.manifest.get("seed"), nonprivate=private, input_ref=art.input_ref())
+    # The groups' summaries: metrics.json's, or under --dp the nonprivate.json beside nonprivate-clients.csv.
+    summaries = _nonprivate_summaries(art, given) if private else metrics
     groups = []
-    for role, group, source in ((0, "train", "train"), (1, "new", "train")):
+    for role, group, source, summary in ((0, "train", "train", "train"), (1, "new", "train", "holdout")):
         rows = table["role"] == role
         if rows.any():
             groups.append(ClientGroup(group=group, source=source, client_id=table["client_id"][rows],
                                       accuracy=table["accuracy"][rows], accuracy_lm=table["accuracy_lm"][rows],
-                                      **base))
+                                      **_per_client(table, rows), **_global(summaries.get(summary),
+                                                                            metrics.get("global_model")), **base))
     spec = str((metrics.get("dataset") or {}).get("spec") or _input(art, given, "dataset")["path"])
     return _Run(art, given, _partition_hash(art, given), spec, tuple(groups))
+
+
+def _nonprivate_summaries(art: Artifact, given: str) -> Mapping[str, Any]:
+    """nonprivate.json of a --dp train artifact (the group summaries train --write-nonprivate writes), or {}."""
+    import json
+
+    from pfl_cli.readers._rules import listed
+
+    if not art.has("nonprivate.json"):
+        return {}
+    listed(art, FLAG, "nonprivate.json")
+    try:
+        doc = json.loads(read_utf8(art.file("nonprivate.json"), f"{FLAG} {given}: nonprivate.json", ArtifactError))
+    except json.JSONDecodeError as err:
+        raise ArtifactError(f"{FLAG} {given}: nonprivate.json is not JSON ({err}); re-create the artifact.") from None
+    return doc if isinstance(doc, dict) else {}
 
 
 def _read_predict(art: Artifact, given: str) -> _Run:
@@ -171,10 +220,12 @@ def _read_predict(art: Artifact, given: str) -> _Run:
                       f"predicted --clients {metrics.get('clients')}, whose train clients the train artifact reports.")
     table = read_client_accuracies(art, given, "clients.csv")
     model = _input(art, given, "train")
+    every = np.ones(len(table["client_id"]), dtype=bool)
     group = ClientGroup(path=given, stage="predict", group="new", source="predict", algorithm=str(metrics["algorithm"]),
                         config={}, seed=None, client_id=table["client_id"], accuracy=table["accuracy"],
                         accuracy_lm=table["accuracy_lm"], predict_config=_without_seed(art.config),
-                        input_ref=art.input_ref())
+                        input_ref=art.input_ref(), **_per_client(table, every),
+                        **_global(metrics, metrics.get("global_model")))
     spec = str(_input(art, given, "dataset")["path"])
     return _Run(art, given, _partition_hash(art, given), spec, (group,), model_hash=model.get("sha256"))
 

@@ -1,9 +1,14 @@
 """One comparison table from client groups: per configuration and group, mean and t-interval over seeds,
 fairness across clients averaged over seeds; as JSON-ready rows, CSV rows and Markdown.
 
-One headline metric for every row: per-client test accuracy *without* label masking, averaged over
-the clients of the group (clients without a scored test sample left out), then over seeds. The
-label-masked accuracy is its own, labelled column, never the headline.
+One headline metric for every row, picked by ``metric`` (:data:`METRICS`); by default per-client test
+accuracy *without* label masking, averaged over the clients of the group (clients without a scored
+test sample left out), then over seeds. ``balanced_accuracy`` and ``macro_f1`` are averaged the same
+way (each client's own, scikit-learn's definitions, :mod:`pfl_cli.fl.evaluate`); ``global_accuracy``
+is each run's global model scored on the union of the group's test splits (the "global test set"
+of the optimization papers), averaged over seeds. Every metric has its columns whichever is the
+headline. The label-masked accuracy is its own, labelled column, never the headline. The fairness
+columns are over per-client accuracy.
 """
 
 from __future__ import annotations
@@ -18,9 +23,21 @@ from pfl_cli.compare.stats import FAIRNESS_KEYS, client_fairness, mean_interval
 
 GROUPS = ("train", "new")
 GROUP_NAMES = {("train", "train"): "train", ("new", "predict"): "new", ("new", "train"): "new (train eval)"}
+# The headline metrics --metric picks: name -> what one run contributes (averaged over seeds).
+METRICS = {
+    "accuracy": "mean per-client test accuracy without label masking",
+    "balanced_accuracy": "mean per-client balanced accuracy (mean recall over the classes of its test labels)",
+    "macro_f1": "mean per-client macro-F1 (over the classes of its test labels or predictions)",
+    "global_accuracy": "the global model's accuracy on the union of the group's test splits (pooled)",
+}
+EXTRA_METRICS = ("balanced_accuracy", "macro_f1", "global_accuracy")
 CSV_COLUMNS = ("algorithm", "label", "group", "source", "num_seeds", "seeds", "num_clients", "accuracy", "accuracy_ci",
-               "accuracy_low", "accuracy_high", "accuracy_lm", "accuracy_lm_ci", *FAIRNESS_KEYS)
-CLIENT_COLUMNS = ("label", "group", "seed", "client_id", "accuracy", "accuracy_lm")
+               "accuracy_low", "accuracy_high", "accuracy_lm", "accuracy_lm_ci", *FAIRNESS_KEYS,
+               *(c for m in EXTRA_METRICS for c in (m, f"{m}_ci")))
+CLIENT_COLUMNS = ("label", "group", "seed", "client_id", "accuracy", "accuracy_lm", "balanced_accuracy", "macro_f1",
+                  "global_accuracy")
+TITLES = {"accuracy": "accuracy", "balanced_accuracy": "balanced accuracy", "macro_f1": "macro-F1",
+          "global_accuracy": "global-model accuracy"}
 
 
 @dataclass(frozen=True)
@@ -32,12 +49,14 @@ class Comparison:
     labels: dict            # group key -> row label
     level: float
     nonprivate: bool
+    metric: str = "accuracy"  # the headline (METRICS)
 
     def document(self) -> dict[str, Any]:
         """``table.json``: what the table means, then its rows."""
         return {
-            "headline_metric": "accuracy",
-            "headline": "mean per-client test accuracy without label masking, averaged over seeds",
+            "headline_metric": self.metric,
+            "headline": f"{METRICS[self.metric]}, averaged over seeds",
+            "metrics": dict(METRICS),
             "label_masked_metric": "accuracy_lm",
             "interval": f"two-sided Student-t, level {self.level:g}, over seeds (half-width; null with one seed)",
             "fairness": "over each run's clients, averaged over seeds: accuracy_std (standard deviation, ddof 0), "
@@ -55,23 +74,31 @@ class Comparison:
         """Per-client accuracies of every run (the figure's data): label, group, seed, client_id, accuracy, accuracy_lm."""
         out = []
         for g in self.groups:
-            for cid, a, alm in zip(g.client_id, g.accuracy, g.accuracy_lm):
-                out.append([self.labels[g.key], g.group, _csv(g.seed), int(cid), _csv(a), _csv(alm)])
+            more = [_optional(g, m) for m in ("balanced_accuracy", "macro_f1", "client_global_accuracy")]
+            for cid, a, alm, *extra in zip(g.client_id, g.accuracy, g.accuracy_lm, *more):
+                out.append([self.labels[g.key], g.group, _csv(g.seed), int(cid), _csv(a), _csv(alm),
+                            *(_csv(v) for v in extra)])
         return out
 
     def markdown(self) -> str:
         pct = f"{100 * self.level:g} %"
-        head = ["algorithm", "clients", "seeds", f"accuracy % (mean ± {pct} CI)", "std across clients",
+        m = self.metric
+        head = ["algorithm", "clients", "seeds", f"{TITLES[m]} % (mean ± {pct} CI)",
+                *([f"accuracy % (mean ± {pct} CI)"] if m != "accuracy" else []), "std across clients",
                 "worst 10 %", "min", f"label-masked accuracy % (mean ± {pct} CI)"]
-        lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
         for r in self.rows:
             lines.append("| " + " | ".join([
                 r["label"], GROUP_NAMES[(r["group"], r["source"])], str(r["num_seeds"]),
-                format_interval(r["accuracy"], r["accuracy_ci"]), format_pct(r["accuracy_std"]), format_pct(r["accuracy_worst10"]),
+                format_interval(r[m], r[f"{m}_ci"]),
+                *([format_interval(r["accuracy"], r["accuracy_ci"])] if m != "accuracy" else []),
+                format_pct(r["accuracy_std"]), format_pct(r["accuracy_worst10"]),
                 format_pct(r["accuracy_min"]), format_interval(r["accuracy_lm"], r["accuracy_lm_ci"])]) + " |")
-        caption = (f"Mean per-client test accuracy (%, no label masking) over seeds, ± the half-width of the {pct} "
-                   "Student-t interval (n/a with one seed); fairness columns over each run's clients (standard "
-                   "deviation in points, mean of the worst 10 % of clients, minimum), averaged over seeds. "
+        what = (METRICS[m][0].upper() + METRICS[m][1:]) if m != "accuracy" else \
+            "Mean per-client test accuracy (no label masking)"
+        caption = (f"{what} (%) over seeds, ± the half-width of the {pct} "
+                   "Student-t interval (n/a with one seed); fairness columns over each run's clients' accuracy "
+                   "(standard deviation in points, mean of the worst 10 % of clients, minimum), averaged over seeds. "
                    "train: the training clients; new: clients never trained on (predict --clients holdout; "
                    "'train eval': the train run's own holdout evaluation).")
         if self.nonprivate:
@@ -125,14 +152,59 @@ def _mean_finite(values) -> float | None:
     return float(a.mean()) if a.size else None
 
 
+def _optional(g: ClientGroup, name: str) -> np.ndarray:
+    value = getattr(g, name)
+    return value if value is not None else np.full(len(g.client_id), np.nan)
+
+
+def _mean_of(values: np.ndarray) -> float | None:
+    a = values[np.isfinite(values)]
+    return float(a.mean()) if a.size else None
+
+
 def _run_summary(g: ClientGroup) -> dict[str, Any]:
-    acc, acc_lm = g.accuracy[np.isfinite(g.accuracy)], g.accuracy_lm[np.isfinite(g.accuracy_lm)]
+    acc = g.accuracy[np.isfinite(g.accuracy)]
     return {"seed": g.seed, "path": g.path, "num_clients": int(acc.size),
-            "accuracy": float(acc.mean()) if acc.size else None,
-            "accuracy_lm": float(acc_lm.mean()) if acc_lm.size else None, **client_fairness(g.accuracy)}
+            "accuracy": _mean_of(g.accuracy), "accuracy_lm": _mean_of(g.accuracy_lm),
+            "balanced_accuracy": _mean_of(_optional(g, "balanced_accuracy")),
+            "macro_f1": _mean_of(_optional(g, "macro_f1")), "global_accuracy": g.global_accuracy,
+            **client_fairness(g.accuracy)}
 
 
-def compare(groups: Sequence[ClientGroup], *, level: float = 0.95) -> Comparison:
+def check_metric(metric: str) -> None:
+    """Refuse an unknown headline metric (ConfigError, exit 2), naming the known ones."""
+    if metric not in METRICS:
+        import difflib
+
+        from pfl_cli.errors import ConfigError
+
+        near = difflib.get_close_matches(str(metric), list(METRICS), n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise ConfigError(f"--metric must be one of {', '.join(METRICS)}; got {metric!r}. {hint}Pick one, e.g. "
+                          "--metric balanced_accuracy.")
+
+
+def _check_global(groups: Sequence[ClientGroup]) -> None:
+    """--metric global_accuracy: every run of the table has its global model's accuracy."""
+    from pfl_cli.errors import InputError
+
+    for g in groups:
+        if g.global_accuracy is not None:
+            continue
+        if g.global_model is False:
+            raise InputError(f"--metric global_accuracy: RUN {g.path} ({g.algorithm}) has no global model (its "
+                             "clients' models are per-client only: no one model serves them all); compare it with "
+                             "--metric accuracy, or leave it out of a global-accuracy table.")
+        if g.global_model is True:
+            raise InputError(f"--metric global_accuracy: RUN {g.path} ({g.algorithm}) scored no test sample of its "
+                             f"{'new' if g.group == 'new' else 'train'} clients with its global model (no labeled "
+                             "test sample); compare it with another --metric.")
+        raise InputError(f"--metric global_accuracy: RUN {g.path} ({g.algorithm}) holds no global_accuracy (written "
+                         "before pflx scored global models); train (and predict) it again with this pflx, or pick "
+                         "another --metric.")
+
+
+def compare(groups: Sequence[ClientGroup], *, level: float = 0.95, metric: str = "accuracy") -> Comparison:
     """The comparison table of ``groups`` (from :func:`pfl_cli.compare.read_runs`).
 
     Rows: one per configuration (algorithm and config without the seed, in the order first given)
@@ -143,8 +215,11 @@ def compare(groups: Sequence[ClientGroup], *, level: float = 0.95) -> Comparison
         from pfl_cli.errors import ConfigError
 
         raise ConfigError(f"--level must be in (0, 1); got {level!r}.")
+    check_metric(metric)
     with_predict = {g.key for g in groups if g.source == "predict"}
     used = tuple(g for g in groups if not (g.group == "new" and g.source == "train" and g.key in with_predict))
+    if metric == "global_accuracy":
+        _check_global(used)
     labels = _labels(used)
     order = list(dict.fromkeys(g.key for g in used))
     rows = []
@@ -167,9 +242,11 @@ def compare(groups: Sequence[ClientGroup], *, level: float = 0.95) -> Comparison
                 "accuracy_high": None if half is None else mean + half,
                 "accuracy_lm": mean_lm, "accuracy_lm_ci": half_lm,
                 **{k: _mean_finite(r[k] for r in runs) for k in FAIRNESS_KEYS},
+                **{k: v for m in EXTRA_METRICS for k, v in zip((m, f"{m}_ci"), mean_interval(
+                    [np.nan if r[m] is None else r[m] for r in runs], level))},
                 "config": dict(members[0].config),
                 **({"predict_config": dict(members[0].predict_config or {})} if members[0].source == "predict" else {}),
                 "runs": runs,
             })
     return Comparison(rows=tuple(rows), groups=used, labels=labels, level=level,
-                      nonprivate=any(g.nonprivate for g in used))
+                      nonprivate=any(g.nonprivate for g in used), metric=metric)
