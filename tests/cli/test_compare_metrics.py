@@ -190,3 +190,31 @@ def test_an_artifact_from_before_the_new_columns_still_compares(root, tmp_path, 
     capsys.readouterr()
     assert main(["compare", old, "--metric", "global_accuracy", "--out", tmp_path / "t2"]) == 2
     assert "before pflx scored global models" in capsys.readouterr().err
+
+
+def test_under_dp_the_new_metrics_are_released_like_accuracy(root, tmp_path, capsys):
+    """--dp: metrics.json releases none of them (public facts and global_model, a property of the method);
+    --write-nonprivate puts them in nonprivate.json and nonprivate-clients.csv, which compare --nonprivate reads."""
+    dp = ["--dp", "eps=4,delta=1e-6,clip=0.5,population=1000,noise=seeded", "--set", "normalize=false"]
+    out = tmp_path / "dpw"
+    assert main(["train", "--partition", root / "part", "--algorithm", "fedavg", "--out", out, *FAST, *dp,
+                 "--write-nonprivate"]) == 0
+    text = (out / "metrics.json").read_text()
+    for key in ("balanced_accuracy", "macro_f1", "global_accuracy", "global_balanced", "global_macro"):
+        assert key not in text
+    assert json.loads(text)["global_model"] is True
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "clients.csv" not in {o["path"] for o in manifest["outputs"]}
+    private = json.loads((out / "nonprivate.json").read_text())["train"]
+    assert private["global_accuracy"] == pytest.approx(private["pooled_accuracy"])
+    table = [r for r in rows(out / "nonprivate-clients.csv") if r["role"] == "0"]
+    assert private["mean_macro_f1"] == pytest.approx(np.nanmean([num(r["macro_f1"]) for r in table]))
+    capsys.readouterr()
+    assert main(["compare", out, "--metric", "global_accuracy", "--out", tmp_path / "t"]) == 2
+    assert "releases no accuracy" in capsys.readouterr().err and not (tmp_path / "t").exists()
+    assert main(["compare", out, "--nonprivate", "--metric", "global_accuracy", "--out", tmp_path / "t",
+                 "--format", "quiet"]) == 0
+    doc = json.loads((tmp_path / "t" / "nonprivate-table.json").read_text())
+    row = next(r for r in doc["rows"] if r["group"] == "train")
+    assert doc["headline_metric"] == "global_accuracy" and row["global_accuracy"] == pytest.approx(
+        private["global_accuracy"])

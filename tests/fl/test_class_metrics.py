@@ -156,3 +156,45 @@ def test_which_methods_have_a_global_model(store, algorithm, has):
     assert has_global_model(alg) is has
     evals, _, _ = personalize_and_evaluate(alg, np.arange(4), ("test",), torch.Generator())
     assert (evals["test"].summary()["global_accuracy"] is not None) is has
+
+
+def _suite():
+    from pfl_cli import registry
+
+    default = {"fedavg", "ditto", "fedper", "pefll"}  # one per case: one model, beside personal ones, partial, none
+    for name in registry.names():
+        if name == "hyperfl-lpm":  # needs a backbone net: test_which_methods... covers the rule on the others
+            continue
+        yield pytest.param(name, marks=() if name in default else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("algorithm", list(_suite()))
+def test_every_algorithms_global_model_is_the_model_it_declares(store, algorithm):
+    """Generated from the registry: an algorithm's global_accuracy (when it declares a global model) is its
+    declared model's pooled accuracy on the test splits, computed here sample by sample; its class counts
+    reproduce its accuracy; a method without one reports null."""
+    from pflx_testing import small_config
+
+    from pfl_cli.cli.train_run import has_global_model
+    from pfl_cli.fl.evaluate import global_model_of
+    from pfl_cli.registry import get
+
+    alg = get(algorithm).algorithm(small_config(algorithm, mlp_hidden=(8,), hyper_hidden=16, local_epochs=1,
+                                                new_client_epochs=0), store)
+    clients = np.arange(store.num_clients)
+    evals, params, personalized = personalize_and_evaluate(alg, clients, ("test",), torch.Generator(),
+                                                           keep_params=True)
+    ev = evals["test"]
+    assert ev.tp.sum(1).tolist() == ev.correct.tolist() and ev.support.sum(1).tolist() == ev.n.tolist()
+    s = ev.summary()
+    if not has_global_model(alg):
+        assert s["global_accuracy"] is None
+        return
+    net, glob = (alg.predict_net, params) if not personalized else global_model_of(alg)
+    hits = total = 0
+    for j in clients:
+        idx = store.test.index[j, : store.test.length[j]]
+        pred = torch.func.functional_call(net, glob, (store.inputs(idx),)).argmax(1)
+        hits += int((pred == store.y_eval[idx]).sum())
+        total += len(idx)
+    assert s["global_accuracy"] == pytest.approx(hits / total)
