@@ -28,7 +28,9 @@ PAGES = [*REQUIRED, "docs/commands/compare.md", "docs/commands/tune.md", "docs/c
          "docs/commands/train.md", "docs/commands/predict.md", "docs/commands/attack.md", "docs/commands/show.md",
          "docs/commands/simulate.md", "docs/commands/privacy-account.md", "docs/commands/flower.md",
          "docs/algorithms/index.md", "docs/algorithms/flowdup.md", "docs/reference/config.md",
-         "docs/algorithms/fedopt-fedexp.md", "docs/algorithms/scaffold-feddyn.md"]
+         "docs/algorithms/fedopt-fedexp.md", "docs/algorithms/scaffold-feddyn.md",
+         "docs/algorithms/fedfomo-apple.md", "docs/algorithms/fedlc-fedamp.md",
+         "docs/algorithms/fedproto-fednh.md", "docs/algorithms/fednova-centralized.md"]
 # Pages whose blocks need a marker of an optional extra (deselected with a notice where it is absent).
 EXTRA = {"docs/tutorials/deploy-flower.md": pytest.mark.flower, "docs/commands/flower.md": pytest.mark.flower}
 PLUGIN = ROOT / "tests" / "plugins" / "pflx_fedavgm"
@@ -408,7 +410,7 @@ def test_the_home_page_has_the_readmes_first_pipeline():
 
 @pytest.mark.parametrize("page", ["docs/algorithms/pefll.md", "docs/algorithms/pfedhn.md",
                                   "docs/algorithms/hyperfl.md", "docs/algorithms/fedavg.md",
-                                  "docs/algorithms/scaffold-feddyn.md"])
+                                  "docs/algorithms/scaffold-feddyn.md", "docs/algorithms/fednova-centralized.md"])
 def test_an_algorithm_page_says_how_new_clients_get_a_model_and_what_is_exchanged(page):
     text = (ROOT / page).read_text()
     assert "## New clients" in text or "a new client gets" in text
