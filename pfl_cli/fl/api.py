@@ -141,8 +141,15 @@ class TrainRun:
 
 
 def make_algorithm(cfg: TrainConfig, store, *, arch: dict | None = None):
-    """The algorithm ``cfg`` configures (its class declared the config: ``Algorithm.config``), on ``store``."""
-    return cfg.algorithm_class(cfg, store, arch=arch)
+    """The algorithm ``cfg`` configures (its class declared the config: ``Algorithm.config``), on ``store``,
+    with torch's CPU threads chosen from the size of the nets it built (:mod:`pfl_cli.fl.threads`)."""
+    import torch
+
+    from pfl_cli.fl.threads import configure_threads
+
+    alg = cfg.algorithm_class(cfg, store, arch=arch)
+    configure_threads([v for v in vars(alg).values() if isinstance(v, torch.nn.Module)], store.device)
+    return alg
 
 
 def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, cfg: TrainConfig, *,
