@@ -51,6 +51,7 @@ BUILTINS = (
     "pfl_cli.algorithms.scaffold:Scaffold", "pfl_cli.algorithms.feddyn:FedDyn",
     "pfl_cli.algorithms.fedopt:FedOpt", "pfl_cli.algorithms.fedexp:FedExP",
     "pfl_cli.algorithms.fedlc:FedLC", "pfl_cli.algorithms.fedamp:FedAMP",
+    "pfl_cli.algorithms.fednova:FedNova",
     "pfl_cli.algorithms.moon:Moon", "pfl_cli.algorithms.fedsam:FedSAM",
 )
 

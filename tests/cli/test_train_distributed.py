@@ -80,6 +80,7 @@ EVERY = {
     "gpfl": [], "pfedla": [], "fedcp": [], "fedas": [], "fedpac": [],
     "fedopt": ["--set", "local_epochs=null"], "fedexp": [],
     "scaffold": [], "feddyn": [],
+    "fednova": ["--set", "local_epochs=null"],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }
