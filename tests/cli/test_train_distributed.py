@@ -81,6 +81,7 @@ EVERY = {
     "fedopt": ["--set", "local_epochs=null"], "fedexp": [],
     "scaffold": [], "feddyn": [],
     "fednova": ["--set", "local_epochs=null"],
+    "fedlc": [], "fedamp": ["--set", "new_client_epochs=1"],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }
