@@ -53,7 +53,8 @@ NET, PROTOS, SCALE = "net.", "prototypes", "scale"
 
 class CosineNet(nn.Module):
     """The client net's ``features()`` under a cosine classifier: logits ``s * <f / ||f||, w_k>``; with
-    ``parts=True`` also the unit representation f / ||f||."""
+    ``parts=True`` also the unit representation f / ||f||. The prototype rows w_k are unit vectors as the
+    server keeps them (spread, then normalized at every update), so they are used as given."""
 
     def __init__(self, net: nn.Module, num_classes: int) -> None:
         super().__init__()
@@ -69,7 +70,7 @@ class CosineNet(nn.Module):
 
     def forward(self, x, parts: bool = False):
         u = nn.functional.normalize(self.net.features(x), dim=-1)
-        logits = self.scale * (u @ nn.functional.normalize(self.prototypes, dim=-1).T)
+        logits = self.scale * (u @ self.prototypes.T)
         return (u, logits) if parts else logits
 
 
