@@ -53,7 +53,7 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, PrivateState, epochs_protocol
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import TrainConfig, check_own_keys, key
+from pfl_cli.fl.config import TrainConfig, check_own_keys, inert_refusal, key
 from pfl_cli.fl.params import cpu_tree, stack
 
 CORE = "core."  # private: a client's core model
@@ -156,6 +156,22 @@ class Apple(PrivateState, Algorithm):
         if len(self.pool) < 2:
             raise InputError(f"apple: each client mixes the core models of the train clients; this partition has "
                              f"{len(self.pool)} train client with labels. Give it at least 2.")
+        cfg, default = self.cfg, type(self.cfg)()
+        last = int(cfg.rounds * cfg.apple_reg_rounds)
+        inert = {}
+        if last == 0:
+            why = (f"its proximal term never acts in {cfg.rounds} rounds (L = int(rounds x apple_reg_rounds) = 0: "
+                   "lambda(r) is 0 from round L on)")
+            inert = {k: why for k in ("apple_mu", "apple_schedule", "apple_reg_rounds")}
+        elif cfg.apple_mu == 0:
+            inert = {k: "apple_mu is 0: there is no proximal term to schedule" for k in ("apple_schedule",
+                                                                                           "apple_reg_rounds")}
+        elif last == 1:
+            inert = {"apple_schedule": "L = int(rounds x apple_reg_rounds) = 1: the term acts in round 0 only, "
+                                       "where both schedules weigh it mu"}
+        for name, why in inert.items():
+            if getattr(cfg, name) != getattr(default, name):
+                raise inert_refusal(name, "apple", why, getattr(cfg, name))
 
     def cores(self) -> dict:
         """theta_j of every train client with labels (N, ...), as last uploaded (the initial model before)."""

@@ -50,7 +50,7 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, PrivateState, epochs_protocol
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import TrainConfig, check_own_keys, key
+from pfl_cli.fl.config import TrainConfig, check_own_keys, inert_refusal, key
 from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
 
 
@@ -119,9 +119,20 @@ class FedFomo(PrivateState, Algorithm):
         if len(self.pool) < 2:
             raise InputError(f"fedfomo: each client weighs other clients' models; this partition has "
                              f"{len(self.pool)} train client with labels. Give it at least 2.")
+        cfg, default, others = self.cfg, type(self.cfg)(), len(self.pool) - 1
+        if cfg.fomo_models > others and cfg.fomo_models != default.fomo_models:
+            raise InputError(f"fomo_models must be at most the {others} other train clients with labels for fedfomo "
+                             f"(the models a client can download); got {cfg.fomo_models}. Use --set "
+                             f"fomo_models={others} (every other client) or fewer.")
+        for name in ("fomo_epsilon", "fomo_epsilon_decay"):
+            if self.models_down() == others and getattr(cfg, name) != getattr(default, name):
+                raise inert_refusal(name, "fedfomo", f"M = {others} sends every other train client's model on this "
+                                    "partition, so the epsilon-greedy choice picks the same models whatever epsilon",
+                                    getattr(cfg, name))
 
     def models_down(self) -> int:
-        """M as the run can honour it: at most the other train clients with labels."""
+        """M as the run can honour it: the default 5 is capped at the other train clients with labels (a value set
+        above them is refused, :meth:`check_trainable`)."""
         return min(int(self.cfg.fomo_models), max(len(self.pool) - 1, 1))
 
     @staticmethod

@@ -154,3 +154,19 @@ def test_a_single_labeled_client_is_refused(store):
     alg.pool = alg.pool[:1]
     with pytest.raises(InputError, match="apple: each client mixes the core models"):
         alg.check_trainable(torch.as_tensor(store.clients(ROLE_TRAIN)))
+
+
+def test_keys_this_run_leaves_without_effect_are_refused(store):
+    """The proximal term acts in rounds r < L = int(rounds x apple_reg_rounds): with L = 0 its keys change
+    nothing, with L = 1 both schedules weigh round 0 by mu, and with mu = 0 there is nothing to schedule."""
+    train = torch.as_tensor(store.clients(ROLE_TRAIN))
+    short = dict(rounds=5, apple_reg_rounds=0.1, apple_schedule="exponential", apple_mu=0.1)
+    for key, value in (("apple_mu", 0.5), ("apple_schedule", "cosine"), ("apple_reg_rounds", 0.15)):
+        with pytest.raises(ConfigError, match=f"^{key} has no effect on algorithm 'apple' because its proximal "
+                                              "term never acts in 5 rounds"):
+            alg_for(store, **{**short, key: value}).check_trainable(train)
+    with pytest.raises(ConfigError, match="^apple_schedule has no effect .* L = int"):
+        alg_for(store, **{**short, "rounds": 10, "apple_schedule": "cosine"}).check_trainable(train)
+    with pytest.raises(ConfigError, match="^apple_schedule has no effect .* apple_mu is 0"):
+        alg_for(store, **{**short, "rounds": 100, "apple_mu": 0.0, "apple_schedule": "cosine"}).check_trainable(train)
+    alg_for(store, **{**short, "rounds": 20, "apple_schedule": "cosine"}).check_trainable(train)

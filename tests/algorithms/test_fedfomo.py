@@ -180,3 +180,17 @@ def test_a_single_labeled_client_is_refused(store):
     alg.pool = alg.pool[:1]
     with pytest.raises(InputError, match="fedfomo: each client weighs other clients' models"):
         alg.check_trainable(torch.as_tensor(store.clients(ROLE_TRAIN)))
+
+
+def test_keys_this_partition_leaves_without_effect_are_refused(store):
+    """M above the 15 other train clients cannot be honoured; with M = 15 every client gets every other model,
+    whatever epsilon (the default M = 5 is capped silently on a smaller partition, as the docstring says)."""
+    train = torch.as_tensor(store.clients(ROLE_TRAIN))
+    with pytest.raises(InputError, match=r"^fomo_models must be at most the 15 other train clients with labels "
+                                         r"for fedfomo .*got 16\."):
+        alg_for(store, fomo_models=16).check_trainable(train)
+    alg_for(store, fomo_models=15).check_trainable(train)
+    for key in ("fomo_epsilon", "fomo_epsilon_decay"):
+        with pytest.raises(ConfigError, match=f"^{key} has no effect on algorithm 'fedfomo' because M = 15 sends"):
+            alg_for(store, fomo_models=15, **{key: 0.1}).check_trainable(train)
+    alg_for(store, fomo_models=14, fomo_epsilon=0.1).check_trainable(train)
