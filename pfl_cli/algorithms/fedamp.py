@@ -23,8 +23,9 @@ serves no new clients; this is its client step with the attention of a client eq
 all). Exchanged: u_i down and w_i up (2 x |client net| floats a cohort client and round). No DP
 variant.
 
-Departures, said here: the attention parameters alpha_k, sigma and lambda are constants (alpha_k
-not decayed over iterations); peers' defaults (PFLlib: alphaK = lamda = sigma = 1) are pflx's too.
+Departures, said here: alpha_k is a constant over the rounds (the paper's analysis lets it vary with the
+iteration k; PFLlib and FL-bench keep it constant too), and the defaults alpha_k = sigma = lambda = 1 are
+PFLlib's and FL-bench's (the paper sets them per data set).
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ class FedAMPConfig(FedAvgRoundConfig):
     clients_per_round: Optional[int] = key(None, "cohort size of every round (null: every train client)",
                                            f"{HUANG} §3, Alg. 1: cross-silo, every client in every iteration")
     alpha_k: float = key(1.0, "alpha_k: step of the attentive message passing (xi_ij = alpha_k A'(.))",
-                         f"{HUANG} §4, Alg. 1: alpha_k; 1 as PFLlib's FedAMP")
+                         f"{HUANG} §4, Alg. 1: alpha_k; 1, PFLlib's and FL-bench's default")
     sigma: float = key(1.0, "sigma: scale of the attention function A(x) = 1 - exp(-x / sigma)",
-                       f"{HUANG} §5: A(x) = 1 - exp(-x / sigma); 1 as PFLlib's FedAMP")
+                       f"{HUANG} §5: A(x) = 1 - exp(-x / sigma); 1, PFLlib's and FL-bench's default")
     lam: float = key(1.0, "lambda: weight of the attention penalty; the client's proximal weight is lambda / alpha_k",
-                     f"{HUANG} §4, Alg. 1: argmin F_i(w) + lambda/(2 alpha_k) ||w - u_i||^2; 1 as PFLlib's FedAMP")
+                     f"{HUANG} §4, Alg. 1: argmin F_i(w) + lambda/(2 alpha_k) ||w - u_i||^2; 1, PFLlib's and "
+                     "FL-bench's default")
     new_client_epochs: int = key(20, "epochs a new client solves its client problem from the mean model",
                                  "thesis §4.4, App. B.1.2: new clients fine-tune 20 epochs")
 

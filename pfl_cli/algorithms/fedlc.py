@@ -37,7 +37,7 @@ class FedLCConfig(FedAvgConfig):
 
     algorithm: str = key("fedlc", "the algorithm these keys configure")
     tau: float = key(1.0, "tau: strength of the calibration margin tau * n_{i,y}^{-1/4} (§4, the calibrated loss)",
-                     f"{ZHANG} §4: tau a hyperparameter tuned per setting; 1.0, FL-bench's and fluke's default")
+                     f"{ZHANG} §4: tau a hyperparameter tuned per setting; pflx: 1.0, the middle of its search space")
 
     def validate(self) -> None:
         super().validate()
