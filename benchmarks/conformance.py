@@ -144,6 +144,27 @@ def _algorithms(rounds: int) -> dict[str, dict]:
     }
 
 
+def _table(peer: str, rounds: int) -> dict[str, dict]:
+    """The shared algorithms' rows for ``peer``: PFLlib's (:func:`_algorithms`) or fluke's
+    (``conformance_fluke.fluke_algorithms``)."""
+    if peer == "fluke":
+        return _fluke().fluke_algorithms(rounds, LR)
+    return _algorithms(rounds)
+
+
+def _fluke():
+    """benchmarks/conformance_fluke.py, the fluke side, imported from beside this file under its own name (fluke's
+    child builds its models as ``conformance_fluke.FlukeMLP``)."""
+    import importlib.util
+
+    if "conformance_fluke" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("conformance_fluke", HERE / "conformance_fluke.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["conformance_fluke"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["conformance_fluke"]
+
+
 COMMON_UNMATCHED = (
     "PFLlib's loop trains rounds + 1 times and scores at the start of round `rounds` (FedBABU after its extra "
     "round and fine-tuning); pflx scores after round `rounds`",
@@ -317,14 +338,14 @@ def _whole_batches(part):
 def _run(framework: str, alg: str, join: float, seed: int, args, work: pathlib.Path, pfllib: pathlib.Path,
          python: str) -> dict:
     cmd = ["--child", framework, "--algorithm", alg, "--seed", str(seed), "--rounds", str(args.rounds),
-           "--work", str(work), "--join", repr(join)]
+           "--work", str(work), "--join", repr(join), "--peer", args.peer]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if framework == "pflx":
         env["PYTHONPATH"] = str(ROOT)
         proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), *cmd], capture_output=True,
                               text=True, env=env)
-    else:
-        env["PYTHONPATH"] = str(pfllib / "system")
+    else:  # the peer's Python; PFLlib's system/ on its path (fluke's child imports conformance_fluke beside this)
+        env["PYTHONPATH"] = str(pfllib / "system") if framework == "PFLlib" else str(HERE)
         proc = subprocess.run([python, str(pathlib.Path(__file__).resolve()), *cmd], capture_output=True, text=True,
                               env=env, cwd=work / "cwd")
     if proc.returncode != 0:
@@ -339,9 +360,12 @@ def _run(framework: str, alg: str, join: float, seed: int, args, work: pathlib.P
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peer", choices=("pfllib", "fluke"), default="pfllib",
+                    help="the peer: PFLlib (default) or fluke-fl (its own Python: --python, $FLUKE_PYTHON or "
+                    ".venv-fluke/bin/python; see docs/performance/conformance.md)")
     ap.add_argument("--pfllib", help="a PFLlib checkout (default: $PFLLIB_DIR, then .venv-bench/PFLlib)")
-    ap.add_argument("--python", help="the Python that runs PFLlib (default: $PFLLIB_PYTHON, .venv-bench/bin/python, "
-                                     "else this one)")
+    ap.add_argument("--python", help="the Python that runs the peer (PFLlib's default: $PFLLIB_PYTHON, "
+                                     ".venv-bench/bin/python, else this one)")
     ap.add_argument("--algorithms", default="", help="comma-separated pflx names (default: every shared one)")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--seeds", default="0,1,2", help="three or more: the paired verdict's t-interval needs them")
@@ -356,7 +380,7 @@ def main(argv=None) -> int:
                     "ring; builtin:digits works too)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each one thread)")
     ap.add_argument("--json", help="also write the rows here")
-    ap.add_argument("--peer-cache", help="a JSON file of PFLlib's results: runs found there (same PFLlib version, "
+    ap.add_argument("--peer-cache", help="a JSON file of the peer's results: runs found there (same PFLlib version, "
                     "data, rounds, cohort, seed and initial model) are read, not rerun; new ones are added. For "
                     "rerunning pflx's side after a change to pflx")
     ap.add_argument("--init", choices=("auto", "shared", "own"), default="auto",
@@ -371,10 +395,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.child:
         t = time.perf_counter()
-        acc = (_child_pflx if args.child == "pflx" else _child_pfllib)(args)
+        if args.child == "fluke":
+            acc = _fluke().child(args, pathlib.Path(args.work) / "dataset" / DATASET, BATCH, LR)
+        else:
+            acc = (_child_pflx if args.child == "pflx" else _child_pfllib)(args)
         print(json.dumps({"accuracy": acc, "seconds": time.perf_counter() - t}))
         return 0
-    table = _algorithms(args.rounds)
+    table = _table(args.peer, args.rounds)
     algorithms = [a for a in args.algorithms.split(",") if a] or list(table)
     unknown = [a for a in algorithms if a not in table]
     try:
@@ -397,25 +424,37 @@ def main(argv=None) -> int:
                "--rounds, --clients (>= 2) and --jobs must be positive")
         print(f"conformance.py: {why}", file=sys.stderr)
         return 2
-    pfllib, why = _find_pfllib(args.pfllib)
-    if pfllib is None:
-        print(f"conformance.py: skipped: {why}; see docs/performance/conformance.md")
-        return 0
-    python = _find_python(args.python)
-    missing = _missing_modules(python, tuple(m for a in algorithms for m in table[a].get("needs", ())))
-    if missing:
-        print(f"conformance.py: skipped: {python} lacks {', '.join(missing)}, which PFLlib imports; "
-              "see docs/performance/conformance.md for its virtual environment")
-        return 0
+    if args.peer == "fluke":
+        conformance_fluke = _fluke()
+        pfllib, peer = None, "fluke"
+        python, why = conformance_fluke.find_python(args.python, ROOT)
+        if python is None:
+            print(f"conformance.py: skipped: {why}; see docs/performance/conformance.md")
+            return 0
+        version = f"fluke-fl {conformance_fluke.version(python)}"
+        location, common_unmatched = python, conformance_fluke.COMMON_UNMATCHED
+    else:
+        pfllib, why = _find_pfllib(args.pfllib)
+        if pfllib is None:
+            print(f"conformance.py: skipped: {why}; see docs/performance/conformance.md")
+            return 0
+        python = _find_python(args.python)
+        missing = _missing_modules(python, tuple(m for a in algorithms for m in table[a].get("needs", ())))
+        if missing:
+            print(f"conformance.py: skipped: {python} lacks {', '.join(missing)}, which PFLlib imports; "
+                  "see docs/performance/conformance.md for its virtual environment")
+            return 0
+        peer, version, location, common_unmatched = "PFLlib", f"PFLlib {_peer_version(pfllib)}", pfllib, \
+            COMMON_UNMATCHED
     with tempfile.TemporaryDirectory(prefix="pflx-conformance-") as tmp:
         work = pathlib.Path(tmp)
         data = _export(work, args.dataset, args.clients, 0)
         try:
-            shared = _share_initial_models(work, algorithms, args.rounds, seeds, args.init)
+            shared = _share_initial_models(work, algorithms, args.rounds, seeds, args.init, args.peer)
         except ValueError as e:
             print(f"conformance.py: {e}", file=sys.stderr)
             return 2
-        print(f"PFLlib {_peer_version(pfllib)} at {pfllib}; {args.dataset}, pathological 2 classes a client, "
+        print(f"{version} at {location}; {args.dataset}, pathological 2 classes a client, "
               f"{data['clients']} clients ({data['train']} train / {data['test']} test samples, "
               f"{data['train_per_client']} train a client), standardized; MLP {data['features']}-{HIDDEN}-10, SGD lr {LR}, batch "
               f"{BATCH}, 1 local epoch, {args.rounds} rounds, cohorts {_cohort_words(joins, data['clients'])}; "
@@ -424,12 +463,12 @@ def main(argv=None) -> int:
               flush=True)
         cases = [(a, j) for j in joins for a in algorithms if j >= 1 or not table[a].get("full_only")]
         skipped = [(a, j) for j in joins for a in algorithms if (a, j) not in cases]
-        jobs = [(f, a, j, s) for a, j in cases for s in seeds for f in ("pflx", "PFLlib")]
-        cache = PeerCache(args.peer_cache, f"{_peer_version(pfllib)}|{args.dataset}|{args.clients}|{args.rounds}")
+        jobs = [(f, a, j, s) for a, j in cases for s in seeds for f in ("pflx", peer)]
+        cache = PeerCache(args.peer_cache, f"{version}|{args.dataset}|{args.clients}|{args.rounds}")
 
         def run(job):
             f, a, j, s = job
-            if f == "PFLlib":
+            if f == peer:
                 key = cache.key(a, j, s, work / _initial_model_file(a, s))
                 if key in cache:
                     return cache[key]
@@ -439,22 +478,22 @@ def main(argv=None) -> int:
         with ThreadPoolExecutor(args.jobs) as pool:
             results = list(pool.map(run, jobs))
     runs = {job: r for job, r in zip(jobs, results)}
-    print(f"{'algorithm':<10} {'cohort':>6} {'pflx %':>7} {'PFLlib %':>8} {'diff':>6} {'95 % interval':>15} "
-          f"{'pflx s':>6} {'PFLlib s':>8}  verdict   per seed pflx / PFLlib")
+    print(f"{'algorithm':<10} {'cohort':>6} {'pflx %':>7} {peer + ' %':>8} {'diff':>6} {'95 % interval':>15} "
+          f"{'pflx s':>6} {peer + ' s':>8}  verdict   per seed pflx / {peer}")
     misses, rows = [], []
     for a, j in cases:
-        acc = {f: [100 * runs[(f, a, j, s)]["accuracy"] for s in seeds] for f in ("pflx", "PFLlib")}
-        secs = {f: statistics.mean(runs[(f, a, j, s)]["seconds"] for s in seeds) for f in ("pflx", "PFLlib")}
+        acc = {f: [100 * runs[(f, a, j, s)]["accuracy"] for s in seeds] for f in ("pflx", peer)}
+        secs = {f: statistics.mean(runs[(f, a, j, s)]["seconds"] for s in seeds) for f in ("pflx", peer)}
         mean = {f: statistics.mean(v) for f, v in acc.items()}
-        v = paired_verdict(acc["pflx"], acc["PFLlib"], bound=args.bound, tolerance=args.tolerance)
+        v = paired_verdict(acc["pflx"], acc[peer], bound=args.bound, tolerance=args.tolerance)
         misses += [] if v["verdict"] == "ok" else [f"{a} (cohort {j:g}: {v['verdict']})"]
         rows.append({"algorithm": a, "peer": table[a]["peer"], "join": j, "seeds": seeds, "pflx": acc["pflx"],
-                     "PFLlib": acc["PFLlib"], **v, "initial_model": "shared" if a in shared else "own"})
-        per_seed = ", ".join(f"{p:.2f}/{q:.2f}" for p, q in zip(acc["pflx"], acc["PFLlib"]))
+                     peer: acc[peer], **v, "initial_model": "shared" if a in shared else "own"})
+        per_seed = ", ".join(f"{p:.2f}/{q:.2f}" for p, q in zip(acc["pflx"], acc[peer]))
         interval = f"[{v['low']:+.2f}, {v['high']:+.2f}]"
-        print(f"{a:<10} {j:>6g} {mean['pflx']:>7.2f} {mean['PFLlib']:>8.2f} {v['mean']:>+6.2f} "
+        print(f"{a:<10} {j:>6g} {mean['pflx']:>7.2f} {mean[peer]:>8.2f} {v['mean']:>+6.2f} "
               f"{interval:>15} "
-              f"{secs['pflx']:>6.1f} {secs['PFLlib']:>8.1f}  {v['verdict']:<8}  {per_seed}"
+              f"{secs['pflx']:>6.1f} {secs[peer]:>8.1f}  {v['verdict']:<8}  {per_seed}"
               f"{'' if a in shared else ' (own draws)'}", flush=True)
     for a, j in skipped:
         print(f"{a:<10} {j:>6g}  not run: {table[a]['peer']} is full participation only here "
@@ -462,14 +501,15 @@ def main(argv=None) -> int:
     print("settings matched: data, partition, standardization, model layers" + (
           ", initial model" if shared == set(algorithms) else "") + ", plain SGD lr, batch, epochs, rounds, "
           "cohort size (each tool draws its own cohorts); method constants: " + "; ".join(
-              f"{a} {' '.join(table[a]['flags']) or '(none)'}" for a in algorithms))
+              f"{a} {_constants(table[a])}" for a in algorithms))
     print("not matched:")
     own = [a for a in algorithms if a not in shared]
-    common = COMMON_UNMATCHED[:1] + ((f"{COMMON_UNMATCHED[1]} ({', '.join(own)})",) if own else ())
+    common = common_unmatched[:1] + ((f"{common_unmatched[1]} ({', '.join(own)})",) if own else ())
     for line in common + tuple(table[a]["unmatched"] for a in algorithms if "unmatched" in table[a]):
         print(f"  - {line}")
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"rounds": args.rounds, "seeds": seeds, "participation": joins,
+        pathlib.Path(args.json).write_text(json.dumps({"peer": version, "rounds": args.rounds, "seeds": seeds,
+                                                       "participation": joins,
                                                        "bound": args.bound, "tolerance": args.tolerance,
                                                        "rows": rows}, indent=1))
     print("every row agrees: no mean gap above the bound, no systematic gap above the tolerance" if not misses else
@@ -502,16 +542,16 @@ def _child_pflx(args) -> float:
 
     x, y, part = load_export(args.work)
     run = train_federated(x, y, 10, part, _pflx_config(args.algorithm, args.rounds, args.seed,
-                                                        cohort_size(args.join, part.num_clients)))
+                                                        cohort_size(args.join, part.num_clients), args.peer))
     return run.outcome.best.summaries()["train"]["pooled_accuracy"]
 
 
-def _pflx_config(algorithm: str, rounds: int, seed: int, cohort: int | None = None):
-    """pflx's TrainConfig for one run: the matched settings, then the method's row of ``_algorithms``;
-    ``cohort`` clients a round (None: every client, PFLlib's ``-jr 1``)."""
+def _pflx_config(algorithm: str, rounds: int, seed: int, cohort: int | None = None, peer: str = "pfllib"):
+    """pflx's TrainConfig for one run: the matched settings, then the method's row of ``peer``'s table
+    (:func:`_table`); ``cohort`` clients a round (None: every client, PFLlib's ``-jr 1``)."""
     from pfl_cli.registry import train_config
 
-    spec = _algorithms(rounds)[algorithm]
+    spec = _table(peer, rounds)[algorithm]
     keys = dict(rounds=rounds, clients_per_round=cohort, local_epochs=1, batch_size=BATCH, lr=LR, momentum=0.0,
                 client_clip=0.0, model_arch="mlp", mlp_hidden=(HIDDEN,), eval_every=rounds, val_fraction=0.0,
                 normalize=False, seed=seed, device="cpu")
@@ -531,7 +571,8 @@ def _initial_model_file(algorithm: str, seed: int) -> str:
     return f"init-{algorithm}-{seed}.pt"
 
 
-def _write_initial_model(work: pathlib.Path, algorithm: str, rounds: int, seed: int) -> dict:
+def _write_initial_model(work: pathlib.Path, algorithm: str, rounds: int, seed: int,
+                         peer: str = "pfllib") -> dict:
     """pflx's initial model for this run (its global model before round 1) under the peer MLP's names,
     written where the PFLlib child loads it. ValueError for a method whose model is more than the MLP."""
     import pickle
@@ -543,7 +584,7 @@ def _write_initial_model(work: pathlib.Path, algorithm: str, rounds: int, seed: 
     from pfl_cli.fl.store import build_store
     from pfl_cli.rng import make_rng
 
-    cfg = _pflx_config(algorithm, rounds, seed)
+    cfg = _pflx_config(algorithm, rounds, seed, peer=peer)
     with np.load(work / "pflx.npz") as f:
         x, y = f["x"], f["y"]
     with open(work / "partition.pkl", "rb") as f:
@@ -568,7 +609,8 @@ def _write_initial_model(work: pathlib.Path, algorithm: str, rounds: int, seed: 
     return peer
 
 
-def _share_initial_models(work: pathlib.Path, algorithms: list, rounds: int, seeds: list, init: str) -> set:
+def _share_initial_models(work: pathlib.Path, algorithms: list, rounds: int, seeds: list, init: str,
+                          peer: str = "pfllib") -> set:
     """Write pflx's initial model of every seed for the methods that start PFLlib from it; their names.
 
     ``shared``: every method or a ValueError naming the first that cannot; ``auto``: those that can;
@@ -577,12 +619,20 @@ def _share_initial_models(work: pathlib.Path, algorithms: list, rounds: int, see
     for a in algorithms if init != "own" else ():
         try:
             for s in seeds:
-                _write_initial_model(work, a, rounds, s)
+                _write_initial_model(work, a, rounds, s, peer)
             shared.add(a)
         except ValueError:
             if init == "shared":
                 raise
     return shared
+
+
+def _constants(row: dict) -> str:
+    """A row's method constants as the peer is given them: PFLlib's flags, fluke's client and server keys."""
+    if "flags" in row:
+        return " ".join(row["flags"]) or "(none)"
+    keys = [f"client.{k}={v}" for k, v in row["client"].items()] + [f"server.{k}={v}" for k, v in row["server"].items()]
+    return " ".join(keys) or "(none)"
 
 
 def _cohort_words(joins: list, clients: int) -> str:

@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
     import conformance
+    import conformance_fluke
 finally:
     sys.path.pop(0)
 
@@ -181,3 +182,108 @@ def test_the_peer_cache_is_keyed_by_setting_cohort_seed_and_initial_model(tmp_pa
     assert cache.key("fedavg", 1.0, 0, init) not in again and len(again) == 1
     assert conformance.PeerCache(str(tmp_path / "cache.json"), "v|ring|20|100").key(
         "fedavg", 1.0, 0, init) not in again
+
+
+# ----------------------------------------------------------------------------- fluke-fl, the second peer (issue 40)
+@pytest.mark.parametrize("algorithm", sorted(conformance_fluke.fluke_algorithms(100, conformance.LR)))
+def test_every_pflx_run_against_fluke_has_the_matched_settings_and_its_rows_keys(algorithm):
+    """The pflx side of a fluke row: the benchmark's matched settings, then the row's own pflx keys (APFL's
+    alpha fixed, as fluke's is), every client every round unless a cohort is given."""
+    row = conformance_fluke.fluke_algorithms(7, conformance.LR)[algorithm]
+    cfg = conformance._pflx_config(algorithm, 7, 3, None, "fluke")
+    assert cfg.algorithm == algorithm and cfg.planned_cohort(20) in (None, 20)
+    assert (cfg.rounds, cfg.seed, cfg.batch_size, cfg.lr) == (7, 3, conformance.BATCH, conformance.LR)
+    inert = getattr(cfg.algorithm_class, "inert_keys", {})
+    for k, v in dict(momentum=0.0, client_clip=0.0, val_fraction=0.0, normalize=False).items():
+        assert k in inert or getattr(cfg, k) == v, k
+    for k, v in row["pflx"].items():
+        assert getattr(cfg, k, None) == (v if v is not None else getattr(type(cfg)(), k, None)), k
+    assert conformance._pflx_config(algorithm, 7, 3, 5, "fluke").planned_cohort(20) == 5
+    assert set(row) >= {"peer", "pflx", "client", "server"} and row["peer"].count(".") == 1
+
+
+def test_fluke_rows_match_what_fluke_cannot_vary():
+    """APFL: fluke has no alpha update, so pflx's alpha is fixed at fluke's lam and fluke averages every round;
+    the body/head methods give fluke the encoder as its global model."""
+    rows = conformance_fluke.fluke_algorithms(50, conformance.LR)
+    assert rows["apfl"]["pflx"] == {"alpha": 0.5, "alpha_lr": 0.0} and rows["apfl"]["client"] == {"lam": 0.5}
+    assert rows["apfl"]["server"] == {"tau": 1}
+    assert {a for a, r in rows.items() if r.get("body_only")} == {"fedper", "fedrep", "fedbabu"}
+    assert rows["fedrep"]["client"] == {"local_epochs": 5, "tau": 1}  # fluke: head epochs, then body epochs
+    assert conformance._pflx_config("fedrep", 50, 0, None, "fluke").head_epochs == 5
+    # the pflx side of a PFLlib row is untouched: PFLlib's APFL row keeps the adaptive alpha
+    assert conformance._pflx_config("apfl", 50, 0).alpha_lr is None
+
+
+def test_the_fluke_child_reads_the_clients_pflx_exported_in_client_order(tmp_path):
+    """fluke's clients are built from the files conformance.py exports: client i's train and test rows are
+    exactly pflx's partition rows of client i, standardized the same."""
+    import numpy as np
+
+    conformance._export(tmp_path, conformance.DEFAULT_DATASET, 20, 0)
+    x, y, part = conformance.load_export(tmp_path)
+    for split, offsets, indices in (("train", part.train_offsets, part.train_indices),
+                                    ("test", part.test_offsets, part.test_indices)):
+        clients = conformance_fluke.read_clients(tmp_path / "dataset" / conformance.DATASET / split)
+        assert len(clients) == part.num_clients == 20
+        for i, (cx, cy) in enumerate(clients):
+            rows = indices[offsets[i]:offsets[i + 1]]
+            np.testing.assert_array_equal(cx, x[rows])
+            np.testing.assert_array_equal(cy, y[rows])
+    assert all(len(cy) % conformance.BATCH == 0 for _, cy in
+               conformance_fluke.read_clients(tmp_path / "dataset" / conformance.DATASET / "train"))
+
+
+def test_without_fluke_the_benchmark_says_so_and_exits_0(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FLUKE_PYTHON", raising=False)
+    json_out = tmp_path / "rows.json"
+    assert conformance.main(["--peer", "fluke", "--python", str(tmp_path / "absent"), "--json", str(json_out)]) == 0
+    assert "conformance.py: skipped: fluke's Python not found" in capsys.readouterr().out
+    not_fluke = tmp_path / "python"
+    not_fluke.write_text("#!/bin/sh\nexit 1\n")
+    not_fluke.chmod(0o755)
+    assert conformance.main(["--peer", "fluke", "--python", str(not_fluke), "--json", str(json_out)]) == 0
+    assert f"skipped: {not_fluke} does not import fluke" in capsys.readouterr().out
+    assert not json_out.exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seeds", "0,1"], "--seeds must list three or more distinct integers"),
+    (["--algorithms", "fedala"], "--algorithms must be among fedavg,"),  # PFLlib's row, not fluke's
+])
+def test_bad_settings_against_fluke_are_refused_in_one_line(argv, message, capsys, tmp_path):
+    assert conformance.main(["--peer", "fluke", *argv, "--python", str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"conformance.py: {message}") and "\n" not in err
+
+
+def test_the_fluke_table_is_paired_by_seed_with_fluke_named_in_its_columns(tmp_path, capsys, monkeypatch):
+    """The driver's plumbing with a fake peer (a stand-in Python that says it is fluke; its runs canned): the
+    rows pair each seed's pflx and fluke accuracies, the verdict is :func:`paired_verdict`'s, a gap fails."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho '0.8.1 (torch fake)'\n")
+    fake.chmod(0o755)
+    acc = {("pflx", "fedavg"): [0.50, 0.52, 0.51], ("fluke", "fedavg"): [0.505, 0.515, 0.51],
+           ("pflx", "apfl"): [0.80, 0.81, 0.82], ("fluke", "apfl"): [0.70, 0.71, 0.72]}
+    calls = []
+
+    def canned(framework, alg, join, seed, args, work, pfllib, python):
+        calls.append((framework, alg, join, seed, python))
+        assert (work / "dataset" / conformance.DATASET / "train" / "19.npz").is_file()
+        return {"accuracy": acc[(framework, alg)][seed], "seconds": 1.0}
+
+    monkeypatch.setattr(conformance, "_run", canned)
+    json_out = tmp_path / "rows.json"
+    code = conformance.main(["--peer", "fluke", "--python", str(fake), "--algorithms", "fedavg,apfl",
+                             "--rounds", "2", "--participation", "1", "--json", str(json_out)])
+    out = capsys.readouterr().out
+    assert code == 1 and "fluke-fl 0.8.1 (torch fake) at" in out and "fluke %" in out
+    assert "1 row(s) fail the paired verdict" in out and "apfl (cohort 1: miss)" in out
+    assert {c[0] for c in calls} == {"pflx", "fluke"} and {c[4] for c in calls} == {str(fake)}
+    import json
+
+    rows = {r["algorithm"]: r for r in json.loads(json_out.read_text())["rows"]}
+    assert rows["apfl"]["fluke"] == pytest.approx([70.0, 71.0, 72.0])
+    assert rows["apfl"]["mean"] == pytest.approx(10.0) and rows["apfl"]["verdict"] == "miss"
+    assert rows["fedavg"]["verdict"] == "ok"
+    assert rows["apfl"]["initial_model"] == "shared"
