@@ -33,6 +33,8 @@ def root(tmp_path_factory):
     for seed in (0, 1):
         assert main(["train", "--partition", root / "part", "--algorithm", "ditto", "--seed", seed,
                      "--out", root / f"ditto-s{seed}", *FAST]) == 0
+        assert main(["predict", "--model", root / f"ditto-s{seed}", "--partition", root / "part", "--clients",
+                     "holdout", "--no-predictions", "--out", root / f"ditto-s{seed}-new", "--format", "quiet"]) == 0
     assert main(["train", "--partition", root / "part", "--algorithm", "fedavg", "--out", root / "fedavg-s0",
                  *FAST]) == 0
     assert main(["predict", "--model", root / "fedavg-s0", "--partition", root / "part", "--clients", "train",
@@ -218,3 +220,19 @@ def test_under_dp_the_new_metrics_are_released_like_accuracy(root, tmp_path, cap
     row = next(r for r in doc["rows"] if r["group"] == "train")
     assert doc["headline_metric"] == "global_accuracy" and row["global_accuracy"] == pytest.approx(
         private["global_accuracy"])
+
+
+def test_new_clients_global_accuracy_comes_from_predict_and_equals_trains_holdout_evaluation(root, tmp_path):
+    """The global model needs no new-client protocol: predict's global_accuracy on the holdout clients is the
+    train run's own holdout evaluation of it, while Ditto's personalized accuracy there is another number."""
+    out = tmp_path / "table"
+    runs = [root / f"ditto-s{s}{suffix}" for s in (0, 1) for suffix in ("", "-new")]
+    assert main(["compare", *runs, "--metric", "global_accuracy", "--out", out, "--format", "quiet"]) == 0
+    row = next(r for r in json.loads((out / "table.json").read_text())["rows"] if r["group"] == "new")
+    assert row["source"] == "predict"
+    predicted = [json.loads((root / f"ditto-s{s}-new" / "metrics.json").read_text()) for s in (0, 1)]
+    trained = [json.loads((root / f"ditto-s{s}" / "metrics.json").read_text())["holdout"] for s in (0, 1)]
+    for p, t in zip(predicted, trained):
+        assert p["global_model"] is True
+        assert p["global_accuracy"] == pytest.approx(t["global_accuracy"])
+    assert row["global_accuracy"] == pytest.approx(np.mean([p["global_accuracy"] for p in predicted]))
