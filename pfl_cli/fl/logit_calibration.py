@@ -47,5 +47,11 @@ def calibration_margin(store, clients, tau: float):
     """
     from pfl_cli.fl.heads import class_counts
 
-    counts = class_counts(store, clients)
+    held = store.holds(store.fit.rows(clients)[0])  # split across ranks (--nproc): the rows this rank trains
+    if held is None or bool(held.all()):
+        counts = class_counts(store, clients)
+    else:  # another rank holds (and trains) the other rows: their margins are never read here
+        counts = torch.zeros(len(clients), store.num_classes, device=held.device)
+        if bool(held.any()):
+            counts[held] = class_counts(store, clients[held])
     return tau * counts.clamp_min(ABSENT_COUNT).pow(-0.25)
