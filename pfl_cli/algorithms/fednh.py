@@ -160,12 +160,13 @@ class FedNH(PrivateState, _GlobalModel):
     def run_round(self, t, cohort, gen):
         c = len(cohort)
         start = stack(self.global_params, c)
-        send = [self.global_params[k].flatten() for k in self.trainable]
-        self.traffic.send("model", torch.cat(send), copies=c)
+        for k in self.trainable:                                        # counted, not copied
+            self.traffic.send("model", self.global_params[k], copies=c)
         self.traffic.send(PROTOS, self.global_params[PROTOS], copies=c)
         theta, loss, _ = self._train(start, cohort, gen, self.cfg.local_epochs)
         means, counts = self._unit_means(theta, cohort)
-        self.traffic.receive("model", torch.cat([theta[k].flatten(1) for k in self.trainable], 1))
+        for k in self.trainable:
+            self.traffic.receive("model", theta[k])
         self.traffic.receive("scaled_class_means", means * counts.unsqueeze(-1))
         self.traffic.receive("class_counts", counts)
         self.global_params.update(weighted_mean(self.store, cohort, {k: theta[k] for k in self.trainable},
