@@ -462,10 +462,12 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
                 _mark_interrupted(study, trial._trial_id, "not run: the study had its trials")
                 continue
             place = _place(study, trial.number)
+            study._storage.set_trial_system_attr(trial._trial_id, "pflx_place", place)
             if proposals is not None and place != k:
-                # processes sharing the study asked at once and all counted k trials before: each trial draws
-                # by its own place (its number's rank), so no two draw from one seed, i.e. the same config. The
-                # sampler is only read at the first suggest (Optuna's Trial samples lazily), after this.
+                # processes sharing the study asked at once and all counted k trials before, or one of them was
+                # killed: each trial draws from its own place, so no two draw from one seed (the same config),
+                # and a killed trial's place is drawn again. The sampler is read at the first suggest (Optuna's
+                # Trial samples lazily), after this.
                 study.sampler = proposals.sampler(place)
             try:
                 value = objective(trial)
@@ -504,12 +506,27 @@ def _running(study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
 
 
-def _place(study, number: int) -> int:
-    """How many counted trials (:func:`counted`) were asked before trial ``number``."""
+def _place(study, number: int, wait: float = 30.0) -> int:
+    """The place trial ``number`` draws from (:class:`Proposals`' k): the first that no earlier counted trial holds.
+
+    One process: its counted trials hold 0..k-1 and an interrupted one's place is free again, so this is
+    :func:`counted` before the trial, or the interrupted config's place on a resume. Processes sharing the study:
+    a trial asked just before by another process records its place a moment later (waited for, up to ``wait``
+    seconds); a finished trial without one (an earlier pflx) holds its rank."""
     import optuna
 
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.number < number and
-               t.state != optuna.trial.TrialState.WAITING and not t.system_attrs.get("pflx_interrupted"))
+    deadline = time.time() + wait
+    while True:
+        earlier = sorted((t for t in study.get_trials(deepcopy=False) if t.number < number and
+                          t.state != optuna.trial.TrialState.WAITING and not t.system_attrs.get("pflx_interrupted")),
+                         key=lambda t: t.number)
+        places = [t.system_attrs.get("pflx_place") for t in earlier]
+        asking = [t for t, p in zip(earlier, places) if p is None and not t.state.is_finished()]
+        if not asking or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    held = {i if p is None else int(p) for i, p in enumerate(places)}
+    return min(set(range(len(held) + 1)) - held)
 
 
 def _surplus(study, number: int, trials: int) -> bool:
