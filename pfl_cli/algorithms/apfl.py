@@ -9,7 +9,12 @@ local step a cohort client, on one batch, updates (Alg. 1 lines 6-8, Eq. 7)
     alpha <- alpha - eta_alpha <v_i - w, grad f_i(v̄_i)>,  projected onto [0, 1]
 
 all three from the same starting point, as plain SGD (the paper's update: no momentum, no
-clipping); the server averages the w's as FedAvg. v_i and alpha_i never leave the client.
+clipping); the server averages the w's as FedAvg. The alpha step is d f_i(v̄_i) / d alpha, taken by
+autograd through the mixture: the paper's <v_i - w, grad f_i(v̄_i)>, exactly (PFLlib, after the
+authors' code, approximates grad f_i(v̄_i) by alpha grad f_i(v) + (1 - alpha) grad f_i(w) and adds
+0.02 alpha). It descends the mixture's *training* loss, so where the local model fits a client's few
+samples better than w it drives alpha to 1, local training: on the ring, adaptive alpha ends at 1
+and scores below a fixed 0.5 (docs/performance/conformance.md, "APFL's adaptive alpha on the ring"). v_i and alpha_i never leave the client.
 With alpha fixed at 1 (``alpha=1``, ``alpha_lr=0``) v̄_i = v_i is local training. A new
 client starts v from the global model and alpha from ``alpha``, and trains both for
 ``new_client_epochs`` epochs with w frozen.
