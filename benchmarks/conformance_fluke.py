@@ -257,10 +257,10 @@ def child(args, dataset: pathlib.Path, batch: int, lr: float) -> float:
     splitter = DataSplitter(DummyDataContainer(train, test, None, num_classes=CLASSES))
     model = f"{__name__}.FlukeMLP"
     hp = DDict(
-        client=DDict(batch_size=batch, local_epochs=1, loss="CrossEntropyLoss", model=model,
-                     optimizer=DDict(name="SGD", lr=lr, momentum=0.0, weight_decay=0.0),
-                     scheduler=DDict(name="StepLR", step_size=1, gamma=1), **spec["client"]),
-        server=DDict(weighted=True, **spec["server"]),  # pflx averages weighted by train size
+        client=DDict({**dict(batch_size=batch, local_epochs=1, loss="CrossEntropyLoss", model=model,
+                             optimizer=DDict(name="SGD", lr=lr, momentum=0.0, weight_decay=0.0),
+                             scheduler=DDict(name="StepLR", step_size=1, gamma=1)), **spec["client"]}),
+        server=DDict({"weighted": True, **spec["server"]}),  # pflx averages weighted by train size
         model=f"{__name__}.FlukeEncoder" if spec.get("body_only") else model)
     cls = get_class_from_qualified_name(f"fluke.algorithms.{spec['peer']}")
     with contextlib.redirect_stdout(sys.stderr):  # fluke renders progress; the result line is ours
