@@ -52,6 +52,7 @@ BUILTINS = (
     "pfl_cli.algorithms.fedopt:FedOpt", "pfl_cli.algorithms.fedexp:FedExP",
     "pfl_cli.algorithms.fedlc:FedLC", "pfl_cli.algorithms.fedamp:FedAMP",
     "pfl_cli.algorithms.fednova:FedNova",
+    "pfl_cli.algorithms.centralized:Centralized",
     "pfl_cli.algorithms.moon:Moon", "pfl_cli.algorithms.fedsam:FedSAM",
 )
 

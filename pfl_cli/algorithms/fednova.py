@@ -45,6 +45,10 @@ class FedNovaConfig(FedAvgConfig):
     local_epochs: Optional[int] = key(2, "E: epochs of local SGD per round, tau_i = E * ceil(n_i / b) "
                                          "(null: local_steps steps, equal for every client)",
                                       f"{WANG} §6, Table 1: clients train E = 2 local epochs")
+    lr: float = key(0.02, "eta: client SGD step size",
+                    "pflx: its two local epochs are a few steps on small clients (2-4 on digits) where FedAvg's "
+                    "default takes 50 at 2e-3, so ten times FedAvg's step; Wang et al. (NeurIPS 2020) §6 tune the lr "
+                    "per setting")
     momentum: float = key(0.9, "client SGD momentum rho (its ||a_i||_1 is the momentum one)",
                           f"{WANG} §6, Table 1: local momentum 0.9 (one of the three local solvers)")
 

@@ -80,7 +80,7 @@ EVERY = {
     "gpfl": [], "pfedla": [], "fedcp": [], "fedas": [], "fedpac": [],
     "fedopt": ["--set", "local_epochs=null"], "fedexp": [],
     "scaffold": [], "feddyn": [],
-    "fednova": ["--set", "local_epochs=null"],
+    "fednova": ["--set", "local_epochs=null"], "centralized": [],
     "fedlc": [], "fedamp": ["--set", "new_client_epochs=1"],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
