@@ -198,3 +198,22 @@ def test_every_algorithms_global_model_is_the_model_it_declares(store, algorithm
         hits += int((pred == store.y_eval[idx]).sum())
         total += len(idx)
     assert s["global_accuracy"] == pytest.approx(hits / total)
+
+
+def test_a_resumed_run_reports_the_class_metrics_of_the_uninterrupted_one(digits_clients):
+    """The selected evaluation travels in the checkpoint with its class counts: resumed after round 2 of 4 (the
+    best round may be one the resumed process never evaluated), the summaries equal the uninterrupted run's."""
+    from pflx_testing import small_config
+
+    from pfl_cli.fl import train_federated
+
+    ds, part = digits_clients
+    cfg = small_config("ditto", rounds=4, eval_every=1, local_steps=2, clients_per_round=8, mlp_hidden=(8,),
+                       val_fraction=0.25, checkpoint_every=2)
+    kept = []
+    whole = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu", on_checkpoint=kept.append)
+    again = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu", resume=kept[0])
+    assert kept[0]["round"] == 2
+    a, b = whole.outcome.best.summaries(), again.outcome.best.summaries()
+    assert a["train"]["global_accuracy"] is not None and a["train"]["pooled_macro_f1"] is not None
+    assert a == b
