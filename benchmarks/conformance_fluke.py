@@ -218,6 +218,19 @@ def read_clients(folder: pathlib.Path) -> list[tuple]:
     return out
 
 
+def hyperparameters(spec: dict, batch: int, lr: float) -> dict:
+    """fluke's hyperparameters of one row (its ``DDict`` tree, as plain dicts): the matched client settings
+    (plain SGD, a constant scheduler), then the row's client keys over them (FedRep's ``local_epochs`` is its
+    head epochs), the server averaging by data size (as pflx and PFLlib) under the row's server keys, and the
+    model by qualified name (the encoder alone for the body-only methods)."""
+    model = f"{__name__}.FlukeMLP"
+    client = dict(batch_size=batch, local_epochs=1, loss="CrossEntropyLoss", model=model,
+                  optimizer=dict(name="SGD", lr=lr, momentum=0.0, weight_decay=0.0),
+                  scheduler=dict(name="StepLR", step_size=1, gamma=1))
+    return dict(client={**client, **spec["client"]}, server={"weighted": True, **spec["server"]},
+                model=f"{__name__}.FlukeEncoder" if spec.get("body_only") else model)
+
+
 def child(args, dataset: pathlib.Path, batch: int, lr: float) -> float:
     """One fluke run: ``args.algorithm`` at ``args.join``, seed ``args.seed``, on the clients exported under
     ``dataset`` (``train/<i>.npz``, ``test/<i>.npz``)."""
@@ -255,13 +268,7 @@ def child(args, dataset: pathlib.Path, batch: int, lr: float) -> float:
     test = [loader(x, y, False) for x, y in splits["test"]]
     n = len(train)
     splitter = DataSplitter(DummyDataContainer(train, test, None, num_classes=CLASSES))
-    model = f"{__name__}.FlukeMLP"
-    hp = DDict(
-        client=DDict({**dict(batch_size=batch, local_epochs=1, loss="CrossEntropyLoss", model=model,
-                             optimizer=DDict(name="SGD", lr=lr, momentum=0.0, weight_decay=0.0),
-                             scheduler=DDict(name="StepLR", step_size=1, gamma=1)), **spec["client"]}),
-        server=DDict({"weighted": True, **spec["server"]}),  # pflx averages weighted by train size
-        model=f"{__name__}.FlukeEncoder" if spec.get("body_only") else model)
+    hp = DDict(hyperparameters(spec, batch, lr))  # nested dicts become fluke's DDicts
     cls = get_class_from_qualified_name(f"fluke.algorithms.{spec['peer']}")
     with contextlib.redirect_stdout(sys.stderr):  # fluke renders progress; the result line is ours
         algorithm = cls(n, splitter, hp)

@@ -287,3 +287,19 @@ def test_the_fluke_table_is_paired_by_seed_with_fluke_named_in_its_columns(tmp_p
     assert rows["apfl"]["mean"] == pytest.approx(10.0) and rows["apfl"]["verdict"] == "miss"
     assert rows["fedavg"]["verdict"] == "ok"
     assert rows["apfl"]["initial_model"] == "shared"
+
+
+def test_fluke_gets_the_matched_optimizer_and_each_rows_keys_over_it():
+    """The hyperparameters the child hands fluke: plain SGD at the benchmark's lr and batch, one epoch, unless
+    the row says otherwise (FedRep's head epochs once collided with the default ``local_epochs`` and failed)."""
+    rows = conformance_fluke.fluke_algorithms(50, conformance.LR)
+    for name, row in rows.items():
+        hp = conformance_fluke.hyperparameters(row, conformance.BATCH, conformance.LR)
+        assert hp["client"]["optimizer"] == dict(name="SGD", lr=conformance.LR, momentum=0.0, weight_decay=0.0)
+        assert hp["client"]["batch_size"] == conformance.BATCH and hp["server"]["weighted"] is True
+        assert hp["client"]["local_epochs"] == row["client"].get("local_epochs", 1), name
+        assert all(hp["client"][k] == v for k, v in row["client"].items())
+        assert all(hp["server"][k] == v for k, v in row["server"].items())
+        assert hp["model"].endswith("FlukeEncoder" if row.get("body_only") else "FlukeMLP")
+    assert conformance_fluke.hyperparameters(rows["fedrep"], 10, 0.05)["client"]["local_epochs"] == 5
+    assert conformance_fluke.hyperparameters(rows["feddyn"], 10, 0.05)["client"]["clipping"] == 0
