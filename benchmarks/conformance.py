@@ -46,6 +46,11 @@ the MLP alone, each tool's own draw otherwise (the table says which). ``--shared
     python benchmarks/conformance.py --pfllib /path/to/PFLlib [--algorithms fedavg,ditto] [--rounds 100]
         [--seeds 0,1,2] [--participation 1,0.25] [--jobs 1] [--init auto|shared|own]
 
+``--peer fluke`` runs the same comparison against fluke-fl (``benchmarks/conformance_fluke.py``: its rows,
+and the ``--child fluke`` driver run by fluke's own Python, ``--python``, ``$FLUKE_PYTHON`` or
+``.venv-fluke/bin/python``), for the algorithms fluke shares; the data, seeds, cohorts, initial models and
+verdict are the ones above.
+
 PFLlib is looked for at ``--pfllib``, ``$PFLLIB_DIR``, then ``.venv-bench/PFLlib`` beside this
 checkout; its Python at ``--python``, ``$PFLLIB_PYTHON``, ``.venv-bench/bin/python``, else this
 interpreter (it needs torch, numpy, scikit-learn, h5py and matplotlib: PFLlib's server module
