@@ -16,6 +16,9 @@ code's ``scaling`` starting at 1 for non-ResNet nets, ``FedNH_fix_scaling`` Fals
    ``w_k <- normalize(rho w_k + (1 - rho) normalize(sum_i n_{i,k} mu_{i,k} / sum_i n_{i,k}))``
    (:func:`pfl_cli.fl.prototypes.smoothed_prototypes`; a class no cohort client holds keeps its prototype).
 
+The cohort trains in one ``vmap`` over its stacked models (:func:`pfl_cli.fl.prototypes.aligned_steps` without
+the alignment term), its class means come from one vectorized pass.
+
 Evaluation (the paper reports both): the personalized model (PM) of a train client is its model after its
 last local training (its body and scale with the prototypes it trained against), what pflx serves train
 clients; the global model (GM: global body, scale and prototypes) is what a new client (unseen in training)

@@ -18,6 +18,9 @@ Exchanged per cohort client and round: the C x d global prototypes down, its C x
 counts up (:meth:`FedProto.floats_per_client_round`), measured from those tensors (the paper's §5 counts the
 prototypes alone, "parameters communicated per round").
 
+The cohort trains in one ``vmap`` over its stacked models (:func:`pfl_cli.fl.prototypes.aligned_steps`), and its
+prototypes come from one vectorized pass (:func:`pfl_cli.fl.prototypes.class_feature_sums`).
+
 Inference: a train client's own model F_i (its decision layer's prediction; the authors' code reports it
 beside the nearest-prototype rule of Eq. 4, which pflx does not serve). A new client (unseen in training):
 the paper's clients train their own heterogeneous models, so no global model exists to hand over; it gets
