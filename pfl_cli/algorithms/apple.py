@@ -17,8 +17,10 @@ client. lambda(r) = mu s(r / L) for rounds r < L = ``apple_reg_rounds`` x ``roun
 proximal term holds p_i near p^0 (a FedAvg-like mixture: the global objective) early and lets it go
 (the local objective) later; s is ``exponential`` (1e-3 ** (r / L), the authors' default) or ``cosine``
 ((cos(pi r / L) + 1) / 2). The cohort trains in parallel from the core models stored at the start of
-the round: theta_hat for the whole cohort is one einsum over the stacked core models a step (the work
-APPLE adds over FedAvg: a weighted sum of N models per local step).
+the round: theta_hat for the whole cohort is one matrix product (c, N) x (N, |theta|) over the stacked,
+flattened core models a step, and the DR gradient one more (the work APPLE adds over FedAvg: a weighted sum
+of N models per local step and its transpose); the gradient at theta_hat is one backward of the client net
+(the chain rule to theta_i and p_i is written out, not traced through the sum).
 
 Partial participation: the paper is cross-silo and every client trains every round (the authors'
 ``train_APPLE.py`` loops over all clients), so ``clients_per_round`` defaults to every train client;
@@ -188,51 +190,65 @@ class Apple(PrivateState, Algorithm):
         import torch
 
         from pfl_cli.fl.batches import ActiveMean
-        from pfl_cli.fl.cohort import batch_loss, cohort_forward, expand_as_params, resolve_cohort_exec, sgd_step
+        from pfl_cli.fl.cohort import batch_loss, cohort_forward, resolve_cohort_exec, sgd_update_
 
         cfg = self.cfg
+        shapes = {k: v.shape[1:] for k, v in self.private.values.items() if k.startswith(CORE)}
+        sizes = [s.numel() for s in shapes.values()]
         cores = self.cores()                                    # downloaded at the start of the round, fixed
+        flat = torch.cat([cores[k].flatten(1) for k in self.names], 1)             # (N, D): the stacked core models
         row = self.private.gather(cohort)
-        core = {k: row[CORE + k] for k in self.names}
+        core = {"core": torch.cat([row[CORE + k].flatten(1) for k in self.names], 1)}  # (c, D): its own, trained
         p = row[DR]
         me = self.position[cohort]
         ar = torch.arange(len(cohort), device=self.device)
-        at_start = {k: v[me] for k, v in cores.items()}
+        at_start = flat[me]
         lam = reg_weight(t, cfg.rounds, float(cfg.apple_mu), float(cfg.apple_reg_rounds), cfg.apple_schedule)
         how = resolve_cohort_exec(cfg.cohort_exec, self.net, self.device)
+
+        def unflat(v) -> dict:
+            return {k: part.view(len(v), *shapes[CORE + k]) for k, part in zip(self.names, v.split(sizes, 1))}
 
         def forward(params, x):
             return cohort_forward(self.net, params, x, how)
 
         batches, _ = self.draw_batches(cohort, gen, **self.round_schedule())
-        buf = {k: torch.zeros_like(v) for k, v in core.items()}
+        buf = {"core": torch.zeros_like(core["core"])}
         p_buf = torch.zeros_like(p)
         losses = ActiveMean(len(cohort), self.device)
         options = self.sgd_update_options()
+        momentum, dr_lr = float(options["momentum"]), float(cfg.apple_dr_lr)
         for index, mask, active in batches:
-            leaves = {k: v.detach().requires_grad_(True) for k, v in core.items()}
-            q = p.detach().requires_grad_(True)
-            mixed = self.mix(q, cores)
-            own = q[ar, me]
-            hat = {k: mixed[k] + expand_as_params(own, mixed[k]) * (leaves[k] - at_start[k]) for k in self.names}
-            loss = batch_loss(forward, hat, self.store, index, mask)
-            total = loss + lam * (q - self.p0).pow(2).sum(1)
-            grads = torch.autograd.grad(total.sum(), [*leaves.values(), q])
+            # theta_hat = sum_j p_j theta_j (one product over the stacked flattened core models), the client's own
+            # core at its current value; the chain rule by hand: d/d theta_i = p_ii g, d/d p_j = <g, theta_j>,
+            # g the gradient at theta_hat (one backward of the net, as FedAvg's step takes)
             with torch.no_grad():
-                core, buf = sgd_step(core, dict(zip(self.names, grads[:-1])), buf, active=active, **options)
-                g = grads[-1]
-                nb = options["momentum"] * p_buf + g if options["momentum"] else g
-                sel = torch.ones(len(cohort), 1, dtype=torch.bool, device=self.device) if active is None \
-                    else active[:, None]
-                p_buf = torch.where(sel, nb, p_buf)
-                p = p - float(cfg.apple_dr_lr) * nb * sel
+                own = p[ar, me]
+                moved = core["core"] - at_start
+                hat = (p @ flat + own[:, None] * moved).requires_grad_(True)
+            loss = batch_loss(forward, unflat(hat), self.store, index, mask)
+            g = torch.autograd.grad(loss.sum(), hat)[0]
+            with torch.no_grad():
+                g_p = g @ flat.T
+                g_p[ar, me] += (g * moved).sum(1)
+                if lam:
+                    g_p += 2.0 * lam * (p - self.p0)              # d/dp of lambda(r) ||p - p^0||^2
+                sgd_update_(core, {"core": g * own[:, None]}, buf, active=active, **options)
+                sel = None if active is None else active[:, None].to(g_p.dtype)
+                if sel is not None:
+                    g_p *= sel
+                if momentum:
+                    p_buf.mul_(momentum if sel is None else 1.0 + (momentum - 1.0) * sel).add_(g_p)
+                    p -= dr_lr * (p_buf if sel is None else p_buf * sel)
+                else:
+                    p -= dr_lr * g_p
             losses.add(loss, active)
-        core = {k: v.detach() for k, v in core.items()}
+        trained = unflat(core["core"])
         for k in self.names:
             others = cores[k].unsqueeze(0).expand(len(cohort), *cores[k].shape)[:, :-1]  # N - 1 models to each
             self.traffic.send(k, others)
-            self.traffic.receive(k, core[k])
-        self.private.scatter(cohort, {**{CORE + k: core[k] for k in self.names}, DR: p.detach()})
+            self.traffic.receive(k, trained[k])
+        self.private.scatter(cohort, {**{CORE + k: trained[k] for k in self.names}, DR: p})
         return losses.mean()
 
     # ------------------------------------------------------------------ models for clients

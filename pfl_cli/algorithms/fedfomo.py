@@ -17,8 +17,11 @@ clients, zero at the start). In a round, each cohort client i:
 
 epsilon_t = max(0, ``fomo_epsilon`` - t ``fomo_epsilon_decay``). The cohort's clients score the
 models stored at the start of the round and train in parallel: the weighted sum for the whole
-cohort is one einsum over the stacked, flattened models, and the (M + 1) validation losses of
-each client are one batched forward (``pfl_cli.fl.cohort.cohort_forward``).
+cohort is an einsum over the stacked models, and the (M + 1) validation losses of
+each client are one batched forward (``pfl_cli.fl.cohort.cohort_forward``). The sum runs per parameter
+tensor (an einsum over the cohort's stacked models each): concatenating the flattened models first cost a
+copy of the (c, M, |theta|) stack, 30 % of the round in ``benchmarks/fomo_apple_round.py``; the distances are
+``vector_norm`` of one tensor's differences at a time (``torch.cdist`` took three times as long).
 
 Partial participation: the paper samples a share of the clients each round and the server sends
 the models it holds, as last uploaded; pflx does the same (a client that never trained is sent as
@@ -197,37 +200,38 @@ class FedFomo(PrivateState, Algorithm):
                 out.append((ce * mk).sum(-1) / mk.sum(-1).clamp_min(1.0))
         return torch.cat(out)
 
-    def first_order_step(self, cohort, own: dict, received: dict):
-        """Eq. 3-7: the weights w (c, M) and the moved models theta_i + sum_n w_n (theta_n - theta_i)."""
+    def first_order_step(self, cohort, models: dict):
+        """Eq. 3-7 on ``models`` (c, 1 + M, ...): each client's own model, then the M it received. Returns the
+        weights w (c, M) and the moved models theta_i + sum_n w_n (theta_n - theta_i)."""
         import torch
 
-        both = {k: torch.cat([own[k].unsqueeze(1), received[k]], 1) for k in self.names}
-        loss = self.val_losses(cohort, both)
-        flat_own = torch.cat([own[k].flatten(1) for k in self.names], 1)                       # (c, D)
-        diff = torch.cat([received[k].flatten(2) for k in self.names], 2) - flat_own[:, None]  # (c, M, D)
-        dist = diff.norm(dim=2)
-        gain = (loss[:, :1] - loss[:, 1:]).clamp_min(0.0)                                      # Eq. 3, max(0, .)
+        loss = self.val_losses(cohort, models)
+        own = {k: v[:, :1].flatten(2) for k, v in models.items()}
+        got = {k: v[:, 1:].flatten(2) for k, v in models.items()}
+        # ||theta_n - theta_i|| over all parameter tensors, one tensor's differences in memory at a time
+        dist = torch.sqrt(sum(torch.linalg.vector_norm(got[k] - own[k], dim=2) ** 2 for k in models))  # (c, M)
+        gain = (loss[:, :1] - loss[:, 1:]).clamp_min(0.0)                                  # Eq. 3, max(0, .)
         w = torch.where(dist > 0, gain / dist.clamp_min(torch.finfo(dist.dtype).tiny), torch.zeros(()))
         total = w.sum(1, keepdim=True)
         w = torch.where(total > 0, w / total.clamp_min(torch.finfo(w.dtype).tiny), torch.zeros(()))  # Eq. 6
-        moved = flat_own + torch.einsum("cm,cmd->cd", w, diff)                                 # Eq. 7
-        out, at = {}, 0
-        for k in self.names:
-            size = own[k][0].numel()
-            out[k] = moved[:, at:at + size].view_as(own[k])
-            at += size
-        return w, out
+        # Eq. 7: theta_i + sum_n w_n (theta_n - theta_i) = (1 - sum_n w_n) theta_i + sum_n w_n theta_n
+        keep = 1.0 - w.sum(1)
+        return w, {k: (torch.einsum("cm,cmd->cd", w, got[k]) + keep[:, None] * own[k][:, 0]).view_as(v[:, 0])
+                   for k, v in models.items()}
 
     def run_round(self, t, cohort, gen):
+        import torch
+
         chosen = self.select(t, cohort, gen)
-        own = self.private.gather(cohort)
-        received = {k: v[chosen] for k, v in self.private.values.items()}  # (c, M, ...): stored at round start
-        w, start = self.first_order_step(cohort, own, received)
+        rows = torch.cat([cohort[:, None], chosen], 1)                   # its own model, then the M received
+        models = {k: v[rows] for k, v in self.private.values.items()}  # (c, 1 + M, ...): stored at round start
+        for k in self.names:
+            self.traffic.send(k, models[k][:, 1:])  # M models down to each cohort client
+        w, start = self.first_order_step(cohort, models)
         theta, loss, _ = self.cohort_sgd(start, cohort, gen, **self.round_schedule())
         for k in self.names:
-            self.traffic.send(k, received[k])     # M models down to each cohort client
-            self.traffic.receive(k, theta[k])     # its trained model up
-        self.traffic.receive("fomo_weights", w)  # its M weights up (P's update)
+            self.traffic.receive(k, theta[k])       # its trained model up
+        self.traffic.receive("fomo_weights", w)    # its M weights up (P's update)
         self.private.scatter(cohort, theta)
         self.affinity[cohort[:, None], chosen] += w  # Alg. 1: P_i,n += w_n
         return loss
