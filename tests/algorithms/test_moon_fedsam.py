@@ -186,3 +186,28 @@ def test_moon_refuses_a_net_without_a_representation(digits_clients):
     with pytest.raises(InputError, match=r"^model_arch: moon contrasts the representation the classifier reads; "
                                          r"the \w+ net has no features\(\) / head\(\)\. Use --set model_arch=mlp"):
         make_algorithm(small_config("moon", model_arch="hyperfl-cnn"), store)
+
+
+@pytest.mark.parametrize("name", ["moon", "fedsam"])
+def test_a_new_client_gets_the_global_model_or_it_fine_tuned_by_plain_steps(store, name):
+    """The new-client protocol: the global model as-is; with finetune_steps, FedAvg's plain local steps from it
+    (no contrastive term, no SAM step: the same models FedAvg's fine-tuning gives from the same global model)."""
+    import numpy as np
+
+    from pfl_cli.fl.store import ROLE_HOLDOUT
+
+    new = np.asarray(store.clients(ROLE_HOLDOUT))
+    alg = alg_for(store, algorithm=name)
+    alg.run_round(0, cohorts(store)[0], gen(0))
+    served, personalized = alg.personalize(new, gen(1))
+    assert personalized is False and served is alg.global_params
+    assert alg.protocol(True) == {"protocol": "global model", "rounds": 0}
+    tuned = alg_for(store, algorithm=name, finetune_steps=3)
+    tuned.global_params = {k: v.clone() for k, v in alg.global_params.items()}
+    models, personalized = tuned.personalize(new, gen(1))
+    fedavg = alg_for(store, algorithm="fedavg", finetune_steps=3)
+    fedavg.global_params = {k: v.clone() for k, v in alg.global_params.items()}
+    reference, _ = fedavg.personalize(new, gen(1))
+    assert personalized is True and tuned.protocol(True)["protocol"] == "global model fine-tuned 3 local steps"
+    close(models, reference)
+    assert float((models["fc1.weight"] - alg.global_params["fc1.weight"]).abs().max()) > 0

@@ -76,3 +76,9 @@ def test_tune_searches_the_papers_space(digits_root, tmp_path, name, key, choice
                   "--rounds", "2", "--out", str(out), "--format", "quiet"]) == 0
     best = yaml.safe_load((out / "best.yaml").read_text())
     assert best["algorithm"] == name and best[key] in choices and 1e-3 <= best["lr"] <= 1
+
+
+@pytest.mark.parametrize("name,own", [("moon", ["moon_mu", "moon_tau"]), ("fedsam", ["sam_rho"])])
+def test_listed_with_its_papers_defaults(listed_with_sources, name, own):
+    row = listed_with_sources(name, own)
+    assert "global model" in row["new_clients"]
