@@ -111,7 +111,6 @@ class FedFomo(PrivateState, Algorithm):
         self.names = list(init)
         self.private = self.new_private_state(init)
         train = np.asarray(self.store.clients(ROLE_TRAIN))
-        self.train_rows = torch.as_tensor(train, device=self.device)
         # The clients whose models the server may send: train clients with labels (they upload).
         self.pool = torch.as_tensor(train[np.asarray(self.store.labeled)[train]], device=self.device)
         n = self.store.num_clients
@@ -241,10 +240,11 @@ class FedFomo(PrivateState, Algorithm):
         return self.private.gather(rows)
 
     def mean_model(self) -> dict:
-        """The train clients' models averaged by their train-split sizes (fit and validation samples together,
-        so that predict, which carves no validation split, rebuilds the same mean)."""
-        models = {k: v[self.train_rows] for k, v in self.private.values.items()}
-        return weighted_mean(self.store, self.train_rows, models, whole_train_split=True)
+        """The models of the train clients with labels (those that upload) averaged by their train-split sizes (fit
+        and validation samples together, so that predict, which carves no validation split, rebuilds the same
+        mean)."""
+        models = {k: v[self.pool] for k, v in self.private.values.items()}
+        return weighted_mean(self.store, self.pool, models, whole_train_split=True)
 
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         start = self.mean_model()
