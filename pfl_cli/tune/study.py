@@ -16,6 +16,7 @@ study goes on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -457,6 +458,7 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
             # the host first: a trial with a pid and no host is an earlier pflx's, taken as orphaned (_orphaned)
             study._storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
             study._storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
+            study._storage.set_trial_system_attr(trial._trial_id, "pflx_beat", time.time())
             if _surplus(study, trial.number, trials):  # another process asked for the last trial first
                 study._storage.set_trial_system_attr(trial._trial_id, "pflx_surplus", True)
                 _mark_interrupted(study, trial._trial_id, "not run: the study had its trials")
@@ -470,7 +472,8 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
                 # Trial samples lazily), after this.
                 study.sampler = proposals.sampler(place)
             try:
-                value = objective(trial)
+                with _heartbeat(study._storage, trial._trial_id):
+                    value = objective(trial)
             except optuna.TrialPruned:
                 frozen = study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             except TrialFailed:
@@ -548,13 +551,44 @@ def _mark_interrupted(study, trial_id: int, why: str) -> None:
         storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
 
 
+# A running trial's process records the time every HEARTBEAT_S seconds (its ``pflx_beat``); a trial of another
+# machine whose last beat is STALE_S seconds old is taken as lost with its machine (the machines' clocks are
+# assumed to agree to well within a minute, as NTP keeps them).
+HEARTBEAT_S, STALE_S = 15.0, 120.0
+
+
+@contextlib.contextmanager
+def _heartbeat(storage, trial_id: int):
+    """While the block runs (the trial trains), record its ``pflx_beat`` every HEARTBEAT_S seconds."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                storage.set_trial_system_attr(trial_id, "pflx_beat", time.time())
+            except Exception:  # noqa: BLE001 - the trial finished or the storage failed: the loop reports that
+                return
+
+    thread = threading.Thread(target=beat, name="pflx-trial-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _orphaned(trial) -> bool:
-    """A RUNNING trial whose process is gone: it carries the pid and host that started it."""
+    """A RUNNING trial whose process is gone: it carries the pid and host that started it (this machine: the pid
+    is not alive), or its heartbeat (another machine: no beat for STALE_S seconds)."""
     import socket
 
     pid, host = trial.system_attrs.get("pflx_pid"), trial.system_attrs.get("pflx_host")
     if pid is None or host != socket.gethostname():
-        return pid is not None and host is None
+        beat = trial.system_attrs.get("pflx_beat")
+        return pid is not None and (host is None or beat is not None and time.time() - float(beat) > STALE_S)
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 
 import optuna
 import pytest
@@ -94,3 +95,47 @@ def test_a_worker_killed_beside_a_live_one_leaves_its_trial_interrupted_and_run_
     assert first.state == optuna.trial.TrialState.FAIL and first.system_attrs.get("pflx_interrupted")
     assert counted(study) == 2 and len(calls) == 2, "the killed worker's trial was counted as done"
     assert any(t.params == first.params for t in study.trials[1:]), "the killed config was not run again"
+
+
+def test_a_trial_of_a_lost_machine_is_reaped_once_its_heartbeat_is_stale():
+    """Another machine's process cannot be asked whether it lives: its trial's heartbeat says. A stale one (the
+    machine was lost) is interrupted and run here; a fresh one is another worker's, left alone."""
+    from pfl_cli.tune import study as study_mod
+
+    params = _params()
+    proposals = Proposals("random", params, 0)
+    study = optuna.create_study(direction="maximize", sampler=proposals.sampler(0))
+    lost = _running_elsewhere(study, 12345)
+    study._storage.set_trial_system_attr(lost._trial_id, "pflx_host", "another-machine")
+    study._storage.set_trial_system_attr(lost._trial_id, "pflx_beat", time.time() - study_mod.STALE_S - 5)
+    fresh = study.trials[0]
+    assert study_mod._orphaned(fresh)
+    study._storage.set_trial_system_attr(lost._trial_id, "pflx_beat", time.time() - 5)
+    assert not study_mod._orphaned(study.trials[0])
+    study._storage.set_trial_system_attr(lost._trial_id, "pflx_beat", time.time() - study_mod.STALE_S - 5)
+
+    def score(trial):
+        suggest(trial, params)
+        return 0.5
+
+    optimize(study, score, 2, proposals=proposals)
+    assert study.trials[0].system_attrs.get("pflx_interrupted") and counted(study) == 2
+
+
+def test_a_training_trial_beats(monkeypatch):
+    from pfl_cli.tune import study as study_mod
+
+    monkeypatch.setattr(study_mod, "HEARTBEAT_S", 0.05)
+    params = _params()
+    study = optuna.create_study(direction="maximize")
+    beats = []
+
+    def score(trial):
+        suggest(trial, params)
+        for _ in range(6):
+            time.sleep(0.1)
+            beats.append(study._storage.get_trial(trial._trial_id).system_attrs["pflx_beat"])
+        return 0.5
+
+    optimize(study, score, 1, proposals=Proposals("random", params, 0))
+    assert len(set(beats)) >= 3, beats  # the beat moved on while the trial trained
