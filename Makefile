@@ -15,7 +15,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= test,hf,flower,docs,tensorboard
 PYTEST_ARGS ?=
 
-.PHONY: install install-runtime test test-docs test-all docs demo bench scaling clean
+.PHONY: install install-runtime test test-docs test-postgres test-all docs demo bench scaling clean
 
 # Only the project's .venv is ever created here; an active environment already has its python.
 $(VENV)/bin/python:
@@ -45,6 +45,16 @@ test: install
 
 test-docs: install
 	$(PY) -m pytest -q -m docs $(PYTEST_ARGS)
+
+# The postgres tier (tests/tune/postgres; not in `test`): `pflx tune --storage postgresql://...` from several
+# processes against a real server. A throwaway one (PostgreSQL's initdb and pg_ctl, Debian's `postgresql` package:
+# .ci/run installs it) is started for the tier and stopped after it whatever the tier's result, which is make's.
+test-postgres: install-runtime
+	@$(PY) -m pip install -q -e ".[test,postgres]"
+	@dir=$$(mktemp -d /tmp/pflx-pg-XXXXXX) && chmod 755 "$$dir" && \
+	  url=$$($(PY) tests/tune/postgres/server.py start "$$dir/server") && echo "PostgreSQL server at $$url" && \
+	  PFLX_TEST_POSTGRES="$$url" $(PY) -m pytest -q -m postgres tests/tune/postgres $(PYTEST_ARGS); rc=$$?; \
+	  $(PY) tests/tune/postgres/server.py stop "$$dir/server"; rmdir "$$dir"; exit $$rc
 
 docs: install
 	$(MKDOCS_BUILD)
