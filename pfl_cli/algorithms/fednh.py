@@ -30,9 +30,10 @@ scale, the C x d count-scaled unit class means and the C counts (:meth:`FedNH.fl
 
 Defaults: the authors' code and run scripts (``experiments/FedNH_dir.sh``): SGD lr 0.01, momentum 0.9,
 weight decay 1e-5 (lambda_theta 5e-6 here, pflx adding 2 * lambda_theta * param), 5 local epochs, gradient
-norm clipped at 10 (``FedUH.py``), smoothing rho 0.9 (``FedNH_smoothing``). fluke (``fednh.py``) smooths with
-rho weighting the new mean (its default 0.1 keeps 10 % of the old prototypes, the reverse of the paper's rho)
-and serves one model; pflx follows the paper.
+norm clipped at 10 (``FedUH.py``), smoothing rho 0.9 (``FedNH_smoothing``). fluke (``fednh.py``) keeps rho's
+meaning but defaults it to 0.1 (a tenth of the old prototypes kept), builds a client's class mean from its
+unnormalized representations (the authors' code averages the unit ones) and serves one model; pflx follows the
+authors' code.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ Defaults: App. A (SGD at 0.01, momentum 0.5, one local epoch, batches of 8, lamb
 The authors' code and PFLlib (``clientproto.py``: ``nn.MSELoss()``) take the mean over the d coordinates
 where the paper writes the squared norm; their lambda 1 is pflx's ``fedproto_lambda`` 1 / d on the squared
 norm, the default (null), as FedPAC's (:mod:`pfl_cli.algorithms.fedpac`). The global prototypes follow the
-paper's count weighting; PFLlib's ``proto_aggregation`` (``serverproto.py``) averages uniformly.
+paper's count weighting (Eq. 6); the authors' code (``lib/utils.py``, ``proto_aggregation``) and PFLlib's copy of it
+(``serverproto.py``) average the prototypes of a class uniformly over the clients that hold it.
 """
 
 from __future__ import annotations
