@@ -15,8 +15,8 @@ F_i = g_i o f_i (representation f_i, decision layer g_i; pflx's client net with 
    prototype): :func:`pfl_cli.fl.prototypes.merge_prototypes`.
 
 Exchanged per cohort client and round: the C x d global prototypes down, its C x d prototypes and C class
-counts up (:meth:`FedProto.floats_per_client_round`), measured from those tensors (the paper's §5 counts the
-prototypes alone, "parameters communicated per round").
+counts up (:meth:`FedProto.floats_per_client_round`), measured from those tensors (the paper's experiments,
+"Communication efficiency", count the prototypes alone, "parameters communicated per round").
 
 The cohort trains in one ``vmap`` over its stacked models (:func:`pfl_cli.fl.prototypes.aligned_steps`), and its
 prototypes come from one vectorized pass (:func:`pfl_cli.fl.prototypes.class_feature_sums`).

@@ -172,8 +172,9 @@ def spread_prototypes(num_classes: int, dim: int, gen, *, steps: int = 1000, lr:
 
 
 def smoothed_prototypes(previous, unit_means, counts, rho: float):
-    """FedNH's server update (Dai et al. AAAI 2023, Alg. 1; the authors' ``FedNH.py`` ``aggregate``): each class's count-weighted
-    mean of the clients' unit class means, normalized, then ``w_k <- normalize(rho w_k + (1 - rho) mu_k)``.
+    """FedNH's server update (Dai et al. AAAI 2023, Alg. 1; the authors' ``FedNH.py`` ``aggregate``): each class's
+    count-weighted mean of the clients' unit class means, normalized, then
+    ``w_k <- normalize(rho w_k + (1 - rho) mu_k)``.
 
     ``previous`` (C, d) unit rows; ``unit_means`` (c, C, d): each cohort client's normalized class mean of its
     normalized representations (zero for a class it lacks); ``counts`` (c, C). A class no cohort client holds
