@@ -1,4 +1,4 @@
-"""FedNova (Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020, §4-5): normalized averaging.
+"""FedNova (Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020): normalized averaging.
 
 Clients run FedAvg's local work, but take different numbers of steps tau_i (``local_epochs``: client
 i takes ``epochs * ceil(n_i / b)`` steps, so a client with more data takes more). FedAvg's mean of the
@@ -8,7 +8,7 @@ inconsistency). FedNova normalizes each move by ``||a_i||_1`` (the normalized gr
 and the server steps ``x <- x - tau_eff sum_i p_i eta d_i`` with ``tau_eff = sum_i p_i ||a_i||_1``
 (Eq. 7-8; :mod:`pfl_cli.fl.nova`). ``||a_i||_1`` is tau_i for plain SGD and, for SGD with
 ``momentum`` rho (buffer reset each round), ``[tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)``
-(§5, the momentum example). p_i are the data shares over the round's cohort, the weights of pflx's
+(the paper's momentum-SGD example of a_i). p_i are the data shares over the round's cohort, the weights of pflx's
 FedAvg; clients with equal step counts make FedNova FedAvg exactly.
 
 Exchanged: the global model down; the local model and the scalar ``||a_i||_1`` up (2 x |client net|
@@ -21,7 +21,7 @@ Departures, said here: FedAvg's ``server_lr`` and ``server_momentum`` apply to F
 paper's Eq. 8 is ``server_lr`` 1 and no momentum, the defaults; its Table 1 also runs FedNova with a
 server momentum). The paper's experiments draw each client's epochs uniformly from
 [2, 5] each round; pflx's step counts differ by data size under ``local_epochs`` (the other source of
-heterogeneity the paper names, §1), and the learning test uses that. FedProx's proximal local solver
+heterogeneity the paper names), and the learning test uses that. FedProx's proximal local solver
 (the paper's third example) is fedprox's, not run here.
 """
 
@@ -44,13 +44,13 @@ class FedNovaConfig(FedAvgConfig):
     algorithm: str = key("fednova", "the algorithm these keys configure")
     local_epochs: Optional[int] = key(2, "E: epochs of local SGD per round, tau_i = E * ceil(n_i / b) "
                                          "(null: local_steps steps, equal for every client)",
-                                      f"{WANG} §6, Table 1: clients train E = 2 local epochs")
+                                      f"{WANG}, Table 1: clients train E = 2 local epochs")
     lr: float = key(0.02, "eta: client SGD step size",
                     "pflx: its two local epochs are a few steps on small clients (2-4 on digits) where FedAvg's "
-                    "default takes 50 at 2e-3, so ten times FedAvg's step; Wang et al. (NeurIPS 2020) §6 tune the lr "
+                    "default takes 50 at 2e-3, so ten times FedAvg's step; Wang et al. (NeurIPS 2020) tune the lr "
                     "per setting")
     momentum: float = key(0.9, "client SGD momentum rho (its ||a_i||_1 is the momentum one)",
-                          f"{WANG} §6, Table 1: local momentum 0.9 (one of the three local solvers)")
+                          f"{WANG}, Table 1: local momentum 0.9 (one of the three local solvers)")
 
 
 class FedNova(FedAvg):
@@ -63,7 +63,7 @@ class FedNova(FedAvg):
     upload_under_dp = False
     serves_unlabeled = "fednova without --finetune-steps (one global model)"
     search_space = {"lr": "log:1e-3:1", "momentum": "choice:0,0.9"}
-    search_space_source = (f"{WANG}, §6: the client lr tuned per setting, local solvers plain SGD and SGD with "
+    search_space_source = (f"{WANG}, Table 1: the client lr tuned per setting, local solvers plain SGD and SGD with "
                            "momentum 0.9 (Table 1's rows)")
     tune_group = "train"
 
@@ -85,7 +85,7 @@ class FedNova(FedAvg):
             return torch.zeros(0)
         theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen,
                                          **self.round_schedule())
-        norm = solver_norm(self.local_steps_of(cohort), self.sgd_update_options()["momentum"])  # ||a_i||_1, §5
+        norm = solver_norm(self.local_steps_of(cohort), self.sgd_update_options()["momentum"])  # ||a_i||_1 of the solver
         self.record_exchange(self.global_params, {**theta, "a_norm": norm.to(torch.float32)}, len(cohort))
         size = self.store.fit.length[cohort].to(torch.float64)
         self.server_update(normalized_delta(self.global_params, theta, size / size.sum(), norm))  # Eq. 7-8

@@ -1,7 +1,7 @@
-"""Normalized averaging (FedNova: Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020, §4-5).
+"""Normalized averaging (FedNova: Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020).
 
 A client's local solver writes its round as ``x - x_i = eta G_i a_i``: G_i stacks its tau_i
-(stochastic) gradients and a_i holds how much each one moved the model (Eq. 3 of the paper's
+(stochastic) gradients and a_i holds how much each one moved the model (the paper's
 general update rule). FedAvg averages ``x - x_i`` and so weighs client i by ``||a_i||_1``:
 with different step counts its fixed point minimizes ``sum_i p_i ||a_i||_1 F_i`` instead of
 ``sum_i p_i F_i`` (Theorem 1, the objective inconsistency). FedNova divides each client's move by
@@ -9,7 +9,7 @@ with different step counts its fixed point minimizes ``sum_i p_i ||a_i||_1 F_i``
 ``x <- x - tau_eff sum_i p_i eta d_i`` with ``tau_eff = sum_i p_i ||a_i||_1`` (Eq. 7-8, the
 default choice of tau_eff), p_i the clients' data shares.
 
-``||a_i||_1`` of the local solvers pflx runs (§5 "Examples"):
+``||a_i||_1`` of the local solvers pflx runs (the paper's examples of a_i):
 
 - plain SGD, tau_i steps: a_i = [1, ..., 1], ``||a_i||_1 = tau_i``;
 - SGD with momentum rho (buffer reset each round, ``buf <- rho buf + g; x <- x - eta buf``): the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 
 def solver_norm(steps, momentum: float = 0.0):
-    """``||a_i||_1`` of tau_i = ``steps`` (a tensor) local SGD steps with ``momentum`` rho (Wang et al. 2020, §5)."""
+    """``||a_i||_1`` of tau_i = ``steps`` (a tensor) local SGD steps with ``momentum`` rho (Wang et al. 2020)."""
     rho = float(momentum)
     steps = steps.double()
     if rho == 0.0:

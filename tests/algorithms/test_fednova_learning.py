@@ -1,4 +1,4 @@
-"""Learning claim of FedNova (issue 40; Wang et al., NeurIPS 2020, Theorem 1 and §6): with clients that take
+"""Learning claim of FedNova (issue 40; Wang et al., NeurIPS 2020, Theorem 1): with clients that take
 different numbers of local steps, FedAvg converges to the optimum of an objective that weighs each client by its
 step count (the objective inconsistency), FedNova to the optimum of the true one.
 
