@@ -7,9 +7,9 @@ clients), 5 clients a round, 50 local steps (lr 0.05, batch 16, FedAvg's momentu
 rounds, the global model scored on the train clients' test splits every 5 rounds; the figure compared is the
 mean of the last two evaluations (rounds 15 and 20), every algorithm at its paper's default (moon_mu 1,
 moon_tau 0.5, sam_rho 0.05). Measured on the 2-core dev machine, seeds 0 / 1 (train clients, rounds 15-20
-mean): FedAvg 94.5 / 94.2, MOON 94.7 / 94.0, FedSAM 94.4 / 93.7.
+mean): FedAvg 94.4 / 94.2, MOON 94.7 / 94.0, FedSAM 94.3 / 93.7.
 
-The papers' margins do not reproduce here: MOON ends within 0.25 of a point of FedAvg both ways, FedSAM 0.1 and
+The papers' margins do not reproduce here: MOON ends 0.3 of a point above FedAvg and 0.2 below, FedSAM 0.1 and
 0.5 of a point below. The update rules are the papers' (two rounds equal a per-client reference written from
 Alg. 1 / Eq. 2-4, tests/algorithms/test_moon_fedsam.py); the cause is the task: the digits MLP's global model
 saturates near 95 % within these rounds whatever the local term (FedAvg's own curve moves by 1-3 points between
