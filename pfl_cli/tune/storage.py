@@ -58,10 +58,9 @@ def open_storage(url: str):
             return optuna.storages.RDBStorage(resolved)
     except Exception as err:  # noqa: BLE001 - a driver missing, a host down, a bad URL: all one answer
         reason = " ".join(str(err).split())[:200]
-        driver = " (the PostgreSQL driver: pip install \"pflx[postgres]\")" if isinstance(err, ImportError) else ""
-        raise InputError(f"--storage {_shown(url)}: cannot open the study storage ({type(err).__name__}: {reason})"
-                         f"{driver}; give a URL Optuna can open (sqlite:///PATH, or postgresql://USER@HOST/DB with "
-                         "its driver installed: pip install \"pflx[postgres]\").") from None
+        raise InputError(f"--storage {_shown(url)}: cannot open the study storage ({type(err).__name__}: {reason}); "
+                         "give a URL Optuna can open (sqlite:///PATH, or postgresql://USER@HOST/DB with its driver "
+                         "installed: pip install \"pflx[postgres]\").") from None
 
 
 @contextlib.contextmanager
