@@ -15,7 +15,8 @@ global model, fine-tuned ``finetune_steps`` plain local steps as FedAvg's protoc
 evaluate the global model).
 
 Departures, said here: the default radius is SAM's own 0.05 (Foret et al. 2021; the FedSAM papers tune
-rho per dataset). No ``--dp`` variant is declared, and ``rho = 0`` is refused (FedAvg exactly: use ``--algorithm fedavg``).
+rho per dataset). No ``--dp`` variant is declared, and ``rho = 0`` is refused (FedAvg exactly: use
+``--algorithm fedavg``).
 """
 
 from __future__ import annotations

@@ -59,12 +59,12 @@ def moon_grad_fn(model: RepresentationNet, store, how: str, global_params: dict,
     """``grad_fn(theta, idx, m)`` of MOON's local loss (Eq. 4) for :func:`pfl_cli.fl.sam.local_steps`.
 
     ``global_params`` {name: tensor}: w^t (one model); ``previous`` {name: (c, *shape)}: each client's
-    w_i^{t-1}; names are the client net's (``model.net``). Returns each client's loss (c,) and gradients {name: (c, *shape)}; both terms are means over
-    the client's real, labeled samples of the batch.
+    w_i^{t-1}; names are the client net's (``model.net``). Returns each client's loss (c,) and gradients
+    {name: (c, *shape)}; both terms are means over the client's real, labeled samples of the batch.
     """
     from torch.func import functional_call
 
-    from pfl_cli.fl.cohort import _masked_mean_loss, cohort_forward
+    from pfl_cli.fl.cohort import _masked_mean_loss
 
     names = list(global_params)
 
