@@ -76,6 +76,8 @@ class AppleConfig(TrainConfig):
     local_steps: int = key(50, "k: client SGD steps per round", "thesis §4.4: k = 50")
     local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
     lr: float = key(0.01, "step size of the client's core model", f"{AUTHORS}: lr_net 0.01")
+    momentum: float = key(0.9, "SGD momentum of the core model and the DR vector (buffers reset every round)",
+                          "Luo & Wu, APPLE (IJCAI 2022), authors' code train_APPLE.py: one SGD optimizer, momentum 0.9")
     apple_dr_lr: float = key(0.001, "step size of the client's directed relationship vector p_i",
                              f"{AUTHORS}: lr_coef 0.001")
     apple_mu: float = key(0.1, "mu: weight of the proximal term on p_i toward p^0 (0: none)", f"{AUTHORS}: mu 0.1")
