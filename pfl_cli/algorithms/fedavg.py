@@ -56,6 +56,10 @@ class FedAvg(Attackable, Algorithm):
     dp_contribution = "model delta"
     default_server_lr = 1.0
     serves_unlabeled = "fedavg without --finetune-steps (one global model)"
+    # The run axis (pfl_cli.fl.stack): a round's local training is one plain cohort SGD call, so runs that differ
+    # only in these keys train stacked in one process; declared per class, never inherited.
+    stackable = True
+    stack_keys = ("seed", "lr", "momentum", "lambda_theta", "client_clip", "server_lr", "server_momentum")
 
     @property
     def finetune_steps(self) -> int:

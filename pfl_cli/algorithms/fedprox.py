@@ -31,6 +31,8 @@ class FedProx(FedAvg):
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedProxConfig
     models_upload = False  # its local steps add the proximal term, not FedAvg's upload
+    stackable = True  # the proximal weight is one more per-row setting of the stacked step (pfl_cli.fl.stack)
+    stack_keys = FedAvg.stack_keys + ("mu",)
 
     def local_objective(self) -> dict:
         return {"prox_mu": self.cfg.mu, "prox_anchor": self.global_params}

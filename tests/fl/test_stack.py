@@ -1,0 +1,107 @@
+"""The run axis (pfl_cli.fl.stack): stacked runs equal separate runs, generated over the algorithms that stack."""
+
+import numpy as np
+import pytest
+import torch
+
+from pfl_cli import registry
+from pfl_cli.errors import ConfigError
+from pfl_cli.fl import train_federated
+from pfl_cli.fl.api import make_algorithm
+from pfl_cli.fl.stack import is_stackable, stack_groups, stackable_names, train_stacked
+from pflx_testing import small_config
+
+# Measured (tests/fl/test_stack.py, 2-core dev CPU, 2026-11-27): stacked against separate runs, max |diff| of
+# any weight after 3 rounds 0.0 (bit-identical) on the digits MLP; after 30 rounds under slow, see below. The
+# bound leaves room for the last bits of float32 reductions batched over more rows (another BLAS blocking).
+TOLERANCE = 1e-5
+
+STACKABLE = stackable_names({n: e.algorithm for n, e in registry.entries().items()})
+NOT_STACKABLE = [n for n in registry.names() if n not in STACKABLE]
+
+
+def _pair(algorithm: str, rounds: int) -> list:
+    """Two runs of one shape that differ in the seed and every float key the algorithm stacks."""
+    base = dict(rounds=rounds, eval_every=max(rounds // 2, 1), clients_per_round=4, local_steps=3, batch_size=8,
+                model_arch="mlp", device="cpu")
+    keys = set(registry.get(algorithm).keys)
+    other = {k: v for k, v in dict(momentum=0.9, lambda_theta=1e-3, client_clip=1.0, mu=0.1).items() if k in keys}
+    return [small_config(algorithm, seed=0, lr=0.05, **base),
+            small_config(algorithm, seed=3, lr=0.02, **base, **other)]
+
+
+def _flat(tree) -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in _flat(v).items()})
+        else:
+            out[k] = v
+    return out
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    fa, fb = _flat(a), _flat(b)
+    assert fa.keys() == fb.keys()
+    return max(float((fa[k].double() - fb[k].double()).abs().max()) for k in fa)
+
+
+def _check_equal(digits_clients, cfgs) -> float:
+    ds, part = digits_clients
+    stacked = train_stacked(ds.x, ds.y, ds.num_classes, part, cfgs)
+    worst = 0.0
+    for cfg, got in zip(cfgs, stacked):
+        assert got.error is None, got.error
+        alone = train_federated(ds.x, ds.y, ds.num_classes, part, cfg)
+        diff = _max_diff(got.run.model["weights"], alone.model["weights"])
+        moved = _max_diff(alone.model["weights"], make_algorithm(cfg, alone.store).weights())
+        assert moved > 1e-3  # training changed the weights: the comparison is not between two initializations
+        assert diff <= TOLERANCE, f"{cfg.algorithm} seed {cfg.seed}: max |diff| {diff:.3g}"
+        assert got.run.outcome.best.round == alone.outcome.best.round
+        a, b = got.run.outcome.best.summaries(), alone.outcome.best.summaries()
+        assert a["train"]["mean_accuracy"] == pytest.approx(b["train"]["mean_accuracy"], abs=1e-6)
+        worst = max(worst, diff)
+    w0, w1 = (_flat(r.run.model["weights"]) for r in stacked)
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)  # the runs really differ
+    return worst
+
+
+@pytest.mark.parametrize("algorithm", STACKABLE)
+def test_each_stacked_run_equals_its_separate_run(digits_clients, algorithm):
+    worst = _check_equal(digits_clients, _pair(algorithm, 3))
+    print(f"{algorithm}: max |diff| stacked vs separate, 3 rounds: {worst:.3g}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", STACKABLE)
+def test_each_stacked_run_equals_its_separate_run_over_many_rounds(digits_clients, algorithm):
+    cfgs = _pair(algorithm, 30) + [small_config(algorithm, **{**_pair(algorithm, 30)[0].__dict__, "seed": 5,
+                                                              "lr": 0.1})]
+    worst = _check_equal(digits_clients, cfgs)
+    print(f"{algorithm}: max |diff| stacked vs separate, 30 rounds: {worst:.3g}")
+
+
+def test_stackable_is_declared_not_inherited():
+    for name, entry in registry.entries().items():
+        cls = entry.algorithm
+        if is_stackable(cls):
+            assert "stackable" in cls.__dict__
+    assert STACKABLE and "fedavg" in STACKABLE
+    assert "ditto" not in STACKABLE  # built on FedAvg, but its round trains two models
+
+
+@pytest.mark.parametrize("algorithm", NOT_STACKABLE[:1])
+def test_an_algorithm_that_cannot_stack_is_refused_in_one_line(algorithm):
+    cfg = small_config(algorithm, seed=0)
+    with pytest.raises(ConfigError) as err:
+        stack_groups([cfg, cfg])
+    assert algorithm in str(err.value) and "\n" not in str(err.value)
+
+
+def test_runs_differing_in_a_shape_key_are_grouped_or_refused_naming_it():
+    a = small_config("fedavg", seed=0, local_steps=3)
+    b = small_config("fedavg", seed=1, local_steps=5)
+    c = small_config("fedavg", seed=2, local_steps=3, lr=0.3)
+    assert stack_groups([a, b, c]) == [[0, 2], [1]]
+    with pytest.raises(ConfigError, match="local_steps differs"):
+        stack_groups([a, b, c], group=False)
