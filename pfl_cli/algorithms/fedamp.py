@@ -4,7 +4,7 @@ Every client i keeps a personalized model w_i (all start at the initial model w^
 the server builds each client's cloud model ``u_i = sum_j xi_ij w_j`` from the models it holds,
 ``xi_ij = alpha_k A'(||w_i - w_j||^2)`` (j != i), ``xi_ii = 1 - sum_{j != i} xi_ij``, with the
 attention-inducing function ``A(x) = 1 - exp(-x / sigma)`` of the paper's experiments, so
-``A'(x) = exp(-x / sigma) / sigma`` (:mod:`pfl_cli.fl.attention`: one cdist and one matmul over
+``A'(x) = exp(-x / sigma) / sigma`` (:mod:`pfl_cli.fl.attention`: two matmuls over
 the cohort's flattened models); the client then solves
 ``argmin_w F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2`` (the proximal step of Alg. 1) by local SGD
 from its own w_i, the proximal gradient joining each step as FedProx's does (the cohort engine,
