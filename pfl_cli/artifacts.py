@@ -118,9 +118,11 @@ class ArtifactWriter:
         force: bool = False,
         argv: Sequence[str] | None = None,
         dp: bool = False,
+        notes: Mapping[str, Any] | None = None,
     ) -> None:
         self.out = Path(out)
         self.dp = bool(dp)
+        self.notes = dict(notes or {})  # extra manifest entries that are not config (how it was trained: "stacked")
         self._release: dict[str, str] = {}
         self.stage = stage
         bad = _non_finite(dict(config))
@@ -277,6 +279,7 @@ class ArtifactWriter:
         }
         if self.dp:
             manifest["dp"] = True
+        manifest.update(self.notes)
         (self.dir / MANIFEST).write_text(dump_json(manifest))
 
     def _swap_into_place(self) -> None:

@@ -53,6 +53,7 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (torch.distributed: gloo on CPU, NCCL with --device cuda, one GPU each); cohort and evaluation clients are split across them. At most the cohort size.")] = 1,
     seed: SeedOpt = 0,
+    seeds: Annotated[Optional[str], typer.Option("--seeds", metavar="S1,S2,...", help="Train these seeds in one process, stacked on a run axis (fedavg, fedprox: the local SGD of every run's clients is one batched call per step), into OUT/seed-<s>/, each as `train --seed s --out OUT/seed-<s>` writes it (model.pt equal to float rounding; its manifest says stacked).", show_default=False)] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     force: ForceOpt = False,
@@ -135,6 +136,10 @@ def train(
     logs = check_loggers(log or ())  # an unknown or uninstalled logger is refused before any work
     if nproc != 1:
         _launch(cfg, nproc)
+    if seeds is not None:
+        _train_seeds(cfg, seeds, ctx, partition=partition, out=out, resume=resume, force=force, fmt=fmt,
+                     others={"--nproc": nproc != 1, "--plot": plot, "--log": bool(log)})
+        return
     rank = int(os.environ.get("RANK", "0"))
     from pfl_cli.cli.privacy_account import study_prior
 
@@ -142,6 +147,27 @@ def train(
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
               report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot,  # rank 0 alone reports and writes
               logs=logs, log_dir=log_dir or default_log_dir(out), study=study)
+
+
+def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: bool, force: bool, fmt,
+                 others: dict) -> None:
+    """``--seeds S1,S2,...``: parse, refuse what does not combine with it, and train the seeds stacked."""
+    from pfl_cli.cli.train_run import run_train_seeds
+
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise InputError(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {text!r}.") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise InputError(f"--seeds must name distinct integers >= 0, e.g. 0,1,2; got {text!r}.")
+    if ctx.get_parameter_source("seed").name != "DEFAULT":
+        raise InputError(f"--seeds and --seed: give one of them; got --seed {cfg.seed} and --seeds {text}. "
+                         "Put the seed in the --seeds list.")
+    for flag, given in others.items():
+        if given:
+            raise InputError(f"--seeds does not combine with {flag} yet; got both. Train each seed with --seed S "
+                             f"to use {flag}.")
+    run_train_seeds(cfg, seeds, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt))
 
 
 def _launch(cfg, nproc: int) -> None:

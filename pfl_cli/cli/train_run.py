@@ -461,3 +461,92 @@ def _print_summary(report: Reporter, out: Path, m: dict) -> None:
                           m["dataset"]["num_classes"], m["algorithm"])
     if warning:  # issue 33: a run whose settings did not learn says so (never under --dp: nothing released)
         report.warn(warning)
+
+
+# ---------------------------------------------------------------------------- --seeds: one stack
+def run_train_seeds(cfg, seeds: list[int], *, partition: Path, out: Path, resume: bool, force: bool,
+                    report: Reporter) -> None:
+    """``pflx train --seeds S1,S2,... --out DIR``: the runs of ``cfg`` with those seeds trained stacked in this
+    process (:mod:`pfl_cli.fl.stack`), each written to ``DIR/seed-<s>`` exactly as ``train --seed s --out
+    DIR/seed-<s>`` writes it (its manifest adds ``stacked``); a finished run's artifact is left as it is."""
+    import dataclasses
+    import threading
+
+    from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.cli.unseen import partition_input, training_record
+    from pfl_cli.config import config_to_dict
+    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.loop import TrainingDiverged
+    from pfl_cli.fl.stack import check_stackable, train_stacked
+    from pfl_cli.readers import check_checkpoint_location
+
+    check_stackable(cfg)
+    if cfg.dp_epsilon is not None:
+        raise InputError("--seeds: runs under --dp are not stacked yet (each DP run writes its own ledger); got --dp. "
+                         "Train each seed with --seed S.")
+    cfgs = [dataclasses.replace(cfg, seed=s) for s in seeds]
+    for c in cfgs:
+        from pfl_cli.fl.api import validate_train_config
+
+        validate_train_config(c)
+    device = resolve_device(cfg.device)
+    outs = [out / f"seed-{s}" for s in seeds]
+    for o, c in zip(outs, cfgs):
+        ArtifactWriter(o, stage="train", config={}, seed=c.seed, force=force)  # --out problems first
+    part, info, part_art, ds = load_partition_dataset(partition)
+    inputs = [partition_input(part_art), ds.input_ref()]
+    todo, writers, cks, states = [], {}, {}, {}
+    for i, (o, c) in enumerate(zip(outs, cfgs)):
+        config = config_to_dict(c)
+        writer = ArtifactWriter(o, stage="train", config=config, seed=c.seed, inputs=inputs, force=force,
+                                notes={"stacked": {"seeds": list(seeds), "runs": len(seeds)}})
+        if writer.up_to_date():
+            report.note(f"{o} is up to date (same config and inputs); nothing to do.")
+            continue
+        ck = Checkpointer(o, fingerprint(config, inputs))
+        check_checkpoint_location(ck.dir, ck.path, resume=resume)
+        if not resume and ck.path.is_file():
+            if not force:
+                raise InputError(f"--out {o}: an earlier run was interrupted and left its checkpoint at {ck.path}; "
+                                 "pass --resume to continue from it, or --force to start over and discard it.")
+            ck.path.unlink(missing_ok=True)
+        ck.remove_torn_writes()
+        todo.append(i)
+        writers[i], cks[i] = (writer, config), ck
+        states[i] = _resume(ck, c, report) if resume else None
+    if not todo:
+        report.result({"out": str(out), "runs": [str(o) for o in outs], "up_to_date": True})
+        return
+    _warn_clamped(cfg, part, int(np.sum(part.role == 0)), report)
+    lock = threading.Lock()
+    with report.progress("train", cfg.rounds * len(todo), unit="round") as bar:
+        seen = {i: int(states[i]["round"]) if states[i] else 0 for i in todo}
+
+        def on_progress(j: int, done: int, _total: int, status: dict) -> None:
+            with lock:
+                bar.advance(done - seen[todo[j]], status=f"seed {seeds[todo[j]]}: {_status(status)}")
+                seen[todo[j]] = done
+
+        results = train_stacked(ds.x, ds.y, ds.num_classes, part, [cfgs[i] for i in todo], device=device,
+                                labeled=ds.labeled, vocab_size=ds.extra.get("vocab_size"),
+                                resumes=[states[i] for i in todo],
+                                on_checkpoint=[cks[i].write for i in todo], on_progress=on_progress)
+    failed = []
+    for i, got in zip(todo, results):
+        if got.error is not None:
+            err = got.error
+            failed.append(_diverged_message(err, cfgs[i], cks[i].path, outs[i]) if isinstance(err, TrainingDiverged)
+                          else f"seed {seeds[i]}: {err}")
+            continue
+        writer, config = writers[i]
+        run = got.run
+        metrics = train_metrics(cfgs[i], run, info, device)
+        ck = cks[i]
+        with writer:
+            write_train_files(writer, config, run, part, metrics, record=training_record(part, ds, info["spec"]))
+            if ck.path.is_file():
+                shutil.copyfile(ck.path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
+            writer.after_swap(lambda d=ck.dir: shutil.rmtree(d, ignore_errors=True))
+        _print_summary(report, outs[i], metrics)
+    if failed:
+        raise RunError("; ".join(failed))
