@@ -176,8 +176,10 @@ def test_bad_storage_is_one_line_exit_2_nothing_written_and_the_study_untouched(
     assert not out.exists() and not list(out.parent.glob(".bad-db*"))
 
     # a study that exists, made by another search: another algorithm, then another partition
-    r = subprocess.run([sys.executable, "-m", "pfl_cli", *_worker(database, "runs/first")], cwd=home, env=_env(),
-                       capture_output=True, text=True, timeout=900)
+    first = _worker(database, "runs/first")
+    first[first.index("--trials") + 1] = "2"  # a study to refuse against: two trials make one
+    r = subprocess.run([sys.executable, "-m", "pfl_cli", *first], cwd=home, env=_env(), capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     before = _snapshot(database)
     other_part = list(PARTITION)
