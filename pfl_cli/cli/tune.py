@@ -24,6 +24,7 @@ def tune(
     space: Annotated[Optional[list[str]], typer.Option("--space", metavar="KEY=SPEC", help="Search KEY over SPEC: log:LOW:HIGH | float:LOW:HIGH | int:LOW:HIGH | choice:A,B,... (repeatable); replaces or extends the algorithm's declared space.")] = None,
     trials: Annotated[int, typer.Option("--trials", help="Trials in the study (a resumed study runs the missing ones); under --dp the mean of the secret random number of trials.")] = 20,
     jobs: Annotated[int, typer.Option("--jobs", help="Trials run at once, each in its own process with one torch thread.")] = 1,
+    stack: Annotated[int, typer.Option("--stack", help="Trials trained at once in this process, stacked on a run axis (fedavg, fedprox: their local SGD one batched call per step); K asks, then K tells; each trial pruned on its own curve. A stack's trials see the trials finished before it.")] = 1,
     sampler: Annotated[Optional[str], typer.Option("--sampler", help="tpe (default) | random | grid (every combination of choice/int values; the default under --dp is random, the only one allowed).", show_default=False)] = None,
     pruner: Annotated[Optional[str], typer.Option("--pruner", help="median (default: stop a trial whose validation curve is below the median of earlier trials at the same round) | halving (successive halving) | none; under --dp: none.", show_default=False)] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL shared by several machines (e.g. postgresql://user@host/db); default: an SQLite file beside --out while running, study.db in the artifact.", show_default=False)] = None,
@@ -91,7 +92,7 @@ def tune(
         from pfl_cli.cli.figures import require_matplotlib
 
         require_matplotlib("--plot")
-    options = TuneOptions(space=tuple(space or ()), trials=trials, jobs=jobs, sampler=sampler, pruner=pruner,
+    options = TuneOptions(space=tuple(space or ()), trials=trials, jobs=jobs, stack=stack, sampler=sampler, pruner=pruner,
                           storage=storage, study_name=study_name, validation_fraction=validation_fraction,
                           validation_clients=validation_clients, dp_shape=dp_shape, dp_score_noise=dp_score_noise,
                           explicit=frozenset(explicit_flags(ctx, ("dp_shape", "dp_score_noise"))))

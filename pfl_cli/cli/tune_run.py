@@ -38,6 +38,7 @@ class TuneOptions:
     space: tuple = ()
     trials: int = 20
     jobs: int = 1
+    stack: int = 1
     sampler: str | None = None
     pruner: str | None = None
     storage: str | None = None
@@ -73,6 +74,15 @@ def _check_options(cfg, o: TuneOptions):
         raise ConfigError(f"--trials must be an integer >= 1; got {o.trials}.")
     if o.jobs < 1:
         raise ConfigError(f"--jobs must be an integer >= 1; got {o.jobs}.")
+    if o.stack < 1:
+        raise ConfigError(f"--stack must be an integer >= 1; got {o.stack}.")
+    if o.stack > 1:
+        from pfl_cli.fl.stack import check_stackable
+
+        check_stackable(cfg)
+        if o.jobs != 1 or cfg.dp_epsilon is not None:
+            raise ConfigError(f"--stack {o.stack} trains trials stacked in this one process; it does not combine with "
+                              f"{'--dp' if cfg.dp_epsilon is not None else f'--jobs {o.jobs}'} yet. Drop one of them.")
     if not 0.0 < o.validation_fraction < 1.0:
         raise ConfigError(f"--validation-fraction must be in (0, 1); got {o.validation_fraction!r}.")
     if o.validation_clients is not None and not 0.0 <= o.validation_clients < 1.0:
@@ -290,7 +300,7 @@ def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: d
                                   metric=plan.objective["metric"], identity=identity,
                                   on_round=lambda done: move_to(finished[0] * per + done))
             optimize(study, objective, o.trials, proposals=Proposals(plan.sampler, plan.params, plan.cfg.seed),
-                     callbacks=[on_done])
+                     callbacks=[on_done], stack=o.stack)
         else:
             _run_workers(plan, o, url=url, name=name, identity=identity, partition=partition,
                          poll=lambda: on_done(storage_study(storage, name), None))

@@ -259,10 +259,67 @@ class Objective:
         return cfg
 
     def __call__(self, trial) -> float:
+        from pfl_cli.fl.api import train_federated
+
+        cfg, value = self._begin(trial)
+        if cfg is None:
+            return value
+        d = self.data
+        try:
+            run = train_federated(d.x, d.y, d.num_classes, d.partition, cfg, labeled=d.labeled,
+                                  vocab_size=d.vocab_size, on_progress=self._reporter(trial, cfg, self.on_round))
+        except BaseException as err:  # noqa: BLE001 - _finish says what a trial's error means
+            return self._finish(trial, cfg, None, err)
+        return self._finish(trial, cfg, run, None)
+
+    def stacked(self, trials: Sequence) -> list:
+        """``trials`` trained at once on a run axis (:func:`pfl_cli.fl.stack.train_stacked`): per trial its value,
+        or the exception that ends it (``optuna.TrialPruned``, :class:`TrialFailed`, another error). Each trial
+        reports and is pruned on its own curve; a pruned trial leaves the stack and the others go on."""
+        import threading
+
+        from pfl_cli.fl.stack import train_stacked
+
+        out: list = [None] * len(trials)
+        started = []
+        for i, trial in enumerate(trials):
+            try:
+                cfg, value = self._begin(trial)
+            except BaseException as err:  # noqa: BLE001 - this trial's failure alone
+                out[i] = err
+                continue
+            if cfg is None:
+                out[i] = value
+            else:
+                started.append((i, trial, cfg))
+        if not started:
+            return out
+        lock, rounds = threading.Lock(), [0] * len(started)
+
+        def on_round(j: int):
+            def moved(done: int) -> None:
+                with lock:  # the stack's rounds in all, for the one progress display
+                    rounds[j] = done
+                    if self.on_round is not None:
+                        self.on_round(sum(rounds))
+            return moved
+
+        hooks = [self._reporter(trial, cfg, on_round(j)) for j, (_, trial, cfg) in enumerate(started)]
+        d = self.data
+        results = train_stacked(d.x, d.y, d.num_classes, d.partition, [cfg for _, _, cfg in started],
+                                labeled=d.labeled, vocab_size=d.vocab_size,
+                                on_progress=lambda j, done, total, status: hooks[j](done, total, status))
+        for (i, trial, cfg), got in zip(started, results):
+            try:
+                out[i] = self._finish(trial, cfg, got.run, got.error)
+            except BaseException as err:  # noqa: BLE001 - handed to the loop, which tells the trial's state
+                out[i] = err
+        return out
+
+    def _begin(self, trial):
+        """``(cfg, None)``: the trial's config to train; ``(None, value)``: a config drawn again, scored as before."""
         import optuna
 
-        from pfl_cli.fl.api import train_federated
-        from pfl_cli.fl.loop import TrainingDiverged
         from pfl_cli.tune.space import suggest
 
         trial.storage.set_trial_system_attr(trial._trial_id, "pflx_identity", self.identity)
@@ -276,17 +333,22 @@ class Objective:
                 raise optuna.TrialPruned(f"the same config as trial {done.number}, which was pruned")
             if "selected_round" in done.user_attrs:
                 trial.set_user_attr("selected_round", done.user_attrs["selected_round"])
-            return float(done.value)
+            return None, float(done.value)
         try:
-            cfg = self.config(values)
+            return self.config(values), None
         except PflxError as err:
             trial.set_user_attr("error", f"invalid config: {err}")
             raise TrialFailed(str(err)) from None
+
+    def _reporter(self, trial, cfg, on_round):
+        """The run's ``on_progress``: every evaluation reported to the pruner, which may stop the trial."""
+        import optuna
+
         total = cfg.rounds if cfg.algorithm_class.federated else 0
 
         def on_progress(done: int, _total: int, status: dict) -> None:
-            if self.on_round is not None:
-                self.on_round(done)
+            if on_round is not None:
+                on_round(done)
             if (done % cfg.eval_every == 0 or done == total) and self.group in status:
                 value = float(status[self.group])
                 if math.isfinite(value):
@@ -294,13 +356,18 @@ class Objective:
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"pruned at round {done} (validation accuracy {value:.4f})")
 
-        d = self.data
-        try:
-            run = train_federated(d.x, d.y, d.num_classes, d.partition, cfg, labeled=d.labeled,
-                                  vocab_size=d.vocab_size, on_progress=on_progress)
-        except TrainingDiverged as err:
-            trial.set_user_attr("error", f"diverged at round {err.round}")
-            raise TrialFailed(f"diverged at round {err.round}") from None
+        return on_progress
+
+    def _finish(self, trial, cfg, run, error) -> float:
+        """The trial's score from its finished ``run``, or what its ``error`` means (raised)."""
+        from pfl_cli.fl.loop import TrainingDiverged
+
+        if isinstance(error, TrainingDiverged):
+            trial.set_user_attr("error", f"diverged at round {error.round}")
+            raise TrialFailed(f"diverged at round {error.round}") from None
+        if error is not None:
+            raise error
+        total = cfg.rounds if cfg.algorithm_class.federated else 0
         summary = run.outcome.best.summaries().get(self.group)
         value = float("nan") if summary is None else float(summary[self.metric])
         if not math.isfinite(value):
@@ -415,7 +482,7 @@ class Proposals:
 
 
 def optimize(study, objective: Objective, trials: int, *, proposals: Proposals | None = None,
-             callbacks: Sequence[Callable] = ()) -> None:
+             callbacks: Sequence[Callable] = (), stack: int = 1) -> None:
     """Run trials until ``trials`` count (:func:`counted`: finished, pruned, failed or running elsewhere).
 
     Optuna's ask-and-tell loop, run here rather than by ``study.optimize`` so that Ctrl-C (KeyboardInterrupt)
@@ -423,9 +490,10 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
     message. An interrupted trial and one left RUNNING by a killed process are failed trials that do not count:
     the same command afterwards runs the missing trials, the interrupted config again among them (with
     ``proposals``, each counted trial draws what it would have drawn in an uninterrupted study).
-    """
-    import socket
 
+    ``stack`` > 1: up to that many trials are asked at once and trained stacked on a run axis
+    (:meth:`Objective.stacked`), then told, each with its own state (:func:`_run_stack`).
+    """
     import optuna
 
     if proposals is None and isinstance(study.sampler, optuna.samplers.GridSampler):
@@ -452,25 +520,14 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
             waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
             if point is not None and not waiting:
                 study.enqueue_trial(point)
+        if stack > 1:
+            _run_stack(study, objective, trials, stack, proposals, callbacks)
+            continue
         trial = None
         try:
-            trial = study.ask()
-            # the host first: a trial with a pid and no host is an earlier pflx's, taken as orphaned (_orphaned)
-            study._storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
-            study._storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
-            study._storage.set_trial_system_attr(trial._trial_id, "pflx_beat", time.time())
-            if _surplus(study, trial.number, trials):  # another process asked for the last trial first
-                study._storage.set_trial_system_attr(trial._trial_id, "pflx_surplus", True)
-                _mark_interrupted(study, trial._trial_id, "not run: the study had its trials")
+            trial = _ask(study, proposals, trials, k)
+            if trial is None:
                 continue
-            place = _place(study, trial.number)
-            study._storage.set_trial_system_attr(trial._trial_id, "pflx_place", place)
-            if proposals is not None and place != k:
-                # processes sharing the study asked at once and all counted k trials before, or one of them was
-                # killed: each trial draws from its own place, so no two draw from one seed (the same config),
-                # and a killed trial's place is drawn again. The sampler is read at the first suggest (Optuna's
-                # Trial samples lazily), after this.
-                study.sampler = proposals.sampler(place)
             try:
                 with _heartbeat(study._storage, trial._trial_id):
                     value = objective(trial)
@@ -489,6 +546,85 @@ def optimize(study, objective: Objective, trials: int, *, proposals: Proposals |
                 study._storage.set_trial_user_attr(trial._trial_id, "error", f"{type(err).__name__}: {err}"[:300])
                 study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
             raise
+        for callback in callbacks:
+            callback(study, frozen)
+
+
+def _ask(study, proposals: Proposals | None, trials: int, k: int):
+    """A new trial, its host, pid, heartbeat and place recorded (its sampler set from its place); None when
+    another process asked for the study's last trial first (the new one is marked surplus)."""
+    import socket
+
+    trial = study.ask()
+    # the host first: a trial with a pid and no host is an earlier pflx's, taken as orphaned (_orphaned)
+    study._storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
+    study._storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
+    study._storage.set_trial_system_attr(trial._trial_id, "pflx_beat", time.time())
+    if _surplus(study, trial.number, trials):  # another process asked for the last trial first
+        study._storage.set_trial_system_attr(trial._trial_id, "pflx_surplus", True)
+        _mark_interrupted(study, trial._trial_id, "not run: the study had its trials")
+        return None
+    place = _place(study, trial.number)
+    study._storage.set_trial_system_attr(trial._trial_id, "pflx_place", place)
+    if proposals is not None and place != k:
+        # processes sharing the study asked at once and all counted k trials before, or one of them was
+        # killed: each trial draws from its own place, so no two draw from one seed (the same config),
+        # and a killed trial's place is drawn again. The sampler is read at the first suggest (Optuna's
+        # Trial samples lazily), after this.
+        study.sampler = proposals.sampler(place)
+    return trial
+
+
+def _run_stack(study, objective: Objective, trials: int, stack: int, proposals: Proposals | None,
+               callbacks: Sequence[Callable]) -> None:
+    """Ask up to ``stack`` trials (each drawing from its own place, as one at a time would), train them stacked,
+    tell each its state. A trial draws its values at ask time, so the trials of one stack see the same finished
+    trials (TPE models the earlier stacks only): Optuna's batched ask-and-tell."""
+    import optuna
+
+    asked = []
+    try:
+        for _ in range(max(min(stack, trials - counted(study)), 1)):
+            k = counted(study)
+            if proposals is not None:
+                point = proposals.fixed(study)
+                if point is False:
+                    break
+                study.sampler = proposals.sampler(k)
+                if point is not None and not study.get_trials(deepcopy=False,
+                                                              states=(optuna.trial.TrialState.WAITING,)):
+                    study.enqueue_trial(point)
+            trial = _ask(study, proposals, trials, k)
+            if trial is None:
+                break
+            from pfl_cli.tune.space import suggest
+
+            suggest(trial, objective.params)  # drawn now, from this trial's own sampler (the next ask resets it)
+            asked.append(trial)
+        if not asked:  # every grid point held, or another process asked for the last trial: the loop decides
+            return
+        with contextlib.ExitStack() as beats:
+            for trial in asked:
+                beats.enter_context(_heartbeat(study._storage, trial._trial_id))
+            results = objective.stacked(asked)
+    except KeyboardInterrupt:
+        for trial in asked:
+            if not study._storage.get_trial(trial._trial_id).state.is_finished():
+                _mark_interrupted(study, trial._trial_id, "Ctrl-C")
+        raise
+    told = []
+    for trial, result in zip(asked, results):
+        if isinstance(result, optuna.TrialPruned):
+            told.append(study.tell(trial, state=optuna.trial.TrialState.PRUNED))
+        elif isinstance(result, TrialFailed):
+            told.append(study.tell(trial, state=optuna.trial.TrialState.FAIL))
+        elif isinstance(result, BaseException):
+            study._storage.set_trial_user_attr(trial._trial_id, "error", f"{type(result).__name__}: {result}"[:300])
+            study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+            raise result  # a bug or a failed storage, as one trial at a time raises it
+        else:
+            told.append(study.tell(trial, result))
+    for frozen in told:
         for callback in callbacks:
             callback(study, frozen)
 
