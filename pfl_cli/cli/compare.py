@@ -18,6 +18,7 @@ def compare_command(
     nonprivate: Annotated[bool, typer.Option("--nonprivate", help="Accept --dp train runs (and predict runs of --dp models) through their nonprivate-clients.csv (train --write-nonprivate): accuracies on the private clients, not covered by DP. The table's files are then named nonprivate-*.")] = False,
     level: Annotated[float, typer.Option("--level", help="Confidence level of the Student-t interval over seeds.")] = 0.95,
     metric: Annotated[str, typer.Option("--metric", help="The headline column: accuracy (mean per-client test accuracy), balanced_accuracy or macro_f1 (mean per-client, scikit-learn's definitions), global_accuracy (the global model on the union of the clients' test splits; refused for a method without one). Every metric keeps its columns in table.csv and table.json.")] = "accuracy",
+    jobs: Annotated[int, typer.Option("--jobs", help="With --spec: each study's trials (tune: entries) run this many at once, each in its own process with one torch thread, as pflx tune --jobs; the trainings run one after another.")] = 1,
     plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: per-client accuracy of every configuration, training and new clients, one box each (needs the plot extra).")] = False,
     force: ForceOpt = False,
     fmt: FormatOpt = Format.human,
@@ -37,7 +38,9 @@ def compare_command(
 
     Writes table.md, table.csv, table.json, clients.csv (every run's per-client accuracies) and,
     with --plot, clients.png. --spec FILE.yaml trains algorithms x seeds first (runs already there
-    with the same config are kept), then compares them.
+    with the same config are kept), then compares them; an algorithm's tune: entry (trials, rounds,
+    space, ...) runs its study first, as pflx tune would, and its seeds train with the study's
+    best.yaml. A rerun after a kill continues: studies resume, finished runs are kept.
 
     Examples: pflx compare runs/fedavg-s0 runs/fedavg-s1 runs/fedavg-s2 runs/pefll-s0 runs/pefll-s1
     runs/pefll-s2 --out runs/table ; pflx compare --spec spec.yaml --out runs/table
@@ -49,4 +52,4 @@ def compare_command(
 
         require_matplotlib("--plot")
     run_compare(list(runs or ()), out=out, nonprivate=nonprivate, level=level, plot=plot, force=force,
-                report=Reporter(fmt), spec=spec, metric=metric)
+                report=Reporter(fmt), spec=spec, metric=metric, jobs=jobs)

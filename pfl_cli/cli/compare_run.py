@@ -10,14 +10,15 @@ global_accuracy of every run) and, with
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 from pfl_cli.cli.output import Reporter
 
 
 def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: float, plot: bool, force: bool,
-                report: Reporter, spec: Path | None = None, metric: str = "accuracy") -> None:
+                report: Reporter, spec: Path | None = None, metric: str = "accuracy", jobs: int = 1) -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.compare import compare, read_runs
     from pfl_cli.compare.table import CLIENT_COLUMNS, CSV_COLUMNS, check_metric
@@ -38,7 +39,7 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
 
         parsed = load_spec(spec)
         config["spec"] = parsed.to_dict()
-        runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate), *runs]
+        runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate, jobs=jobs), *runs]
     groups = read_runs(runs, nonprivate=nonprivate)
     table = compare(groups, level=level, metric=metric)
     inputs = list({g.input_ref["sha256"]: dict(g.input_ref) for g in groups}.values())
@@ -61,55 +62,185 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
     _print(report, out, table, prefix)
 
 
-def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool = False) -> list[Path]:
-    """Train every algorithm of ``spec`` with every seed (and predict its new clients), as `pflx train` and
-    `pflx predict --clients holdout --no-predictions` would; a run already there with the same config and
-    inputs is kept (nothing to do). Returns the artifact paths, train then predict, per algorithm and seed."""
-    import json
-
-    from pfl_cli.cli.common import stage_config, train_stage_config
+def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool = False, jobs: int = 1) -> list[Path]:
+    """The protocol of ``spec``: each algorithm's study first where it has a ``tune:`` entry (as `pflx tune` would,
+    into ``<runs>/tune-<name>``), then every algorithm with every seed (its config, or its study's best.yaml), and
+    its new clients predicted, as `pflx train` and `pflx predict --clients holdout --no-predictions` would. A study
+    resumes from its study.db and a run already there with the same config and inputs is kept (nothing to do), so a
+    rerun after a kill continues where it stopped. One progress display counts the studies' and the trainings'
+    rounds. ``jobs``: each study's trials at once, in that many processes (`pflx tune --jobs`). Returns the
+    artifact paths, train then predict, per algorithm and seed."""
+    from pfl_cli.cli.common import stage_config
     from pfl_cli.cli.options import Format
     from pfl_cli.cli.predict_run import run_predict
-    from pfl_cli.cli.privacy_account import study_prior
     from pfl_cli.cli.train_run import run_train
-    from pfl_cli.config import load_config_file
+    from pfl_cli.errors import ConfigError
     from pfl_cli.fl.config import PredictConfig
+    from pfl_cli.tune.protocol import run_study
 
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be an integer >= 1; got {jobs}.")
     root = spec.runs if spec.runs is not None else out.with_name(f"{out.name}-runs")
-    quiet = Reporter(Format.quiet)  # stdout stays the comparison's; one note per run on stderr
-    configs = []
-    for alg in spec.algorithms:  # every config resolved (and refused) before the first training
-        named = load_config_file(alg.config, "train").get("algorithm") if alg.config is not None else None
-        if named is not None and named != alg.name:
-            from pfl_cli.errors import ConfigError
-
-            raise ConfigError(f"--spec: algorithms.{alg.name}.config {alg.config} is a config of {named!r}; give "
-                              f"it under algorithms.{named}, or a config of {alg.name!r}.")
-        for seed in spec.seeds:
-            sets = [f"{k}={json.dumps(v)}" for k, v in alg.sets] + [f"seed={seed}"]
-            cfg = train_stage_config(config_file=alg.config, flags={"algorithm": alg.name}, sets=sets)
-            # a private study's best.yaml on this partition: its ledger composes into each run's privacy.json
-            configs.append((alg.name, seed, cfg, study_prior(alg.config, spec.partition, cfg)))
-    for name, _seed, cfg, _study in configs:  # a --dp run releases no accuracy: refused before any training
-        if cfg.dp_epsilon is not None and not (nonprivate and cfg.write_nonprivate):
-            from pfl_cli.errors import ConfigError
-
-            raise ConfigError(f"--spec: algorithms.{name} trains with --dp (its config sets dp_epsilon), and a --dp "
-                              "run releases no accuracy to compare; pass --nonprivate and set write_nonprivate: true "
-                              f"under algorithms.{name}.set to compare its diagnostics, or drop it from the spec.")
+    quiet = Reporter(Format.quiet)  # stdout stays the comparison's
+    steps = _plan_spec(spec, nonprivate=nonprivate, jobs=jobs)  # every config resolved (and refused) before any work
     predict_cfg = stage_config(PredictConfig, "predict", config_file=None,
                                flags={"clients": "holdout", "predictions": False}, sets=None)
     paths = []
-    for i, (name, seed, cfg, study) in enumerate(configs, start=1):
-        run = root / name / f"s{seed}"
-        report.note(f"compare --spec: train {name} seed {seed} -> {run} ({i}/{len(configs)})")
-        run_train(cfg, partition=spec.partition, out=run, resume=False, force=force, report=quiet, study=study)
-        paths.append(run)
-        if spec.new_clients:
-            new = run.with_name(f"s{seed}-new")
-            run_predict(predict_cfg, model=run, partition=spec.partition, out=new, force=force, report=quiet)
-            paths.append(new)
+    total = [sum(s.units for s in steps)]
+    with report.progress("compare --spec", total[0], unit="round") as bar:
+        for step in steps:
+            phase = _Phase(report, bar, step.label)
+            if step.kind == "tune":
+                best = run_study(step.cfg, step.options, partition=spec.partition, out=root / f"tune-{step.name}",
+                                 force=force, report=phase)
+                for run in (s for s in steps if s.kind == "train" and s.name == step.name):
+                    run.cfg, run.study = _train_config(step.name, best, run.sets, run.seed, spec.partition)
+            else:
+                run = root / step.name / f"s{step.seed}"
+                run_train(step.cfg, partition=spec.partition, out=run, resume=False, force=force, report=phase,
+                          study=step.study)
+                paths.append(run)
+                if spec.new_clients:
+                    new = run.with_name(f"s{step.seed}-new")
+                    run_predict(predict_cfg, model=run, partition=spec.partition, out=new, force=force, report=quiet)
+                    paths.append(new)
+            phase.close(step.units, total)
     return paths
+
+
+class _Step:
+    """One step of a spec's protocol: a study (``kind`` "tune") or a training of one seed ("train"); ``units``: its
+    rounds on the protocol's progress display (a trial or training of a method without rounds counts one)."""
+
+    def __init__(self, kind: str, name: str, units: int, *, cfg=None, options=None, sets=(), seed=None,
+                 study=(None, None)) -> None:
+        self.kind, self.name, self.units, self.cfg, self.options = kind, name, units, cfg, options
+        self.sets, self.seed, self.study = sets, seed, study
+
+    @property
+    def label(self) -> str:
+        return f"tune {self.name}" if self.kind == "tune" else f"train {self.name} seed {self.seed}"
+
+
+def _rounds(cfg) -> int:
+    return cfg.rounds if cfg.algorithm_class.federated else 1
+
+
+def _train_config(name: str, config: Path | None, sets, seed: int, partition: Path):
+    """A seed's train config (defaults < config file < set < seed) and the private study it composes with."""
+    import json
+
+    from pfl_cli.cli.common import train_stage_config
+    from pfl_cli.cli.privacy_account import study_prior
+
+    cfg = train_stage_config(config_file=config, flags={"algorithm": name},
+                             sets=[f"{k}={json.dumps(v)}" for k, v in sets] + [f"seed={seed}"])
+    # a private study's best.yaml on this partition: its ledger composes into each run's privacy.json
+    return cfg, study_prior(config, partition, cfg)
+
+
+def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
+    """The protocol's steps, every config and study option checked (ConfigError, one line) before any work."""
+    import dataclasses
+    import json
+
+    from pfl_cli.cli.common import train_stage_config
+    from pfl_cli.config import load_config_file
+    from pfl_cli.errors import ConfigError
+    from pfl_cli.tune.protocol import check_study, tune_options
+
+    studies, trainings = [], []
+    for alg in spec.algorithms:
+        file_keys = load_config_file(alg.config, "train")
+        named = file_keys.get("algorithm")
+        if named is not None and named != alg.name:
+            raise ConfigError(f"--spec: algorithms.{alg.name}.config {alg.config} is a config of {named!r}; give "
+                              f"it under algorithms.{named}, or a config of {alg.name!r}.")
+        if alg.tune is None:
+            for seed in spec.seeds:
+                cfg, study = _train_config(alg.name, alg.config, alg.sets, seed, spec.partition)
+                trainings.append(_Step("train", alg.name, _rounds(cfg), cfg=cfg, sets=alg.sets, seed=seed,
+                                       study=study))
+            continue
+        t = alg.tune
+        at = f"--spec: algorithms.{alg.name}.tune"
+        # the study's base: the algorithm's config file and set, with the study's own rounds, eval_every and seed
+        budget = {"rounds": t.rounds, "eval_every": t.eval_every, "seed": t.seed}
+        sets = [f"{k}={json.dumps(v)}" for k, v in alg.sets if budget.get(k) is None]
+        sets += [f"{k}={json.dumps(v)}" for k, v in budget.items() if v is not None]
+        cfg = train_stage_config(config_file=alg.config, flags={"algorithm": alg.name}, sets=sets)
+        if cfg.dp_epsilon is not None:
+            raise ConfigError(f"{at}: the study would train under --dp (dp_epsilon is set), which a spec does not run "
+                              "yet (a private study's trial count is random and its release composes into every "
+                              f"seed's budget); run pflx tune --dp, give its best.yaml as algorithms.{alg.name}.config "
+                              "and drop tune:.")
+        options = tune_options(t, jobs=jobs)
+        try:
+            params = check_study(cfg, options)
+        except ConfigError as err:
+            raise ConfigError(f"{at}: {err}") from None
+        searched = {p.key for p in params}
+        for where, keys in ((f"config {alg.config}", set(file_keys)), ("set", {k for k, _v in alg.sets})):
+            fixed = sorted(searched & keys)
+            if fixed:
+                raise ConfigError(f"{at}: the study searches {fixed[0]!r}, which algorithms.{alg.name}.{where} "
+                                  f"fixes; drop {fixed[0]} from the {where.split()[0]} or from the search "
+                                  f"(tune.space: {fixed[0]}: ..., `pflx algorithms {alg.name}` shows the declared "
+                                  "space).")
+        studies.append(_Step("tune", alg.name, t.trials * _rounds(cfg), cfg=cfg, options=options))
+        # the seeds' configs come from the study's best.yaml: counted here with the study's base (its rounds
+        # unless set gives the training's), resolved when the study is done
+        train_rounds = _rounds(dataclasses.replace(cfg, **{k: v for k, v in alg.sets if k == "rounds"}))
+        trainings += [_Step("train", alg.name, train_rounds, sets=alg.sets, seed=seed) for seed in spec.seeds]
+    for step in trainings:  # a --dp run releases no accuracy: refused before any training
+        cfg = step.cfg
+        if cfg is not None and cfg.dp_epsilon is not None and not (nonprivate and cfg.write_nonprivate):
+            raise ConfigError(f"--spec: algorithms.{step.name} trains with --dp (its config sets dp_epsilon), and a "
+                              "--dp run releases no accuracy to compare; pass --nonprivate and set write_nonprivate: "
+                              f"true under algorithms.{step.name}.set to compare its diagnostics, or drop it from the "
+                              "spec.")
+    return studies + trainings
+
+
+class _Phase(Reporter):
+    """The reporter of one step of the protocol: its progress feeds the protocol's one display (labelled with the
+    step), its notes and result stay quiet (stdout is the comparison's), its warnings name the step."""
+
+    def __init__(self, outer: Reporter, bar, label: str) -> None:
+        from pfl_cli.cli.options import Format
+
+        self.fmt, self.out, self.err = Format.quiet, outer.out, outer.err
+        self.outer, self.bar, self.label, self.units = outer, bar, label, 0
+
+    def result(self, data, *human) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        self.outer.warn(f"{self.label}: {message}")
+
+    @contextmanager
+    def progress(self, description: str, total: int | None, unit: str = "step") -> Iterator[Any]:
+        phase = self
+
+        class _Handle:
+            def advance(self, n: int = 1, status: str = "", total: int | None = None) -> None:
+                phase.units += n
+                phase.bar.advance(n, status="resumed" if status == "resumed" else
+                                  ", ".join(p for p in (phase.label, status) if p))
+
+        yield _Handle()
+
+    def close(self, units: int, total: list[int]) -> None:
+        """The step is done: the display counts its ``units`` (a step found up to date counts as resumed work, not
+        as time spent; a step that counted more than planned widens ``total[0]``, the display's total)."""
+        if self.units < units:
+            self.bar.advance(units - self.units, status="resumed" if self.units == 0 else self.label)
+        elif self.units > units:
+            total[0] += self.units - units
+            self.bar.advance(0, status=self.label, total=total[0])
 
 
 def _print(report: Reporter, out: Path, table, prefix: str) -> None:

@@ -80,8 +80,8 @@ class PlainProgress:
         with self.lock:
             if total is not None:  # known once the work is resolved (predict's client set)
                 self.total = total
-            if self.done == 0 and self.last_line is None and status == "resumed":
-                self.first = n  # a resumed run: its first steps took no time here
+            if status == "resumed" and self.done == self.first:
+                self.first += n  # a resumed run (or a protocol's finished steps): steps that took no time here
             self.done += n
             self.status = status
             now = self.clock()

@@ -12,6 +12,15 @@ the command runs the trainings.
       fedavg: runs/tune-fedavg/best.yaml           # a config file `train --config` takes
       ditto: {config: runs/tune-ditto/best.yaml, set: {rounds: 300}}
       local: {}                                    # the algorithm's defaults
+      fedprox:                                     # tuned first: a study, then the seeds with its best.yaml
+        tune: {trials: 20, rounds: 100, space: {mu: "log:1e-3:1"}}
+
+An algorithm's ``tune:`` entry runs a study as ``pflx tune`` would (its keys are tune's options:
+``trials``, ``rounds``, ``eval_every``, ``space`` (key -> SPEC), ``sampler``, ``pruner``,
+``validation_fraction``, ``validation_clients``, ``seed``) on the algorithm's config file and ``set``
+(except ``rounds``, the study's own budget), writing the tune artifact to ``<runs>/tune-<name>``; the
+seeds then train with its ``best.yaml`` and the ``set`` on top. A key the study searches may be fixed
+neither by the config file nor by ``set`` (the search would be moot or overridden).
 
 Relative paths are read from the working directory, as on the command line. Precedence per run:
 the algorithm's defaults < its config file < its ``set`` < the spec's seed.
@@ -26,7 +35,30 @@ from typing import Any, Mapping
 from pfl_cli.errors import ConfigError
 
 KEYS = ("partition", "seeds", "runs", "new_clients", "algorithms")
-ALGORITHM_KEYS = ("config", "set")
+ALGORITHM_KEYS = ("config", "set", "tune")
+# A tune: entry's keys: pflx tune's options of the same names (pfl_cli.cli.tune).
+TUNE_KEYS = ("trials", "rounds", "eval_every", "space", "sampler", "pruner", "validation_fraction",
+             "validation_clients", "seed")
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """An algorithm's study: pflx tune's options (None: tune's default)."""
+
+    trials: int
+    rounds: int | None = None
+    eval_every: int | None = None
+    space: tuple[tuple[str, str], ...] = ()   # key -> SPEC, as --space KEY=SPEC
+    sampler: str | None = None
+    pruner: str | None = None
+    validation_fraction: float = 0.2
+    validation_clients: float | None = None
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trials": self.trials, "rounds": self.rounds, "eval_every": self.eval_every, "space": dict(self.space),
+                "sampler": self.sampler, "pruner": self.pruner, "validation_fraction": self.validation_fraction,
+                "validation_clients": self.validation_clients, "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -34,6 +66,7 @@ class AlgorithmSpec:
     name: str
     config: Path | None               # a config file train --config takes
     sets: tuple[tuple[str, Any], ...]  # key -> value, on top of the file
+    tune: TuneSpec | None = None       # a study first: the seeds train with its best.yaml
 
 
 @dataclass(frozen=True)
@@ -48,7 +81,8 @@ class CompareSpec:
         """The resolved spec, JSON-ready (recorded in the compare artifact's config)."""
         return {"partition": str(self.partition), "seeds": list(self.seeds),
                 "runs": None if self.runs is None else str(self.runs), "new_clients": self.new_clients,
-                "algorithms": {a.name: {"config": None if a.config is None else str(a.config), "set": dict(a.sets)}
+                "algorithms": {a.name: {"config": None if a.config is None else str(a.config), "set": dict(a.sets),
+                                        **({} if a.tune is None else {"tune": a.tune.to_dict()})}
                                for a in self.algorithms}}
 
 
@@ -113,7 +147,12 @@ def parse_spec(doc: Any, *, where: str = "spec") -> CompareSpec:
                           f"got {value!r}.")
         bad = sorted(set(value) - set(ALGORITHM_KEYS))
         if bad:
-            raise _refuse(where, f"algorithms.{name}: unknown key {bad[0]!r}; it takes config and set.")
+            raise _refuse(where, f"algorithms.{name}: unknown key {bad[0]!r}; it takes config, set and tune.")
+        from pfl_cli import registry
+
+        if name not in registry.names():
+            raise _refuse(where, f"algorithms.{name}: no such algorithm; `pflx algorithms` lists them (e.g. "
+                          f"{', '.join(registry.names()[:3])}).")
         config = value.get("config")
         if config is not None:
             if not isinstance(config, str) or not Path(config).is_file():
@@ -124,6 +163,45 @@ def parse_spec(doc: Any, *, where: str = "spec") -> CompareSpec:
             raise _refuse(where, f"algorithms.{name}.set must map config keys to values; got {sets!r}.")
         if "seed" in sets or "algorithm" in sets:
             raise _refuse(where, f"algorithms.{name}.set: seed and algorithm come from the spec (seeds, the name).")
-        parsed.append(AlgorithmSpec(name=name, config=config, sets=tuple(sets.items())))
+        tune = None if value.get("tune") is None else _parse_tune(value["tune"], f"algorithms.{name}.tune", where)
+        parsed.append(AlgorithmSpec(name=name, config=config, sets=tuple(sets.items()), tune=tune))
     return CompareSpec(partition=Path(doc["partition"]), seeds=tuple(seeds), runs=None if runs is None else Path(runs),
                        new_clients=new_clients, algorithms=tuple(parsed))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_tune(doc: Any, at: str, where: str) -> TuneSpec:
+    """An algorithm's ``tune:`` entry (its values checked here for type and range; the space against the algorithm
+    when the command resolves the study's config)."""
+    if not isinstance(doc, Mapping):
+        raise _refuse(where, f"{at} must be a mapping of pflx tune's options ({', '.join(TUNE_KEYS)}); got {doc!r}.")
+    bad = sorted(set(doc) - set(TUNE_KEYS))
+    if bad:
+        raise _refuse(where, f"{at}: unknown key {bad[0]!r}; it takes {', '.join(TUNE_KEYS)} (pflx tune's options).")
+    if "trials" not in doc:
+        raise _refuse(where, f"{at}: missing key 'trials' (the study's budget: trials of --rounds each).")
+    for key in ("trials", "rounds", "eval_every"):
+        if key in doc and (not _integer(doc[key]) or doc[key] < 1):
+            raise _refuse(where, f"{at}.{key} must be an integer >= 1; got {doc[key]!r}.")
+    if "seed" in doc and (not _integer(doc["seed"]) or doc["seed"] < 0):
+        raise _refuse(where, f"{at}.seed must be an integer >= 0 (the study's seed); got {doc['seed']!r}.")
+    space = doc.get("space") or {}
+    if not isinstance(space, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in space.items()):
+        raise _refuse(where, f"{at}.space must map keys to SPECs (log:LOW:HIGH | float:LOW:HIGH | int:LOW:HIGH | "
+                      f"choice:A,B,...), as --space KEY=SPEC; got {space!r}.")
+    for key in ("sampler", "pruner"):
+        if key in doc and not isinstance(doc[key], str):
+            raise _refuse(where, f"{at}.{key} must be a name, as pflx tune --{key} takes; got {doc[key]!r}.")
+    for key in ("validation_fraction", "validation_clients"):
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise _refuse(where, f"{at}.{key} must be a number, as pflx tune --{key.replace('_', '-')} takes; "
+                          f"got {value!r}.")
+    return TuneSpec(trials=doc["trials"], rounds=doc.get("rounds"), eval_every=doc.get("eval_every"),
+                    space=tuple(space.items()), sampler=doc.get("sampler"), pruner=doc.get("pruner"),
+                    validation_fraction=float(doc.get("validation_fraction", 0.2)),
+                    validation_clients=None if doc.get("validation_clients") is None
+                    else float(doc["validation_clients"]), seed=int(doc.get("seed", 0)))
