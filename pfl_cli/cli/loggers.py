@@ -1,4 +1,5 @@
-"""Experiment loggers of `pflx train --log tensorboard|csv|jsonl`: per-round metrics where those tools read them.
+"""Experiment loggers of `pflx train --log tensorboard|csv|jsonl|wandb|mlflow`: per-round metrics where those
+tools read them.
 
 They write while training runs (a dashboard follows the run), into ``--log-dir`` (default: ``OUT.logs``
 beside ``--out``), never into the artifact, which is written atomically at the end:
@@ -6,24 +7,37 @@ beside ``--out``), never into the artifact, which is written atomically at the e
 - ``tensorboard``: event files under ``LOG_DIR/tensorboard`` (``tensorboard --logdir LOG_DIR``), through
   the ``tensorboard`` package (optional extra ``pflx[tensorboard]``);
 - ``csv``: ``LOG_DIR/metrics.csv`` with columns round, metric, value (pandas, spreadsheets);
-- ``jsonl``: ``LOG_DIR/metrics.jsonl``, one JSON object per round (round, elapsed_s, the metrics).
+- ``jsonl``: ``LOG_DIR/metrics.jsonl``, one JSON object per round (round, elapsed_s, the metrics);
+- ``wandb``: a Weights & Biases run under ``LOG_DIR/wandb/offline-run-*`` through the ``wandb`` package
+  (``pflx[wandb]``), offline unless ``WANDB_MODE`` says otherwise: no account, no network, no login prompt;
+  ``wandb sync LOG_DIR/wandb/offline-run-*`` uploads it later. Project ``WANDB_PROJECT`` (default ``pflx``);
+- ``mlflow``: an MLflow run in the tracking store ``MLFLOW_TRACKING_URI`` when set, else the SQLite store
+  ``LOG_DIR/mlflow.db`` (``mlflow ui --backend-store-uri sqlite:///LOG_DIR/mlflow.db``), through
+  ``mlflow-skinny`` (``pflx[mlflow]``); experiment ``MLFLOW_EXPERIMENT_NAME`` (default ``pflx``).
+
+The two trackers also get the run's name and parameters (train: its config; a tune trial: the searched keys,
+its study the W&B group / the MLflow experiment).
 
 Metric names are ``GROUP/METRIC``: ``train/cohort_loss`` every round (the mean training loss of the
 round's cohort), ``train|holdout|val/accuracy`` at every evaluation (the headline: label-masked when
 ``label_mask``). Under ``--dp`` nothing computed from private data is logged -- the DP artifact
-releases no per-round value -- so a DP run logs ``time/elapsed_s`` per round and nothing else.
+releases no per-round value -- so a DP run logs ``time/elapsed_s`` per round and nothing else (no
+parameters either: a private study's proposals are steered by its private scores).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Sequence
 
 from pfl_cli.errors import ConfigError, InputError
 
-KINDS = ("tensorboard", "csv", "jsonl")
+KINDS = ("tensorboard", "csv", "jsonl", "wandb", "mlflow")
+# The logger -> (the module it imports, the extra that installs it).
+_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
 
 
 def check_loggers(kinds: Sequence[str]) -> tuple[str, ...]:
@@ -32,13 +46,23 @@ def check_loggers(kinds: Sequence[str]) -> tuple[str, ...]:
     for kind in chosen:
         if kind not in KINDS:
             raise ConfigError(f"--log must be one of {', '.join(KINDS)} (repeat it for several); got {kind!r}.")
-    if "tensorboard" in chosen:
-        import importlib.util
-
-        if importlib.util.find_spec("tensorboard") is None:
-            raise InputError("--log tensorboard writes through the tensorboard package, which is not installed; "
-                             "install the extra: pip install 'pflx[tensorboard]'.")
+    missing = [kind for kind in chosen if kind in _PACKAGES and _find(_PACKAGES[kind][0]) is None]
+    if missing:
+        what = ", ".join(f"--log {kind}" for kind in missing)
+        packages = " and ".join(f"the {_PACKAGES[kind][0]} package" for kind in missing)
+        extras = ",".join(_PACKAGES[kind][1] for kind in missing)
+        raise InputError(f"{what} writes through {packages}, which is not installed; "
+                         f"install the extra: pip install 'pflx[{extras}]'.")
     return chosen
+
+
+def _find(module: str):
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a module set to None in sys.modules (hidden), or a broken install
+        return None
 
 
 def default_log_dir(out: Path) -> Path:
@@ -48,10 +72,11 @@ def default_log_dir(out: Path) -> Path:
 class RunLoggers:
     """The loggers of one train run; ``log(round, values)`` after every round, ``close()`` at the end."""
 
-    def __init__(self, kinds: Sequence[str], log_dir: Path, *, private: bool, resume: bool = False) -> None:
+    def __init__(self, kinds: Sequence[str], log_dir: Path, *, private: bool, resume: bool = False,
+                 name: str | None = None, group: str | None = None, params: dict | None = None) -> None:
         self.kinds, self.log_dir, self.private = tuple(kinds), Path(log_dir), private
         self.start = time.monotonic()
-        self._csv = self._jsonl = self._tb = None
+        self._csv = self._jsonl = self._tb = self._wandb = self._mlflow = None
         if not self.kinds:
             return
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -68,6 +93,11 @@ class RunLoggers:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
             self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"))
+        params = {} if private or not params else _flat(params)  # under --dp: nothing but the elapsed time
+        if "wandb" in self.kinds:
+            self._wandb = _WandbRun(self.log_dir, name, group, params)
+        if "mlflow" in self.kinds:
+            self._mlflow = _MlflowRun(self.log_dir, name, group, params)
 
     def log(self, round_: int, values: dict[str, float]) -> None:
         if not self.kinds:
@@ -85,12 +115,81 @@ class RunLoggers:
             for name, value in values.items():
                 self._tb.add_scalar(name, value, round_)
             self._tb.flush()
+        for tracker in (self._wandb, self._mlflow):
+            if tracker is not None:
+                tracker.log(round_, values)
 
     def close(self) -> None:
-        for handle in (self._csv, self._jsonl, self._tb):
+        for handle in (self._csv, self._jsonl, self._tb, self._wandb, self._mlflow):
             if handle is not None:
                 handle.close()
-        self._csv = self._jsonl = self._tb = None
+        self._csv = self._jsonl = self._tb = self._wandb = self._mlflow = None
+
+
+def _flat(params: dict, prefix: str = "") -> dict[str, object]:
+    """Nested config sections as ``section.key`` (MLflow parameters are flat)."""
+    flat: dict[str, object] = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class _WandbRun:
+    """One W&B run, offline by default: its files under LOG_DIR/wandb, for a later `wandb sync`."""
+
+    def __init__(self, log_dir: Path, name: str | None, group: str | None, params: dict) -> None:
+        os.environ.setdefault("WANDB_SILENT", "true")  # its banner would interleave with pflx's progress lines
+        import wandb
+
+        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)  # no system-metrics sampler
+        self.run = wandb.init(dir=str(log_dir), project=os.environ.get("WANDB_PROJECT") or "pflx", name=name,
+                              group=group, config=params, mode=os.environ.get("WANDB_MODE") or "offline",
+                              settings=settings, reinit="create_new")
+
+    def log(self, round_: int, values: dict[str, float]) -> None:
+        self.run.log(dict(values), step=round_)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _MlflowRun:
+    """One MLflow run in MLFLOW_TRACKING_URI, else the SQLite store LOG_DIR/mlflow.db (MLflow's file store is
+    in maintenance mode); the experiment is the study (tune) or MLFLOW_EXPERIMENT_NAME / ``pflx``."""
+
+    def __init__(self, log_dir: Path, name: str | None, group: str | None, params: dict) -> None:
+        import logging
+
+        from mlflow import MlflowClient
+        from mlflow.entities import Param
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-creation INFO lines (set on its import)
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(log_dir / 'mlflow.db').resolve()}"
+        self.client = client = MlflowClient(tracking_uri=uri)
+        experiment = group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "pflx"
+        found = client.get_experiment_by_name(experiment)
+        if found is not None:
+            experiment_id = found.experiment_id
+        else:
+            artifacts = None if os.environ.get("MLFLOW_TRACKING_URI") else (log_dir / "mlartifacts").resolve().as_uri()
+            experiment_id = client.create_experiment(experiment, artifact_location=artifacts)
+        self.run_id = client.create_run(experiment_id, run_name=name).info.run_id
+        items = [Param(key, str(value)) for key, value in params.items()]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 parameters per batch
+            client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def log(self, round_: int, values: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, round_) for k, v in values.items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
 
 
 def round_values(status: dict, evaluated: bool) -> dict[str, float]:

@@ -180,7 +180,8 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
                        "command again to start over.")
     from pfl_cli.cli.loggers import RunLoggers, round_values
 
-    loggers = RunLoggers(logs if writes else (), log_dir or out, private=private, resume=state is not None)
+    loggers = RunLoggers(logs if writes else (), log_dir or out, private=private, resume=state is not None,
+                         name=out.name, params=config)  # W&B / MLflow: the run's name and parameters
     with report.progress("train", total or None, unit="round") as bar:
         seen = [start]
         if start:

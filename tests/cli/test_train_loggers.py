@@ -77,8 +77,8 @@ def test_dp_run_logs_no_value_computed_from_private_data(part):
 
 
 def test_unknown_logger_and_missing_tensorboard_are_refused_before_any_work(part, tmp_path, cli):
-    run = cli("train", "--partition", part / "part", "--out", tmp_path / "x", *FAST, "--log", "wandb")
-    assert run.code == 2 and "--log must be one of tensorboard, csv, jsonl" in run.err and not (tmp_path / "x").exists()
+    run = cli("train", "--partition", part / "part", "--out", tmp_path / "x", *FAST, "--log", "neptune")
+    assert run.code == 2 and "--log must be one of tensorboard, csv, jsonl, wandb, mlflow" in run.err and not (tmp_path / "x").exists()
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n")

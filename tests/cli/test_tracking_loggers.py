@@ -1,0 +1,165 @@
+"""`pflx train --log wandb|mlflow`: the run read back with each package's own reader (MLflow's MlflowClient on
+the SQLite store; W&B's offline run file parsed into wandb.proto records) holds the artifact's numbers, the run's
+name and its config as parameters; under --dp the elapsed time alone; a missing package refused up front."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pfl_cli.cli.app import main
+
+pytest.importorskip("wandb", reason="pip install 'pflx[wandb]'")  # tests/conftest.py: an error under CI
+pytest.importorskip("mlflow", reason="pip install 'pflx[mlflow]'")
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["--algorithm", "fedavg", "--rounds", "4", "--eval-every", "2", "--local-steps", "2", "--format", "quiet"]
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_PROJECT", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)  # the defaults under test: offline W&B, LOG_DIR/mlflow.db
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+
+
+@pytest.fixture(scope="module")
+def part(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tracking")
+    assert main(["partition", "--dirichlet", "0.5", "-n", "10", "--holdout-clients", "2", "--out", str(root / "part"),
+                 "--format", "quiet"]) == 0
+    return root
+
+
+def wandb_records(run_dir: Path) -> list:
+    """The records of an offline W&B run (``run-<id>.wandb``) as ``wandb.proto`` Records: the file is W&B's
+    LevelDB-style log (a 7-byte ``:W&B`` header, then 32 KiB blocks of chunks, each a little-endian header of
+    CRC-32, length and type: 1 full, 2 first, 3 middle, 4 last). wandb 0.31 reads it in its Go core only."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = run_dir.glob("run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    records, pos, pending = [], 7, b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            break
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def wandb_run(log_dir: Path, name: str) -> tuple[dict, dict, dict[str, dict[int, float]]]:
+    """(run record fields, config, metric -> {step: value}) of the offline run named ``name`` under LOG_DIR/wandb."""
+    for run_dir in sorted((log_dir / "wandb").glob("offline-run-*")):
+        records = wandb_records(run_dir)
+        (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        if run.display_name != name:
+            continue
+        config = {i.key: json.loads(i.value_json) for i in run.config.update if i.key != "_wandb"}
+        series: dict[str, dict[int, float]] = {}
+        for r in records:
+            if r.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                for key, value in items.items():
+                    if not key.startswith("_"):
+                        series.setdefault(key, {})[int(items["_step"])] = value
+        assert any(r.WhichOneof("record_type") == "exit" for r in records)  # finished: `wandb sync` uploads it
+        return {"project": run.project, "group": run.run_group}, config, series
+    raise AssertionError(f"no W&B run named {name!r} under {log_dir / 'wandb'}")
+
+
+def mlflow_run(store: Path, name: str):
+    """(the run, metric -> {step: value}) of the MLflow run named ``name`` in the SQLite store ``store``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (run,) = client.search_runs(experiments, filter_string=f"attributes.run_name = '{name}'")
+    series = {key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+              for key in run.data.metrics}
+    return run, series
+
+
+def _artifact_accuracies(out: Path) -> dict[str, dict[int, float]]:
+    metric = "mean_accuracy_lm" if json.loads((out / "metrics.json").read_text())["label_mask"] else "mean_accuracy"
+    got: dict[str, dict[int, float]] = {}
+    with open(out / "metrics.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            if r["metric"] == metric:
+                got.setdefault(f"{r['group']}/accuracy", {})[int(r["round"])] = float(r["value"])
+    return got
+
+
+def test_wandb_and_mlflow_runs_hold_the_artifacts_numbers_and_config(part):
+    out = part / "fedavg"
+    assert main(["train", "--partition", str(part / "part"), "--out", str(out), *FAST, "--set", "lr=0.07",
+                 "--log", "wandb", "--log", "mlflow", "--log", "jsonl"]) == 0
+    logs = part / "fedavg.logs"
+    assert not any("wandb" in p.name or "mlflow" in p.name for p in out.rglob("*"))  # never inside the artifact
+    expected = _artifact_accuracies(out)
+    assert set(expected) == {"train/accuracy", "val/accuracy", "holdout/accuracy"}
+    assert all(set(v) == {2, 4} for v in expected.values())
+    jsonl = [json.loads(ln) for ln in (logs / "metrics.jsonl").read_text().splitlines()]
+    loss = {d["round"]: d["train/cohort_loss"] for d in jsonl}
+    assert sorted(loss) == [1, 2, 3, 4]
+
+    info, config, series = wandb_run(logs, "fedavg")
+    assert info == {"project": "pflx", "group": ""}
+    assert config["lr"] == 0.07 and config["algorithm"] == "fedavg" and config["rounds"] == 4
+    for tag, values in expected.items():
+        assert series[tag] == values  # the JSON text of the float: exact
+    assert series["train/cohort_loss"] == loss
+    assert sorted(series["time/elapsed_s"]) == [1, 2, 3, 4]
+    assert set(series) == {*expected, "train/cohort_loss", "time/elapsed_s"}
+
+    run, history = mlflow_run(logs / "mlflow.db", "fedavg")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["lr"] == "0.07" and run.data.params["algorithm"] == "fedavg"
+    for tag, values in expected.items():
+        assert history[tag] == values
+    assert history["train/cohort_loss"] == loss and sorted(history["time/elapsed_s"]) == [1, 2, 3, 4]
+    assert set(history) == set(series)
+
+
+def test_dp_run_logs_the_elapsed_time_and_nothing_else(part, monkeypatch):
+    out = part / "dp"
+    store = part / "fedavg.logs" / "mlflow.db"  # MLFLOW_TRACKING_URI wins over --log-dir (and skips a schema creation)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    assert main(["train", "--partition", str(part / "part"), "--out", str(out), *FAST, "--clients-per-round", "4",
+                 "--set", "normalize=false", "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000",
+                 "--log", "wandb", "--log", "mlflow", "--log-dir", str(part / "dp-logs")]) == 0
+    _info, config, series = wandb_run(part / "dp-logs", "dp")
+    assert config == {} and set(series) == {"time/elapsed_s"} and sorted(series["time/elapsed_s"]) == [1, 2, 3, 4]
+    assert not (part / "dp-logs" / "mlflow.db").exists()
+    run, history = mlflow_run(store, "dp")
+    assert run.data.params == {} and set(history) == {"time/elapsed_s"}
+    assert sorted(history["time/elapsed_s"]) == [1, 2, 3, 4]
+
+
+def test_missing_wandb_and_mlflow_are_refused_naming_the_extras(part, tmp_path):
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['wandb'] = None\nsys.modules['mlflow'] = None\n")
+    proc = subprocess.run([sys.executable, "-m", "pfl_cli", "train", "--partition", str(part / "part"), "--out",
+                           str(tmp_path / "y"), *FAST, "--log", "wandb", "--log", "mlflow"], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), str(ROOT)])),
+                          timeout=120)
+    assert proc.returncode == 2 and "pip install 'pflx[wandb,mlflow]'" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "y").exists() and not (tmp_path / "y.logs").exists()
