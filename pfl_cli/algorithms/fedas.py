@@ -153,6 +153,11 @@ class FedAS(PrivateState, _GlobalModel):
         self.private = self.new_private_state(init)  # every client's whole model (its previous one to align with)
         self.features = _features_fn(self.net, self.body)
 
+    def global_model(self):
+        """None: the server keeps the shared body only (its head stays at the initialization), never a model any
+        client is scored with; each client's own whole model is the one FedAS serves."""
+        return None
+
     def align(self, body: dict, local_body: dict, clients, gen) -> dict:
         """Parameter alignment of the stacked global ``body`` to each client's prototypes from ``local_body``."""
         from torch.func import vmap

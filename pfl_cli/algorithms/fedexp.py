@@ -94,6 +94,11 @@ class FedExP(FedAvg):
             return self.global_params
         return {k: 0.5 * (g + self.previous[k]) for k, g in self.global_params.items()}
 
+    def global_model(self):
+        """The model every client is served (:meth:`served`), which ``global_accuracy`` scores."""
+        found = super().global_model()
+        return None if found is None else (found[0], self.served())
+
     def personalize(self, clients, gen):
         served = self.served()
         if self.finetune_steps > 0:
