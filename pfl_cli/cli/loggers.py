@@ -140,14 +140,15 @@ def _flat(params: dict, prefix: str = "") -> dict[str, object]:
 class _WandbRun:
     """One W&B run, offline by default: its files under LOG_DIR/wandb, for a later `wandb sync`."""
 
-    def __init__(self, log_dir: Path, name: str | None, group: str | None, params: dict) -> None:
+    def __init__(self, log_dir: Path, name: str | None, group: str | None, params: dict, *,
+                 state: str | None = None) -> None:
         os.environ.setdefault("WANDB_SILENT", "true")  # its banner would interleave with pflx's progress lines
         import wandb
 
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)  # no system-metrics sampler
         self.run = wandb.init(dir=str(log_dir), project=os.environ.get("WANDB_PROJECT") or "pflx", name=name,
                               group=group, config=params, mode=os.environ.get("WANDB_MODE") or "offline",
-                              settings=settings, reinit="create_new")
+                              settings=settings, reinit="create_new", tags=[state] if state else None)
 
     def log(self, round_: int, values: dict[str, float]) -> None:
         self.run.log(dict(values), step=round_)
@@ -160,7 +161,8 @@ class _MlflowRun:
     """One MLflow run in MLFLOW_TRACKING_URI, else the SQLite store LOG_DIR/mlflow.db (MLflow's file store is
     in maintenance mode); the experiment is the study (tune) or MLFLOW_EXPERIMENT_NAME / ``pflx``."""
 
-    def __init__(self, log_dir: Path, name: str | None, group: str | None, params: dict) -> None:
+    def __init__(self, log_dir: Path, name: str | None, group: str | None, params: dict, *,
+                 state: str | None = None) -> None:
         import logging
 
         from mlflow import MlflowClient
@@ -177,7 +179,8 @@ class _MlflowRun:
         else:
             artifacts = None if os.environ.get("MLFLOW_TRACKING_URI") else (log_dir / "mlartifacts").resolve().as_uri()
             experiment_id = client.create_experiment(experiment, artifact_location=artifacts)
-        self.run_id = client.create_run(experiment_id, run_name=name).info.run_id
+        tags = {"pflx.state": state} if state else None
+        self.run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
         items = [Param(key, str(value)) for key, value in params.items()]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 parameters per batch
             client.log_batch(self.run_id, params=items[i:i + 100])
@@ -199,3 +202,56 @@ def round_values(status: dict, evaluated: bool) -> dict[str, float]:
         values.update({f"{group}/accuracy": float(status[group]) for group in ("train", "holdout", "val")
                        if group in status})
     return values
+
+
+TRACKERS = ("wandb", "mlflow")
+
+
+def check_study_loggers(kinds: Sequence[str], *, private: bool) -> tuple[str, ...]:
+    """`tune --log`: the trackers only (each trial a run); refused under --dp (a private study releases its best
+    config alone, no trial's curve)."""
+    chosen = tuple(dict.fromkeys(kinds))
+    for kind in chosen:
+        if kind not in TRACKERS:
+            raise ConfigError(f"--log for tune must be one of {', '.join(TRACKERS)} (each trial a run; repeat it for "
+                              f"both); got {kind!r}. `pflx train --log {kind}` logs one training.")
+    if chosen and private:
+        raise ConfigError("--log with --dp: a private study releases its best config only, never a trial's "
+                          "validation curve or its drawn values; drop --log (train --dp --log logs the elapsed time).")
+    return check_loggers(chosen)
+
+
+class StudyLoggers:
+    """`tune --log wandb|mlflow`: each trial this command finishes becomes a run named ``trial-N`` in the study's
+    W&B group / MLflow experiment (the study's name), with the searched keys as its parameters, its validation
+    curve as ``validation/accuracy`` per evaluated round (the objective's metric on its validation group), its score as ``objective`` and its state (complete, pruned, fail) as a
+    W&B tag / the MLflow tag ``pflx.state``. A trial is logged once it ends (the trackers' runs are written from
+    the study, so --jobs workers and --stack are logged alike); trials of an earlier, resumed command are not
+    logged again."""
+
+    def __init__(self, kinds: Sequence[str], log_dir: Path, study) -> None:
+        self.kinds, self.log_dir, self.name = tuple(kinds), Path(log_dir), study.study_name
+        self.done = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+
+    def trial(self, trial) -> None:
+        if not self.kinds or trial is None or trial.number in self.done or not trial.state.is_finished():
+            return
+        self.done.add(trial.number)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        state = trial.state.name.lower()
+        curve = sorted(trial.intermediate_values.items())
+        final = {} if trial.value is None else {"objective": float(trial.value)}
+        last = int(trial.user_attrs.get("selected_round", curve[-1][0] if curve else 0))
+        for kind in self.kinds:
+            tracker = (_WandbRun if kind == "wandb" else _MlflowRun)(self.log_dir, f"trial-{trial.number}", self.name,
+                                                                    dict(trial.params), state=state)
+            for step, value in curve:
+                tracker.log(int(step), {"validation/accuracy": float(value)})
+            if final:
+                tracker.log(last, final)
+            tracker.close()
+
+    def finish(self, study) -> None:
+        """The trials that ended in other processes (--jobs workers, other machines on --storage)."""
+        for trial in study.get_trials(deepcopy=False):
+            self.trial(trial)

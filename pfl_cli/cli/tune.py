@@ -42,6 +42,8 @@ def tune(
     dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]", help="Every trial trains under this DP budget and its validation score is released by the Gaussian mechanism; a secret random number of trials (mean --trials) runs and only the best config is released (Papernot & Steinke 2022); privacy.json accounts for the whole study.")] = None,
     dp_shape: Annotated[float, typer.Option("--dp-shape", help="Under --dp: shape eta of the truncated negative binomial number of trials (1: truncated geometric).")] = 1.0,
     dp_score_noise: Annotated[float, typer.Option("--dp-score-noise", help="Under --dp: noise multiplier of the Gaussian release of a trial's score (sum of client accuracies, and their count). Default: from the public federation size (--dp population=N): a 5-point standard error over N scored clients, at most 3 (3 without population); a noise that cannot resolve 10 points is refused.", show_default=False)] = 3.0,
+    log: Annotated[Optional[list[str]], typer.Option("--log", help="Also log each trial as a run of an experiment tracker: wandb (offline unless WANDB_MODE says otherwise; the study a W&B group) | mlflow (the SQLite store LOG_DIR/mlflow.db unless MLFLOW_TRACKING_URI is set; the study an experiment) (repeatable): the searched keys as parameters, the validation curve, the score; refused with --dp. Not part of the config.")] = None,
+    log_dir: Annotated[Optional[Path], typer.Option("--log-dir", help="Where --log writes (default: OUT.logs beside --out).", show_default=False)] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write the trials' non-released scores to nonprivate-trials.csv (not covered by the guarantee).")] = False,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     plot: Annotated[bool, typer.Option("--plot", help="Also write history.png (every trial's score, the best so far) and parallel.png (parallel coordinates of the searched keys).")] = False,
@@ -92,10 +94,14 @@ def tune(
         from pfl_cli.cli.figures import require_matplotlib
 
         require_matplotlib("--plot")
+    from pfl_cli.cli.loggers import check_study_loggers, default_log_dir
+
     options = TuneOptions(space=tuple(space or ()), trials=trials, jobs=jobs, stack=stack, sampler=sampler, pruner=pruner,
                           storage=storage, study_name=study_name, validation_fraction=validation_fraction,
                           validation_clients=validation_clients, dp_shape=dp_shape, dp_score_noise=dp_score_noise,
-                          explicit=frozenset(explicit_flags(ctx, ("dp_shape", "dp_score_noise"))))
+                          explicit=frozenset(explicit_flags(ctx, ("dp_shape", "dp_score_noise"))),
+                          logs=check_study_loggers(log or (), private=cfg.dp_epsilon is not None),
+                          log_dir=log_dir or default_log_dir(out))
     from pfl_cli.cli.privacy_account import study_prior
 
     study = study_prior(config, partition, cfg)  # --config: a private study's best.yaml on this partition composes

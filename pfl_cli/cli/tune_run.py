@@ -48,6 +48,8 @@ class TuneOptions:
     dp_shape: float = 1.0
     dp_score_noise: float = 3.0
     explicit: frozenset = frozenset()
+    logs: tuple = ()                 # --log wandb|mlflow: each trial a run (pfl_cli.cli.loggers.StudyLoggers)
+    log_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,9 @@ def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: d
                        pruner=make_pruner(plan.pruner, rounds=plan.cfg.rounds), meta=meta, force=force,
                        on_replaced=report.note)
     identity = identity_digest(meta)
+    from pfl_cli.cli.loggers import StudyLoggers
+
+    tracked = StudyLoggers(o.logs, o.log_dir, study)
     before = counted(study)
     if before:
         report.note(f"continuing the study {name!r}: {before} of {o.trials} trials already there.")
@@ -288,7 +293,8 @@ def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: d
                 bar.advance(units - seen[0], status=status())
                 seen[0] = units
 
-        def on_done(study_, _trial) -> None:
+        def on_done(study_, trial) -> None:
+            tracked.trial(trial)  # None from the --jobs poll: the workers' trials are logged at the end
             top = best_trial(study_)
             best[0] = "" if top is None else f"best {100 * top.value:.1f}% (trial {top.number})"
             units = rounds_done(study_, per, o.trials)  # also the running trials' rounds (--jobs' workers)
@@ -304,6 +310,7 @@ def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: d
         else:
             _run_workers(plan, o, url=url, name=name, identity=identity, partition=partition,
                          poll=lambda: on_done(storage_study(storage, name), None))
+    tracked.finish(storage_study(storage, name))
     return storage_study(storage, name)
 
 

@@ -162,3 +162,42 @@ def test_missing_wandb_and_mlflow_are_refused_naming_the_extras(part, tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and "pip install 'pflx[wandb,mlflow]'" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "y").exists() and not (tmp_path / "y.logs").exists()
+
+
+@pytest.mark.slow  # three W&B and MLflow runs: ~15 s of CPU
+def test_tune_logs_each_trial_as_a_run_of_the_study_with_its_drawn_values(part):
+    import optuna
+
+    out = part / "tune"
+    assert main(["tune", "--partition", str(part / "part"), "--algorithm", "fedavg", "--trials", "3", "--rounds", "4",
+                 "--eval-every", "2", "--local-steps", "2", "--out", str(out), "--format", "quiet",
+                 "--log", "mlflow", "--log", "wandb"]) == 0
+    (name,) = optuna.get_all_study_names(f"sqlite:///{out / 'study.db'}")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'study.db'}")
+    trials = study.get_trials()
+    assert len(trials) == 3 and all(t.state.is_finished() for t in trials)
+    logs = part / "tune.logs"
+    for t in trials:
+        _info, config, series = wandb_run(logs, f"trial-{t.number}")
+        assert _info["group"] == name and config == t.params and set(config)  # the searched keys, drawn
+        curve = {int(k): v for k, v in t.intermediate_values.items()}
+        metric = "validation/accuracy"  # the objective's curve, reported to the pruner
+        assert series[metric] == curve and set(series) == {metric, "objective"}
+        run, history = mlflow_run(logs / "mlflow.db", f"trial-{t.number}")
+        assert {k: v for k, v in run.data.params.items()} == {k: str(v) for k, v in t.params.items()}
+        assert history[metric] == curve and run.data.tags["pflx.state"] == t.state.name.lower()
+        if t.value is not None:
+            assert list(history["objective"].values()) == [t.value] == list(series["objective"].values())
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{logs / 'mlflow.db'}")
+    assert len(client.search_runs([client.get_experiment_by_name(name).experiment_id])) == 3  # the study's experiment
+
+
+def test_tune_log_refusals(part, tmp_path, cli):
+    base = ("tune", "--partition", part / "part", "--algorithm", "fedavg", "--trials", "2", "--rounds", "2")
+    run = cli(*base, "--out", tmp_path / "a", "--log", "csv")
+    assert run.code == 2 and "--log for tune must be one of wandb, mlflow" in run.err and not (tmp_path / "a").exists()
+    run = cli(*base, "--out", tmp_path / "b", "--log", "mlflow", "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000")
+    assert run.code == 2 and "--log with --dp" in run.err and not (tmp_path / "b").exists()
+    assert not (tmp_path / "b.logs").exists()
