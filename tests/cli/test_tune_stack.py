@@ -2,6 +2,8 @@
 
 import csv
 
+import pytest
+
 TUNE = ["--algorithm", "fedavg", "--trials", "3", "--rounds", "3", "--eval-every", "1", "--clients-per-round", "4",
         "--local-steps", "3", "--sampler", "random", "--pruner", "none", "--format", "quiet"]
 
@@ -11,6 +13,7 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # two studies (~40 s on the shared CPU); tests/tune/test_stack_study.py holds the same in the default tier
 def test_tune_stack_writes_the_study_one_at_a_time_writes(digits_root, tmp_path, cli):
     part = digits_root / "part"
     assert cli("tune", "--partition", part, "--stack", "2", "--out", tmp_path / "stacked", *TUNE).code == 0

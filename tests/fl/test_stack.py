@@ -20,10 +20,10 @@ STACKABLE = stackable_names({n: e.algorithm for n, e in registry.entries().items
 NOT_STACKABLE = [n for n in registry.names() if n not in STACKABLE]
 
 
-def _pair(algorithm: str, rounds: int) -> list:
+def _pair(algorithm: str, rounds: int, **shape) -> list:
     """Two runs of one shape that differ in the seed and every float key the algorithm stacks."""
-    base = dict(rounds=rounds, eval_every=max(rounds // 2, 1), clients_per_round=4, local_steps=3, batch_size=8,
-                model_arch="mlp", device="cpu")
+    base = {**dict(rounds=rounds, eval_every=max(rounds // 2, 1), clients_per_round=4, local_steps=3, batch_size=8,
+                   model_arch="mlp", device="cpu"), **shape}
     keys = set(registry.get(algorithm).keys)
     other = {k: v for k, v in dict(momentum=0.9, lambda_theta=1e-3, client_clip=1.0, mu=0.1).items() if k in keys}
     return [small_config(algorithm, seed=0, lr=0.05, **base),
@@ -61,7 +61,7 @@ def _check_equal(digits_clients, cfgs) -> float:
         a, b = got.run.outcome.best.summaries(), alone.outcome.best.summaries()
         assert a["train"]["mean_accuracy"] == pytest.approx(b["train"]["mean_accuracy"], abs=1e-6)
         worst = max(worst, diff)
-    w0, w1 = (_flat(r.run.model["weights"]) for r in stacked)
+    w0, w1 = (_flat(r.run.model["weights"]) for r in stacked[:2])
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)  # the runs really differ
     return worst
 
@@ -72,11 +72,31 @@ def test_each_stacked_run_equals_its_separate_run(digits_clients, algorithm):
     print(f"{algorithm}: max |diff| stacked vs separate, 3 rounds: {worst:.3g}")
 
 
+@pytest.mark.parametrize("algorithm", STACKABLE[:1])
+@pytest.mark.parametrize("batch_size, epochs", [(16, 1), (128, 2)])
+def test_stacked_runs_of_local_epochs_and_padded_batches_equal_separate_runs(digits_clients, algorithm, batch_size,
+                                                                             epochs):
+    """Local epochs on clients of unequal sizes (Dirichlet): batch 16, each run's clients take as many steps as
+    their own fit data gives, so a run whose clients are done sits out the stack's last steps; batch 128 is wider
+    than every client, so each run's batch is its own cohort's largest client and the narrower ones are padded."""
+    from pfl_cli.partition import PartitionConfig, partition_labels
+    from pfl_cli.rng import make_rng
+
+    ds, _ = digits_clients
+    part = partition_labels(ds.y, PartitionConfig(scheme="dirichlet", alpha=0.5, num_clients=20, holdout_clients=4,
+                                                  test_fraction=0.3),
+                            num_classes=ds.num_classes, rng=make_rng(0, "partition"), pool=ds.pool)
+    worst = _check_equal((ds, part), _pair(algorithm, 2, local_epochs=epochs, batch_size=batch_size, clients_per_round=6))
+    print(f"{algorithm}: max |diff| stacked vs separate, local epochs, padded batches: {worst:.3g}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", STACKABLE)
 def test_each_stacked_run_equals_its_separate_run_over_many_rounds(digits_clients, algorithm):
-    cfgs = _pair(algorithm, 30) + [small_config(algorithm, **{**_pair(algorithm, 30)[0].__dict__, "seed": 5,
-                                                              "lr": 0.1})]
+    import dataclasses
+
+    cfgs = _pair(algorithm, 30)
+    cfgs.append(dataclasses.replace(cfgs[0], seed=5, lr=0.1))  # three runs: a stack of more than two
     worst = _check_equal(digits_clients, cfgs)
     print(f"{algorithm}: max |diff| stacked vs separate, 30 rounds: {worst:.3g}")
 
