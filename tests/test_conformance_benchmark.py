@@ -303,3 +303,101 @@ def test_fluke_gets_the_matched_optimizer_and_each_rows_keys_over_it():
         assert hp["model"].endswith("FlukeEncoder" if row.get("body_only") else "FlukeMLP")
     assert conformance_fluke.hyperparameters(rows["fedrep"], 10, 0.05)["client"]["local_epochs"] == 5
     assert conformance_fluke.hyperparameters(rows["feddyn"], 10, 0.05)["client"]["clipping"] == 0
+
+
+# ----------------------------------------------------------------------------- FL-bench's pFedLA (conformance_flbench)
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+try:
+    import conformance_flbench
+finally:
+    sys.path.pop(0)
+
+
+def _fake_flbench(path):
+    """The parts of an FL-bench checkout the layout links to (no peer in CI)."""
+    for d in ("config", "src/server", "data/utils"):
+        (path / d).mkdir(parents=True)
+    for f in ("main.py", "src/server/pfedla.py", "data/utils/datasets.py"):
+        (path / f).write_text("")
+    return path
+
+
+def test_flbench_gets_each_clients_own_samples_in_its_layout(tmp_path):
+    """FL-bench's partition.pkl indexes the pooled data.npy / targets.npy: each client's train and test rows there
+    are the samples pflx trains and tests that client on (compared by content, client by client), every client
+    trains and tests (FL-bench's ``split == "sample"``), and the checkout's code is linked, not copied."""
+    import json
+    import pickle
+
+    import numpy as np
+
+    work = tmp_path / "work"
+    work.mkdir()
+    conformance._export(work, conformance.DEFAULT_DATASET, 20, 0)
+    checkout = _fake_flbench(tmp_path / "FL-bench")
+    root = conformance_flbench.write_flbench_layout(work, checkout)
+    folder = root / "data" / conformance_flbench.NAME
+    data, targets = np.load(folder / "data.npy"), np.load(folder / "targets.npy")
+    with open(folder / "partition.pkl", "rb") as f:
+        flb = pickle.load(f)
+    x, y, part = conformance.load_export(work)
+    assert flb["separation"] == {"train": list(range(20)), "val": list(range(20)), "test": list(range(20)),
+                                 "total": 20}
+    assert json.loads((folder / "args.json").read_text())["split"] == "sample"
+    for i in range(part.num_clients):
+        for split, idx, off in (("train", part.train_indices, part.train_offsets),
+                                ("test", part.test_indices, part.test_offsets)):
+            rows = flb["data_indices"][i][split]
+            assert len(rows) == off[i + 1] - off[i] > 0
+            np.testing.assert_array_equal(data[rows], x[idx[off[i]:off[i + 1]]])
+            np.testing.assert_array_equal(targets[rows], y[idx[off[i]:off[i + 1]]])
+        assert flb["data_indices"][i]["val"] == []
+        assert len(flb["data_indices"][i]["train"]) % conformance.BATCH == 0  # whole batches: the same steps
+        assert len(set(targets[flb["data_indices"][i]["train"]].tolist())) == 2  # two classes a client
+    assert data.dtype == np.float32 and abs(float(data[part.train_indices].mean())) < 1e-3  # standardized
+    for name in ("main.py", "config", "src", "data/utils"):
+        assert (root / name).is_symlink() and (root / name).resolve() == (checkout / name).resolve()
+
+
+def test_flbench_runs_with_the_matched_settings_and_the_step_size_given():
+    overrides = dict(o.lstrip("+").split("=", 1) for o in conformance_flbench.flbench_overrides(4, 50, 100.0))
+    assert overrides["method"] == "pfedla" and overrides["pfedla.hn_lr"] == "100.0"
+    assert float(overrides["optimizer.lr"]) == conformance.LR and overrides["optimizer.name"] == "sgd"
+    assert int(overrides["common.batch_size"]) == conformance.BATCH
+    assert (overrides["optimizer.momentum"], overrides["optimizer.weight_decay"]) == ("0", "0")
+    assert (overrides["common.global_epoch"], overrides["common.local_epoch"], overrides["common.join_ratio"],
+            overrides["common.seed"]) == ("50", "1", "1", "4")
+    assert overrides["common.test.client.interval"] == "50"  # scored after the last round, as pflx's figure
+
+
+def test_flbench_rows_pair_each_step_size_by_seed_and_the_defaults():
+    seeds, lrs = [0, 1, 2], [conformance_flbench.FLBENCH_HN_LR, conformance_flbench.PFLX_HN_LR]
+    acc = {("pflx", 0.005, s): 35.0 + s for s in seeds} | {("flbench", 0.005, s): 72.0 + s for s in seeds}
+    acc |= {("pflx", 100.0, s): 76.0 + 0.1 * s for s in seeds} | {("flbench", 100.0, s): 76.0 - 0.1 * s
+                                                                   for s in seeds}
+    rows = conformance_flbench.rows(acc, seeds, lrs, bound=2.0, tolerance=0.5)
+    assert [(r["pflx_hn_lr"], r["flbench_hn_lr"]) for r in rows] == [(0.005, 0.005), (100.0, 100.0),
+                                                                       (100.0, 0.005)]
+    assert rows[0]["diffs"] == [-37.0, -37.0, -37.0] and rows[0]["verdict"] == "miss"
+    assert rows[1]["verdict"] == "ok" and rows[1]["pflx"] == [76.0, 76.1, 76.2]
+    assert rows[2]["flbench"] == [72.0, 73.0, 74.0] and rows[2]["mean"] == pytest.approx(3.1)
+
+
+def test_without_flbench_the_benchmark_says_so_and_exits_0(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FLBENCH_DIR", raising=False)
+    monkeypatch.delenv("FLBENCH_PYTHON", raising=False)
+    json_out = tmp_path / "rows.json"
+    assert conformance_flbench.main(["--flbench", str(tmp_path / "absent"), "--json", str(json_out)]) == 0
+    assert "skipped: " in capsys.readouterr().out and not json_out.exists()
+    checkout = _fake_flbench(tmp_path / "FL-bench")
+    assert conformance_flbench.main(["--flbench", str(checkout), "--python", str(tmp_path / "absent"),
+                                     "--json", str(json_out)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: " in out and not json_out.exists()
+
+
+def test_bad_flbench_settings_are_refused_in_one_line(capsys):
+    assert conformance_flbench.main(["--seeds", "0,1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("conformance_flbench.py: --seeds must list three or more") and "\n" not in err
