@@ -112,8 +112,10 @@ def main(argv: list[str]) -> int:
     if args.part in ("tune", "both"):
         alone, alone_cpu, alone_pruned = _tune(1)
         stacked, stacked_cpu, stacked_pruned = _tune(8)
-        v.note("study of 16, one at a time: best, CPU (pruned)", f"{100 * alone:.2f} %, {alone_cpu:.1f} s ({alone_pruned})")
-        v.note("study of 16, --stack 8: best, CPU (pruned)", f"{100 * stacked:.2f} %, {stacked_cpu:.1f} s ({stacked_pruned})")
+        v.note("study of 16, one at a time: best, CPU (pruned)",
+               f"{100 * alone:.2f} %, {alone_cpu:.1f} s ({alone_pruned})")
+        v.note("study of 16, --stack 8: best, CPU (pruned)",
+               f"{100 * stacked:.2f} %, {stacked_cpu:.1f} s ({stacked_pruned})")
         v.check("--stack 8 best validation - one at a time", f"{100 * (stacked - alone):+.2f} points", ">= -0.50",
                 stacked >= alone - 0.005)
         ratio = stacked_cpu / alone_cpu

@@ -193,3 +193,12 @@ def test_the_conformance_benchmark_prints_its_table_at_two_rounds(tmp_path):
         assert row["diffs"] == [p - q for p, q in zip(row["pflx"], row["PFLlib"])]
     assert any(line.startswith("not matched:") for line in lines)
     assert lines[-1].startswith("every shared algorithm agrees") or "outside the bound" in lines[-1]
+
+
+@pytest.mark.slow
+def test_the_stack_benchmark_prints_its_curve_and_ratios_beside_the_targets():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stack_bench.py"), "--rounds", "2", "--ks", "1,8",
+                           "--part", "runs"], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=900, cwd=ROOT / "benchmarks")
+    assert proc.returncode in (0, 1), proc.stderr  # 1: a target missed at a smoke size, printed as such
+    assert "stacked K=8 / 8 separate processes (CPU)" in proc.stdout and "target <= 0.33" in proc.stdout

@@ -178,7 +178,8 @@ def stacked_local_sgd(calls: list[_Call]) -> list[tuple]:
         for c, n, s in zip(calls, sizes, steps):
             store = c.alg.store
             if s is None:  # this run's clients have taken all their steps: padding rows that sit the step out
-                idx, m, active = torch.zeros((n, width), dtype=torch.long, device=device), None, torch.zeros(n, dtype=torch.bool, device=device)
+                idx, m = torch.zeros((n, width), dtype=torch.long, device=device), None
+                active = torch.zeros(n, dtype=torch.bool, device=device)
             else:
                 idx, m, active = s
             pad = width - idx.shape[1]

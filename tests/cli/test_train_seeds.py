@@ -1,4 +1,4 @@
-"""`pflx train --seeds`: the seeds trained stacked in one process, each written as a separate `train --seed` writes it."""
+"""`pflx train --seeds`: the seeds trained stacked in one process, each written as `train --seed` writes it."""
 
 import json
 

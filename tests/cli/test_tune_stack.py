@@ -13,7 +13,8 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow  # two studies (~40 s on the shared CPU); tests/tune/test_stack_study.py holds the same in the default tier
+# two studies (~40 s on the shared CPU); tests/tune/test_stack_study.py holds the same in the default tier
+@pytest.mark.slow
 def test_tune_stack_writes_the_study_one_at_a_time_writes(digits_root, tmp_path, cli):
     part = digits_root / "part"
     assert cli("tune", "--partition", part, "--stack", "2", "--out", tmp_path / "stacked", *TUNE).code == 0

@@ -86,7 +86,8 @@ def test_stacked_runs_of_local_epochs_and_padded_batches_equal_separate_runs(dig
     part = partition_labels(ds.y, PartitionConfig(scheme="dirichlet", alpha=0.5, num_clients=20, holdout_clients=4,
                                                   test_fraction=0.3),
                             num_classes=ds.num_classes, rng=make_rng(0, "partition"), pool=ds.pool)
-    worst = _check_equal((ds, part), _pair(algorithm, 2, local_epochs=epochs, batch_size=batch_size, clients_per_round=6))
+    cfgs = _pair(algorithm, 2, local_epochs=epochs, batch_size=batch_size, clients_per_round=6)
+    worst = _check_equal((ds, part), cfgs)
     print(f"{algorithm}: max |diff| stacked vs separate, local epochs, padded batches: {worst:.3g}")
 
 
