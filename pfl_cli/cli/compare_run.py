@@ -184,9 +184,9 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
             fixed = sorted(searched & keys)
             if fixed:
                 raise ConfigError(f"{at}: the study searches {fixed[0]!r}, which algorithms.{alg.name}.{where} "
-                                  f"fixes; drop {fixed[0]} from the {where.split()[0]} or from the search "
-                                  f"(tune.space: {fixed[0]}: ..., `pflx algorithms {alg.name}` shows the declared "
-                                  "space).")
+                                  f"fixes (the search would be moot or overridden); drop {fixed[0]} from the "
+                                  f"{where.split()[0]} and let the study choose it (tune.space: {{{fixed[0]}: SPEC}} "
+                                  f"sets its range; `pflx algorithms {alg.name}` shows the declared space).")
         studies.append(_Step("tune", alg.name, t.trials * _rounds(cfg), cfg=cfg, options=options))
         # the seeds' configs come from the study's best.yaml: counted here with the study's base (its rounds
         # unless set gives the training's), resolved when the study is done

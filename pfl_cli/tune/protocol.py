@@ -36,7 +36,11 @@ def check_study(cfg: Any, options: Any) -> tuple:
 def run_study(cfg: Any, options: Any, *, partition: Path, out: Path, force: bool, report: Any) -> Path:
     """Run (or resume, or find up to date) the study of ``cfg`` with ``options`` into the tune artifact ``out``;
     returns its ``best.yaml``."""
+    import dataclasses
+
     from pfl_cli.cli.tune_run import run_tune
 
+    if getattr(options, "log_dir", "") is None:  # no --log: where pflx tune's default would put its loggers' files
+        options = dataclasses.replace(options, log_dir=Path(out).with_name(f"{Path(out).name}.logs"))
     run_tune(cfg, options, partition=partition, out=out, force=force, report=report)
     return Path(out) / "best.yaml"

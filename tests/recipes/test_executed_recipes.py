@@ -141,6 +141,8 @@ def smoke_line(line: str, recipe: pathlib.Path) -> str:
 
 def _local_data(path: pathlib.Path) -> bool:
     part = (yaml.safe_load(path.read_text()) or {}).get("partition") or {}
+    if not isinstance(part, dict):  # a compare spec (recipes/compare/ring-table.yaml) names a partition artifact
+        return False
     return str(part.get("dataset", "")).startswith(("builtin:", "ring:", "leaf:runs/shk-smoke"))
 
 

@@ -32,6 +32,11 @@ def test_recipe_resolves(path):
     text = path.read_text()
     assert text.startswith("#"), "a recipe opens with a header naming the paper/figure and the commands"
     data = yaml.safe_load(text)
+    if "algorithms" in data and "seeds" in data:  # a `pflx compare --spec` file: parsed as the command parses it
+        from pfl_cli.compare.spec import parse_spec
+
+        assert parse_spec(data, where=str(path)).algorithms
+        return
     stages = [s for s in STAGES if isinstance(data.get(s), dict)]
     assert stages, "a recipe has at least one stage section"
     if "train" in stages:
