@@ -20,6 +20,8 @@ def compare_command(
     metric: Annotated[str, typer.Option("--metric", help="The headline column: accuracy (mean per-client test accuracy), balanced_accuracy or macro_f1 (mean per-client, scikit-learn's definitions), global_accuracy (the global model on the union of the clients' test splits; refused for a method without one). Every metric keeps its columns in table.csv and table.json.")] = "accuracy",
     jobs: Annotated[int, typer.Option("--jobs", help="With --spec: each study's trials (tune: entries) run this many at once, each in its own process with one torch thread, as pflx tune --jobs; the trainings run one after another.")] = 1,
     plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: per-client accuracy of every configuration, training and new clients, one box each (needs the plot extra).")] = False,
+    log: Annotated[Optional[list[str]], typer.Option("--log", help="With --spec: also log the protocol as one experiment of a tracker, pflx-compare-OUT (a W&B group / an MLflow experiment): wandb (offline unless WANDB_MODE says otherwise) | mlflow (the SQLite store LOG_DIR/mlflow.db unless MLFLOW_TRACKING_URI is set) (repeatable); each training a run NAME-sSEED with its config as parameters and its per-round metrics, each study trial a run STUDY-trial-N.")] = None,
+    log_dir: Annotated[Optional[Path], typer.Option("--log-dir", help="Where --log writes (default: OUT.logs beside --out).", show_default=False)] = None,
     force: ForceOpt = False,
     fmt: FormatOpt = Format.human,
 ) -> None:
@@ -51,5 +53,14 @@ def compare_command(
         from pfl_cli.cli.figures import require_matplotlib
 
         require_matplotlib("--plot")
+    from pfl_cli.cli.loggers import check_study_loggers, default_log_dir
+
+    logs = check_study_loggers(log or (), private=False, command="compare")  # --dp runs of a spec log their elapsed time only
+    if logs and spec is None:
+        from pfl_cli.errors import ConfigError
+
+        raise ConfigError("--log logs the runs that compare --spec trains; compare alone trains nothing: give --spec "
+                          "FILE.yaml, or log when training (pflx train --log ...).")
     run_compare(list(runs or ()), out=out, nonprivate=nonprivate, level=level, plot=plot, force=force,
-                report=Reporter(fmt), spec=spec, metric=metric, jobs=jobs)
+                report=Reporter(fmt), spec=spec, metric=metric, jobs=jobs, logs=logs,
+                log_dir=log_dir or default_log_dir(out))

@@ -18,7 +18,8 @@ from pfl_cli.cli.output import Reporter
 
 
 def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: float, plot: bool, force: bool,
-                report: Reporter, spec: Path | None = None, metric: str = "accuracy", jobs: int = 1) -> None:
+                report: Reporter, spec: Path | None = None, metric: str = "accuracy", jobs: int = 1,
+                logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.compare import compare, read_runs
     from pfl_cli.compare.table import CLIENT_COLUMNS, CSV_COLUMNS, check_metric
@@ -39,7 +40,8 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
 
         parsed = load_spec(spec)
         config["spec"] = parsed.to_dict()
-        runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate, jobs=jobs), *runs]
+        runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate, jobs=jobs, logs=logs,
+                          log_dir=log_dir), *runs]
     groups = read_runs(runs, nonprivate=nonprivate)
     table = compare(groups, level=level, metric=metric)
     inputs = list({g.input_ref["sha256"]: dict(g.input_ref) for g in groups}.values())
@@ -62,14 +64,17 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
     _print(report, out, table, prefix)
 
 
-def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool = False, jobs: int = 1) -> list[Path]:
+def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool = False, jobs: int = 1,
+             logs: tuple[str, ...] = (), log_dir: Path | None = None) -> list[Path]:
     """The protocol of ``spec``: each algorithm's study first where it has a ``tune:`` entry (as `pflx tune` would,
     into ``<runs>/tune-<name>``), then every algorithm with every seed (its config, or its study's best.yaml), and
     its new clients predicted, as `pflx train` and `pflx predict --clients holdout --no-predictions` would. A study
     resumes from its study.db and a run already there with the same config and inputs is kept (nothing to do), so a
     rerun after a kill continues where it stopped. One progress display counts the studies' and the trainings'
     rounds. ``jobs``: each study's trials at once, in that many processes (`pflx tune --jobs`). Returns the
-    artifact paths, train then predict, per algorithm and seed."""
+    artifact paths, train then predict, per algorithm and seed. ``logs``: compare --log wandb|mlflow, the protocol
+    one W&B group / MLflow experiment ``pflx-compare-OUT`` in ``log_dir``: each training a run ``NAME-sSEED``,
+    each trial a run ``STUDY-trial-N`` (:class:`pfl_cli.cli.loggers.StudyLoggers`)."""
     from pfl_cli.cli.common import stage_config
     from pfl_cli.cli.options import Format
     from pfl_cli.cli.predict_run import run_predict
@@ -86,19 +91,25 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
     predict_cfg = stage_config(PredictConfig, "predict", config_file=None,
                                flags={"clients": "holdout", "predictions": False}, sets=None)
     paths = []
+    group = f"pflx-compare-{out.name}"
     total = [sum(s.units for s in steps)]
     with report.progress("compare --spec", total[0], unit="round") as bar:
         for step in steps:
             phase = _Phase(report, bar, step.label)
             if step.kind == "tune":
-                best = run_study(step.cfg, step.options, partition=spec.partition, out=root / f"tune-{step.name}",
+                options = step.options
+                if logs:
+                    import dataclasses
+
+                    options = dataclasses.replace(options, logs=logs, log_dir=log_dir, log_group=group)
+                best = run_study(step.cfg, options, partition=spec.partition, out=root / f"tune-{step.name}",
                                  force=force, report=phase)
                 for run in (s for s in steps if s.kind == "train" and s.name == step.name):
                     run.cfg, run.study = _train_config(step.name, best, run.sets, run.seed, spec.partition)
             else:
                 run = root / step.name / f"s{step.seed}"
                 run_train(step.cfg, partition=spec.partition, out=run, resume=False, force=force, report=phase,
-                          study=step.study)
+                          study=step.study, logs=logs, log_dir=log_dir, log_as=(f"{step.name}-s{step.seed}", group))
                 paths.append(run)
                 if spec.new_clients:
                     new = run.with_name(f"s{step.seed}-new")

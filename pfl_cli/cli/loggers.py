@@ -207,13 +207,13 @@ def round_values(status: dict, evaluated: bool) -> dict[str, float]:
 TRACKERS = ("wandb", "mlflow")
 
 
-def check_study_loggers(kinds: Sequence[str], *, private: bool) -> tuple[str, ...]:
-    """`tune --log`: the trackers only (each trial a run); refused under --dp (a private study releases its best
+def check_study_loggers(kinds: Sequence[str], *, private: bool, command: str = "tune") -> tuple[str, ...]:
+    """`tune --log`, `compare --spec --log`: the trackers only (each trial a run); refused under --dp (a private study releases its best
     config alone, no trial's curve)."""
     chosen = tuple(dict.fromkeys(kinds))
     for kind in chosen:
         if kind not in TRACKERS:
-            raise ConfigError(f"--log for tune must be one of {', '.join(TRACKERS)} (each trial a run; repeat it for "
+            raise ConfigError(f"--log for {command} must be one of {', '.join(TRACKERS)} (each trial a run; repeat it for "
                               f"both); got {kind!r}. `pflx train --log {kind}` logs one training.")
     if chosen and private:
         raise ConfigError("--log with --dp: a private study releases its best config only, never a trial's "
@@ -229,8 +229,10 @@ class StudyLoggers:
     the study, so --jobs workers and --stack are logged alike); trials of an earlier, resumed command are not
     logged again."""
 
-    def __init__(self, kinds: Sequence[str], log_dir: Path, study) -> None:
-        self.kinds, self.log_dir, self.name = tuple(kinds), Path(log_dir), study.study_name
+    def __init__(self, kinds: Sequence[str], log_dir: Path, study, *, group: str | None = None) -> None:
+        # In a protocol (compare --spec, ``group``: its experiment) a trial's run is STUDY-trial-N.
+        self.kinds, self.log_dir, self.name, self.group = tuple(kinds), Path(log_dir), study.study_name, group
+        self.prefix = f"{study.study_name}-" if group else ""
         self.done = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
 
     def trial(self, trial) -> None:
@@ -243,8 +245,9 @@ class StudyLoggers:
         final = {} if trial.value is None else {"objective": float(trial.value)}
         last = int(trial.user_attrs.get("selected_round", curve[-1][0] if curve else 0))
         for kind in self.kinds:
-            tracker = (_WandbRun if kind == "wandb" else _MlflowRun)(self.log_dir, f"trial-{trial.number}", self.name,
-                                                                    dict(trial.params), state=state)
+            tracker = (_WandbRun if kind == "wandb" else _MlflowRun)(
+                self.log_dir, f"{self.prefix}trial-{trial.number}", self.group or self.name, dict(trial.params),
+                state=state)
             for step, value in curve:
                 tracker.log(int(step), {"validation/accuracy": float(value)})
             if final:

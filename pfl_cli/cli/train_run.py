@@ -88,9 +88,11 @@ def accuracy_table(title: str, groups: dict[str, dict], label_mask: bool, captio
 
 # ---------------------------------------------------------------------------- the command
 def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
-              plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None, study=(None, None)) -> None:
+              plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None, study=(None, None),
+              log_as: tuple[str | None, str | None] = (None, None)) -> None:
     """``study``: ``(ledger, note)`` of the private study whose best.yaml is the config
-    (:func:`pfl_cli.cli.privacy_account.study_prior`): its ledger composes into privacy.json."""
+    (:func:`pfl_cli.cli.privacy_account.study_prior`): its ledger composes into privacy.json. ``log_as``:
+    ``(run name, group)`` of the W&B / MLflow run (default: ``--out``'s name, no group)."""
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
@@ -105,19 +107,19 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
         device = distributed.start(device)
         try:
             _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                       plot=plot, logs=logs, log_dir=log_dir, study=study)
+                       plot=plot, logs=logs, log_dir=log_dir, study=study, log_as=log_as)
         except BaseException:
             distributed.stop()
             raise
         distributed.stop(finished=True)
         return None
     return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
-                      plot=plot, logs=logs, log_dir=log_dir, study=study)
+                      plot=plot, logs=logs, log_dir=log_dir, study=study, log_as=log_as)
 
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
                plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None,
-               study=(None, None)) -> None:
+               study=(None, None), log_as: tuple[str | None, str | None] = (None, None)) -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import train_federated
@@ -181,7 +183,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     from pfl_cli.cli.loggers import RunLoggers, round_values
 
     loggers = RunLoggers(logs if writes else (), log_dir or out, private=private, resume=state is not None,
-                         name=out.name, params=config)  # W&B / MLflow: the run's name and parameters
+                         name=log_as[0] or out.name, group=log_as[1], params=config)  # W&B / MLflow
     with report.progress("train", total or None, unit="round") as bar:
         seen = [start]
         if start:

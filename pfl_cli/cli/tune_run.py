@@ -50,6 +50,7 @@ class TuneOptions:
     explicit: frozenset = frozenset()
     logs: tuple = ()                 # --log wandb|mlflow: each trial a run (pfl_cli.cli.loggers.StudyLoggers)
     log_dir: Path | None = None
+    log_group: str | None = None     # the trackers' group / experiment (default: the study's name)
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,7 @@ def _run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: d
     identity = identity_digest(meta)
     from pfl_cli.cli.loggers import StudyLoggers
 
-    tracked = StudyLoggers(o.logs, o.log_dir, study)
+    tracked = StudyLoggers(o.logs, o.log_dir, study, group=o.log_group)
     before = counted(study)
     if before:
         report.note(f"continuing the study {name!r}: {before} of {o.trials} trials already there.")

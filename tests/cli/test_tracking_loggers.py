@@ -201,3 +201,40 @@ def test_tune_log_refusals(part, tmp_path, cli):
     run = cli(*base, "--out", tmp_path / "b", "--log", "mlflow", "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000")
     assert run.code == 2 and "--log with --dp" in run.err and not (tmp_path / "b").exists()
     assert not (tmp_path / "b.logs").exists()
+
+
+@pytest.mark.slow  # a 2-trial study and two trainings, each a W&B and an MLflow run: ~20 s of CPU
+def test_compare_spec_logs_the_protocol_as_one_experiment(part, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"partition: {part / 'part'}\nseeds: [0, 1]\nruns: {tmp_path / 'runs'}\nalgorithms:\n"
+                    "  fedavg: {set: {rounds: 2, eval_every: 1, local_steps: 2}, "
+                    "tune: {trials: 2, rounds: 2, eval_every: 1}}\n")
+    out = tmp_path / "table"
+    assert main(["compare", "--spec", str(spec), "--out", str(out), "--format", "quiet",
+                 "--log", "mlflow", "--log", "wandb"]) == 0
+    logs = tmp_path / "table.logs"
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{logs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("pflx-compare-table")
+    names = sorted(r.info.run_name for r in client.search_runs([experiment.experiment_id]))
+    assert names == ["fedavg-s0", "fedavg-s1", "pflx-tune-fedavg-trial-0", "pflx-tune-fedavg-trial-1"]
+    for seed in (0, 1):
+        run_dir = tmp_path / "runs" / "fedavg" / f"s{seed}"
+        expected = _artifact_accuracies(run_dir)
+        run, history = mlflow_run(logs / "mlflow.db", f"fedavg-s{seed}")
+        assert run.data.params["seed"] == str(seed) and run.info.experiment_id == experiment.experiment_id
+        for tag, values in expected.items():
+            assert history[tag] == values
+        info, config, series = wandb_run(logs, f"fedavg-s{seed}")
+        assert info["group"] == "pflx-compare-table" and config["seed"] == seed
+        for tag, values in expected.items():
+            assert series[tag] == values
+    info, config, _series = wandb_run(logs, "pflx-tune-fedavg-trial-0")
+    assert info["group"] == "pflx-compare-table" and set(config) and "lr" in config
+
+
+def test_compare_log_needs_spec(tmp_path, cli):
+    run = cli("compare", tmp_path / "r0", "--out", tmp_path / "t", "--log", "mlflow")
+    assert run.code == 2 and "--log logs the runs that compare --spec trains" in run.err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "t.logs").exists()
