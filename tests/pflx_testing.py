@@ -81,3 +81,74 @@ def replace(cfg, **changes):
     values = {**_explicit(cfg), **changes}
     algorithm = values.pop("algorithm", cfg.algorithm)
     return small_config(algorithm, **values)
+
+
+# --------------------------------------------------------------- smoke-size runs of any algorithm (issue 40)
+# The --dp budget of a smoke run of an algorithm that declares ``dp_required`` (the local-DP ones): the budget
+# of tests/cli/test_holdout_agreement.py, with seeded noise so that a resumed run is byte-identical.
+LDP_SMOKE = ["--dp", "eps=4,delta=1e-5,clip=0.5,noise=seeded", "--set", "normalize=false",
+             "--set", "dp_sampling_rate=0.25"]
+# The backbone of a smoke run of an algorithm that runs only on one: random-weight micro, no weights file.
+BACKBONE_SMOKE = ["--set", "backbone=resnet-micro"]
+
+
+def smoke_values(algorithm: str) -> dict:
+    """The algorithm's own epoch/step/round counts at 1 and widths at 8 (its keys beyond TrainConfig's), as
+    tests/algorithms/test_no_ignored_key.py's ``small`` shrinks them."""
+    import dataclasses
+
+    from pfl_cli.fl.config import TrainConfig
+
+    entry = registry.get(algorithm)
+    defaults, common, out = entry.config(), {f.name for f in dataclasses.fields(TrainConfig)}, {}
+    for f in dataclasses.fields(entry.config):
+        value = getattr(defaults, f.name)
+        if f.name in common or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if f.name.endswith(("_epochs", "_steps", "_rounds")) and value > 1:
+            out[f.name] = 1
+        elif f.name.endswith(("_hidden", "_dim")) and value > 8:
+            out[f.name] = 8
+    return out
+
+
+def smoke_sets(algorithm: str) -> list[str]:
+    """:func:`smoke_values` as ``--set key=value`` arguments."""
+    return [a for k, v in smoke_values(algorithm).items() for a in ("--set", f"{k}={v}")]
+
+
+def dp_sets(algorithm: str) -> list[str]:
+    """:data:`LDP_SMOKE` where the algorithm declares ``dp_required``, else nothing."""
+    return list(LDP_SMOKE) if registry.get(algorithm).algorithm.dp_required else []
+
+
+_BACKBONE: dict = {}
+
+
+def needs_backbone(algorithm: str) -> bool:
+    """Whether the algorithm refuses to build its client net without a backbone (HyperFL-LPM): its
+    ``resolve_arch`` asked on a tiny digits store, the refusal's words read."""
+    if algorithm not in _BACKBONE:
+        from pfl_cli.data import load_dataset
+        from pfl_cli.errors import PflxError
+        from pfl_cli.fl.store import build_store
+        from pfl_cli.partition import PartitionConfig, partition_labels
+        from pfl_cli.rng import make_rng
+
+        ds = load_dataset("builtin:digits")
+        part = partition_labels(ds.y, PartitionConfig(scheme="pathological", classes_per_client=2, num_clients=4,
+                                                      test_fraction=0.3),
+                                num_classes=ds.num_classes, rng=make_rng(0, "partition"), pool=ds.pool)
+        store = build_store(ds.x, ds.y, ds.num_classes, part, val_fraction=0.0, rng=make_rng(0, "validation-split"),
+                            device="cpu")
+        try:
+            registry.get(algorithm).algorithm.resolve_arch(registry.train_config(algorithm), store)
+            _BACKBONE[algorithm] = False
+        except PflxError as err:
+            _BACKBONE[algorithm] = "backbone" in str(err)
+    return _BACKBONE[algorithm]
+
+
+def backbone_sets(algorithm: str) -> list[str]:
+    """:data:`BACKBONE_SMOKE` where the algorithm runs only on a backbone, else nothing."""
+    return list(BACKBONE_SMOKE) if needs_backbone(algorithm) else []
