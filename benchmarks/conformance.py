@@ -51,6 +51,9 @@ and the ``--child fluke`` driver run by fluke's own Python, ``--python``, ``$FLU
 ``.venv-fluke/bin/python``), for the algorithms fluke shares; the data, seeds, cohorts, initial models and
 verdict are the ones above.
 
+``--peer flbench`` runs pFedLA against FL-bench's own (``benchmarks/conformance_flbench.py``, with that script's
+options: its hypernetwork step sizes, FL-bench's checkout and Python) on the same exported clients.
+
 PFLlib is looked for at ``--pfllib``, ``$PFLLIB_DIR``, then ``.venv-bench/PFLlib`` beside this
 checkout; its Python at ``--python``, ``$PFLLIB_PYTHON``, ``.venv-bench/bin/python``, else this
 interpreter (it needs torch, numpy, scikit-learn, h5py and matplotlib: PFLlib's server module
@@ -363,11 +366,29 @@ def _run(framework: str, alg: str, join: float, seed: int, args, work: pathlib.P
     return result
 
 
+def _peer_flbench(argv: list[str]) -> list[str] | None:
+    """``argv`` without its ``--peer flbench`` when it names FL-bench (pFedLA, the one method pflx compares with
+    FL-bench: benchmarks/conformance_flbench.py, whose options are its own), else None."""
+    for i, a in enumerate(argv):
+        if a == "--peer=flbench":
+            return argv[:i] + argv[i + 1:]
+        if a == "--peer" and argv[i + 1:i + 2] == ["flbench"]:
+            return argv[:i] + argv[i + 2:]
+    return None
+
+
 def main(argv=None) -> int:
+    rest = _peer_flbench(sys.argv[1:] if argv is None else list(argv))
+    if rest is not None:
+        sys.path.insert(0, str(HERE))
+        import conformance_flbench
+
+        return conformance_flbench.main(rest)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--peer", choices=("pfllib", "fluke"), default="pfllib",
+    ap.add_argument("--peer", choices=("pfllib", "fluke", "flbench"), default="pfllib",
                     help="the peer: PFLlib (default) or fluke-fl (its own Python: --python, $FLUKE_PYTHON or "
-                    ".venv-fluke/bin/python; see docs/performance/conformance.md)")
+                    ".venv-fluke/bin/python; see docs/performance/conformance.md); flbench: pFedLA against "
+                    "FL-bench's own, benchmarks/conformance_flbench.py with its options")
     ap.add_argument("--pfllib", help="a PFLlib checkout (default: $PFLLIB_DIR, then .venv-bench/PFLlib)")
     ap.add_argument("--python", help="the Python that runs the peer (PFLlib's default: $PFLLIB_PYTHON, "
                                      ".venv-bench/bin/python, else this one)")

@@ -401,3 +401,11 @@ def test_bad_flbench_settings_are_refused_in_one_line(capsys):
     assert conformance_flbench.main(["--seeds", "0,1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("conformance_flbench.py: --seeds must list three or more") and "\n" not in err
+
+
+def test_conformance_peer_flbench_hands_over_to_the_flbench_benchmark(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FLBENCH_DIR", raising=False)
+    assert conformance.main(["--peer", "flbench", "--seeds", "0,1"]) == 2
+    assert capsys.readouterr().err.startswith("conformance_flbench.py: --seeds must list three or more")
+    assert conformance.main(["--peer=flbench", "--flbench", str(tmp_path / "absent")]) == 0
+    assert "conformance_flbench.py: skipped: " in capsys.readouterr().out
