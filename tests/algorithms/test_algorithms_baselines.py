@@ -178,9 +178,9 @@ def test_ditto_round_equals_fedavg_plus_proximal_personal_steps(store):
     alg.run_round(0, c, gen())
     g = gen()
     theta = ref_sgd(alg, stacked(w, len(c)), c, g, steps=4)
-    # Alg. 1 line 7: v_k takes plain SGD steps, no momentum and no clip (w keeps the client optimizer's 0.9)
-    assert alg.sgd_options()["momentum"] == 0.9 and alg.cfg.personal_momentum == 0.0 == alg.cfg.personal_clip
-    personal = ref_sgd(alg, v0, c, g, steps=4, prox_mu=0.3, prox_anchor=stacked(w, len(c)), sgd=PLAIN_SGD)
+    # Alg. 1 lines 5 and 7: v_k steps like w (the client optimizer's momentum 0.9), without clip
+    assert alg.sgd_options()["momentum"] == 0.9 and alg.cfg.personal_momentum is None and alg.cfg.personal_clip == 0
+    personal = ref_sgd(alg, v0, c, g, steps=4, prox_mu=0.3, prox_anchor=stacked(w, len(c)), sgd={"clip": 0.0})
     close(alg.global_params, mean(store, c, theta))
     close(alg.private.gather(c), personal)
 
@@ -203,7 +203,7 @@ def test_ditto_with_lambda_zero_personal_models_are_local_training(store):
     for t in range(3):
         g = gen(t)
         draws(runs[0], c, g, steps=4)  # the global model's batches come first
-        v = ref_sgd(runs[0], v, c, g, steps=4, sgd=PLAIN_SGD)
+        v = ref_sgd(runs[0], v, c, g, steps=4, sgd={"clip": 0.0})  # w's optimizer (momentum 0.9)
     close(rows[0], v)
 
 

@@ -37,7 +37,7 @@ PAPER = {
         "local_steps": 50, "batch_size": 32, "momentum": 0.9, "lr": 2e-3, "lambda_h": 1e-3, "lambda_v": 1e-3,
         "lambda_theta": 0.0, "descriptor_batch": 32, "eval_every": 30, "label_mask": False, "hyper_hidden": 100,
         "hyper_size": "M", "server_optimizer": "adam", "embed_dim": 0},
-    "ditto": {"lam": 0.1, "personal_momentum": 0.0, "personal_clip": 0.0,  # Ditto Alg. 1 line 7: plain SGD
+    "ditto": {"lam": 0.1, "personal_momentum": None, "personal_clip": 0.0,  # Ditto Alg. 1 lines 5, 7: w's SGD
               "new_client_epochs": 20, "rounds": 5000},  # pefll.md §4.1
     "pfedme": {"lam": 15.0, "K": 3, "beta": 1.0, "new_client_epochs": 20, "rounds": 5000},  # pefll.md §4.1
     "fedrep": {"head_epochs": 5, "body_epochs": 1, "new_client_epochs": 20, "rounds": 5000},  # pefll.md §4.1
