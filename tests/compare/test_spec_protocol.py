@@ -239,3 +239,19 @@ def test_the_ring_table_recipe_resolves_every_study_and_training():
     steps = _plan_spec(load_spec(ROOT / "recipes" / "compare" / "ring-table.yaml"), nonprivate=False, jobs=1)
     assert sum(s.kind == "tune" for s in steps) == 10 and sum(s.kind == "train" for s in steps) == 30
     assert all(s.options.trials == 4 for s in steps if s.kind == "tune")
+
+
+def test_the_time_left_ignores_every_step_found_done():
+    """A protocol's finished steps (a study already complete, a run up to date) come as 'resumed' advances, not
+    only the first: none of them may count as time spent, or the time left is the finished work's share too low."""
+    import io
+
+    from pfl_cli.cli.output import PlainProgress
+
+    now = [0.0]
+    bar = PlainProgress("compare --spec", 400, "round", io.StringIO(), 0, clock=lambda: now[0])
+    bar.advance(100, status="resumed")  # a finished study
+    bar.advance(100, status="resumed")  # a finished run, up to date
+    now[0] = 10.0
+    bar.advance(10)  # 10 rounds in 10 s: 190 rounds left at 1 s each
+    assert "left ~0:03:10" in bar.line(now[0]), bar.line(now[0])

@@ -72,6 +72,7 @@ SMOKE: list[tuple[str, str, str]] = [
     (r"\brounds: \d+", "rounds: 2", "the same, for rounds written in a spec file (compare --spec)"),
     (r"\beval_every: \d+", "eval_every: 1", "the same, for eval_every in a spec file"),
     (r"\blocal_epochs: \d+", "local_epochs: 1", "the same, for local_epochs in a spec file"),
+    (r"\btrials: \d+", "trials: 2", "the same, for a study's trials in a spec file (compare --spec tune:)"),
     (r"^(pflx train\b)(?!.*--rounds)(?!.*--resume)", r"\1 --set rounds=2",
      "a train command whose rounds come from its --config (a recipe's hundreds): 2, as above (--resume: the run's own)"),
     (r"--iterations \d+", "--iterations 20", "attack: 20 optimizer steps exercise the attack, not its PSNR"),
