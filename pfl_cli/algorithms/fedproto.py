@@ -140,6 +140,12 @@ class FedProto(PrivateState, _GlobalModel):
     def own_models(self, rows):
         return self.private.gather(rows)
 
+    def global_model(self):
+        """None: the server holds the class prototypes only (Alg. 1: no model parameter is exchanged);
+        ``global_params`` is the common initialization, never trained, so there is no model to score as the
+        global one (it scored 6.9 % on digits, below chance, as ``global_accuracy``)."""
+        return None
+
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         """Its own model from the initial one, trained ``new_client_epochs`` epochs on Eq. 7-8's objective."""
         if not self.cfg.new_client_epochs or not len(clients):

@@ -49,3 +49,49 @@ def test_ditto_personal_steps_take_the_global_models_optimizer(store):
     got = alg.private.gather(cohort)
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], **TOL, msg=k)
+
+
+# ------------------------------------------------------------------ global_accuracy scores a trained server model
+# ``Algorithm.global_model()`` names the one model the server serves every client; train scores it on the pooled
+# test splits (metrics.json ``global_accuracy``, compare --metric global_accuracy). A method whose server holds no
+# model (FedProto exchanges class prototypes only: Tan et al., AAAI 2022, Alg. 1) must answer None; else its
+# untrained initialization is printed as a global-model accuracy (FedProto: 6.9 % on digits, below chance).
+GLOBAL_FAST = ["fedavg", "fedproto"]
+
+
+def _global_params_move(name, digits_clients):
+    from pfl_cli.fl import train_federated
+
+    from pfl_cli.registry import entries
+
+    ds, part = digits_clients
+    local_dp = entries()[name].algorithm.dp_required  # needs --dp, its sampling rate and public input scaling
+    dp = dict(dp_epsilon=4.0, dp_clip=0.04, dp_sampling_rate=0.25, normalize=False) if local_dp else {}
+    cfg = small_config(algorithm=name, **dp, rounds=2, eval_every=2, local_steps=2, local_epochs=1, batch_size=8, lr=0.05,
+                       clients_per_round=4, mlp_hidden=(8,), new_client_epochs=1, finetune_steps=1)
+    run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
+    trained = run.algorithm.global_model()
+    if trained is None:
+        return
+    fresh = make_algorithm(cfg, run.store).global_model()
+    assert fresh is not None
+    moved = [k for k, v in trained[1].items() if not torch.equal(v.detach().cpu(), fresh[1][k].detach().cpu())]
+    assert moved, f"{name}: global_model() is the untrained initialization after 2 rounds"
+
+
+@pytest.mark.parametrize("name", GLOBAL_FAST)
+def test_global_model_is_trained_or_none(name, digits_clients):
+    _global_params_move(name, digits_clients)
+
+
+def _registry_names():
+    from pfl_cli.registry import names
+
+    # hyperfl-lpm needs an image backbone (tests/cli/test_train_images.py trains it); its global model is None
+    return [n for n in names() if n not in GLOBAL_FAST and n != "hyperfl-lpm"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _registry_names())
+def test_global_model_is_trained_or_none_every_algorithm(name, digits_clients):
+    _global_params_move(name, digits_clients)
