@@ -311,7 +311,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
     import conformance_flbench
 finally:
-    sys.path.pop(0)
+    while str(ROOT / "benchmarks") in sys.path:  # conformance_flbench puts it there for its child too
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def _fake_flbench(path):
@@ -405,6 +406,7 @@ def test_bad_flbench_settings_are_refused_in_one_line(capsys):
 
 def test_conformance_peer_flbench_hands_over_to_the_flbench_benchmark(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("FLBENCH_DIR", raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the hand-over puts benchmarks/ on it
     assert conformance.main(["--peer", "flbench", "--seeds", "0,1"]) == 2
     assert capsys.readouterr().err.startswith("conformance_flbench.py: --seeds must list three or more")
     assert conformance.main(["--peer=flbench", "--flbench", str(tmp_path / "absent")]) == 0
