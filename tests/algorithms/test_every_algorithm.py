@@ -20,7 +20,7 @@ suite's budget with seeded noise: a resumed private run is byte-identical only w
 backbone where its plain run is refused for want of one (:func:`pflx_testing.backbone_sets`).
 
 The default tier runs one representative algorithm per step (:data:`DEFAULT_TIER`); the whole product is
-``slow``.
+``slow``. :data:`KNOWN` lists the defects the product found and that are not fixed yet, as strict xfails.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ DATA = {
 }
 PARTITION = ["--classes-per-client", "2", "--num-clients", "8", "--holdout-clients", "2", "--test-fraction", "0.3"]
 SMOKE = ["--rounds", "3", "--eval-every", "1", "--clients-per-round", "4", "--seed", "0",
-         "--device", "cpu", "--set", "mlp_hidden=[8]", "--set", "checkpoint_every=1"]
+         "--device", "cpu", "--set", "mlp_hidden=[8]"]  # eval_every 1: a checkpoint every round
 TUNE = ["--trials", "2", "--rounds", "2", "--eval-every", "1", "--clients-per-round", "4",
         "--seed", "0", "--device", "cpu", "--set", "mlp_hidden=[8]"]
 # One algorithm per step in the default tier, each of a family its step exercises most (per-client state
@@ -51,9 +51,26 @@ DEFAULT_TIER = {"train": ("scaffold", "ring"), "resume": ("feddyn", "digits"), "
                 "tune": ("fedopt", "digits")}
 
 
+# Known defects this suite found, each failing as described (strict: the case fails the day it is fixed, so the
+# entry goes). tune's default space searches a key that the algorithm's check_trainable refuses as inert on the
+# run's own rounds or partition, and that refusal aborts the whole study (pfl_cli/tune/study.py turns only a
+# refused config into a failed trial) instead of failing the trial or narrowing the space.
+KNOWN = {
+    ("tune", "apple"): "tune --rounds 2: apple_mu is searched but inert (L = int(2 x apple_reg_rounds 0.1) = 0); "
+                       "the study exits 2 with 'drop it' for a key the user never set",
+    ("tune", "fedfomo"): "tune on 6 train clients: fomo_epsilon is searched but inert (M = 5 = every other client); "
+                         "the study exits 2 with 'drop it' for a key the user never set",
+}
+
+
 def cases(step: str) -> list:
-    return [pytest.param(name, data, id=f"{name}-{data}",
-                         marks=() if DEFAULT_TIER[step] == (name, data) else pytest.mark.slow)
+    def marks(name, data):
+        out = [] if DEFAULT_TIER[step] == (name, data) else [pytest.mark.slow]
+        if (step, name) in KNOWN:
+            out.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN[(step, name)]))
+        return out
+
+    return [pytest.param(name, data, id=f"{name}-{data}", marks=marks(name, data))
             for name in registry.names() for data in DATA]
 
 
