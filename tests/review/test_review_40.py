@@ -95,3 +95,23 @@ def _registry_names():
 @pytest.mark.parametrize("name", _registry_names())
 def test_global_model_is_trained_or_none_every_algorithm(name, digits_clients):
     _global_params_move(name, digits_clients)
+
+
+@pytest.mark.slow
+def test_ditto_train_clients_personal_models_keep_up_with_the_global_one(tmp_path):
+    """Helper G's run (digits Dirichlet 0.3, 50 clients of which 10 holdout, 40 rounds, defaults): the train
+    clients' personal models scored 58.4 % (worst 10 %: 14.6) against the global model's 95.7 % on the same test
+    splits while v_k stepped without w's momentum; 82.1 % (worst 10 %: 40.0) with it. A client never in a cohort
+    keeps v_k^0 = w^0 (Alg. 1 updates v_k only when k is sampled; PFLlib serves the same), so the floor is loose."""
+    import json
+
+    from pfl_cli.cli.app import main
+
+    part, out = tmp_path / "part", tmp_path / "ditto"
+    assert main(["partition", "--dataset", "builtin:digits", "--dirichlet", "0.3", "--num-clients", "50",
+                 "--holdout-clients", "10", "--out", str(part), "--format", "quiet"]) == 0
+    assert main(["train", "--partition", str(part), "--algorithm", "ditto", "--rounds", "40", "--eval-every", "40",
+                 "--out", str(out), "--format", "quiet"]) == 0
+    train = json.loads((out / "metrics.json").read_text())["train"]
+    assert train["global_accuracy"] > 0.9
+    assert train["mean_accuracy"] > 0.75, train["mean_accuracy"]  # 0.584 before the fix
