@@ -365,6 +365,11 @@ class Objective:
         if isinstance(error, TrainingDiverged):
             trial.set_user_attr("error", f"diverged at round {error.round}")
             raise TrialFailed(f"diverged at round {error.round}") from None
+        if isinstance(error, ConfigError):
+            # the drawn config is refused once the run meets its data (a key without effect in these rounds or on
+            # this partition, e.g. APPLE's proximal keys in under 10 rounds): this trial fails, the study goes on
+            trial.set_user_attr("error", f"invalid config: {error}")
+            raise TrialFailed(str(error)) from None
         if error is not None:
             raise error
         total = cfg.rounds if cfg.algorithm_class.federated else 0

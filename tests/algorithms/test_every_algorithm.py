@@ -56,10 +56,9 @@ DEFAULT_TIER = {"train": ("scaffold", "ring"), "resume": ("feddyn", "digits"), "
 # run's own rounds or partition, and that refusal aborts the whole study (pfl_cli/tune/study.py turns only a
 # refused config into a failed trial) instead of failing the trial or narrowing the space.
 KNOWN = {
-    ("tune", "apple"): "tune --rounds 2: apple_mu is searched but inert (L = int(2 x apple_reg_rounds 0.1) = 0); "
-                       "the study exits 2 with 'drop it' for a key the user never set",
-    ("tune", "fedfomo"): "tune on 6 train clients: fomo_epsilon is searched but inert (M = 5 = every other client); "
-                         "the study exits 2 with 'drop it' for a key the user never set",
+    ("tune", "apple"): "tune --rounds 2: apple's space searches apple_mu, which has no effect in under 10 rounds "
+                       "(L = int(rounds x apple_reg_rounds) = 0): each trial drawing it fails, and with 2 trials none "
+                       "completes (the space is not narrowed to the run yet)",
 }
 
 
