@@ -36,9 +36,10 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
 
         raise InputError("RUN: give train or predict artifacts to compare, or --spec FILE.yaml to train them first.")
     if spec is not None:
+        from pfl_cli import registry
         from pfl_cli.compare.spec import load_spec
 
-        parsed = load_spec(spec)
+        parsed = load_spec(spec, known=registry.names())
         config["spec"] = parsed.to_dict()
         runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate, jobs=jobs, logs=logs,
                           log_dir=log_dir), *runs]

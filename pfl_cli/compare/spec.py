@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pfl_cli.errors import ConfigError
 
@@ -90,8 +90,9 @@ def _refuse(where: str, message: str) -> ConfigError:
     return ConfigError(f"--spec {where}: {message}")
 
 
-def load_spec(path: str | Path) -> CompareSpec:
-    """Read and validate the spec file at ``path`` (ConfigError, exit 2, naming the key, otherwise)."""
+def load_spec(path: str | Path, *, known: Sequence[str] = ()) -> CompareSpec:
+    """Read and validate the spec file at ``path`` (ConfigError, exit 2, naming the key, otherwise); ``known`` as
+    :func:`parse_spec` takes it."""
     import yaml
 
     from pfl_cli import yaml12
@@ -104,11 +105,12 @@ def load_spec(path: str | Path) -> CompareSpec:
         doc = yaml12.loads(read_utf8(path, "--spec", ConfigError))
     except yaml.YAMLError as err:
         raise _refuse(str(path), f"not valid YAML ({yaml12.describe_error(err)}).") from None
-    return parse_spec(doc, where=str(path))
+    return parse_spec(doc, where=str(path), known=known)
 
 
-def parse_spec(doc: Any, *, where: str = "spec") -> CompareSpec:
-    """A :class:`CompareSpec` from the parsed YAML document ``doc``."""
+def parse_spec(doc: Any, *, where: str = "spec", known: Sequence[str] = ()) -> CompareSpec:
+    """A :class:`CompareSpec` from the parsed YAML document ``doc``; ``known``: the algorithm names a spec may use
+    (the caller's registry: this module stays below it), unchecked when empty."""
     if not isinstance(doc, Mapping):
         raise _refuse(where, f"expected a mapping with {', '.join(KEYS)}; got {type(doc).__name__}.")
     unknown = sorted(set(doc) - set(KEYS))
@@ -148,11 +150,9 @@ def parse_spec(doc: Any, *, where: str = "spec") -> CompareSpec:
         bad = sorted(set(value) - set(ALGORITHM_KEYS))
         if bad:
             raise _refuse(where, f"algorithms.{name}: unknown key {bad[0]!r}; it takes config, set and tune.")
-        from pfl_cli import registry
-
-        if name not in registry.names():
+        if known and name not in known:
             raise _refuse(where, f"algorithms.{name}: no such algorithm; `pflx algorithms` lists them (e.g. "
-                          f"{', '.join(registry.names()[:3])}).")
+                          f"{', '.join(list(known)[:3])}).")
         config = value.get("config")
         if config is not None:
             if not isinstance(config, str) or not Path(config).is_file():

@@ -236,10 +236,10 @@ def _stacked_grads(model, theta: dict, x, y, m):
 
 
 def _one_call(c: _Call):
-    from pfl_cli.algorithms.base import Algorithm
-
-    return Algorithm.cohort_sgd(c.alg, c.start, c.clients, c.gen, steps=c.steps, epochs=c.epochs,
-                                prox_mu=c.prox_mu, prox_anchor=c.prox_anchor)
+    # the algorithm's own class method, past the rendezvous the run's instance attribute installs (the engine
+    # imports no algorithm module: pfl_cli.fl stays below pfl_cli.algorithms)
+    return type(c.alg).cohort_sgd(c.alg, c.start, c.clients, c.gen, steps=c.steps, epochs=c.epochs,
+                                  prox_mu=c.prox_mu, prox_anchor=c.prox_anchor)
 
 
 def _rows_sgd_(theta: dict, grads: dict, buf: dict, *, lr, momentum, weight_decay, clip, prox_mu, anchor,
