@@ -71,8 +71,8 @@ from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
-from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
-from pfl_cli.fl.prototypes import FeatureNet
+from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.prototypes import FeatureNet, KeepsGlobalPrototypes
 from pfl_cli.fl.prototypes import aligned_steps as fedpac_steps  # noqa: F401 - the local steps (§4), here too
 
 NET = "net."
@@ -218,7 +218,7 @@ class FedPACConfig(TrainConfig):
                               "body_epochs >= 1).")
 
 
-class FedPAC(PrivateState, _GlobalModel):
+class FedPAC(KeepsGlobalPrototypes, PrivateState, _GlobalModel):
     name = "fedpac"
     paper = "FedPAC: Xu, Tong, Huang, ICLR 2023"
     new_client_protocol = "the global body with a head trained new_client_epochs from the initial one"
@@ -346,26 +346,3 @@ class FedPAC(PrivateState, _GlobalModel):
                                "the global body with its own combined head",
                                "the global body with a head trained {e} epochs",
                                "the global body with the initial head")
-
-    # -- persistence: the global prototypes join the server's state
-    def _prototype_state(self) -> dict:
-        return {"prototypes": self.prototypes.detach().cpu().clone(), "seen": self.seen.detach().cpu().clone()}
-
-    def _load_prototypes(self, state: dict) -> None:
-        self.prototypes = state["prototypes"].to(self.device)
-        self.seen = state["seen"].to(self.device)
-
-    def state(self):
-        return {**super().state(), "prototypes": self._prototype_state()}
-
-    def load_state(self, state):
-        super().load_state(state)
-        self._load_prototypes(state["prototypes"])
-
-    def weights(self):
-        return {**super().weights(), "prototypes": cpu_tree(self._prototype_state())}
-
-    def load_weights(self, weights):
-        super().load_weights(weights)
-        if "prototypes" in weights:
-            self._load_prototypes(weights["prototypes"])

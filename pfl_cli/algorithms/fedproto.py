@@ -46,8 +46,9 @@ import torch
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
-from pfl_cli.fl.params import cpu_tree, stack
-from pfl_cli.fl.prototypes import FeatureNet, aligned_steps, class_feature_sums, merge_prototypes
+from pfl_cli.fl.params import stack
+from pfl_cli.fl.prototypes import (FeatureNet, KeepsGlobalPrototypes, aligned_steps, class_feature_sums,
+                                    merge_prototypes)
 
 APPENDIX = "Tan et al., FedProto (AAAI 2022), App. A"
 
@@ -76,7 +77,7 @@ class FedProtoConfig(TrainConfig):
                               "new_client_epochs": "an integer >= 0"})
 
 
-class FedProto(PrivateState, _GlobalModel):
+class FedProto(KeepsGlobalPrototypes, PrivateState, _GlobalModel):
     name = "fedproto"
     paper = "FedProto: Tan et al., AAAI 2022 (Alg. 1)"
     new_client_protocol = "its own model trained new_client_epochs from the initial one towards the global prototypes"
@@ -162,25 +163,3 @@ class FedProto(PrivateState, _GlobalModel):
         return epochs_protocol(new, self.cfg.new_client_epochs, "its own model",
                                "its own model trained {e} epochs towards the global prototypes",
                                "the initial model")
-
-    # -- persistence: the global prototypes join the server's state
-    def _prototype_state(self) -> dict:
-        return {"prototypes": self.prototypes.detach().cpu().clone(), "seen": self.seen.detach().cpu().clone()}
-
-    def _load_prototypes(self, state: dict) -> None:
-        self.prototypes = state["prototypes"].to(self.device)
-        self.seen = state["seen"].to(self.device)
-
-    def state(self):
-        return {**super().state(), "prototypes": self._prototype_state()}
-
-    def load_state(self, state):
-        super().load_state(state)
-        self._load_prototypes(state["prototypes"])
-
-    def weights(self):
-        return {**super().weights(), "prototypes": cpu_tree(self._prototype_state())}
-
-    def load_weights(self, weights):
-        super().load_weights(weights)
-        self._load_prototypes(weights["prototypes"])

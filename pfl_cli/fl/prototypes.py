@@ -186,3 +186,33 @@ def smoothed_prototypes(previous, unit_means, counts, rho: float):
     mu = F.normalize(mu, dim=1)
     new = F.normalize(rho * previous.to(torch.float64) + (1.0 - rho) * mu, dim=1)
     return new.to(previous.dtype)
+
+
+class KeepsGlobalPrototypes:
+    """Mixin of an algorithm whose server holds global class prototypes (``self.prototypes``, ``self.seen``): they
+    join its checkpointed state and its ``model.pt`` weights (FedPAC, FedProto). Placed before the algorithm's base
+    class, so that its methods extend the base's through ``super()``."""
+
+    def _prototype_state(self) -> dict:
+        return {"prototypes": self.prototypes.detach().cpu().clone(), "seen": self.seen.detach().cpu().clone()}
+
+    def _load_prototypes(self, state: dict) -> None:
+        self.prototypes = state["prototypes"].to(self.device)
+        self.seen = state["seen"].to(self.device)
+
+    def state(self):
+        return {**super().state(), "prototypes": self._prototype_state()}
+
+    def load_state(self, state):
+        super().load_state(state)
+        self._load_prototypes(state["prototypes"])
+
+    def weights(self):
+        from pfl_cli.fl.params import cpu_tree
+
+        return {**super().weights(), "prototypes": cpu_tree(self._prototype_state())}
+
+    def load_weights(self, weights):
+        super().load_weights(weights)
+        if "prototypes" in weights:  # a model.pt written before the prototypes were saved with it
+            self._load_prototypes(weights["prototypes"])
