@@ -82,7 +82,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
     from pfl_cli.cli.train_run import run_train
     from pfl_cli.errors import ConfigError
     from pfl_cli.fl.config import PredictConfig
-    from pfl_cli.tune.protocol import run_study
+    from pfl_cli.cli.tune_protocol import run_study
 
     if jobs < 1:
         raise ConfigError(f"--jobs must be an integer >= 1; got {jobs}.")
@@ -159,7 +159,7 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
     from pfl_cli.cli.common import train_stage_config
     from pfl_cli.config import load_config_file
     from pfl_cli.errors import ConfigError
-    from pfl_cli.tune.protocol import check_study, tune_options
+    from pfl_cli.cli.tune_protocol import check_study, tune_options
 
     studies, trainings = [], []
     for alg in spec.algorithms:

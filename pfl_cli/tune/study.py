@@ -561,10 +561,14 @@ def _ask(study, proposals: Proposals | None, trials: int, k: int):
     import socket
 
     trial = study.ask()
-    # the host first: a trial with a pid and no host is an earlier pflx's, taken as orphaned (_orphaned)
-    study._storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
-    study._storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
-    study._storage.set_trial_system_attr(trial._trial_id, "pflx_beat", time.time())
+    try:
+        # the host first: a trial with a pid and no host is an earlier pflx's, taken as orphaned (_orphaned)
+        study._storage.set_trial_system_attr(trial._trial_id, "pflx_host", socket.gethostname())
+        study._storage.set_trial_system_attr(trial._trial_id, "pflx_pid", os.getpid())
+        study._storage.set_trial_system_attr(trial._trial_id, "pflx_beat", time.time())
+    except KeyboardInterrupt:  # Ctrl-C before the caller holds the trial: marked here, or it stays RUNNING
+        _mark_interrupted(study, trial._trial_id, "Ctrl-C")
+        raise
     if _surplus(study, trial.number, trials):  # another process asked for the last trial first
         study._storage.set_trial_system_attr(trial._trial_id, "pflx_surplus", True)
         _mark_interrupted(study, trial._trial_id, "not run: the study had its trials")
@@ -696,6 +700,7 @@ def _mark_interrupted(study, trial_id: int, why: str) -> None:
 # machine whose last beat is STALE_S seconds old is taken as lost with its machine (the machines' clocks are
 # assumed to agree to well within a minute, as NTP keeps them).
 HEARTBEAT_S, STALE_S = 15.0, 120.0
+ASK_GRACE_S = 10.0  # a trial asked this long ago without a pid recorded was left by a stopped process
 
 
 @contextlib.contextmanager
@@ -727,6 +732,12 @@ def _orphaned(trial) -> bool:
     import socket
 
     pid, host = trial.system_attrs.get("pflx_pid"), trial.system_attrs.get("pflx_host")
+    if pid is None and trial.datetime_start is not None:
+        # asked, and no pid written within ASK_GRACE_S: its process stopped between Optuna's ask and pflx's
+        # records (a live one writes them within milliseconds); without this a rerun waited for it forever
+        import datetime
+
+        return (datetime.datetime.now() - trial.datetime_start).total_seconds() > ASK_GRACE_S
     if pid is None or host != socket.gethostname():
         beat = trial.system_attrs.get("pflx_beat")
         return pid is not None and (host is None or beat is not None and time.time() - float(beat) > STALE_S)

@@ -82,3 +82,23 @@ def test_a_grid_study_stops_when_every_point_has_its_trial(tmp_path):
     study = _study(optuna.storages.InMemoryStorage(), "grid", params)
     optimize(study, Score(params), 10, proposals=Proposals("grid", params, 0))
     assert len(study.trials) == 4 and len({tuple(sorted(t.params.items())) for t in study.trials}) == 4
+
+
+def test_a_trial_left_running_before_its_pid_was_recorded_is_reaped_and_run_again(tmp_path, monkeypatch):
+    """Ctrl-C between Optuna's ask and pflx's records left a RUNNING trial without a pid: the same command
+    afterwards waited for it forever (the interrupt suite's tune case hung in CI). Past ASK_GRACE_S it is
+    taken as stopped, marked interrupted, and the study completes its trials."""
+    import socket
+
+    from pfl_cli.tune import study as study_mod
+
+    params = resolve_space(registry.get("fedavg"), SPACES["random"])
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = _study(url, "random", params)
+    left = study.ask()  # the stopped process's trial: asked, its host written, no pid
+    study._storage.set_trial_system_attr(left._trial_id, "pflx_host", socket.gethostname())
+    monkeypatch.setattr(study_mod, "ASK_GRACE_S", 0.0)
+    optimize(study, Score(params), 3, proposals=Proposals("random", params, 0))
+    states = [t.state for t in study.trials]
+    assert states[0] == optuna.trial.TrialState.FAIL and study.trials[0].system_attrs.get("pflx_interrupted")
+    assert counted(study) == 3 and states.count(optuna.trial.TrialState.COMPLETE) == 3
