@@ -35,7 +35,7 @@ def _workloads() -> dict[str, tuple]:
     return {
         "digits-mlp": (digits.x, digits.y, {"local_steps": 20}),
         "lenet": (images, labels, {"model_arch": "lenet", "local_steps": 5}),
-        "wide-mlp": (images.reshape(n, -1), labels, {"model_arch": "mlp", "mlp_hidden": "1024,1024",
+        "wide-mlp": (images.reshape(n, -1), labels, {"model_arch": "mlp", "mlp_hidden": [1024, 1024],
                                                      "local_steps": 5}),
     }
 

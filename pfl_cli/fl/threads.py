@@ -19,8 +19,9 @@ import os
 
 from pfl_cli.errors import InputError
 
-# Below this many parameters one thread is fastest for every model pflx builds (benchmarks/threads_bench.py).
-THREADED_MIN_PARAMETERS = 2_000_000
+# Below this many parameters one thread was fastest for every model measured (benchmarks/threads_bench.py, 2 cores:
+# the digits MLP, LeNet and a 4.2M-parameter MLP ran 1.9x, 4.1x and 2.5x slower with two threads beside one other job).
+THREADED_MIN_PARAMETERS = 10_000_000
 MAX_THREADS = 8
 
 
