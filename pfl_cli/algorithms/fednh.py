@@ -23,7 +23,7 @@ Evaluation (the paper reports both): the personalized model (PM) of a train clie
 last local training (its body and scale with the prototypes it trained against), what pflx serves train
 clients; the global model (GM: global body, scale and prototypes) is what a new client (unseen in training)
 gets, trained ``new_client_epochs`` epochs on its own data as a cohort client trains (0, the default: the GM
-itself, the paper's generalization evaluation).
+itself, the paper's generalization evaluation; :class:`pfl_cli.fl.prototypes.TrainsNewClients`).
 
 Exchanged per cohort client and round: down the body, the scale and the C x d prototypes; up the body, the
 scale, the C x d count-scaled unit class means and the C counts (:meth:`FedNH.floats_per_client_round`).
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -49,7 +48,8 @@ from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
-from pfl_cli.fl.prototypes import aligned_steps, class_feature_sums, smoothed_prototypes, spread_prototypes
+from pfl_cli.fl.prototypes import (TrainsNewClients, aligned_steps, class_feature_sums, smoothed_prototypes,
+                                    spread_prototypes)
 
 CODE = "Dai et al., FedNH (AAAI 2023), the authors' code"
 NET, PROTOS, SCALE = "net.", "prototypes", "scale"
@@ -108,7 +108,7 @@ class FedNHConfig(TrainConfig):
                               f"got {self.fednh_rho!r}.")
 
 
-class FedNH(PrivateState, _GlobalModel):
+class FedNH(TrainsNewClients, PrivateState, _GlobalModel):
     name = "fednh"
     paper = "FedNH: Dai et al., AAAI 2023 (Alg. 1)"
     new_client_protocol = "the global model (GM), or it trained new_client_epochs on its own data"
@@ -183,18 +183,6 @@ class FedNH(PrivateState, _GlobalModel):
     # -- serving
     def own_models(self, rows):
         return self.private.gather(rows)
-
-    def new_clients(self, clients: np.ndarray, gen) -> dict:
-        """The GM, trained ``new_client_epochs`` epochs on the client's data as in a round (0: the GM)."""
-        if not self.cfg.new_client_epochs or not len(clients):
-            return stack(self.global_params, len(clients))
-
-        def build(sel):
-            theta, _, taken = self._train(stack(self.global_params, len(sel)), sel, gen, self.cfg.new_client_epochs)
-            self.client_sgd_steps += taken
-            return theta
-
-        return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
     def protocol(self, new: bool) -> dict:
         return epochs_protocol(new, self.cfg.new_client_epochs, "its personalized model (PM)",

@@ -21,11 +21,19 @@ counts up (:meth:`FedProto.floats_per_client_round`), measured from those tensor
 The cohort trains in one ``vmap`` over its stacked models (:func:`pfl_cli.fl.prototypes.aligned_steps`), and its
 prototypes come from one vectorized pass (:func:`pfl_cli.fl.prototypes.class_feature_sums`).
 
-Inference: a train client's own model F_i (its decision layer's prediction; the authors' code reports it
-beside the nearest-prototype rule of Eq. 4, which pflx does not serve). A new client (unseen in training):
-the paper's clients train their own heterogeneous models, so no global model exists to hand over; it gets
-the global prototypes and trains its own model from the common initialization ``new_client_epochs`` epochs
-on the same local objective (step 2), the honest protocol of a prototype-only exchange.
+Inference (``inference``): ``prototype``, the default, FedProto's own rule: a client's model maps x to
+f_i(x) and predicts the class j of the nearest global prototype, argmin_j ||f_i(x) - C̄^(j)||^2 over the classes
+with one (:class:`pfl_cli.fl.prototypes.NearestPrototypeNet`); the authors' code (``lib/update.py``,
+``test_inference_new_het_lt``: "acc with protos", the MSE distance, whose argmin is the same) and PFLlib
+(``clientproto.py``, ``test_metrics``) score FedProto this way. ``head``: the client's decision layer g_i(f_i(x)),
+what the authors' code prints beside it ("w/o protos"). The authors' rule compares a client's samples with the
+prototypes of its own classes only (``j in classes_list[idx]``): pflx's ``--label-mask`` headline
+(``masked_accuracy``) is that rule; the plain accuracy takes every class with a global prototype.
+
+A new client (unseen in training): the paper's clients train their own heterogeneous models, so no global model
+exists to hand over; it gets the global prototypes and trains its own model from the common initialization
+``new_client_epochs`` epochs on the same local objective (step 2), the honest protocol of a prototype-only
+exchange (:class:`pfl_cli.fl.prototypes.TrainsNewClients`), then predicts as a train client does.
 
 Defaults: App. A (SGD at 0.01, momentum 0.5, one local epoch, batches of 8, lambda 1 for MNIST and FEMNIST).
 The authors' code and PFLlib (``clientproto.py``: ``nn.MSELoss()``) take the mean over the d coordinates
@@ -40,17 +48,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
-from pfl_cli.fl.params import stack
-from pfl_cli.fl.prototypes import (FeatureNet, KeepsGlobalPrototypes, aligned_steps, class_feature_sums,
-                                    merge_prototypes)
+from pfl_cli.fl.prototypes import (FeatureNet, KeepsGlobalPrototypes, NearestPrototypeNet, TrainsNewClients,
+                                    aligned_steps, class_feature_sums, merge_prototypes)
 
 APPENDIX = "Tan et al., FedProto (AAAI 2022), App. A"
+INFERENCES = ("prototype", "head")
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,11 @@ class FedProtoConfig(TrainConfig):
     new_client_epochs: int = key(20, "epochs a new client trains its own model from the initial one, aligned to "
                                  "the global prototypes",
                                  "PeFLL (ICLR 2024) App. A.2: a new client's model part trained locally for 20 epochs")
+    inference: str = key("prototype", "how a client predicts: prototype (the class of the nearest global prototype "
+                         "of its representation) | head (its model's decision layer)",
+                         "Tan et al., FedProto (AAAI 2022): inference by the nearest global prototype; the authors' "
+                         "code (lib/update.py, test_inference_new_het_lt) and PFLlib (clientproto.py, test_metrics) "
+                         "score it so", choices=INFERENCES)
 
     def validate(self) -> None:
         super().validate()
@@ -77,7 +89,7 @@ class FedProtoConfig(TrainConfig):
                               "new_client_epochs": "an integer >= 0"})
 
 
-class FedProto(KeepsGlobalPrototypes, PrivateState, _GlobalModel):
+class FedProto(KeepsGlobalPrototypes, TrainsNewClients, PrivateState, _GlobalModel):
     name = "fedproto"
     paper = "FedProto: Tan et al., AAAI 2022 (Alg. 1)"
     new_client_protocol = "its own model trained new_client_epochs from the initial one towards the global prototypes"
@@ -105,6 +117,7 @@ class FedProto(KeepsGlobalPrototypes, PrivateState, _GlobalModel):
         d = self.net.net.head().in_features
         self.prototypes = torch.zeros(self.store.num_classes, d, device=self.device)
         self.seen = torch.zeros(self.store.num_classes, dtype=torch.bool, device=self.device)
+        self.nearest = NearestPrototypeNet(self.net.net, self.store.num_classes, d)
 
     @property
     def alignment_weight(self) -> float:
@@ -147,17 +160,13 @@ class FedProto(KeepsGlobalPrototypes, PrivateState, _GlobalModel):
         global one (it scored 6.9 % on digits, below chance, as ``global_accuracy``)."""
         return None
 
-    def new_clients(self, clients: np.ndarray, gen) -> dict:
-        """Its own model from the initial one, trained ``new_client_epochs`` epochs on Eq. 7-8's objective."""
-        if not self.cfg.new_client_epochs or not len(clients):
-            return stack(self.global_params, len(clients))
-
-        def build(sel):
-            theta, _, taken = self._train(stack(self.global_params, len(sel)), sel, gen, self.cfg.new_client_epochs)
-            self.client_sgd_steps += taken
-            return theta
-
-        return self.chunked(np.asarray(clients, dtype=np.int64), build)
+    @property
+    def predict_net(self):
+        """The client net under the ``inference`` rule: the nearest of the server's current global prototypes, or
+        the client's own decision layer."""
+        if self.cfg.inference == "head":
+            return self.net
+        return self.nearest.use(self.prototypes, self.seen)
 
     def protocol(self, new: bool) -> dict:
         return epochs_protocol(new, self.cfg.new_client_epochs, "its own model",

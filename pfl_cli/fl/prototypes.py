@@ -13,6 +13,8 @@ as one ``vmap`` over the clients' (stacked) parameters, ``chunk`` samples of eac
 The other pieces the prototype methods share: :class:`FeatureNet` (a client net answering with its
 representation and its logits), :func:`aligned_steps` (the cohort's local steps on cross-entropy plus the
 alignment of f(x) to its class's global prototype: FedPAC §4, FedProto Eq. 7-8),
+:class:`NearestPrototypeNet` (FedProto's inference: the class of the nearest global prototype),
+:class:`TrainsNewClients` (a new client's model trained from the server's start, FedProto's and FedNH's protocol),
 :func:`spread_prototypes` (unit prototypes spread over the sphere, FedNH §4) and
 :func:`smoothed_prototypes` (FedNH's server update of the prototypes).
 """
@@ -43,6 +45,65 @@ class FeatureNet(nn.Module):
         h = self.net.features(x)
         logits = self.net.head()(h)
         return (h, logits) if parts else logits
+
+
+class NearestPrototypeNet(nn.Module):
+    """A client net classifying by the nearest global prototype of its representation (FedProto's inference,
+    Tan et al. AAAI 2022: the label whose global prototype C̄^(j) is closest to f_i(x) in squared L2).
+
+    Its parameters are the client net's under the same names as :class:`FeatureNet`'s (``net.*``), so one
+    client's FedProto parameters evaluate under either module. The answer is a (b, C) score read as logits:
+    ``-||f(x) - C̄^(j)||^2`` for every class with a global prototype (``seen``); a class without one is never the
+    argmax, its score ``UNSEEN_GAP`` below the farthest prototype's (a finite cross-entropy, as the authors' code
+    sets a fixed large distance, ``lib/update.py`` ``a_large_num``). Without any global prototype every score is 0.
+    The prototypes are set by :meth:`use` before a prediction (the server's current ones).
+    """
+
+    UNSEEN_GAP = 30.0
+
+    def __init__(self, net: nn.Module, num_classes: int, dim: int) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("prototypes", torch.zeros(num_classes, dim))
+        self.register_buffer("seen", torch.zeros(num_classes, dtype=torch.bool))
+
+    def use(self, prototypes, seen) -> "NearestPrototypeNet":
+        """Serve with the global ``prototypes`` (C, d) and ``seen`` (C,) flags (copied)."""
+        self.prototypes = prototypes.detach().clone().to(self.prototypes.dtype)
+        self.seen = seen.detach().clone()
+        return self
+
+    def forward(self, x):
+        h = self.net.features(x)
+        p = self.prototypes.to(h.dtype)
+        d2 = ((h * h).sum(-1, keepdim=True) - 2.0 * h @ p.T + (p * p).sum(-1)[None, :]).clamp_min(0.0)
+        score = -d2
+        seen = self.seen[None, :].expand_as(score)
+        floor = score.masked_fill(~seen, float("inf")).amin(-1, keepdim=True) - self.UNSEEN_GAP
+        score = torch.where(seen, score, floor.expand_as(score))
+        return score if bool(self.seen.any()) else torch.zeros_like(score)
+
+
+class TrainsNewClients:
+    """Mixin: a client without state of its own (unseen in training) gets the server's ``global_params`` trained
+    ``new_client_epochs`` epochs on its own data by the algorithm's ``_train(start, clients, gen, epochs)``, as a
+    cohort client trains (0: ``global_params`` as they are). FedProto (the common initialization, towards the global
+    prototypes) and FedNH (the GM, its prototypes fixed)."""
+
+    def new_clients(self, clients, gen) -> dict:
+        import numpy as np
+
+        from pfl_cli.fl.params import stack
+
+        if not self.cfg.new_client_epochs or not len(clients):
+            return stack(self.global_params, len(clients))
+
+        def build(sel):
+            theta, _, taken = self._train(stack(self.global_params, len(sel)), sel, gen, self.cfg.new_client_epochs)
+            self.client_sgd_steps += taken
+            return theta
+
+        return self.chunked(np.asarray(clients, dtype=np.int64), build)
 
 
 def aligned_steps(model: nn.Module, params: dict, store, steps, *, trainable: list[str], sgd: dict,

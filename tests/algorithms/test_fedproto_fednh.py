@@ -137,6 +137,71 @@ def test_fedproto_new_client_trains_its_own_model_towards_the_global_prototypes(
         assert torch.equal(p0[k][1], v)
 
 
+def _nearest_prototype_reference(alg, params, store, clients, split="test"):
+    """Per client and per sample, in Python loops: the class j with a global prototype (``seen``) nearest to the
+    client's f(x) in squared L2 (FedProto's inference), and the head's argmax; each client's correct counts."""
+    near, head = [], []
+    for pos, client in enumerate(clients.tolist()):
+        p = {k: v[pos] for k, v in params.items()}
+        rows = getattr(store, split)
+        idx = rows.index[client, :int(rows.length[client])]
+        x, y = store.inputs(idx), store.y_eval[idx]
+        right_near = right_head = 0
+        for i in range(len(y)):
+            if int(y[i]) < 0:
+                continue
+            with torch.no_grad():
+                f, logits = functional_call(alg.net, p, (x[i:i + 1],), {"parts": True})
+            best, label = math.inf, None
+            for j in range(store.num_classes):
+                if not bool(alg.seen[j]):
+                    continue
+                d = float(((f[0].double() - alg.prototypes[j].double()) ** 2).sum())
+                if d < best:
+                    best, label = d, j
+            right_near += int(label == int(y[i]))
+            right_head += int(int(logits[0].argmax()) == int(y[i]))
+        near.append(right_near)
+        head.append(right_head)
+    return near, head
+
+
+def test_fedproto_predicts_the_nearest_global_prototype(store):
+    """FedProto's inference (default ``inference: prototype``) against a per-sample loop over the prototypes, on
+    train clients (their own models) and new clients (trained towards the prototypes); ``head`` is the decision
+    layer's argmax; a class without a global prototype is never predicted."""
+    from pfl_cli.fl.evaluate import evaluate
+
+    assert train_config("fedproto").inference == "prototype"
+    alg = make_algorithm(replace(PROTO, lr=0.2, fedproto_lambda=1.0), store)
+    for t, c in enumerate(cohorts(store)):
+        alg.run_round(t, c, gen(t))
+    alg.seen[int(torch.nonzero(alg.seen)[0])] = False           # one class loses its prototype: never predicted
+    train = store.clients(ROLE_TRAIN)[[0, 3, 5, 9, 1, 7]]
+    new = store.clients(1)[:2]
+    differ = 0
+    for clients in (train, new):
+        params, personalized = alg.personalize(clients, gen(5))
+        assert personalized
+        near, head = _nearest_prototype_reference(alg, params, store, clients)
+        got = evaluate(alg.predict_net, params, store, clients, "test", personalized=True)
+        assert got.correct.tolist() == near
+        assert int(got.predicted[:, ~alg.seen].sum()) == 0
+        as_head = make_algorithm(replace(PROTO, inference="head"), store)
+        assert as_head.predict_net is as_head.net
+        got_head = evaluate(as_head.predict_net, params, store, clients, "test", personalized=True)
+        assert got_head.correct.tolist() == head
+        differ += sum(a != b for a, b in zip(near, head))
+    assert differ > 0                                            # the two rules are not the same numbers here
+
+
+def test_fedproto_without_a_global_prototype_scores_every_class_alike(store):
+    alg = make_algorithm(PROTO, store)
+    net = alg.predict_net
+    x = store.inputs(store.test.index[0, :3])
+    assert torch.equal(net(x), torch.zeros(3, store.num_classes))
+
+
 def test_fedproto_default_lambda_is_one_over_the_feature_width(store):
     assert make_algorithm(replace(PROTO, fedproto_lambda=None), store).alignment_weight == 1 / 16
 
@@ -257,6 +322,7 @@ def test_smoothed_prototypes_keep_a_class_no_client_holds():
     ("fednh", {"fednh_rho": -0.1}, "fednh_rho must be a number in [0, 1)"),
     ("fednh", {"local_epochs": 0}, "local_epochs must be an integer >= 1; got 0"),
     ("fednh", {"new_client_epochs": -3}, "new_client_epochs must be an integer >= 0; got -3"),
+    ("fedproto", {"inference": "nearest"}, "inference must be one of prototype, head"),
 ])
 def test_bad_values_are_refused_naming_the_key(name, opts, message):
     assert_config_refused(name, opts, message)
@@ -269,7 +335,8 @@ def test_another_algorithms_key_gets_did_you_mean():
 
 
 @pytest.mark.parametrize("name,expected", [
-    ("fedproto", {"lr": 0.01, "momentum": 0.5, "batch_size": 8, "local_epochs": 1, "fedproto_lambda": None}),
+    ("fedproto", {"lr": 0.01, "momentum": 0.5, "batch_size": 8, "local_epochs": 1, "fedproto_lambda": None,
+                  "inference": "prototype"}),
     ("fednh", {"lr": 0.01, "momentum": 0.9, "lambda_theta": 5e-6, "client_clip": 10.0, "local_epochs": 5,
                "fednh_rho": 0.9, "new_client_epochs": 0}),
 ])
