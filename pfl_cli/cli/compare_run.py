@@ -79,9 +79,11 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
     from pfl_cli.cli.common import stage_config
     from pfl_cli.cli.options import Format
     from pfl_cli.cli.predict_run import run_predict
-    from pfl_cli.cli.train_run import run_train
+    from pfl_cli.cli.train_run import StackMember, run_train, train_stack
     from pfl_cli.errors import ConfigError
+    from pfl_cli.fl.checkpoint import CHECKPOINT_FILE, checkpoint_dir
     from pfl_cli.fl.config import PredictConfig
+    from pfl_cli.fl.stack import is_stackable
     from pfl_cli.cli.tune_protocol import run_study
 
     if jobs < 1:
@@ -95,9 +97,11 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
     group = f"pflx-compare-{out.name}"
     total = [sum(s.units for s in steps)]
     with report.progress("compare --spec", total[0], unit="round") as bar:
-        for step in steps:
-            phase = _Phase(report, bar, step.label)
+        i = 0
+        while i < len(steps):
+            step = steps[i]
             if step.kind == "tune":
+                phase = _Phase(report, bar, step.label)
                 options = step.options
                 if logs:
                     import dataclasses
@@ -107,16 +111,37 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
                                  force=force, report=phase)
                 for run in (s for s in steps if s.kind == "train" and s.name == step.name):
                     run.cfg, run.study = _train_config(step.name, best, run.sets, run.seed, spec.partition)
+                phase.close(step.units, total)
+                i += 1
+                continue
+            # the seeds of a stackable algorithm: up to spec.stack of them trained at once on a run axis
+            batch = [step]
+            if spec.stack > 1 and is_stackable(step.cfg.algorithm_class):
+                while (i + len(batch) < len(steps) and len(batch) < spec.stack
+                       and steps[i + len(batch)].kind == "train" and steps[i + len(batch)].name == step.name):
+                    batch.append(steps[i + len(batch)])
+            i += len(batch)
+            runs = [root / s.name / f"s{s.seed}" for s in batch]
+            units = sum(s.units for s in batch)
+            if len(batch) > 1:
+                phase = _Phase(report, bar, f"train {step.name}")  # each line names its seed
+                train_stack([StackMember(s.cfg, run, study=s.study, log_as=(f"{s.name}-s{s.seed}", group),
+                                         log_dir=log_dir) for s, run in zip(batch, runs)],
+                            partition=spec.partition, resume=None, force=force, report=phase, logs=logs)
             else:
-                run = root / step.name / f"s{step.seed}"
-                run_train(step.cfg, partition=spec.partition, out=run, resume=False, force=force, report=phase,
+                phase = _Phase(report, bar, step.label)
+                run = runs[0]
+                # a checkpoint a kill left: this training continues from it (its fingerprint checked on reading)
+                resume = (checkpoint_dir(run) / CHECKPOINT_FILE).is_file()
+                run_train(step.cfg, partition=spec.partition, out=run, resume=resume, force=force, report=phase,
                           study=step.study, logs=logs, log_dir=log_dir, log_as=(f"{step.name}-s{step.seed}", group))
+            for s, run in zip(batch, runs):
                 paths.append(run)
                 if spec.new_clients:
-                    new = run.with_name(f"s{step.seed}-new")
+                    new = run.with_name(f"s{s.seed}-new")
                     run_predict(predict_cfg, model=run, partition=spec.partition, out=new, force=force, report=quiet)
                     paths.append(new)
-            phase.close(step.units, total)
+            phase.close(units, total)
     return paths
 
 
@@ -160,6 +185,7 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
     from pfl_cli.config import load_config_file
     from pfl_cli.errors import ConfigError
     from pfl_cli.cli.tune_protocol import check_study, tune_options
+    from pfl_cli.fl.stack import is_stackable
 
     studies, trainings = [], []
     for alg in spec.algorithms:
@@ -186,7 +212,11 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
                               "yet (a private study's trial count is random and its release composes into every "
                               f"seed's budget); run pflx tune --dp, give its best.yaml as algorithms.{alg.name}.config "
                               "and drop tune:.")
-        options = tune_options(t, jobs=jobs)
+        if t.stack is not None:  # the entry's own --stack: refused below, as pflx tune refuses it, where it cannot be
+            study_stack = t.stack
+        else:  # the spec's stack where the algorithm stacks and the trials are not spread over --jobs processes
+            study_stack = spec.stack if is_stackable(cfg.algorithm_class) and jobs == 1 else 1
+        options = dataclasses.replace(tune_options(t, jobs=jobs), stack=study_stack)  # pflx tune --stack
         try:
             params = check_study(cfg, options)
         except ConfigError as err:

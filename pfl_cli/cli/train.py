@@ -53,7 +53,7 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint an interrupted run of this same command left beside --out.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (torch.distributed: gloo on CPU, NCCL with --device cuda, one GPU each); cohort and evaluation clients are split across them. At most the cohort size.")] = 1,
     seed: SeedOpt = 0,
-    seeds: Annotated[Optional[str], typer.Option("--seeds", metavar="S1,S2,...", help="Train these seeds in one process, stacked on a run axis (fedavg, fedprox: the local SGD of every run's clients is one batched call per step), into OUT/seed-<s>/, each as `train --seed s --out OUT/seed-<s>` writes it (model.pt equal to float rounding; its manifest says stacked).", show_default=False)] = None,
+    seeds: Annotated[Optional[str], typer.Option("--seeds", metavar="S1,S2,...", help="Train these seeds in one process, stacked on a run axis (fedavg, fedprox: the local SGD of every run's clients is one batched call per step), into OUT/seed-<s>/, each as `train --seed s --out OUT/seed-<s>` writes it (model.pt equal to float rounding; its manifest says stacked). With --dp each seed is its own mechanism (its own noise from OS entropy, its own privacy.json); with --log each its own folder LOG_DIR/seed-<s> (default OUT/seed-<s>.logs) and tracker run seed-<s>. Not with --nproc (one process).", show_default=False)] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     force: ForceOpt = False,
@@ -134,25 +134,26 @@ def train(
     from pfl_cli.cli.loggers import check_loggers, default_log_dir
 
     logs = check_loggers(log or ())  # an unknown or uninstalled logger is refused before any work
-    if nproc != 1:
-        _launch(cfg, nproc)
-    if seeds is not None:
-        _train_seeds(cfg, seeds, ctx, partition=partition, out=out, resume=resume, force=force, fmt=fmt,
-                     others={"--nproc": nproc != 1, "--plot": plot, "--log": bool(log)})
-        return
-    rank = int(os.environ.get("RANK", "0"))
     from pfl_cli.cli.privacy_account import study_prior
 
+    if seeds is not None:  # before --nproc launches anything: the stack is one process
+        _train_seeds(cfg, seeds, ctx, partition=partition, out=out, resume=resume, force=force, fmt=fmt, nproc=nproc,
+                     plot=plot, logs=logs, log_dir=log_dir, study=study_prior(config, partition, cfg))
+        return
+    if nproc != 1:
+        _launch(cfg, nproc)
+    rank = int(os.environ.get("RANK", "0"))
     study = study_prior(config, partition, cfg)  # best.yaml of a private study on this partition: its ledger composes
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
               report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot,  # rank 0 alone reports and writes
               logs=logs, log_dir=log_dir or default_log_dir(out), study=study)
 
 
-def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: bool, force: bool, fmt,
-                 others: dict) -> None:
+def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: bool, force: bool, fmt, nproc: int,
+                 plot: bool, logs: tuple[str, ...], log_dir: Path | None, study) -> None:
     """``--seeds S1,S2,...``: parse, refuse what does not combine with it, and train the seeds stacked."""
     from pfl_cli.cli.train_run import run_train_seeds
+    from pfl_cli.fl.distributed import launched_size
 
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -163,11 +164,16 @@ def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: boo
     if ctx.get_parameter_source("seed").name != "DEFAULT":
         raise InputError(f"--seeds and --seed: give one of them; got --seed {cfg.seed} and --seeds {text}. "
                          "Put the seed in the --seeds list.")
-    for flag, given in others.items():
-        if given:
-            raise InputError(f"--seeds does not combine with {flag} yet; got both. Train each seed with --seed S "
-                             f"to use {flag}.")
-    run_train_seeds(cfg, seeds, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt))
+    # The stack is one process: its runs' local SGD is one batched call, which ranks would each repeat and write.
+    if nproc != 1:
+        raise InputError(f"--seeds trains its runs stacked in one process and does not combine with --nproc; got "
+                         f"--nproc {nproc}. Drop --nproc, or train each seed with --seed S --nproc {nproc}.")
+    if launched_size() > 1:
+        raise InputError(f"--seeds trains its runs stacked in one process and does not run under torchrun "
+                         f"(WORLD_SIZE is {launched_size()}); run it without torchrun, or train each seed with "
+                         "--seed S.")
+    run_train_seeds(cfg, seeds, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt),
+                    plot=plot, logs=logs, log_dir=log_dir, study=study)
 
 
 def _launch(cfg, nproc: int) -> None:

@@ -467,89 +467,195 @@ def _print_summary(report: Reporter, out: Path, m: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- --seeds: one stack
+class StackMember:
+    """One run of a stack: its config, its artifact, the private study whose ledger composes into it
+    (``study``, as :func:`run_train` takes it), its tracker run's name and group and its loggers' folder."""
+
+    def __init__(self, cfg, out: Path, *, study=(None, None), log_as: tuple[str | None, str | None] = (None, None),
+                 log_dir: Path | None = None) -> None:
+        self.cfg, self.out, self.study, self.log_as, self.log_dir = cfg, Path(out), study, log_as, log_dir
+
+
 def run_train_seeds(cfg, seeds: list[int], *, partition: Path, out: Path, resume: bool, force: bool,
-                    report: Reporter) -> None:
+                    report: Reporter, plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None,
+                    study=(None, None)) -> None:
     """``pflx train --seeds S1,S2,... --out DIR``: the runs of ``cfg`` with those seeds trained stacked in this
     process (:mod:`pfl_cli.fl.stack`), each written to ``DIR/seed-<s>`` exactly as ``train --seed s --out
-    DIR/seed-<s>`` writes it (its manifest adds ``stacked``); a finished run's artifact is left as it is."""
+    DIR/seed-<s>`` writes it (its manifest adds ``stacked``); a finished run's artifact is left as it is. ``--log``:
+    each seed its own loggers' folder (``LOG_DIR/seed-<s>``; default ``DIR/seed-<s>.logs``, where the separate
+    run's default is) and its own W&B / MLflow run ``seed-<s>``."""
     import dataclasses
-    import threading
 
+    from pfl_cli.cli.loggers import default_log_dir
+
+    members = []
+    for s in seeds:
+        o = out / f"seed-{s}"
+        members.append(StackMember(dataclasses.replace(cfg, seed=s), o, study=study,
+                                   log_dir=default_log_dir(o) if log_dir is None else log_dir / f"seed-{s}"))
+    done = train_stack(members, partition=partition, resume=resume, force=force, report=report, plot=plot, logs=logs)
+    if not done:
+        report.result({"out": str(out), "runs": [str(m.out) for m in members], "up_to_date": True})
+
+
+def train_stack(members: list[StackMember], *, partition: Path, resume: bool | None, force: bool, report: Reporter,
+                plot: bool = False, logs: tuple[str, ...] = (), label: str = "train") -> list[Path]:
+    """Train ``members`` (runs of one stackable algorithm) stacked on a run axis in this process
+    (:func:`pfl_cli.fl.stack.train_stacked`), each written to its ``out`` exactly as :func:`run_train` writes
+    that config there (the manifest adds ``stacked``: the seeds of the stack). A member whose artifact is up to
+    date is left as it is; the others train, each from its checkpoint where ``resume`` (None: where a checkpoint
+    of this very run is there -- ``compare --spec``'s continuation after a kill; one of another config is
+    refused unless ``force`` discards it). Under --dp each run is its own mechanism: its noise from its own
+    generator (OS entropy unless ``dp_noise: seeded``), its own ledger composed with its ``study``'s. Returns
+    the members trained now (none: all were up to date); a run that fails ends the command after the others
+    are written (RunError naming it)."""
     from pfl_cli.artifacts import ArtifactWriter
+    from pfl_cli.cli.loggers import RunLoggers, round_values
     from pfl_cli.cli.unseen import partition_input, training_record
     from pfl_cli.config import config_to_dict
+    from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.loop import TrainingDiverged
     from pfl_cli.fl.stack import check_stackable, train_stacked
     from pfl_cli.readers import check_checkpoint_location
 
-    check_stackable(cfg)
-    if cfg.dp_epsilon is not None:
-        raise InputError("--seeds: runs under --dp are not stacked yet (each DP run writes its own ledger); got --dp. "
-                         "Train each seed with --seed S.")
-    cfgs = [dataclasses.replace(cfg, seed=s) for s in seeds]
+    cfgs = [m.cfg for m in members]
     for c in cfgs:
-        from pfl_cli.fl.api import validate_train_config
-
+        check_stackable(c)
         validate_train_config(c)
-    device = resolve_device(cfg.device)
-    outs = [out / f"seed-{s}" for s in seeds]
-    for o, c in zip(outs, cfgs):
-        ArtifactWriter(o, stage="train", config={}, seed=c.seed, force=force)  # --out problems first
+    if plot and any(c.dp_epsilon is not None for c in cfgs):
+        raise InputError("--plot draws accuracies measured on the private clients, which --dp does not release; "
+                         "drop --plot (with --write-nonprivate, nonprivate-metrics.csv holds those numbers).")
+    device = resolve_device(cfgs[0].device)
+    for m in members:
+        ArtifactWriter(m.out, stage="train", config={}, seed=m.cfg.seed, force=force)  # --out problems first
     part, info, part_art, ds = load_partition_dataset(partition)
+    n_train = int(np.sum(part.role == 0))
+    if n_train == 0:
+        raise InputError(f"--partition {partition}: training needs train clients (role 0); all "
+                         f"{part.num_clients} clients are holdout clients. Re-partition with fewer "
+                         "--holdout-clients.")
     inputs = [partition_input(part_art), ds.input_ref()]
-    todo, writers, cks, states = [], {}, {}, {}
-    for i, (o, c) in enumerate(zip(outs, cfgs)):
-        config = config_to_dict(c)
-        writer = ArtifactWriter(o, stage="train", config=config, seed=c.seed, inputs=inputs, force=force,
-                                notes={"stacked": {"seeds": list(seeds), "runs": len(seeds)}})
-        if writer.up_to_date():
-            report.note(f"{o} is up to date (same config and inputs); nothing to do.")
-            continue
-        ck = Checkpointer(o, fingerprint(config, inputs))
-        check_checkpoint_location(ck.dir, ck.path, resume=resume)
-        if not resume and ck.path.is_file():
-            if not force:
-                raise InputError(f"--out {o}: an earlier run was interrupted and left its checkpoint at {ck.path}; "
-                                 "pass --resume to continue from it, or --force to start over and discard it.")
-            ck.path.unlink(missing_ok=True)
+    configs = [config_to_dict(c) for c in cfgs]
+    todo = []
+    for i, (m, c) in enumerate(zip(members, cfgs)):
+        if ArtifactWriter(m.out, stage="train", config=configs[i], seed=c.seed, inputs=inputs, force=force,
+                          dp=c.dp_epsilon is not None).up_to_date():
+            report.note(f"{m.out} is up to date (same config and inputs); nothing to do.")
+        else:
+            todo.append(i)
+    stacked = {"seeds": [cfgs[i].seed for i in todo], "runs": len(todo)}  # the runs trained together
+    writers, cks, states = {}, {}, {}
+    for i in todo:
+        m, c, config = members[i], cfgs[i], configs[i]
+        writer = ArtifactWriter(m.out, stage="train", config=config, seed=c.seed, inputs=inputs, force=force,
+                                dp=c.dp_epsilon is not None, notes={"stacked": stacked})
+        ck = Checkpointer(m.out, fingerprint(config, inputs))
+        check_checkpoint_location(ck.dir, ck.path, resume=bool(resume))
+        if resume is None:
+            states[i] = _continue(ck, c, m.out, force, report)
+        else:
+            if not resume and ck.path.is_file():
+                if not force:
+                    raise InputError(f"--out {m.out}: an earlier run was interrupted and left its checkpoint at "
+                                     f"{ck.path}; pass --resume to continue from it, or --force to start over and "
+                                     "discard it.")
+                ck.path.unlink(missing_ok=True)
+            states[i] = _resume(ck, c, report) if resume else None
         ck.remove_torn_writes()
-        todo.append(i)
         writers[i], cks[i] = (writer, config), ck
-        states[i] = _resume(ck, c, report) if resume else None
     if not todo:
-        report.result({"out": str(out), "runs": [str(o) for o in outs], "up_to_date": True})
-        return
-    _warn_clamped(cfg, part, int(np.sum(part.role == 0)), report)
+        return []
+    if any(cfgs[i].dp_epsilon is None for i in todo):  # under --dp the clients' number and sizes are private
+        _warn_clamped(cfgs[todo[0]], part, n_train, report)
+    interrupt.kept("interrupted; nothing more was written, and each unfinished run's last checkpoint is kept beside "
+                   "its artifact: run the same command again (train: with --resume) to continue from them.")
+    import threading
+    import time
+
     lock = threading.Lock()
-    with report.progress("train", cfg.rounds * len(todo), unit="round") as bar:
-        seen = {i: int(states[i]["round"]) if states[i] else 0 for i in todo}
+    loggers = {i: RunLoggers(logs, members[i].log_dir or members[i].out, private=cfgs[i].dp_epsilon is not None,
+                             resume=states[i] is not None, name=members[i].log_as[0] or members[i].out.name,
+                             group=members[i].log_as[1], params=writers[i][1]) for i in todo}
+    try:
+        with report.progress(label, sum(cfgs[i].rounds for i in todo), unit="round") as bar:
+            for lg in loggers.values():  # each run's elapsed time from the stack's start, not its loggers' set-up
+                lg.start = time.monotonic()
+            seen = {i: int(states[i]["round"]) if states[i] else 0 for i in todo}
+            resumed = sum(seen.values())
+            if resumed:
+                bar.advance(resumed, status="resumed")
 
-        def on_progress(j: int, done: int, _total: int, status: dict) -> None:
-            with lock:
-                bar.advance(done - seen[todo[j]], status=f"seed {seeds[todo[j]]}: {_status(status)}")
-                seen[todo[j]] = done
+            def on_progress(j: int, done: int, total: int, status: dict) -> None:
+                i = todo[j]
+                private = cfgs[i].dp_epsilon is not None
+                with lock:  # the runs' threads: one display, each run's loggers written by one thread at a time
+                    # Under --dp the running loss and accuracies are private diagnostics: not shown, not logged.
+                    bar.advance(done - seen[i], status=f"seed {cfgs[i].seed}" + ("" if private else
+                                                                                 f": {_status(status)}"))
+                    seen[i] = done
+                    loggers[i].log(done, round_values(status, done % cfgs[i].eval_every == 0 or done == total))
 
-        results = train_stacked(ds.x, ds.y, ds.num_classes, part, [cfgs[i] for i in todo], device=device,
-                                labeled=ds.labeled, vocab_size=ds.extra.get("vocab_size"),
-                                resumes=[states[i] for i in todo],
-                                on_checkpoint=[cks[i].write for i in todo], on_progress=on_progress)
-    failed = []
+            results = train_stacked(ds.x, ds.y, ds.num_classes, part, [cfgs[i] for i in todo], device=device,
+                                    labeled=ds.labeled, vocab_size=ds.extra.get("vocab_size"),
+                                    resumes=[states[i] for i in todo],
+                                    on_checkpoint=[cks[i].write for i in todo], on_progress=on_progress)
+    finally:
+        for lg in loggers.values():
+            lg.close()
+    failed, trained = [], []
+    record = None
     for i, got in zip(todo, results):
+        m, c, ck = members[i], cfgs[i], cks[i]
         if got.error is not None:
             err = got.error
-            failed.append(_diverged_message(err, cfgs[i], cks[i].path, outs[i]) if isinstance(err, TrainingDiverged)
-                          else f"seed {seeds[i]}: {err}")
+            failed.append(_diverged_message(err, c, ck.path, m.out) if isinstance(err, TrainingDiverged)
+                          else f"seed {c.seed}: {err}")
             continue
         writer, config = writers[i]
         run = got.run
-        metrics = train_metrics(cfgs[i], run, info, device)
-        ck = cks[i]
+        metrics = train_metrics(c, run, info, device)
+        if c.dp_epsilon is not None:
+            with writer:
+                released = write_dp_artifact(writer, c, config, run, part, metrics, prior=m.study[0])
+                writer.after_swap(lambda d=ck.dir: shutil.rmtree(d, ignore_errors=True))
+            _print_dp_summary(report, m.out, {**metrics, "dp": released}, c.write_nonprivate)
+            if m.study[1]:
+                report.note(m.study[1])
+            trained.append(m.out)
+            continue
+        if m.study[1]:
+            report.note(m.study[1])
+        if record is None:
+            record = training_record(part, ds, info["spec"])
         with writer:
-            write_train_files(writer, config, run, part, metrics, record=training_record(part, ds, info["spec"]))
-            if ck.path.is_file():
+            write_train_files(writer, config, run, part, metrics, record=record)
+            if plot:
+                from pfl_cli.cli.figures import training_curves
+
+                training_curves(writer.path("metrics.csv"), writer.path("metrics.json"), writer.path("curves.png"))
+            if (ck.written or states[i] is not None) and ck.path.is_file():  # this run's checkpoint
                 shutil.copyfile(ck.path, writer.path(f"checkpoint/{CHECKPOINT_FILE}"))
             writer.after_swap(lambda d=ck.dir: shutil.rmtree(d, ignore_errors=True))
-        _print_summary(report, outs[i], metrics)
+        _print_summary(report, m.out, metrics)
+        trained.append(m.out)
     if failed:
         raise RunError("; ".join(failed))
+    return trained
+
+
+def _continue(ck: Checkpointer, cfg, out: Path, force: bool, report: Reporter) -> dict | None:
+    """Without --resume / --no-resume (``compare --spec``): this run's checkpoint, left by a kill, is continued;
+    one of another config or other inputs is refused, or discarded with ``force``."""
+    from pfl_cli.fl.checkpoint import read_checkpoint
+
+    if not ck.path.is_file():
+        return None
+    if read_checkpoint(ck.path).get("fingerprint") != ck.fp:
+        if not force:
+            raise InputError(f"--out {out}: an earlier run of another config or other inputs left its checkpoint at "
+                             f"{ck.path}; pass --force to discard it and start over, or delete {ck.dir}.")
+        report.warn(f"--force: discarding the checkpoint another config left at {ck.path}; starting over.")
+        ck.path.unlink(missing_ok=True)
+        return None
+    return ck.resume(cfg)

@@ -8,6 +8,7 @@ the command runs the trainings.
     seeds: [0, 1, 2]                     # one training per algorithm and seed (required)
     runs: runs/cmp-runs                  # where the train / predict artifacts go (default: <out>-runs)
     new_clients: true                    # predict --clients holdout for every run (default true)
+    stack: 8                             # runs of a stackable algorithm trained at once on a run axis (default 8)
     algorithms:                          # name -> config (required)
       fedavg: runs/tune-fedavg/best.yaml           # a config file `train --config` takes
       ditto: {config: runs/tune-ditto/best.yaml, set: {rounds: 300}}
@@ -22,6 +23,15 @@ An algorithm's ``tune:`` entry runs a study as ``pflx tune`` would (its keys are
 seeds then train with its ``best.yaml`` and the ``set`` on top. A key the study searches may be fixed
 neither by the config file nor by ``set`` (the search would be moot or overridden).
 
+``stack: K`` (an integer >= 1, default 8): the seeds of an algorithm whose runs stack on a run axis
+(:mod:`pfl_cli.fl.stack`: those that declare it, fedavg and fedprox first) train K at a time in one
+process, as ``pflx train --seeds`` trains them -- each seed's artifact exactly where and as its own training
+writes it, its model equal to the separate run's (bit-identical on the engine's equal-results tests) -- and its
+study runs ``pflx tune --stack K`` (K trials asked, trained stacked, then told; with ``compare --jobs N`` > 1 the
+study's trials run in N processes instead, one at a time each). ``stack: 1`` trains and tunes one run at a time.
+Algorithms that do not stack always do. A ``tune:`` entry's own ``stack`` sets its study's ``--stack`` (refused,
+as pflx tune refuses it, for an algorithm that cannot stack or with ``--jobs`` > 1).
+
 Relative paths are read from the working directory, as on the command line. Precedence per run:
 the algorithm's defaults < its config file < its ``set`` < the spec's seed.
 """
@@ -34,11 +44,12 @@ from typing import Any, Mapping, Sequence
 
 from pfl_cli.errors import ConfigError
 
-KEYS = ("partition", "seeds", "runs", "new_clients", "algorithms")
+KEYS = ("partition", "seeds", "runs", "new_clients", "stack", "algorithms")
+STACK = 8  # the default of the spec's stack: runs of a stackable algorithm trained at once
 ALGORITHM_KEYS = ("config", "set", "tune")
 # A tune: entry's keys: pflx tune's options of the same names (pfl_cli.cli.tune).
 TUNE_KEYS = ("trials", "rounds", "eval_every", "space", "sampler", "pruner", "validation_fraction",
-             "validation_clients", "seed")
+             "validation_clients", "seed", "stack")
 
 
 @dataclass(frozen=True)
@@ -54,11 +65,13 @@ class TuneSpec:
     validation_fraction: float = 0.2
     validation_clients: float | None = None
     seed: int = 0
+    stack: int | None = None                  # --stack (None: the spec's stack where the algorithm stacks)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trials": self.trials, "rounds": self.rounds, "eval_every": self.eval_every, "space": dict(self.space),
                 "sampler": self.sampler, "pruner": self.pruner, "validation_fraction": self.validation_fraction,
-                "validation_clients": self.validation_clients, "seed": self.seed}
+                "validation_clients": self.validation_clients, "seed": self.seed,
+                **({} if self.stack is None else {"stack": self.stack})}
 
 
 @dataclass(frozen=True)
@@ -76,11 +89,13 @@ class CompareSpec:
     runs: Path | None
     new_clients: bool
     algorithms: tuple[AlgorithmSpec, ...]
+    stack: int = STACK                 # runs of a stackable algorithm trained at once on a run axis
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved spec, JSON-ready (recorded in the compare artifact's config)."""
         return {"partition": str(self.partition), "seeds": list(self.seeds),
                 "runs": None if self.runs is None else str(self.runs), "new_clients": self.new_clients,
+                "stack": self.stack,
                 "algorithms": {a.name: {"config": None if a.config is None else str(a.config), "set": dict(a.sets),
                                         **({} if a.tune is None else {"tune": a.tune.to_dict()})}
                                for a in self.algorithms}}
@@ -133,6 +148,10 @@ def parse_spec(doc: Any, *, where: str = "spec", known: Sequence[str] = ()) -> C
     new_clients = doc.get("new_clients", True)
     if not isinstance(new_clients, bool):
         raise _refuse(where, f"new_clients must be true or false; got {new_clients!r}.")
+    stack = doc.get("stack", STACK)
+    if not _integer(stack) or stack < 1:
+        raise _refuse(where, f"stack must be an integer >= 1 (runs trained at once on a run axis; 1: one at a time); "
+                      f"got {stack!r}.")
     algorithms = doc["algorithms"]
     if not isinstance(algorithms, Mapping) or not algorithms:
         raise _refuse(where, "algorithms must map each algorithm's name to its config file or {config, set}.")
@@ -166,7 +185,7 @@ def parse_spec(doc: Any, *, where: str = "spec", known: Sequence[str] = ()) -> C
         tune = None if value.get("tune") is None else _parse_tune(value["tune"], f"algorithms.{name}.tune", where)
         parsed.append(AlgorithmSpec(name=name, config=config, sets=tuple(sets.items()), tune=tune))
     return CompareSpec(partition=Path(doc["partition"]), seeds=tuple(seeds), runs=None if runs is None else Path(runs),
-                       new_clients=new_clients, algorithms=tuple(parsed))
+                       new_clients=new_clients, algorithms=tuple(parsed), stack=stack)
 
 
 def _integer(value: Any) -> bool:
@@ -183,7 +202,7 @@ def _parse_tune(doc: Any, at: str, where: str) -> TuneSpec:
         raise _refuse(where, f"{at}: unknown key {bad[0]!r}; it takes {', '.join(TUNE_KEYS)} (pflx tune's options).")
     if "trials" not in doc:
         raise _refuse(where, f"{at}: missing key 'trials' (the study's budget: trials of --rounds each).")
-    for key in ("trials", "rounds", "eval_every"):
+    for key in ("trials", "rounds", "eval_every", "stack"):
         if key in doc and (not _integer(doc[key]) or doc[key] < 1):
             raise _refuse(where, f"{at}.{key} must be an integer >= 1; got {doc[key]!r}.")
     if "seed" in doc and (not _integer(doc["seed"]) or doc["seed"] < 0):
@@ -204,4 +223,4 @@ def _parse_tune(doc: Any, at: str, where: str) -> TuneSpec:
                     space=tuple(space.items()), sampler=doc.get("sampler"), pruner=doc.get("pruner"),
                     validation_fraction=float(doc.get("validation_fraction", 0.2)),
                     validation_clients=None if doc.get("validation_clients") is None
-                    else float(doc["validation_clients"]), seed=int(doc.get("seed", 0)))
+                    else float(doc["validation_clients"]), seed=int(doc.get("seed", 0)), stack=doc.get("stack"))

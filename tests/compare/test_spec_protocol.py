@@ -93,7 +93,7 @@ def test_one_spec_tunes_trains_predicts_and_compares(part, tmp_path, capsys, mon
     lines = [ln for ln in captured.err.splitlines() if ln.startswith("compare --spec: round ")]
     assert lines and all("/16 " in ln for ln in lines), captured.err
     assert lines[-1].startswith("compare --spec: round 16/16 (100%)")
-    assert any("tune fedprox" in ln for ln in lines) and any("train fedavg seed 1" in ln for ln in lines)
+    assert any("tune fedprox" in ln for ln in lines) and any("train fedavg, seed 1" in ln for ln in lines)
     done = [int(ln.split()[3].split("/")[0]) for ln in lines]
     assert done == sorted(done)
     # a rerun: nothing to do (no study trial, no training)
