@@ -20,10 +20,18 @@ and ``server_momentum`` are refused (there is no server step). A partition witho
 (every client holdout) is refused by ``pflx train`` as for every algorithm (``--partition``, one line, exit 2);
 one whose train clients have no labels, by the round loop (``check_trainable``): nothing to pool.
 
-No DP variant (``--dp`` is refused): the engine's example-level DP-SGD block (:mod:`pfl_cli.fl.dpsgd`)
-calibrates per client, each client's records sampled at its own rate and its steps counted per client
-cohort; a pooled DP-SGD needs the pool's size as a public bound and its own accounting of c x k steps a
-round, which is not built here.
+Under ``--dp``: record-level DP-SGD on the pool (Abadi et al. 2016, Alg. 1; the add/remove-one-record
+neighbours of ``docs/privacy/release-contract.md``), a trusted curator holding the pooled records: every step
+draws a Poisson batch (each pooled record joins with the public probability ``dp_sampling_rate``), clips each
+record's gradient to the public L2 norm ``--dp clip=C``, adds N(0, (z C)^2) from OS entropy (unless
+``noise=seeded``) to the sum and divides by the public ``batch_size`` (:func:`pfl_cli.fl.dpsgd.dp_local_sgd`; the
+momentum buffer, carried across rounds, and the weight decay are post-processing). A round takes
+``clients_per_round x local_steps`` steps, from the config alone (the federated round of ``local_steps`` it
+matches; without ``--dp`` it is the realized cohort's): the accountant counts ``rounds`` times that many
+Poisson-sampled Gaussian steps (:class:`pfl_cli.fl.dpsgd.PooledDPSGD`), calibrated before any data is read.
+Refused under ``--dp``: ``local_epochs`` (its step count follows the private client sizes), ``clients_per_round``
+null (the count of clients is read from the data) and ``client_clip`` away from its default (the per-record clip
+C replaces it).
 """
 
 from __future__ import annotations
@@ -49,7 +57,8 @@ class Centralized(FedAvg):
     paper = "centralized reference: one model on the pooled train splits (the upper bound of FL tables)"
     new_client_protocol = "the one model, or it fine-tuned finetune_steps steps"
     config = CentralizedConfig
-    dp_unit = None
+    dp_unit = "example"  # declared: central DP-SGD on the pooled records (pfl_cli.fl.dpsgd.PooledDPSGD)
+    dp_contribution = "per-record gradient"
     models_upload = False
     upload_under_dp = False
     serves_unlabeled = "centralized without --finetune-steps (one model)"
@@ -60,6 +69,39 @@ class Centralized(FedAvg):
     tune_group = "train"
     inert_keys = {k: "it trains one model on the pooled data, with no server step (the centralized reference)"
                   for k in ("server_lr", "server_momentum")}
+
+    @staticmethod
+    def dp_steps_per_round(cfg) -> int:
+        """DP-SGD steps a round under ``--dp``: ``clients_per_round x local_steps`` (public: the config's)."""
+        return int(cfg.clients_per_round) * int(cfg.local_steps)
+
+    @staticmethod
+    def check_dp_config(cfg) -> None:
+        from pfl_cli.errors import ConfigError
+
+        if cfg.dp_sampling_rate is None:
+            raise ConfigError("centralized --dp needs --set dp_sampling_rate=Q, the public Poisson rate at which each "
+                              "pooled record joins a DP-SGD batch (expected batch Q x the pool; keep --batch-size near "
+                              "it), e.g. --set dp_sampling_rate=0.01.")
+        if getattr(cfg, "local_epochs", None):
+            raise ConfigError(f"local_epochs under --dp: centralized's steps a round would follow the private client "
+                              f"sizes; got {cfg.local_epochs!r}. Drop it and set --local-steps (a round takes "
+                              "clients_per_round x local_steps DP-SGD steps).")
+        if cfg.clients_per_round is None:
+            raise ConfigError("clients_per_round null under --dp: centralized's steps a round would follow the number "
+                              "of clients in the data; set --clients-per-round N (a round takes N x local_steps "
+                              "DP-SGD steps).")
+        default = CentralizedConfig.__dataclass_fields__["client_clip"].default
+        if cfg.client_clip != default:
+            raise ConfigError(f"client_clip under --dp: DP-SGD clips each record's gradient to --dp clip=C instead "
+                              f"(Abadi et al. 2016, Alg. 1); got {cfg.client_clip!r}. Drop it.")
+
+    @classmethod
+    def plan_dp(cls, cfg, store):
+        """:func:`pfl_cli.fl.dpsgd.calibrate_pooled_dp` (public inputs only; ``store`` is not read)."""
+        from pfl_cli.fl.dpsgd import calibrate_pooled_dp
+
+        return calibrate_pooled_dp(cfg, steps_per_round=cls.dp_steps_per_round(cfg))
 
     def build(self) -> None:
         import torch
@@ -94,11 +136,30 @@ class Centralized(FedAvg):
         from pfl_cli.fl.batches import CohortBatches
         from pfl_cli.fl.cohort import local_sgd
 
-        steps = self.round_steps(cohort)
         one = torch.zeros(1, dtype=torch.long, device=self.device)
+        if self.dp is not None:
+            return self._dp_round(t, one, gen)
+        steps = self.round_steps(cohort)
         batches = CohortBatches(self.pool, one, steps, self.cfg.batch_size, gen)
         theta, loss = local_sgd(self.net, broadcast(self.global_params, 1), self.store, batches,
                                 momentum_state=self.momentum_buf, **self.sgd_options())
+        self.global_params = {k: v[0] for k, v in theta.items()}
+        return loss
+
+    def _dp_round(self, t, one, gen):
+        """One round of DP-SGD on the pool: ``dp_steps_per_round`` Poisson batches (rate q), per-record clipping,
+        Gaussian noise on the sum (:func:`pfl_cli.fl.dpsgd.dp_local_sgd`)."""
+        from pfl_cli.fl.dpsgd import dp_local_sgd, poisson_batches
+        from pfl_cli.privacy.randomness import mechanism_generator
+
+        cfg, dp = self.cfg, self.dp
+        index, mask = poisson_batches(self.pool, one, self.dp_steps_per_round(cfg), dp.sampling_rate, gen)
+        theta, loss = dp_local_sgd(self.net, broadcast(self.global_params, 1), self.store, index, mask,
+                                   private=list(self.global_params), clip=dp.clip,
+                                   noise_multiplier=dp.noise_multiplier, denominator=dp.denominator, lr=cfg.lr,
+                                   momentum=cfg.momentum, weight_decay=2.0 * cfg.lambda_theta,
+                                   noise_gen=mechanism_generator(cfg, f"dp-noise-{t}", self.device),
+                                   momentum_state=self.momentum_buf)
         self.global_params = {k: v[0] for k, v in theta.items()}
         return loss
 

@@ -125,7 +125,8 @@ def poisson_batches(padded, clients, steps: int, rate: float, gen):
 
 def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, private: Iterable[str],
                  frozen: Iterable[str] = (), clip: float, noise_multiplier: float, denominator: float, lr: float,
-                 momentum: float = 0.0, weight_decay: float = 0.0, noise_gen):
+                 momentum: float = 0.0, weight_decay: float = 0.0, noise_gen,
+                 momentum_state: dict | None = None):
     """Local steps of every cohort client at once; DP-SGD on ``private`` parameters.
 
     Parameters
@@ -141,8 +142,11 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
     frozen : names
         Parameters left unchanged. The rest take ordinary steps on the batch mean gradient.
     lr, momentum, weight_decay : float
-        ``torch.optim.SGD`` semantics (momentum buffer fresh each call).
+        ``torch.optim.SGD`` semantics (momentum buffer fresh each call, unless ``momentum_state``).
     noise_gen : torch.Generator
+    momentum_state : dict name -> Tensor (c, *shape), optional
+        The momentum buffers to start from, updated in place with the last step's: one optimizer carried
+        across calls (the centralized reference's). The buffers hold noised gradients only (post-processing).
 
     Returns
     -------
@@ -169,7 +173,8 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
     rows = slice(None) if world()[1] == 1 else rows_here(store, index)
     index, mask = index[rows], mask[rows]
     theta = {k: v[rows].detach().clone() for k, v in params.items()}
-    buf = {k: torch.zeros_like(v) for k, v in theta.items()}
+    buf = {k: (momentum_state[k][rows].clone() if momentum_state is not None and k in momentum_state
+               else torch.zeros_like(v)) for k, v in theta.items()}
     c = index.shape[0]
     loss_sum = torch.zeros(c, device=index.device)
     for s in range(steps):
@@ -196,8 +201,49 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
                     c, *([1] * (g.dim() - 2)))
             step_grads[k] = g
         theta, buf = sgd_step(theta, step_grads, buf, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if momentum_state is not None:
+        if not isinstance(rows, slice):
+            raise ValueError("dp_local_sgd: momentum_state is for a run in one process (its rows are not split)")
+        for k in momentum_state:
+            momentum_state[k] = buf[k].detach()
     out = theta, loss_sum / max(steps, 1)
     return out if isinstance(rows, slice) else assemble_tree(out, rows, whole)
+
+
+@dataclass(frozen=True)
+class PooledDPSGD(ExampleLevelDP):
+    """Central DP-SGD on the pooled records of every train client (Abadi et al. 2016, Alg. 1): one model, one
+    trusted curator. Each of ``steps`` steps draws a Poisson batch (every pooled record joins with probability
+    q, public), clips each record's gradient to L2 ``clip``, adds N(0, (z clip)^2) to the sum and divides by the
+    fixed ``denominator`` (``batch_size``, public). Its accountant event is ``steps`` self-composed
+    Poisson-sampled Gaussian steps, the record-level (add/remove one record) guarantee of the released model and
+    everything computed from it. ``cohort_size`` is unused (no cohort trains)."""
+
+    coverage: str = "the guarantee holds for each record against the released model (central DP-SGD, a trusted curator)"
+
+    def note(self) -> str:
+        from pfl_cli.privacy.release import population_note
+
+        return (f"central DP-SGD on the pooled train records (Abadi et al. 2016, Alg. 1): {self.steps} steps, Poisson "
+                f"batches at rate q = {self.sampling_rate:g} of the pooled records, per-record gradients clipped to L2 "
+                f"{self.clip:g}, Gaussian noise std {self.noise_multiplier:.6g} x clip on the sum, divided by "
+                f"{self.denominator:g}; {self.coverage}; {population_note(self.population)}")
+
+    def info(self) -> dict[str, Any]:
+        return {"unit": "example", "setting": "central DP-SGD on the pooled records", "epsilon": self.epsilon,
+                "delta": self.delta, "clip": self.clip, "sampling_rate": self.sampling_rate,
+                "steps": self.steps, "noise_multiplier": self.noise_multiplier,
+                "noise_std_on_sum": self.noise_multiplier * self.clip, "denominator": self.denominator,
+                "population_bound": self.population, "accountant": self.accountant,
+                "sampling": "Poisson over the pooled records", "selection": "last round"}
+
+
+def calibrate_pooled_dp(cfg, *, steps_per_round: int) -> PooledDPSGD:
+    """:class:`PooledDPSGD` calibrated for ``rounds x steps_per_round`` steps (public inputs only; the pool's
+    size is never read: ``dp_population``, if given, bounds it, and the denominator is ``batch_size``)."""
+    mech = calibrate_example_dp(cfg, steps_per_round=steps_per_round, contribution="per-record gradient")
+    return PooledDPSGD(**{f.name: getattr(mech, f.name) for f in dataclasses.fields(ExampleLevelDP)
+                          if f.name != "coverage"})
 
 
 class LocalDP:

@@ -95,3 +95,89 @@ def test_refusals():
             train_config("centralized", **{k: 0.5})
     with pytest.raises(ConfigError, match="unknown key 'alpha' for algorithm 'centralized'"):
         train_config("centralized", alpha=0.1)
+
+
+# ----------------------------------------------------------------------------- --dp: DP-SGD on the pool
+DP = dict(dp_epsilon=4.0, dp_delta=1e-5, dp_clip=0.3, dp_sampling_rate=0.03, dp_noise="seeded", normalize=False,
+          client_clip=train_config("centralized").client_clip, clients_per_round=2, local_steps=2)
+
+
+def dp_alg(store, **opts):
+    from pfl_cli.algorithms.centralized import Centralized
+
+    alg = alg_for(store, **{**DP, **opts})
+    alg.dp = Centralized.plan_dp(alg.cfg, store)
+    return alg
+
+
+def test_dp_rounds_equal_a_per_record_dp_sgd_reference(store):
+    """Two --dp rounds against Abadi et al. 2016, Alg. 1 written out: Poisson batches over the pool, each record's
+    gradient by its own backward pass, clipped to C, summed, N(0, (zC)^2) added (the seeded stream's draws),
+    divided by the batch size, one torch.optim.SGD whose momentum crosses the rounds."""
+    from pfl_cli.privacy.randomness import mechanism_generator
+
+    alg = dp_alg(store)
+    cfg, dp = alg.cfg, alg.dp
+    assert dp.steps == cfg.rounds * cfg.clients_per_round * cfg.local_steps and dp.noise_multiplier > 0.5
+    net = build(alg.arch["client"])
+    net.load_state_dict({k: v.clone() for k, v in alg.global_params.items()})
+    names = [k for k, _ in net.named_parameters()]
+    opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=2 * cfg.lambda_theta)
+    pool = pooled_samples(store)
+    steps = cfg.clients_per_round * cfg.local_steps
+    drawn = 0
+    for t, clients in enumerate(cohorts(store)):
+        alg.run_round(t, clients, gen(t))
+        keep = torch.rand((1, steps, len(pool)), generator=gen(t)) < cfg.dp_sampling_rate   # Poisson, rate q
+        noise = mechanism_generator(cfg, f"dp-noise-{t}")
+        for s in range(steps):
+            total = {k: torch.zeros_like(p) for k, p in net.named_parameters()}
+            for j in pool[keep[0, s]].tolist():
+                loss = F.cross_entropy(net(store.inputs(torch.tensor([j]))), store.y[[j]])
+                g = torch.autograd.grad(loss, list(net.parameters()))
+                norm = torch.sqrt(sum((x.double() ** 2).sum() for x in g))
+                scale = min(1.0, cfg.dp_clip / float(norm))
+                for k, x in zip(names, g):
+                    total[k] += scale * x
+                drawn += 1
+            for k, p in net.named_parameters():
+                z = torch.randn((1, *p.shape), generator=noise)[0]
+                p.grad = (total[k] + dp.noise_multiplier * cfg.dp_clip * z) / cfg.batch_size
+            opt.step()
+        close(alg.global_params, {k: v.detach() for k, v in net.named_parameters()})
+    assert drawn > 0
+
+
+def test_dp_ledger_is_the_pooled_steps_at_the_calibrated_noise(store):
+    """privacy.json's event: rounds x clients_per_round x local_steps Poisson-sampled Gaussian steps at rate q, whose
+    epsilon at delta (dp_accounting's RDP accountant, composed here) is the target; nothing read from the data."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    alg = dp_alg(store, rounds=7)
+    cfg, dp = alg.cfg, alg.dp
+    steps = 7 * cfg.clients_per_round * cfg.local_steps
+    acc = RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(cfg.dp_sampling_rate,
+                                                    dp_accounting.GaussianDpEvent(dp.noise_multiplier)), steps)
+    assert abs(acc.get_epsilon(cfg.dp_delta) - cfg.dp_epsilon) < 0.01 * cfg.dp_epsilon
+    assert dp.steps == steps and dp.unit == "example" and dp.denominator == cfg.batch_size
+    assert "central DP-SGD on the pooled train records" in dp.note()
+    assert dp.ledger().unit == "example" and dp.ledger().events == (dp.event(),)
+    # public inputs only: another store (other records, other sizes) plans the same mechanism
+    assert type(alg).plan_dp(cfg, None) == dp
+
+
+@pytest.mark.parametrize("opts, message", [
+    ({"dp_sampling_rate": None}, "centralized --dp needs --set dp_sampling_rate=Q"),
+    ({"local_epochs": 2}, "local_epochs under --dp: centralized's steps a round would follow the private client"),
+    ({"clients_per_round": None}, "clients_per_round null under --dp"),
+    ({"client_clip": 3.0}, "client_clip under --dp: DP-SGD clips each record's gradient to --dp clip=C"),
+])
+def test_dp_refusals_name_the_key(opts, message):
+    from pfl_cli.fl.api import validate_train_config
+
+    validate_train_config(train_config("centralized", **DP))   # the base passes
+    with pytest.raises(ConfigError) as err:
+        validate_train_config(train_config("centralized", **{**DP, **opts}))
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -124,7 +124,8 @@ def _labelled_partition(d: Path, drop: bool) -> Private:
 
 def _train(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple[int, str]:
     algorithm = extra[extra.index("--algorithm") + 1] if "--algorithm" in extra else "fedavg"
-    dp = "eps=2,delta=1e-5,clip=0.5,population=10000" if algorithm in ("ldp-fedavg", "ppsgd", "centaur") \
+    example = ("ldp-fedavg", "ppsgd", "centaur", "centralized")
+    dp = "eps=2,delta=1e-5,clip=0.5,population=10000" if algorithm in example \
         else "eps=2,delta=1e-6,clip=0.5,population=1000"
     rest = [a for a in extra if a not in ("--algorithm", algorithm)]
     return _cli(["train", "--partition", str(private.path), "--algorithm", algorithm, "--dp", dp, "--rounds", "3",
@@ -145,7 +146,8 @@ CASES = [
     StageCase("train", _train, _labelled_partition,
               ((), ("--write-nonprivate",), ("--algorithm", "pefll", "--no-standardize-descriptor", "--embed-dim", "4",
                                               "--set", "hyper_hidden=8"),
-               ("--algorithm", "ppsgd", "--write-nonprivate"), ("--algorithm", "ldp-fedavg"))),
+               ("--algorithm", "ppsgd", "--write-nonprivate"), ("--algorithm", "ldp-fedavg"),
+               ("--algorithm", "centralized", "--clients-per-round", "4", "--write-nonprivate"))),
     StageCase("mdm-fit", _mdm_fit, _histograms,
               ((), ("--write-nonprivate",), ("--write-nonprivate", "--plot"))),
     StageCase("cluster", _cluster, _points_partition,
