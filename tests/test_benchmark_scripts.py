@@ -202,3 +202,33 @@ def test_the_stack_benchmark_prints_its_curve_and_ratios_beside_the_targets():
                           text=True, timeout=900, cwd=ROOT / "benchmarks")
     assert proc.returncode in (0, 1), proc.stderr  # 1: a target missed at a smoke size, printed as such
     assert "stacked K=8 / 8 separate processes (CPU)" in proc.stdout and "target <= 0.33" in proc.stdout
+
+
+def _tutorial_bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import tutorial_bench
+    finally:
+        sys.path.pop(0)
+    return tutorial_bench
+
+
+def test_the_tutorial_benchmark_runs_the_pages_blocks_in_order_and_its_fresh_shell_has_no_thread_variable():
+    bench = _tutorial_bench()
+    script = bench.page_script(ROOT / "docs" / "tutorials" / "tune-then-compare.md", smoke=True)
+    assert script.startswith("set -euo pipefail\npflx partition --dataset builtin:digits")
+    assert script.index("pflx tune --partition runs/tc/part --algorithm fedavg --trials 1 --rounds 2") < \
+        script.index("pflx compare --spec runs/tc/protocol.yaml")
+    assert "--trials 12" not in script and "trials: 12" not in script
+    env = bench.fresh_env(None)
+    assert not {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "PFLX_THREADS"} & set(env)
+    assert bench.fresh_env("1")["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.slow
+def test_the_tutorial_benchmark_runs_the_tutorial_both_ways_at_smoke_size():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tutorial_bench.py"), "--smoke"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "OMP_NUM_THREADS unset: wall" in proc.stdout and "OMP_NUM_THREADS=1  : wall" in proc.stdout
+    assert "(target <= 1.2x): no verdict (--smoke)" in proc.stdout
