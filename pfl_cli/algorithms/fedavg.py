@@ -5,6 +5,13 @@ Each round the cohort starts from the global model, runs k local SGD steps (or
 data-size-weighted mean of the clients' deltas (Alg. 3 line 9 is ``server_lr = 1``),
 optionally with server momentum. A client's model is the global model, or the global model
 after ``finetune_steps`` local steps on its own data.
+
+``sam_rho > 0`` makes every local step of a round sharpness-aware (SAM, Foret et al., ICLR 2021,
+Eq. 2-3: the gradient taken at ``w + rho g / ||g||`` on the same batch; :mod:`pfl_cli.fl.sam`): FedAvg
+with it is FedSAM (Qu et al., ICML 2022, Alg. 1), and FedProx with it SAM steps on FedProx's local
+objective (the proximal term joins the base optimizer's step like weight decay, at ``w``). Fine-tuning
+(``finetune_steps``) stays plain SGD, as FedSAM's new-client protocol. ``sam_rho = 0`` (the default)
+is today's plain SGD, the same code path.
 """
 
 from __future__ import annotations
@@ -43,6 +50,39 @@ class FedAvgConfig(FedAvgRoundConfig):
                               "thesis §4.4, App. B.1.2: a new client uses the global model as-is")
 
 
+def sam_rho_key(default: float = 0.0, source: str = "pflx: plain local SGD (FedAvg's own local solver, McMahan et "
+                                                          "al. 2017); FedSAM's radius is fedsam's default",
+                help: str = "rho: radius of the SAM perturbation of every local step (0: plain SGD steps; Foret et "
+                            "al. 2021, Eq. 2)"):
+    """The ``sam_rho`` key of the configs whose local steps may be SAM's (fedavg, fedprox, fedsam)."""
+    return key(default, help, source)
+
+
+def check_sam_rho(cfg) -> None:
+    """``sam_rho``: a finite number >= 0 (0: plain SGD), one line naming the fix otherwise."""
+    import math
+
+    from pfl_cli.errors import ConfigError
+
+    v = cfg.sam_rho
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ConfigError(f"sam_rho must be a finite number >= 0 for {cfg.algorithm} (the SAM radius of every local "
+                          f"step); got {v!r}. Use 0 for plain local SGD, or a radius such as SAM's 0.05 (Foret et "
+                          "al. 2021).")
+
+
+@dataclass(frozen=True)
+class FedAvgSAMConfig(FedAvgConfig):
+    """fedavg's own keys: FedAvg's and the SAM radius of its local steps (FedAvgConfig is the base of the
+    algorithms built on FedAvg, which do not take ``sam_rho``)."""
+
+    sam_rho: float = sam_rho_key()
+
+    def validate(self) -> None:
+        super().validate()
+        check_sam_rho(self)
+
+
 class FedAvg(Attackable, Algorithm):
     name = "fedavg"
     search_space = {"lr": "log:1e-3:1"}
@@ -51,7 +91,7 @@ class FedAvg(Attackable, Algorithm):
     tune_group = "train"
     paper = "FedAvg: McMahan et al., AISTATS 2017 (thesis Alg. 3/4)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
-    config = FedAvgConfig
+    config = FedAvgSAMConfig
     dp_unit = "client"
     dp_contribution = "model delta"
     default_server_lr = 1.0
@@ -59,7 +99,7 @@ class FedAvg(Attackable, Algorithm):
     # The run axis (pfl_cli.fl.stack): a round's local training is one plain cohort SGD call, so runs that differ
     # only in these keys train stacked in one process; declared per class, never inherited.
     stackable = True
-    stack_keys = ("seed", "lr", "momentum", "lambda_theta", "client_clip", "server_lr", "server_momentum")
+    stack_keys = ("seed", "lr", "momentum", "lambda_theta", "client_clip", "server_lr", "server_momentum", "sam_rho")
 
     @property
     def finetune_steps(self) -> int:
@@ -71,6 +111,13 @@ class FedAvg(Attackable, Algorithm):
         return self.finetune_steps > 0
 
     def build(self) -> None:
+        if self.sam_rho:
+            from pfl_cli.errors import InputError
+            from pfl_cli.fl.distributed import world
+
+            if world()[1] > 1:
+                raise InputError(f"--nproc / torchrun: {self.name} with sam_rho {self.sam_rho} runs in one process "
+                                 "only (its SAM steps are not split across ranks); drop --nproc, or set sam_rho=0.")
         self.net = self.client_net()
         self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.server_buf = {k: v.new_zeros(v.shape) for k, v in self.global_params.items()}
@@ -103,9 +150,38 @@ class FedAvg(Attackable, Algorithm):
         else:
             self.server_step(weighted_mean(self.store, cohort, theta))
 
+    @property
+    def sam_rho(self) -> float:
+        """``sam_rho`` of the config; 0 (plain SGD) for the algorithms built on FedAvg whose config has none."""
+        return float(getattr(self.cfg, "sam_rho", 0.0))
+
     def local_objective(self) -> dict:
-        """Extra terms of the clients' local objective (FedProx adds its proximal term)."""
-        return {}
+        """Extra terms of the clients' local objective (FedProx adds its proximal term), and SAM's radius."""
+        return {"sam_rho": self.sam_rho} if self.sam_rho else {}
+
+    def cohort_sgd(self, start: dict, clients, gen, *, sam_rho: float = 0.0, **options):
+        """:meth:`Algorithm.cohort_sgd`, or with ``sam_rho > 0`` every step a SAM step
+        (:func:`pfl_cli.fl.sam.local_steps`: the gradient at ``w + rho g / ||g||``, Foret et al. 2021 Eq. 2-3)
+        through the same client optimizer, FedProx's proximal term added to the step as the plain path adds it
+        (after clipping, at ``w``)."""
+        if not sam_rho:
+            return super().cohort_sgd(start, clients, gen, **options)
+        from pfl_cli.fl.cohort import resolve_cohort_exec
+        from pfl_cli.fl.sam import cross_entropy_grad_fn, local_steps
+
+        steps, epochs = options.pop("steps", None), options.pop("epochs", None)
+        mu, anchor = options.pop("prox_mu", 0.0), options.pop("prox_anchor", None)
+        if options:  # a parameter subset or other SGD settings: not a round of FedAvg's or FedProx's
+            raise TypeError(f"cohort_sgd with sam_rho takes steps, epochs, prox_mu and prox_anchor; got "
+                            f"{sorted(options)}")
+        batches = self.local_batches(clients, gen, steps=steps, epochs=epochs)
+        how = resolve_cohort_exec(self.cfg.cohort_exec, self.net, self.device)
+        sgd = self.sgd_update_options()
+        if mu:
+            sgd.update(prox_mu=mu, prox_anchor=broadcast(anchor, len(clients)))
+        theta, loss = local_steps(cross_entropy_grad_fn(self.net, self.store, how), start, batches,
+                                  rho=float(sam_rho), sgd=sgd)
+        return theta, loss, batches.active_steps()
 
     def server_step(self, mean: dict) -> None:
         """Move the global model towards the cohort's mean model ``mean`` (Alg. 3 line 9)."""
@@ -133,6 +209,12 @@ class FedAvg(Attackable, Algorithm):
         Under client-level ``--dp`` the server receives each delta before the noise of the sum is
         added, clipped by a positive factor (which cosine matching does not see).
         """
+        if self.sam_rho and (self.round_upload_steps() if steps is None else steps):
+            from pfl_cli.errors import InputError
+
+            raise InputError(f"--model: a {self.name} run with sam_rho {self.sam_rho} uploads SAM steps, which pflx "
+                             "attack does not model (it unrolls plain SGD); attack its gradient with --local-steps 0, "
+                             "or a run with sam_rho=0.")
         start = stack(self.global_params, x.shape[0]) if start is None else start
         return self.local_update(start, x, y, steps), start
 

@@ -4,13 +4,18 @@ FedAvg whose clients minimize the proximal objective h_k(w; w^t) = F_k(w) + mu/2
 (Eq. 2) around the round's global model w^t; the server aggregates as FedAvg. With
 ``mu = 0`` it is FedAvg exactly. A new client uses the global model (or fine-tunes it with
 ``finetune_steps``, as FedAvg).
+
+``sam_rho > 0``: every local step is a SAM step (Foret et al., ICLR 2021, Eq. 2-3; :mod:`pfl_cli.fl.sam`):
+the perturbation and the second gradient are the data loss's, and the proximal gradient ``mu (w - w^t)``
+joins the base optimizer's step at ``w`` as weight decay does (the proximal term's curvature is ``mu I``
+everywhere: perturbing it sharpens nothing). With ``mu = 0`` that is FedSAM exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig, check_sam_rho, sam_rho_key
 from pfl_cli.fl.config import key
 
 
@@ -20,6 +25,11 @@ class FedProxConfig(FedAvgConfig):
 
     algorithm: str = key("fedprox", "the algorithm these keys configure")
     mu: float = key(0.01, "proximal weight mu of Eq. 2 (0 = FedAvg)", "FedProx paper §5.2 grid {0.001, 0.01, 0.1, 1}")
+    sam_rho: float = sam_rho_key(source="Li et al. (MLSys 2020): plain local SGD on h_k (its local solver)")
+
+    def validate(self) -> None:
+        super().validate()
+        check_sam_rho(self)
 
 
 class FedProx(FedAvg):
@@ -35,4 +45,4 @@ class FedProx(FedAvg):
     stack_keys = FedAvg.stack_keys + ("mu",)
 
     def local_objective(self) -> dict:
-        return {"prox_mu": self.cfg.mu, "prox_anchor": self.global_params}
+        return {"prox_mu": self.cfg.mu, "prox_anchor": self.global_params, **super().local_objective()}

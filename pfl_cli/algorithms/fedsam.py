@@ -9,6 +9,13 @@ wraps a base optimizer, and Qu et al.'s base optimizer is SGD. The steps are :mo
 vectorized over the cohort (two vmapped forward and backward passes a step, or two per client with
 ``cohort_exec=loop``).
 
+FedSAM is FedAvg with ``sam_rho`` (fedavg's option, off by default; fedprox has it too): its round is
+:class:`~pfl_cli.algorithms.fedavg.FedAvg`'s, the same code, and ``--algorithm fedavg --set sam_rho=R``
+trains the same weights bit for bit (``tests/algorithms/test_fedavg_sam.py``). This module keeps the
+papers' method under its name: SAM's radius on by default, its tuning space over rho, and what FedAvg's
+declarations say of plain local SGD that SAM steps change (no ``pflx attack`` model of the upload, no DP
+variant declared, one process).
+
 Exchanged: the global model down and the local model up (2 x |client net| floats a cohort client and
 round, as FedAvg: SAM is local work only). A new client (and every client at prediction) gets the
 global model, fine-tuned ``finetune_steps`` plain local steps as FedAvg's protocol (the papers
@@ -23,9 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig, sam_rho_key
 from pfl_cli.fl.config import check_own_keys, key
-from pfl_cli.fl.params import broadcast
 
 
 @dataclass(frozen=True)
@@ -33,9 +39,9 @@ class FedSAMConfig(FedAvgConfig):
     """FedSAM's keys: FedAvg's round and the SAM radius rho."""
 
     algorithm: str = key("fedsam", "the algorithm these keys configure")
-    sam_rho: float = key(0.05, "rho: radius of the SAM perturbation of every local step (Foret et al. 2021, Eq. 2)",
-                         "Foret et al. (ICLR 2021) §3: rho = 0.05, SAM's default; Qu et al. (ICML 2022) and "
-                         "Caldarola et al. (ECCV 2022) tune rho per dataset")
+    sam_rho: float = sam_rho_key(0.05, "Foret et al. (ICLR 2021) §3: rho = 0.05, SAM's default; Qu et al. (ICML "
+                                       "2022) and Caldarola et al. (ECCV 2022) tune rho per dataset",
+                                 "rho: radius of the SAM perturbation of every local step (Foret et al. 2021, Eq. 2)")
 
     def validate(self) -> None:
         super().validate()
@@ -55,15 +61,4 @@ class FedSAM(FedAvg):
     search_space_source = ("Caldarola et al., FedSAM (ECCV 2022), §5 and Qu et al. (ICML 2022), §5: rho tuned per "
                            "dataset over 0.01 to 0.5 around SAM's 0.05 (Foret et al. 2021); the client lr per task")
     tune_group = "train"
-
-    def run_round(self, t, cohort, gen):
-        from pfl_cli.fl.cohort import resolve_cohort_exec
-        from pfl_cli.fl.sam import cross_entropy_grad_fn, local_steps
-
-        batches = self.local_batches(cohort, gen, **self.round_schedule())
-        how = resolve_cohort_exec(self.cfg.cohort_exec, self.net, self.device)
-        theta, loss = local_steps(cross_entropy_grad_fn(self.net, self.store, how),
-                                  broadcast(self.global_params, len(cohort)), batches,
-                                  rho=float(self.cfg.sam_rho), sgd=self.sgd_update_options())
-        self.aggregate(t, cohort, theta)                     # FedAvg's server step (Qu et al. Alg. 1)
-        return loss
+    # the round is FedAvg's: local_objective() carries sam_rho to cohort_sgd's SAM steps (Qu et al. Alg. 1)

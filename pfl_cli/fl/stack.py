@@ -6,8 +6,8 @@ seed train in lockstep: each run is the ordinary round loop (:func:`pfl_cli.fl.l
 its own algorithm, store and generators, in a worker thread of its own, and every local-SGD call of a
 round (``Algorithm.cohort_sgd``) meets the other runs' calls at a rendezvous; the last to arrive runs
 all of them as one computation over the stacked (run, client) rows -- one vmapped forward and
-backward per step over K x C rows, with per-row lr, momentum, weight decay, clip and proximal weight
-(:func:`stacked_local_sgd`) -- and hands each run its rows back. Everything else a run does (cohort
+backward per step over K x C rows, with per-row lr, momentum, weight decay, clip, proximal weight and
+SAM radius (:func:`stacked_local_sgd`) -- and hands each run its rows back. Everything else a run does (cohort
 sampling, batches, server aggregation, DP noise, evaluation, selection, checkpoints, progress) is the
 separate run's own code on its own state, so each stacked run equals the run ``train_federated``
 trains with the same config and seed, up to the float rounding of batched reductions over more rows
@@ -92,6 +92,7 @@ class _Call:
     epochs: int | None
     prox_mu: float
     prox_anchor: dict | None
+    sam_rho: float = 0.0
 
 
 class _Rendezvous:
@@ -140,14 +141,17 @@ def stacked_local_sgd(calls: list[_Call]) -> list[tuple]:
     Each call is ``Algorithm.cohort_sgd``'s arguments for one run; each gets back what that method
     returns (parameters, each client's mean loss, steps taken), computed by
     :func:`pfl_cli.fl.cohort.local_sgd`'s semantics (``torch.optim.SGD`` with momentum after
-    ``clip_grad_norm_``, per client) with the run's own settings on its own rows. Batches come from
+    ``clip_grad_norm_``, per client) with the run's own settings on its own rows; a run with ``sam_rho > 0``
+    takes its rows' gradients at ``w + rho g / ||g||`` (:func:`pfl_cli.fl.sam.sam_perturbation`, the second
+    batched gradient of the step; rows with rho 0 keep their plain gradient). Batches come from
     each run's own generator; batches narrower than the widest are padded with masked slots, which
     add nothing to the masked mean loss or its gradient.
     """
     import torch
 
     from pfl_cli.fl.batches import ActiveMean
-    from pfl_cli.fl.cohort import resolve_cohort_exec
+    from pfl_cli.fl.cohort import expand_as_params, resolve_cohort_exec
+    from pfl_cli.fl.sam import sam_perturbation
 
     first = calls[0].alg
     how = resolve_cohort_exec(first.cfg.cohort_exec, first.net, first.device)
@@ -166,6 +170,8 @@ def stacked_local_sgd(calls: list[_Call]) -> list[tuple]:
     lr, mom = per_row(o["lr"] for o in opts), per_row(o["momentum"] for o in opts)
     wd, clip = per_row(o["weight_decay"] for o in opts), per_row(o["clip"] for o in opts)
     mu = per_row(c.prox_mu for c in calls)
+    rho = per_row(c.sam_rho for c in calls)
+    sharp_rows = rho > 0 if bool(rho.any()) else None
     anchor = ({k: torch.cat([c.prox_anchor[k].expand(n, *c.prox_anchor[k].shape) for c, n in zip(calls, sizes)])
                for k in theta} if bool(mu.any()) else {})
     buf = {k: torch.zeros_like(v) for k, v in theta.items()} if bool(mom.any()) else {}
@@ -194,7 +200,12 @@ def stacked_local_sgd(calls: list[_Call]) -> list[tuple]:
             go.append(torch.ones(n, dtype=torch.bool, device=device) if active is None else active)
         go_all = torch.cat(go)
         everyone = bool(go_all.all())
-        loss, grads = _stacked_grads(first.net, theta, torch.cat(xs), torch.cat(ys), torch.cat(ms))
+        x_all, y_all, m_all = torch.cat(xs), torch.cat(ys), torch.cat(ms)
+        loss, grads = _stacked_grads(first.net, theta, x_all, y_all, m_all)
+        if sharp_rows is not None:  # SAM (Foret et al. 2021, Eq. 2-3): the same batch's gradient at w + eps
+            eps = sam_perturbation(grads, rho)
+            _, sharp = _stacked_grads(first.net, {k: v + eps[k] for k, v in theta.items()}, x_all, y_all, m_all)
+            grads = {k: torch.where(expand_as_params(sharp_rows, g), sharp[k], g) for k, g in grads.items()}
         _rows_sgd_(theta, grads, buf, lr=lr, momentum=mom, weight_decay=wd, clip=clip, prox_mu=mu, anchor=anchor,
                    active=None if everyone else go_all)
         mean_loss.add(loss, None if everyone else go_all)
@@ -238,8 +249,9 @@ def _stacked_grads(model, theta: dict, x, y, m):
 def _one_call(c: _Call):
     # the algorithm's own class method, past the rendezvous the run's instance attribute installs (the engine
     # imports no algorithm module: pfl_cli.fl stays below pfl_cli.algorithms)
+    sam = {"sam_rho": c.sam_rho} if c.sam_rho else {}  # only FedAvg's cohort_sgd (and its heirs') takes it
     return type(c.alg).cohort_sgd(c.alg, c.start, c.clients, c.gen, steps=c.steps, epochs=c.epochs,
-                                  prox_mu=c.prox_mu, prox_anchor=c.prox_anchor)
+                                  prox_mu=c.prox_mu, prox_anchor=c.prox_anchor, **sam)
 
 
 def _rows_sgd_(theta: dict, grads: dict, buf: dict, *, lr, momentum, weight_decay, clip, prox_mu, anchor,
@@ -346,11 +358,11 @@ def _train_group(x, y, num_classes, partition, cfgs, members, results, *, device
 
     def work(i: int, alg) -> None:
         def cohort_sgd(start, clients, gen, *, steps=None, epochs=None, trainable=None, prox_mu=0.0,
-                       prox_anchor=None, sgd=None):
+                       prox_anchor=None, sgd=None, sam_rho=0.0):
             if trainable is not None or sgd is not None:  # not one plain SGD call: not stackable
                 raise ConfigError(f"stacking: {alg.name} trains a parameter subset or its own SGD settings in a "
                                   "round; it cannot stack. Train its runs one at a time.")
-            return meet.submit(i, _Call(alg, start, clients, gen, steps, epochs, prox_mu, prox_anchor))
+            return meet.submit(i, _Call(alg, start, clients, gen, steps, epochs, prox_mu, prox_anchor, sam_rho))
 
         def progress(done, total, status):
             if on_progress is not None:

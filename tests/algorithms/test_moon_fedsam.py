@@ -170,7 +170,7 @@ def test_refusals():
         train_config("moon", moon_tau=0.0)
     with pytest.raises(ConfigError, match=r"^moon_tau must be a finite number; got inf\.$"):
         train_config("moon", moon_tau=float("inf"))
-    assert_unknown_key("moon", "sam_rho", r" \(a key of fedsam\)")
+    assert_unknown_key("moon", "sam_rho", r" \(a key of fedavg, fedprox, fedsam\)")
     assert_unknown_key("fedsam", "mu", r".*fedprox")
     assert_unknown_key("fedavg", "moon_tau", r" \(a key of moon\)")
 

@@ -53,7 +53,7 @@ def check_deployable(cfg) -> None:
         raise ConfigError(f"flower app: algorithm must be one of {', '.join(SUPPORTED)} (what runs on Flower so "
                           f"far); got {cfg.algorithm!r}.")
     own = {k: getattr(cfg, k, None) for k in ("finetune_steps", "local_epochs", "track_descriptors",
-                                               "client_sizes")}  # per algorithm
+                                               "client_sizes", "sam_rho")}  # per algorithm
     private = private_algorithms()
     rules = (
         (cfg.dp_epsilon is not None and cfg.algorithm not in private,
@@ -70,6 +70,8 @@ def check_deployable(cfg) -> None:
                                          "distributions); drop it"),
         (bool(own["client_sizes"]), f"client_sizes is not deployed on Flower (one model size per run); got "
                                     f"{own['client_sizes']!r}; drop it"),
+        (bool(own["sam_rho"]), f"sam_rho is not deployed on Flower (its nodes take plain SGD steps); got "
+                               f"{own['sam_rho']!r}; drop it"),
     )
     for broken, message in rules:
         if broken:
