@@ -114,6 +114,13 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     config = PeFLLConfig
     inert_keys = dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS)
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
+    # The run axis (pfl_cli.fl.stack): step 10 of a round is one plain cohort SGD call (:meth:`cohort_train`), so
+    # runs that differ only in these keys train stacked in one process, their generated models' local SGD one
+    # batched call per step over run x client rows; each run's descriptors, hypernetwork, backward and server
+    # step (steps 5-9, 12-18) stay its own (lambda_h, lambda_v and the server step's keys act there only).
+    stackable = True
+    stack_keys = ("seed", "lr", "momentum", "lambda_theta", "client_clip", "server_lr", "server_momentum",
+                  "server_clip", "lambda_h", "lambda_v")
 
     @property
     def needs_labels_to_predict(self) -> bool:
@@ -257,10 +264,9 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
             return self._run_round_dp(t, cohort, gen)
         c = len(cohort)
         d_index, d_mask = self.descriptor_batches(cohort, gen)                                       # step 5
-        index, mask = self.step_batches(cohort, gen, lazy=False)
         raw = self.client_descriptor(d_index, d_mask)                                                 # steps 6-7
         raw_leaf, theta = self.server_generate(raw)                                                   # steps 8-9
-        new, loss = self.client_train(theta, index, mask)                                            # steps 10-11
+        new, loss = self.cohort_train(theta, cohort, gen)                                            # steps 10-11
         neg_delta = [(theta[k].detach() - new[k]) / c for k in self.names]                            # -delta / |P|
         g_h, g_raw = self.server_backward(theta, raw_leaf, neg_delta)                                 # steps 12-13
         g_e = self.client_embedding_grad(raw, g_raw)                                                  # steps 14-15
@@ -287,6 +293,19 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
         """
         raw_leaf = raw.detach().requires_grad_(True)
         return raw_leaf, self.hnet(self._standardize(raw_leaf))
+
+    def cohort_train(self, theta, cohort, gen):
+        """Step 10 in a simulated round: :meth:`client_train` of the whole cohort through
+        :meth:`~pfl_cli.algorithms.base.Algorithm.cohort_sgd` -> (theta_new, loss).
+
+        The same numbers as ``client_train(theta, *step_batches(cohort, gen, lazy=False))``: the
+        ``local_steps`` batches are drawn from ``gen`` right after the descriptor batches (step 5) either
+        way, lazily here. One plain cohort SGD call, so K runs stacked on the run axis
+        (:mod:`pfl_cli.fl.stack`) train their cohorts as one batched call per step.
+        """
+        new, loss, _ = self.cohort_sgd({k: theta[k].detach() for k in self.names}, cohort, gen,
+                                       steps=self.cfg.local_steps)
+        return new, loss
 
     def client_train(self, theta, index, mask=None):
         """Step 10: k local SGD steps from theta (tables ``index``/``mask``) -> (theta_new, loss)."""
@@ -317,7 +336,6 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
         """
         import torch
 
-        from pfl_cli.fl.cohort import local_sgd
         from pfl_cli.privacy.randomness import mechanism_generator
 
         cfg = self.cfg
@@ -328,12 +346,10 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
             loss = torch.zeros(0)
         else:
             d_index, d_mask = self.descriptor_batches(cohort, gen)                                       # step 5
-            index, mask = self.step_batches(cohort, gen, lazy=False)
             with torch.no_grad():
                 v = self._embed_cohort(d_index, d_mask)                                                 # steps 6-7
                 theta = self.hnet(v)                                                                    # step 8
-            new, loss = local_sgd(self.net, {k: theta[k] for k in self.names}, self.store, index, mask,  # step 10
-                                  **self.sgd_options())
+            new, loss = self.cohort_train(theta, cohort, gen)                                          # step 10
             self._record_traffic(len(cohort), v, theta, new)
             neg_delta = {k: theta[k] - new[k] for k in self.names}                                     # -delta_i
             contrib = self._client_gradients(h_params, e_params, d_index, d_mask, neg_delta)
