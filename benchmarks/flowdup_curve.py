@@ -116,7 +116,7 @@ def tuned_accuracy(method: str, x, y, part, seed: int, *, trials: int, rounds: i
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.process_time()
-    # pflx tune's default carve for a new-client study (pfl_cli.cli.tune_run._tuning_data): --validation-fraction
+    # pflx tune's default carve for a new-client study (pfl_cli.tune.plan.tuning_data): --validation-fraction
     # 0.2, --validation-clients 0.2, stratified so the labeled share of the clients left to train is kept
     vpart = validation_partition(part, val_fraction=0.2, val_clients=0.2, rng=make_rng(seed, "tune-validation"),
                                  unlabeled_validation_clients=True, x=x, y=y)

@@ -74,6 +74,8 @@ def test_no_import_cycle_but_the_known_one(edges):
     ("pfl_cli.manifest", (READERS, WRITER, ENGINE, "pfl_cli.cli")),
     (READERS, (WRITER, ENGINE, "pfl_cli.cli", "pfl_cli.algorithms")),
     (ENGINE, (WRITER, "pfl_cli.cli")),
+    # The study logic (trials, stacks, workers, the private study) is core: the command writes and prints.
+    ("pfl_cli.tune", ("pfl_cli.cli",)),
 ])
 def test_each_layer_imports_only_below_it(edges, layer, forbidden):
     """Every module of ``layer`` -- directly, through another module, or in a function -- loads none of ``forbidden``."""

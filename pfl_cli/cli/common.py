@@ -76,26 +76,8 @@ def train_stage_config(*, config_file: Path | None, flags: Mapping[str, Any], se
 
 
 def load_partition_dataset(partition: Path, *, flag: str = "--partition"):
-    """A partition artifact and its dataset, refused when the dataset no longer matches dataset.json.
+    """A partition artifact and its dataset (:func:`pfl_cli.data.location.load_partition_dataset`: the tune
+    workers load it below the CLI layer)."""
+    from pfl_cli.data.location import load_partition_dataset as load  # numpy: not for --help
 
-    The dataset is looked for where dataset.json recorded it, then relative to the artifact, then
-    under ``PFLX_DATA`` (:func:`pfl_cli.data.location.locate_dataset`), its digest checked.
-    """
-    from pfl_cli.artifacts import load_partition
-    from pfl_cli.data.location import locate_dataset
-    from pfl_cli.errors import ArtifactError
-
-    part, info, artifact = load_partition(partition, flag=flag)
-    ds = locate_dataset(info, artifact.path, flag=flag)
-    if ds.num_samples != int(info["num_samples"]) or (
-        info.get("labels_sha256") and ds.labels_sha256 != info["labels_sha256"]
-    ):
-        raise ArtifactError(f"{flag} {partition}: dataset {info['spec']} no longer matches the partition "
-                            "(size or labels changed). Re-create the partition.")
-    if part.rotation is not None:  # rotated clients (partition --rotations): rotate when the data load
-        import dataclasses
-
-        from pfl_cli.partition.rotation import rotate_clients
-
-        ds = dataclasses.replace(ds, x=rotate_clients(ds.x, part))
-    return part, info, artifact, ds
+    return load(partition, flag=flag)

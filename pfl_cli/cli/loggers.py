@@ -229,9 +229,13 @@ class StudyLoggers:
     the study, so --jobs workers and --stack are logged alike); trials of an earlier, resumed command are not
     logged again."""
 
-    def __init__(self, kinds: Sequence[str], log_dir: Path, study, *, group: str | None = None) -> None:
-        # In a protocol (compare --spec, ``group``: its experiment) a trial's run is STUDY-trial-N.
-        self.kinds, self.log_dir, self.name, self.group = tuple(kinds), Path(log_dir), study.study_name, group
+    def __init__(self, kinds: Sequence[str], log_dir: Path | None, study, *, group: str | None = None) -> None:
+        # In a protocol (compare --spec, ``group``: its experiment) a trial's run is STUDY-trial-N. No tracker, no
+        # directory: ``log_dir`` None logs nothing; a tracker needs one (the caller's default, e.g. OUT.logs).
+        if kinds and log_dir is None:
+            raise ValueError(f"StudyLoggers({', '.join(kinds)}): a tracker needs a log directory; got None.")
+        self.kinds, self.name, self.group = tuple(kinds), study.study_name, group
+        self.log_dir = None if log_dir is None else Path(log_dir)
         self.prefix = f"{study.study_name}-" if group else ""
         self.done = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
 

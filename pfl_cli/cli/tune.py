@@ -80,7 +80,8 @@ def tune(
     pflx tune --partition runs/part --algorithm pefll --space lambda_theta=log:1e-4:1e-1 --out runs/tune-pefll ;
     pflx train --partition runs/part --config runs/tune/best.yaml --out runs/tuned
     """
-    from pfl_cli.cli.tune_run import TuneOptions, run_tune
+    from pfl_cli.cli.tune_run import run_tune
+    from pfl_cli.tune.plan import TuneOptions
     from pfl_cli.privacy.release import parse_dp_spec
 
     flags = explicit_flags(ctx, FLAGS)

@@ -16,7 +16,7 @@ from typing import Any
 def tune_options(tune: Any, *, jobs: int = 1):
     """pflx tune's options for a spec's :class:`pfl_cli.compare.spec.TuneSpec` (``jobs``: trials at once, each in
     its own process, as ``pflx tune --jobs``)."""
-    from pfl_cli.cli.tune_run import TuneOptions
+    from pfl_cli.tune.plan import TuneOptions
 
     return TuneOptions(space=tuple(f"{k}={v}" for k, v in tune.space), trials=tune.trials, jobs=jobs,
                        sampler=tune.sampler, pruner=tune.pruner, validation_fraction=tune.validation_fraction,
@@ -26,7 +26,7 @@ def tune_options(tune: Any, *, jobs: int = 1):
 def check_study(cfg: Any, options: Any) -> tuple:
     """The study's options checked as ``pflx tune`` checks them, before any work (ConfigError, one line);
     returns the resolved search space (its :class:`pfl_cli.tune.space.Param` s)."""
-    from pfl_cli.cli.tune_run import _check_options
+    from pfl_cli.tune.plan import check_options as _check_options
     from pfl_cli.fl.api import validate_train_config
 
     validate_train_config(cfg)

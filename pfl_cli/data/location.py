@@ -181,3 +181,29 @@ def _as_recorded(ds: Dataset, spec: str) -> Dataset:
     import dataclasses
 
     return ds if ds.spec == spec else dataclasses.replace(ds, spec=spec)
+
+
+def load_partition_dataset(partition: str | Path, *, flag: str = "--partition"):
+    """A partition artifact and its dataset: ``(partition, dataset.json, artifact, dataset)``, refused when the
+    dataset no longer matches dataset.json.
+
+    The dataset is looked for where dataset.json recorded it, then relative to the artifact, then under
+    ``PFLX_DATA`` (:func:`locate_dataset`), its digest checked. A rotated partition's clients are rotated here.
+    """
+    from pfl_cli.errors import ArtifactError
+    from pfl_cli.readers import load_partition
+
+    part, info, artifact = load_partition(partition, flag=flag)
+    ds = locate_dataset(info, artifact.path, flag=flag)
+    if ds.num_samples != int(info["num_samples"]) or (
+        info.get("labels_sha256") and ds.labels_sha256 != info["labels_sha256"]
+    ):
+        raise ArtifactError(f"{flag} {partition}: dataset {info['spec']} no longer matches the partition "
+                            "(size or labels changed). Re-create the partition.")
+    if part.rotation is not None:  # rotated clients (partition --rotations): rotate when the data load
+        import dataclasses
+
+        from pfl_cli.partition.rotation import rotate_clients
+
+        ds = dataclasses.replace(ds, x=rotate_clients(ds.x, part))
+    return part, info, artifact, ds

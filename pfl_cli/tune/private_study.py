@@ -1,29 +1,45 @@
-"""`pflx tune --dp`: private selection (``pfl_cli.tune.private``) and its artifact.
+"""`pflx tune --dp`: the private study (Papernot & Steinke, "Hyperparameter tuning with Rényi differential
+privacy", ICLR 2022; the mechanism and its accounting: :mod:`pfl_cli.tune.private`).
 
-Released: the best trial's config (``best.yaml``) and its noisy validation score (``metrics.json``),
-covered by ``privacy.json`` (one ``RepeatAndSelectDpEvent`` around a trial's training events and its
-score release). Nothing else about the trials leaves the run: not their number (it is part of the
-guarantee's randomness), not their scores or curves; progress lines name no trial.
+A secret number of trials K ~ TNB(shape, mean) runs, each a DP training run of a config drawn independently of
+every other trial (random search) followed by the Gaussian release of its validation score; only the best
+trial's config and noisy score are released (:class:`PrivateStudy`), covered by one ``RepeatAndSelectDpEvent``
+(Theorem 2). Nothing else about the trials leaves: not their number (part of the guarantee's randomness), not
+their scores or curves (``rows`` only for ``write_nonprivate``, released as non-private).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
-from pfl_cli.cli.output import Reporter
 from pfl_cli.errors import RunError
+from pfl_cli.tune.plan import Plan, TuneOptions
+
+SELECTION_NOTE_SE = 0.05  # above this standard error the output says that the selection was mostly noise
 
 
-def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter, prior=None) -> None:
-    """``prior``: the ledger of the private study whose best.yaml is ``--config`` (on the same partition). This
-    study's release is a function of that one's too, so its privacy.json lists that study's events first."""
-    import yaml
+@dataclass(frozen=True)
+class PrivateStudy:
+    """What a private study releases: the best config, privacy.json's document, metrics.json; ``rows``: every
+    trial's (number, state, noisy score, drawn values), written only on request (``write_nonprivate``)."""
 
-    from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING
-    from pfl_cli.config import config_to_dict
+    best_cfg: Any
+    privacy: dict
+    metrics: dict
+    rows: list
+    score_standard_error: float
+
+
+def run_private_study(plan: Plan, o: TuneOptions, data, *, prior=None,
+                      note: Callable[[str], None] = lambda _m: None) -> PrivateStudy:
+    """Run the private study of ``plan`` on ``data`` (:func:`pfl_cli.tune.plan.tuning_data`, carved under the
+    study's noise mode). ``prior``: the ledger of the private study whose best.yaml is ``--config`` (on the same
+    partition): this study's release is a function of that one's too, so its privacy.json lists that study's
+    events first. ``note(line)``: the one status line (no progress: a count of finished trials would tell K)."""
     from pfl_cli.fl.api import train_federated, validate_train_config
     from pfl_cli.fl.loop import TrainingDiverged
     from pfl_cli.privacy.events import event_key
@@ -40,9 +56,9 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter, pri
     group, metric = plan.objective["group"], plan.objective["metric"]
     best, reference, trial_events, rows = None, None, None, []
     # No progress lines: a count of finished trials, or a line per trial, would tell K.
-    report.note(f"private study: a secret number of trials (mean {o.trials}) runs; only the best config is released.")
+    note(f"private study: a secret number of trials (mean {o.trials}) runs; only the best config is released.")
     for i in range(k):
-        values = _draw(plan.params, rng)
+        values = draw(plan.params, rng)
         tcfg = dataclasses.replace(plan.trial_cfg, **values)
         validate_train_config(tcfg)
         try:
@@ -76,7 +92,6 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter, pri
                                   "(Papernot & Steinke 2022)",), accountant="rdp")
     if prior is not None:
         ledger = prior.compose(ledger)
-    best_cfg = dataclasses.replace(cfg, **best[1])
     doc = ledger.to_dict(accountant="rdp")
     # Post-processing of the released noisy score and count: how far apart two trials must be to be told apart.
     se = score_standard_error(o.dp_score_noise, best[2]["noisy_count"], min(max(best[2]["score"], 0.0), 1.0))
@@ -88,27 +103,11 @@ def run_private_study(plan, o, data, *, writer, out: Path, report: Reporter, pri
                       "trial_epsilon": cfg.dp_epsilon, "mean_trials": o.trials, "shape": o.dp_shape,
                       "score_noise_multiplier": o.dp_score_noise, "score_standard_error": se,
                       "noise": cfg.dp_noise, "composes_config_study": prior is not None}}
-    with writer:
-        head = ("# pflx tune --dp: the released best config of a private study (Papernot & Steinke 2022); "
-                "privacy.json covers the whole study.\n")
-        writer.save_text("best.yaml", head + yaml.safe_dump(config_to_dict(best_cfg), sort_keys=False),
-                         release=MECHANISM)
-        writer.save_json("privacy.json", {**doc, **statement(cfg.dp_noise)}, release=POST_PROCESSING)
-        writer.save_json("metrics.json", metrics, release=MECHANISM)
-        if cfg.write_nonprivate:
-            writer.save_csv("nonprivate-trials.csv", ["trial", "state", "noisy_score", *(p.key for p in plan.params)],
-                            rows, release=NONPRIVATE)
-    _print(report, out, metrics)
-    if se > SELECTION_NOTE_SE:
-        report.note(f"the released score's standard error is about {100 * se:.1f} points (score noise "
-                    f"{o.dp_score_noise:g} over the scored clients): trials closer than about {200 * se:.0f} points "
-                    "were told apart by noise, not by the data.")
+    return PrivateStudy(best_cfg=dataclasses.replace(cfg, **best[1]), privacy={**doc, **statement(cfg.dp_noise)},
+                        metrics=metrics, rows=rows, score_standard_error=se)
 
 
-SELECTION_NOTE_SE = 0.05  # above this standard error the output says that the selection was mostly noise
-
-
-def _draw(params, rng) -> dict:
+def draw(params, rng) -> dict:
     """One candidate, drawn independently of every other trial (random search over the space)."""
     out = {}
     for p in params:
@@ -121,23 +120,3 @@ def _draw(params, rng) -> dict:
         else:
             out[p.key] = p.choices[int(rng.integers(len(p.choices)))]
     return out
-
-
-WITH_PRIOR = " with the one that chose --config"
-
-
-def _print(report: Reporter, out: Path, m: dict) -> None:
-    from rich.table import Table
-
-    dp = m["dp"]
-    table = Table(title=f"tune --dp -> {out}: {m['algorithm']}, released best of a private study", title_justify="left",
-                  caption=f"whole study{WITH_PRIOR if dp.get('composes_config_study') else ''}: "
-                          f"epsilon {dp['epsilon']:.4g} at delta {dp['delta']:g} ({dp['unit']}-level; "
-                          f"each trial {dp['trial_epsilon']:g}); the score is a noisy release, standard error "
-                          f"about {100 * dp['score_standard_error']:.1f} points", caption_justify="left")
-    table.add_column("noisy validation score", justify="right")
-    for key in m["best"]["params"]:
-        table.add_column(key, justify="right")
-    table.add_row(f"{100 * m['best']['noisy_score']:.1f}%",
-                  *(f"{v:.4g}" if isinstance(v, float) else str(v) for v in m["best"]["params"].values()))
-    report.result({"out": str(out), "up_to_date": False, **m}, table)
