@@ -17,12 +17,20 @@ global model, fine-tuned ``finetune_steps`` local steps as FedAvg's protocol (th
 the global model). No DP variant (FedAvg's DP-FedAvg is not inherited: ``||a_i||_1`` depends on the
 client's data size, a second release).
 
+Heterogeneous local work, the two sources the paper names (§1, §6): data sizes (``local_epochs`` E:
+client i takes ``E * ceil(n_i / b)`` steps) and computation that varies by client and round
+(``local_epochs_range: [lo, hi]``: each round every cohort client draws its own E_i uniformly from the
+integers lo..hi, as the paper's experiments draw E_i from [2, 5] each round, §6 and Table 1's
+variable-epoch rows). The draw comes from the round's generator before its batches, so a round's
+epochs depend only on the seed and the round (a resumed run draws them again, byte-identically); the
+cohort still trains as one vectorized call, a client that has taken its ``E_i * ceil(n_i / b)`` steps
+sitting out the rest (masked, as under ``local_epochs``). Flower's FedNova baseline
+(baselines/fednova/fednova/client.py, ``fit``) draws ``np.random.randint(var_min_epochs, var_max_epochs)`` with
+2 and 5 (conf/base.yaml), whose upper bound numpy excludes (E_i in {2, 3, 4}); pflx includes hi.
+
 Departures, said here: FedAvg's ``server_lr`` and ``server_momentum`` apply to FedNova's move (the
 paper's Eq. 8 is ``server_lr`` 1 and no momentum, the defaults; its Table 1 also runs FedNova with a
-server momentum). The paper's experiments draw each client's epochs uniformly from
-[2, 5] each round; pflx's step counts differ by data size under ``local_epochs`` (the other source of
-heterogeneity the paper names), and the learning test uses that. FedProx's proximal local solver
-(the paper's third example) is fedprox's, not run here.
+server momentum). FedProx's proximal local solver (the paper's third example) is fedprox's, not run here.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import broadcast
 
@@ -51,6 +60,26 @@ class FedNovaConfig(FedAvgConfig):
                     "per setting")
     momentum: float = key(0.9, "client SGD momentum rho (its ||a_i||_1 is the momentum one)",
                           f"{WANG}, Table 1: local momentum 0.9 (one of the three local solvers)")
+    local_epochs_range: Optional[tuple[int, ...]] = key(
+        None, "[lo, hi]: each cohort client draws its local epochs E_i uniformly from lo..hi every round, "
+              "tau_i = E_i * ceil(n_i / b) (null: local_epochs for every client)",
+        f"{WANG}, §6 and Table 1: E_i drawn uniformly from [2, 5] each round in the variable-epochs runs; the "
+        "default is Table 1's fixed E = 2 (local_epochs)")
+
+    def validate(self) -> None:
+        super().validate()
+        r = self.local_epochs_range
+        if r is None:
+            return
+        if len(r) != 2 or not 1 <= r[0] <= r[1]:
+            raise ConfigError(f"local_epochs_range must be two integers [lo, hi] with 1 <= lo <= hi for "
+                              f"{self.algorithm}; got {list(r)}. Use e.g. [2, 5] (Wang et al. 2020, §6), or null "
+                              "for local_epochs.")
+        default = type(self).__dataclass_fields__["local_epochs"].default
+        if self.local_epochs != default:
+            raise ConfigError(f"local_epochs has no effect beside local_epochs_range (each client's epochs are drawn "
+                              f"from {list(r)} every round); got local_epochs={self.local_epochs}. Drop local_epochs, "
+                              "or local_epochs_range.")
 
 
 class FedNova(FedAvg):
@@ -67,14 +96,35 @@ class FedNova(FedAvg):
                            "momentum 0.9 (Table 1's rows)")
     tune_group = "train"
 
-    def local_steps_of(self, cohort):
-        """tau_i: the local steps each cohort client takes this round (``local_steps``, or its epochs' batches)."""
+    def local_steps_of(self, cohort, epochs=None):
+        """tau_i: the local steps each cohort client takes (``local_steps``, or its epochs' batches); ``epochs``:
+        the round's (an int, or the (c,) draw of ``local_epochs_range``), default ``local_epochs``."""
         import torch
 
-        epochs = self.round_schedule().get("epochs")
-        if epochs:
+        epochs = self.round_schedule().get("epochs") if epochs is None else epochs
+        if epochs is not None:
             return self.epoch_steps(cohort, epochs)[1].sum(1).to(torch.float64)
         return torch.full((len(cohort),), float(self.cfg.local_steps), dtype=torch.float64, device=self.device)
+
+    def round_work(self, cohort, gen) -> dict:
+        """The round's local work: :meth:`round_schedule`, or under ``local_epochs_range`` each client's E_i
+        drawn uniformly from lo..hi with the round's generator (before its batches draw their seed)."""
+        import torch
+
+        r = self.cfg.local_epochs_range
+        if r is None:
+            return self.round_schedule()
+        return {"epochs": torch.randint(int(r[0]), int(r[1]) + 1, (len(cohort),), generator=gen).to(self.device)}
+
+    def local_batches(self, clients, gen, *, steps=None, epochs=None):
+        """:meth:`Algorithm.local_batches`, also with per-client ``epochs`` (a (c,) tensor: its own E_i each)."""
+        import torch
+
+        if torch.is_tensor(epochs):
+            from pfl_cli.fl.batches import draw_batches
+
+            return draw_batches(self.store.fit, clients, None, self.cfg.batch_size, gen, epochs=epochs)
+        return super().local_batches(clients, gen, steps=steps, epochs=epochs)
 
     def run_round(self, t, cohort, gen):
         import torch
@@ -83,9 +133,10 @@ class FedNova(FedAvg):
 
         if len(cohort) == 0:
             return torch.zeros(0)
-        theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen,
-                                         **self.round_schedule())
-        norm = solver_norm(self.local_steps_of(cohort), self.sgd_update_options()["momentum"])  # ||a_i||_1 of the solver
+        work = self.round_work(cohort, gen)
+        theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen, **work)
+        steps = self.local_steps_of(cohort, work.get("epochs"))
+        norm = solver_norm(steps, self.sgd_update_options()["momentum"])  # ||a_i||_1 of the solver
         self.record_exchange(self.global_params, {**theta, "a_norm": norm.to(torch.float32)}, len(cohort))
         size = self.store.fit.length[cohort].to(torch.float64)
         self.server_update(normalized_delta(self.global_params, theta, size / size.sum(), norm))  # Eq. 7-8

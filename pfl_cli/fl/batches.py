@@ -38,8 +38,9 @@ class CohortBatches:
     batch_size : int
     gen : torch.Generator on the CPU
         Consumed once, here: one seed for the private generator.
-    epochs : int, optional
-        Full passes over each client's data (Local, FedAvg ``--local-epochs``).
+    epochs : int or LongTensor (c,), optional
+        Full passes over each client's data (Local, FedAvg ``--local-epochs``); a tensor gives each
+        client its own count (FedNova's ``local_epochs_range``, drawn per client and round).
 
     Iterating yields ``(index, mask, active)`` per step: ``index`` LongTensor (c, b) of
     dataset sample indices, ``mask`` FloatTensor (c, b) with 1 for real samples, ``active``
@@ -58,7 +59,8 @@ class CohortBatches:
         # Steps in one epoch of each client: ceil(n_i / b), at least 1 (an empty client idles on padding).
         self.per_epoch = torch.div(self.length + self.batch - 1, self.batch, rounding_mode="floor").clamp_min(1)
         if epochs is not None:
-            self.client_steps = int(epochs) * self.per_epoch
+            per_client = torch.is_tensor(epochs)
+            self.client_steps = (epochs.to(self.per_epoch) if per_client else int(epochs)) * self.per_epoch
             self.steps = int(self.client_steps.max()) if c else 0
         else:
             self.client_steps = None

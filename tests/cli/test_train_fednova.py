@@ -30,8 +30,18 @@ def test_resumed_run_writes_the_same_model(resume_matches):
                                 mlp_hidden=(16,), clients_per_round=6), at=2)
 
 
+def test_resumed_run_with_random_epochs_writes_the_same_model(resume_matches):
+    """local_epochs_range: each round's E_i come from the round's generator, so a resumed run draws them again."""
+    resume_matches(small_config(algorithm="fednova", rounds=4, eval_every=2, local_epochs_range=(1, 3), lr=0.05,
+                                mlp_hidden=(16,), clients_per_round=6), at=2)
+
+
 @pytest.mark.parametrize("extra,message", [
     (("--set", "local_epochs=0"), "local_epochs must be"),
+    (("--set", "local_epochs_range=[3,2]"), "local_epochs_range must be two integers [lo, hi] with 1 <= lo <= hi "
+                                            "for fednova; got [3, 2]. Use e.g. [2, 5]"),
+    (("--set", "local_epochs_range=[2,5]", "--set", "local_epochs=1"),
+     "local_epochs has no effect beside local_epochs_range"),
     (("--set", "alpha=0.1"), "unknown --set key 'alpha' for algorithm 'fednova' (a key of apfl, feddyn)"),
     (("--dp", "eps=4,clip=1,population=1000"), "--dp is not supported by algorithm 'fednova': it declares no DP"),
 ])
