@@ -12,7 +12,9 @@ sampling, batches, server aggregation, DP noise, evaluation, selection, checkpoi
 separate run's own code on its own state, so each stacked run equals the run ``train_federated``
 trains with the same config and seed, up to the float rounding of batched reductions over more rows
 (``tests/fl/test_stack.py`` measures it). A run that ends early (a pruned trial) leaves the stack
-and the others continue.
+and the others continue. What a round does outside ``cohort_sgd`` stays per run: for PeFLL that is the
+descriptors, the hypernetwork's forward and backward and the server's Adam step (its generated models'
+local SGD, Alg. 8 step 10, is the batched call).
 
 Which algorithms stack is declared, never inherited: an algorithm class sets ``stackable = True``
 and names in ``stack_keys`` the keys its runs may differ in (:func:`is_stackable`); every other key
@@ -46,13 +48,31 @@ def stackable_names(registry: dict) -> list[str]:
     return sorted(name for name, cls in registry.items() if is_stackable(cls))
 
 
+def loaded_stackable_names() -> list[str]:
+    """The names of the algorithms loaded in this process whose runs stack: the algorithm of every config class
+    (``TrainConfig`` subclasses, each set by the algorithm that declares it), which after ``pfl_cli.registry``
+    has loaded its entries are the registry's algorithms. The engine reads no registry (it sits below the
+    algorithms); the caller that holds one has :func:`stackable_names`."""
+    from pfl_cli.fl.config import TrainConfig
+
+    found, todo = set(), list(TrainConfig.__subclasses__())
+    while todo:
+        sub = todo.pop()
+        todo.extend(sub.__subclasses__())
+        cls = sub.__dict__.get("algorithm_class")
+        if cls is not None and is_stackable(cls) and getattr(cls, "name", ""):
+            found.add(cls.name)
+    return sorted(found)
+
+
 def check_stackable(cfg) -> None:
     """Refuse (one line, exit 2) a stack of an algorithm that does not declare ``stackable``."""
     cls = cfg.algorithm_class
     if cls is None or not is_stackable(cls):
         raise ConfigError(f"stacking: algorithm {cfg.algorithm!r} cannot train runs stacked on a run axis (only "
-                          "algorithms whose local training is one batched SGD call per round stack: fedavg, fedprox); "
-                          f"got {cfg.algorithm!r}. Train its runs one at a time (drop --seeds / --stack).")
+                          "algorithms whose local training is one batched SGD call per round stack: "
+                          f"{', '.join(loaded_stackable_names())}); got {cfg.algorithm!r}. Train its runs one at a "
+                          "time (drop --seeds / --stack).")
 
 
 def shape_key(cfg) -> tuple:

@@ -157,6 +157,8 @@ def test_an_algorithm_that_cannot_stack_is_refused_in_one_line(algorithm):
     with pytest.raises(ConfigError) as err:
         stack_groups([cfg, cfg])
     assert algorithm in str(err.value) and "\n" not in str(err.value)
+    # it names the algorithms that do stack, as the registry has them (a newly stackable one is named too)
+    assert f"stack: {', '.join(STACKABLE)});" in str(err.value), str(err.value)
 
 
 def test_runs_differing_in_a_shape_key_are_grouped_or_refused_naming_it():
