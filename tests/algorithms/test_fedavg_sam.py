@@ -184,7 +184,14 @@ def test_the_paths_that_would_take_plain_steps_refuse_sam_rho(store, monkeypatch
     with pytest.raises(InputError, match=r"uploads SAM steps, which pflx attack does not model"):
         alg.upload(x, y, steps=2)
     assert set(alg.upload(x, y, steps=0)[0]) == {f"grad/{k}" for k in alg.global_params}  # FedSGD: no local step
-    monkeypatch.setattr("pfl_cli.fl.distributed.world", lambda: (0, 2))
+    from pfl_cli.fl.distributed import check_world_size
+
+    with pytest.raises(InputError, match=r"^--nproc / torchrun: --algorithm fedprox runs in one process only: its "
+                                         r"SAM local steps \(sam_rho 0.1\) are not split across ranks "
+                                         r"\(sam_rho=0's plain steps are\); drop --nproc"):
+        check_world_size(train_config("fedprox", sam_rho=0.1), 2, torch.device("cpu"))  # before any rank starts
+    check_world_size(train_config("fedprox"), 2, torch.device("cpu"))
+    monkeypatch.setattr("pfl_cli.fl.distributed.world", lambda: (0, 2))  # a rank of a library caller's world
     with pytest.raises(InputError, match=r"^--nproc / torchrun: fedavg with sam_rho 0.1 runs in one process only"):
         alg_for(store, algorithm="fedavg", sam_rho=0.1)
     alg_for(store, algorithm="fedavg")  # without SAM it builds under a world of 2 as before

@@ -59,6 +59,8 @@ def test_moon_resume_restores_every_clients_previous_model(digits_clients):
     (("--algorithm", "fedavg", "--set", "sam_rho=-0.1"),
      "sam_rho must be a finite number >= 0 for fedavg (the SAM radius of every local step); got -0.1. Use 0"),
     (("--algorithm", "fedprox", "--set", "sam_rho=.inf"), "sam_rho must be a finite number; got inf"),
+    (("--algorithm", "fedavg", "--set", "sam_rho=0.1", "--nproc", "2"),
+     "--algorithm fedavg runs in one process only: its SAM local steps (sam_rho 0.1) are not split across ranks"),
     (("--algorithm", "moon", "--set", "model_arch=hyperfl-cnn"), "model_arch"),
     (("--algorithm", "fedsam", "--dp", "eps=4,clip=1,population=1000"),
      "--dp is not supported by algorithm 'fedsam': it declares no DP variant"),
