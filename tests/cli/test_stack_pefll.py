@@ -59,3 +59,23 @@ def test_pefll_tune_stack_runs_the_study_one_trial_at_a_time_runs(digits_root, t
     assert [float(r["value"]) for r in a] == [float(r["value"]) for r in b]
     assert (tmp_path / "stacked" / "best.yaml").read_text() == (tmp_path / "alone" / "best.yaml").read_text()
     assert "algorithm: pefll" in (tmp_path / "stacked" / "best.yaml").read_text()
+
+
+def test_pefll_seeds_under_dp_each_seed_is_its_own_mechanism(digits_root, tmp_path, cli):
+    """Under --dp each stacked seed is its own mechanism: with repeatable noise its model and privacy.json are the
+    separate run's, bit for bit (its noise is its own seed's stream, not another seed's)."""
+    part = digits_root / "part"
+    dp = ["--set", "normalize=false", "--no-standardize-descriptor", "--embed-dim", "4",
+          "--dp", "eps=4,clip=1,population=100,noise=seeded"]
+    stacked, alone = tmp_path / "stack", tmp_path / "alone"
+    assert cli("train", "--partition", part, "--seeds", "0,1", "--out", stacked, *TRAIN, *dp).code == 0
+    assert cli("train", "--partition", part, "--seed", "1", "--out", alone, *TRAIN, *dp).code == 0
+    got = stacked / "seed-1"
+    assert _files(got) == _files(alone) and "privacy.json" in _files(got)
+    a = _flat(torch.load(got / "model.pt", weights_only=True)["weights"])
+    b = _flat(torch.load(alone / "model.pt", weights_only=True)["weights"])
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("config.yaml", "privacy.json", "metrics.json"):
+        assert (got / name).read_text() == (alone / name).read_text(), name
+    s0 = _flat(torch.load(stacked / "seed-0" / "model.pt", weights_only=True)["weights"])
+    assert any(not torch.equal(s0[k], a[k]) for k in a)
