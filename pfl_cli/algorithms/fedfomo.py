@@ -36,9 +36,12 @@ new clients, as pFedLA's).
 Exchanged: M models down, the client's model and its M weights up ((M + 1) x |client net| + M
 floats a cohort client and round; the paper's Table 5 counts the M models down).
 
-Defaults: M = 5 and epsilon 0.3 decaying by 0.05 a round are FedFomo's experimental settings as
-PFLlib and the authors' code use them (the paper's text was not at hand to check the section;
-``M`` is its "number of models downloaded"). Departure of PFLlib (``clientfomo.py``), where pflx
+Defaults (checked for issue 40 against the authors' code, github.com/NVlabs/FedFomo; the paper's text was
+not at hand): epsilon 0.3 decaying by 0.05 a round is the authors' README's every run
+(``--client_weight_epsilon 0.3 --client_weight_epsilon_decay 0.05``). M = 5 is PFLlib's default (``-M 5``);
+the authors' README downloads ``--num_update_clients`` 4 or 9 models (15 clients), so 5 is a peer's value,
+not the authors'. Their runs also use SGD at lr 0.1 without momentum (decay 0.99 a round) and an 80 %
+train split; pflx keeps FedAvg's client settings. Departure of PFLlib (``clientfomo.py``), where pflx
 follows the paper: PFLlib scores the received models on the client's last training batches, not a
 held-out validation split, and sets theta_i to sum_n w_n theta_n over the received models, its own
 model among them only as the server sends it.
@@ -66,13 +69,15 @@ class FedFomoConfig(TrainConfig):
     local_steps: int = key(50, "k: client SGD steps per round", "thesis §4.4: k = 50")
     local_epochs: Optional[int] = key(None, "epochs of local SGD per round instead of local_steps (null: steps)")
     fomo_models: int = key(5, "M: other clients' models each cohort client downloads and weighs (Eq. 3-4)",
-                           "Zhang et al., FedFomo (ICLR 2021), experiments: M = 5 downloaded models "
-                           "(PFLlib's default M = 5)")
+                           "PFLlib's default M = 5 (main.py -M 5); the authors' code's README (NVlabs/FedFomo) "
+                           "downloads 4 or 9 of 15 clients' models (--num_update_clients)")
     fomo_epsilon: float = key(0.3, "epsilon: the chance a cohort client gets M random models instead of its "
                               "top-M by affinity (Alg. 1's epsilon-greedy selection)",
-                              "Zhang et al., FedFomo (ICLR 2021), experiments: epsilon-greedy with epsilon 0.3")
+                              "Zhang et al., FedFomo (ICLR 2021), Alg. 1; 0.3, the authors' code's README "
+                              "(NVlabs/FedFomo: --client_weight_epsilon 0.3)")
     fomo_epsilon_decay: float = key(0.05, "epsilon falls by this much every round (never below 0)",
-                                    "Zhang et al., FedFomo (ICLR 2021), experiments: epsilon decays by 0.05 a round")
+                                    "the authors' code's README (NVlabs/FedFomo: --client_weight_epsilon_decay "
+                                    "0.05)")
     new_client_epochs: int = key(20, "epochs a new client trains the train clients' mean model on its data",
                                  "PeFLL (ICLR 2024) App. A.2: new clients of the baselines train 20 local epochs")
 

@@ -18,6 +18,11 @@ The local steps run the cohort engine unchanged (vmap over the cohort, or its cl
 the margins are recomputed from the data each round (no state beyond FedAvg's). Exchanged: the global
 model down and the local model up (2 x |client net| floats, as FedAvg: the counts stay on the client).
 No DP variant (FedAvg's DP-FedAvg is not inherited).
+
+Defaults checked (issue 40): no authors' code was found; FL-bench (``src/server/fedlc.py``) defaults
+``tau = 1.0``, pflx's default. FL-bench's note there says the paper's loss leaves the true class's logit
+out of the softmax's denominator and that this version collapsed its training, so it keeps the plain
+cross-entropy of the calibrated logits, as pflx does; the paper's text was not at hand to check.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ class FedLCConfig(FedAvgConfig):
 
     algorithm: str = key("fedlc", "the algorithm these keys configure")
     tau: float = key(1.0, "tau: strength of the calibration margin tau * n_{i,y}^{-1/4} (§4, the calibrated loss)",
-                     f"{ZHANG} §4: tau a hyperparameter tuned per setting; pflx: 1.0, the middle of its search space")
+                     f"{ZHANG} §4: tau a hyperparameter tuned per setting (no value read: the paper's text was not "
+                     "at hand); 1.0, FL-bench's default (src/server/fedlc.py --tau 1.0) and the middle of pflx's "
+                     "search space")
 
     def validate(self) -> None:
         super().validate()

@@ -21,7 +21,13 @@ reads; the paper's nets add a two-layer projection head before the output layer 
 output. pflx's client nets have none, so a MOON model stays the same net that ``predict`` and every other
 algorithm serve; a net without ``features()`` / ``head()`` is refused in one line. The round (lr,
 local steps, momentum) is pflx's FedAvg's; the paper's SGD lr 0.01, momentum 0.9 and 10 local epochs
-(§4.1) are ``--lr 0.01 --local-epochs 10``. No ``--dp`` variant is declared.
+(§4.1; the authors' README runs ``--lr 0.01 --epochs 10``) are ``--lr 0.01 --local-epochs 10``. No
+``--dp`` variant is declared.
+
+Defaults checked (issue 40) against the authors' code, github.com/QinbinLi/MOON (the paper's text was
+not at hand): ``main.py`` defaults ``--mu 1`` and ``--temperature 0.5``; the README's CIFAR-10 command
+sets ``--mu 5 --lr 0.01 --epochs 10`` and advises tuning mu over {0.001, 0.01, 0.1, 1, 5, 10} and the
+temperature over {0.1, 0.5, 1.0} outside the paper's settings.
 """
 
 from __future__ import annotations
@@ -39,10 +45,12 @@ class MoonConfig(FedAvgConfig):
 
     algorithm: str = key("moon", "the algorithm these keys configure")
     moon_mu: float = key(1.0, "mu: weight of the model-contrastive loss (Eq. 4)",
-                         "Li et al. (CVPR 2021) §4.1: mu tuned from {0.1, 1, 5, 10}; 1 for CIFAR-100 and "
-                         "Tiny-ImageNet (5 for CIFAR-10)")
+                         "Li et al. (CVPR 2021) §4.1: mu tuned from {0.1, 1, 5, 10}, 1 for CIFAR-100 and "
+                         "Tiny-ImageNet (5 for CIFAR-10); the authors' code (QinbinLi/MOON main.py) defaults "
+                         "--mu 1 and its README runs CIFAR-10 with --mu 5")
     moon_tau: float = key(0.5, "tau: temperature of the model-contrastive loss (Eq. 3)",
-                          "Li et al. (CVPR 2021) §4.1: the temperature is set to 0.5")
+                          "Li et al. (CVPR 2021) §4.1: the temperature is 0.5 (SimCLR's); the authors' code "
+                          "(QinbinLi/MOON main.py) defaults --temperature 0.5")
 
     def validate(self) -> None:
         super().validate()
