@@ -30,7 +30,9 @@ scale, the C x d count-scaled unit class means and the C counts (:meth:`FedNH.fl
 
 Defaults: the authors' code and run scripts (``experiments/FedNH_dir.sh``): SGD lr 0.01, momentum 0.9,
 weight decay 1e-5 (lambda_theta 5e-6 here, pflx adding 2 * lambda_theta * param), 5 local epochs, gradient
-norm clipped at 10 (``FedUH.py``), smoothing rho 0.9 (``FedNH_smoothing``). fluke (``fednh.py``) keeps rho's
+norm clipped at 10 (``FedUH.py``), smoothing rho 0.9 (``main.py``, ``--FedNH_smoothing``); checked against the
+scripts and ``main.py``. The scripts also decay the client lr (``--client_lr_scheduler diminishing``); pflx keeps it
+constant. fluke (``fednh.py``) keeps rho's
 meaning but defaults it to 0.1 (a tenth of the old prototypes kept), builds a client's class mean from its
 unnormalized representations (the authors' code averages the unit ones) and serves one model; pflx follows the
 authors' code.
@@ -93,7 +95,7 @@ class FedNHConfig(TrainConfig):
     local_epochs: int = key(5, "epochs of local training per round (Alg. 1)",
                             f"{CODE}, experiments/FedNH_dir.sh: --num_epochs 5")
     fednh_rho: float = key(0.9, "rho: smoothing of the prototype update, w <- rho w + (1 - rho) mean (Alg. 1)",
-                           f"{CODE}: FedNH_smoothing 0.9")
+                           f"{CODE}, main.py: --FedNH_smoothing default 0.9")
     new_client_epochs: int = key(0, "epochs a new client trains the global model as a cohort client does (0: the "
                                  "global model, the paper's GM)", "Dai et al. (AAAI 2023) evaluate the GM as is")
 
