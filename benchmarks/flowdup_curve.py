@@ -112,7 +112,9 @@ def tuned_accuracy(method: str, x, y, part, seed: int, *, trials: int, rounds: i
     from pfl_cli.rng import make_rng
     from pfl_cli.tune.space import resolve_space
     from pfl_cli.tune.split import validation_partition
-    from pfl_cli.tune.study import Objective, TuningData, best_trial, best_values, make_pruner, make_sampler, optimize
+    from pfl_cli.tune.loop import optimize
+    from pfl_cli.tune.study import best_trial, best_values, make_pruner, make_sampler
+    from pfl_cli.tune.trial import Objective, TuningData
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.process_time()

@@ -161,7 +161,9 @@ def pflx_tuned(ps, seeds, methods=("fedavg", "flowdup"), trials: int = 12, valid
     from pfl_cli.rng import make_rng
     from pfl_cli.tune.space import resolve_space
     from pfl_cli.tune.split import validation_partition
-    from pfl_cli.tune.study import Objective, TuningData, best_trial, best_values, make_pruner, make_sampler, optimize
+    from pfl_cli.tune.loop import optimize
+    from pfl_cli.tune.study import best_trial, best_values, make_pruner, make_sampler
+    from pfl_cli.tune.trial import Objective, TuningData
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     missed = []

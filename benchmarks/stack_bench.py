@@ -12,7 +12,7 @@ client lr, as a study's trials or a table's seeds do. CPU time (``time.process_t
 Target (issue 41): stacked K = 8 in at most 1/3 of the CPU time of 8 separate processes; the curve for
 K = 1, 2, 4, 8, 16 is printed beside it.
 
-The study: ``pflx tune``'s loop (:func:`pfl_cli.tune.study.optimize`, TPE seeded per trial, the median pruner)
+The study: ``pflx tune``'s loop (:func:`pfl_cli.tune.loop.optimize`, TPE seeded per trial, the median pruner)
 of 16 FedAvg trials over lr and momentum on the tuning partition (validation data only; 30 clients of two
 classes, 40 rounds, evaluated every 4), with ``stack=8`` against one trial at a time, in this process. Target:
 the same best validation score (within half a point) in at most 1/2 of the CPU time.
@@ -72,7 +72,9 @@ def _tune(stack: int, seed: int = 0):
     from pfl_cli.rng import make_rng
     from pfl_cli.tune.space import resolve_space
     from pfl_cli.tune.split import validation_partition
-    from pfl_cli.tune.study import Objective, Proposals, TuningData, make_pruner, optimize
+    from pfl_cli.tune.loop import Proposals, optimize
+    from pfl_cli.tune.study import make_pruner
+    from pfl_cli.tune.trial import Objective, TuningData
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ds = load_dataset("builtin:digits")

@@ -37,7 +37,7 @@ def _setup(rounds: int, seed: int):
     from pfl_cli.rng import make_rng
     from pfl_cli.tune.space import resolve_space
     from pfl_cli.tune.split import validation_partition
-    from pfl_cli.tune.study import TuningData
+    from pfl_cli.tune.trial import TuningData
 
     ds = load_dataset("builtin:digits")
     pcfg = PartitionConfig(scheme="pathological", classes_per_client=2, num_clients=30, holdout_clients=6,
@@ -54,7 +54,8 @@ def _study(data, cfg, params, *, sampler, pruner, stop_at: float | None = None):
     """Run trials one by one; return (best value, CPU seconds in all, CPU seconds until stop_at was reached)."""
     import optuna
 
-    from pfl_cli.tune.study import Objective, TrialFailed, make_pruner, make_sampler
+    from pfl_cli.tune.study import make_pruner, make_sampler
+    from pfl_cli.tune.trial import Objective, TrialFailed
 
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, params, seed=cfg.seed),
                                 pruner=make_pruner(pruner, rounds=cfg.rounds))

@@ -179,7 +179,7 @@ def tuning_data(ds, part, seed: int, fraction: float, val_clients: float, unlabe
     entropy unless seeded, the carve neighbour-stable)."""
     from pfl_cli.privacy.randomness import noise_source
     from pfl_cli.tune.split import validation_partition
-    from pfl_cli.tune.study import TuningData
+    from pfl_cli.tune.trial import TuningData
 
     rng = noise_source("seeded" if noise is None else noise, seed).numpy("tune-validation")
     vpart = validation_partition(part, val_fraction=fraction, val_clients=val_clients, rng=rng,

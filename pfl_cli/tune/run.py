@@ -63,8 +63,10 @@ def run_study(plan: Plan, o: TuneOptions, data, *, url: str, name: str, meta: di
     trial of this process ends, ``.finish(study)`` at the end, for the trials of other processes), or None.
     ``partition``: the partition artifact, which ``--jobs`` workers load again.
     """
-    from pfl_cli.tune.study import (Objective, Proposals, best_trial, counted, identity_digest, make_pruner,
-                                    make_sampler, open_storage, open_study, optimize, rounds_done)
+    from pfl_cli.tune.loop import Proposals, optimize
+    from pfl_cli.tune.study import (best_trial, counted, identity_digest, make_pruner, make_sampler, open_storage,
+                                    open_study, rounds_done)
+    from pfl_cli.tune.trial import Objective
 
     import optuna
 

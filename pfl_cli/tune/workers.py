@@ -1,5 +1,5 @@
 """`pflx tune --jobs N`: N processes run trials of one study, its storage coordinating them (a trial is asked
-by one process only; a trial of a process that died is reaped and run again: :func:`pfl_cli.tune.study.optimize`).
+by one process only; a trial of a process that died is reaped and run again: :func:`pfl_cli.tune.loop.optimize`).
 
 Each worker is a fresh interpreter (``spawn``: no forked torch thread pools) with one torch thread. It loads
 the partition and carves the same validation data again from the plan, and draws with its own sampler seed.
@@ -61,8 +61,9 @@ def _worker(plan: Plan, o: TuneOptions, url: str, name: str, identity: str, part
         import torch
 
         from pfl_cli.data.location import load_partition_dataset
-        from pfl_cli.tune.study import (Objective, Proposals, make_pruner, make_sampler, open_storage, open_study,
-                                        optimize)
+        from pfl_cli.tune.loop import Proposals, optimize
+        from pfl_cli.tune.study import make_pruner, make_sampler, open_storage, open_study
+        from pfl_cli.tune.trial import Objective
 
         torch.set_num_threads(1)
         import optuna

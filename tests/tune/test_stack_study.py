@@ -7,7 +7,8 @@ import pytest
 from pfl_cli import registry
 from pfl_cli.tune.space import resolve_space
 from pfl_cli.tune.split import validation_partition
-from pfl_cli.tune.study import Objective, Proposals, TuningData, optimize
+from pfl_cli.tune.loop import Proposals, optimize
+from pfl_cli.tune.trial import Objective, TuningData
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SMALL = dict(rounds=4, eval_every=1, local_steps=3, clients_per_round=4, mlp_hidden=(16,), device="cpu", seed=0)

@@ -9,7 +9,9 @@ import pytest
 from pfl_cli import registry
 from pfl_cli.tune.space import resolve_space
 from pfl_cli.tune.split import validation_partition
-from pfl_cli.tune.study import Objective, TrialFailed, TuningData, best_trial, best_values, optimize, trial_rows
+from pfl_cli.tune.loop import optimize
+from pfl_cli.tune.study import best_trial, best_values, trial_rows
+from pfl_cli.tune.trial import Objective, TrialFailed, TuningData
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SMALL = dict(rounds=3, eval_every=1, local_steps=5, clients_per_round=4, mlp_hidden=(16,), device="cpu")
@@ -30,7 +32,7 @@ def _run(y, part, *, algorithm="fedavg", space=None, trials=3, pruner=None, grid
     group = "holdout" if entry.algorithm.tune_group == "new" else "train"
     vpart = validation_partition(part, val_fraction=0.2, val_clients=0.2 if group == "holdout" else 0.0,
                                  rng=np.random.default_rng(0))
-    from pfl_cli.tune.study import Proposals
+    from pfl_cli.tune.loop import Proposals
 
     study = _study(pruner=pruner)
     optimize(study, Objective(TuningData(ds.x, y, ds.num_classes, vpart), cfg, params, group=group,

@@ -154,7 +154,8 @@ def test_a_cached_result_is_reused_only_within_one_identity(digits_clients):
     from pfl_cli import registry
     from pfl_cli.tune.space import resolve_space
     from pfl_cli.tune.split import validation_partition
-    from pfl_cli.tune.study import Objective, TuningData, optimize
+    from pfl_cli.tune.loop import optimize
+    from pfl_cli.tune.trial import Objective, TuningData
 
     ds, part = digits_clients
     params = resolve_space(registry.get("fedavg"), {"lr": "choice:0.05"})

@@ -13,7 +13,8 @@ import pytest
 
 from pfl_cli import registry
 from pfl_cli.tune.space import resolve_space, suggest
-from pfl_cli.tune.study import INTERRUPTED, SAMPLERS, Proposals, best_trial, counted, optimize
+from pfl_cli.tune.loop import Proposals, optimize
+from pfl_cli.tune.study import INTERRUPTED, SAMPLERS, best_trial, counted
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SPACES = {"grid": {"lr": "choice:0.001,0.01,0.1,1", "momentum": "choice:0,0.9"},
@@ -90,7 +91,7 @@ def test_a_trial_left_running_before_its_pid_was_recorded_is_reaped_and_run_agai
     taken as stopped, marked interrupted, and the study completes its trials."""
     import socket
 
-    from pfl_cli.tune import study as study_mod
+    from pfl_cli.tune import loop as study_mod
 
     params = resolve_space(registry.get("fedavg"), SPACES["random"])
     url = f"sqlite:///{tmp_path / 's.db'}"

@@ -14,7 +14,8 @@ import pytest
 from pfl_cli import registry
 from pfl_cli.tune import storage
 from pfl_cli.tune.space import resolve_space, suggest
-from pfl_cli.tune.study import Proposals, counted, optimize
+from pfl_cli.tune.loop import Proposals, optimize
+from pfl_cli.tune.study import counted
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -100,7 +101,7 @@ def test_a_worker_killed_beside_a_live_one_leaves_its_trial_interrupted_and_run_
 def test_a_trial_of_a_lost_machine_is_reaped_once_its_heartbeat_is_stale():
     """Another machine's process cannot be asked whether it lives: its trial's heartbeat says. A stale one (the
     machine was lost) is interrupted and run here; a fresh one is another worker's, left alone."""
-    from pfl_cli.tune import study as study_mod
+    from pfl_cli.tune import loop as study_mod
 
     params = _params()
     proposals = Proposals("random", params, 0)
@@ -123,7 +124,7 @@ def test_a_trial_of_a_lost_machine_is_reaped_once_its_heartbeat_is_stale():
 
 
 def test_a_training_trial_beats(monkeypatch):
-    from pfl_cli.tune import study as study_mod
+    from pfl_cli.tune import loop as study_mod
 
     monkeypatch.setattr(study_mod, "HEARTBEAT_S", 0.05)
     params = _params()
