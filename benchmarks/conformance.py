@@ -149,6 +149,38 @@ def _algorithms(rounds: int) -> dict[str, dict]:
                       unmatched="FedAS: PFLlib averages the whole model (its global head is never read) and computes "
                                 "Fisher traces outside the cohort too; its train() calls avg_generalization_metrics, "
                                 "which PFLlib lacks (serveras.py line 114): the driver stubs it"),
+        # issue 40's personalized methods PFLlib has. FedProto: PFLlib's -lam weighs nn.MSELoss (the mean over the
+        # d = 100 features, clientproto.py line 19), pflx's fedproto_lambda the squared norm: -lam 1 is 1 / d. Both
+        # classify by the nearest global prototype (pflx's inference: prototype; PFLlib's clientproto.py test_metrics)
+        "fedproto": dict(peer="FedProto", split=True, pflx={"fedproto_lambda": 1.0 / HIDDEN, "inference": "prototype"},
+                         flags=["-lam", "1"],
+                         unmatched="FedProto: PFLlib averages a class's prototypes uniformly over the clients that "
+                                   "hold it (serverproto.py proto_aggregation; pflx: weighted by class counts, Eq. 6), "
+                                   "takes a client's prototypes from the representations of the epoch's batches as "
+                                   "they train (clientproto.py train; pflx: from the trained model, Eq. 3) and, with a "
+                                   "cohort, keeps only the round's classes as global prototypes (pflx: a class no "
+                                   "cohort client holds keeps its last prototype)"),
+        # FedAMP: PFLlib's -alk is alpha_k (the attention's step and the proximal weight's denominator), -sg sigma
+        "fedamp": dict(peer="FedAMP", pflx={"alpha_k": 1.0, "sigma": 1.0, "lam": 1.0},
+                       flags=["-alk", "1.0", "-sg", "1.0", "-lam", "1.0"],
+                       unmatched="FedAMP: PFLlib's proximal term is built from .data copies of both models and is "
+                                 "the norm, not its square (clientamp.py train): it has no gradient, so PFLlib's "
+                                 "clients train their own models as Local does (docs/performance/conformance.md)"),
+        # FedFomo: PFLlib holds out the last 20 % of each client's train split (clientfomo.py val_ratio 0.2) to weigh
+        # the models: pflx's val_fraction 0.2; PFLlib sends the top M by affinity, no epsilon-greedy exploration
+        "fedfomo": dict(peer="FedFomo", pflx={"fomo_models": 5, "fomo_epsilon": 0.0, "fomo_epsilon_decay": 0.0,
+                                              "val_fraction": 0.2},
+                        flags=["-M", "5"],
+                        unmatched="FedFomo: PFLlib weighs the received models against the client's model before its "
+                                  "last local training (clientfomo.py: old_model is copied after the aggregation, "
+                                  "before train), pflx against its model as last trained (Eq. 3-7); PFLlib's "
+                                  "held-out part is the split's last 20 % unshuffled and its train part drops the "
+                                  "last partial batch, pflx's validation carve is its own draw"),
+        # FedLC: tau 1 in both; PFLlib calibrates with the pooled class counts of all clients (serverlc.py __init__)
+        "fedlc": dict(peer="FedLC", split=True, pflx={"tau": 1.0}, flags=["-tau", "1.0"],
+                      unmatched="FedLC: PFLlib's calibration is tau * n_y^(-1/4) of the class counts summed over all "
+                                "clients, one vector for every client (serverlc.py __init__); pflx's (and the "
+                                "paper's, Zhang et al. 2022 §4) is each client's own counts n_{i,y}"),
     }
 
 
@@ -423,9 +455,12 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         if args.child == "fluke":
             acc = _fluke().child(args, pathlib.Path(args.work) / "dataset" / DATASET, BATCH, LR)
+            if isinstance(acc, tuple):  # (the score, fluke's own figures where the row scores another model)
+                acc, own = acc
+                EXTRA.update(own)
         else:
             acc = (_child_pflx if args.child == "pflx" else _child_pfllib)(args)
-        print(json.dumps({"accuracy": acc, "seconds": time.perf_counter() - t}))
+        print(json.dumps({"accuracy": acc, "seconds": time.perf_counter() - t, **EXTRA}))
         return 0
     table = _table(args.peer, args.rounds)
     algorithms = [a for a in args.algorithms.split(",") if a] or list(table)
@@ -515,6 +550,10 @@ def main(argv=None) -> int:
         misses += [] if v["verdict"] == "ok" else [f"{a} (cohort {j:g}: {v['verdict']})"]
         rows.append({"algorithm": a, "peer": table[a]["peer"], "join": j, "seeds": seeds, "pflx": acc["pflx"],
                      peer: acc[peer], **v, "initial_model": "shared" if a in shared else "own"})
+        if all("peer_own" in runs[(peer, a, j, s)] for s in seeds):  # the peer's own figure of another model
+            rows[-1][f"{peer}_own"] = [100 * runs[(peer, a, j, s)]["peer_own"] for s in seeds]
+            if all("peer_own_clients" in runs[(peer, a, j, s)] for s in seeds):  # of the clients it scores
+                rows[-1][f"{peer}_own_clients"] = [runs[(peer, a, j, s)]["peer_own_clients"] for s in seeds]
         per_seed = ", ".join(f"{p:.2f}/{q:.2f}" for p, q in zip(acc["pflx"], acc[peer]))
         interval = f"[{v['low']:+.2f}, {v['high']:+.2f}]"
         print(f"{a:<10} {j:>6g} {mean['pflx']:>7.2f} {mean[peer]:>8.2f} {v['mean']:>+6.2f} "
@@ -733,6 +772,9 @@ def _child_pfllib(args) -> float:
     return float(getattr(server, spec.get("acc", "rs_test_acc"))[-1])
 
 
+EXTRA = {}  # a child's further figures, printed beside its accuracy (fluke's own, where its row scores another model)
+
+
 def _score_pfedme_personalized():
     """Make PFLlib's pFedMe score its personalized models, not its global one (defect 1 in the docs).
 
@@ -784,7 +826,8 @@ def _peer_mlp_class():
 
 _SERVER_FILE = {"PerAvg": "peravg", "pFedMe": "pFedMe", "LG-FedAvg": "lg", "FedROD": "rod", "FedBABU": "babu",
                 "FedBN": "bn", "FedALA": "ala", "FedDBE": "dbe", "FedRep": "rep", "FedPer": "per", "FedProx": "prox",
-                "FedAvg": "avg", "FedPAC": "pac", "FedCP": "cp", "FedAS": "as"}
+                "FedAvg": "avg", "FedPAC": "pac", "FedCP": "cp", "FedAS": "as", "FedProto": "proto", "FedAMP": "amp",
+                "FedFomo": "fomo", "FedLC": "lc"}
 _SERVER_CLASS = {"LG-FedAvg": "LG_FedAvg"}
 
 

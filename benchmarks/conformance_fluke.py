@@ -40,7 +40,7 @@ def fluke_algorithms(rounds: int, lr: float) -> dict[str, dict]:
     ``lr``: the benchmark's client lr (FedOpt's and FedExP's server steps are set from it where the
     method's own step is a multiple of it).
     """
-    del rounds, lr  # every row below is the same at any schedule
+    del rounds  # every row below is the same at any schedule
     return {
         "fedavg": dict(peer="fedavg.FedAVG", pflx={}, client={}, server={}),
         "fedprox": dict(peer="fedprox.FedProx", pflx={"mu": 0.01}, client={"mu": 0.01}, server={}),
@@ -74,14 +74,58 @@ def fluke_algorithms(rounds: int, lr: float) -> dict[str, dict]:
         "fedopt": dict(peer="fedopt.FedOpt", pflx={"server_optimizer": "adam", "server_lr": 0.01, "beta1": 0.9,
                                                    "beta2": 0.99, "tau": 0.001},
                        client={}, server={"mode": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 0.001}),
-        "fedexp": dict(peer="fedexp.FedExP", pflx={"average_last_two": False}, client={}, server={},
-                       unmatched="FedExP: fluke's eps is 1e-4 (fedexp.py _compute_eta; pflx 1e-3, the paper's) and "
-                                 "it has no average of the last two iterates (pflx runs average_last_two false)"),
+        # fluke's eps is fixed at 1e-4 (fedexp.py _compute_eta's default, no key): pflx runs eps 1e-4 (its default
+        # 1e-3 is the paper's §6); fluke serves the last iterate (pflx: average_last_two false)
+        "fedexp": dict(peer="fedexp.FedExP", pflx={"average_last_two": False, "eps": 1e-4}, client={}, server={},
+                       unmatched="FedExP: fluke's eta_g takes the clients' deltas uniformly (fedexp.py "
+                                 "_compute_eta: the plain mean and sum over the cohort, Alg. 1's p_i = 1/M) and then "
+                                 "steps along the data-size-weighted mean (server.py aggregate); pflx weighs both "
+                                 "by data size"),
         "fednova": dict(peer="fednova.FedNova", pflx={}, client={}, server={}),
         "fedlc": dict(peer="fedlc.FedLC", pflx={"tau": 1.0}, client={"tau": 1.0}, server={}),
         "fedsam": dict(peer="fedsam.FedSAM", pflx={"sam_rho": 0.05}, client={"rho": 0.05}, server={}),
         "moon": dict(peer="moon.MOON", pflx={"moon_mu": 1.0, "moon_tau": 0.5}, client={"mu": 1.0, "tau": 0.5},
                      server={}),
+        # issue 40's prototype and similarity methods fluke has. ``score: "model"``: fluke scores another model than
+        # the method's personalized one (below); the driver scores each client's own model after its last round, as
+        # pflx does, and returns fluke's own figure beside it (peer_own in the JSON, over the peer_own_clients
+        # clients fluke scores: its FedProto scores only the clients that hold class 0, fedproto.py evaluate).
+        # FedProto: fluke's lam weighs nn.MSELoss (the mean over the d = 100 features, fedproto.py fit), pflx's
+        # fedproto_lambda the squared norm: lam 1 is 1 / d
+        # pflx's inference head: the client's decision layer, the model this row scores in fluke (fluke's own rule,
+        # its client's own prototypes, is neither pflx's nor PFLlib's nearest global prototype)
+        "fedproto": dict(peer="fedproto.FedProto", pflx={"fedproto_lambda": 1.0 / HIDDEN, "inference": "head"},
+                         client={"lam": 1.0, "n_protos": CLASSES}, server={"n_protos": CLASSES}, score="model",
+                         unmatched="FedProto: fluke averages a class's prototypes uniformly over the cohort clients "
+                                   "that hold it (fedproto.py FedProtoServer.aggregate; pflx: by class counts, Eq. 6) "
+                                   "and takes a client's prototypes from the representations of the epoch's batches "
+                                   "as they train (pflx: from the trained model, Eq. 3); its own figure "
+                                   "(peer_own) trains every client one more epoch in finalize and classifies by the "
+                                   "client's own prototypes (fedproto.py FedProtoClient.evaluate and finalize), "
+                                   "pflx by the client's decision layer"),
+        # FedAMP: fluke's client proximal weight is lam / (2 lr) (fedamp.py _proximal_loss: alpha is the client's
+        # optimizer lr), pflx's lam / (2 alpha_k): fluke lam = lr * pflx lam / alpha_k; fluke's server alpha is
+        # alpha_k in the attention xi_ij = alpha_k A'(.)
+        "fedamp": dict(peer="fedamp.FedAMP", pflx={"alpha_k": 1.0, "sigma": 1.0, "lam": 1.0},
+                       client={"lam": lr * 1.0 / 1.0}, server={"alpha": 1.0, "sigma": 1.0}, score="model",
+                       unmatched="FedAMP: fluke's server weighs nothing by data size (weighted=False; the attention "
+                                 "has no weights in either); its own figure (peer_own) scores each client's cloud "
+                                 "model u_i, the message of the last round (fedamp.py: PFLClient.evaluate scores "
+                                 "personalized_model, which receive_model overwrites with u_i), pflx the client's "
+                                 "model w_i (Alg. 1's output)"),
+        # FedNH: fluke's rho is the weight of the old prototypes, as pflx's fednh_rho (fednh.py aggregate); its
+        # client clips at 5 unless told (fednh.py FedNHClient); the model is the encoder under fluke's ProtoNet
+        "fednh": dict(peer="fednh.FedNH", body_only=True, pflx={"fednh_rho": 0.9, "lambda_theta": 0.0},
+                      client={"n_protos": CLASSES, "clipping": 0, "model": f"{__name__}.FlukeEncoder"},
+                      server={"n_protos": CLASSES, "rho": 0.9}, score="model",
+                      unmatched="FedNH: fluke's server keeps the cosine scale at its start (fednh.py aggregate "
+                                "averages the encoder and the prototypes only, and a client loads the server's "
+                                "scale each round; pflx averages it, as the authors' code) and a client's class mean "
+                                "is of its raw representations (pflx: of the unit ones, the authors' code); its own "
+                                "figure (peer_own) trains every client one more epoch in finalize and classifies by "
+                                "the client's own count-scaled class means, which fit writes over the prototypes "
+                                "(fednh.py _update_protos, evaluate); the row scores the client's model with the "
+                                "prototypes it trained against, pflx's personalized model"),
     }
 
 
@@ -156,12 +200,19 @@ def _mlp_class():
 
     from fluke.nets import EncoderHeadNet
 
+    class Flatten(nn.Flatten):
+        """nn.Flatten that leaves one unbatched sample as it is: fluke's FedNH sizes its prototypes by running the
+        encoder on one sample (fednh.py FedNHClient, utils/model.py get_activation_size)."""
+
+        def forward(self, x):
+            return x if x.dim() == 1 else super().forward(x)
+
     class FlukeEncoder(nn.Sequential):
         """The MLP's body (flatten, fc1, ReLU): the global model of fluke's body-only methods (FedPer, FedRep,
-        FedBABU: their clients upload and load the encoder alone)."""
+        FedBABU, FedNH: their clients upload and load the encoder alone)."""
 
         def __init__(self):
-            super().__init__(nn.Flatten(), nn.Linear(FEATURES, HIDDEN), nn.ReLU())
+            super().__init__(Flatten(), nn.Linear(FEATURES, HIDDEN), nn.ReLU())
             if INITIAL is not None:
                 self.load_state_dict({"1.weight": INITIAL["fc1.weight"], "1.bias": INITIAL["fc1.bias"]})
 
@@ -196,7 +247,8 @@ def _counting_evaluator():
             correct = total = 0
             with torch.no_grad():
                 for x, y in eval_data_loader:
-                    correct += int((model(x).argmax(1) == y).sum())
+                    out = model(x)  # logits; FedNH's ArgMaxModule returns the predicted classes
+                    correct += int(((out.argmax(1) if out.dim() > 1 else out) == y).sum())
                     total += len(y)
             if self.final:
                 self.last[id(eval_data_loader)] = (correct, total)
@@ -270,11 +322,17 @@ def child(args, dataset: pathlib.Path, batch: int, lr: float) -> float:
     splitter = DataSplitter(DummyDataContainer(train, test, None, num_classes=CLASSES))
     hp = DDict(hyperparameters(spec, batch, lr))  # nested dicts become fluke's DDicts
     cls = get_class_from_qualified_name(f"fluke.algorithms.{spec['peer']}")
+    if spec["peer"] == "fednh.FedNH":
+        _keep_fednh_trained_prototypes()
+    own_models = {}
     with contextlib.redirect_stdout(sys.stderr):  # fluke renders progress; the result line is ours
         algorithm = cls(n, splitter, hp)
         finalize = algorithm.finalize
 
         def scored_finalize():
+            if spec.get("score") == "model":  # each client's own model after its last round, before finalize
+                for client in algorithm.clients:
+                    own_models[id(client.test_set)] = _counts(_scored_model(client), client.test_set)
             env.set_eval_cfg(pre_fit=True, post_fit=True)
             evaluator.final = True
             finalize()
@@ -282,7 +340,61 @@ def child(args, dataset: pathlib.Path, batch: int, lr: float) -> float:
         algorithm.finalize = scored_finalize
         algorithm.run(args.rounds, args.join)
     counts = [evaluator.last.get(id(t)) for t in test]
+    if spec.get("score") == "model":  # the clients' own models; fluke's own figure over the clients it scored
+        scored, own = [own_models[id(t)] for t in test], [c for c in counts if c is not None]
+        return sum(c for c, _ in scored) / sum(t for _, t in scored), {
+            "peer_own": sum(c for c, _ in own) / max(sum(t for _, t in own), 1), "peer_own_clients": len(own)}
     if any(c is None for c in counts):
         raise RuntimeError(f"fluke {spec['peer']} scored {sum(c is not None for c in counts)} of {n} clients "
                            "in its finalize")
     return sum(c for c, _ in counts) / sum(t for _, t in counts)
+
+
+def _counts(model, loader) -> tuple[int, int]:
+    """(correct, samples) of ``model``'s argmax on ``loader``."""
+    import torch
+
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += int((model(x).argmax(1) == y).sum())
+            total += len(y)
+    return correct, total
+
+
+def _scored_model(client):
+    """The model a ``score: "model"`` row scores for a fluke client: its own model as its last round left it
+    (FedProto's encoder and head, FedAMP's w_i); FedNH's ProtoNet with the prototypes it trained against (fit writes
+    its own class means over them afterwards: :func:`_keep_fednh_trained_prototypes`), its logits."""
+    import copy
+
+    from torch import nn
+
+    model = client.model
+    if hasattr(client, "trained_prototypes"):
+        net = copy.deepcopy(model)
+        net.prototypes.data = client.trained_prototypes.clone()
+
+        class Logits(nn.Module):
+            def forward(self, x):
+                return net(x)[1]
+
+        return Logits()
+    return model
+
+
+def _keep_fednh_trained_prototypes() -> None:
+    """fluke's FedNH client overwrites its model's prototypes with its own class means after every fit (the upload,
+    ``fednh.py`` ``_update_protos``); keep a copy of the ones it trained against, to score that model. Training is
+    untouched."""
+    from fluke.algorithms.fednh import FedNHClient
+    from fluke.utils.model import unwrap
+
+    update = FedNHClient._update_protos
+
+    def kept(self, protos):
+        self.trained_prototypes = unwrap(self.model).prototypes.data.clone()
+        return update(self, protos)
+
+    FedNHClient._update_protos = kept

@@ -24,10 +24,10 @@ def test_every_pflx_run_trains_every_client_every_round_with_the_matched_optimiz
     assert (cfg.rounds, cfg.seed, cfg.eval_every, cfg.batch_size, cfg.lr) == (7, 3, 7, conformance.BATCH,
                                                                                conformance.LR)
     inert = getattr(cfg.algorithm_class, "inert_keys", {})  # keys the method refuses as without effect
-    for k, v in dict(momentum=0.0, client_clip=0.0, lambda_theta=0.0, val_fraction=0.0, normalize=False).items():
-        assert k in inert or getattr(cfg, k) == v, k
-    assert cfg.mlp_hidden == (conformance.HIDDEN,)
     row = conformance._algorithms(7)[algorithm]["pflx"]
+    for k, v in dict(momentum=0.0, client_clip=0.0, lambda_theta=0.0, val_fraction=0.0, normalize=False).items():
+        assert k in inert or k in row or getattr(cfg, k) == v, k  # a row's own value (FedFomo's holdout): below
+    assert cfg.mlp_hidden == (conformance.HIDDEN,)
     for k, v in row.items():  # the method's constants, and its Nones left at the method's default
         assert getattr(cfg, k, None) == (v if v is not None else getattr(type(cfg)(), k, None)), k
     if "local_epochs" not in row:
@@ -208,7 +208,7 @@ def test_fluke_rows_match_what_fluke_cannot_vary():
     rows = conformance_fluke.fluke_algorithms(50, conformance.LR)
     assert rows["apfl"]["pflx"] == {"alpha": 0.5, "alpha_lr": 0.0} and rows["apfl"]["client"] == {"lam": 0.5}
     assert rows["apfl"]["server"] == {"tau": 1}
-    assert {a for a, r in rows.items() if r.get("body_only")} == {"fedper", "fedrep", "fedbabu"}
+    assert {a for a, r in rows.items() if r.get("body_only")} == {"fedper", "fedrep", "fedbabu", "fednh"}
     assert rows["fedrep"]["client"] == {"local_epochs": 5, "tau": 1}  # fluke: head epochs, then body epochs
     assert conformance._pflx_config("fedrep", 50, 0, None, "fluke").head_epochs == 5
     # the pflx side of a PFLlib row is untouched: PFLlib's APFL row keeps the adaptive alpha
@@ -303,6 +303,124 @@ def test_fluke_gets_the_matched_optimizer_and_each_rows_keys_over_it():
         assert hp["model"].endswith("FlukeEncoder" if row.get("body_only") else "FlukeMLP")
     assert conformance_fluke.hyperparameters(rows["fedrep"], 10, 0.05)["client"]["local_epochs"] == 5
     assert conformance_fluke.hyperparameters(rows["feddyn"], 10, 0.05)["client"]["clipping"] == 0
+
+
+def _flags(row: dict) -> dict:
+    return dict(zip(row["flags"][::2], row["flags"][1::2]))
+
+
+def test_the_prototype_rows_weigh_the_alignment_as_the_peers_mean_squared_error_does():
+    """PFLlib's and fluke's FedProto add lam * nn.MSELoss()(prototype, representation) (the mean over the batch and
+    the d features: clientproto.py, fluke's fedproto.py fit); pflx adds fedproto_lambda times the squared distance,
+    averaged over the batch (Eq. 7-8). The rows' constants give the same term on a batch."""
+    import torch
+
+    rep, proto = torch.randn(10, conformance.HIDDEN), torch.randn(10, conformance.HIDDEN)
+    pfllib = conformance._algorithms(50)["fedproto"]
+    fluke = conformance_fluke.fluke_algorithms(50, conformance.LR)["fedproto"]
+    for peer_lam, pflx_lam in ((float(_flags(pfllib)["-lam"]), pfllib["pflx"]["fedproto_lambda"]),
+                               (fluke["client"]["lam"], fluke["pflx"]["fedproto_lambda"])):
+        peer_term = peer_lam * torch.nn.MSELoss()(proto, rep)
+        pflx_term = pflx_lam * ((rep - proto) ** 2).sum(1).mean()
+        torch.testing.assert_close(peer_term, pflx_term)
+    assert conformance._pflx_config("fedproto", 50, 0).fedproto_lambda == pytest.approx(0.01)
+    # the same inference on both sides: PFLlib's nearest global prototype, fluke's client model's head (the model the
+    # fluke row scores)
+    assert conformance._pflx_config("fedproto", 50, 0).inference == "prototype" and pfllib["split"]
+    assert conformance._pflx_config("fedproto", 50, 0, None, "fluke").inference == "head" and fluke["score"] == "model"
+
+
+def test_the_fedamp_rows_give_the_peers_pflxs_attention_and_proximal_weight():
+    """FedAMP: PFLlib's -alk, -sg, -lam are pflx's alpha_k, sigma, lam; fluke's client proximal term is
+    lam / (2 lr) ||w - u||^2 (fedamp.py _proximal_loss: its alpha is the optimizer's lr) and its server alpha is
+    the attention's alpha_k, so fluke's lam is lr * lam / alpha_k to give pflx's lam / (2 alpha_k) ||w - u||^2."""
+    import torch
+
+    from pfl_cli.algorithms.fedamp import FedAMP
+
+    pfllib = conformance._algorithms(50)["fedamp"]
+    cfg = conformance._pflx_config("fedamp", 50, 0)
+    assert {k: float(v) for k, v in _flags(pfllib).items()} == {"-alk": cfg.alpha_k, "-sg": cfg.sigma, "-lam": cfg.lam}
+    fluke = conformance_fluke.fluke_algorithms(50, conformance.LR)["fedamp"]
+    cfg = conformance._pflx_config("fedamp", 50, 0, None, "fluke")
+    assert (fluke["server"]["alpha"], fluke["server"]["sigma"]) == (cfg.alpha_k, cfg.sigma)
+    w, u = torch.randn(50), torch.randn(50)
+    fluke_term = fluke["client"]["lam"] / (2 * conformance.LR) * torch.norm(w - u) ** 2
+    mu = FedAMP.prox_weight(type("Run", (), {"cfg": cfg})())  # pflx's proximal gradient mu (w - u)
+    torch.testing.assert_close(fluke_term, mu / 2 * ((w - u) ** 2).sum())
+
+
+def test_the_fedfomo_and_fedlc_rows_hold_out_and_calibrate_as_pfllib_does():
+    """FedFomo: PFLlib weighs the received models on the last 20 % of each client's train split
+    (clientfomo.py val_ratio 0.2) and sends the top M by affinity (no exploration): pflx's val_fraction 0.2,
+    epsilon 0, M = -M. FedLC: the same tau. FedNH against fluke: its rho is the old prototypes' weight, as
+    pflx's fednh_rho, and neither clips."""
+    fomo = conformance._algorithms(50)["fedfomo"]
+    cfg = conformance._pflx_config("fedfomo", 50, 0)
+    assert (cfg.val_fraction, cfg.fomo_epsilon, cfg.fomo_epsilon_decay) == (0.2, 0.0, 0.0)
+    assert cfg.fomo_models == int(_flags(fomo)["-M"]) and cfg.local_epochs == 1
+    lc = conformance._algorithms(50)["fedlc"]
+    assert conformance._pflx_config("fedlc", 50, 0).tau == float(_flags(lc)["-tau"])
+    nh = conformance_fluke.fluke_algorithms(50, conformance.LR)["fednh"]
+    cfg = conformance._pflx_config("fednh", 50, 0, None, "fluke")
+    assert (cfg.fednh_rho, cfg.client_clip, cfg.lambda_theta, cfg.momentum) == (nh["server"]["rho"], 0.0, 0.0, 0.0)
+    assert nh["client"]["clipping"] == 0 and nh["client"]["model"].endswith("FlukeEncoder")
+
+
+def test_a_row_that_scores_another_model_scores_the_clients_own_one():
+    """fluke's ``score: "model"`` rows: the client's model as its last round left it; FedNH's with the prototypes it
+    trained against (fluke writes the client's class means over them after fit), whose logits are its second
+    output. Checked against the argmax computed by hand."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    x, y = torch.randn(12, 4), torch.randint(0, 3, (12,))
+    loader = [(x[:5], y[:5]), (x[5:], y[5:])]
+    linear = nn.Linear(4, 3)
+    client = type("Client", (), {"model": linear})()
+    assert conformance_fluke._scored_model(client) is linear
+    assert conformance_fluke._counts(linear, loader) == (int((linear(x).argmax(1) == y).sum()), 12)
+
+    class ProtoNet(nn.Module):  # fluke's FedNH net: (unit embeddings, scale * cosine logits)
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Linear(4, 5)
+            self.prototypes = nn.Parameter(torch.randn(3, 5), requires_grad=False)
+
+        def forward(self, z):
+            e = nn.functional.normalize(self.encoder(z), dim=1)
+            return e, e @ self.prototypes.T
+
+    net, trained = ProtoNet(), torch.randn(3, 5)
+    client = type("Client", (), {"model": net, "trained_prototypes": trained})()
+    scored = conformance_fluke._scored_model(client)
+    expected = nn.functional.normalize(net.encoder(x), dim=1) @ trained.T
+    torch.testing.assert_close(scored(x), expected)
+    assert not torch.equal(net.prototypes.data, trained)  # the client's own model is left as fluke has it
+    assert conformance_fluke._counts(scored, loader) == (int((expected.argmax(1) == y).sum()), 12)
+
+
+def test_the_peers_own_figure_of_another_model_goes_into_the_rows(tmp_path, capsys, monkeypatch):
+    """A run whose peer also reports its own figure (``peer_own``: fluke's FedProto inference) puts it
+    in the JSON row beside the paired figures; the verdict pairs the scored models only."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho '0.8.1 (torch fake)'\n")
+    fake.chmod(0o755)
+
+    def canned(framework, alg, join, seed, args, work, pfllib, python):
+        return ({"accuracy": 0.70 + seed / 100, "seconds": 1.0} if framework == "pflx" else
+                {"accuracy": 0.70 + seed / 100, "seconds": 1.0, "peer_own": 0.90})
+
+    monkeypatch.setattr(conformance, "_run", canned)
+    json_out = tmp_path / "rows.json"
+    assert conformance.main(["--peer", "fluke", "--python", str(fake), "--algorithms", "fedproto", "--rounds", "2",
+                             "--participation", "1", "--json", str(json_out)]) == 0
+    import json
+
+    row = json.loads(json_out.read_text())["rows"][0]
+    assert row["fluke_own"] == pytest.approx([90.0] * 3) and row["verdict"] == "ok"
+    assert row["mean"] == pytest.approx(0.0)
 
 
 # ----------------------------------------------------------------------------- FL-bench's pFedLA (conformance_flbench)
