@@ -204,6 +204,16 @@ def test_the_stack_benchmark_prints_its_curve_and_ratios_beside_the_targets():
     assert "stacked K=8 / 8 separate processes (CPU)" in proc.stdout and "target <= 0.33" in proc.stdout
 
 
+@pytest.mark.slow
+def test_the_stack_benchmark_prints_pefll_on_the_ring_beside_its_target():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stack_bench.py"), "--part", "pefll",
+                           "--pefll-rounds", "2", "--pefll-ks", "1,8"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=900, cwd=ROOT / "benchmarks")
+    assert proc.returncode in (0, 1), proc.stderr  # 1: a target missed at a smoke size, printed as such
+    assert "PeFLL, ring" in proc.stdout and "target <= 0.50" in proc.stdout
+    assert "stacked K=8 / 8 separate processes (CPU) PeFLL" in proc.stdout
+
+
 def _tutorial_bench():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
