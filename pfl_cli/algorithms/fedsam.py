@@ -22,7 +22,9 @@ global model, fine-tuned ``finetune_steps`` plain local steps as FedAvg's protoc
 evaluate the global model).
 
 Departures, said here: the default radius is SAM's own 0.05 (Foret et al. 2021; the FedSAM papers tune
-rho per dataset). No ``--dp`` variant is declared, and ``rho = 0`` is refused (FedAvg exactly: use
+rho per dataset: Caldarola et al.'s code runs CIFAR-10 with rho 0.1 for SAM and 0.7 for ASAM,
+``paper_experiments/cifar10.sh`` of github.com/debcaldarola/fedsam; Qu et al.'s values and the papers'
+texts were not at hand, issue 40). No ``--dp`` variant is declared, and ``rho = 0`` is refused (FedAvg exactly: use
 ``--algorithm fedavg``).
 """
 
@@ -39,8 +41,9 @@ class FedSAMConfig(FedAvgConfig):
     """FedSAM's keys: FedAvg's round and the SAM radius rho."""
 
     algorithm: str = key("fedsam", "the algorithm these keys configure")
-    sam_rho: float = sam_rho_key(0.05, "Foret et al. (ICLR 2021) §3: rho = 0.05, SAM's default; Qu et al. (ICML "
-                                       "2022) and Caldarola et al. (ECCV 2022) tune rho per dataset",
+    sam_rho: float = sam_rho_key(0.05, "Foret et al. (ICLR 2021): rho = 0.05, SAM's usual radius; Qu et al. (ICML "
+                                       "2022) and Caldarola et al. (ECCV 2022) tune rho per dataset (Caldarola's "
+                                       "code, debcaldarola/fedsam paper_experiments/cifar10.sh: 0.1 for SAM)",
                                  "rho: radius of the SAM perturbation of every local step (Foret et al. 2021, Eq. 2)")
 
     def validate(self) -> None:
