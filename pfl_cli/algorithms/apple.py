@@ -35,10 +35,16 @@ trains it for ``new_client_epochs`` epochs on its data (pflx's fine-tuning proto
 Exchanged: the N - 1 other core models down, the client's core model up (N x |client net| floats a
 cohort client and round; the paper's §4 bandwidth-limited variant that downloads fewer is not built).
 
-Defaults are the authors' code (``utils/utils.py`` of github.com/ljaiverson/pFL-APPLE; the paper's text
-was not at hand to check its sections): core lr 0.01 with momentum 0.9 on both, DR lr 0.001, mu 0.1,
-L = 0.1 of the rounds, the exponential schedule, the proximal term mu ||p - p^0||^2 without a 1/2
-(``utils/losses.py``). The client clip and weight decay apply to the core model's gradient only.
+Defaults are the authors' code (``utils/utils.py`` of github.com/ljaiverson/pFL-APPLE, re-read for issue
+40; the paper's text was not at hand to check its sections): core lr 0.01 (``--lr_net``) with momentum
+0.9 on both (``train_APPLE.py``'s one SGD optimizer), DR lr 0.001 (``--lr_coef``), mu 0.1, L = 0.1 of the
+rounds (``--reg_last_round_over_total_round``), the exponential schedule, the proximal term mu ||p - p^0||^2
+without a 1/2 (``utils/losses.py``), and the DR vector left unconstrained (no projection to the simplex:
+``ClientNet.ps`` is a free parameter). The client clip and weight decay apply to the core model's gradient
+only. The authors' runs take 5 local epochs of batch 256 a round for 160 rounds over 12 clients of
+thousands of samples; pflx's round is the thesis's k = 50 steps of batch 32. Departure, said here: the
+authors' ``train_APPLE.py`` draws every client's initial core model separately (one ``Net()`` each); pflx
+starts every core model at the one seeded initial model, as its other algorithms start their clients.
 Departure of PFLlib (``clientapple.py``), where pflx follows the authors: PFLlib multiplies the core
 lr by the number of clients, starts p at the uniform vector, averages the DR gradient over parameter
 tensors (a mean of element-wise products rather than the inner product) and applies the schedule
