@@ -182,3 +182,45 @@ def test_a_killed_stack_resumes_its_runs_from_their_checkpoints(part, tmp_path):
         assert stacked_note(got) == {"seeds": [1, 2], "runs": 2}
         assert_same_run(got, separate(part, tmp_path / f"alone-{seed}", seed, sets=sets))
         assert not (runs / "fedavg" / f".s{seed}.checkpoint").exists()
+
+
+@pytest.mark.slow  # two cold processes and a separate training: ~20 s of CPU
+def test_a_killed_training_that_does_not_stack_continues_from_its_checkpoint(part, tmp_path):
+    """An algorithm that does not stack trains alone; SIGKILLed mid-training, the rerun continues it from its
+    checkpoint (compare has no --resume: the rerun refused with 'pass --resume' before) to the separate run's
+    model."""
+    sets = {k: v for k, v in SET.items() if k != "momentum"} | {"rounds": 40}
+    runs = tmp_path / "runs"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"partition: {part}\nseeds: [0]\nruns: {runs}\nnew_clients: false\n"
+                    f"algorithms:\n  fedper: {{set: {json.dumps(sets)}}}\n")
+    args = ["compare", "--spec", spec, "--out", tmp_path / "t", "--format", "quiet"]
+    ck = runs / "fedper" / ".s0.checkpoint" / "state.pt"
+    proc = _spawn(args, tmp_path)
+    end = time.monotonic() + 240
+    while not ck.is_file():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < end, "the training did not checkpoint"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (runs / "fedper" / "s0").exists()
+    done = _spawn(args, tmp_path)
+    assert done.wait(timeout=300) == 0, done.stderr.read()
+    alone = tmp_path / "alone"
+    flags = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    assert main(["train", "--partition", part, "--algorithm", "fedper", "--seed", 0, *flags, "--out", alone,
+                 "--format", "quiet"]) == 0
+    a = torch.load(runs / "fedper" / "s0" / "model.pt", weights_only=True)
+    b = torch.load(alone / "model.pt", weights_only=True)
+    assert _equal(a, b)  # every tensor of the payload (the shared body, each client's personal head)
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
