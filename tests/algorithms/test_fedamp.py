@@ -153,3 +153,24 @@ def test_refusals():
         train_config("fedamp", server_lr=0.5)
     assert_unknown_key("fedamp", "mu", r".*fedprox")
     assert_unknown_key("fedavg", "sigma", r" \(a key of .*fedamp")
+
+
+def test_default_attention_is_a_weighted_average_that_does_not_vanish(store):
+    """At the shipped alpha_k, sigma and lambda, every train client in every round (the paper's cross-silo Alg. 1):
+    each cloud model u_i is a convex combination of the cohort's models (xi_ii >= 0) whose other clients weigh
+    something (off-diagonal mass > 1 %). PFLlib's sigma = 1 failed both on pflx's digits MLP (issue 40): xi_ii =
+    1 - 15 = -14 in round 0 here (u_i extrapolates from the common start), then every xi_ij < 1e-6 once the
+    models had moved apart (each client trained alone)."""
+    from pfl_cli.fl.api import make_algorithm
+    from pfl_cli.fl.attention import attention_weights, flatten
+
+    cfg = train_config("fedamp", local_steps=10, new_client_epochs=0)  # defaults, a shorter round
+    alg = make_algorithm(cfg, store)
+    clients = torch.as_tensor(store.clients(ROLE_TRAIN))
+    for t in range(3):
+        xi = attention_weights(flatten(alg.private.gather(clients)), float(cfg.alpha_k), float(cfg.sigma))
+        own = xi.diagonal()
+        assert float(own.min()) >= 0.0, (t, float(own.min()))
+        assert float((1.0 - own).mean()) > 0.01, (t, float((1.0 - own).mean()))
+        alg.run_round(t, clients, gen(t))
+        alg.traffic.close_round(len(clients))
