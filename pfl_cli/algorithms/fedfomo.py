@@ -41,7 +41,11 @@ not at hand): epsilon 0.3 decaying by 0.05 a round is the authors' README's ever
 (``--client_weight_epsilon 0.3 --client_weight_epsilon_decay 0.05``). M = 5 is PFLlib's default (``-M 5``);
 the authors' README downloads ``--num_update_clients`` 4 or 9 models (15 clients), so 5 is a peer's value,
 not the authors'. Their runs also use SGD at lr 0.1 without momentum (decay 0.99 a round) and an 80 %
-train split; pflx keeps FedAvg's client settings. Departure of PFLlib (``clientfomo.py``), where pflx
+train split; pflx keeps FedAvg's client settings. Two options of those runs pflx does not take: they pass
+``--leave_one_out`` (a model's gain is the loss of the received models' average without it minus with it,
+``federation.py``; pflx scores it against the client's own model, Eq. 3, the code's other branch) and leave
+``--model_delta_norm`` at its default ``l1`` (the L1 norm of theta_n - theta_i; pflx's is the Euclidean
+norm). Departure of PFLlib (``clientfomo.py``), where pflx
 follows the paper: PFLlib scores the received models on the client's last training batches, not a
 held-out validation split, and sets theta_i to sum_n w_n theta_n over the received models, its own
 model among them only as the server sends it.
