@@ -87,8 +87,6 @@ BELOW_REFERENCE = {
     ("fedproto", "Dirichlet 0.3", "train"): 10.0, ("fedproto", "Dirichlet 0.3", "holdout"): 3.7,
     ("fedproto", "rotated digits", "train"): 28.5, ("fedproto", "rotated digits", "holdout"): 1.2,
     ("fedlc", "two classes a client", "holdout"): 13.2,
-    ("fedamp", "digits IID", "train"): 19.2, ("fedamp", "rotated digits", "train"): 14.6,
-    ("fedamp", "rotated digits", "holdout"): 25.0,
     ("apple", "digits IID", "train"): 13.0, ("apple", "digits IID", "holdout"): 12.0,
 }
 # LDP-FedAvg is its own reference: a global model under local DP (eps 4, 50 rounds) on label-skewed
