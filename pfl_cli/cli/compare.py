@@ -42,7 +42,7 @@ def compare_command(
     with --plot, clients.png. --spec FILE.yaml trains algorithms x seeds first (runs already there
     with the same config are kept), then compares them; an algorithm's tune: entry (trials, rounds,
     space, ...) runs its study first, as pflx tune would, and its seeds train with the study's
-    best.yaml. The seeds of an algorithm that stacks (fedavg, fedprox) train as one stack on a run
+    best.yaml. The seeds of an algorithm that stacks (fedavg, fedprox, pefll) train as one stack on a run
     axis in one process, each seed's model equal to its separate training, and its study runs
     tune --stack (the spec's stack: K, default 8; 1 trains every run alone). A rerun after a kill
     continues: studies resume, finished runs are kept, unfinished ones continue from their checkpoints.

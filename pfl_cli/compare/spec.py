@@ -24,7 +24,7 @@ seeds then train with its ``best.yaml`` and the ``set`` on top. A key the study 
 neither by the config file nor by ``set`` (the search would be moot or overridden).
 
 ``stack: K`` (an integer >= 1, default 8): the seeds of an algorithm whose runs stack on a run axis
-(:mod:`pfl_cli.fl.stack`: those that declare it, fedavg and fedprox first) train K at a time in one
+(:mod:`pfl_cli.fl.stack`: those that declare it: fedavg, fedprox, pefll) train K at a time in one
 process, as ``pflx train --seeds`` trains them -- each seed's artifact exactly where and as its own training
 writes it, its model equal to the separate run's (bit-identical on the engine's equal-results tests) -- and its
 study runs ``pflx tune --stack K`` (K trials asked, trained stacked, then told; with ``compare --jobs N`` > 1 the
