@@ -176,6 +176,15 @@ def _algorithms(rounds: int) -> dict[str, dict]:
                                   "before train), pflx against its model as last trained (Eq. 3-7); PFLlib's "
                                   "held-out part is the split's last 20 % unshuffled and its train part drops the "
                                   "last partial batch, pflx's validation carve is its own draw"),
+        # issue 40's optimization baselines PFLlib has (every client: pflx's SCAFFOLD and FedDyn keep per-client state
+        # that a quarter cohort also runs, but these rows were run with every client only)
+        "scaffold": dict(peer="SCAFFOLD", pflx={"server_lr": 1.0}, flags=["-slr", "1.0"]),
+        "feddyn": dict(peer="FedDyn", pflx={"alpha": 0.01}, flags=["-al", "0.01"],
+                       unmatched="FedDyn: PFLlib's proximal term is alpha / 2 times the norm, not its square "
+                                 "(clientdyn.py train), and its server averages the models by data size "
+                                 "(serverdyn.py aggregate_parameters; pflx uniformly, Alg. 1)"),
+        "moon": dict(peer="MOON", split=True, pflx={"moon_mu": 1.0, "moon_tau": 0.5},
+                     flags=["-mu", "1.0", "-tau", "0.5"]),
         # FedLC: tau 1 in both; PFLlib calibrates with the pooled class counts of all clients (serverlc.py __init__)
         "fedlc": dict(peer="FedLC", split=True, pflx={"tau": 1.0}, flags=["-tau", "1.0"],
                       unmatched="FedLC: PFLlib's calibration is tau * n_y^(-1/4) of the class counts summed over all "
@@ -827,7 +836,7 @@ def _peer_mlp_class():
 _SERVER_FILE = {"PerAvg": "peravg", "pFedMe": "pFedMe", "LG-FedAvg": "lg", "FedROD": "rod", "FedBABU": "babu",
                 "FedBN": "bn", "FedALA": "ala", "FedDBE": "dbe", "FedRep": "rep", "FedPer": "per", "FedProx": "prox",
                 "FedAvg": "avg", "FedPAC": "pac", "FedCP": "cp", "FedAS": "as", "FedProto": "proto", "FedAMP": "amp",
-                "FedFomo": "fomo", "FedLC": "lc"}
+                "FedFomo": "fomo", "FedLC": "lc", "SCAFFOLD": "scaffold", "FedDyn": "dyn", "MOON": "moon"}
 _SERVER_CLASS = {"LG-FedAvg": "LG_FedAvg"}
 
 
