@@ -183,7 +183,8 @@ def dp_local_sgd(model, params: Mapping[str, Any], store, index, mask, *, privat
         loss_sum += (losses * m).sum(1) / m.sum(1).clamp_min(1.0)
         scale = m
         if private and clip < math.inf:
-            sq = sum(grads[k].pow(2).flatten(2).sum(2) for k in private)
+            # in the parameters' order, not the set's (PYTHONHASHSEED's): noise=seeded runs repeat bit for bit
+            sq = sum(grads[k].pow(2).flatten(2).sum(2) for k in names if k in private)
             scale = m * (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0)
         step_grads = {}
         for k in names:
