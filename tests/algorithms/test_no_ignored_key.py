@@ -56,6 +56,8 @@ DP = {"dp_epsilon": 8.0, "dp_clip": 1.0, "dp_population": 40, "dp_noise": "seede
       "standardize_descriptor": False, "embed_dim": 4}
 DP_KEYS = ("dp_epsilon", "dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accountant", "dp_noise",
            "write_nonprivate")
+# A CONTEXT value that stands for the algorithm's own default of that key.
+DEFAULT = "<default>"
 CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "sgd"},
            # local_steps acts in rounds of steps; local_epochs, where it is set (FLowDUP, LD-FedAvg, FedTTA), wins
            "local_steps": {"local_epochs": None},
@@ -65,7 +67,10 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            "backbone_tune": {"backbone": "resnet-micro"}, "backbone_weights": {"backbone": "resnet-micro"},
            # FedExP's eps acts where its step extrapolates (eta_g > 1): clients whose updates disagree, which the
            # tiny run's two clients do at a large client lr (at the base lr eta_g = 1 whatever eps)
-           "eps": {"lr": 0.5}}
+           "eps": {"lr": 0.5},
+           # FedNova's per-client epoch range replaces local_epochs, which must then stay at its default (a set
+           # local_epochs beside it is refused as ignored): small()'s local_epochs 1 is put back
+           "local_epochs_range": {"local_epochs": DEFAULT}}
 # Keys that choose the client net act on images (digits' 8x8 vectors take only the mlp): their runs read
 # digits as 1x32x32 images.
 IMAGES = ("model_arch", "backbone", "backbone_tune", "backbone_weights")
@@ -122,11 +127,32 @@ def candidates(name: str, key: str, base) -> list:
         else:
             out = [base / 2 if base else 0.5, 2 * base + 1, 1e-3]
         return [v for v in out if v != base]
-    if base is None:
+    if base is None:  # an optional key off by default: values of its declared type (a tuple key gets tuples)
+        inner = _declared_tuple(name, key)
+        if inner is not None:
+            return {int: [(1, 2), (2, 3), (1,), (2,)], float: [(0.5, 1.0), (0.5,)]}.get(inner, [])
         return [1, 0.5, 1e-3, 2]
     if isinstance(base, tuple):
         return [base + (8,), (base[0] + 1,)]
     return []
+
+
+def _declared_tuple(name: str, key: str):
+    """The element type of ``key``'s declared type on ``name`` when it is a (possibly optional) tuple, else None."""
+    import typing
+
+    kind = typing.get_type_hints(registry.get(name).config)[key]
+    arms = [a for a in typing.get_args(kind) if a is not type(None)] if typing.get_origin(kind) is typing.Union \
+        else [kind]
+    for arm in arms:
+        if typing.get_origin(arm) is tuple and typing.get_args(arm):
+            return typing.get_args(arm)[0]
+    return None
+
+
+def _optional_tuple(name: str, key: str) -> bool:
+    """Whether ``key`` of ``name`` is a tuple key that is off (null) by default."""
+    return getattr(registry.get(name).config(), key) is None and _declared_tuple(name, key) is not None
 
 
 def fingerprint(name: str, images: bool = False, **values) -> dict:
@@ -172,17 +198,7 @@ def check_key(name: str, key: str) -> str:
     The base run (the key at its base value) must run: a value refused against it is refused because of
     this key alone, which keeps the promise as a change of the run does.
     """
-    entry = registry.get(name)
-    dp = {**DP, "dp_sampling_rate": 0.25} if entry.algorithm.dp_unit == "example" else DP
-    context = dict(dp) if entry.algorithm.dp_required else {}  # a local-DP algorithm runs only under --dp
-    if key not in DP_KEYS or entry.algorithm.dp_unit is not None:  # no DP variant: its DP keys alone
-        context.update(dp if key in DP_KEYS else CONTEXT.get(key, {}))
-    if _needs_backbone(name):
-        context = {**NEEDS_BACKBONE, **context}
-    context = {k: v for k, v in context.items() if k in entry.keys}
-    images = key in IMAGES or _needs_backbone(name)
-    if images:
-        context = {**{k: v for k, v in IMAGE_SETTINGS.items() if k != key}, **context}
+    context, images = _context(name, key)
     try:
         reference = _base(name, images, tuple(sorted(context.items())))
     except PflxError:
@@ -224,7 +240,8 @@ def _cases() -> list:
         for key in entry.keys:
             if key in INERT or key in WRITES or (key in ROUND_KEYS and not entry.algorithm.federated):
                 continue
-            default = name == "fedrod" or key in ("server_lr", "server_momentum")
+            # ... and every optional tuple key (off by default), whose values are of no scalar's type
+            default = name == "fedrod" or key in ("server_lr", "server_momentum") or _optional_tuple(name, key)
             cases.append(pytest.param(name, key, id=f"{name}-{key}",
                                       marks=() if default else pytest.mark.slow))
     return cases
@@ -234,6 +251,24 @@ def _cases() -> list:
 def test_every_key_changes_the_run_or_is_refused(name, key):
     problem = check_key(name, key)
     assert not problem, problem
+
+
+@pytest.mark.parametrize("name, key", [(n, k) for n, e in registry.entries().items() for k in e.keys
+                                        if _optional_tuple(n, k)])
+def test_optional_tuple_key_is_probed_with_a_value_it_takes(name, key):
+    """An optional tuple key off by default (FedNova's local_epochs_range) gets second values of its type, and at
+    least one its config takes in the suite's context: scalar probes are refused, and a key whose every probe is
+    refused passes the suite above without ever running."""
+    context, _ = _context(name, key, backbone=False)
+    values = candidates(name, key, None)
+    taken = []
+    for value in values:
+        try:
+            registry.train_config(name, **small(name, **{**context, key: value}))
+        except PflxError:
+            continue
+        taken.append(value)
+    assert taken, f"{name}: no second value of {key} in {values} is taken; give the suite one its config takes"
 
 
 def test_inert_table_holds_keys_that_exist():
@@ -271,6 +306,25 @@ def test_inert_keys_refused_in_every_layer(name):
 # ------------------------------------------------------------------------------------ helpers
 _BASES: dict = {}
 _DATA: list = []
+
+
+def _context(name: str, key: str, backbone: bool = True) -> tuple[dict, bool]:
+    """The companion settings of ``key``'s runs (and of the base run) on ``name``, and whether they read images.
+    ``backbone=False`` skips the base run that tells whether ``name`` needs a backbone (config checks only)."""
+    entry = registry.get(name)
+    dp = {**DP, "dp_sampling_rate": 0.25} if entry.algorithm.dp_unit == "example" else DP
+    context = dict(dp) if entry.algorithm.dp_required else {}  # a local-DP algorithm runs only under --dp
+    if key not in DP_KEYS or entry.algorithm.dp_unit is not None:  # no DP variant: its DP keys alone
+        context.update(dp if key in DP_KEYS else CONTEXT.get(key, {}))
+    needs_backbone = backbone and _needs_backbone(name)
+    if needs_backbone:
+        context = {**NEEDS_BACKBONE, **context}
+    defaults = entry.config()
+    context = {k: getattr(defaults, k) if v == DEFAULT else v for k, v in context.items() if k in entry.keys}
+    images = key in IMAGES or needs_backbone
+    if images:
+        context = {**{k: v for k, v in IMAGE_SETTINGS.items() if k != key}, **context}
+    return context, images
 
 
 def _data():
