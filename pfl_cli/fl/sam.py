@@ -30,7 +30,9 @@ def sam_perturbation(grads: Mapping[str, "object"], rho: float) -> dict:
     from pfl_cli.fl.cohort import expand_as_params
 
     norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
-    scale = rho / (norm + NORM_EPS)
+    # rho a number (one run) or a (c,) tensor (stacked runs, pfl_cli.fl.stack): the same true division either way
+    # (a Python number over a tensor is reciprocal-then-multiply, a last bit off the stacked run's quotient)
+    scale = torch.as_tensor(rho, dtype=norm.dtype, device=norm.device) / (norm + NORM_EPS)
     return {k: g * expand_as_params(scale, g) for k, g in grads.items()}
 
 
