@@ -117,7 +117,7 @@ def parse_spec(key: str, spec: str) -> Param:
     if kind not in KINDS:
         raise ConfigError(f"--space {key}: KIND must be one of {', '.join(KINDS)}; got {kind!r} in {spec!r}.")
     if kind == "choice":
-        values = tuple(v.strip() for v in rest.split(",") if v.strip())
+        values = tuple(v.strip() for v in _top_level_split(rest) if v.strip())
         if not values:
             raise ConfigError(f"--space {key}: choice needs at least one value (choice:A,B); got {spec!r}.")
         if len(set(values)) != len(values):
@@ -132,6 +132,17 @@ def parse_spec(key: str, spec: str) -> Param:
     if kind == "log" and low <= 0:
         raise ConfigError(f"--space {key}: a log range needs LOW > 0; got {spec!r}.")
     return Param(key, kind, float(low), float(high))
+
+
+def _top_level_split(text: str) -> list[str]:
+    """``text`` split on the commas outside brackets: ``[1, 2],[2, 3]`` is two values (a tuple key's choices)."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+    return out + [text[start:]]
 
 
 def parse_space_args(items: Sequence[str]) -> dict[str, str]:
@@ -194,8 +205,12 @@ def _typed(param: Param, cls: type, field) -> Param:
     if param.kind == "choice":
         from pfl_cli.config import parse_overrides
 
-        typed = tuple(coerce_field(cls, param.key, parse_overrides([f"{param.key}={v}"])[param.key])
-                      for v in param.choices)
+        try:
+            typed = tuple(coerce_field(cls, param.key, parse_overrides([f"{param.key}={v}"])[param.key])
+                          for v in param.choices)
+        except ConfigError as err:  # the value's own message, under the option the user typed
+            raise ConfigError(f"--space {param.key}: {param.spec()!r}: "
+                              f"{str(err).removeprefix(f'--set {param.key}: ')}") from None
         for value in typed:
             _obeys_rules(cls, param, value)
         return dataclasses.replace(param, choices=typed)

@@ -80,3 +80,51 @@ def test_override_replaces_a_declared_key_and_adds_another():
     params = resolve_space(registry.get("fedprox"), {"mu": "log:1e-4:1", "local_steps": "int:5:50"})
     assert {p.key: p.spec() for p in params} == {"lr": "log:0.001:1", "mu": "log:0.0001:1",
                                                  "local_steps": "int:5:50"}
+
+
+def _tuple_keys():
+    """Every (algorithm, key) whose declared type is a tuple (mlp_hidden, FedNova's optional local_epochs_range)."""
+    import typing
+
+    from pfl_cli.schema import field_types
+
+    out = []
+    for name, entry in registry.entries().items():
+        types = field_types(entry.config)
+        for key in entry.keys:
+            tp = types[key]
+            arms = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) is typing.Union \
+                else [tp]
+            if any(a is tuple or typing.get_origin(a) is tuple for a in arms):
+                out.append(pytest.param(name, key, id=f"{name}-{key}"))
+    return out
+
+
+@pytest.mark.parametrize("name, key", _tuple_keys())
+def test_a_tuple_key_is_searched_over_choices_of_lists(name, key):
+    """``--space KEY=choice:[1,2],[2,3]`` searches a tuple key over those tuples (generated over the registry: a
+    new tuple key is covered). A choice's commas inside brackets belong to its value: the split on every comma
+    gave '[1' and '2]' and a refusal naming --set, so no tuple of two or more entries could be searched."""
+    import dataclasses
+
+    entry = registry.get(name)
+    default = getattr(entry.config(), key)
+    values = [default, default + default] if default else [(1, 2), (2, 3)]
+    taken = []
+    for value in values:
+        try:
+            dataclasses.replace(entry.config(), **{key: value}).validate()
+        except ConfigError:
+            continue
+        taken.append(value)
+    assert len(taken) == 2, (name, key, values)
+    spec = "choice:" + ",".join("[" + ", ".join(map(str, v)) + "]" for v in taken)
+    params = [p for p in resolve_space(entry, {key: spec}) if p.key == key]
+    assert len(params) == 1 and params[0].choices == tuple(taken), (spec, params)
+    assert params[0].spec() == spec  # what the study stores and trials.csv shows: the values as typed
+
+
+def test_a_bad_choice_value_names_space_not_set():
+    with pytest.raises(ConfigError, match=r"^--space local_epochs_range: ") as err:
+        resolve_space(registry.get("fednova"), {"local_epochs_range": "choice:[1,2],[2,"})
+    assert "--set" not in str(err.value)
