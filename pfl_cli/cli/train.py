@@ -138,7 +138,7 @@ def train(
 
     if seeds is not None:  # before --nproc launches anything: the stack is one process
         _train_seeds(cfg, seeds, ctx, partition=partition, out=out, resume=resume, force=force, fmt=fmt, nproc=nproc,
-                     plot=plot, logs=logs, log_dir=log_dir, study=study_prior(config, partition, cfg))
+                     plot=plot, logs=logs, log_dir=log_dir, study=study_prior(config, partition, cfg), sets=set_)
         return
     if nproc != 1:
         _launch(cfg, nproc)
@@ -150,7 +150,7 @@ def train(
 
 
 def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: bool, force: bool, fmt, nproc: int,
-                 plot: bool, logs: tuple[str, ...], log_dir: Path | None, study) -> None:
+                 plot: bool, logs: tuple[str, ...], log_dir: Path | None, study, sets=None) -> None:
     """``--seeds S1,S2,...``: parse, refuse what does not combine with it, and train the seeds stacked."""
     from pfl_cli.cli.train_run import run_train_seeds
     from pfl_cli.fl.distributed import launched_size
@@ -163,6 +163,11 @@ def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: boo
         raise InputError(f"--seeds must name distinct integers >= 0, e.g. 0,1,2; got {text!r}.")
     if ctx.get_parameter_source("seed").name != "DEFAULT":
         raise InputError(f"--seeds and --seed: give one of them; got --seed {cfg.seed} and --seeds {text}. "
+                         "Put the seed in the --seeds list.")
+    from pfl_cli.config import parse_overrides
+
+    if "seed" in parse_overrides(list(sets or ())):  # --set outranks every flag: it would not be outranked silently
+        raise InputError(f"--seeds and --set seed: give one of them; got --set seed={cfg.seed} and --seeds {text}. "
                          "Put the seed in the --seeds list.")
     # The stack is one process: its runs' local SGD is one batched call, which ranks would each repeat and write.
     if nproc != 1:

@@ -54,3 +54,12 @@ def test_bad_seeds_are_refused_in_one_line(digits_root, tmp_path, cli):
               *ARGS)
     assert run.code == 2 and "--seeds and --seed" in run.err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_set_seed_beside_seeds_is_refused_not_ignored(digits_root, tmp_path, cli):
+    """``--set seed=5`` with ``--seeds 0,1`` trained seeds 0 and 1 and dropped the 5 without a word (``--seed 5`` is
+    refused): a --set key is the highest layer of the config (DESIGN.md §5), so it is refused, not outranked."""
+    run = cli("train", "--partition", digits_root / "part", "--seeds", "0,1", "--set", "seed=5", "--out",
+              tmp_path / "o", *ARGS)
+    assert run.code == 2 and "--seeds and --set seed" in run.err and len(run.err.strip().splitlines()) == 1, run.err
+    assert not (tmp_path / "o").exists()
