@@ -15,9 +15,11 @@ with its reason, the key that acts on the written files only (:data:`WRITES`, ch
 keys of an algorithm without rounds (:data:`ROUND_KEYS`). A new algorithm or
 key is covered without new test code.
 
-The default tier runs every key of one representative (fedrod: FedAvg's round, private heads, no DP) and the
-server step (server_lr, server_momentum) of every algorithm that takes one, the keys of defect 3; the full
-product (every algorithm x every key, tens of minutes on 2 busy cores) is ``slow``.
+The default tier runs every key of one representative (fedrod: FedAvg's round, private heads, no DP), the
+server step (server_lr, server_momentum) of every algorithm that takes one, the keys of defect 3, and every
+optional tuple key off by default (FedNova's local_epochs_range: probed with tuples of its declared type, which
+scalar probes never reached); the full product (every algorithm x every key, tens of minutes on 2 busy cores) is
+``slow``.
 """
 
 from __future__ import annotations
