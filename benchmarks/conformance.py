@@ -176,8 +176,7 @@ def _algorithms(rounds: int) -> dict[str, dict]:
                                   "before train), pflx against its model as last trained (Eq. 3-7); PFLlib's "
                                   "held-out part is the split's last 20 % unshuffled and its train part drops the "
                                   "last partial batch, pflx's validation carve is its own draw"),
-        # issue 40's optimization baselines PFLlib has (every client: pflx's SCAFFOLD and FedDyn keep per-client state
-        # that a quarter cohort also runs, but these rows were run with every client only)
+        # issue 40's optimization baselines PFLlib has; both average SCAFFOLD's deltas uniformly (Alg. 1)
         "scaffold": dict(peer="SCAFFOLD", pflx={"server_lr": 1.0}, flags=["-slr", "1.0"]),
         "feddyn": dict(peer="FedDyn", pflx={"alpha": 0.01}, flags=["-al", "0.01"],
                        unmatched="FedDyn: PFLlib's proximal term is alpha / 2 times the norm, not its square "
