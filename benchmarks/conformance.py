@@ -288,11 +288,17 @@ class PeerCache(dict):
         if self.path is not None and self.path.is_file():
             self.update(json.loads(self.path.read_text()))
 
-    def key(self, algorithm: str, join: float, seed: int, init_file: pathlib.Path) -> str:
+    def key(self, algorithm: str, join: float, seed: int, init_file: pathlib.Path, row: dict | None = None) -> str:
+        """The run's key; ``row``, the algorithm's row of the table: its peer side (flags, fluke's keys, what the
+        driver scores) joins the key, so a changed constant is a new run, not the cached one (FedAMP's sigma)."""
         import hashlib
 
         init = hashlib.sha256(init_file.read_bytes()).hexdigest()[:16] if init_file.is_file() else "own"
-        return f"{self.setting}|{algorithm}|{join!r}|{seed}|{init}"
+        key = f"{self.setting}|{algorithm}|{join!r}|{seed}|{init}"
+        if row is not None:
+            peer_side = {k: v for k, v in row.items() if k not in ("pflx", "unmatched")}
+            key += "|" + hashlib.sha256(json.dumps(peer_side, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return key
 
     def add(self, key: str, result: dict) -> dict:
         with _CACHE_LOCK:  # runs finish on the pool's threads
@@ -447,7 +453,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each one thread)")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--peer-cache", help="a JSON file of the peer's results: runs found there (same PFLlib version, "
-                    "data, rounds, cohort, seed and initial model) are read, not rerun; new ones are added. For "
+                    "data, rounds, cohort, seed, initial model and the row's peer constants) are read, not rerun; new ones "
+                    "are added. For "
                     "rerunning pflx's side after a change to pflx")
     ap.add_argument("--init", choices=("auto", "shared", "own"), default="auto",
                     help="shared: PFLlib starts from pflx's initial model of the same seed; own: each tool draws "
@@ -538,7 +545,7 @@ def main(argv=None) -> int:
         def run(job):
             f, a, j, s = job
             if f == peer:
-                key = cache.key(a, j, s, work / _initial_model_file(a, s))
+                key = cache.key(a, j, s, work / _initial_model_file(a, s), table[a])
                 if key in cache:
                     return cache[key]
                 return cache.add(key, _run(*job, args, work, pfllib, python))

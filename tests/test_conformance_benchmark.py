@@ -184,6 +184,25 @@ def test_the_peer_cache_is_keyed_by_setting_cohort_seed_and_initial_model(tmp_pa
         "fedavg", 1.0, 0, init) not in again
 
 
+def test_a_rows_peer_constants_are_part_of_the_cache_key(tmp_path):
+    """FedAMP's fluke row moved from sigma 1 to 100: the cached sigma-1 runs must not answer for it. The pflx side
+    and the unmatched note are not the peer's run and leave the key as it was."""
+    import copy
+
+    init = tmp_path / "init.pt"
+    init.write_bytes(b"one draw")
+    cache = conformance.PeerCache(None, "v|ring|20|50")
+    row = conformance_fluke.fluke_algorithms(50, conformance.LR)["fedamp"]
+    other = copy.deepcopy(row)
+    other["server"]["sigma"] = 1.0
+    assert cache.key("fedamp", 1.0, 0, init, row) != cache.key("fedamp", 1.0, 0, init, other)
+    same = {**copy.deepcopy(row), "pflx": {}, "unmatched": "another note"}
+    assert cache.key("fedamp", 1.0, 0, init, row) == cache.key("fedamp", 1.0, 0, init, same)
+    pfllib = conformance._algorithms(50)["fedlc"]
+    assert cache.key("fedlc", 1.0, 0, init, pfllib) != cache.key(
+        "fedlc", 1.0, 0, init, {**pfllib, "flags": ["-tau", "0.5"]})
+
+
 # ----------------------------------------------------------------------------- fluke-fl, the second peer (issue 40)
 @pytest.mark.parametrize("algorithm", sorted(conformance_fluke.fluke_algorithms(100, conformance.LR)))
 def test_every_pflx_run_against_fluke_has_the_matched_settings_and_its_rows_keys(algorithm):
