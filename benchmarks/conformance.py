@@ -453,9 +453,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each one thread)")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--peer-cache", help="a JSON file of the peer's results: runs found there (same PFLlib version, "
-                    "data, rounds, cohort, seed, initial model and the row's peer constants) are read, not rerun; new ones "
-                    "are added. For "
-                    "rerunning pflx's side after a change to pflx")
+                    "data, rounds, cohort, seed, initial model and the row's peer constants) are read, not rerun; "
+                    "new ones are added. For rerunning pflx's side after a change to pflx")
     ap.add_argument("--init", choices=("auto", "shared", "own"), default="auto",
                     help="shared: PFLlib starts from pflx's initial model of the same seed; own: each tool draws "
                     "its own; auto (default): shared where the method's model is the MLP alone, else own")
