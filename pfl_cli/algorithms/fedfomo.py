@@ -46,8 +46,8 @@ train split; pflx keeps FedAvg's client settings. Two options of those runs pflx
 ``federation.py``; pflx scores it against the client's own model, Eq. 3, the code's other branch) and leave
 ``--model_delta_norm`` at its default ``l1`` (the L1 norm of theta_n - theta_i; pflx's is the Euclidean
 norm). Departure of PFLlib (``clientfomo.py``), where pflx
-follows the paper: PFLlib scores the received models on the client's last training batches, not a
-held-out validation split, and sets theta_i to sum_n w_n theta_n over the received models, its own
+follows the paper: PFLlib holds out the last 20 % of the client's train split, unshuffled, as its validation
+data (``clientfomo.py`` lines 66-71: pflx carves a content-keyed random split) and trains on the rest, and sets theta_i to sum_n w_n theta_n over the received models, its own
 model among them only as the server sends it.
 """
 
