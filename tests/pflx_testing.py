@@ -18,9 +18,23 @@ def taken(algorithm: str) -> set[str]:
 
 
 def only_taken(algorithm: str, values: dict) -> dict:
-    """The entries of ``values`` whose key ``algorithm`` takes."""
+    """The entries of ``values`` whose key ``algorithm`` takes, where it acts: local_steps only where
+    local_epochs (from ``values``, else the algorithm's default) is null (:func:`counts_steps`)."""
     keys = taken(algorithm)
-    return {k: v for k, v in values.items() if k in keys}
+    out = {k: v for k, v in values.items() if k in keys}
+    if not counts_steps(algorithm, out.get("local_epochs", _default_epochs(algorithm))):
+        out.pop("local_steps", None)
+    return out
+
+
+def _default_epochs(algorithm: str):
+    return getattr(registry.get(algorithm).config(), "local_epochs", None)
+
+
+def counts_steps(algorithm: str, local_epochs=None) -> bool:
+    """Whether a round of ``algorithm`` counts local_steps at this ``local_epochs`` (a round of epochs counts
+    none, and local_steps beside it is refused: pfl_cli.fl.config.NEEDS); False where it takes no local_steps."""
+    return "local_steps" in taken(algorithm) and local_epochs in (None, "null", "None", "none", "~", "")
 
 
 def small_config(algorithm: str = "pefll", **values):
@@ -44,6 +58,8 @@ def cli_args(args, algorithm: str | None = None) -> list[str]:
     if algorithm not in registry.names():
         return args  # the command refuses it (the test's point)
     keys, every = taken(algorithm), {k for e in registry.entries().values() for k in e.keys}
+    if not counts_steps(algorithm, _epochs_of(args, algorithm)):
+        keys = keys - {"local_steps"}  # a round of local_epochs epochs: --local-steps beside it is refused
     out, i = [], 0
     while i < len(args):
         a = args[i]
@@ -63,6 +79,18 @@ def cli_args(args, algorithm: str | None = None) -> list[str]:
         out.append(a)
         i += 1
     return out
+
+
+def _epochs_of(args: list[str], algorithm: str):
+    """The local_epochs ``pflx train`` arguments set (--local-epochs E, --set local_epochs=E), else the
+    algorithm's default (a --config file's value is not read: a test passing one sets local_steps there)."""
+    epochs = _default_epochs(algorithm)
+    for i, a in enumerate(args[:-1]):
+        if a == "--local-epochs":
+            epochs = args[i + 1]
+        if a == "--set" and args[i + 1].split("=", 1)[0].strip().replace("-", "_") == "local_epochs":
+            epochs = args[i + 1].split("=", 1)[1].strip()
+    return epochs
 
 
 def _explicit(cfg) -> dict:

@@ -165,6 +165,12 @@ NEEDS.update({k: (lambda cfg: bool(cfg.backbone), "without --set backbone=NAME (
               for k in ("backbone_weights", "backbone_tune")})
 NEEDS["checkpoint_every"] = (lambda cfg: cfg.dp_epsilon is None, "under --dp (a DP run checkpoints every round, so "
                              "that a resumed run never releases a round twice; pfl_cli.fl.loop)")
+# A round is local_steps steps or, where local_epochs is set, local_epochs passes over the client's data
+# (Algorithm.round_schedule): beside local_epochs no algorithm reads local_steps (BESIDE in
+# tests/algorithms/test_no_ignored_key.py). On a config without local_epochs (PeFLL's, the ISRL-DP algorithms')
+# local_steps always counts.
+NEEDS["local_steps"] = (lambda cfg: getattr(cfg, "local_epochs", None) is None,
+                        "beside local_epochs (a round is local_epochs epochs; set local_epochs=null to count steps)")
 
 
 def inert_refusal(key: str, algorithm: str, why: str, got: Any = None, where: str = "") -> "ConfigError":

@@ -170,7 +170,9 @@ def test_dp_ledger_is_the_pooled_steps_at_the_calibrated_noise(store):
 
 @pytest.mark.parametrize("opts, message", [
     ({"dp_sampling_rate": None}, "centralized --dp needs --set dp_sampling_rate=Q"),
-    ({"local_epochs": 2}, "local_epochs under --dp: centralized's steps a round would follow the private client"),
+    # (DP's local_steps back at its default: beside local_epochs a set local_steps is refused first, as ignored)
+    ({"local_epochs": 2, "local_steps": train_config("centralized").local_steps},
+     "local_epochs under --dp: centralized's steps a round would follow the private client"),
     ({"clients_per_round": None}, "clients_per_round null under --dp"),
     ({"client_clip": 3.0}, "client_clip under --dp: DP-SGD clips each record's gradient to --dp clip=C"),
 ])

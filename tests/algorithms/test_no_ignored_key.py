@@ -10,16 +10,17 @@ base run that ran: the value was not ignored); a value that runs and changes not
 The second values come from the key's type, range and base value (:func:`candidates`), tried in turn until one
 changes the run; strings without declared choices take theirs from :data:`OVERRIDES`. A key whose effect
 needs a companion (the DP keys need --dp, backbone_tune a backbone) is run beside it (:data:`CONTEXT`), keys
-that choose the client net on images (:data:`IMAGES`). Left unchecked: the three keys of :data:`INERT`, each
-with its reason, the key that acts on the written files only (:data:`WRITES`, checked where named), and the round
-keys of an algorithm without rounds (:data:`ROUND_KEYS`). A new algorithm or
-key is covered without new test code.
+that choose the client net on images (:data:`IMAGES`); a key a companion's setting may leave inert is checked a
+second time beside it (:data:`BESIDE`: local_steps beside a set local_epochs). Left unchecked: the three keys of
+:data:`INERT`, each with its reason, the key that acts on the written files only (:data:`WRITES`, checked where
+named), and the round keys of an algorithm without rounds (:data:`ROUND_KEYS`). A new algorithm or key is covered
+without new test code.
 
 The default tier runs every key of one representative (fedrod: FedAvg's round, private heads, no DP), the
 server step (server_lr, server_momentum) of every algorithm that takes one, the keys of defect 3, and every
 optional tuple key off by default (FedNova's local_epochs_range: probed with tuples of its declared type, which
-scalar probes never reached); the full product (every algorithm x every key, tens of minutes on 2 busy cores) is
-``slow``.
+scalar probes never reached), and local_steps beside local_epochs on FedNova and FedAvg; the full product (every
+algorithm x every key, tens of minutes on 2 busy cores) is ``slow``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            # FedNova's per-client epoch range replaces local_epochs, which must then stay at its default (a set
            # local_epochs beside it is refused as ignored): small()'s local_epochs 1 is put back
            "local_epochs_range": {"local_epochs": DEFAULT}}
+# A key checked a second time, beside a companion set where that companion could leave it inert (its own CONTEXT
+# above is the setting where it acts): local_steps beside a set local_epochs, a round of epochs counting no steps
+# (FedNova, FLowDUP, LD-FedAvg, FedTTA and FedOpt set local_epochs by default; --set local_epochs=E on FedAvg's
+# family). There a second value must change the run or be refused (pfl_cli.fl.config.NEEDS).
+BESIDE = {"local_steps": {"local_epochs": 1}}
 # Keys that choose the client net act on images (digits' 8x8 vectors take only the mlp): their runs read
 # digits as 1x32x32 images.
 IMAGES = ("model_arch", "backbone", "backbone_tune", "backbone_weights")
@@ -106,7 +112,10 @@ def small(name: str, **values) -> dict:
             out[f.name] = 1
         elif f.name.endswith(("_hidden", "_dim")) and value > 8:
             out[f.name] = 8
-    return {**out, **values}
+    out = {**out, **values}
+    if "local_steps" not in values and out.get("local_epochs", getattr(defaults, "local_epochs", None)) is not None:
+        out.pop("local_steps", None)  # a round of local_epochs epochs counts no steps: BASE's local_steps is refused
+    return out
 
 
 def candidates(name: str, key: str, base) -> list:
@@ -192,22 +201,24 @@ def same(a: dict, b: dict) -> bool:
     return True
 
 
-def check_key(name: str, key: str) -> str:
+def check_key(name: str, key: str, companions: dict | None = None) -> str:
     """The key's verdict: "" when a second value changes the run, or every second value is refused; else what
     was ignored. The values are tried in turn until one changes the run (in a 2-round run, eval_every 3 and 4
-    are alike, 1 is not).
+    are alike, 1 is not). ``companions``: the key's companion settings instead of its :data:`CONTEXT` (a
+    :data:`BESIDE` entry).
 
     The base run (the key at its base value) must run: a value refused against it is refused because of
     this key alone, which keeps the promise as a change of the run does.
     """
-    context, images = _context(name, key)
+    companions = CONTEXT.get(key, {}) if companions is None else companions
+    context, images = _context(name, key, companions=companions)
     try:
         reference = _base(name, images, tuple(sorted(context.items())))
     except PflxError:
-        if key in context or not CONTEXT.get(key):
+        if key in context or not companions:
             raise
         # the algorithm refuses the key's companion (no backbone for FedRoD's two heads): the key is tried alone
-        context = {k: v for k, v in context.items() if k not in CONTEXT[key] or k in NEEDS_BACKBONE and
+        context = {k: v for k, v in context.items() if k not in companions or k in NEEDS_BACKBONE and
                    _needs_backbone(name)}
         reference = _base(name, images, tuple(sorted(context.items())))
     if key == "label_mask" and not _masking_shows(reference):
@@ -253,6 +264,23 @@ def _cases() -> list:
 def test_every_key_changes_the_run_or_is_refused(name, key):
     problem = check_key(name, key)
     assert not problem, problem
+
+
+def _beside_cases() -> list:
+    """Every algorithm taking a :data:`BESIDE` key and its companions; FedNova (local_epochs set by default) and
+    FedAvg (--set local_epochs=E) in the default tier, the rest ``slow``."""
+    return [pytest.param(name, key, id=f"{name}-{key}-beside-{'-'.join(companions)}",
+                         marks=() if name in ("fednova", "fedavg") else pytest.mark.slow)
+            for name, entry in registry.entries().items() for key, companions in BESIDE.items()
+            if key in entry.keys and set(companions) <= set(entry.keys)]
+
+
+@pytest.mark.parametrize("name, key", _beside_cases())
+def test_key_beside_its_companion_changes_the_run_or_is_refused(name, key):
+    """local_steps beside a set local_epochs (FedNova's default E = 2, or --set local_epochs=1 on FedAvg): a round
+    of epochs takes no step count, so a second local_steps must change the run or be refused."""
+    problem = check_key(name, key, companions=BESIDE[key])
+    assert not problem, f"beside {BESIDE[key]}: {problem}"
 
 
 @pytest.mark.parametrize("name, key", [(n, k) for n, e in registry.entries().items() for k in e.keys
@@ -310,14 +338,15 @@ _BASES: dict = {}
 _DATA: list = []
 
 
-def _context(name: str, key: str, backbone: bool = True) -> tuple[dict, bool]:
+def _context(name: str, key: str, backbone: bool = True, companions: dict | None = None) -> tuple[dict, bool]:
     """The companion settings of ``key``'s runs (and of the base run) on ``name``, and whether they read images.
-    ``backbone=False`` skips the base run that tells whether ``name`` needs a backbone (config checks only)."""
+    ``backbone=False`` skips the base run that tells whether ``name`` needs a backbone (config checks only);
+    ``companions`` replaces the key's :data:`CONTEXT` entry."""
     entry = registry.get(name)
     dp = {**DP, "dp_sampling_rate": 0.25} if entry.algorithm.dp_unit == "example" else DP
     context = dict(dp) if entry.algorithm.dp_required else {}  # a local-DP algorithm runs only under --dp
     if key not in DP_KEYS or entry.algorithm.dp_unit is not None:  # no DP variant: its DP keys alone
-        context.update(dp if key in DP_KEYS else CONTEXT.get(key, {}))
+        context.update(dp if key in DP_KEYS else CONTEXT.get(key, {}) if companions is None else companions)
     needs_backbone = backbone and _needs_backbone(name)
     if needs_backbone:
         context = {**NEEDS_BACKBONE, **context}

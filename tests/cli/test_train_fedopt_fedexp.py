@@ -35,13 +35,18 @@ def test_resumed_run_writes_the_same_model(resume_matches, name, extra):
                                 mlp_hidden=(16,), **extra), at=4)
 
 
+# FedOpt's rounds count epochs by default (local_epochs 1), and FAST's --local-steps beside them is refused as
+# ignored: its cases count steps, as EXTRA's run does, so that each refusal is the one named
+STEPS = ("--set", "local_epochs=null")
+
+
 @pytest.mark.parametrize("extra,message", [
-    (("--algorithm", "fedopt", "--set", "server_optimizer=yogii"),
+    (("--algorithm", "fedopt", *STEPS, "--set", "server_optimizer=yogii"),
      "server_optimizer must be one of adam, yogi, adagrad; got 'yogii' (did you mean 'yogi'?)"),
-    (("--algorithm", "fedopt", "--set", "tau=-1"), "tau must be a finite number > 0 for fedopt; got -1"),
+    (("--algorithm", "fedopt", *STEPS, "--set", "tau=-1"), "tau must be a finite number > 0 for fedopt; got -1"),
     (("--algorithm", "fedexp", "--set", "eps=0"), "eps must be a finite number > 0 for fedexp; got 0"),
     (("--algorithm", "fedexp", "--server-lr", "2"), "unknown flag key 'server_lr' for algorithm 'fedexp'"),
-    (("--algorithm", "fedopt", "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000"),
+    (("--algorithm", "fedopt", *STEPS, "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000"),
      "--dp is not supported by algorithm 'fedopt'"),
     (("--algorithm", "fedexp", "--dp", "eps=4,delta=1e-6,clip=0.5,population=1000"),
      "--dp is not supported by algorithm 'fedexp'"),

@@ -176,7 +176,7 @@ def test_flowdup_serves_new_unlabeled_rotated_clients_through_the_cli(tmp_path, 
     assert cli("partition", "--rotations", "0,90,180,270", "--label-prevalence", "0.5", "--num-clients", "16",
                "--holdout-clients", "4", "--test-fraction", "0.3", "--out", part).code == 0
     run = cli("train", "--partition", part, "--algorithm", "flowdup", "--out", model, "--rounds", "4", "--eval-every",
-              "2", "--local-steps", "2", "--batch-size", "8", "--set", "subspace_dim=100", "--set", "feature_dim=8",
+              "2", "--batch-size", "8", "--set", "subspace_dim=100", "--set", "feature_dim=8",  # 1 epoch a round
               "--set", "hyper_hidden=16", "--set", "mlp_hidden=[8]", "--format", "json")
     assert run.code == 0, run.err
     m = json.loads((model / "metrics.json").read_text())
