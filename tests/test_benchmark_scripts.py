@@ -137,11 +137,11 @@ NO_PEER_ENV = {k: v for k, v in ENV.items() if k not in ("PFLLIB_DIR", "PFLLIB_P
 
 
 def test_the_conformance_benchmark_refuses_an_unknown_algorithm_and_a_single_seed():
-    proc = subprocess.run([*CONFORMANCE, "--algorithms", "fedavg,scaffold"], env=NO_PEER_ENV, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([*CONFORMANCE, "--algorithms", "fedavg,fednh"], env=NO_PEER_ENV, capture_output=True,
+                          text=True, timeout=120)  # PFLlib has no FedNH
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().startswith("conformance.py: --algorithms must be among fedavg, fedprox, ditto,")
-    assert proc.stderr.strip().endswith("; got scaffold")
+    assert proc.stderr.strip().endswith("; got fednh")
     proc = subprocess.run([*CONFORMANCE, "--seeds", "0"], env=NO_PEER_ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("conformance.py: --seeds must list three or more distinct integers (the paired "

@@ -46,7 +46,8 @@ def test_resumed_run_writes_the_same_model(resume_matches):
 @pytest.mark.parametrize("extra,message", [
     (("--set", "server_lr=0.5"), "server_lr has no effect on algorithm 'centralized'"),
     (("--set", "alpha=0.1"), "unknown --set key 'alpha' for algorithm 'centralized'"),
-    (("--dp", "eps=4,clip=1,population=1000"), "--dp is not supported by algorithm 'centralized': it declares no DP"),
+    (("--dp", "eps=4,clip=1,population=1000", "--set", "normalize=false"),
+     "centralized --dp needs --set dp_sampling_rate=Q, the public Poisson rate at which each pooled record joins"),
 ])
 def test_bad_input_is_one_line_and_exit_2(train_refused, extra, message):
     train_refused(["--rounds", "2", "--algorithm", "centralized", *extra], message, run=_main)
