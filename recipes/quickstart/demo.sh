@@ -3,8 +3,9 @@
 # on scikit-learn's bundled digits (no download). Usage: bash recipes/quickstart/demo.sh [OUT_ROOT]
 # Needs only the runtime (`make demo` installs nothing else; figures: `pflx show --plot` with the plot
 # extra). The comparisons (4 methods x seeds 0, 1, 2 x 2 tasks: 24 trainings, 24 predictions) take about
-# 10 CPU-minutes, over half of it pFedHN's one-client server steps; three seeds at a time on 2 idle CPU
-# cores make that about six minutes in all. Re-running is a no-op per stage (about 1 CPU-minute in all).
+# 14 CPU-minutes (2026-11-27: 845 CPU s, 863 s wall on a 2-core machine shared with other jobs at load ~5),
+# over half of it pFedHN's one-client server steps; three seeds run at a time, so idle cores shorten the wall
+# time. Re-running is a no-op per stage (about 1 CPU-minute in all).
 set -euo pipefail
 root=${1:-runs/demo}
 pflx() { python -m pfl_cli "$@"; }
