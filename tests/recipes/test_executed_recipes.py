@@ -123,6 +123,25 @@ def _algorithm(argv: list[str], recipe: pathlib.Path) -> str:
     return name
 
 
+def _counts_epochs(argv: list[str], recipe: pathlib.Path, name: str) -> bool:
+    """Whether this train command's run counts local_epochs: the line's own setting, else its recipe's train
+    section, else the algorithm's default."""
+    value = "unset"
+    train = (yaml.safe_load(recipe.read_text()) or {}).get("train") if recipe.suffix == ".yaml" else None
+    if isinstance(train, dict) and "local_epochs" in train:
+        value = train["local_epochs"]
+    for i, a in enumerate(argv[:-1]):
+        if a == "--local-epochs":
+            value = argv[i + 1]
+        if a == "--set" and argv[i + 1].startswith("local_epochs="):
+            value = argv[i + 1].split("=", 1)[1]
+    if value == "unset":
+        if "local_epochs" not in registry.get(name).keys:
+            return False
+        value = registry.train_config(name).local_epochs
+    return value not in (None, "null", "None", "none", "~", "")
+
+
 def smoke_line(line: str, recipe: pathlib.Path) -> str:
     """A header line at smoke size: train commands get SMOKE_SETS (where the algorithm takes the key) and the
     recipe's RECIPE_SETS appended as --set (the last --set wins); attack gets ATTACK_SMOKE; make gets
@@ -133,8 +152,12 @@ def smoke_line(line: str, recipe: pathlib.Path) -> str:
         return line.split(" #")[0] + " " + " ".join(ATTACK_SMOKE)
     if argv[:2] != ["pflx", "train"]:
         return line
-    keys = registry.get(_algorithm(argv, recipe)).keys
-    sets = [f"{k}={v}" for k, v in SMOKE_SETS.items() if k in keys]
+    name = _algorithm(argv, recipe)
+    keys = registry.get(name).keys
+    # A round counts local_epochs or local_steps, never both (local_steps beside a set local_epochs is refused):
+    # shrink the one this run counts.
+    drop = "local_steps" if _counts_epochs(argv, recipe, name) else "local_epochs"
+    sets = [f"{k}={v}" for k, v in SMOKE_SETS.items() if k in keys and k != drop]
     sets += RECIPE_SETS.get(str(recipe.relative_to(ROOT / "recipes")), [])
     return line.split(" #")[0] + "".join(f" --set {s}" for s in sets)
 
