@@ -128,8 +128,9 @@ def _counts_epochs(argv: list[str], recipe: pathlib.Path, name: str) -> bool:
     section, else the algorithm's default."""
     value = "unset"
     train = (yaml.safe_load(recipe.read_text()) or {}).get("train") if recipe.suffix == ".yaml" else None
-    if isinstance(train, dict) and "local_epochs" in train:
-        value = train["local_epochs"]
+    for section in (train, (train or {}).get(name) if isinstance(train, dict) else None):  # shared, then own
+        if isinstance(section, dict) and "local_epochs" in section:
+            value = section["local_epochs"]
     for i, a in enumerate(argv[:-1]):
         if a == "--local-epochs":
             value = argv[i + 1]
