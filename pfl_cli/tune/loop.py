@@ -256,10 +256,13 @@ def _mark_interrupted(study, trial_id: int, why: str) -> None:
     import optuna
 
     storage = study._storage
+    if storage.get_trial(trial_id).state.is_finished():
+        # Ctrl-C after tell() recorded the trial: its result stands (Optuna refuses to update a finished trial,
+        # and the UpdateFinishedTrialError ended the command with exit 1 instead of the interrupt's 130)
+        return
     storage.set_trial_system_attr(trial_id, "pflx_interrupted", True)
     storage.set_trial_user_attr(trial_id, "error", f"{INTERRUPTED}: {why}")
-    if not storage.get_trial(trial_id).state.is_finished():
-        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+    storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
 
 
 # A running trial's process records the time every HEARTBEAT_S seconds (its ``pflx_beat``); a trial of another

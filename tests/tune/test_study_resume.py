@@ -103,3 +103,23 @@ def test_a_trial_left_running_before_its_pid_was_recorded_is_reaped_and_run_agai
     states = [t.state for t in study.trials]
     assert states[0] == optuna.trial.TrialState.FAIL and study.trials[0].system_attrs.get("pflx_interrupted")
     assert counted(study) == 3 and states.count(optuna.trial.TrialState.COMPLETE) == 3
+
+
+def test_ctrl_c_after_a_trial_was_told_leaves_its_result_and_raises_no_optuna_error():
+    """The interrupt suite's tune case once exited 1: Ctrl-C landed after ``study.tell`` had finished the trial,
+    and marking it interrupted made Optuna raise UpdateFinishedTrialError. A finished trial's result stands."""
+    import optuna
+
+    from pfl_cli.tune.loop import _mark_interrupted
+
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    study.tell(trial, 0.75)
+    _mark_interrupted(study, trial._trial_id, "Ctrl-C")
+    done = study.get_trials(deepcopy=False)[0]
+    assert done.state == optuna.trial.TrialState.COMPLETE and done.value == 0.75
+    assert "pflx_interrupted" not in done.system_attrs
+    running = study.ask()
+    _mark_interrupted(study, running._trial_id, "Ctrl-C")
+    marked = study.get_trials(deepcopy=False)[1]
+    assert marked.state == optuna.trial.TrialState.FAIL and marked.system_attrs["pflx_interrupted"] is True
