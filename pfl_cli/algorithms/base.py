@@ -56,6 +56,16 @@ class Algorithm(ABC):
     # Why the algorithm cannot run split across ranks (torchrun, --nproc), named in the error that
     # refuses it up front; "" when its N-rank run equals its 1-process run (tests/cli/test_train_distributed.py).
     not_distributed = ""
+    # Federation conditions (issue 47, pfl_cli.fl.conditions). conditions_refused: why it cannot run under
+    # availability, dropout, deadlines or over-selection ("" when it can: a client that does not answer is left out
+    # of the round and keeps whatever state it had). partial_work: a straggler's steps finished by the deadline are
+    # kept (FedProx, FedNova) instead of the straggler dropped (FedAvg). compressible_upload: its upload is FedAvg's
+    # round's model delta, which topk / qsgd / sign compress. The last two are declared per class, never inherited.
+    conditions_refused = ""
+    partial_work = False
+    compressible_upload = False
+    round_budget = None   # (c,) local steps each cohort client finishes this round, set by the conditions' round
+    upload_codec = None   # the upload compressor (pfl_cli.fl.compression), set by the conditions
     # Hyperparameter search (`pflx tune`): key -> spec ("log:LOW:HIGH", "float:LOW:HIGH", "int:LOW:HIGH",
     # "choice:A,B,..."), from the paper's own tuning protocol, cited in ``search_space_source``;
     # declared by each algorithm (an undeclared one gets the client lr only, see pfl_cli.tune.space).
@@ -75,6 +85,9 @@ class Algorithm(ABC):
         super().__init_subclass__(**kwargs)
         if "dp_unit" not in cls.__dict__:
             cls.dp_unit = None
+        for capability in ("partial_work", "compressible_upload"):
+            if capability not in cls.__dict__:
+                setattr(cls, capability, False)
         own = cls.__dict__.get("config")
         if own is not None:
             own.algorithm_class = cls  # the engine builds the algorithm its config names (pfl_cli.fl.api)
@@ -331,6 +344,10 @@ class Algorithm(ABC):
         from pfl_cli.fl.cohort import local_sgd
 
         batches = self.local_batches(clients, gen, steps=steps, epochs=epochs)
+        if self.round_budget is not None:  # a straggler's partial work (federation conditions)
+            from pfl_cli.fl.conditions.rounds import cap_steps
+
+            cap_steps(batches, self.round_budget)
         anchor = None if prox_anchor is None else broadcast(prox_anchor, len(clients))
         moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
         fixed = {k: v for k, v in start.items() if k not in moving}

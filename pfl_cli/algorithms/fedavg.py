@@ -98,6 +98,7 @@ class FedAvg(Attackable, Algorithm):
     serves_unlabeled = "fedavg without --finetune-steps (one global model)"
     # The run axis (pfl_cli.fl.stack): a round's local training is one plain cohort SGD call, so runs that differ
     # only in these keys train stacked in one process; declared per class, never inherited.
+    compressible_upload = True  # its upload is the model delta (Alg. 3 line 7)
     stackable = True
     stack_keys = ("seed", "lr", "momentum", "lambda_theta", "client_clip", "server_lr", "server_momentum", "sam_rho")
 
@@ -142,7 +143,10 @@ class FedAvg(Attackable, Algorithm):
         2018, Alg. 1): clipped deltas, noisy sum / (q N), even for an empty Poisson cohort.
         A Flower deployment's ServerApp calls it with the models its nodes sent.
         """
-        self.record_exchange(self.global_params, theta, len(cohort))
+        if self.upload_codec is not None:  # the deltas as compressed on the wire (pfl_cli.fl.compression)
+            theta = self.upload_codec.compress_models(self, cohort, self.global_params, theta)
+        else:
+            self.record_exchange(self.global_params, theta, len(cohort))
         if self.dp is not None:
             deltas = {k: theta[k] - g for k, g in self.global_params.items()}
             self.server_update(self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}",
@@ -175,6 +179,10 @@ class FedAvg(Attackable, Algorithm):
             raise TypeError(f"cohort_sgd with sam_rho takes steps, epochs, prox_mu and prox_anchor; got "
                             f"{sorted(options)}")
         batches = self.local_batches(clients, gen, steps=steps, epochs=epochs)
+        if self.round_budget is not None:  # a straggler's partial work (federation conditions)
+            from pfl_cli.fl.conditions.rounds import cap_steps
+
+            cap_steps(batches, self.round_budget)
         how = resolve_cohort_exec(self.cfg.cohort_exec, self.net, self.device)
         sgd = self.sgd_update_options()
         if mu:

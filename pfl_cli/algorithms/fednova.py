@@ -90,6 +90,10 @@ class FedNova(FedAvg):
     dp_unit = None  # no DP variant: ||a_i||_1 follows the client's data size, a release DP-FedAvg does not cover
     models_upload = False  # `pflx attack`'s upload model is not checked against its normalized upload
     upload_under_dp = False
+    # Wang et al. 2020, §1 and §4: clients' local work may differ (tau_i), normalized averaging keeps the
+    # objective consistent; a straggler's tau_i is the steps it finished by the deadline
+    partial_work = True
+    compressible_upload = True
     serves_unlabeled = "fednova without --finetune-steps (one global model)"
     search_space = {"lr": "log:1e-3:1", "momentum": "choice:0,0.9"}
     search_space_source = (f"{WANG}, Table 1: the client lr tuned per setting, local solvers plain SGD and SGD with "
@@ -136,8 +140,14 @@ class FedNova(FedAvg):
         work = self.round_work(cohort, gen)
         theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen, **work)
         steps = self.local_steps_of(cohort, work.get("epochs"))
+        if self.round_budget is not None:  # a straggler's tau_i: the steps it finished by the deadline
+            steps = torch.minimum(steps, self.round_budget.to(steps))
         norm = solver_norm(steps, self.sgd_update_options()["momentum"])  # ||a_i||_1 of the solver
-        self.record_exchange(self.global_params, {**theta, "a_norm": norm.to(torch.float32)}, len(cohort))
+        if self.upload_codec is not None:  # the deltas as compressed on the wire (pfl_cli.fl.compression)
+            theta = self.upload_codec.compress_models(self, cohort, self.global_params, theta)
+            self.traffic.receive("a_norm", norm)
+        else:
+            self.record_exchange(self.global_params, {**theta, "a_norm": norm.to(torch.float32)}, len(cohort))
         size = self.store.fit.length[cohort].to(torch.float64)
         self.server_update(normalized_delta(self.global_params, theta, size / size.sum(), norm))  # Eq. 7-8
         return loss

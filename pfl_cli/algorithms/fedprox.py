@@ -41,6 +41,9 @@ class FedProx(FedAvg):
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedProxConfig
     models_upload = False  # its local steps add the proximal term, not FedAvg's upload
+    # Li et al. 2020, §3 (gamma-inexact solutions) and §5.2: a straggler's partial work is aggregated, not dropped
+    partial_work = True
+    compressible_upload = True
     stackable = True  # the proximal weight is one more per-row setting of the stacked step (pfl_cli.fl.stack)
     stack_keys = FedAvg.stack_keys + ("mu",)
 

@@ -422,6 +422,8 @@ def train_metrics(cfg, run, info: dict, device) -> dict:
     metrics["num_unlabeled_clients"] = int(np.sum(~store.labeled))
     metrics["hidden_label_oracle"] = bool(cfg.evaluate_hidden_labels)
     metrics["communication"] = run.algorithm.traffic.summary()
+    if "conditions" in outcome.extra:  # federation conditions (pfl_cli.fl.conditions): public settings, the clock
+        metrics["conditions"] = outcome.extra["conditions"]
     return clean(metrics)
 
 

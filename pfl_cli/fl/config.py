@@ -77,6 +77,27 @@ class TrainConfig:
     dp_noise: str = key("secure", "--dp noise: secure (OS entropy) | seeded (repeatable; simulation only)",
                         choices=("secure", "seeded"))
     write_nonprivate: bool = key(False, "with --dp: also write diagnostics computed on private data (nonprivate*)")
+    # -- federation conditions (issue 47; pfl_cli.fl.conditions): who answers a round, how much local work they
+    # finish, how long the round takes on a simulated clock, and what their uploads cost on the wire
+    availability: float = key(1.0, "probability that a client is online in a round (each client, each round)")
+    availability_trace: str = key("", "CSV of 0/1, one row per client of the partition (its order), one column per "
+                                      "time slot; round t reads column t mod slots (\"\" = none)")
+    dropout: float = key(0.0, "probability that a selected client leaves mid-round and never answers")
+    compute_speed: str = key("1", "local steps per simulated second: NUMBER | uniform:LO:HI | lognormal:MEDIAN:SIGMA "
+                                  "(drawn once per client) | file:PATH (one number per client)")
+    network_speed: str = key("inf", "megabytes per simulated second of a client's link, up and down, in the forms "
+                                    "of compute_speed (inf = transfers take no time)")
+    round_deadline: Optional[float] = key(None, "simulated seconds a round waits for answers (null: no deadline); "
+                                                "late work is the algorithm's rule (dropped, or partial work kept)")
+    over_selection: float = key(0.0, "select (1 + this) x clients_per_round clients; the server keeps the first "
+                                     "clients_per_round to answer")
+    compression: str = key("none", "upload compression of model deltas: none | topk (Stich et al. 2018) | qsgd "
+                                   "(Alistarh et al. 2017) | sign (Karimireddy et al. 2019)",
+                           choices=("none", "topk", "qsgd", "sign"))
+    compression_density: float = key(0.01, "topk: share of a delta's coordinates sent")
+    qsgd_levels: int = key(16, "qsgd: quantization levels s per coordinate")
+    error_feedback: bool = key(True, "keep each client's compression error and add it to its next upload "
+                                     "(Stich et al. 2018; Karimireddy et al. 2019)")
 
     algorithm_class = None  # set by the algorithm that declares this config (``Algorithm.config``)
 
@@ -84,6 +105,9 @@ class TrainConfig:
         """Every check on the keys, before any data is read or drawn (subclasses add theirs)."""
         check_keys(self)
         check_inert(self)
+        from pfl_cli.fl.conditions.settings import check_conditions
+
+        check_conditions(self)
         hidden = self.mlp_hidden if isinstance(self.mlp_hidden, (list, tuple)) else [self.mlp_hidden]
         if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
             from pfl_cli.errors import ConfigError
@@ -109,17 +133,19 @@ KEY_RULES: dict[str, tuple] = {
     # name: (kind, low, high); kind "int" | "float" (finite) | "pos" (finite > 0) | "frac" (low <= v <= high)
     **{k: ("int", 0, None) for k in ("rounds", "embed_dim", "finetune_steps", "checkpoint_every", "seed",
                                      "embed_rounds", "head_epochs", "body_epochs", "new_client_epochs")},
-    **{k: ("int", 1, None) for k in ("clients_per_round", "local_steps", "batch_size", "descriptor_batch",
+    **{k: ("int", 1, None) for k in ("clients_per_round", "qsgd_levels", "local_steps", "batch_size",
+                                     "descriptor_batch",
                                      "eval_every", "hyper_hidden", "lstm_hidden", "subspace_dim", "subspace_nnz",
                                      "feature_dim", "local_epochs", "K", "knn_k", "adapt_steps", "adapt_hidden")},
     **{k: ("float", 0.0, None) for k in ("client_clip", "server_clip", "lambda_h", "lambda_v", "lambda_theta",
                                          "lambda_reg", "hn_weight_decay", "mu", "lam", "alpha_lr", "personal_clip",
-                                         "personal_weight_decay")},
-    **{k: ("frac", 0.0, 1.0) for k in ("labeled_rate", "interpolation", "alpha")},
+                                         "personal_weight_decay", "over_selection")},
+    **{k: ("frac", 0.0, 1.0) for k in ("labeled_rate", "interpolation", "alpha", "availability",
+                                       "compression_density")},
     **{k: ("below1", 0.0, 1.0) for k in ("momentum", "server_momentum", "hn_momentum", "personal_momentum",
-                                         "val_fraction")},
+                                         "val_fraction", "dropout")},
     **{k: ("pos", None, None) for k in ("lr", "server_lr", "embed_lr", "head_lr", "beta", "personal_lr",
-                                        "knn_scale", "adapt_lr", "adapt_model_lr")},
+                                        "knn_scale", "adapt_lr", "adapt_model_lr", "round_deadline")},
 }
 
 
@@ -169,6 +195,10 @@ NEEDS["checkpoint_every"] = (lambda cfg: cfg.dp_epsilon is None, "under --dp (a 
 # (Algorithm.round_schedule): beside local_epochs no algorithm reads local_steps (BESIDE in
 # tests/algorithms/test_no_ignored_key.py). On a config without local_epochs (PeFLL's, the ISRL-DP algorithms')
 # local_steps always counts.
+# Federation conditions (pfl_cli.fl.conditions): a compressor's own settings act only with that compressor.
+NEEDS["compression_density"] = (lambda cfg: cfg.compression == "topk", "without compression=topk")
+NEEDS["qsgd_levels"] = (lambda cfg: cfg.compression == "qsgd", "without compression=qsgd")
+NEEDS["error_feedback"] = (lambda cfg: cfg.compression != "none", "without compression (no compression error to keep)")
 NEEDS["local_steps"] = (lambda cfg: getattr(cfg, "local_epochs", None) is None,
                         "beside local_epochs (a round is local_epochs epochs; set local_epochs=null to count steps)")
 

@@ -70,6 +70,10 @@ def check_world_size(cfg, size: int, device) -> None:
     why = cfg.algorithm_class.not_distributed
     if not why and getattr(cfg, "sam_rho", 0):  # fedavg's and fedprox's option (SAM steps in one process)
         why = f"its SAM local steps (sam_rho {cfg.sam_rho}) are not split across ranks (sam_rho=0's plain steps are)"
+    from pfl_cli.fl.conditions.settings import set_conditions
+
+    if not why and set_conditions(cfg):
+        why = f"federation conditions ({', '.join(set_conditions(cfg))}) run in one process"
     if size > 1 and why:
         raise InputError(f"--nproc / torchrun: --algorithm {cfg.algorithm} runs in one process only: {why}; "
                          "drop --nproc (or run without torchrun).")

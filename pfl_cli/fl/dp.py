@@ -86,6 +86,12 @@ class ClientLevelDP(SampledGaussianRecord):
     accountant: str = "rdp"
     contribution: str = "update"
     denominator: float = 1.0
+    # The expected share of sampled clients that answer under federation conditions (availability x (1 - dropout),
+    # public inputs; pfl_cli.fl.conditions): the fixed denominator becomes q N r, the expected answering cohort,
+    # so the noise on the released mean is z C / (q N r). The accounting keeps q: a client that does not answer
+    # only removes its contribution (the sensitivity stays C), and the dropouts are drawn from the seeded stream,
+    # not secret, so no amplification by them is claimed.
+    answer_rate: float = 1.0
 
     def sample_cohort(self, clients, size: int, gen):
         """Each of ``clients`` independently with probability q (may be empty); ``size`` is not used."""
@@ -111,7 +117,7 @@ class ClientLevelDP(SampledGaussianRecord):
         out = {}
         for k, v in clipped.items():
             noise = standard_normal(gen, v.shape[1:], dtype=v.dtype).to(v.device)
-            out[k] = (v.sum(0) + std * noise) / self.denominator
+            out[k] = (v.sum(0) + std * noise) / (self.denominator * self.answer_rate)
         return out
 
     unit = "client"
@@ -125,15 +131,25 @@ class ClientLevelDP(SampledGaussianRecord):
 
         return (f"{self.rounds} rounds of DP-FedAvg (McMahan et al. 2018): Poisson cohorts at rate q = "
                 f"{self.sampling_rate:.6g}, each client's {self.contribution} clipped to L2 {self.clip:g}, Gaussian "
-                f"noise std {self.noise_multiplier:.6g} x clip on the sum, divided by {self.denominator:.6g}; "
-                f"{population_note(self.population)}")
+                f"noise std {self.noise_multiplier:.6g} x clip on the sum, divided by {self.denominator:.6g}"
+                f"{self._answering_note()}; {population_note(self.population)}")
+
+    def _answering_note(self) -> str:
+        if self.answer_rate == 1.0:
+            return ""
+        return (f" x the expected answer rate {self.answer_rate:.6g} (availability and dropout: the expected "
+                "answering cohort; the accounting keeps q, as a client that does not answer only removes its "
+                "contribution)")
 
     def info(self) -> dict[str, Any]:
         return {"unit": "client", "epsilon": self.epsilon, "delta": self.delta, "clip": self.clip,
                 "sampling_rate": self.sampling_rate, "population_bound": self.population, "rounds": self.rounds,
                 "denominator": self.denominator, "noise_multiplier": self.noise_multiplier,
                 "noise_std_on_sum": self.noise_multiplier * self.clip, "accountant": self.accountant,
-                "cohorts": "poisson", "selection": "last round"}
+                "cohorts": "poisson", "selection": "last round",
+                **({} if self.answer_rate == 1.0 else {
+                    "answer_rate": self.answer_rate, "answering_denominator": self.denominator * self.answer_rate,
+                    "noise_std_on_mean": self.noise_multiplier * self.clip / (self.denominator * self.answer_rate)})}
 
 
 def audited_step(updates, *, clip: float, noise_multiplier: float, denominator: float, rng):

@@ -115,12 +115,13 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     private = alg.dp is not None
     if private:  # no round is released twice: a resumed run continues after the last released round
         every_ckpt = 1
+    conditions = _conditions(alg, cfg)  # federation conditions (pfl_cli.fl.conditions), None when none is set
     if resume is not None and resume.get("private_run"):
         restore(lambda state: restore_private(alg, state), resume, "--resume: the checkpoint's state",
                 fix="Delete the checkpoint folder and run without --resume to start over.")
         start = last_ckpt = int(resume["round"])
     elif resume is not None:
-        restore(lambda state: _load_resume(alg, state), resume, "--resume: the checkpoint's state",
+        restore(lambda state: _load_resume(alg, state, conditions), resume, "--resume: the checkpoint's state",
                 fix="Delete the checkpoint folder and run without --resume to start over.")
         start, history, loss_acc = int(resume["round"]), list(resume["history"]), list(resume["loss_acc"])
         best = resume["best"]
@@ -131,9 +132,13 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     randomness = train_randomness(cfg)  # under --dp: OS entropy unless noise=seeded (issue 21)
     for t in range(start, total):
         gen = randomness.torch(f"round-{t}")
-        cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
-        loss = alg.run_round(t, cohort, gen)
-        alg.traffic.close_round(len(cohort))
+        if conditions is None:
+            cohort = alg.sample_cohort(train_clients, alg.cohort_size(t, total, len(train_clients)), gen)
+            loss = alg.run_round(t, cohort, gen)
+            alg.traffic.close_round(len(cohort))
+        else:  # who is online, who answers, how much work they finish, and the simulated clock
+            cohort, loss, rows = conditions.run_round(alg, t, train_clients, gen, total)
+            history.extend(rows)
         mean_loss = float(loss.mean()) if len(loss) else float("nan")  # a Poisson cohort may be empty
         if private and not released_state_finite(alg):  # judged on the released model, never on the private loss
             raise TrainingDiverged(t + 1, None, last_ckpt)
@@ -147,6 +152,8 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             loss_acc = [0.0, 0]
             ev = evaluate_groups(alg, done, seed=cfg.seed, with_val=with_val)
             history.extend(evaluation_rows(ev))
+            if conditions is not None:
+                history.extend(conditions.evaluation_rows(done))
             history.extend([done, g, name, value] for g, d in alg.diagnostics().items() for name, value in d.items())
             best = _select(best, ev, alg, with_val)
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
@@ -155,7 +162,8 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             on_checkpoint(private_snapshot(alg, done, cfg.dp_noise) if private else
                           {"round": done, "algorithm_name": alg.name, "algorithm": alg.state(),
                            "history": [list(r) for r in history],
-                           "loss_acc": list(loss_acc), "best": best, "traffic": alg.traffic.state()})
+                           "loss_acc": list(loss_acc), "best": best, "traffic": alg.traffic.state(),
+                           **({} if conditions is None else {"conditions": conditions.state()})})
             last_ckpt = done
         if on_progress is not None:
             on_progress(done, total, {"loss": mean_loss, **latest})
@@ -167,14 +175,29 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
         raise RunError("no evaluation ran; set --eval-every to at most --rounds.")
     ev = _evaluation_from(best["evaluation"])
     return TrainOutcome(weights=best["weights"], history=history, best=ev, last_round=total,
-                        selection="val" if with_val else "last")
+                        selection="val" if with_val else "last",
+                        extra={} if conditions is None else {"conditions": conditions.summary()})
 
 
-def _load_resume(alg, state: dict) -> None:
-    """Restore the algorithm and its traffic from a checkpoint; its best model must fit the algorithm too."""
+def _conditions(alg, cfg):
+    """The run's federation conditions, or None when every condition key is at its default."""
+    from pfl_cli.fl.conditions.settings import conditions_active
+
+    if not conditions_active(cfg) or not alg.federated:
+        return None
+    from pfl_cli.fl.conditions.rounds import Conditions
+
+    return Conditions(alg, cfg)
+
+
+def _load_resume(alg, state: dict, conditions=None) -> None:
+    """Restore the algorithm, its traffic and its conditions from a checkpoint; its best model must fit the
+    algorithm too."""
     fresh = alg.weights()
     alg.load_state(state["algorithm"])
     alg.traffic.load_state(state["traffic"])
+    if conditions is not None:
+        conditions.load_state(state["conditions"], alg.device)
     for what, tree in (("its algorithm state", alg.weights()), ("its best model", (state["best"] or {}).get("weights"))):
         mismatch = weights_mismatch(tree, fresh) if tree is not None else None
         if mismatch:

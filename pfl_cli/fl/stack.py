@@ -73,6 +73,11 @@ def check_stackable(cfg) -> None:
                           "algorithms whose local training is one batched SGD call per round stack: "
                           f"{', '.join(loaded_stackable_names())}); got {cfg.algorithm!r}. Train its runs one at a "
                           "time (drop --seeds / --stack).")
+    from pfl_cli.fl.conditions.settings import set_conditions
+
+    if set_conditions(cfg):  # each run's rounds answer differently (who is online, who is late, its codec memory)
+        raise ConfigError(f"stacking: federation conditions ({', '.join(set_conditions(cfg))}) train one run per "
+                          "process; train each seed with --seed S (drop --seeds / --stack).")
 
 
 def shape_key(cfg) -> tuple:
