@@ -22,6 +22,8 @@ and an algorithm's per-client state of it stays as it was.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -123,8 +125,8 @@ class Conditions:
         return online * (1.0 - float(self.cfg.dropout))
 
     # ---------------------------------------------------------------- one round
-    def run_round(self, alg, t: int, train_clients, gen, total: int):
-        """Sample, plan and run round ``t``: returns (the answering cohort, their losses, metrics rows)."""
+    def plan_round(self, alg, t: int, train_clients, gen, total: int) -> "RoundPlan":
+        """Who is online, who is selected, who answers with how many steps, and how long round ``t`` lasts."""
         import torch
 
         cfg = self.cfg
@@ -166,10 +168,19 @@ class Conditions:
             duration = float(deadline)
         else:
             duration = float(finish[keep].max()) if len(keep) else 0.0
+        return RoundPlan(cohort=cohort, kept=kept, left=left, late=late, steps=steps, done_steps=done_steps,
+                         duration=duration)
+
+    def run_round(self, alg, t: int, train_clients, gen, total: int):
+        """Plan and run round ``t``: returns (the answering cohort, their losses, metrics rows)."""
+        import torch
+
+        plan = self.plan_round(alg, t, train_clients, gen, total)
+        cohort, kept = plan.cohort, plan.kept
         answering = cohort[torch.as_tensor(kept, device=cohort.device)]
-        partial = kept & (done_steps < steps)
+        partial = kept & (plan.done_steps < plan.steps)
         if self.partial and partial.any():
-            alg.round_budget = torch.as_tensor(done_steps[kept], device=alg.device)
+            alg.round_budget = torch.as_tensor(plan.done_steps[kept], device=alg.device)
         if self.codec is not None:
             self.codec.begin_round(t)
         try:
@@ -179,18 +190,18 @@ class Conditions:
                 loss = torch.zeros(0)
         finally:
             alg.round_budget = None
-        missing = c - len(answering)
+        missing = len(cohort) - len(answering)
         if missing:  # the model went down to clients that never answered: bytes sent all the same
             alg.traffic.send("global model to clients that did not answer", _Floats(self.model_floats),
                              copies=missing)
         alg.traffic.close_round(len(answering))
-        self.clock += duration
-        for k, v in (("selected", c), ("answered", len(answering)), ("left", int(left.sum())),
-                     ("late_dropped", int((late & ~left & ~kept).sum()) if not self.partial else 0),
-                     ("partial", int(partial.sum()))):
+        self.clock += plan.duration
+        dropped = plan.late & ~plan.left & ~kept if not self.partial else np.zeros(len(kept), dtype=bool)
+        for k, v in (("selected", len(cohort)), ("answered", len(answering)), ("left", int(plan.left.sum())),
+                     ("late_dropped", int(dropped.sum())), ("partial", int(partial.sum()))):
             self.totals[k] += int(v)
-        rows = [] if self.private else [
-            [t + 1, "train", "round_sim_seconds", duration], [t + 1, "train", "clients_answered", len(answering)]]
+        rows = [] if self.private else [[t + 1, "train", "round_sim_seconds", plan.duration],
+                                        [t + 1, "train", "clients_answered", len(answering)]]
         return answering, loss, rows
 
     def _online(self, t: int, rng, ids: np.ndarray) -> np.ndarray:
@@ -228,6 +239,21 @@ class Conditions:
         self.totals = {k: int(v) for k, v in state["totals"].items()}
         if self.codec is not None:
             self.codec.load_state(state["codec"] or {}, device)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A round's conditions over its selected ``cohort`` (c,): ``kept`` the clients the server aggregates,
+    ``left`` those that left mid-round, ``late`` those past the deadline, ``steps`` their planned local steps and
+    ``done_steps`` the steps each finished, and the round's simulated ``duration``."""
+
+    cohort: Any
+    kept: np.ndarray
+    left: np.ndarray
+    late: np.ndarray
+    steps: np.ndarray
+    done_steps: np.ndarray
+    duration: float
 
 
 class _Floats:
