@@ -99,8 +99,8 @@ def test_trains_under_conditions(part, name):
     assert len(clock) == 3 and len(rounds) == 3 and clock == sorted(clock)
     assert clock[-1] == pytest.approx(sum(rounds)) and all(0 < d <= 2.0 for d in rounds), rounds
     c = metrics["conditions"]
-    assert c["clients_answered"] + c["clients_left"] + c["clients_late_dropped"] <= c["clients_selected"] == 12
-    assert c["clients_left"] > 0, c  # 30 % of 12 selections left
+    assert c["clients_answered"] + c["clients_left"] + c["clients_late_dropped"] <= c["clients_selected"]
+    assert c["clients_left"] > 0, c  # 30 % of the selections left
     if "compression" in c:
         up = metrics["communication"]["bytes_up_per_client_round"]
         # the compressed delta (and FedNova's one float ||a_i||_1 beside it): bytes as sent, not floats x 4

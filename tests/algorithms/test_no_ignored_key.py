@@ -93,6 +93,11 @@ OVERRIDES = {
     "dp_accountant": ["pld"],
     "backbone": ["resnet-micro", "vit-micro"],
     "backbone_weights": [lambda: _backbone_file("resnet-micro")],
+    # federation conditions (pfl_cli.fl.conditions): a speed distribution, a link speed, a trace of the suite's
+    # 6 clients (4 train + 2 holdout) over two slots
+    "compute_speed": ["uniform:1:4"],
+    "network_speed": ["0.01"],
+    "availability_trace": [lambda: _trace_file(6)],
 }
 
 
@@ -406,6 +411,17 @@ def _backbone_file(name: str) -> str:
     path = Path(tempfile.mkdtemp(prefix="pflx-keys-")) / f"{name}.pth"
     net = PretrainedNet(name, (1, 32, 32), 10, "adapters")
     torch.save({k: torch.full_like(v, 0.01) for k, v in net.backbone.state_dict().items()}, path)
+    return str(path)
+
+
+def _trace_file(clients: int) -> str:
+    """An availability trace over ``clients`` clients and two time slots: half of them online in each."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="pflx-keys-")) / "trace.csv"
+    rows = [("1,0" if i % 2 else "0,1") for i in range(clients)]
+    path.write_text("\n".join(rows) + "\n")
     return str(path)
 
 
