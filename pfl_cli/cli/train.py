@@ -18,6 +18,7 @@ FLAGS = (
     "algorithm", "rounds", "clients_per_round", "local_steps", "batch_size", "lr", "server_lr", "eval_every",
     "val_fraction", "label_mask", "finetune_steps", "local_epochs", "model_arch", "embedding", "embed_dim",
     "hyper_size", "standardize_descriptor", "write_nonprivate", "device", "seed", "client_sizes",
+    "dropout", "round_deadline", "compression",
 )
 
 
@@ -46,6 +47,9 @@ def train(
     dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N. noise=secure (default): noise and sampling from OS entropy; noise=seeded: repeatable from the published seed, simulation only.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
     client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).", show_default=False)] = "",
+    dropout: Annotated[float, typer.Option("--dropout", help="Federation conditions: probability that a selected client leaves mid-round and never answers (docs/federation-conditions.md).", show_default=False)] = 0.0,
+    round_deadline: Annotated[Optional[float], typer.Option("--round-deadline", help="Simulated seconds a round waits for answers; late work is dropped (fedavg and most) or kept as partial work (fedprox, fednova). Client speeds: --set compute_speed=..., network_speed=....", show_default=False)] = None,
+    compression: Annotated[str, typer.Option("--compression", help="Upload compression of model deltas (fedavg, fedprox, fednova): none | topk | qsgd | sign, with error feedback (--set error_feedback=false: without).", show_default=False)] = "none",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     plot: Annotated[bool, typer.Option("--plot", help="Also write curves.png: accuracy and loss against rounds, the selected round marked (not part of the config).")] = False,
     log: Annotated[Optional[list[str]], typer.Option("--log", help="Also log per-round metrics while training for an experiment tracker: tensorboard | csv | jsonl | wandb (offline unless WANDB_MODE says otherwise) | mlflow (the SQLite store LOG_DIR/mlflow.db unless MLFLOW_TRACKING_URI is set) (repeatable), into --log-dir; under --dp only released values (none per round: elapsed time only). Not part of the config.")] = None,
@@ -82,6 +86,17 @@ def train(
     (vit-s16 | resnet18 | vit-micro | resnet-micro), backbone_weights (a local .pth / .safetensors
     state dict in timm's / torchvision's key layout; empty: random), backbone_tune (adapters | probe
     | full).
+
+    Federation conditions (docs/federation-conditions.md), drawn from the seeded streams so --resume is
+    byte-identical: availability (probability a client is online each round) or availability_trace (a CSV
+    of 0/1, a row per client, a column per time slot), dropout, compute_speed (local steps per simulated
+    second) and network_speed (MB per simulated second), each NUMBER | uniform:LO:HI |
+    lognormal:MEDIAN:SIGMA | file:PATH, round_deadline, over_selection (select (1 + o) x clients_per_round,
+    keep the first to answer); compression (none | topk | qsgd | sign) with compression_density (topk),
+    qsgd_levels and error_feedback. metrics.csv gains round_sim_seconds, clients_answered and sim_seconds
+    (the simulated clock at each evaluation: accuracy against simulated time). Late work: fedprox and
+    fednova keep a straggler's partial steps, every other algorithm drops it; local (no rounds) refuses
+    conditions; compression is for fedavg, fedprox and fednova; under --dp only availability and dropout.
 
     DP keys: dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
