@@ -21,9 +21,11 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 
-import round_timing  # benchmarks/ is the script's own folder, first on sys.path
-from verdict import Verdicts
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # round_timing, verdict: also when run by runpy
+import round_timing  # noqa: E402
+from verdict import Verdicts  # noqa: E402
 
 
 def main(argv=None) -> int:
