@@ -83,7 +83,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
     from pfl_cli.errors import ConfigError
     from pfl_cli.fl.checkpoint import CHECKPOINT_FILE, checkpoint_dir
     from pfl_cli.fl.config import PredictConfig
-    from pfl_cli.fl.stack import is_stackable
+    from pfl_cli.fl.stack import config_stacks
     from pfl_cli.cli.tune_protocol import run_study
 
     if jobs < 1:
@@ -116,7 +116,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
                 continue
             # the seeds of a stackable algorithm: up to spec.stack of them trained at once on a run axis
             batch = [step]
-            if spec.stack > 1 and is_stackable(step.cfg.algorithm_class):
+            if spec.stack > 1 and config_stacks(step.cfg):
                 while (i + len(batch) < len(steps) and len(batch) < spec.stack
                        and steps[i + len(batch)].kind == "train" and steps[i + len(batch)].name == step.name):
                     batch.append(steps[i + len(batch)])
@@ -185,7 +185,7 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
     from pfl_cli.config import load_config_file
     from pfl_cli.errors import ConfigError
     from pfl_cli.cli.tune_protocol import check_study, tune_options
-    from pfl_cli.fl.stack import is_stackable
+    from pfl_cli.fl.stack import config_stacks
 
     studies, trainings = [], []
     for alg in spec.algorithms:
@@ -215,7 +215,7 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
         if t.stack is not None:  # the entry's own --stack: refused below, as pflx tune refuses it, where it cannot be
             study_stack = t.stack
         else:  # the spec's stack where the algorithm stacks and the trials are not spread over --jobs processes
-            study_stack = spec.stack if is_stackable(cfg.algorithm_class) and jobs == 1 else 1
+            study_stack = spec.stack if config_stacks(cfg) and jobs == 1 else 1
         options = dataclasses.replace(tune_options(t, jobs=jobs), stack=study_stack)  # pflx tune --stack
         try:
             params = check_study(cfg, options)

@@ -65,6 +65,14 @@ def loaded_stackable_names() -> list[str]:
     return sorted(found)
 
 
+def config_stacks(cfg) -> bool:
+    """Whether runs of ``cfg`` may train stacked: its algorithm stacks and no federation condition is set (each run
+    under conditions answers its rounds differently: :func:`check_stackable` refuses them)."""
+    from pfl_cli.fl.conditions.settings import set_conditions
+
+    return is_stackable(cfg.algorithm_class) and not set_conditions(cfg)
+
+
 def check_stackable(cfg) -> None:
     """Refuse (one line, exit 2) a stack of an algorithm that does not declare ``stackable``."""
     cls = cfg.algorithm_class

@@ -77,6 +77,11 @@ def read_trace(path: str, n: int) -> np.ndarray | None:
 
 
 def _read_numbers(path: str, name: str) -> np.ndarray:
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise InputError(f"{name}: file {path!r} does not exist; give a CSV of numbers (speeds: one per client of "
+                         "the partition; a trace: a row of 0/1 per client, a column per time slot).")
     try:
         values = np.loadtxt(path, delimiter=",", ndmin=1, dtype=np.float64)
     except (OSError, ValueError) as err:
@@ -99,6 +104,8 @@ class Conditions:
         self.compute = client_values(cfg.compute_speed, n, rng, "compute_speed")
         self.network = client_values(cfg.network_speed, n, rng, "network_speed")
         self.trace = read_trace(cfg.availability_trace, n)
+        # the user's files the conditions read, by digest (the config names them by path only)
+        self.files = {p: _sha256(p) for p in _condition_files(cfg)}
         self.partial = bool(alg.partial_work)
         self.private = alg.dp is not None
         self.codec = None
@@ -220,7 +227,7 @@ class Conditions:
     def summary(self) -> dict:
         """``metrics.json``'s ``conditions`` object."""
         cfg = self.cfg
-        out = {"settings": {k: getattr(cfg, k) for k in CONDITION_DEFAULTS},
+        out = {"settings": {k: getattr(cfg, k) for k in CONDITION_DEFAULTS}, "files": self.files,
                "late_work": "kept (partial steps)" if self.partial else "dropped",
                "expected_answer_rate": self.answer_rate()}
         if self.codec is not None:
@@ -262,6 +269,20 @@ class _Floats:
 
     def numel(self) -> int:
         return self.n
+
+
+def _condition_files(cfg) -> list[str]:
+    files = [cfg.availability_trace] if cfg.availability_trace else []
+    return files + [parse_speed(spec, name)[1] for name, spec in (("compute_speed", cfg.compute_speed),
+                                                                  ("network_speed", cfg.network_speed))
+                    if parse_speed(spec, name)[0] == "file"]
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+    from pathlib import Path
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _model_floats(alg) -> int:
