@@ -76,4 +76,9 @@ def check_deployable(cfg) -> None:
     for broken, message in rules:
         if broken:
             raise ConfigError(f"flower app: {message}.")
+    from pfl_cli.fl.conditions.settings import set_conditions
+
+    if set_conditions(cfg):  # a real deployment has its own availability, dropouts and links: none is simulated
+        raise ConfigError(f"flower app: federation conditions ({', '.join(set_conditions(cfg))}) are simulated by "
+                          "pflx train only; a Flower deployment's clients are really available or not. Drop them.")
     validate_train_config(cfg)  # after the deployment's own rules: what Flower cannot run is said first
