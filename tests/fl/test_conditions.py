@@ -155,7 +155,7 @@ def test_topk_sign_and_qsgd_are_their_definitions():
         assert set(np.flatnonzero(row.numpy())) == set(keep) and torch.equal(row[keep], orig[keep])
     s = compress("sign", p)
     torch.testing.assert_close(s, p.abs().mean(1, keepdim=True) * torch.where(p >= 0, 1.0, -1.0))
-    draws = torch.stack([compress("qsgd", p, levels=4, gen=gen) for _ in range(4000)])
+    draws = compress("qsgd", p.repeat(4000, 1), levels=4, gen=gen).view(4000, 3, 50)
     norm = p.norm(dim=1, keepdim=True)
     levels = draws.abs() / norm * 4
     assert torch.allclose(levels, levels.round(), atol=1e-4) and float(levels.max()) <= 4 + 1e-4
@@ -215,18 +215,18 @@ def test_dp_fedavg_divides_by_the_expected_answering_cohort(store):
 
     from pfl_cli.fl.dp import ClientLevelDP
 
-    alg, cfg = algorithm(store, "fedavg", dropout=0.5, availability=0.8, dp_epsilon=4.0, dp_clip=1.0,
-                         dp_population=100, dp_noise="seeded", normalize=False)
-    from pfl_cli.fl.api import plan_dp
-
-    alg.dp = plan_dp(cfg, store)
+    alg, cfg = algorithm(store, "fedavg", dropout=0.5, availability=0.8)
+    alg.dp = ClientLevelDP(4.0, 1e-6, 1.0, 0.05, 100, 2, 1.3, denominator=5.0)  # as calibrate_client_dp makes it
     Conditions(alg, cfg)
     assert alg.dp.answer_rate == pytest.approx(0.4)
-    assert "expected answer rate 0.4" in alg.dp.note() and alg.dp.info()["answering_denominator"] == \
-        pytest.approx(0.4 * alg.dp.denominator)
+    assert "expected answer rate 0.4" in alg.dp.note()
+    assert alg.dp.info()["answering_denominator"] == pytest.approx(2.0)
+    assert alg.dp.info()["noise_std_on_mean"] == pytest.approx(1.3 / 2.0)
     mech = dataclasses.replace(ClientLevelDP(1.0, 1e-6, 10.0, 0.1, 100, 1, 0.0, denominator=10.0), answer_rate=0.5)
     out = mech.private_mean({"u": torch.ones(3, 2)}, torch.Generator().manual_seed(0))
     torch.testing.assert_close(out["u"], torch.full((2,), 3 / 5))
+    # the accounting keeps q: the same event as without dropouts
+    assert alg.dp.event() == dataclasses.replace(alg.dp, answer_rate=1.0).event()
 
 
 @pytest.mark.parametrize("keys, words", [
