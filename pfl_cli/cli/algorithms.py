@@ -65,7 +65,18 @@ def summary_row(entry) -> dict[str, str]:
     cls = entry.algorithm
     return {"paper": cls.paper or (cls.__doc__ or "").strip().splitlines()[0], "dp": entry.dp,
             "new_clients": cls.new_client_protocol or "as in training", "unlabeled_clients": "yes" if cls.serves_unlabeled
-            else "no", "origin": entry.origin}
+            else "no", "conditions": conditions_doc(cls), "origin": entry.origin}
+
+
+def conditions_doc(cls) -> str:
+    """What the algorithm does under federation conditions (docs/federation-conditions.md), from what it declares."""
+    from pfl_cli.fl.conditions.settings import refusal
+
+    why = refusal(cls)
+    if why:
+        return f"refused: {why}"
+    late = "kept as partial work" if cls.partial_work else "dropped"
+    return f"late work {late}; compression {'topk, qsgd, sign' if cls.compressible_upload else 'refused'}"
 
 
 def key_rows(entry) -> list[dict[str, Any]]:
@@ -164,7 +175,8 @@ def keys_markdown(entry, *, own: bool = False) -> str:
     common = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     rows = [r for r in key_rows(entry) if not own or r["key"] not in common or
             (r["key"] != "algorithm" and _plain(common[r["key"]]) != r["default"])]
-    lines = [f"### {entry.name}", "", f"{_cell(summary_row(entry)['paper'])}. DP: {entry.dp}.", "",
+    lines = [f"### {entry.name}", "", f"{_cell(summary_row(entry)['paper'])}. DP: {entry.dp}. Federation "
+             f"conditions: {_cell(summary_row(entry)['conditions'])}.", "",
              "| key | default | source | meaning |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| `{r['key']}` | `{_show(r['default'])}` | {_cell(r['source'])} | {_cell(r['doc'])} |")
