@@ -242,3 +242,27 @@ def test_the_tutorial_benchmark_runs_the_tutorial_both_ways_at_smoke_size():
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "OMP_NUM_THREADS unset: wall" in proc.stdout and "OMP_NUM_THREADS=1  : wall" in proc.stdout
     assert "(target <= 1.2x): no verdict (--smoke)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_conditions_benchmark_prints_its_ratios_beside_the_targets():
+    """A smoke size (3 rounds of 4 clients): the figures and the verdicts are there whatever the ratios."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conditions_bench.py"), "--rounds", "3",
+                           "--cohort", "4", "--local-steps", "2", "--hidden", "16"], env=ENV, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT / "benchmarks")
+    assert proc.returncode in (0, 1), proc.stderr  # 1: a target missed at a smoke size, printed as such
+    for label in ("conditions / plain (same selection)", "conditions / plain (the answering clients)",
+                  "partial work / plain (fedprox)"):
+        line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith(label))
+        assert "target <= 1.20x" in line and line.rstrip().endswith(("ok", "MISSED"))
+
+
+@pytest.mark.slow
+def test_the_conditions_claims_print_each_claim_beside_its_target():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conditions_claims.py"), "--rounds", "2",
+                           "--local-steps", "2", "--seeds", "0"], env=ENV, capture_output=True, text=True,
+                          timeout=600, cwd=ROOT / "benchmarks")
+    assert proc.returncode in (0, 1), proc.stderr
+    for label in ("90 % stragglers: fedprox (partial) - fedavg (drop)", "top-k 1 % with error feedback - uncompressed",
+                  "top-k 1 %: with - without error feedback"):
+        assert any(ln.strip().startswith(label) and "target" in ln for ln in proc.stdout.splitlines()), proc.stdout
