@@ -115,6 +115,11 @@ class Conditions:
             alg.upload_codec = self.codec
         floats = _model_floats(alg)
         self.model_floats = floats
+        if self.codec is not None and cfg.error_feedback:  # one error memory row per client, before any round
+            from pfl_cli.errors import check_memory
+
+            check_memory(f"error feedback for {n} clients x {floats} model floats", 4.0 * n * floats,
+                         fix="Set --set error_feedback=false, or use fewer clients or a smaller model.")
         self.down_bytes = FLOAT_BYTES * floats
         self.up_bytes = self.codec.wire_bytes(floats) if self.codec is not None else FLOAT_BYTES * floats
         self.clock = 0.0
