@@ -250,3 +250,14 @@ def test_conditions_do_not_stack():
 
     with pytest.raises(ConfigError, match="federation conditions"):
         check_stackable(registry.train_config("fedavg", dropout=0.1))
+
+
+def test_conditions_run_in_one_process_and_not_on_flower():
+    from pfl_cli.fl.distributed import check_world_size
+    from pfl_cli.interop.flower_app import check_deployable
+
+    cfg = registry.train_config("fedavg", dropout=0.1, clients_per_round=4)
+    with pytest.raises(PflxError, match=r"runs in one process only: federation conditions \(dropout\)"):
+        check_world_size(cfg, 2, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="federation conditions .dropout. are simulated by pflx train only"):
+        check_deployable(registry.train_config("fedavg", dropout=0.1, val_fraction=0.0))
