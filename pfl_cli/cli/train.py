@@ -89,7 +89,8 @@ def train(
 
     Federation conditions (docs/federation-conditions.md), drawn from the seeded streams so --resume is
     byte-identical: availability (probability a client is online each round) or availability_trace (a CSV
-    of 0/1, a row per client, a column per time slot), dropout, compute_speed (local steps per simulated
+    of 0/1, a row per client, a column per time slot: one per round, or per trace_slot_seconds of the
+    simulated clock), dropout, compute_speed (local steps per simulated
     second) and network_speed (MB per simulated second), each NUMBER | uniform:LO:HI |
     lognormal:MEDIAN:SIGMA | file:PATH, round_deadline, over_selection (select (1 + o) x clients_per_round,
     keep the first to answer); compression (none | topk | qsgd | sign) with compression_density (topk),

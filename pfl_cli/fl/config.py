@@ -82,6 +82,9 @@ class TrainConfig:
     availability: float = key(1.0, "probability that a client is online in a round (each client, each round)")
     availability_trace: str = key("", "CSV of 0/1, one row per client of the partition (its order), one column per "
                                       "time slot; round t reads column t mod slots (\"\" = none)")
+    trace_slot_seconds: Optional[float] = key(None, "simulated seconds of one availability_trace column: round t "
+                                                     "reads the column of the simulated clock at its start (null: "
+                                                     "one column per round)")
     dropout: float = key(0.0, "probability that a selected client leaves mid-round and never answers")
     compute_speed: str = key("1", "local steps per simulated second: NUMBER | uniform:LO:HI | lognormal:MEDIAN:SIGMA "
                                   "(drawn once per client) | file:PATH (one number per client)")
@@ -145,7 +148,8 @@ KEY_RULES: dict[str, tuple] = {
     **{k: ("below1", 0.0, 1.0) for k in ("momentum", "server_momentum", "hn_momentum", "personal_momentum",
                                          "val_fraction", "dropout")},
     **{k: ("pos", None, None) for k in ("lr", "server_lr", "embed_lr", "head_lr", "beta", "personal_lr",
-                                        "knn_scale", "adapt_lr", "adapt_model_lr", "round_deadline")},
+                                        "knn_scale", "adapt_lr", "adapt_model_lr", "round_deadline",
+                                        "trace_slot_seconds")},
 }
 
 
@@ -196,6 +200,7 @@ NEEDS["checkpoint_every"] = (lambda cfg: cfg.dp_epsilon is None, "under --dp (a 
 # tests/algorithms/test_no_ignored_key.py). On a config without local_epochs (PeFLL's, the ISRL-DP algorithms')
 # local_steps always counts.
 # Federation conditions (pfl_cli.fl.conditions): a compressor's own settings act only with that compressor.
+NEEDS["trace_slot_seconds"] = (lambda cfg: bool(cfg.availability_trace), "without availability_trace")
 NEEDS["compression_density"] = (lambda cfg: cfg.compression == "topk", "without compression=topk")
 NEEDS["qsgd_levels"] = (lambda cfg: cfg.compression == "qsgd", "without compression=qsgd")
 NEEDS["error_feedback"] = (lambda cfg: cfg.compression != "none", "without compression (no compression error to keep)")

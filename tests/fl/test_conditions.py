@@ -96,6 +96,13 @@ def test_a_trace_says_who_is_online(store, tmp_path):
     for t in range(4):
         plan = cond.plan_round(alg, t, train, torch.Generator().manual_seed(t), cfg.rounds)
         assert all(trace[i, t % 2] for i in plan.cohort.tolist()), (t, plan.cohort)
+    # a column per simulated second: the clock at the round's start picks it (a diurnal trace of hours)
+    alg, cfg = algorithm(store, "fedavg", availability_trace=str(path), trace_slot_seconds=1.0, clients_per_round=3)
+    cond = Conditions(alg, cfg)
+    for clock, column in ((0.0, 0), (1.5, 1), (2.2, 0), (0.99, 0)):
+        cond.clock = clock
+        plan = cond.plan_round(alg, 0, train, torch.Generator().manual_seed(0), cfg.rounds)
+        assert all(trace[i, column] for i in plan.cohort.tolist()), (clock, plan.cohort)
     np.savetxt(path, trace[:-1], fmt="%d", delimiter=",")
     with pytest.raises(PflxError, match="one row per client of the partition"):
         Conditions(alg, cfg)

@@ -217,12 +217,15 @@ class Conditions:
         return answering, loss, rows
 
     def _online(self, t: int, rng, ids: np.ndarray) -> np.ndarray:
-        """Which of the clients ``ids`` are online in round ``t``: the trace's column t mod slots, or each with
-        probability ``availability`` (one draw per train client, every round, so the stream is the same whoever
-        is asked)."""
+        """Which of the clients ``ids`` are online in round ``t``: the trace's column t mod slots (or, with
+        ``trace_slot_seconds``, the column of the simulated clock at the round's start: a diurnal trace of hours),
+        or each with probability ``availability`` (one draw per train client, every round, so the stream is the
+        same whoever is asked)."""
         draws = rng.random(len(ids))  # drawn in every case: the round's later draws do not depend on the mode
         if self.trace is not None:
-            return self.trace[ids, t % self.trace.shape[1]]
+            slot_seconds = self.cfg.trace_slot_seconds
+            slot = t if slot_seconds is None else int(math.floor(self.clock / slot_seconds))
+            return self.trace[ids, slot % self.trace.shape[1]]
         return draws < self.cfg.availability
 
     def evaluation_rows(self, done: int) -> list[list]:

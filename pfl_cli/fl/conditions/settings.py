@@ -12,11 +12,13 @@ import math
 from pfl_cli.errors import ConfigError
 
 # key -> its default: a run with every one at its default runs no condition (the plain round loop)
-CONDITION_DEFAULTS = {"availability": 1.0, "availability_trace": "", "dropout": 0.0, "compute_speed": "1",
+CONDITION_DEFAULTS = {"availability": 1.0, "availability_trace": "", "trace_slot_seconds": None, "dropout": 0.0,
+                      "compute_speed": "1",
                       "network_speed": "inf", "round_deadline": None, "over_selection": 0.0, "compression": "none"}
 # keys whose values depend on which clients a round drew (the clock, the deadline, over-selection, the
 # compressor's error memory): under --dp the Poisson cohort is the mechanism's secret, so they are refused there
-NOT_UNDER_DP = ("compute_speed", "network_speed", "round_deadline", "over_selection", "compression")
+NOT_UNDER_DP = ("compute_speed", "network_speed", "round_deadline", "over_selection", "compression",
+                "trace_slot_seconds")
 SPEED_FORMS = "NUMBER, uniform:LO:HI, lognormal:MEDIAN:SIGMA or file:PATH"
 
 
