@@ -100,6 +100,7 @@ class FedAvg(Attackable, Algorithm):
     # only in these keys train stacked in one process; declared per class, never inherited.
     stackable = True
     stack_keys = ("seed", "lr", "momentum", "lambda_theta", "client_clip", "server_lr", "server_momentum", "sam_rho")
+    averages_updates = True  # aggregate(): where an update attack and a robust aggregator act (issue 48)
 
     @property
     def finetune_steps(self) -> int:
@@ -142,11 +143,19 @@ class FedAvg(Attackable, Algorithm):
         2018, Alg. 1): clipped deltas, noisy sum / (q N), even for an empty Poisson cohort.
         A Flower deployment's ServerApp calls it with the models its nodes sent.
         """
+        if self.byzantine is not None:  # the malicious clients' uploads, as the server receives them
+            theta = self.byzantine.corrupt(t, cohort, self.global_params, theta,
+                                           default_server_lr=self.default_server_lr)
         self.record_exchange(self.global_params, theta, len(cohort))
         if self.dp is not None:
             deltas = {k: theta[k] - g for k, g in self.global_params.items()}
             self.server_update(self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}",
                                                                             self.device)))
+        elif self.cfg.aggregator != "mean":  # a robust aggregator (pfl_cli.fl.robust), centred on the last step
+            from pfl_cli.fl.robust import robust_mean
+
+            self.server_step(robust_mean(self.cfg, self.store, cohort, theta, self.global_params,
+                                         center=self.server_buf))
         else:
             self.server_step(weighted_mean(self.store, cohort, theta))
 

@@ -422,6 +422,8 @@ def train_metrics(cfg, run, info: dict, device) -> dict:
     metrics["num_unlabeled_clients"] = int(np.sum(~store.labeled))
     metrics["hidden_label_oracle"] = bool(cfg.evaluate_hidden_labels)
     metrics["communication"] = run.algorithm.traffic.summary()
+    if run.algorithm.byzantine is not None:  # Byzantine clients (issue 48): honest clients, backdoor success
+        metrics["byzantine"] = run.algorithm.byzantine.metrics(outcome, outcome.history)
     return clean(metrics)
 
 

@@ -147,6 +147,8 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             loss_acc = [0.0, 0]
             ev = evaluate_groups(alg, done, seed=cfg.seed, with_val=with_val)
             history.extend(evaluation_rows(ev))
+            if alg.byzantine is not None:  # honest clients' accuracy, the backdoor's success (pfl_cli.fl.byzantine)
+                history.extend(alg.byzantine.evaluation_rows(alg, ev, done))
             history.extend([done, g, name, value] for g, d in alg.diagnostics().items() for name, value in d.items())
             best = _select(best, ev, alg, with_val)
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
