@@ -155,7 +155,7 @@ class FedAvg(Attackable, Algorithm):
             from pfl_cli.fl.robust import robust_mean
 
             self.server_step(robust_mean(self.cfg, self.store, cohort, theta, self.global_params,
-                                         center=self.server_buf))
+                                         center=getattr(self, "server_buf", None)))
         else:
             self.server_step(weighted_mean(self.store, cohort, theta))
 

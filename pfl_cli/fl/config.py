@@ -89,7 +89,7 @@ class TrainConfig:
                                         "epsilon")
     aggregator: str = key("mean", "the server's average: mean (FedAvg's) | median | trimmed-mean | krum | "
                           "multi-krum | bulyan | centered-clip | norm-bound", choices=AGGREGATOR_NAMES)
-    robust_fraction: float = key(0.2, "share f / n of a cohort the aggregator tolerates as Byzantine "
+    robust_fraction: float = key(0.25, "share f / n of a cohort the aggregator tolerates as Byzantine "
                                  "(trimmed-mean, krum, multi-krum, bulyan)")
     robust_clip: Optional[float] = key(None, "radius of centered-clip and norm-bound (null: the median norm of "
                                        "the cohort's clipped vectors)")

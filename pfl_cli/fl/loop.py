@@ -164,6 +164,8 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     if total == 0 or (private and best is None):  # (a --dp resume of a finished run keeps no evaluation)
         ev = evaluate_groups(alg, total, seed=cfg.seed, with_val=with_val)
         history.extend(evaluation_rows(ev))
+        if alg.byzantine is not None:
+            history.extend(alg.byzantine.evaluation_rows(alg, ev, total))
         best = _select(None, ev, alg, with_val)
     if best is None:  # rounds fewer than one evaluation period never happens (last round evaluates)
         raise RunError("no evaluation ran; set --eval-every to at most --rounds.")
