@@ -43,13 +43,13 @@ def partition():
     return ds, part
 
 
-def cell(ds, part, alg: str, attack: str, aggregator: str, seed: int) -> dict:
+def cell(ds, part, alg: str, attack: str, aggregator: str, seed: int, **extra) -> dict:
     import torch
 
     from pfl_cli.fl.api import train_federated
     from pfl_cli.registry import train_config
 
-    keys = {**RUN, "seed": seed, "attack": attack, "aggregator": aggregator}
+    keys = {**RUN, "seed": seed, "attack": attack, "aggregator": aggregator, **extra}
     if attack == "none":
         keys.pop("attack")
     run = train_federated(ds.x, ds.y, ds.num_classes, part, train_config(alg, **keys), device=torch.device("cpu"))
@@ -59,23 +59,34 @@ def cell(ds, part, alg: str, attack: str, aggregator: str, seed: int) -> dict:
     return {"honest": m["honest"]["mean_accuracy"], "asr": m.get("backdoor_attack_success_rate")}
 
 
+def _value(kv: str):
+    k, v = kv.split("=", 1)
+    return k, float(v)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", default=None, help="comma-separated attacks to run (default: all)")
+    ap.add_argument("--cell", action="append", default=[], metavar="ALG,ATTACK,AGG[,KEY=VALUE...]",
+                    help="run these cells instead of the grid (repeatable), e.g. fedavg,alie,krum,attack_scale=3")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ds, part = partition()
-    grid = [c for c in GRID if args.only is None or c[1] in args.only.split(",")]
+    grid = [(*c, {}) for c in GRID if args.only is None or c[1] in args.only.split(",")]
+    if args.cell:
+        grid = [(*c.split(",")[:3], dict(_value(kv) for kv in c.split(",")[3:])) for c in args.cell]
     out = {}
-    for alg, attack, agg in grid:
+    for alg, attack, agg, extra in grid:
         t0 = time.perf_counter()
-        res = [cell(ds, part, alg, attack, agg, s) for s in args.seeds]
+        res = [cell(ds, part, alg, attack, agg, s, **extra) for s in args.seeds]
+        tag = ",".join(f"{k}={v}" for k, v in extra.items())
+        agg = f"{agg} {tag}".strip()
         out[f"{alg}|{attack}|{agg}"] = res
         acc = " ".join(f"{100 * r['honest']:5.1f}" for r in res)
         asr = " ".join(f"{100 * r['asr']:5.1f}" for r in res if r.get("asr") is not None)
-        print(f"{alg:7s} {attack:10s} {agg:14s} honest acc % {acc}" + (f"  backdoor ASR % {asr}" if asr else "")
+        print(f"{alg:7s} {attack:10s} {agg:30s} honest acc % {acc}" + (f"  backdoor ASR % {asr}" if asr else "")
               + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
     if args.json:
         with open(args.json, "w") as fh:

@@ -77,7 +77,7 @@ class TrimmedMean(Aggregator):
 
     def combine(self, X, w, *, f, clip, center):
         n = X.shape[0]
-        return X.sort(dim=0).values[f:n - f].mean(dim=0)
+        return row_mean(sort_clients(X)[f:n - f])
 
 
 class Krum(Aggregator):
@@ -96,7 +96,7 @@ class Krum(Aggregator):
     def combine(self, X, w, *, f, clip, center):
         scores = krum_scores(squared_distances(X), f)
         pick = scores.argsort(stable=True)[:self.chosen(X.shape[0], f)]
-        return X[pick].mean(dim=0)
+        return row_mean(X[pick])
 
 
 class MultiKrum(Krum):
@@ -132,10 +132,15 @@ class Bulyan(Aggregator):
             i = int(scores.argmin())
             picked.append(i)
             left[i] = False
-        S = X[torch.as_tensor(picked, device=X.device)]
-        med = coordinate_median(S)
-        closest = (S - med).abs().argsort(dim=0, stable=True)[:beta]
-        return S.gather(0, closest).mean(dim=0)
+        # Per coordinate, the beta values closest to the median of the theta chosen ones: in sorted order they are
+        # the window of beta consecutive values whose farther end is nearest the median (one of 2f + 1 windows).
+        s = sort_clients(X[torch.as_tensor(picked, device=X.device)])
+        med = _median_of_sorted(s)
+        starts = torch.arange(theta - beta + 1, device=X.device)
+        reach = torch.maximum(med - s[starts], s[starts + beta - 1] - med)          # (2f + 1, P)
+        first = reach.argmin(dim=0)                                                   # the first minimal window
+        rows = first[None, :] + torch.arange(beta, device=X.device)[:, None]          # (beta, P)
+        return row_mean(s.gather(0, rows))
 
 
 class CenteredClip(Aggregator):
@@ -150,7 +155,7 @@ class CenteredClip(Aggregator):
         v = X.new_zeros(X.shape[1]) if center is None else center
         for _ in range(self.iterations):
             diff = X - v
-            v = v + (diff * clip_factors(diff.norm(dim=1), clip)[:, None]).mean(dim=0)
+            v = v + clip_factors(diff.norm(dim=1), clip) @ diff / X.shape[0]
         return v
 
 
@@ -162,7 +167,7 @@ class NormBound(Aggregator):
     uses_clip = True
 
     def combine(self, X, w, *, f, clip, center):
-        return w @ (X * clip_factors(X.norm(dim=1), clip)[:, None])
+        return (w * clip_factors(X.norm(dim=1), clip)) @ X
 
 
 AGGREGATORS: dict[str, Aggregator] = {a.name: a for a in (Mean(), Median(), TrimmedMean(), Krum(), MultiKrum(),
@@ -173,17 +178,68 @@ AGGREGATOR_NAMES = tuple(AGGREGATORS)
 # ------------------------------------------------------------------------------------------------ kernels
 def coordinate_median(X):
     """Per coordinate, the middle value of the n rows (the mean of the two middle ones for even n)."""
-    n = X.shape[0]
-    s = X.sort(dim=0).values
+    return _median_of_sorted(sort_clients(X))
+
+
+def _median_of_sorted(s):
+    n = s.shape[0]
     return s[(n - 1) // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def squared_distances(X):
-    """(n, n) squared Euclidean distances between the rows of ``X`` (``torch.cdist``, float64)."""
+def sort_clients(X):
+    """``X`` sorted along the client axis (each coordinate's n values in increasing order).
+
+    On the CPU by Batcher's odd-even merge sorting network (Knuth, TAOCP vol. 3, §5.3.4): O(n log^2 n)
+    element-wise min / max ops, each over a whole row of P coordinates, which for a cohort's n of tens and P of
+    many thousands is several times faster than ``torch.sort`` along a short axis (benchmarks/robust_bench.py);
+    elsewhere ``torch.sort``. Equal values, equal results.
+    """
     import torch
 
-    X64 = X.to(torch.float64)
-    return torch.cdist(X64, X64, compute_mode="donot_use_mm_for_euclid_dist").square()
+    if X.device.type != "cpu" or X.shape[0] > 256 or X.shape[0] == 0:
+        return X.sort(dim=0).values
+    rows = list(X.unbind(0))
+    for a, b in _merge_network(X.shape[0]):
+        rows[a], rows[b] = torch.minimum(rows[a], rows[b]), torch.maximum(rows[a], rows[b])
+    return torch.stack(rows)
+
+
+_NETWORKS: dict[int, list] = {}
+
+
+def _merge_network(n: int) -> list:
+    """The comparators (low, high) of Batcher's odd-even merge sort of ``n`` values: the network of the next power
+    of two, without the comparators that touch a position >= n (those padding values would be +inf, so each such
+    comparator leaves its pair as it is)."""
+    if n not in _NETWORKS:
+        size = 1
+        while size < n:
+            size *= 2
+        pairs, p = [], 1
+        while p < size:
+            k = p
+            while k >= 1:
+                for j in range(k % p, size - k, 2 * k):
+                    for i in range(min(k, size - j - k)):
+                        if (i + j) // (p * 2) == (i + j + k) // (p * 2) and i + j + k < n:
+                            pairs.append((i + j, i + j + k))
+                k //= 2
+            p *= 2
+        _NETWORKS[n] = pairs
+    return _NETWORKS[n]
+
+
+def row_mean(X):
+    """The mean of the rows of ``X`` as one matrix-vector product (a BLAS call, not a reduction over rows)."""
+    return X.new_full((X.shape[0],), 1.0 / X.shape[0]) @ X
+
+
+def squared_distances(X):
+    """(n, n) squared Euclidean distances between the rows of ``X``: ``|x_i|^2 + |x_j|^2 - 2 x_i . x_j`` from one
+    Gram matrix ``X X^T`` (what ``torch.cdist`` computes in its matrix-product mode, without its copies: twice as
+    fast here on a cohort of 50 models of 10^5 parameters), clamped at 0 against rounding."""
+    sq = (X * X).sum(dim=1)
+    return (sq[:, None] + sq[None, :] - 2.0 * (X @ X.T)).clamp_min(0.0)
 
 
 def krum_scores(d2, f: int, *, neighbours: int | None = None):

@@ -299,3 +299,13 @@ def test_an_algorithm_that_averages_no_updates_refuses_update_attacks_and_aggreg
         with pytest.raises(ConfigError, match="averages_updates"):
             train_config("fedrep", **keys)
     assert train_config("fedrep", attack="label-flip").attack == "label-flip"  # data poisoning: any algorithm
+
+
+def test_the_sorting_network_sorts_every_cohort_size():
+    from pfl_cli.fl.robust import sort_clients
+
+    gen = torch.Generator().manual_seed(0)
+    for n in range(1, 70):
+        X = torch.randn(n, 13, generator=gen)
+        X[n // 2] = X[0]  # equal values
+        assert torch.equal(sort_clients(X), X.sort(dim=0).values), n
