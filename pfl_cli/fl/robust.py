@@ -189,7 +189,7 @@ def _median_of_sorted(s):
 def sort_clients(X):
     """``X`` sorted along the client axis (each coordinate's n values in increasing order).
 
-    On the CPU by Batcher's odd-even merge sorting network (Knuth, TAOCP vol. 3, §5.3.4): O(n log^2 n)
+    On the CPU by Batcher's odd-even merge sorting network (Batcher 1968; Knuth, TAOCP vol. 3, §5.3.4): O(n log^2 n)
     element-wise min / max ops, each over a whole row of P coordinates, which for a cohort's n of tens and P of
     many thousands is several times faster than ``torch.sort`` along a short axis (benchmarks/robust_bench.py);
     elsewhere ``torch.sort``. Equal values, equal results.

@@ -131,6 +131,12 @@ def prepare_threat(cfg, store):
 
     if cfg.attack == "none":
         return None
+    from pfl_cli.errors import InputError
+    from pfl_cli.fl.distributed import world
+
+    if world()[1] > 1:
+        raise InputError(f"--nproc / torchrun: attack {cfg.attack} runs in one process only (a rank holds only its "
+                         "own clients' samples to poison and score); drop --nproc.")
     train = store.clients(ROLE_TRAIN)
     threat = Threat(cfg, store, malicious_clients(cfg, train))
     if threat.attack.poisons_data:
