@@ -115,8 +115,8 @@ class Threat:
             out["honest"] = None if summary is None else {m: summary[m] for m in ("mean_accuracy", "pooled_accuracy",
                                                                                    "num_clients")}
             acc = train.accuracy(False)
-            out["honest_client_accuracy"] = {str(int(self.client_id[c])): float(a) for c, a, h in zip(train.clients, acc, keep)
-                                             if h and np.isfinite(a)}
+            out["honest_client_accuracy"] = {str(int(self.client_id[c])): float(a)
+                                             for c, a, h in zip(train.clients, acc, keep) if h and np.isfinite(a)}
         if self.backdoor is not None:
             rates = [r[3] for r in history if r[0] == best.round and r[1] == "backdoor"]
             out["backdoor_attack_success_rate"] = rates[-1] if rates else None
