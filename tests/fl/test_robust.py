@@ -309,3 +309,14 @@ def test_the_sorting_network_sorts_every_cohort_size():
         X = torch.randn(n, 13, generator=gen)
         X[n // 2] = X[0]  # equal values
         assert torch.equal(sort_clients(X), X.sort(dim=0).values), n
+
+
+def test_the_flower_app_refuses_attacks_and_aggregators_in_one_line():
+    from pfl_cli.interop.flower_app import check_deployable
+    from pfl_cli.registry import train_config
+
+    for keys, words in (({"attack": "sign-flip"}, "attack simulates Byzantine clients"),
+                        ({"aggregator": "median"}, "aggregator is not deployed on Flower")):
+        with pytest.raises(ConfigError) as err:
+            check_deployable(train_config("fedavg", val_fraction=0.0, **keys))
+        assert words in str(err.value) and "\n" not in str(err.value)
