@@ -30,7 +30,7 @@ import numpy as np
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
-from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.params import stack
 
 
 ALPHA = "alpha"  # the mixing weight's key in the private state
@@ -100,6 +100,7 @@ class APFLConfig(FedAvgRoundConfig):
 
 class APFL(PrivateState, FedAvg):
     name = "apfl"
+    averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
     search_space = {"lr": "log:1e-3:1", "alpha": "choice:0.25,0.5,0.75"}
     search_space_source = ("Deng et al., APFL (2020), §6: mixing weights alpha in {0.25, 0.5, 0.75}")
     tune_group = "train"
@@ -136,8 +137,9 @@ class APFL(PrivateState, FedAvg):
         alpha = row.pop(ALPHA)
         w, v, alpha, loss, _ = self._steps(stack(self.global_params, len(cohort)), row, alpha, cohort, gen,
                                            **self.round_schedule())
+        w = self.byzantine_uploads(t, cohort, w)
         self.record_exchange(self.global_params, w, len(cohort))  # w only: v and alpha stay on the client
-        self.server_step(weighted_mean(self.store, cohort, w))
+        self.server_step(self.server_mean(cohort, w))
         self.private.scatter(cohort, {**v, ALPHA: alpha})
         return loss
 

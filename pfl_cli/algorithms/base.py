@@ -78,6 +78,12 @@ class Algorithm(ABC):
     # "KEY has no effect on NAME because ...". Refused in a config file, a flag, --set and a tune space
     # (pfl_cli.fl.config.check_inert); every other key changes what it trains (tests/algorithms/test_no_ignored_key.py).
     inert_keys: dict[str, str] = {}
+    # Byzantine clients (issue 48): ``byzantine`` is the run's threat (pfl_cli.fl.byzantine.threat), set by the
+    # engine before training (None: every client honest). ``averages_updates``: the server averages the cohort's
+    # models in FedAvg.aggregate, where an update attack and a robust aggregator act; declared by each class
+    # itself, never inherited (pfl_cli.fl.robust.averages_updates).
+    byzantine = None
+    averages_updates = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         """DP support and the config are declared by each algorithm, never inherited from its parent:

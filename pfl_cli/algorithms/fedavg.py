@@ -101,6 +101,7 @@ class FedAvg(Attackable, Algorithm):
     compressible_upload = True  # its upload is the model delta (Alg. 3 line 7)
     stackable = True
     stack_keys = ("seed", "lr", "momentum", "lambda_theta", "client_clip", "server_lr", "server_momentum", "sam_rho")
+    averages_updates = True  # aggregate(): where an update attack and a robust aggregator act (issue 48)
 
     @property
     def finetune_steps(self) -> int:
@@ -143,6 +144,7 @@ class FedAvg(Attackable, Algorithm):
         2018, Alg. 1): clipped deltas, noisy sum / (q N), even for an empty Poisson cohort.
         A Flower deployment's ServerApp calls it with the models its nodes sent.
         """
+        theta = self.byzantine_uploads(t, cohort, theta)  # Byzantine clients' uploads (issue 48), if any
         if self.upload_codec is not None:  # the deltas as compressed on the wire (pfl_cli.fl.compression)
             theta = self.upload_codec.compress_models(self, cohort, self.global_params, theta)
         else:
@@ -152,7 +154,27 @@ class FedAvg(Attackable, Algorithm):
             self.server_update(self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}",
                                                                             self.device)))
         else:
-            self.server_step(weighted_mean(self.store, cohort, theta))
+            self.server_step(self.server_mean(cohort, theta))
+
+    def byzantine_uploads(self, t: int, cohort, theta: dict) -> dict:
+        """The cohort's models ``theta`` as the server receives them in round ``t``: with Byzantine clients
+        (:mod:`pfl_cli.fl.byzantine`) the malicious ones' deltas from the global model replaced; else ``theta``."""
+        if self.byzantine is None:
+            return theta
+        return self.byzantine.corrupt(t, cohort, {k: self.global_params[k] for k in theta}, theta,
+                                      default_server_lr=self.default_server_lr)
+
+    def server_mean(self, cohort, theta: dict) -> dict:
+        """The server's average of the cohort's models ``theta`` (the global model's keys or some of them):
+        FedAvg's data-size-weighted mean (Alg. 3 line 9), or the robust aggregator ``aggregator`` names
+        (:mod:`pfl_cli.fl.robust`), centred on the server's last step (its buffer, where it keeps one)."""
+        if self.cfg.aggregator == "mean":
+            return weighted_mean(self.store, cohort, theta)
+        from pfl_cli.fl.robust import robust_mean
+
+        buf = getattr(self, "server_buf", None)
+        return robust_mean(self.cfg, self.store, cohort, theta, {k: self.global_params[k] for k in theta},
+                           center=None if buf is None else {k: buf[k] for k in theta})
 
     @property
     def sam_rho(self) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
-from pfl_cli.fl.params import broadcast, weighted_mean
+from pfl_cli.fl.params import broadcast
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class FedBABUConfig(FedAvgRoundConfig):
 
 class FedBABU(FedAvg):
     name = "fedbabu"
+    averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
     paper = "FedBABU: Oh, Kim, Yun, ICLR 2022"
     new_client_protocol = "the global body and frozen head fine-tuned whole for finetune_epochs"
     config = FedBABUConfig
@@ -80,9 +81,9 @@ class FedBABU(FedAvg):
         # The head is a fixed part of every client's model: only the body moves (Figure 1 (b)).
         theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen,
                                          **self.round_schedule(), trainable=self.body)
-        body = {k: theta[k] for k in self.body}
+        body = self.byzantine_uploads(t, cohort, {k: theta[k] for k in self.body})
         self.record_exchange({k: self.global_params[k] for k in self.body}, body, len(cohort))
-        self.server_step(weighted_mean(self.store, cohort, body))
+        self.server_step(self.server_mean(cohort, body))
         return loss
 
     def server_step(self, mean: dict) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
 from pfl_cli.fl.config import key
-from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.params import stack
 
 
 def perfedavg_steps(model, w: dict, store, steps, *, alpha: float, beta: float, variant: str):
@@ -75,6 +75,7 @@ class PerFedAvgConfig(FedAvgConfig):
 
 class PerFedAvg(FedAvg):
     name = "perfedavg"
+    averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
     search_space = {"lr": "log:1e-3:1", "beta": "log:1e-3:1"}
     search_space_source = ("Fallah et al., Per-FedAvg (NeurIPS 2020), §5: alpha (the lr) and beta tuned per dataset")
     tune_group = "train"
@@ -102,8 +103,9 @@ class PerFedAvg(FedAvg):
         w, loss = split_cohort(perfedavg_steps, self.store, batches,
                                {"w": stack(self.global_params, len(cohort)), "steps": batches},
                                model=self.net, store=self.store, alpha=cfg.lr, beta=self.beta(), variant=cfg.variant)
+        w = self.byzantine_uploads(t, cohort, w)
         self.record_exchange(self.global_params, w, len(cohort))
-        self.server_step(weighted_mean(self.store, cohort, w))
+        self.server_step(self.server_mean(cohort, w))
         return loss
 
     def sgd_options(self) -> dict:

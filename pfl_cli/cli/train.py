@@ -98,6 +98,13 @@ def train(
     (the simulated clock at each evaluation: accuracy against simulated time). Late work: fedprox and
     fednova keep a straggler's partial steps, every other algorithm drops it; local (no rounds) refuses
     conditions; compression is for fedavg, fedprox and fednova; under --dp only availability and dropout.
+    Byzantine clients and robust aggregation (docs/robustness.md): attack (none | label-flip | sign-flip |
+    gaussian | backdoor | alie | ipm), attack_fraction (share of the train clients that are malicious, default
+    0.2), attack_scale (the attack's strength; default its paper's), aggregator (mean | median | trimmed-mean |
+    krum | multi-krum | bulyan | centered-clip | norm-bound: the FedAvg family's server average), robust_fraction
+    (share of a cohort the aggregator tolerates, default 0.25), robust_clip (centered-clip's and norm-bound's
+    radius; default the cohort's median norm). metrics.json's byzantine object and metrics.csv's groups honest and
+    backdoor report the honest clients' accuracy and the backdoor's success rate.
 
     DP keys: dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,

@@ -424,6 +424,8 @@ def train_metrics(cfg, run, info: dict, device) -> dict:
     metrics["communication"] = run.algorithm.traffic.summary()
     if "conditions" in outcome.extra:  # federation conditions (pfl_cli.fl.conditions): public settings, the clock
         metrics["conditions"] = outcome.extra["conditions"]
+    if run.algorithm.byzantine is not None:  # Byzantine clients (issue 48): honest clients, backdoor success
+        metrics["byzantine"] = run.algorithm.byzantine.metrics(outcome, outcome.history)
     return clean(metrics)
 
 

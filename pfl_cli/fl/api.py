@@ -178,6 +178,7 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
         Text data (``Dataset.extra["vocab_size"]``, e.g. LEAF Shakespeare's 80 letters): ``x`` holds
         token codes, read as codes (:func:`pfl_cli.fl.store.build_store`); ``model_arch`` auto is LEAF's LSTM.
     """
+    from pfl_cli.fl.byzantine.threat import prepare_threat
     from pfl_cli.fl.device import resolve_device
     from pfl_cli.fl.distributed import held_clients
     from pfl_cli.fl.loop import run_rounds
@@ -193,7 +194,9 @@ def train_federated(x: np.ndarray, y: np.ndarray, num_classes: int, partition, c
                         labeled=labeled, hidden_labels=cfg.evaluate_hidden_labels,
                         held=held_clients(partition.num_clients),  # a rank loads only its own clients
                         vocab_size=vocab_size)
+    threat = prepare_threat(cfg, store)  # Byzantine clients: their data poisoned before the algorithm reads any
     alg = make_algorithm(cfg, store)
+    alg.byzantine = threat
     if cfg.dp_epsilon is not None:
         alg.dp = plan_dp(cfg, store)  # calibrated before the first round
     outcome = run_rounds(alg, cfg, resume=resume, on_checkpoint=on_checkpoint, on_progress=on_progress)

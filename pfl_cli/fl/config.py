@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from pfl_cli.fl.byzantine import ATTACK_NAMES
+from pfl_cli.fl.robust import AGGREGATOR_NAMES
 from pfl_cli.schema import register_choices
 
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
@@ -101,6 +103,20 @@ class TrainConfig:
     qsgd_levels: int = key(16, "qsgd: quantization levels s per coordinate")
     error_feedback: bool = key(True, "keep each client's compression error and add it to its next upload "
                                      "(Stich et al. 2018; Karimireddy et al. 2019)")
+    # -- Byzantine clients (a federation condition, pfl_cli.fl.byzantine) and robust aggregation (a protection,
+    # pfl_cli.fl.robust), issue 48; docs/robustness.md
+    attack: str = key("none", "Byzantine clients' attack: none | label-flip | sign-flip | gaussian | backdoor "
+                      "(model replacement with a pixel trigger) | alie | ipm", choices=ATTACK_NAMES)
+    attack_fraction: float = key(0.2, "share of the train clients that are malicious (drawn once from the seed)")
+    attack_scale: Optional[float] = key(None, "the attack's strength (null: its paper's default): sign-flip's "
+                                        "multiplier, gaussian's sigma, backdoor's boost gamma, alie's z, ipm's "
+                                        "epsilon")
+    aggregator: str = key("mean", "the server's average: mean (FedAvg's) | median | trimmed-mean | krum | "
+                          "multi-krum | bulyan | centered-clip | norm-bound", choices=AGGREGATOR_NAMES)
+    robust_fraction: float = key(0.25, "share f / n of a cohort the aggregator tolerates as Byzantine "
+                                 "(trimmed-mean, krum, multi-krum, bulyan)")
+    robust_clip: Optional[float] = key(None, "radius of centered-clip and norm-bound (null: the median norm of "
+                                       "the cohort's clipped vectors)")
 
     algorithm_class = None  # set by the algorithm that declares this config (``Algorithm.config``)
 
@@ -122,6 +138,11 @@ class TrainConfig:
             raise ConfigError(f"algorithm: {type(self).__name__} configures "
                               f"{getattr(self.algorithm_class, 'name', None)!r}; got {self.algorithm!r} (build a "
                               "config with pfl_cli.registry.train_config).")
+        from pfl_cli.fl.byzantine import check_attack
+        from pfl_cli.fl.robust import check_aggregator
+
+        check_attack(self)
+        check_aggregator(self)
 
     def planned_cohort(self, num_clients: int | None = None) -> int | None:
         """Clients per round of a run over ``num_clients`` clients (None: every train client)."""
@@ -144,12 +165,12 @@ KEY_RULES: dict[str, tuple] = {
                                          "lambda_reg", "hn_weight_decay", "mu", "lam", "alpha_lr", "personal_clip",
                                          "personal_weight_decay", "over_selection")},
     **{k: ("frac", 0.0, 1.0) for k in ("labeled_rate", "interpolation", "alpha", "availability",
-                                       "compression_density")},
+                                       "compression_density", "attack_fraction", "robust_fraction")},
     **{k: ("below1", 0.0, 1.0) for k in ("momentum", "server_momentum", "hn_momentum", "personal_momentum",
                                          "val_fraction", "dropout")},
     **{k: ("pos", None, None) for k in ("lr", "server_lr", "embed_lr", "head_lr", "beta", "personal_lr",
                                         "knn_scale", "adapt_lr", "adapt_model_lr", "round_deadline",
-                                        "trace_slot_seconds")},
+                                        "trace_slot_seconds", "robust_clip")},
 }
 
 
@@ -204,6 +225,29 @@ NEEDS["trace_slot_seconds"] = (lambda cfg: bool(cfg.availability_trace), "withou
 NEEDS["compression_density"] = (lambda cfg: cfg.compression == "topk", "without compression=topk")
 NEEDS["qsgd_levels"] = (lambda cfg: cfg.compression == "qsgd", "without compression=qsgd")
 NEEDS["error_feedback"] = (lambda cfg: cfg.compression != "none", "without compression (no compression error to keep)")
+# Byzantine clients and robust aggregation (pfl_cli.fl.byzantine, pfl_cli.fl.robust): a key of one attack or
+# aggregator acts only beside it.
+NEEDS["attack_fraction"] = (lambda cfg: cfg.attack != "none", "without an attack (--set attack=NAME)")
+NEEDS["attack_scale"] = (lambda cfg: _attack(cfg).corrupts_updates,
+                         "beside attack none or label-flip (no uploaded update is scaled)")
+NEEDS["robust_fraction"] = (lambda cfg: _aggregator(cfg).uses_f, "beside an aggregator that assumes no number of "
+                            "Byzantine clients (it acts with trimmed-mean, krum, multi-krum, bulyan)")
+NEEDS["robust_clip"] = (lambda cfg: _aggregator(cfg).uses_clip, "beside an aggregator that clips nothing (it acts "
+                        "with centered-clip and norm-bound)")
+
+
+def _attack(cfg):
+    from pfl_cli.fl.byzantine.attacks import ATTACKS, Attack
+
+    return ATTACKS.get(cfg.attack, Attack())
+
+
+def _aggregator(cfg):
+    from pfl_cli.fl.robust import AGGREGATORS, Aggregator
+
+    return AGGREGATORS.get(cfg.aggregator, Aggregator())
+
+
 NEEDS["local_steps"] = (lambda cfg: getattr(cfg, "local_epochs", None) is None,
                         "beside local_epochs (a round is local_epochs epochs; set local_epochs=null to count steps)")
 

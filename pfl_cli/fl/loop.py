@@ -154,6 +154,8 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
             history.extend(evaluation_rows(ev))
             if conditions is not None:
                 history.extend(conditions.evaluation_rows(done))
+            if alg.byzantine is not None:  # honest clients' accuracy, the backdoor's success (pfl_cli.fl.byzantine)
+                history.extend(alg.byzantine.evaluation_rows(alg, ev, done))
             history.extend([done, g, name, value] for g, d in alg.diagnostics().items() for name, value in d.items())
             best = _select(best, ev, alg, with_val)
             latest = {g: s["mean_accuracy_lm" if cfg.label_mask else "mean_accuracy"]
@@ -170,6 +172,8 @@ def run_rounds(alg, cfg, *, resume: dict | None = None, on_checkpoint: Callable[
     if total == 0 or (private and best is None):  # (a --dp resume of a finished run keeps no evaluation)
         ev = evaluate_groups(alg, total, seed=cfg.seed, with_val=with_val)
         history.extend(evaluation_rows(ev))
+        if alg.byzantine is not None:
+            history.extend(alg.byzantine.evaluation_rows(alg, ev, total))
         best = _select(None, ev, alg, with_val)
     if best is None:  # rounds fewer than one evaluation period never happens (last round evaluates)
         raise RunError("no evaluation ran; set --eval-every to at most --rounds.")

@@ -365,6 +365,7 @@ def _train_group(x, y, num_classes, partition, cfgs, members, results, *, device
     generator), then each run's round loop runs in a thread of its own, meeting the others at the rendezvous."""
     from pfl_cli.fl.api import TrainRun, make_algorithm, model_payload, plan_dp, validate_train_config
     from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.byzantine.threat import prepare_threat
     from pfl_cli.fl.distributed import held_clients
     from pfl_cli.fl.loop import run_rounds
     from pfl_cli.fl.store import build_store
@@ -381,7 +382,9 @@ def _train_group(x, y, num_classes, partition, cfgs, members, results, *, device
                                 stable_carve=cfg.dp_epsilon is not None, device=dev, normalize=cfg.normalize,
                                 labeled=labeled, hidden_labels=cfg.evaluate_hidden_labels,
                                 held=held_clients(partition.num_clients), vocab_size=vocab_size)
+            threat = prepare_threat(cfg, store)  # Byzantine clients, as train_federated prepares them
             alg = make_algorithm(cfg, store)
+            alg.byzantine = threat
             if cfg.dp_epsilon is not None:
                 alg.dp = plan_dp(cfg, store)
             algs[i] = alg

@@ -203,6 +203,7 @@ class ClientStore:
     partition_sha: bytes = b""  # fl.client_state.partition_digest: ties private per-client state to its clients
     held: np.ndarray = None  # bool (n_clients,): clients whose samples are in ``x``; None: all of them
     vocab_size: int | None = None  # text data: ``x`` holds token codes in [0, vocab_size), read as codes
+    backdoor: Padded | None = None  # the backdoor attack's triggered test samples (pfl_cli.fl.byzantine.poison)
 
     @property
     def num_clients(self) -> int:

@@ -73,7 +73,13 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            "eps": {"lr": 0.5},
            # FedNova's per-client epoch range replaces local_epochs, which must then stay at its default (a set
            # local_epochs beside it is refused as ignored): small()'s local_epochs 1 is put back
-           "local_epochs_range": {"local_epochs": DEFAULT}}
+           "local_epochs_range": {"local_epochs": DEFAULT},
+           # Byzantine clients and robust aggregation (issue 48): a key of one attack or aggregator acts beside it,
+           # on a cohort of every train client (each round meets the malicious one; f = 1 of 4 at the default)
+           "attack_fraction": {"attack": "sign-flip", "clients_per_round": 4},
+           "attack_scale": {"attack": "sign-flip", "clients_per_round": 4},
+           "robust_fraction": {"aggregator": "trimmed-mean", "clients_per_round": 4},
+           "robust_clip": {"aggregator": "norm-bound", "clients_per_round": 4}}
 # A key checked a second time, beside a companion set where that companion could leave it inert (its own CONTEXT
 # above is the setting where it acts): local_steps beside a set local_epochs, a round of epochs counting no steps
 # (FedNova, FLowDUP, LD-FedAvg, FedTTA and FedOpt set local_epochs by default; --set local_epochs=E on FedAvg's

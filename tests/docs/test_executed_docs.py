@@ -21,7 +21,7 @@ import executed  # noqa: E402
 ROOT = executed.ROOT
 REQUIRED = ["README.md", "docs/getting-started.md", "docs/index.md",
             *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md"))]
-PAGES = [*REQUIRED, "docs/commands/compare.md", "docs/commands/tune.md", "docs/commands/algorithms.md",
+PAGES = [*REQUIRED, "docs/robustness.md", "docs/commands/compare.md", "docs/commands/tune.md", "docs/commands/algorithms.md",
          "docs/commands/cluster.md", "docs/commands/mdm-fit.md", "docs/algorithms/pefll.md",
          "docs/algorithms/pfedhn.md", "docs/algorithms/hyperfl.md", "docs/algorithms/fedavg.md",
          # issue 39, item 7: every command page and every algorithm page with a command block

@@ -72,6 +72,10 @@ def check_deployable(cfg) -> None:
                                     f"{own['client_sizes']!r}; drop it"),
         (bool(own["sam_rho"]), f"sam_rho is not deployed on Flower (its nodes take plain SGD steps); got "
                                f"{own['sam_rho']!r}; drop it"),
+        (cfg.attack != "none", f"attack simulates Byzantine clients, and a deployment's clients are real nodes; got "
+                               f"{cfg.attack!r}; drop it"),
+        (cfg.aggregator != "mean", f"aggregator is not deployed on Flower (its server takes FedAvg's mean); got "
+                                   f"{cfg.aggregator!r}; drop it"),
     )
     for broken, message in rules:
         if broken:
