@@ -101,7 +101,7 @@ class Algorithm(ABC):
     # ------------------------------------------------------------------ hooks
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
-        from pfl_cli.fl.config import hidden_sizes
+        from pfl_cli.fl.config import hidden_sizes, model_kind
         from pfl_cli.models import client_spec
 
         if getattr(cfg, "backbone", ""):  # HyperFL Table 2's baselines: the pre-trained backbone net
@@ -113,6 +113,11 @@ class Algorithm(ABC):
 
             return {"client": backbone_spec(cfg.backbone, store.input_shape, store.num_classes,
                                             tune=cfg.backbone_tune, weights=cfg.backbone_weights or None)}
+        if model_kind(cfg.model_arch) is not None:  # a net from elsewhere (pfl_cli.models.kinds)
+            from pfl_cli.models.kinds import kind_spec
+
+            return {"client": kind_spec(cfg.model_arch, store.input_shape, store.num_classes,
+                                        kwargs=cfg.model_kwargs, weights=cfg.model_weights, head=cfg.model_head)}
         return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden),
                                       vocab=getattr(store, "vocab_size", None), lstm_hidden=cfg.lstm_hidden)}
 

@@ -173,6 +173,10 @@ def build(spec: dict) -> nn.Module:
         from pfl_cli.models.pretrained import build_pretrained
 
         return build_pretrained(spec)
+    if kind == "client" and ":" in str(spec.get("arch", "")):  # a model kind's net (pfl_cli.models.kinds)
+        from pfl_cli.models.kinds import build_kind
+
+        return build_kind(spec)
     if kind == "client":
         return client_model(
             _field(spec, "arch"),
