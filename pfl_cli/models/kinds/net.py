@@ -113,7 +113,6 @@ class KindNet(nn.Module):
         try:
             with torch.no_grad():
                 out = self(x)
-                split = self.head()(self.features(x))
         except Exception as err:  # a user's module: any error of its forward on this data's shape
             raise InputError(f"model_arch {self.arch!r} fails on this data's inputs of shape {tuple(input_shape)} "
                              f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); give "
@@ -122,7 +121,12 @@ class KindNet(nn.Module):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise InputError(f"model_arch {self.arch!r} must map a batch of inputs {tuple(input_shape)} to logits "
                              f"(batch, {num_classes}); got {got}.")
-        if not torch.allclose(out, split, atol=1e-5, rtol=1e-4):
+        try:
+            with torch.no_grad():
+                split = self.head()(self.features(x))
+        except Exception:  # the net's layers after the head read its output: it is not the last layer
+            split = None
+        if split is None or split.shape != out.shape or not torch.allclose(out, split, atol=1e-5, rtol=1e-4):
             raise InputError(f"model_arch {self.arch!r}: its head {self.head_name!r} (the last nn.Linear, or "
                              "model_head) does not give the net's output from its input; name the module that does "
                              "with --set model_head=NAME.")
