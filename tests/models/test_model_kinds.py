@@ -207,3 +207,25 @@ def test_kind_keys_without_a_kind_and_unknown_names_are_refused(cli, workdir, tm
               f"factory:{workdir / 'nets.py'}:nothing", "--out", tmp_path / "d", *SMOKE)
     assert run.code == 2 and "has no callable 'nothing'" in run.err, run.err
     assert not any((tmp_path / d).exists() for d in "abcd")
+
+
+def test_resume_refuses_a_factory_changed_since_the_checkpoint(workdir, cli, tmp_path, monkeypatch):
+    from pfl_cli import formats
+
+    nets = tmp_path / "nets.py"
+    nets.write_text(FACTORY)
+    args = ["train", "--partition", workdir / "part", "--algorithm", "fedavg", "--model-arch",
+            f"factory:{nets}:make_net", "--out", tmp_path / "run", *SMOKE]
+    real = formats.write_atomic
+
+    def write_then_die(path, data):
+        real(path, data)
+        if "checkpoint" in str(path):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(formats, "write_atomic", write_then_die)
+    assert cli(*args).code == 130
+    monkeypatch.setattr(formats, "write_atomic", real)
+    nets.write_text(FACTORY.replace("width=4", "width=5"))
+    run = cli(*args, "--resume")
+    assert run.code == 2 and "--resume" in run.err and not (tmp_path / "run" / "manifest.json").exists(), run.err

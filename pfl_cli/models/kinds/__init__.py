@@ -91,3 +91,13 @@ def build_kind(spec: dict, *, check: bool = False):
     if check:
         net.check_output(tuple(spec["input_shape"]), spec["num_classes"])
     return net
+
+
+def file_digests(arch: str, weights: str = "") -> list[list[str]]:
+    """``[path, sha256]`` of the files a model kind's net is built from, as they are now (the files that are
+    there: a missing one is refused by :func:`kind_spec`)."""
+    from pfl_cli.models.kinds.net import file_sha256
+
+    name = arch.split(":", 1)[1]
+    paths = [kind_module(model_kind(arch)).source(name), Path(weights) if weights else None]
+    return [[str(p), file_sha256(p)] for p in paths if p is not None and Path(p).is_file()]
