@@ -7,7 +7,7 @@ range is checked by name (:data:`KEY_RULES`), so one key means one thing in ever
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from pfl_cli.schema import register_choices
@@ -62,9 +62,8 @@ class TrainConfig:
                           " | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn) | lstm | pfllib-cnn | "
                           "resnet18-cifar | factory:MODULE:CALLABLE | torchvision:NAME | timm:NAME (docs/models.md)",
                           choices=CLIENT_ARCHS, also=model_kind)
-    model_kwargs: dict = field(default_factory=dict, metadata={
-        "doc": "keyword arguments of a model kind's constructor (factory:, torchvision:, timm:), e.g. {width: 8}",
-        "source": ""})
+    model_kwargs: Optional[dict] = key(None, "keyword arguments of a model kind's constructor (factory:, torchvision:, "
+                                       "timm:), e.g. {width: 8} (null = none)")
     model_weights: str = key("", "a model kind's local state dict (.pth / .safetensors), recorded with its sha256; "
                              "\"\" = random init")
     model_head: str = key("", "the module a model kind's net has as its head (\"\" = its last nn.Linear)")
@@ -220,8 +219,7 @@ def check_inert(cfg) -> None:
     inert = getattr(cfg.algorithm_class, "inert_keys", None) or {}
     for f in fields(cfg):
         value = getattr(cfg, f.name)
-        default = f.default_factory() if f.default is MISSING else f.default
-        if f.name == "algorithm" or value == default:
+        if f.name == "algorithm" or value == f.default:
             continue
         if f.name in inert:
             raise inert_refusal(f.name, cfg.algorithm, inert[f.name], value)
