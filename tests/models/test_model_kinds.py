@@ -229,3 +229,13 @@ def test_resume_refuses_a_factory_changed_since_the_checkpoint(workdir, cli, tmp
     nets.write_text(FACTORY.replace("width=4", "width=5"))
     run = cli(*args, "--resume")
     assert run.code == 2 and "--resume" in run.err and not (tmp_path / "run" / "manifest.json").exists(), run.err
+
+
+def test_a_relative_factory_path_is_rebuilt_from_another_directory(workdir, cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(workdir)
+    out = tmp_path / "run"
+    assert cli("train", "--partition", "part", "--algorithm", "fedavg", "--model-arch", "factory:nets.py:make_net",
+               "--out", out, *SMOKE).code == 0
+    monkeypatch.chdir(tmp_path)
+    run = cli("predict", "--model", out, "--partition", workdir / "part", "--out", "pred", "--format", "quiet")
+    assert run.code == 0, run.err

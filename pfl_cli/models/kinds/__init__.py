@@ -83,6 +83,9 @@ def build_kind(spec: dict, *, check: bool = False):
         check_file("the factory module", spec["source"], spec["source_sha256"], arch)
     if spec.get("weights"):
         check_file("model_weights", spec["weights"], spec["weights_sha256"], arch)
+    module, _, attr = name.rpartition(":")
+    if kind == "factory" and module.endswith(".py") and spec.get("source"):
+        name = f"{spec['source']}:{attr}"  # the file recorded (checked above), from whatever directory this runs in
     model = kind_module(kind).make(name, tuple(spec["input_shape"]), spec["num_classes"],
                                    dict(spec.get("model_kwargs") or {}))
     net = KindNet(model, arch, head=spec.get("head", ""))
