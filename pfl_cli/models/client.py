@@ -108,11 +108,9 @@ def resolve_arch(arch: str, input_shape: Sequence[int], vocab: int | None = None
     """
     from pfl_cli.fl.config import model_kind
 
-    if model_kind(arch) is not None:  # reached by the algorithms that size the client net themselves
-        raise InputError(f"model_arch {arch!r}: this algorithm builds pflx's own client nets (a hypernetwork "
-                         f"generates them, sized by mlp_hidden / client_sizes); a model kind's net runs with the "
-                         f"algorithms that train the client net directly. Use a built-in: "
-                         f"{', '.join(CLIENT_ARCHS[1:])}.")
+    if model_kind(arch) is not None:  # (Algorithm's model_arch_spec routes it to its kind)
+        raise InputError(f"model_arch {arch!r} is a model kind's net, built by pfl_cli.models.kinds.kind_spec; "
+                         f"client_spec builds pflx's own nets: {', '.join(CLIENT_ARCHS)}.")
     check_param("model_arch", arch in CLIENT_ARCHS, f"must be one of {', '.join(CLIENT_ARCHS)}", arch)
     shape = check_input_shape(input_shape)
     if vocab is not None:

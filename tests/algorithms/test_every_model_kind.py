@@ -7,9 +7,9 @@ algorithm or kind is covered without new test code. A case either
 1. trains (exit 0, a model.pt, finite accuracies), is killed right after its round-1 checkpoint and resumed to
    the uninterrupted run's bytes (model.pt, metrics.json), and ``predict --clients holdout`` serves the new
    clients; or
-2. exits 2 before writing anything, with one line on stderr that names model_arch (the algorithms whose
-   hypernetwork generates pflx's own nets, and FedBN's per-client statistics; tests/models/test_model_kinds.py
-   checks their messages) or the backbone (HyperFL-LPM runs on its pre-trained backbones only).
+2. exits 2 before writing anything, with one line on stderr that names model_arch (FedBN's per-client
+   statistics; tests/models/test_model_kinds.py checks the messages) or the backbone (HyperFL-LPM runs on its
+   pre-trained backbones only).
 
 The default tier runs :data:`DEFAULT_TIER`; the whole product (3 kinds x every algorithm, minutes) is ``slow``.
 """

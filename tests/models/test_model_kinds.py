@@ -89,9 +89,9 @@ def test_a_changed_or_missing_factory_file_is_one_line_and_exit_2(workdir, cli, 
 
 @pytest.mark.models
 def test_timm_weights_file_is_loaded_recorded_and_checked(workdir, cli, tmp_path):
-    import timm
+    from pfl_cli.models.kinds._imports import import_timm
 
-    source = timm.create_model("test_efficientnet_gn", pretrained=False, num_classes=1000)
+    source = import_timm().create_model("test_efficientnet_gn", pretrained=False, num_classes=1000)
     with torch.no_grad():
         for p in source.parameters():
             p.fill_(0.01)
@@ -197,9 +197,9 @@ def test_kind_keys_without_a_kind_and_unknown_names_are_refused(cli, workdir, tm
     run = cli("train", "--partition", workdir / "part", "--algorithm", "fedavg", "--set", "model_head=fc",
               "--out", tmp_path / "a", *SMOKE)
     assert run.code == 2 and "model_head has no effect without a model kind" in run.err, run.err
-    run = cli("train", "--partition", workdir / "part", "--algorithm", "pefll", "--model-arch", factory(workdir),
-              "--out", tmp_path / "b", *SMOKE)
-    assert run.code == 2 and "builds pflx's own client nets" in run.err, run.err
+    run = cli("train", "--partition", workdir / "part", "--algorithm", "pfedhn", "--model-arch", factory(workdir),
+              "--set", "client_sizes=S,L", "--out", tmp_path / "b", *SMOKE)
+    assert run.code == 2 and "is a model kind's net, of one size" in run.err, run.err
     run = cli("train", "--partition", workdir / "part", "--algorithm", "fedbn", "--model-arch", factory(workdir),
               "--out", tmp_path / "c", *SMOKE)
     assert run.code == 2 and "fedbn keeps each client's batch-norm statistics" in run.err, run.err
