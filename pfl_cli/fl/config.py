@@ -15,6 +15,14 @@ from pfl_cli.schema import register_choices
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
 CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm", "pfllib-cnn",
                 "resnet18-cifar")  # -bn: FedBN; lstm: text; pfllib-cnn, resnet18-cifar: the papers' tables' nets
+EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x", "lstm", "lstm-x")
+BACKBONE_TUNES = ("adapters", "probe", "full")  # models.pretrained.TUNES (kept here: no torch import for the schema)
+HYPER_SIZES = ("S", "M", "L")
+SERVER_OPTIMIZERS = ("adam", "sgd")
+EVAL_DESCRIPTORS = ("all", "batch")
+CLIENT_SETS = ("holdout", "train", "all")
+COHORT_EXECS = ("auto", "vmap", "loop")
+
 # Model kinds (DESIGN.md §9): ``model_arch`` KIND:NAME builds the client net from another source, one module per
 # kind under pfl_cli.models.kinds (kept here as names: the config is checked without importing torch).
 MODEL_KINDS = {"factory": "pfl_cli.models.kinds.factory", "torchvision": "pfl_cli.models.kinds.torchvision",
@@ -27,13 +35,6 @@ def model_kind(arch) -> str | None:
         return None
     kind, name = arch.split(":", 1)
     return kind if kind in MODEL_KINDS and name.strip() else None
-EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x", "lstm", "lstm-x")
-BACKBONE_TUNES = ("adapters", "probe", "full")  # models.pretrained.TUNES (kept here: no torch import for the schema)
-HYPER_SIZES = ("S", "M", "L")
-SERVER_OPTIMIZERS = ("adam", "sgd")
-EVAL_DESCRIPTORS = ("all", "batch")
-CLIENT_SETS = ("holdout", "train", "all")
-COHORT_EXECS = ("auto", "vmap", "loop")
 
 
 def key(default, doc: str, source: str = "", **meta):
@@ -152,7 +153,8 @@ def check_keys(cfg) -> None:
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         choices = f.metadata.get("choices")
-        if choices is not None and value not in choices and not (f.metadata.get("also") or bool)(value):
+        also = f.metadata.get("also") or (lambda v: False)  # values beyond the choices (model kinds' KIND:NAME)
+        if choices is not None and value not in choices and not also(value):
             raise ConfigError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}.")
         rule = KEY_RULES.get(f.name)
         if rule is None or (value is None and _optional(f)):
