@@ -116,6 +116,28 @@ def test_timm_weights_file_is_loaded_recorded_and_checked(workdir, cli, tmp_path
 
 
 @pytest.mark.models
+def test_torchvision_spec_head_norm_layers_and_cohort_equals_loop():
+    from pfl_cli.fl.cohort import cohort_forward
+    from pfl_cli.models import build
+    from pfl_cli.models.kinds import kind_spec
+
+    spec = kind_spec("torchvision:shufflenet_v2_x0_5", (3, 32, 32), 4)
+    assert spec["head"] == "fc" and "model.conv1.1" in spec["norm"] and "weights" not in spec
+    with pytest.raises(InputError, match="never downloaded"):
+        kind_spec("torchvision:resnet18", (3, 32, 32), 4, kwargs={"weights": "DEFAULT"})
+    with pytest.raises(InputError, match="did you mean 'resnet18'"):
+        kind_spec("torchvision:resnet17", (3, 32, 32), 4)
+    net = build(spec)
+    net.train()
+    x = torch.randn(2, 3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    params = {k: torch.stack([v, 1.1 * v]) for k, v in net.named_parameters()}
+    before = {k: v.clone() for k, v in net.named_buffers()}
+    assert torch.allclose(cohort_forward(net, params, x, "vmap"), cohort_forward(net, params, x, "loop"), atol=1e-5)
+    assert all(torch.equal(v, before[k]) for k, v in net.named_buffers())  # BatchNorm statistics never move
+
+
+@pytest.mark.models
+@pytest.mark.slow
 def test_torchvision_net_runs_fedrep_and_resumes_byte_identically(workdir, cli, tmp_path, monkeypatch):
     from pfl_cli import formats
 
