@@ -3,7 +3,8 @@
 Built as ``timm.create_model(NAME, pretrained=False, num_classes=C, in_chans=channels, **model_kwargs)``:
 nothing is downloaded. Weights come from a local file (``model_weights``) in timm's key layout, recorded
 with its sha256. timm's tiny ``test_*`` models (``test_resnet``, ``test_efficientnet_gn``, ``test_vit``)
-make smoke runs; a ViT needs ``img_size`` in ``model_kwargs`` when the images are not its default size.
+make smoke runs; a ViT whose position embedding is fixed to its default image size takes ``img_size`` in
+``model_kwargs`` (the check forward pass at the start of a run says so when the images do not fit).
 """
 
 from __future__ import annotations
