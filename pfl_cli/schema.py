@@ -98,7 +98,8 @@ def coerce_field(cls: type, name: str, value: Any) -> Any:
     nonfinite = bool(field.metadata.get("allow_nonfinite", False))
     parsed = _parse(name, field_types(cls)[name], value, nonfinite)
     allowed = _choices(cls, name)
-    if allowed is not None and parsed is not None and parsed not in allowed:
+    also = field.metadata.get("also") or (lambda v: False)  # values beyond the choices (model kinds' KIND:NAME)
+    if allowed is not None and parsed is not None and parsed not in allowed and not also(parsed):
         near = difflib.get_close_matches(str(parsed), [str(a) for a in allowed], n=1)
         tip = f" (did you mean {near[0]!r}?)" if near else ""
         raise ConfigError(f"{name} must be one of {', '.join(map(str, allowed))}; got {show(value)}{tip}.")

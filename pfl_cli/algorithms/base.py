@@ -20,6 +20,21 @@ from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weigh
 from pfl_cli.rng import seed_sequence
 
 
+def model_arch_spec(cfg, store) -> dict:
+    """The spec of ``model_arch``'s client net: a model kind's (``KIND:NAME``, :mod:`pfl_cli.models.kinds`) or a
+    built-in's, sized by ``mlp_hidden`` (LEAF's LSTM for text)."""
+    from pfl_cli.fl.config import hidden_sizes, model_kind
+    from pfl_cli.models import client_spec
+
+    if model_kind(cfg.model_arch) is not None:
+        from pfl_cli.models.kinds import kind_spec
+
+        return kind_spec(cfg.model_arch, store.input_shape, store.num_classes, kwargs=cfg.model_kwargs,
+                         weights=cfg.model_weights, head=cfg.model_head)
+    return client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden),
+                       vocab=getattr(store, "vocab_size", None), lstm_hidden=cfg.lstm_hidden)
+
+
 def seeded(seed: int, name: str, build):
     """Run ``build()`` with torch's global RNG seeded from a named stream, restoring it afterwards.
 
@@ -120,9 +135,6 @@ class Algorithm(ABC):
     # ------------------------------------------------------------------ hooks
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
-        from pfl_cli.fl.config import hidden_sizes
-        from pfl_cli.models import client_spec
-
         if getattr(cfg, "backbone", ""):  # HyperFL Table 2's baselines: the pre-trained backbone net
             from pfl_cli.models.pretrained import backbone_spec
 
@@ -132,8 +144,7 @@ class Algorithm(ABC):
 
             return {"client": backbone_spec(cfg.backbone, store.input_shape, store.num_classes,
                                             tune=cfg.backbone_tune, weights=cfg.backbone_weights or None)}
-        return {"client": client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden),
-                                      vocab=getattr(store, "vocab_size", None), lstm_hidden=cfg.lstm_hidden)}
+        return {"client": model_arch_spec(cfg, store)}
 
     @abstractmethod
     def build(self) -> None:

@@ -31,7 +31,7 @@ from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
-from pfl_cli.fl.config import CLIENT_ARCHS, check_own_keys, key
+from pfl_cli.fl.config import CLIENT_ARCHS, check_own_keys, key, model_kind
 from pfl_cli.fl.params import stack, weighted_mean
 
 
@@ -42,11 +42,17 @@ class FedBNConfig(FedAvgRoundConfig):
     algorithm: str = key("fedbn", "the algorithm these keys configure")
     model_arch: str = key("mlp-bn", "client net: mlp-bn | lenet-bn (a net with batch-norm layers, kept local)",
                           "FedBN (ICLR 2021) authors' code, nets/models.py: a BatchNorm after every layer but the last",
-                          choices=CLIENT_ARCHS)
+                          choices=CLIENT_ARCHS, also=model_kind)  # a kind's net: refused in validate, saying why
     new_client_epochs: int = key(20, "epochs a new client trains its own normalization layers, the rest frozen",
                                  "PeFLL (ICLR 2024) App. A.2: new clients of the baselines train 20 local epochs")
 
     def validate(self) -> None:
+        from pfl_cli.errors import ConfigError
+
+        if model_kind(self.model_arch) is not None:
+            raise ConfigError(f"model_arch {self.model_arch!r}: fedbn keeps each client's batch-norm statistics, which "
+                              "a model kind's net does not carry per client (its BatchNorm statistics are fixed, "
+                              "docs/models.md); use model_arch mlp-bn or lenet-bn.")
         super().validate()
         check_own_keys(self, {"new_client_epochs": "an integer >= 0"})
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_cli.algorithms.base import BACKBONE_KEYS, GENERATED_NETS, Algorithm, seeded
+from pfl_cli.algorithms.base import BACKBONE_KEYS, GENERATED_NETS, Algorithm, model_arch_spec, seeded
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weighted_mean
@@ -99,12 +99,10 @@ class HyperFL(Attackable, Algorithm):
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
-        from pfl_cli.fl.config import hidden_sizes
         from pfl_cli.fl.split import split_names
-        from pfl_cli.models import build, client_spec, hyper_spec
+        from pfl_cli.models import build, hyper_spec
 
-        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden),
-                             vocab=getattr(store, "vocab_size", None), lstm_hidden=cfg.lstm_hidden)
+        client = model_arch_spec(cfg, store)
         features = split_names(build(client))[0]
         dim = int(cfg.embed_dim) or DEFAULT_EMBED_DIM
         # the HyperFL code: Linear(64, hidden) -> ReLU -> one linear head per feature-extractor tensor

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from pfl_cli.algorithms.base import (BACKBONE_KEYS, GENERATED_NETS, Algorithm, ServerOptimizerState, descriptor_dim,
-                                     seeded)
+                                     model_arch_spec, seeded)
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES, SERVER_OPTIMIZERS, TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict
@@ -142,11 +142,10 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
-        from pfl_cli.fl.config import hidden_sizes
-        from pfl_cli.models import client_spec, embedding_spec, hyper_spec
+        from pfl_cli.models import embedding_spec, hyper_spec
 
         text = {"vocab": getattr(store, "vocab_size", None), "lstm_hidden": cfg.lstm_hidden}  # LEAF's LSTM for text
-        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden_sizes(cfg.mlp_hidden), **text)
+        client = model_arch_spec(cfg, store)
         dim = descriptor_dim(cfg, store.num_clients)
         return {
             "client": client,

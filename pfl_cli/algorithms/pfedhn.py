@@ -31,7 +31,7 @@ from typing import Optional
 import numpy as np
 
 from pfl_cli.algorithms.base import (BACKBONE_KEYS, GENERATED_NETS, Algorithm, ServerOptimizerState, descriptor_dim,
-                                     seeded)
+                                     model_arch_spec, seeded)
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import HYPER_SIZES, TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack
@@ -119,14 +119,17 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
 
     @classmethod
     def resolve_arch(cls, cfg, store) -> dict:
-        from pfl_cli.fl.config import client_sizes, hidden_sizes
+        from pfl_cli.errors import InputError
+        from pfl_cli.fl.config import client_sizes, model_kind
         from pfl_cli.fl.store import ROLE_TRAIN
         from pfl_cli.fl.split import split_names
-        from pfl_cli.models import build, client_spec, hyper_spec, table_spec
+        from pfl_cli.models import build, hyper_spec, table_spec
 
-        hidden = hidden_sizes(cfg.mlp_hidden)
-        client = client_spec(cfg.model_arch, store.input_shape, store.num_classes, hidden,
-                             vocab=getattr(store, "vocab_size", None), lstm_hidden=cfg.lstm_hidden)
+        if client_sizes(cfg.client_sizes) and model_kind(cfg.model_arch) is not None:
+            raise InputError(f"client_sizes: pFedHN's S / M / L client nets are pflx's LeNet and MLP at three widths; "
+                             f"model_arch {cfg.model_arch!r} is a model kind's net, of one size. Drop client_sizes, or "
+                             "use model_arch lenet or mlp.")
+        client = model_arch_spec(cfg, store)
         rows = max(len(store.clients(ROLE_TRAIN)), 1)   # one row per train client: holdout clients have none
         dim = descriptor_dim(cfg, rows)  # §5: e = int(1 + n/4), n the train clients (the table's rows)
         generate = split_names(build(client))[0] if cls.personal_head else None

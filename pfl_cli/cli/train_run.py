@@ -153,7 +153,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         report.result({"out": str(out), "up_to_date": True})
         return
 
-    ck = Checkpointer(out, fingerprint(config, inputs))
+    ck = Checkpointer(out, fingerprint(with_model_files(config, cfg), inputs))
     ck_path, ck_dir = ck.path, ck.dir
     check_checkpoint_location(ck_dir, ck_path, resume=resume)
     if not resume and ck_path.is_file():  # an interrupted run's work is discarded only when asked to
@@ -554,7 +554,7 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
         m, c, config = members[i], cfgs[i], configs[i]
         writer = ArtifactWriter(m.out, stage="train", config=config, seed=c.seed, inputs=inputs, force=force,
                                 dp=c.dp_epsilon is not None, notes={"stacked": stacked})
-        ck = Checkpointer(m.out, fingerprint(config, inputs))
+        ck = Checkpointer(m.out, fingerprint(with_model_files(config, c), inputs))
         check_checkpoint_location(ck.dir, ck.path, resume=bool(resume))
         if resume is None:
             states[i] = _continue(ck, c, m.out, force, report)
@@ -663,3 +663,15 @@ def _continue(ck: Checkpointer, cfg, out: Path, force: bool, report: Reporter) -
         ck.path.unlink(missing_ok=True)
         return None
     return ck.resume(cfg)
+
+
+def with_model_files(config: dict, cfg) -> dict:
+    """``config`` and, for a model kind's net, the sha256 of the files it is built from (a factory's module, a
+    weights file): a checkpoint resumes only with the same files (pfl_cli.models.kinds.file_digests)."""
+    from pfl_cli.fl.config import model_kind
+
+    if model_kind(getattr(cfg, "model_arch", "")) is None or getattr(cfg, "backbone", ""):
+        return config
+    from pfl_cli.models.kinds import file_digests
+
+    return {**config, "model_files": file_digests(cfg.model_arch, cfg.model_weights)}

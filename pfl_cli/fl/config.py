@@ -15,7 +15,8 @@ from pfl_cli.fl.robust import AGGREGATOR_NAMES
 from pfl_cli.schema import register_choices
 
 VARIANTS = ("fo", "hf")                # perfedavg: first-order MAML | Hessian-free
-CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm")  # -bn: FedBN; lstm: text
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm", "pfllib-cnn",
+                "resnet18-cifar")  # -bn: FedBN; lstm: text; pfllib-cnn, resnet18-cifar: the papers' tables' nets
 EMBEDDINGS = ("auto", "cnn", "cnn-x", "linear", "mlp", "mlp-x", "lstm", "lstm-x")
 BACKBONE_TUNES = ("adapters", "probe", "full")  # models.pretrained.TUNES (kept here: no torch import for the schema)
 HYPER_SIZES = ("S", "M", "L")
@@ -23,6 +24,19 @@ SERVER_OPTIMIZERS = ("adam", "sgd")
 EVAL_DESCRIPTORS = ("all", "batch")
 CLIENT_SETS = ("holdout", "train", "all")
 COHORT_EXECS = ("auto", "vmap", "loop")
+
+# Model kinds (DESIGN.md §9): ``model_arch`` KIND:NAME builds the client net from another source, one module per
+# kind under pfl_cli.models.kinds (kept here as names: the config is checked without importing torch).
+MODEL_KINDS = {"factory": "pfl_cli.models.kinds.factory", "torchvision": "pfl_cli.models.kinds.torchvision",
+               "timm": "pfl_cli.models.kinds.timm"}
+
+
+def model_kind(arch) -> str | None:
+    """The model kind ``arch`` names (``torchvision`` for ``torchvision:resnet18``), None for a built-in net."""
+    if not isinstance(arch, str) or ":" not in arch:
+        return None
+    kind, name = arch.split(":", 1)
+    return kind if kind in MODEL_KINDS and name.strip() else None
 
 
 def key(default, doc: str, source: str = "", **meta):
@@ -48,8 +62,14 @@ class TrainConfig:
     client_clip: float = key(50.0, "per-client gradient-norm clip before each step (0 = off)")
     lambda_theta: float = key(0.0, "client weight decay, added as 2*lambda_theta*param")
     model_arch: str = key("auto", "client net: auto (lstm for text, lenet for images >= 28x28, else mlp) | lenet | mlp"
-                          " | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn) | lstm",
-                          choices=CLIENT_ARCHS)
+                          " | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn) | lstm | pfllib-cnn | "
+                          "resnet18-cifar | factory:MODULE:CALLABLE | torchvision:NAME | timm:NAME (docs/models.md)",
+                          choices=CLIENT_ARCHS, also=model_kind)
+    model_kwargs: Optional[dict] = key(None, "keyword arguments of a model kind's constructor (factory:, torchvision:, "
+                                       "timm:), e.g. {width: 8} (null = none)")
+    model_weights: str = key("", "a model kind's local state dict (.pth / .safetensors), recorded with its sha256; "
+                             "\"\" = random init")
+    model_head: str = key("", "the module a model kind's net has as its head (\"\" = its last nn.Linear)")
     mlp_hidden: tuple = key((32,), "hidden widths of the mlp client net")
     lstm_hidden: int = key(256, "width of both LSTM layers of the lstm client net (text data) and its embedding net",
                            "LEAF (Caldas et al. 2018): two LSTM layers of 256 units")
@@ -184,7 +204,8 @@ def check_keys(cfg) -> None:
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         choices = f.metadata.get("choices")
-        if choices is not None and value not in choices:
+        also = f.metadata.get("also") or (lambda v: False)  # values beyond the choices (model kinds' KIND:NAME)
+        if choices is not None and value not in choices and not also(value):
             raise ConfigError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}.")
         rule = KEY_RULES.get(f.name)
         if rule is None or (value is None and _optional(f)):
@@ -214,6 +235,9 @@ NEEDS: dict[str, tuple] = {k: (lambda cfg: cfg.dp_epsilon is not None or cfg.alg
                                "on an algorithm without a DP variant (--dp is refused there)") for k in DP_ONLY}
 NEEDS.update({k: (lambda cfg: bool(cfg.backbone), "without --set backbone=NAME (the client net is model_arch's)")
               for k in ("backbone_weights", "backbone_tune")})
+NEEDS.update({k: (lambda cfg: model_kind(cfg.model_arch) is not None and not cfg.backbone,
+                   "without a model kind's net (--set model_arch=KIND:NAME: factory, torchvision, timm)")
+              for k in ("model_kwargs", "model_weights", "model_head")})
 NEEDS["checkpoint_every"] = (lambda cfg: cfg.dp_epsilon is None, "under --dp (a DP run checkpoints every round, so "
                              "that a resumed run never releases a round twice; pfl_cli.fl.loop)")
 # A round is local_steps steps or, where local_epochs is set, local_epochs passes over the client's data

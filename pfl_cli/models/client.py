@@ -21,8 +21,9 @@ from torch import nn
 
 from pfl_cli.errors import InputError, check_param
 
-CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm")  # -bn: models.normalized
-# (FedBN); lstm: models.sequence (LEAF's Shakespeare LSTM, for text: token-code sequences)
+CLIENT_ARCHS = ("auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm", "pfllib-cnn", "resnet18-cifar")
+# -bn: models.normalized (FedBN); lstm: models.sequence (LEAF's Shakespeare LSTM, for text: token-code sequences);
+# pfllib-cnn, resnet18-cifar: models.papers (the papers' tables' nets)
 LENET_KERNELS = 16  # Conv1 filters of Table B.1; pFedHN's S / M / L targets use 8 / 16 / 32 (App. B)
 
 MIN_IMAGE_SIZE = 28  # MNIST / FEMNIST; smaller images go to the MLP
@@ -105,6 +106,11 @@ def resolve_arch(arch: str, input_shape: Sequence[int], vocab: int | None = None
     reads numbers asked of text, or the LSTM asked of numbers, raises :class:`InputError`: the
     MLP would read character codes as magnitudes.
     """
+    from pfl_cli.fl.config import model_kind
+
+    if model_kind(arch) is not None:  # (Algorithm's model_arch_spec routes it to its kind)
+        raise InputError(f"model_arch {arch!r} is a model kind's net, built by pfl_cli.models.kinds.kind_spec; "
+                         f"client_spec builds pflx's own nets: {', '.join(CLIENT_ARCHS)}.")
     check_param("model_arch", arch in CLIENT_ARCHS, f"must be one of {', '.join(CLIENT_ARCHS)}", arch)
     shape = check_input_shape(input_shape)
     if vocab is not None:
@@ -121,8 +127,11 @@ def resolve_arch(arch: str, input_shape: Sequence[int], vocab: int | None = None
                          f"this data is numeric (input shape {shape!r}). Use --model-arch auto, lenet or mlp.")
     if arch == "auto":
         return "lenet" if is_image_shape(shape) else "mlp"
-    if arch in ("lenet", "hyperfl-cnn", "lenet-bn"):
+    if arch in ("lenet", "hyperfl-cnn", "lenet-bn", "pfllib-cnn"):
         require_image("model_arch", arch, shape)
+    if arch == "resnet18-cifar" and (len(shape) != 3 or min(shape[1:]) < 8):
+        raise InputError(f"model_arch 'resnet18-cifar' needs images (C, H, W) of at least 8x8 (it downsamples 8x); "
+                         f"got input shape {shape!r}.")
     return arch
 
 
@@ -335,7 +344,7 @@ def client_model(
 
     Parameters
     ----------
-    arch : {"auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm"}
+    arch : {"auto", "lenet", "mlp", "hyperfl-cnn", "mlp-bn", "lenet-bn", "lstm", "pfllib-cnn", "resnet18-cifar"}
         ``"auto"`` is ``"lstm"`` for text (``vocab`` given), ``"lenet"`` for images (C, H, W)
         with H, W >= 28, else ``"mlp"``.
     input_shape : sequence of int
@@ -368,6 +377,12 @@ def client_model(
         return LeNet(shape[0], num_classes, shape[1:], kernels)
     if resolved == "hyperfl-cnn":
         return HyperFLCNN(shape[0], num_classes, shape[1:])
+    if resolved in ("pfllib-cnn", "resnet18-cifar"):
+        from pfl_cli.models.papers import CifarResNet18, PFLlibCNN
+
+        if resolved == "pfllib-cnn":
+            return PFLlibCNN(shape[0], check_int("num_classes", num_classes, 2), shape[1:])
+        return CifarResNet18(shape[0], check_int("num_classes", num_classes, 2))
     if resolved in ("mlp-bn", "lenet-bn"):  # FedBN's batch-norm variants (pfl_cli.models.normalized)
         from pfl_cli.models.normalized import LeNetBN, MLPBN
 

@@ -9,6 +9,11 @@ spec (in the artifact's JSON) says which modules to build before ``load_state_di
      "dim": 26, "hidden": 64}
     {"kind": "hypernetwork", "in_dim": 26, "target": {<client spec>}, "size": "M", "hidden": 100}
     {"kind": "client", "arch": "lstm", "input_shape": [80], "num_classes": 80, "hidden": [256, 256], "vocab": 80}
+    {"kind": "client", "arch": "torchvision:resnet18", "input_shape": [3, 32, 32], "num_classes": 10,
+     "model_kwargs": {}, "head": "fc", "norm": ["model.bn1", ...], "weights": "/abs/r18.pth", "weights_sha256": "..."}
+
+The last is a model kind's net (:mod:`pfl_cli.models.kinds`): ``factory:``, ``torchvision:`` or ``timm:``,
+rebuilt from the files whose sha256 it records (refused when one is missing or changed).
 
 :func:`build` turns any of them into a fresh (randomly initialized) module with the same
 parameter names and shapes as the one that was trained.
@@ -173,6 +178,10 @@ def build(spec: dict) -> nn.Module:
         from pfl_cli.models.pretrained import build_pretrained
 
         return build_pretrained(spec)
+    if kind == "client" and ":" in str(spec.get("arch", "")):  # a model kind's net (pfl_cli.models.kinds)
+        from pfl_cli.models.kinds import build_kind
+
+        return build_kind(spec)
     if kind == "client":
         return client_model(
             _field(spec, "arch"),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import kind_nets
 import numpy as np
 import pytest
 
@@ -79,7 +80,9 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            "attack_fraction": {"attack": "sign-flip", "clients_per_round": 4},
            "attack_scale": {"attack": "sign-flip", "clients_per_round": 4},
            "robust_fraction": {"aggregator": "trimmed-mean", "clients_per_round": 4},
-           "robust_clip": {"aggregator": "norm-bound", "clients_per_round": 4}}
+           "robust_clip": {"aggregator": "norm-bound", "clients_per_round": 4},
+           # a model kind's keys act on a model kind's net (a user factory: tests/kind_nets.py)
+           **{k: {"model_arch": f"factory:{kind_nets.FILE}:mlp"} for k in ("model_kwargs", "model_weights", "model_head")}}
 # A key checked a second time, beside a companion set where that companion could leave it inert (its own CONTEXT
 # above is the setting where it acts): local_steps beside a set local_epochs, a round of epochs counting no steps
 # (FedNova, FLowDUP, LD-FedAvg, FedTTA and FedOpt set local_epochs by default; --set local_epochs=E on FedAvg's
@@ -104,6 +107,9 @@ OVERRIDES = {
     "compute_speed": ["uniform:1:4"],
     "network_speed": ["0.01"],
     "availability_trace": [lambda: _trace_file(6)],
+    "model_kwargs": [{"width": 4}],
+    "model_weights": [lambda: kind_nets.weights_file(_scratch() / "mlp.pth")],
+    "model_head": ["3"],  # a Linear that is not the head (its output is not the net's): refused
 }
 
 
@@ -403,6 +409,13 @@ def _masking_shows(run: dict) -> bool:
     rows = {(r[0], r[1], r[2]): r[3] for r in run["history"] if isinstance(r, list)}
     return any(v != rows.get((rnd, group, metric + "_lm")) for (rnd, group, metric), v in rows.items()
                if metric in ("mean_accuracy", "pooled_accuracy"))
+
+
+def _scratch():
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.mkdtemp(prefix="pflx-keys-"))
 
 
 def _backbone_file(name: str) -> str:

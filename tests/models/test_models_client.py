@@ -79,7 +79,7 @@ def test_auto_arch(input_shape, arch):
 
 
 def test_unknown_arch_lists_choices():
-    with pytest.raises(InputError, match=r"model_arch must be one of auto, lenet, mlp, hyperfl-cnn, mlp-bn, lenet-bn, lstm; got 'resnet'"):
+    with pytest.raises(InputError, match=r"model_arch must be one of auto, lenet, mlp, hyperfl-cnn, mlp-bn, lenet-bn, lstm, pfllib-cnn, resnet18-cifar; got 'resnet'"):
         client_model("resnet", (3, 32, 32), 10)
 
 

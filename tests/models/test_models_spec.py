@@ -105,7 +105,7 @@ def test_bad_specs(spec, pattern):
 def test_bad_spec_arguments():
     with pytest.raises(InputError, match=r"hyper_size must be one of S, M, L; got 'm'"):
         hyper_spec(26, client_spec("auto", (64,), 10), "m")
-    with pytest.raises(InputError, match=r"model_arch must be one of auto, lenet, mlp, hyperfl-cnn, mlp-bn, lenet-bn, lstm; got 'cnn'"):
+    with pytest.raises(InputError, match=r"model_arch must be one of auto, lenet, mlp, hyperfl-cnn, mlp-bn, lenet-bn, lstm, pfllib-cnn, resnet18-cifar; got 'cnn'"):
         client_spec("cnn", (64,), 10)
     with pytest.raises(InputError, match=r"embed_dim must be an integer >= 1; got 0"):
         embedding_spec("linear", (64,), 10, 0)
