@@ -53,9 +53,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
@@ -63,43 +60,9 @@ from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
-from pfl_cli.models.util import FeatureView
 
 CONTEXT = "context"
 CPN, HEAD_G = "cpn.", "head_g."
-
-
-class FedCPNet(nn.Module):
-    """The client net, the conditional policy network (``cpn``) and the frozen global head (``head_g``).
-
-    Buffer ``context``: v_i, the client-specific vector (per client in a stacked call).
-    ``forward(x, noise)``: h^p(h * r) + h^g(h * s); ``noise`` (b, 2, d) Gumbel noise, or None (the
-    noise-free policy). ``parts=True`` also returns the features h.
-    """
-
-    def __init__(self, net: nn.Module, tau: float = 1.0) -> None:
-        super().__init__()
-        head = getattr(net, "head", None)
-        if not (callable(getattr(net, "features", None)) and callable(head) and isinstance(head(), nn.Linear)):
-            raise InputError(f"model_arch: fedcp splits the representation before a linear classifier; the "
-                             f"{type(net).__name__} net has no features() / linear head(). Use --set "
-                             "model_arch=mlp or lenet.")
-        d = head().in_features
-        device = head().weight.device
-        self.net, self.tau, self.dim = net, float(tau), d
-        self.cpn = nn.Sequential(nn.Linear(d, 2 * d), nn.LayerNorm([2 * d]), nn.ReLU()).to(device)
-        self.head_g = copy.deepcopy(head())
-        self.register_buffer(CONTEXT, torch.zeros(d, device=device))
-
-    def policy(self, h, noise=None):
-        """(r, s): the personalized and global shares of every feature of ``h`` (..., d)."""
-        return conditional_policy(self.cpn(h * self.context), self.tau, noise)
-
-    def forward(self, x, noise=None, parts: bool = False):
-        h = self.net.features(x)
-        r, s = self.policy(h, noise)
-        logits = self.net.head()(h * r) + self.head_g(h * s)
-        return (logits, h) if parts else logits
 
 
 def conditional_policy(scores, tau: float, noise=None):
@@ -109,6 +72,8 @@ def conditional_policy(scores, tau: float, noise=None):
     softmax at temperature ``tau``, after adding Gumbel ``noise`` (..., 2, d) when training
     (the Gumbel-Softmax relaxation).
     """
+    import torch
+
     z = scores.unflatten(-1, (2, -1))
     if noise is not None:
         z = z + noise
@@ -118,12 +83,16 @@ def conditional_policy(scores, tau: float, noise=None):
 
 def gumbel_noise(dim: int, mask, gen):
     """Standard Gumbel draws (c, b, 2, dim) for a step's batch (``mask`` (c, b)), from CPU ``gen``."""
+    import torch
+
     e = torch.empty((*mask.shape, 2, dim)).exponential_(generator=gen).clamp_min_(1e-20)
     return (-e.log()).to(mask.device)
 
 
 def client_vector(head_weight):
     """v_i: the l2-normalized sum of the personalized head's rows, (..., C, d) -> (..., d)."""
+    import torch.nn.functional as F
+
     return F.normalize(head_weight.sum(-2), dim=-1)
 
 
@@ -136,6 +105,9 @@ def fedcp_steps(model: FedCPNet, params: dict, base: dict, context, store, steps
     v_i; ``steps`` :class:`~pfl_cli.fl.batches.LocalSteps` with a Gumbel draw per step.
     ``lam`` = 0 drops the MMD term (and the global extractor's forward).
     """
+    from pfl_cli.models.util import FeatureView
+    import torch
+
     from torch.func import functional_call, vmap
 
     from pfl_cli.fl.batches import ActiveMean
@@ -198,6 +170,8 @@ class FedCP(PrivateState, _GlobalModel):
 
     @classmethod
     def floats_per_client_round(cls, arch: dict) -> int:
+        from pfl_cli.algorithms.fedcp_net import FedCPNet
+
         from pfl_cli.models import build, num_parameters
 
         net = FedCPNet(build(arch["client"]))
@@ -206,6 +180,8 @@ class FedCP(PrivateState, _GlobalModel):
         return 2 * (num_parameters(arch["client"]) + cpn)
 
     def build(self) -> None:
+        from pfl_cli.algorithms.fedcp_net import FedCPNet
+
         from pfl_cli.algorithms.base import seeded
         from pfl_cli.fl.split import split_names
 
