@@ -149,6 +149,13 @@ def names() -> tuple[str, ...]:
     return (*BUILTINS, *_plugin_entries())
 
 
+def stackable_names() -> list[str]:
+    """The algorithms whose runs stack on a run axis (:mod:`pfl_cli.fl.stack`): loads every entry."""
+    from pfl_cli.fl.stack import stackable_names as among
+
+    return among({e.name: e.algorithm for e in entries().values()})
+
+
 def get(name: str) -> Entry:
     """The entry of ``name``; an unknown name is refused with the known ones and a "did you mean"."""
     if name in BUILTINS:
@@ -163,6 +170,19 @@ def get(name: str) -> Entry:
 
 
 # ---------------------------------------------------------------------------- configs
+# Other tools' names of pflx's keys: a look-alike by spelling would point elsewhere (learning_rate is closer to
+# dp_sampling_rate than to lr).
+SYNONYMS = {
+    "learning_rate": "lr", "client_lr": "lr", "local_lr": "lr", "step_size": "lr", "server_learning_rate": "server_lr",
+    "global_lr": "server_lr", "num_rounds": "rounds", "communication_rounds": "rounds", "global_rounds": "rounds",
+    "epochs": "local_epochs", "num_epochs": "local_epochs", "local_iterations": "local_steps",
+    "local_iters": "local_steps", "num_steps": "local_steps", "steps": "local_steps", "batch": "batch_size",
+    "batchsize": "batch_size", "clients_per_round_fraction": "clients_per_round", "num_clients": "clients_per_round",
+    "join_clients": "clients_per_round", "cohort_size": "clients_per_round", "model": "model_arch",
+    "arch": "model_arch", "architecture": "model_arch", "prox_mu": "mu", "proximal_mu": "mu",
+}
+
+
 def unknown_key(key: str, entry: Entry, where: str = "") -> ConfigError:
     """One line: the key, the algorithm, a "did you mean" and the keys it takes."""
     owners = [e.name for e in entries().values() if key in e.keys]
@@ -171,7 +191,7 @@ def unknown_key(key: str, entry: Entry, where: str = "") -> ConfigError:
         if where.startswith("config file"):  # a recipe shared by several algorithms: each one's own section
             tip = f" (a key of {', '.join(owners)}: a recipe shared by algorithms keeps it under train: {owners[0]}:)"
     else:
-        hint = difflib.get_close_matches(key, entry.keys, n=1)
+        hint = [SYNONYMS[key]] if SYNONYMS.get(key) in entry.keys else difflib.get_close_matches(key, entry.keys, n=1)
         tip = f" (did you mean {hint[0]!r}?)" if hint else ""
     return ConfigError(f"unknown {where}key {key!r} for algorithm {entry.name!r}{tip}; {entry.name} takes: "
                        f"{', '.join(entry.keys)}.")

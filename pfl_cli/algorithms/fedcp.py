@@ -48,7 +48,6 @@ DP: none (``--dp`` is refused).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from functools import partial
 
@@ -57,28 +56,18 @@ import numpy as np
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import InputError
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
-CONTEXT = "context"
 CPN, HEAD_G = "cpn.", "head_g."
 
 
-def conditional_policy(scores, tau: float, noise=None):
-    """FedCP's policy from the CPN's output: (..., 2d) -> (r, s), each (..., d), r + s = 1.
+def __getattr__(name: str):  # the policy lives beside the net, with torch
+    if name in ("CONTEXT", "conditional_policy"):
+        from pfl_cli.algorithms import fedcp_net
 
-    The scores are read as two rows of d (personalized first); each feature's pair goes through a
-    softmax at temperature ``tau``, after adding Gumbel ``noise`` (..., 2, d) when training
-    (the Gumbel-Softmax relaxation).
-    """
-    import torch
-
-    z = scores.unflatten(-1, (2, -1))
-    if noise is not None:
-        z = z + noise
-    w = torch.softmax(z / tau, dim=-2)
-    return w[..., 0, :], w[..., 1, :]
+        return getattr(fedcp_net, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gumbel_noise(dim: int, mask, gen):
@@ -105,6 +94,7 @@ def fedcp_steps(model: FedCPNet, params: dict, base: dict, context, store, steps
     v_i; ``steps`` :class:`~pfl_cli.fl.batches.LocalSteps` with a Gumbel draw per step.
     ``lam`` = 0 drops the MMD term (and the global extractor's forward).
     """
+    from pfl_cli.algorithms.fedcp_net import CONTEXT
     from pfl_cli.models.util import FeatureView
     import torch
 
@@ -227,6 +217,7 @@ class FedCP(PrivateState, _GlobalModel):
         return loss
 
     def _served(self, theta: dict) -> dict:
+        from pfl_cli.algorithms.fedcp_net import CONTEXT
         return {**theta, CONTEXT: self._context(theta)}
 
     def own_models(self, rows):
@@ -234,6 +225,7 @@ class FedCP(PrivateState, _GlobalModel):
 
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         """The global head as the personalized head, trained ``new_client_epochs`` epochs, the rest frozen."""
+        from pfl_cli.algorithms.fedcp_net import CONTEXT
         start = {**self.global_params, **{p: self.global_params[g] for g, p in self.pairs.items()}}
         if not len(clients):
             return {**stack(start, 0), CONTEXT: self.net.context.unsqueeze(0)[:0]}

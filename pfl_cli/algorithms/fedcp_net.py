@@ -4,10 +4,27 @@ does not import torch."""
 from __future__ import annotations
 
 import copy
+
 import torch
 from torch import nn
+
 from pfl_cli.errors import InputError
-from pfl_cli.algorithms.fedcp import CONTEXT, conditional_policy
+
+CONTEXT = "context"  # the buffer of the conditional input (the client's mean feature)
+
+
+def conditional_policy(scores, tau: float, noise=None):
+    """FedCP's policy from the CPN's output: (..., 2d) -> (r, s), each (..., d), r + s = 1.
+
+    The scores are read as two rows of d (personalized first); each feature's pair goes through a
+    softmax at temperature ``tau``, after adding Gumbel ``noise`` (..., 2, d) when training
+    (the Gumbel-Softmax relaxation).
+    """
+    z = scores.unflatten(-1, (2, -1))
+    if noise is not None:
+        z = z + noise
+    w = torch.softmax(z / tau, dim=-2)
+    return w[..., 0, :], w[..., 1, :]
 
 
 class FedCPNet(nn.Module):

@@ -32,7 +32,6 @@ import numpy as np
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import InputError
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 

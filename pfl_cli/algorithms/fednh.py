@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import InputError
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 from pfl_cli.fl.prototypes import (TrainsNewClients, aligned_steps, class_feature_sums, smoothed_prototypes,

@@ -38,17 +38,10 @@ import numpy as np
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import InputError
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
-CONTEXT_P, CONTEXT_G = "context_p", "context_g"
-
-
-def _valve(d: int) -> nn.Sequential:
-    from torch import nn
-
-    return nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.LayerNorm([d]))
+CONTEXT_P, CONTEXT_G = "context_p", "context_g"  # the buffers of GPFLNet (gpfl_net), by their names
 
 
 def conditional_inputs(gce_weight, counts):

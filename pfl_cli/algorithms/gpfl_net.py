@@ -6,8 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from pfl_cli.errors import InputError
-from pfl_cli.algorithms.gpfl import _valve
+
+
+def _valve(d: int) -> nn.Sequential:
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.LayerNorm([d]))
 
 
 class GPFLNet(nn.Module):
@@ -29,8 +35,8 @@ class GPFLNet(nn.Module):
         self.net = net
         self.cov_gamma, self.cov_beta = _valve(d).to(device), _valve(d).to(device)
         self.gce = nn.Embedding(num_classes, d).to(device)
-        self.register_buffer(CONTEXT_P, torch.zeros(d, device=device))
-        self.register_buffer(CONTEXT_G, torch.zeros(d, device=device))
+        self.register_buffer("context_p", torch.zeros(d, device=device))
+        self.register_buffer("context_g", torch.zeros(d, device=device))
 
     def valve(self, h, z):
         return F.relu(h * (self.cov_gamma(z) + 1.0) + self.cov_beta(z))

@@ -39,18 +39,21 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
         from pfl_cli import registry
         from pfl_cli.compare.spec import load_spec
 
+        from pfl_cli.readers import read_artifact
+
         parsed = load_spec(spec, known=registry.names())
+        read_artifact(parsed.partition, "partition", flag=f"--spec {spec}: partition", verify=False)  # before any work
         config["spec"] = parsed.to_dict()
         runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate, jobs=jobs, logs=logs,
                           log_dir=log_dir), *runs]
     groups = read_runs(runs, nonprivate=nonprivate)
-    table = compare(groups, level=level, metric=metric)
     inputs = list({g.input_ref["sha256"]: dict(g.input_ref) for g in groups}.values())
     writer = ArtifactWriter(out, stage="compare", config=config, seed=None, inputs=inputs, force=force)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same runs and options); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
+    table = compare(groups, level=level, metric=metric)  # scipy's intervals: once the table is not up to date
     prefix = "nonprivate-" if table.nonprivate else ""
     with writer:
         writer.save_text(f"{prefix}table.md", table.markdown())
@@ -110,7 +113,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
                 best = run_study(step.cfg, options, partition=spec.partition, out=root / f"tune-{step.name}",
                                  force=force, report=phase)
                 for run in (s for s in steps if s.kind == "train" and s.name == step.name):
-                    run.cfg, run.study = _train_config(step.name, best, run.sets, run.seed, spec.partition)
+                    run.cfg, run.study = _train_config(step.name, best, run.sets, run.seed, spec)
                 phase.close(step.units, total)
                 i += 1
                 continue
@@ -163,17 +166,33 @@ def _rounds(cfg) -> int:
     return cfg.rounds if cfg.algorithm_class.federated else 1
 
 
-def _train_config(name: str, config: Path | None, sets, seed: int, partition: Path):
+@contextmanager
+def _naming(spec, name: str, config: Path | None) -> Iterator[None]:
+    """A refused key or value of a spec's algorithm, said with where it is: its set (or its config file)."""
+    from pfl_cli.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as err:
+        text = str(err)
+        if text.startswith("--config") or text.startswith("--spec"):  # already says which file
+            raise
+        where = f"algorithms.{name}.set" + (f" (or its config {config})" if config is not None else "")
+        raise ConfigError(f"--spec{'' if spec.path is None else f' {spec.path}'}: {where}: {text}") from None
+
+
+def _train_config(name: str, config: Path | None, sets, seed: int, spec):
     """A seed's train config (defaults < config file < set < seed) and the private study it composes with."""
     import json
 
     from pfl_cli.cli.common import train_stage_config
     from pfl_cli.cli.privacy_account import study_prior
 
-    cfg = train_stage_config(config_file=config, flags={"algorithm": name},
-                             sets=[f"{k}={json.dumps(v)}" for k, v in sets] + [f"seed={seed}"])
+    with _naming(spec, name, config):
+        cfg = train_stage_config(config_file=config, flags={"algorithm": name},
+                                 sets=[f"{k}={json.dumps(v)}" for k, v in sets] + [f"seed={seed}"])
     # a private study's best.yaml on this partition: its ledger composes into each run's privacy.json
-    return cfg, study_prior(config, partition, cfg)
+    return cfg, study_prior(config, spec.partition, cfg)
 
 
 def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
@@ -185,7 +204,7 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
     from pfl_cli.config import load_config_file
     from pfl_cli.errors import ConfigError
     from pfl_cli.cli.tune_protocol import check_study, tune_options
-    from pfl_cli.fl.stack import is_stackable
+    from pfl_cli.fl.stack import UNSTACK_HINT, is_stackable
 
     studies, trainings = [], []
     for alg in spec.algorithms:
@@ -196,7 +215,7 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
                               f"it under algorithms.{named}, or a config of {alg.name!r}.")
         if alg.tune is None:
             for seed in spec.seeds:
-                cfg, study = _train_config(alg.name, alg.config, alg.sets, seed, spec.partition)
+                cfg, study = _train_config(alg.name, alg.config, alg.sets, seed, spec)
                 trainings.append(_Step("train", alg.name, _rounds(cfg), cfg=cfg, sets=alg.sets, seed=seed,
                                        study=study))
             continue
@@ -206,7 +225,8 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
         budget = {"rounds": t.rounds, "eval_every": t.eval_every, "seed": t.seed}
         sets = [f"{k}={json.dumps(v)}" for k, v in alg.sets if budget.get(k) is None]
         sets += [f"{k}={json.dumps(v)}" for k, v in budget.items() if v is not None]
-        cfg = train_stage_config(config_file=alg.config, flags={"algorithm": alg.name}, sets=sets)
+        with _naming(spec, alg.name, alg.config):
+            cfg = train_stage_config(config_file=alg.config, flags={"algorithm": alg.name}, sets=sets)
         if cfg.dp_epsilon is not None:
             raise ConfigError(f"{at}: the study would train under --dp (dp_epsilon is set), which a spec does not run "
                               "yet (a private study's trial count is random and its release composes into every "
@@ -219,8 +239,9 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
         options = dataclasses.replace(tune_options(t, jobs=jobs), stack=study_stack)  # pflx tune --stack
         try:
             params = check_study(cfg, options)
-        except ConfigError as err:
-            raise ConfigError(f"{at}: {err}") from None
+        except ConfigError as err:  # a spec unstacks a study by its stack: key, not by a flag
+            raise ConfigError(f"{at}: " + str(err).replace(UNSTACK_HINT, f"set stack: 1 under {at.split(' ')[-1]}")) \
+                from None
         searched = {p.key for p in params}
         for where, keys in ((f"config {alg.config}", set(file_keys)), ("set", {k for k, _v in alg.sets})):
             fixed = sorted(searched & keys)

@@ -525,9 +525,11 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
     from pfl_cli.fl.stack import check_stackable, train_stacked
     from pfl_cli.readers import check_checkpoint_location
 
+    from pfl_cli import registry
+
     cfgs = [m.cfg for m in members]
     for c in cfgs:
-        check_stackable(c)
+        check_stackable(c, registry.stackable_names())
         validate_train_config(c)
     if plot and any(c.dp_epsilon is not None for c in cfgs):
         raise InputError("--plot draws accuracies measured on the private clients, which --dp does not release; "

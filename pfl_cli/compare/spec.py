@@ -90,6 +90,7 @@ class CompareSpec:
     new_clients: bool
     algorithms: tuple[AlgorithmSpec, ...]
     stack: int = STACK                 # runs of a stackable algorithm trained at once on a run axis
+    path: Path | None = None           # the file it was read from (named in refusals; not part of the protocol)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved spec, JSON-ready (recorded in the compare artifact's config)."""
@@ -120,7 +121,9 @@ def load_spec(path: str | Path, *, known: Sequence[str] = ()) -> CompareSpec:
         doc = yaml12.loads(read_utf8(path, "--spec", ConfigError))
     except yaml.YAMLError as err:
         raise _refuse(str(path), f"not valid YAML ({yaml12.describe_error(err)}).") from None
-    return parse_spec(doc, where=str(path), known=known)
+    import dataclasses
+
+    return dataclasses.replace(parse_spec(doc, where=str(path), known=known), path=path)
 
 
 def parse_spec(doc: Any, *, where: str = "spec", known: Sequence[str] = ()) -> CompareSpec:
@@ -170,8 +173,11 @@ def parse_spec(doc: Any, *, where: str = "spec", known: Sequence[str] = ()) -> C
         if bad:
             raise _refuse(where, f"algorithms.{name}: unknown key {bad[0]!r}; it takes config, set and tune.")
         if known and name not in known:
-            raise _refuse(where, f"algorithms.{name}: no such algorithm; `pflx algorithms` lists them (e.g. "
-                          f"{', '.join(list(known)[:3])}).")
+            import difflib
+
+            hint = difflib.get_close_matches(name, list(known), n=1)
+            tip = f" (did you mean {hint[0]!r}?)" if hint else f" (e.g. {', '.join(list(known)[:3])})"
+            raise _refuse(where, f"algorithms.{name}: no such algorithm{tip}; `pflx algorithms` lists them.")
         config = value.get("config")
         if config is not None:
             if not isinstance(config, str) or not Path(config).is_file():

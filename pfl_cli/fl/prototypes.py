@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.errors import InputError
 
 
 def __getattr__(name: str):  # the torch modules, from where they were first defined

@@ -65,14 +65,20 @@ def loaded_stackable_names() -> list[str]:
     return sorted(found)
 
 
-def check_stackable(cfg) -> None:
-    """Refuse (one line, exit 2) a stack of an algorithm that does not declare ``stackable``."""
+# How a refusal of check_stackable says to train one run at a time (on the command line; a spec says it its way).
+UNSTACK_HINT = "drop --seeds / --stack"
+
+
+def check_stackable(cfg, known: Sequence[str] | None = None) -> None:
+    """Refuse (one line, exit 2) a stack of an algorithm that does not declare ``stackable``; ``known``: the names
+    of those that do (the caller's registry's, :func:`stackable_names`; default the loaded ones)."""
     cls = cfg.algorithm_class
     if cls is None or not is_stackable(cls):
+        names = loaded_stackable_names() if known is None else known
         raise ConfigError(f"stacking: algorithm {cfg.algorithm!r} cannot train runs stacked on a run axis (only "
                           "algorithms whose local training is one batched SGD call per round stack: "
-                          f"{', '.join(loaded_stackable_names())}); got {cfg.algorithm!r}. Train its runs one at a "
-                          "time (drop --seeds / --stack).")
+                          f"{', '.join(names)}); got {cfg.algorithm!r}. Train its runs one at a time "
+                          f"({UNSTACK_HINT}).")
 
 
 def shape_key(cfg) -> tuple:
