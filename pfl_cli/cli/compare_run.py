@@ -89,8 +89,12 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
     from pfl_cli.fl.stack import is_stackable
     from pfl_cli.cli.tune_protocol import run_study
 
+    from pfl_cli.cli import interrupt
+
     if jobs < 1:
         raise ConfigError(f"--jobs must be an integer >= 1; got {jobs}.")
+    # compare has no --resume: its rerun continues every unfinished training from its checkpoint by itself
+    interrupt.continue_with("run the same command again (compare --spec continues where it stopped)")
     root = spec.runs if spec.runs is not None else out.with_name(f"{out.name}-runs")
     quiet = Reporter(Format.quiet)  # stdout stays the comparison's
     steps = _plan_spec(spec, nonprivate=nonprivate, jobs=jobs)  # every config resolved (and refused) before any work

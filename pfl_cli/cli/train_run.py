@@ -366,10 +366,10 @@ def _kept_note(round_: int, ck_path: Path, private: bool = False) -> str:
         from pfl_cli.fl.dp import CHECKPOINT_HOLDS
 
         return (f"interrupted; nothing was written to --out, and the checkpoint of round {round_} is kept at "
-                f"{ck_path} (mode 0600; it holds {CHECKPOINT_HOLDS}): run the same command with --resume to "
+                f"{ck_path} (mode 0600; it holds {CHECKPOINT_HOLDS}): {interrupt.how_to_continue()} to "
                 "continue from it.")
     return (f"interrupted; nothing was written to --out, and the checkpoint of round {round_} is kept at {ck_path}: "
-            "run the same command with --resume to continue from it.")
+            f"{interrupt.how_to_continue()} to continue from it.")
 
 
 def _status(status: dict) -> str:
