@@ -128,7 +128,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
                        and steps[i + len(batch)].kind == "train" and steps[i + len(batch)].name == step.name):
                     batch.append(steps[i + len(batch)])
             i += len(batch)
-            runs = [root / s.name / f"s{s.seed}" for s in batch]
+            runs = [root / s.name / f"seed-{s.seed}" for s in batch]
             units = sum(s.units for s in batch)
             if len(batch) > 1:
                 phase = _Phase(report, bar, f"train {step.name}")  # each line names its seed
@@ -145,7 +145,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
             for s, run in zip(batch, runs):
                 paths.append(run)
                 if spec.new_clients:
-                    new = run.with_name(f"s{s.seed}-new")
+                    new = run.with_name(f"seed-{s.seed}-new")
                     run_predict(predict_cfg, model=run, partition=spec.partition, out=new, force=force, report=quiet)
                     paths.append(new)
             phase.close(units, total)
