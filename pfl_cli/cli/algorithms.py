@@ -45,7 +45,8 @@ def algorithms(
         typer.echo(reference_markdown() if every else
                    (keys_markdown(registry.get(name)) if name else summary_markdown()), nl=False)
         return
-    report = Reporter({"human": "human", "json": "json", "quiet": "quiet"}[fmt.value], prose=True)
+    # one algorithm's keys: prose, wrapped off a terminal; the list keeps one line a row (grep-able in a pipe)
+    report = Reporter({"human": "human", "json": "json", "quiet": "quiet"}[fmt.value], prose=name is not None)
     if name is not None:
         entry = registry.get(name)
         report.result({"algorithm": entry.name, **summary_row(entry), "keys": key_rows(entry),

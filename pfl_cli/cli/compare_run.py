@@ -19,13 +19,18 @@ from pfl_cli.cli.output import Reporter
 
 def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: float, plot: bool, force: bool,
                 report: Reporter, spec: Path | None = None, metric: str = "accuracy", jobs: int = 1,
-                logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
+                logs: tuple[str, ...] = (), log_dir: Path | None = None, dry_run: bool = False) -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.compare import compare, read_runs
     from pfl_cli.compare.table import CLIENT_COLUMNS, CSV_COLUMNS, check_metric
 
     config = {"level": level, "nonprivate": nonprivate, "plot": plot, "metric": metric}
-    ArtifactWriter(out, stage="compare", config=config, seed=None, force=force)  # --out problems first
+    if dry_run and spec is None:
+        from pfl_cli.errors import InputError
+
+        raise InputError("--dry-run shows the plan of --spec FILE.yaml (its studies and runs); give --spec.")
+    if not dry_run:
+        ArtifactWriter(out, stage="compare", config=config, seed=None, force=force)  # --out problems first
     if not 0.0 < level < 1.0:
         from pfl_cli.errors import ConfigError
 
@@ -44,6 +49,12 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
         parsed = load_spec(spec, known=registry.names())
         read_artifact(parsed.partition, "partition", flag=f"--spec {spec}: partition", verify=False)  # before any work
         config["spec"] = parsed.to_dict()
+        if dry_run:  # the plan: every config resolved and refused as a run would, nothing trained or written
+            from pfl_cli.cli.compare_plan import print_plan
+
+            root = parsed.runs if parsed.runs is not None else out.with_name(f"{out.name}-runs")
+            print_plan(parsed, _plan_spec(parsed, nonprivate=nonprivate, jobs=jobs), root, report)
+            return
         runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate, jobs=jobs, logs=logs,
                           log_dir=log_dir), *runs]
     groups = read_runs(runs, nonprivate=nonprivate)

@@ -198,6 +198,18 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _choice(values: list) -> str:
+    """A YAML list of values as the SPEC ``choice:A,B,...`` (a list value, a tuple key's, in flow style)."""
+    import json
+
+    def text(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+    return "choice:" + ",".join(text(v) for v in values)
+
+
 def _parse_tune(doc: Any, at: str, where: str) -> TuneSpec:
     """An algorithm's ``tune:`` entry (its values checked here for type and range; the space against the algorithm
     when the command resolves the study's config)."""
@@ -214,9 +226,11 @@ def _parse_tune(doc: Any, at: str, where: str) -> TuneSpec:
     if "seed" in doc and (not _integer(doc["seed"]) or doc["seed"] < 0):
         raise _refuse(where, f"{at}.seed must be an integer >= 0 (the study's seed); got {doc['seed']!r}.")
     space = doc.get("space") or {}
+    if isinstance(space, Mapping):  # a list of values is a choice among them: lr: [0.1, 0.01]
+        space = {k: _choice(v) if isinstance(v, list) and v else v for k, v in space.items()}
     if not isinstance(space, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in space.items()):
         raise _refuse(where, f"{at}.space must map keys to SPECs (log:LOW:HIGH | float:LOW:HIGH | int:LOW:HIGH | "
-                      f"choice:A,B,...), as --space KEY=SPEC; got {space!r}.")
+                      f"choice:A,B,... | a list of values), as --space KEY=SPEC; got {space!r}.")
     for key in ("sampler", "pruner"):
         if key in doc and not isinstance(doc[key], str):
             raise _refuse(where, f"{at}.{key} must be a name, as pflx tune --{key} takes; got {doc[key]!r}.")
