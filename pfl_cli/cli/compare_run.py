@@ -65,6 +65,10 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
         report.result({"out": str(out), "up_to_date": True})
         return
     table = compare(groups, level=level, metric=metric)  # scipy's intervals: once the table is not up to date
+    from pfl_cli.compare.paired import few_seeds_warnings
+
+    for line in few_seeds_warnings(table.rows, metric, level):
+        report.warn(line)
     prefix = "nonprivate-" if table.nonprivate else ""
     with writer:
         writer.save_text(f"{prefix}table.md", table.markdown())
@@ -329,8 +333,7 @@ def _print(report: Reporter, out: Path, table, prefix: str) -> None:
     runs = len({g.path for g in table.groups})
     m = table.metric
     title = f"compare -> {out}: {len({r['label'] for r in table.rows})} configurations, {runs} runs"
-    rich_table = Table(title=title, title_justify="left", caption=table.markdown().split("\n\n", 1)[1].strip(),
-                       caption_justify="left")
+    rich_table = Table(title=title, title_justify="left", caption=table.caption(), caption_justify="left")
     for name, justify in (("algorithm", "left"), ("clients", "left"), ("seeds", "right"), (f"{TITLES[m]} %", "right"),
                           *([("accuracy %", "right")] if m != "accuracy" else []),
                           ("std", "right"), ("worst 10%", "right"), ("min", "right"), ("label-masked %", "right")):
@@ -343,4 +346,25 @@ def _print(report: Reporter, out: Path, table, prefix: str) -> None:
                            format_pct(r["accuracy_min"]), format_interval(r["accuracy_lm"], r["accuracy_lm_ci"]))
     doc = table.document()
     rows = [{k: v for k, v in row.items() if k not in ("config", "predict_config")} for row in doc["rows"]]
-    report.result({"out": str(out), "up_to_date": False, "files_prefix": prefix, **doc, "rows": rows}, rich_table)
+    report.result({"out": str(out), "up_to_date": False, "files_prefix": prefix, **doc, "rows": rows}, rich_table,
+                  *_paired_table(table))
+
+
+def _paired_table(table) -> list:
+    """The paired comparisons (:mod:`pfl_cli.compare.paired`) as a second table; none when nothing pairs."""
+    from rich.table import Table
+
+    from pfl_cli.compare.table import TITLES, format_p, format_points
+
+    if not table.paired:
+        return []
+    out = Table(title="paired, against the first configuration of each group of clients", title_justify="left",
+                caption=table.paired_markdown().rsplit("\n\n", 1)[1].strip(), caption_justify="left")
+    for name in ("algorithm", "vs", "clients", "over", "pairs", "difference", "paired t p", "Wilcoxon p"):
+        out.add_column(name, justify="right" if name in ("pairs", "difference", "paired t p", "Wilcoxon p") else "left")
+    for p in table.paired:
+        for c in (p["by_seed"], p["by_client"]):
+            out.add_row(p["label"], p["reference"], p["group"], f"{c['over']} ({TITLES[c.get('metric', p['metric'])]})",
+                        str(c["pairs"]), format_points(c["mean_difference"]), format_p(c["p_values"]["paired_t"]),
+                        format_p(c["p_values"]["wilcoxon"]))
+    return [out]
