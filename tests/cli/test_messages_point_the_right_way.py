@@ -106,3 +106,30 @@ def test_algorithm_keys_in_a_file_wrap_at_the_help_width(cli, monkeypatch):
     run = cli("algorithms", "scaffold")  # captured: not a terminal
     assert run.code == 0 and "lr" in run.out
     assert max(len(line) for line in run.out.splitlines()) <= 100
+
+
+def test_dry_run_plans_the_spec_says_what_is_done_and_writes_nothing(part, cli):
+    import json
+
+    runs = part / "plan-runs"
+    small = {"rounds": 3, "local_steps": 2, "eval_every": 3}
+    spec = _spec(part, "plan.yaml", {"partition": str(part / "part"), "seeds": [0, 1], "runs": str(runs),
+                                     "algorithms": {"fedavg": {"set": small},
+                                                    "fedprox": {"set": {"local_steps": 2},
+                                                                "tune": {"trials": 2, "rounds": 2,
+                                                                         "space": {"lr": [0.1, 0.01]}}}}})
+    assert cli("train", "--partition", part / "part", "--algorithm", "fedavg", "--rounds", "3", "--local-steps", "2",
+               "--eval-every", "3", "--seed", "0", "--out", runs / "fedavg" / "seed-0", "--format", "quiet").code == 0
+    before = sorted(p.relative_to(part) for p in part.rglob("*"))
+    run = cli("compare", "--spec", spec, "--out", part / "planned", "--dry-run", "--format", "json")
+    assert run.code == 0, run.err
+    doc = json.loads(run.out)
+    assert sorted(p.relative_to(part) for p in part.rglob("*")) == before  # nothing trained or written
+    assert [(s["kind"], s["algorithm"], s["seed"], s["rounds"], s["status"]) for s in doc["steps"]] == [
+        ("study", "fedprox", None, 4, "to run"),
+        ("run", "fedavg", 0, 3, "done"), ("run", "fedavg", 1, 3, "to run"),
+        ("run", "fedprox", 0, 2, "after its study"), ("run", "fedprox", 1, 2, "after its study")]
+    assert (doc["studies"], doc["runs"], doc["runs_done"], doc["rounds_left"]) == (1, 4, 1, 11)
+    assert set(doc["seconds_per_round"]) == {"fedavg", "fedprox"} and doc["estimated_seconds"] > 0
+    run = cli("compare", "--out", part / "planned", "--dry-run")
+    assert run.code == 2 and "--dry-run shows the plan of --spec" in run.err
