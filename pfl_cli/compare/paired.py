@@ -111,7 +111,8 @@ def few_seeds_warnings(rows: Sequence[dict], metric: str, level: float) -> list[
 
             t = float(stats.t.ppf(0.5 + level / 2.0, df=n - 1))
             lines.append(f"{r['label']} ({r['group']} clients): {n} seeds give a {100 * level:g} % interval of "
-                         f"±{100 * half:.1f} points (t = {t:.1f} with {n - 1} degree{'s' if n > 2 else ''} of "
-                         f"freedom), too wide to tell configurations apart; train {FEW_SEEDS} or more seeds, or read "
-                         "the paired tests (over the shared seeds and clients).")
+                         f"±{100 * half:.1f} points from a t multiplier of {t:.1f} ({n - 1} degree"
+                         f"{'s' if n > 2 else ''} of freedom): too few seeds for the interval to say how much the "
+                         f"configuration varies; train {FEW_SEEDS} or more seeds, or read the paired tests (over the "
+                         "shared seeds and clients).")
     return lines

@@ -60,6 +60,6 @@ def test_two_seeds_warn_that_the_interval_says_little():
 
     table = compare([_group(0.1, s, np.full(4, 0.3 + 0.4 * s)) for s in (0, 1)])
     (line,) = few_seeds_warnings(table.rows, "accuracy", 0.95)
-    assert "2 seeds give a 95 % interval of ±254.1 points (t = 12.7 with 1 degree of freedom)" in line
+    assert "2 seeds give a 95 % interval of ±254.1 points from a t multiplier of 12.7 (1 degree of freedom)" in line
     many = compare([_group(0.1, s, np.full(4, 0.5 + 0.01 * s)) for s in range(5)])
     assert few_seeds_warnings(many.rows, "accuracy", 0.95) == []
