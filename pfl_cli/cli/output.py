@@ -146,11 +146,27 @@ class Reporter:
 
     def __init__(self, fmt: Format | str = Format.human, *, prose: bool = False) -> None:
         """``prose``: the results are tables of text, wrapped at :data:`PROSE_WIDTH` off a terminal."""
-        from rich.console import Console  # rich costs ~50 ms: imported by the commands that print, not by --help
-
         self.fmt = Format(fmt)
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=_width(sys.stdout, prose))
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+        self._prose = prose
+        self._consoles: dict[str, Any] = {}
+
+    def _console(self, name: str):
+        # rich costs ~50-100 ms of CPU: imported when something is printed, not by a quiet run found up to date
+        if name not in self._consoles:
+            from rich.console import Console
+
+            stream = sys.stdout if name == "out" else sys.stderr
+            self._consoles[name] = Console(file=stream, highlight=False, soft_wrap=True,
+                                           width=_width(stream, self._prose and name == "out"))
+        return self._consoles[name]
+
+    @property
+    def out(self):
+        return self._console("out")
+
+    @property
+    def err(self):
+        return self._console("err")
 
     def result(self, data: dict[str, Any], *human: Any) -> None:
         """Print the command's result: ``data`` as JSON, or the ``human`` renderables."""
