@@ -208,7 +208,7 @@ def test_refusals_and_up_to_date_answers_never_import_torch(files):
     answers without it (issue 49, finding 20)."""
     from pfl_cli.cli.app import main
 
-    part, model, pred = files / "part", files / "fedavg", files / "pred"
+    part, model, pred = files / "part", files / "torchless-fedavg", files / "torchless-pred"
     train = ["train", "--partition", part, "--algorithm", "fedavg", "--rounds", "1", "--local-steps", "1",
              "--eval-every", "1", "--out", model]
     predict = ["predict", "--model", model, "--partition", part, "--clients", "train", "--out", pred]
