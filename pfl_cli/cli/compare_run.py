@@ -291,7 +291,8 @@ class _Phase(Reporter):
     def __init__(self, outer: Reporter, bar, label: str) -> None:
         from pfl_cli.cli.options import Format
 
-        self.fmt, self.out, self.err = Format.quiet, outer.out, outer.err
+        self.fmt, self._prose = Format.quiet, False
+        self._consoles = outer._consoles  # the protocol's consoles (rich loads when one prints)
         self.outer, self.bar, self.label, self.units = outer, bar, label, 0
 
     def result(self, data, *human) -> None:

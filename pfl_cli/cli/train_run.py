@@ -529,7 +529,7 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
 
     cfgs = [m.cfg for m in members]
     for c in cfgs:
-        check_stackable(c, registry.stackable_names())
+        check_stackable(c, registry.stackable_names)
         validate_train_config(c)
     if plot and any(c.dp_epsilon is not None for c in cfgs):
         raise InputError("--plot draws accuracies measured on the private clients, which --dp does not release; "

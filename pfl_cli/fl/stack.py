@@ -69,12 +69,13 @@ def loaded_stackable_names() -> list[str]:
 UNSTACK_HINT = "drop --seeds / --stack"
 
 
-def check_stackable(cfg, known: Sequence[str] | None = None) -> None:
-    """Refuse (one line, exit 2) a stack of an algorithm that does not declare ``stackable``; ``known``: the names
-    of those that do (the caller's registry's, :func:`stackable_names`; default the loaded ones)."""
+def check_stackable(cfg, known: Callable[[], Sequence[str]] | None = None) -> None:
+    """Refuse (one line, exit 2) a stack of an algorithm that does not declare ``stackable``; ``known``: what says
+    the names of those that do, asked only to refuse (the caller's registry, which loads every algorithm for it;
+    default the loaded ones)."""
     cls = cfg.algorithm_class
     if cls is None or not is_stackable(cls):
-        names = loaded_stackable_names() if known is None else known
+        names = (known or loaded_stackable_names)()
         raise ConfigError(f"stacking: algorithm {cfg.algorithm!r} cannot train runs stacked on a run axis (only "
                           "algorithms whose local training is one batched SGD call per round stack: "
                           f"{', '.join(names)}); got {cfg.algorithm!r}. Train its runs one at a time "
