@@ -90,6 +90,7 @@ def cases(w: Path) -> list[tuple[str, list[str], int]]:
         ("show: missing artifact", ["show", nope], 2),
         ("compare: missing run", ["compare", nope, "--out", w / "x"], 2),
         ("compare: up to date", ["compare", w / "stack" / "seed-0", w / "stack" / "seed-1", "--out", w / "table"], 0),
+        ("algorithms: misspelt name", ["algorithms", "fedavgg"], 2),
         ("privacy-account: bad --delta", ["privacy-account", "--noise-multiplier", "1.1", "--sampling-rate", "0.01",
                                           "--steps", "10", "--delta", "2"], 2),
     ]

@@ -242,3 +242,19 @@ def test_the_tutorial_benchmark_runs_the_tutorial_both_ways_at_smoke_size():
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "OMP_NUM_THREADS unset: wall" in proc.stdout and "OMP_NUM_THREADS=1  : wall" in proc.stdout
     assert "(target <= 1.2x): no verdict (--smoke)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_refusal_benchmark_prints_every_commands_figure_beside_its_target():
+    """Every command's refusal or "up to date" answer, each in a fresh process, against 0.5 CPU s (issue 49,
+    finding 20); the verdicts depend on the machine, the lines must be there."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refusal_bench.py"), "--repeats", "1"],
+                          cwd=ROOT / "benchmarks", env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode in (0, 1), proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if "target cpu <= 0.5 s" in ln]
+    commands = {ln.split(":")[0].strip().split()[0] for ln in lines}
+    assert commands == {"partition", "mdm-fit", "simulate", "train", "tune", "predict", "attack", "cluster", "show",
+                        "compare", "privacy-account", "algorithms"}
+    assert all(ln.rstrip().endswith((" ok", "MISSED")) for ln in lines)
+    assert ("MISSED" in proc.stdout) == (proc.returncode == 1)
