@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pfl_cli.cli.output import Reporter
 
 
-def plan_rows(spec, steps, root: Path) -> list[dict[str, Any]]:
-    """One row per step: kind, algorithm, seed, rounds, status (done | to run | after its study), its path."""
+def plan_rows(spec, steps, root: Path, train_config: Callable) -> list[dict[str, Any]]:
+    """One row per step: kind, algorithm, seed, rounds, status (done | to run | after its study), its path.
+    ``train_config(name, config_file, sets, seed, spec)``: a seed's config as the protocol resolves it."""
     from pfl_cli.cli.common import load_partition_dataset
     from pfl_cli.cli.unseen import partition_input
     from pfl_cli.config import config_to_dict
@@ -42,9 +43,7 @@ def plan_rows(spec, steps, root: Path) -> list[dict[str, Any]]:
                 rows.append({"kind": "run", "algorithm": step.name, "seed": step.seed, "rounds": step.units,
                              "status": "after its study", "path": str(path), "cfg": cfg})
                 continue
-            from pfl_cli.cli.compare_run import _train_config
-
-            cfg, _ = _train_config(step.name, best, step.sets, step.seed, spec)
+            cfg, _ = train_config(step.name, best, step.sets, step.seed, spec)
         rows.append({"kind": "run", "algorithm": step.name, "seed": step.seed, "rounds": step.units,
                      "status": _status(path, config_to_dict(cfg), cfg.seed, inputs), "path": str(path), "cfg": cfg})
     return rows
@@ -86,9 +85,10 @@ def seconds_per_round(cfg, partition: Path) -> float | None:
     return stamps[-1] - stamps[-2] if len(stamps) >= 2 else 0.0
 
 
-def print_plan(spec, steps, root: Path, report: Reporter, *, estimate: bool = True) -> dict[str, Any]:
-    """Print the plan of ``steps`` (and return it as JSON-ready data)."""
-    rows = plan_rows(spec, steps, root)
+def print_plan(spec, steps, root: Path, report: Reporter, *, train_config: Callable,
+               estimate: bool = True) -> dict[str, Any]:
+    """Print the plan of ``steps`` (and return it as JSON-ready data); ``train_config`` as :func:`plan_rows`."""
+    rows = plan_rows(spec, steps, root, train_config)
     left = [r for r in rows if r["status"] != "done"]
     rates: dict[str, float] = {}
     if estimate:

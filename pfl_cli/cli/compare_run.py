@@ -53,7 +53,8 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
             from pfl_cli.cli.compare_plan import print_plan
 
             root = parsed.runs if parsed.runs is not None else out.with_name(f"{out.name}-runs")
-            print_plan(parsed, _plan_spec(parsed, nonprivate=nonprivate, jobs=jobs), root, report)
+            print_plan(parsed, _plan_spec(parsed, nonprivate=nonprivate, jobs=jobs), root, report,
+                       train_config=_train_config)
             return
         runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate, jobs=jobs, logs=logs,
                           log_dir=log_dir), *runs]
