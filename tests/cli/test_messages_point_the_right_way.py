@@ -133,3 +133,14 @@ def test_dry_run_plans_the_spec_says_what_is_done_and_writes_nothing(part, cli):
     assert set(doc["seconds_per_round"]) == {"fedavg", "fedprox"} and doc["estimated_seconds"] > 0
     run = cli("compare", "--out", part / "planned", "--dry-run")
     assert run.code == 2 and "--dry-run shows the plan of --spec" in run.err
+
+
+def test_tune_metrics_say_the_cpu_time_beside_the_wall_and_trial_times(part, cli):
+    # trial_seconds sums each trial's duration (stacked trials overlap): the CPU time is its own figure (finding 21)
+    import json
+
+    run = cli("tune", "--partition", part / "part", "--algorithm", "fedavg", "--trials", "1", "--rounds", "1",
+              "--set", "local_steps=1", "--out", part / "tune", "--format", "quiet")
+    assert run.code == 0, run.err
+    m = json.loads((part / "tune" / "metrics.json").read_text())
+    assert m["cpu_seconds"] > 0 and m["wall_seconds"] > 0 and m["trial_seconds"] >= 0
