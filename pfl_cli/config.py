@@ -107,6 +107,14 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
     return _normalized_keys(data, path)
 
 
+def is_recipe(path: str | Path) -> bool:
+    """Whether the config file ``path`` (read by :func:`load_config_file`) is a recipe: stage sections."""
+    from pfl_cli import yaml12
+
+    data = yaml12.loads(read_utf8(Path(path), "--config", ConfigError))
+    return isinstance(data, dict) and any(isinstance(data.get(s), dict) for s in STAGES)
+
+
 def _normalized_keys(data: Mapping[Any, Any], path: Path) -> dict[str, Any]:
     """Keys in snake_case; a non-string key, or two spellings of one key (num-clients, num_clients), refused."""
     out: dict[str, Any] = {}

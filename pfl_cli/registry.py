@@ -30,31 +30,56 @@ from pfl_cli.errors import ConfigError
 
 ENTRY_POINT_GROUP = "pflx.algorithms"
 
-# The built-ins, in the order `pflx algorithms` lists them: module:Class.
-BUILTINS = (
-    "pfl_cli.algorithms.pefll:PeFLL", "pfl_cli.algorithms.fedavg:FedAvg", "pfl_cli.algorithms.local:Local",
-    "pfl_cli.algorithms.pfedhn:PFedHN", "pfl_cli.algorithms.pfedhn:PFedHNPC", "pfl_cli.algorithms.hyperfl:HyperFL",
-    "pfl_cli.algorithms.hyperfl_lpm:HyperFLLPM",
-    "pfl_cli.algorithms.fedprox:FedProx", "pfl_cli.algorithms.fedper:FedPer", "pfl_cli.algorithms.fedrep:FedRep",
-    "pfl_cli.algorithms.lgfedavg:LGFedAvg", "pfl_cli.algorithms.ditto:Ditto", "pfl_cli.algorithms.apfl:APFL",
-    "pfl_cli.algorithms.perfedavg:PerFedAvg", "pfl_cli.algorithms.pfedme:PFedMe", "pfl_cli.algorithms.knnper:KNNPer",
-    "pfl_cli.algorithms.flowdup:FLowDUP", "pfl_cli.algorithms.flowdup:LDFedAvg", "pfl_cli.algorithms.fedtta:FedTTA",
-    "pfl_cli.algorithms.ldp_fedavg:LDPFedAvg", "pfl_cli.algorithms.ppsgd:PPSGD", "pfl_cli.algorithms.centaur:CENTAUR",
-    "pfl_cli.algorithms.fedbabu:FedBABU", "pfl_cli.algorithms.fedrod:FedRoD", "pfl_cli.algorithms.fedbn:FedBN",
-    "pfl_cli.algorithms.fedala:FedALA", "pfl_cli.algorithms.feddbe:FedDBE",
-    "pfl_cli.algorithms.gpfl:GPFL", "pfl_cli.algorithms.pfedla:PFedLA",
-    "pfl_cli.algorithms.fedpac:FedPAC",
-    "pfl_cli.algorithms.fedproto:FedProto", "pfl_cli.algorithms.fednh:FedNH",
-    "pfl_cli.algorithms.fedcp:FedCP",
-    "pfl_cli.algorithms.fedas:FedAS",
-    "pfl_cli.algorithms.fedfomo:FedFomo", "pfl_cli.algorithms.apple:Apple",
-    "pfl_cli.algorithms.scaffold:Scaffold", "pfl_cli.algorithms.feddyn:FedDyn",
-    "pfl_cli.algorithms.fedopt:FedOpt", "pfl_cli.algorithms.fedexp:FedExP",
-    "pfl_cli.algorithms.fedlc:FedLC", "pfl_cli.algorithms.fedamp:FedAMP",
-    "pfl_cli.algorithms.fednova:FedNova",
-    "pfl_cli.algorithms.centralized:Centralized",
-    "pfl_cli.algorithms.moon:Moon", "pfl_cli.algorithms.fedsam:FedSAM",
-)
+# The built-ins, in the order `pflx algorithms` lists them: name -> module:Class. Named here so that one
+# algorithm (its config) loads without the others, and an unknown name is refused without loading any.
+BUILTINS = {
+    "pefll": "pfl_cli.algorithms.pefll:PeFLL",
+    "fedavg": "pfl_cli.algorithms.fedavg:FedAvg",
+    "local": "pfl_cli.algorithms.local:Local",
+    "pfedhn": "pfl_cli.algorithms.pfedhn:PFedHN",
+    "pfedhn-pc": "pfl_cli.algorithms.pfedhn:PFedHNPC",
+    "hyperfl": "pfl_cli.algorithms.hyperfl:HyperFL",
+    "hyperfl-lpm": "pfl_cli.algorithms.hyperfl_lpm:HyperFLLPM",
+    "fedprox": "pfl_cli.algorithms.fedprox:FedProx",
+    "fedper": "pfl_cli.algorithms.fedper:FedPer",
+    "fedrep": "pfl_cli.algorithms.fedrep:FedRep",
+    "lg-fedavg": "pfl_cli.algorithms.lgfedavg:LGFedAvg",
+    "ditto": "pfl_cli.algorithms.ditto:Ditto",
+    "apfl": "pfl_cli.algorithms.apfl:APFL",
+    "perfedavg": "pfl_cli.algorithms.perfedavg:PerFedAvg",
+    "pfedme": "pfl_cli.algorithms.pfedme:PFedMe",
+    "knnper": "pfl_cli.algorithms.knnper:KNNPer",
+    "flowdup": "pfl_cli.algorithms.flowdup:FLowDUP",
+    "ld-fedavg": "pfl_cli.algorithms.flowdup:LDFedAvg",
+    "fedtta": "pfl_cli.algorithms.fedtta:FedTTA",
+    "ldp-fedavg": "pfl_cli.algorithms.ldp_fedavg:LDPFedAvg",
+    "ppsgd": "pfl_cli.algorithms.ppsgd:PPSGD",
+    "centaur": "pfl_cli.algorithms.centaur:CENTAUR",
+    "fedbabu": "pfl_cli.algorithms.fedbabu:FedBABU",
+    "fedrod": "pfl_cli.algorithms.fedrod:FedRoD",
+    "fedbn": "pfl_cli.algorithms.fedbn:FedBN",
+    "fedala": "pfl_cli.algorithms.fedala:FedALA",
+    "feddbe": "pfl_cli.algorithms.feddbe:FedDBE",
+    "gpfl": "pfl_cli.algorithms.gpfl:GPFL",
+    "pfedla": "pfl_cli.algorithms.pfedla:PFedLA",
+    "fedpac": "pfl_cli.algorithms.fedpac:FedPAC",
+    "fedproto": "pfl_cli.algorithms.fedproto:FedProto",
+    "fednh": "pfl_cli.algorithms.fednh:FedNH",
+    "fedcp": "pfl_cli.algorithms.fedcp:FedCP",
+    "fedas": "pfl_cli.algorithms.fedas:FedAS",
+    "fedfomo": "pfl_cli.algorithms.fedfomo:FedFomo",
+    "apple": "pfl_cli.algorithms.apple:Apple",
+    "scaffold": "pfl_cli.algorithms.scaffold:Scaffold",
+    "feddyn": "pfl_cli.algorithms.feddyn:FedDyn",
+    "fedopt": "pfl_cli.algorithms.fedopt:FedOpt",
+    "fedexp": "pfl_cli.algorithms.fedexp:FedExP",
+    "fedlc": "pfl_cli.algorithms.fedlc:FedLC",
+    "fedamp": "pfl_cli.algorithms.fedamp:FedAMP",
+    "fednova": "pfl_cli.algorithms.fednova:FedNova",
+    "centralized": "pfl_cli.algorithms.centralized:Centralized",
+    "moon": "pfl_cli.algorithms.moon:Moon",
+    "fedsam": "pfl_cli.algorithms.fedsam:FedSAM",
+}
 
 
 @dataclass(frozen=True)
@@ -81,52 +106,83 @@ class Entry:
         return [f.name for f in dataclasses.fields(self.config) if f.name not in inert]
 
 
-_ENTRIES: dict[str, Entry] | None = None
+_BUILTIN_ENTRIES: dict[str, Entry] = {}  # loaded one by one, on first use
+_PLUGINS: dict[str, Entry] | None = None
 _PROBLEMS: list[str] = []
 
 
 def entries() -> dict[str, Entry]:
     """Name -> :class:`Entry` of every usable algorithm: the built-ins, then the plugins that load."""
-    global _ENTRIES
-    if _ENTRIES is None:
-        found = {}
-        for target in BUILTINS:
-            cls = _load(target)
-            found[cls.name] = Entry(cls.name, cls, cls.config)
+    return {**{name: _builtin(name) for name in BUILTINS}, **_plugin_entries()}
+
+
+def _builtin(name: str) -> Entry:
+    if name not in _BUILTIN_ENTRIES:
+        cls = _load(BUILTINS[name])
+        _BUILTIN_ENTRIES[name] = Entry(cls.name, cls, cls.config)
+    return _BUILTIN_ENTRIES[name]
+
+
+def _plugin_entries() -> dict[str, Entry]:
+    global _PLUGINS
+    if _PLUGINS is None:
         _PROBLEMS.clear()
-        found.update(_plugins(found))
-        _ENTRIES = found
-    return _ENTRIES
+        _PLUGINS = _plugins(BUILTINS)
+    return _PLUGINS
 
 
 def reload() -> dict[str, Entry]:
     """Read the entry points again (a package installed since the first look)."""
-    global _ENTRIES
-    _ENTRIES = None
+    global _PLUGINS
+    _PLUGINS = None
     return entries()
 
 
 def plugin_problems() -> list[str]:
     """One line per plugin that was left out, naming it and why."""
-    entries()
+    _plugin_entries()
     return list(_PROBLEMS)
 
 
 def names() -> tuple[str, ...]:
-    return tuple(entries())
+    """Every usable algorithm's name, without importing the built-ins' modules."""
+    return (*BUILTINS, *_plugin_entries())
+
+
+def stackable_names() -> list[str]:
+    """The algorithms whose runs stack on a run axis (:mod:`pfl_cli.fl.stack`): loads every entry."""
+    from pfl_cli.fl.stack import stackable_names as among
+
+    return among({e.name: e.algorithm for e in entries().values()})
 
 
 def get(name: str) -> Entry:
     """The entry of ``name``; an unknown name is refused with the known ones and a "did you mean"."""
-    known = entries()
-    if name not in known:
+    if name in BUILTINS:
+        return _builtin(name)
+    plugins = _plugin_entries()
+    if name not in plugins:
+        known = names()
         hint = difflib.get_close_matches(str(name), list(known), n=1)
         tip = f" (did you mean {hint[0]!r}?)" if hint else ""
         raise ConfigError(f"algorithm must be one of {', '.join(known)}; got {name!r}{tip}.")
-    return known[name]
+    return plugins[name]
 
 
 # ---------------------------------------------------------------------------- configs
+# Other tools' names of pflx's keys: a look-alike by spelling would point elsewhere (learning_rate is closer to
+# dp_sampling_rate than to lr).
+SYNONYMS = {
+    "learning_rate": "lr", "client_lr": "lr", "local_lr": "lr", "step_size": "lr", "server_learning_rate": "server_lr",
+    "global_lr": "server_lr", "num_rounds": "rounds", "communication_rounds": "rounds", "global_rounds": "rounds",
+    "epochs": "local_epochs", "num_epochs": "local_epochs", "local_iterations": "local_steps",
+    "local_iters": "local_steps", "num_steps": "local_steps", "steps": "local_steps", "batch": "batch_size",
+    "batchsize": "batch_size", "clients_per_round_fraction": "clients_per_round", "num_clients": "clients_per_round",
+    "join_clients": "clients_per_round", "cohort_size": "clients_per_round", "model": "model_arch",
+    "arch": "model_arch", "architecture": "model_arch", "prox_mu": "mu", "proximal_mu": "mu",
+}
+
+
 def unknown_key(key: str, entry: Entry, where: str = "") -> ConfigError:
     """One line: the key, the algorithm, a "did you mean" and the keys it takes."""
     owners = [e.name for e in entries().values() if key in e.keys]
@@ -135,7 +191,7 @@ def unknown_key(key: str, entry: Entry, where: str = "") -> ConfigError:
         if where.startswith("config file"):  # a recipe shared by several algorithms: each one's own section
             tip = f" (a key of {', '.join(owners)}: a recipe shared by algorithms keeps it under train: {owners[0]}:)"
     else:
-        hint = difflib.get_close_matches(key, entry.keys, n=1)
+        hint = [SYNONYMS[key]] if SYNONYMS.get(key) in entry.keys else difflib.get_close_matches(key, entry.keys, n=1)
         tip = f" (did you mean {hint[0]!r}?)" if hint else ""
     return ConfigError(f"unknown {where}key {key!r} for algorithm {entry.name!r}{tip}; {entry.name} takes: "
                        f"{', '.join(entry.keys)}.")
@@ -194,11 +250,11 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
 
 def _split_sections(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """A train section's shared keys, and its per-algorithm sections (a mapping under an algorithm's name)."""
-    names = {n.replace("-", "_"): n for n in entries()}  # a config file's keys arrive in snake_case
+    by_key = {n.replace("-", "_"): n for n in names()}  # a config file's keys arrive in snake_case
     shared: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
-        name = names.get(str(key).strip().replace("-", "_"))
+        name = by_key.get(str(key).strip().replace("-", "_"))
         if name is not None and isinstance(value, Mapping):
             sections[name] = {str(k).strip().replace("-", "_"): v for k, v in value.items()}
         else:

@@ -266,3 +266,16 @@ def test_the_conditions_claims_print_each_claim_beside_its_target():
     for label in ("90 % stragglers: fedprox (partial) - fedavg (drop)", "top-k 1 % with error feedback - uncompressed",
                   "top-k 1 %: with - without error feedback"):
         assert any(ln.strip().startswith(label) and "target" in ln for ln in proc.stdout.splitlines()), proc.stdout
+def test_refusal_benchmark_prints_every_commands_figure_beside_its_target():
+    """Every command's refusal or "up to date" answer, each in a fresh process, against 0.5 CPU s (issue 49,
+    finding 20); the verdicts depend on the machine, the lines must be there."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refusal_bench.py"), "--repeats", "1"],
+                          cwd=ROOT / "benchmarks", env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode in (0, 1), proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if "target cpu <= 0.5 s" in ln]
+    commands = {ln.split(":")[0].strip().split()[0] for ln in lines}
+    assert commands == {"partition", "mdm-fit", "simulate", "train", "tune", "predict", "attack", "cluster", "show",
+                        "compare", "privacy-account", "algorithms"}
+    assert all(ln.rstrip().endswith((" ok", "MISSED")) for ln in lines)
+    assert ("MISSED" in proc.stdout) == (proc.returncode == 1)

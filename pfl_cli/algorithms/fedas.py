@@ -37,7 +37,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol, require_features
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
@@ -62,6 +61,8 @@ def alignment_loss(h, y, mask, prototypes):
     ``h`` (c, b, d) features of the global body, ``y`` (c, b) labels (-1: none), ``mask`` (c, b) real
     samples, ``prototypes`` (c, C, d) the client's class means from its own body. Returns (c,).
     """
+    import torch
+
     real = (mask > 0) & (y >= 0)
     hot = torch.nn.functional.one_hot(y.clamp_min(0), prototypes.shape[1]).to(h.dtype) * real.unsqueeze(-1)
     n = hot.sum(1)                                                                  # (c, C) in the batch
@@ -77,6 +78,8 @@ def fisher_trace(model, params: dict, store, batches):
     ``params`` name -> (c, ...) every parameter of the client net; ``batches`` yields (index, mask,
     active) (one epoch of :class:`~pfl_cli.fl.batches.CohortBatches`). Returns (c,) float64.
     """
+    import torch
+
     from torch.func import functional_call, vmap
 
     from pfl_cli.fl.cohort import _masked_mean_loss
@@ -96,6 +99,8 @@ def fisher_trace(model, params: dict, store, batches):
 
 def fisher_weights(fim, sizes):
     """The aggregation weights F_i / sum_j F_j (data-size weights if every F_i is 0)."""
+    import torch
+
     fim = fim.to(torch.float64)
     if float(fim.sum()) > 0:
         return fim / fim.sum()
@@ -160,6 +165,8 @@ class FedAS(PrivateState, _GlobalModel):
 
     def align(self, body: dict, local_body: dict, clients, gen) -> dict:
         """Parameter alignment of the stacked global ``body`` to each client's prototypes from ``local_body``."""
+        import torch
+
         from torch.func import vmap
 
         from pfl_cli.fl.batches import CohortBatches
@@ -186,6 +193,8 @@ class FedAS(PrivateState, _GlobalModel):
         return {k: v.detach() for k, v in theta.items()}
 
     def run_round(self, t, cohort, gen):
+        import torch
+
         from pfl_cli.fl.batches import CohortBatches
 
         local = self.private.gather(cohort)

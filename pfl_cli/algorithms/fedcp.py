@@ -48,82 +48,40 @@ DP: none (``--dp`` is refused).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import InputError
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
-from pfl_cli.models.util import FeatureView
 
-CONTEXT = "context"
 CPN, HEAD_G = "cpn.", "head_g."
 
 
-class FedCPNet(nn.Module):
-    """The client net, the conditional policy network (``cpn``) and the frozen global head (``head_g``).
+def __getattr__(name: str):  # the policy lives beside the net, with torch
+    if name in ("CONTEXT", "conditional_policy"):
+        from pfl_cli.algorithms import fedcp_net
 
-    Buffer ``context``: v_i, the client-specific vector (per client in a stacked call).
-    ``forward(x, noise)``: h^p(h * r) + h^g(h * s); ``noise`` (b, 2, d) Gumbel noise, or None (the
-    noise-free policy). ``parts=True`` also returns the features h.
-    """
-
-    def __init__(self, net: nn.Module, tau: float = 1.0) -> None:
-        super().__init__()
-        head = getattr(net, "head", None)
-        if not (callable(getattr(net, "features", None)) and callable(head) and isinstance(head(), nn.Linear)):
-            raise InputError(f"model_arch: fedcp splits the representation before a linear classifier; the "
-                             f"{type(net).__name__} net has no features() / linear head(). Use --set "
-                             "model_arch=mlp or lenet.")
-        d = head().in_features
-        device = head().weight.device
-        self.net, self.tau, self.dim = net, float(tau), d
-        self.cpn = nn.Sequential(nn.Linear(d, 2 * d), nn.LayerNorm([2 * d]), nn.ReLU()).to(device)
-        self.head_g = copy.deepcopy(head())
-        self.register_buffer(CONTEXT, torch.zeros(d, device=device))
-
-    def policy(self, h, noise=None):
-        """(r, s): the personalized and global shares of every feature of ``h`` (..., d)."""
-        return conditional_policy(self.cpn(h * self.context), self.tau, noise)
-
-    def forward(self, x, noise=None, parts: bool = False):
-        h = self.net.features(x)
-        r, s = self.policy(h, noise)
-        logits = self.net.head()(h * r) + self.head_g(h * s)
-        return (logits, h) if parts else logits
-
-
-def conditional_policy(scores, tau: float, noise=None):
-    """FedCP's policy from the CPN's output: (..., 2d) -> (r, s), each (..., d), r + s = 1.
-
-    The scores are read as two rows of d (personalized first); each feature's pair goes through a
-    softmax at temperature ``tau``, after adding Gumbel ``noise`` (..., 2, d) when training
-    (the Gumbel-Softmax relaxation).
-    """
-    z = scores.unflatten(-1, (2, -1))
-    if noise is not None:
-        z = z + noise
-    w = torch.softmax(z / tau, dim=-2)
-    return w[..., 0, :], w[..., 1, :]
+        return getattr(fedcp_net, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gumbel_noise(dim: int, mask, gen):
     """Standard Gumbel draws (c, b, 2, dim) for a step's batch (``mask`` (c, b)), from CPU ``gen``."""
+    import torch
+
     e = torch.empty((*mask.shape, 2, dim)).exponential_(generator=gen).clamp_min_(1e-20)
     return (-e.log()).to(mask.device)
 
 
 def client_vector(head_weight):
     """v_i: the l2-normalized sum of the personalized head's rows, (..., C, d) -> (..., d)."""
+    import torch.nn.functional as F
+
     return F.normalize(head_weight.sum(-2), dim=-1)
 
 
@@ -136,6 +94,10 @@ def fedcp_steps(model: FedCPNet, params: dict, base: dict, context, store, steps
     v_i; ``steps`` :class:`~pfl_cli.fl.batches.LocalSteps` with a Gumbel draw per step.
     ``lam`` = 0 drops the MMD term (and the global extractor's forward).
     """
+    from pfl_cli.algorithms.fedcp_net import CONTEXT
+    from pfl_cli.models.util import FeatureView
+    import torch
+
     from torch.func import functional_call, vmap
 
     from pfl_cli.fl.batches import ActiveMean
@@ -198,6 +160,8 @@ class FedCP(PrivateState, _GlobalModel):
 
     @classmethod
     def floats_per_client_round(cls, arch: dict) -> int:
+        from pfl_cli.algorithms.fedcp_net import FedCPNet
+
         from pfl_cli.models import build, num_parameters
 
         net = FedCPNet(build(arch["client"]))
@@ -206,6 +170,8 @@ class FedCP(PrivateState, _GlobalModel):
         return 2 * (num_parameters(arch["client"]) + cpn)
 
     def build(self) -> None:
+        from pfl_cli.algorithms.fedcp_net import FedCPNet
+
         from pfl_cli.algorithms.base import seeded
         from pfl_cli.fl.split import split_names
 
@@ -251,6 +217,7 @@ class FedCP(PrivateState, _GlobalModel):
         return loss
 
     def _served(self, theta: dict) -> dict:
+        from pfl_cli.algorithms.fedcp_net import CONTEXT
         return {**theta, CONTEXT: self._context(theta)}
 
     def own_models(self, rows):
@@ -258,6 +225,7 @@ class FedCP(PrivateState, _GlobalModel):
 
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         """The global head as the personalized head, trained ``new_client_epochs`` epochs, the rest frozen."""
+        from pfl_cli.algorithms.fedcp_net import CONTEXT
         start = {**self.global_params, **{p: self.global_params[g] for g, p in self.pairs.items()}}
         if not len(clients):
             return {**stack(start, 0), CONTEXT: self.net.context.unsqueeze(0)[:0]}

@@ -28,38 +28,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch import nn
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import InputError
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
 NET = "net."
 PRBM = "prbm"
-
-
-class DBENet(nn.Module):
-    """``net`` with a personalized representation bias z^p added to its features: h(f(x) + z^p)."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        head = getattr(net, "head", None)
-        if not (callable(getattr(net, "features", None)) and callable(head)
-                and isinstance(head(), nn.Linear)):
-            raise InputError(f"model_arch: feddbe adds a bias to the representation before a linear classifier; "
-                             f"the {type(net).__name__} net has no features() / linear head(). Use --set "
-                             "model_arch=mlp or lenet.")
-        self.net = net
-        self.prbm = nn.Parameter(torch.zeros(head().in_features, device=head().weight.device))
-
-    def forward(self, x, parts: bool = False):
-        h = self.net.features(x)
-        logits = self.net.head()(h + self.prbm)
-        return (logits, h) if parts else logits
 
 
 def dbe_steps(model: DBENet, params: dict, store, steps, global_mean, *, trainable: list[str], kappa: float,
@@ -70,6 +47,8 @@ def dbe_steps(model: DBENet, params: dict, store, steps, global_mean, *, trainab
     the authors' code) and moves by ``momentum`` towards each step's mean representation of the
     client's real samples, the gradient flowing through the current step's mean only.
     """
+    import torch
+
     from torch.func import functional_call, vmap
 
     from pfl_cli.fl.batches import ActiveMean
@@ -141,6 +120,8 @@ class FedDBE(PrivateState, _GlobalModel):
         return 2 * num_parameters(arch["client"])  # every round; the one-time consensus is 2d per train client
 
     def build(self) -> None:
+        from pfl_cli.algorithms.feddbe_net import DBENet
+
         self.net = DBENet(self.client_net())
         init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.shared = [k for k in init if k.startswith(NET)]
@@ -160,6 +141,8 @@ class FedDBE(PrivateState, _GlobalModel):
     def _initialize(self, gen) -> None:
         """The initialization period: every train client with labels trains the initial model once without
         DBE; the server's consensus zbar^g is the size-weighted mean of their running means."""
+        import torch
+
         from pfl_cli.fl.store import ROLE_TRAIN
 
         store = self.store
@@ -216,6 +199,8 @@ class FedDBE(PrivateState, _GlobalModel):
 
     def _consensus(self) -> dict:
         """zbar^g and whether it is set (fixed shapes: a checkpoint is checked against a fresh run's state)."""
+        import torch
+
         d = self.net.prbm.numel()
         mean = torch.zeros(d) if self.global_mean is None else self.global_mean.detach().cpu().clone()
         return {"global_mean": mean, "ready": torch.tensor(self.global_mean is not None)}

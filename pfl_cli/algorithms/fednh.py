@@ -42,12 +42,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from torch import nn
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import InputError
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 from pfl_cli.fl.prototypes import (TrainsNewClients, aligned_steps, class_feature_sums, smoothed_prototypes,
@@ -55,29 +52,6 @@ from pfl_cli.fl.prototypes import (TrainsNewClients, aligned_steps, class_featur
 
 CODE = "Dai et al., FedNH (AAAI 2023), the authors' code"
 NET, PROTOS, SCALE = "net.", "prototypes", "scale"
-
-
-class CosineNet(nn.Module):
-    """The client net's ``features()`` under a cosine classifier: logits ``s * <f / ||f||, w_k>``; with
-    ``parts=True`` also the unit representation f / ||f||. The prototype rows w_k are unit vectors as the
-    server keeps them (spread, then normalized at every update), so they are used as given."""
-
-    def __init__(self, net: nn.Module, num_classes: int) -> None:
-        super().__init__()
-        head = getattr(net, "head", None)
-        if not (callable(getattr(net, "features", None)) and callable(head) and isinstance(head(), nn.Linear)):
-            raise InputError(f"model_arch: fednh replaces a linear classifier by class prototypes; the "
-                             f"{type(net).__name__} net has no features() / linear head(). Use --set "
-                             "model_arch=mlp or lenet.")
-        self.net = net
-        self.dim = head().in_features
-        self.prototypes = nn.Parameter(torch.zeros(num_classes, self.dim), requires_grad=False)
-        self.scale = nn.Parameter(torch.ones(1))
-
-    def forward(self, x, parts: bool = False):
-        u = nn.functional.normalize(self.net.features(x), dim=-1)
-        logits = self.scale * (u @ self.prototypes.T)
-        return (u, logits) if parts else logits
 
 
 @dataclass(frozen=True)
@@ -135,6 +109,8 @@ class FedNH(TrainsNewClients, PrivateState, _GlobalModel):
         return 2 * (nb + 1 + classes * d) + classes
 
     def build(self) -> None:
+        from pfl_cli.algorithms.fednh_net import CosineNet
+
         from pfl_cli.fl.split import split_names
         from pfl_cli.rng import torch_generator
 
@@ -157,6 +133,8 @@ class FedNH(TrainsNewClients, PrivateState, _GlobalModel):
 
     def _unit_means(self, params: dict, clients):
         """Each client's normalized class means of its unit representations (c, C, d) and its counts (c, C)."""
+        from torch import nn
+
         from torch.func import functional_call
 
         features = lambda p, x: functional_call(self.net, p, (x,), {"parts": True})[0]  # noqa: E731

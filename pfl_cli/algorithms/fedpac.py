@@ -65,14 +65,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-import torch
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
-from pfl_cli.fl.prototypes import FeatureNet, KeepsGlobalPrototypes
+from pfl_cli.fl.prototypes import KeepsGlobalPrototypes
 from pfl_cli.fl.prototypes import aligned_steps as fedpac_steps  # noqa: F401 - the local steps (§4), here too
 
 NET = "net."
@@ -87,6 +86,8 @@ def _exact_on_support(P, alpha, tol: float):
     it is the global optimum when a_S >= 0 and every gradient entry off S is >= mu. Rows where the
     solve fails or KKT does not hold keep ``alpha``.
     """
+    import torch
+
     b, m, _ = P.shape
     on = alpha > tol
     eye = torch.eye(m, dtype=P.dtype, device=P.device).expand(b, m, m)
@@ -115,6 +116,8 @@ def simplex_qp(P, *, iters: int = 100, tol: float = 1e-13):
     conditions confirm it (:func:`_exact_on_support`). Each P is scaled to a unit largest diagonal and
     gets a 1e-10 ridge, so a client with a zero-cost partner (P singular) still has a bounded program.
     """
+    import torch
+
     P = P.to(torch.float64)
     P = 0.5 * (P + P.transpose(-1, -2))
     b, m, _ = P.shape
@@ -160,6 +163,8 @@ def combination_weights(h, v, n):
     the simplex. The bias matrix is formed from the Gram matrix K = H H^T:
     <h_i - h_j, h_i - h_l> = K_ii - K_ij - K_il + K_jl.
     """
+    import torch
+
     H = h.reshape(h.shape[0], -1).to(torch.float64)
     K = H @ H.T
     diag = K.diagonal()
@@ -246,6 +251,9 @@ class FedPAC(KeepsGlobalPrototypes, PrivateState, _GlobalModel):
         return (nb + classes * d + nh) + (nb + nh + 2 * classes * d + 1 + classes)
 
     def build(self) -> None:
+        from pfl_cli.fl.prototype_nets import FeatureNet
+        import torch
+
         from pfl_cli.fl.split import split_names
 
         self.net = FeatureNet(self.client_net(), self.name)
@@ -288,6 +296,8 @@ class FedPAC(KeepsGlobalPrototypes, PrivateState, _GlobalModel):
         return theta, loss, taken
 
     def run_round(self, t, cohort, gen):
+        import torch
+
         from pfl_cli.fl.prototypes import merge_prototypes
 
         cfg = self.cfg

@@ -51,12 +51,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
-from pfl_cli.fl.prototypes import (FeatureNet, KeepsGlobalPrototypes, NearestPrototypeNet, TrainsNewClients,
+from pfl_cli.fl.prototypes import (KeepsGlobalPrototypes, TrainsNewClients,
                                     aligned_steps, class_feature_sums, merge_prototypes)
 
 APPENDIX = "Tan et al., FedProto (AAAI 2022), App. A"
@@ -117,6 +116,9 @@ class FedProto(KeepsGlobalPrototypes, TrainsNewClients, PrivateState, _GlobalMod
         return 2 * classes * d + classes
 
     def build(self) -> None:
+        from pfl_cli.fl.prototype_nets import FeatureNet, NearestPrototypeNet
+        import torch
+
         self.net = FeatureNet(self.client_net(), self.name)
         init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.global_params = init  # the common initialization every model starts from; never averaged

@@ -34,53 +34,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
-from pfl_cli.errors import InputError
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
 
-CONTEXT_P, CONTEXT_G = "context_p", "context_g"
-
-
-def _valve(d: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.LayerNorm([d]))
-
-
-class GPFLNet(nn.Module):
-    """The client net, the conditional valve (``cov_gamma``, ``cov_beta``) and the GCE table (``gce``).
-
-    Buffers ``context_p`` / ``context_g``: the personalized and generic conditional inputs (per client
-    in a stacked call). ``forward(x)`` is the personalized prediction h(CoV(f(x), p)).
-    """
-
-    def __init__(self, net: nn.Module, num_classes: int) -> None:
-        super().__init__()
-        head = getattr(net, "head", None)
-        if not (callable(getattr(net, "features", None)) and callable(head) and isinstance(head(), nn.Linear)):
-            raise InputError(f"model_arch: gpfl gates the representation before a linear classifier; the "
-                             f"{type(net).__name__} net has no features() / linear head(). Use --set "
-                             "model_arch=mlp or lenet.")
-        d = head().in_features
-        device = head().weight.device
-        self.net = net
-        self.cov_gamma, self.cov_beta = _valve(d).to(device), _valve(d).to(device)
-        self.gce = nn.Embedding(num_classes, d).to(device)
-        self.register_buffer(CONTEXT_P, torch.zeros(d, device=device))
-        self.register_buffer(CONTEXT_G, torch.zeros(d, device=device))
-
-    def valve(self, h, z):
-        return F.relu(h * (self.cov_gamma(z) + 1.0) + self.cov_beta(z))
-
-    def forward(self, x, parts: bool = False):
-        h = self.net.features(x)
-        logits = self.net.head()(self.valve(h, self.context_p))
-        return (logits, self.valve(h, self.context_g)) if parts else logits
+CONTEXT_P, CONTEXT_G = "context_p", "context_g"  # the buffers of GPFLNet (gpfl_net), by their names
 
 
 def conditional_inputs(gce_weight, counts):
@@ -97,6 +58,9 @@ def gpfl_steps(model: GPFLNet, params: dict, buffers: dict, store, steps, *, tra
     the start) is the magnitude-level target. ``personal_only``: cross-entropy of the personalized
     prediction alone (a new client's head).
     """
+    import torch
+    import torch.nn.functional as F
+
     from torch.func import functional_call, vmap
 
     from pfl_cli.fl.batches import ActiveMean
@@ -163,6 +127,8 @@ class GPFL(PrivateState, _GlobalModel):
 
     @classmethod
     def floats_per_client_round(cls, arch: dict) -> int:
+        from pfl_cli.algorithms.gpfl_net import GPFLNet
+
         from pfl_cli.fl.split import split_names
         from pfl_cli.models import build
 
@@ -172,6 +138,8 @@ class GPFL(PrivateState, _GlobalModel):
         return 2 * sum(p.numel() for k, p in net.named_parameters() if k not in private)
 
     def build(self) -> None:
+        from pfl_cli.algorithms.gpfl_net import GPFLNet
+
         from pfl_cli.fl.split import split_names
 
         from pfl_cli.algorithms.base import seeded

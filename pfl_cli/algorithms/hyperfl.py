@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-import torch
-from torch import nn
 
 from pfl_cli.algorithms.base import BACKBONE_KEYS, GENERATED_NETS, Algorithm, model_arch_spec, seeded
 from pfl_cli.attack.protocol import Attackable
@@ -40,24 +38,6 @@ from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weigh
 DEFAULT_EMBED_DIM = 64    # App. D.1: "learnable vectors with dimension equals 64"
 DEFAULT_HEAD_LR = 0.1     # App. D.1: eta_g
 DEFAULT_EPOCHS = 5        # App. D.1: local epochs of step 2
-
-
-class GeneratedNet(nn.Module):
-    """The client net whose feature extractor is h(v; phi): parameters ``hnet.*``, ``v`` and ``net.<head>``.
-
-    ``torch.func.functional_call`` on it with per-client ``hnet.*`` / ``v`` trains phi and v through
-    the generated weights (HyperFL step 2) in the engine's vmapped local SGD.
-    """
-
-    def __init__(self, hnet: nn.Module, net: nn.Module, dim: int) -> None:
-        super().__init__()
-        self.hnet, self.net = hnet, net
-        self.v = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x):
-        from torch.func import functional_call
-
-        return functional_call(self.net, self.hnet(self.v), (x,))
 
 
 S = "HyperFL (AAAI 2025)"
@@ -111,6 +91,9 @@ class HyperFL(Attackable, Algorithm):
                                            generate=features)}
 
     def build(self) -> None:
+        from torch import nn
+        from pfl_cli.algorithms.hyperfl_net import GeneratedNet
+
         from pfl_cli.fl.client_state import ClientState
         from pfl_cli.models import build
 
@@ -154,6 +137,8 @@ class HyperFL(Attackable, Algorithm):
         the autograd graph (:func:`~pfl_cli.fl.cohort.unrolled_sgd`) so the attacker can
         differentiate them in the data, the embedding and the classifier.
         """
+        import torch
+
         from pfl_cli.fl.cohort import local_sgd, unrolled_sgd
 
         lr = self.cfg.head_lr if self.cfg.head_lr is not None else DEFAULT_HEAD_LR
@@ -262,6 +247,8 @@ class HyperFL(Attackable, Algorithm):
     def _private_of(self, clients, gen) -> dict:
         """Each client's embedding and classifier: a trained client's own, a new client's by the
         new-client protocol (:meth:`new_clients`, what ``predict`` serves it)."""
+        import torch
+
         clients = np.asarray(clients.cpu() if hasattr(clients, "cpu") else clients, dtype=np.int64)
         known = self.has_state(clients)
         parts = [(known, self.private.gather(torch.as_tensor(clients[known], device=self.device)))]
@@ -303,6 +290,8 @@ class HyperFL(Attackable, Algorithm):
 
     def aggregate(self, cohort, phi: dict) -> None:
         """Eq. (6): phi = sum_i w_i phi_i with w_i = n_i / sum_j n_j over the cohort."""
+        import torch
+
         with torch.no_grad():
             mean = weighted_mean(self.store, cohort, {k: phi[k] for k in self.hn_names})
             for k, p in self.hnet.named_parameters():
@@ -310,6 +299,8 @@ class HyperFL(Attackable, Algorithm):
 
     # ------------------------------------------------------------------ models for any client
     def personalize(self, clients: np.ndarray, gen):
+        import torch
+
         private = self._private_of(clients, gen)
         with torch.no_grad():
             theta = self.hnet(private["embedding"])

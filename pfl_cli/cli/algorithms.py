@@ -45,7 +45,8 @@ def algorithms(
         typer.echo(reference_markdown() if every else
                    (keys_markdown(registry.get(name)) if name else summary_markdown()), nl=False)
         return
-    report = Reporter({"human": "human", "json": "json", "quiet": "quiet"}[fmt.value])
+    # one algorithm's keys: prose, wrapped off a terminal; the list keeps one line a row (grep-able in a pipe)
+    report = Reporter({"human": "human", "json": "json", "quiet": "quiet"}[fmt.value], prose=name is not None)
     if name is not None:
         entry = registry.get(name)
         report.result({"algorithm": entry.name, **summary_row(entry), "keys": key_rows(entry),
@@ -140,10 +141,15 @@ def search_doc(entry) -> dict[str, Any]:
 def _search_table(entry):
     from rich.table import Table
 
+    import textwrap
+
+    from pfl_cli.cli.output import PROSE_WIDTH
+
     doc = search_doc(entry)
-    table = Table(title=f"{entry.name}: search space of `pflx tune` (--space KEY=SPEC replaces or adds a key); "
-                  f"scored on {doc['scored_on']}", title_justify="left", caption=f"source: {doc['source']}",
-                  caption_justify="left")
+    fill = lambda text: textwrap.fill(text, PROSE_WIDTH)  # noqa: E731 - a title wider than its table stays one line
+    table = Table(title=fill(f"{entry.name}: search space of `pflx tune` (--space KEY=SPEC replaces or adds a key); "
+                             f"scored on {doc['scored_on']}"), title_justify="left",
+                  caption=fill(f"source: {doc['source']}"), caption_justify="left")
     table.add_column("key")
     table.add_column("spec", overflow="fold")
     for key, spec in doc["space"].items():

@@ -48,14 +48,15 @@ def _refuse_unattacked(train_cfg) -> None:
 def run_attack(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter,
                allow_unchecked: bool = False) -> None:
     from pfl_cli.attack.api import attack_model, validate_attack_config
-    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.device import check_device, resolve_device
 
     validate_attack_config(cfg)
-    device = resolve_device(cfg.device)
+    check_device(cfg.device)  # --device cuda without a GPU: refused before any work
     inputs = open_model_stage("attack", cfg, model=model, partition=partition, out=out, force=force, report=report,
                               allow_unchecked=allow_unchecked)
     if inputs is None:
         return
+    device = resolve_device(cfg.device)
     writer, model_art, payload, train_cfg, part, ds, unchecked = inputs
     _refuse_unattacked(train_cfg)
     optimized = [a for a in OPTIMIZED if cfg.attack in (a, "all")]

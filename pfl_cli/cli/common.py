@@ -71,8 +71,25 @@ def train_stage_config(*, config_file: Path | None, flags: Mapping[str, Any], se
     from pfl_cli.config import load_config_file, parse_overrides  # numpy, yaml: not for --help
 
     warn_plugin_problems()
-    return registry.resolve_train_config(file_values=load_config_file(config_file, "train"), flag_values=flags,
-                                         overrides=parse_overrides(sets or ()), ignore=IGNORED_KEYS)
+    file_values, overrides = load_config_file(config_file, "train"), parse_overrides(sets or ())
+    _refuse_another_algorithms_config(config_file, file_values, overrides.get("algorithm", flags.get("algorithm")))
+    return registry.resolve_train_config(file_values=file_values, flag_values=flags, overrides=overrides,
+                                         ignore=IGNORED_KEYS)
+
+
+def _refuse_another_algorithms_config(config_file: Path | None, file_values: Mapping[str, Any], runs: Any) -> None:
+    """A one-algorithm config file (tune's best.yaml, a train artifact's config.yaml: no stage sections) holds
+    values chosen for the algorithm it names; another algorithm would train with them silently (SCAFFOLD's lr
+    for FedAvg), so it is refused, as ``compare --spec`` refuses it. A recipe (``train:`` section) is shared."""
+    from pfl_cli.config import is_recipe
+    from pfl_cli.errors import ConfigError
+
+    named = file_values.get("algorithm")
+    if config_file is None or named is None or runs is None or str(runs) == str(named) or is_recipe(config_file):
+        return
+    raise ConfigError(f"--config {config_file} is a config of {named!r} (its values were chosen for it), not of "
+                      f"{runs!r}; train {named} with it, or give a config of {runs!r} (e.g. the best.yaml of "
+                      f"`pflx tune --algorithm {runs}`).")
 
 
 def load_partition_dataset(partition: Path, *, flag: str = "--partition"):

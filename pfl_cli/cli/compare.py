@@ -22,6 +22,7 @@ def compare_command(
     plot: Annotated[bool, typer.Option("--plot", help="Also write clients.png: per-client accuracy of every configuration, training and new clients, one box each (needs the plot extra).")] = False,
     log: Annotated[Optional[list[str]], typer.Option("--log", help="With --spec: also log the protocol as one experiment of a tracker, pflx-compare-OUT (a W&B group / an MLflow experiment): wandb (offline unless WANDB_MODE says otherwise) | mlflow (the SQLite store LOG_DIR/mlflow.db unless MLFLOW_TRACKING_URI is set) (repeatable); each training a run NAME-sSEED with its config as parameters and its per-round metrics, each study trial a run STUDY-trial-N.")] = None,
     log_dir: Annotated[Optional[Path], typer.Option("--log-dir", help="Where --log writes (default: OUT.logs beside --out).", show_default=False)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --spec: print the plan -- every study and run, its rounds, which are done already, the rounds left and an estimate of their time (two rounds of each algorithm timed here) -- and train and write nothing.")] = False,
     force: ForceOpt = False,
     fmt: FormatOpt = Format.human,
 ) -> None:
@@ -66,4 +67,4 @@ def compare_command(
                           "FILE.yaml, or log when training (pflx train --log ...).")
     run_compare(list(runs or ()), out=out, nonprivate=nonprivate, level=level, plot=plot, force=force,
                 report=Reporter(fmt), spec=spec, metric=metric, jobs=jobs, logs=logs,
-                log_dir=log_dir or default_log_dir(out))
+                log_dir=log_dir or default_log_dir(out), dry_run=dry_run)

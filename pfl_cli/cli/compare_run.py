@@ -19,13 +19,18 @@ from pfl_cli.cli.output import Reporter
 
 def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: float, plot: bool, force: bool,
                 report: Reporter, spec: Path | None = None, metric: str = "accuracy", jobs: int = 1,
-                logs: tuple[str, ...] = (), log_dir: Path | None = None) -> None:
+                logs: tuple[str, ...] = (), log_dir: Path | None = None, dry_run: bool = False) -> None:
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.compare import compare, read_runs
     from pfl_cli.compare.table import CLIENT_COLUMNS, CSV_COLUMNS, check_metric
 
     config = {"level": level, "nonprivate": nonprivate, "plot": plot, "metric": metric}
-    ArtifactWriter(out, stage="compare", config=config, seed=None, force=force)  # --out problems first
+    if dry_run and spec is None:
+        from pfl_cli.errors import InputError
+
+        raise InputError("--dry-run shows the plan of --spec FILE.yaml (its studies and runs); give --spec.")
+    if not dry_run:
+        ArtifactWriter(out, stage="compare", config=config, seed=None, force=force)  # --out problems first
     if not 0.0 < level < 1.0:
         from pfl_cli.errors import ConfigError
 
@@ -39,18 +44,32 @@ def run_compare(runs: Sequence[Path], *, out: Path, nonprivate: bool, level: flo
         from pfl_cli import registry
         from pfl_cli.compare.spec import load_spec
 
+        from pfl_cli.readers import read_artifact
+
         parsed = load_spec(spec, known=registry.names())
+        read_artifact(parsed.partition, "partition", flag=f"--spec {spec}: partition", verify=False)  # before any work
         config["spec"] = parsed.to_dict()
+        if dry_run:  # the plan: every config resolved and refused as a run would, nothing trained or written
+            from pfl_cli.cli.compare_plan import print_plan
+
+            root = parsed.runs if parsed.runs is not None else out.with_name(f"{out.name}-runs")
+            print_plan(parsed, _plan_spec(parsed, nonprivate=nonprivate, jobs=jobs), root, report,
+                       train_config=_train_config)
+            return
         runs = [*run_spec(parsed, out=out, force=force, report=report, nonprivate=nonprivate, jobs=jobs, logs=logs,
                           log_dir=log_dir), *runs]
     groups = read_runs(runs, nonprivate=nonprivate)
-    table = compare(groups, level=level, metric=metric)
     inputs = list({g.input_ref["sha256"]: dict(g.input_ref) for g in groups}.values())
     writer = ArtifactWriter(out, stage="compare", config=config, seed=None, inputs=inputs, force=force)
     if writer.up_to_date():
         report.note(f"{out} is up to date (same runs and options); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
+    table = compare(groups, level=level, metric=metric)  # scipy's intervals: once the table is not up to date
+    from pfl_cli.compare.paired import few_seeds_warnings
+
+    for line in few_seeds_warnings(table.rows, metric, level):
+        report.warn(line)
     prefix = "nonprivate-" if table.nonprivate else ""
     with writer:
         writer.save_text(f"{prefix}table.md", table.markdown())
@@ -86,8 +105,12 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
     from pfl_cli.fl.stack import config_stacks
     from pfl_cli.cli.tune_protocol import run_study
 
+    from pfl_cli.cli import interrupt
+
     if jobs < 1:
         raise ConfigError(f"--jobs must be an integer >= 1; got {jobs}.")
+    # compare has no --resume: its rerun continues every unfinished training from its checkpoint by itself
+    interrupt.continue_with("run the same command again (compare --spec continues where it stopped)")
     root = spec.runs if spec.runs is not None else out.with_name(f"{out.name}-runs")
     quiet = Reporter(Format.quiet)  # stdout stays the comparison's
     steps = _plan_spec(spec, nonprivate=nonprivate, jobs=jobs)  # every config resolved (and refused) before any work
@@ -110,7 +133,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
                 best = run_study(step.cfg, options, partition=spec.partition, out=root / f"tune-{step.name}",
                                  force=force, report=phase)
                 for run in (s for s in steps if s.kind == "train" and s.name == step.name):
-                    run.cfg, run.study = _train_config(step.name, best, run.sets, run.seed, spec.partition)
+                    run.cfg, run.study = _train_config(step.name, best, run.sets, run.seed, spec)
                 phase.close(step.units, total)
                 i += 1
                 continue
@@ -121,7 +144,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
                        and steps[i + len(batch)].kind == "train" and steps[i + len(batch)].name == step.name):
                     batch.append(steps[i + len(batch)])
             i += len(batch)
-            runs = [root / s.name / f"s{s.seed}" for s in batch]
+            runs = [root / s.name / f"seed-{s.seed}" for s in batch]
             units = sum(s.units for s in batch)
             if len(batch) > 1:
                 phase = _Phase(report, bar, f"train {step.name}")  # each line names its seed
@@ -138,7 +161,7 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
             for s, run in zip(batch, runs):
                 paths.append(run)
                 if spec.new_clients:
-                    new = run.with_name(f"s{s.seed}-new")
+                    new = run.with_name(f"seed-{s.seed}-new")
                     run_predict(predict_cfg, model=run, partition=spec.partition, out=new, force=force, report=quiet)
                     paths.append(new)
             phase.close(units, total)
@@ -163,17 +186,33 @@ def _rounds(cfg) -> int:
     return cfg.rounds if cfg.algorithm_class.federated else 1
 
 
-def _train_config(name: str, config: Path | None, sets, seed: int, partition: Path):
+@contextmanager
+def _naming(spec, name: str, config: Path | None) -> Iterator[None]:
+    """A refused key or value of a spec's algorithm, said with where it is: its set (or its config file)."""
+    from pfl_cli.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as err:
+        text = str(err)
+        if text.startswith("--config") or text.startswith("--spec"):  # already says which file
+            raise
+        where = f"algorithms.{name}.set" + (f" (or its config {config})" if config is not None else "")
+        raise ConfigError(f"--spec{'' if spec.path is None else f' {spec.path}'}: {where}: {text}") from None
+
+
+def _train_config(name: str, config: Path | None, sets, seed: int, spec):
     """A seed's train config (defaults < config file < set < seed) and the private study it composes with."""
     import json
 
     from pfl_cli.cli.common import train_stage_config
     from pfl_cli.cli.privacy_account import study_prior
 
-    cfg = train_stage_config(config_file=config, flags={"algorithm": name},
-                             sets=[f"{k}={json.dumps(v)}" for k, v in sets] + [f"seed={seed}"])
+    with _naming(spec, name, config):
+        cfg = train_stage_config(config_file=config, flags={"algorithm": name},
+                                 sets=[f"{k}={json.dumps(v)}" for k, v in sets] + [f"seed={seed}"])
     # a private study's best.yaml on this partition: its ledger composes into each run's privacy.json
-    return cfg, study_prior(config, partition, cfg)
+    return cfg, study_prior(config, spec.partition, cfg)
 
 
 def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
@@ -185,7 +224,7 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
     from pfl_cli.config import load_config_file
     from pfl_cli.errors import ConfigError
     from pfl_cli.cli.tune_protocol import check_study, tune_options
-    from pfl_cli.fl.stack import config_stacks
+    from pfl_cli.fl.stack import UNSTACK_HINT, config_stacks
 
     studies, trainings = [], []
     for alg in spec.algorithms:
@@ -196,7 +235,7 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
                               f"it under algorithms.{named}, or a config of {alg.name!r}.")
         if alg.tune is None:
             for seed in spec.seeds:
-                cfg, study = _train_config(alg.name, alg.config, alg.sets, seed, spec.partition)
+                cfg, study = _train_config(alg.name, alg.config, alg.sets, seed, spec)
                 trainings.append(_Step("train", alg.name, _rounds(cfg), cfg=cfg, sets=alg.sets, seed=seed,
                                        study=study))
             continue
@@ -206,7 +245,8 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
         budget = {"rounds": t.rounds, "eval_every": t.eval_every, "seed": t.seed}
         sets = [f"{k}={json.dumps(v)}" for k, v in alg.sets if budget.get(k) is None]
         sets += [f"{k}={json.dumps(v)}" for k, v in budget.items() if v is not None]
-        cfg = train_stage_config(config_file=alg.config, flags={"algorithm": alg.name}, sets=sets)
+        with _naming(spec, alg.name, alg.config):
+            cfg = train_stage_config(config_file=alg.config, flags={"algorithm": alg.name}, sets=sets)
         if cfg.dp_epsilon is not None:
             raise ConfigError(f"{at}: the study would train under --dp (dp_epsilon is set), which a spec does not run "
                               "yet (a private study's trial count is random and its release composes into every "
@@ -219,8 +259,9 @@ def _plan_spec(spec, *, nonprivate: bool, jobs: int) -> list[_Step]:
         options = dataclasses.replace(tune_options(t, jobs=jobs), stack=study_stack)  # pflx tune --stack
         try:
             params = check_study(cfg, options)
-        except ConfigError as err:
-            raise ConfigError(f"{at}: {err}") from None
+        except ConfigError as err:  # a spec unstacks a study by its stack: key, not by a flag
+            raise ConfigError(f"{at}: " + str(err).replace(UNSTACK_HINT, f"set stack: 1 under {at.split(' ')[-1]}")) \
+                from None
         searched = {p.key for p in params}
         for where, keys in ((f"config {alg.config}", set(file_keys)), ("set", {k for k, _v in alg.sets})):
             fixed = sorted(searched & keys)
@@ -251,7 +292,8 @@ class _Phase(Reporter):
     def __init__(self, outer: Reporter, bar, label: str) -> None:
         from pfl_cli.cli.options import Format
 
-        self.fmt, self.out, self.err = Format.quiet, outer.out, outer.err
+        self.fmt, self._prose = Format.quiet, False
+        self._consoles = outer._consoles  # the protocol's consoles (rich loads when one prints)
         self.outer, self.bar, self.label, self.units = outer, bar, label, 0
 
     def result(self, data, *human) -> None:
@@ -293,8 +335,7 @@ def _print(report: Reporter, out: Path, table, prefix: str) -> None:
     runs = len({g.path for g in table.groups})
     m = table.metric
     title = f"compare -> {out}: {len({r['label'] for r in table.rows})} configurations, {runs} runs"
-    rich_table = Table(title=title, title_justify="left", caption=table.markdown().split("\n\n", 1)[1].strip(),
-                       caption_justify="left")
+    rich_table = Table(title=title, title_justify="left", caption=table.caption(), caption_justify="left")
     for name, justify in (("algorithm", "left"), ("clients", "left"), ("seeds", "right"), (f"{TITLES[m]} %", "right"),
                           *([("accuracy %", "right")] if m != "accuracy" else []),
                           ("std", "right"), ("worst 10%", "right"), ("min", "right"), ("label-masked %", "right")):
@@ -307,4 +348,25 @@ def _print(report: Reporter, out: Path, table, prefix: str) -> None:
                            format_pct(r["accuracy_min"]), format_interval(r["accuracy_lm"], r["accuracy_lm_ci"]))
     doc = table.document()
     rows = [{k: v for k, v in row.items() if k not in ("config", "predict_config")} for row in doc["rows"]]
-    report.result({"out": str(out), "up_to_date": False, "files_prefix": prefix, **doc, "rows": rows}, rich_table)
+    report.result({"out": str(out), "up_to_date": False, "files_prefix": prefix, **doc, "rows": rows}, rich_table,
+                  *_paired_table(table))
+
+
+def _paired_table(table) -> list:
+    """The paired comparisons (:mod:`pfl_cli.compare.paired`) as a second table; none when nothing pairs."""
+    from rich.table import Table
+
+    from pfl_cli.compare.table import TITLES, format_p, format_points
+
+    if not table.paired:
+        return []
+    out = Table(title="paired, against the first configuration of each group of clients", title_justify="left",
+                caption=table.paired_markdown().rsplit("\n\n", 1)[1].strip(), caption_justify="left")
+    for name in ("algorithm", "vs", "clients", "over", "pairs", "difference", "paired t p", "Wilcoxon p"):
+        out.add_column(name, justify="right" if name in ("pairs", "difference", "paired t p", "Wilcoxon p") else "left")
+    for p in table.paired:
+        for c in (p["by_seed"], p["by_client"]):
+            out.add_row(p["label"], p["reference"], p["group"], f"{c['over']} ({TITLES[c.get('metric', p['metric'])]})",
+                        str(c["pairs"]), format_points(c["mean_difference"]), format_p(c["p_values"]["paired_t"]),
+                        format_p(c["p_values"]["wilcoxon"]))
+    return [out]

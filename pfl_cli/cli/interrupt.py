@@ -9,10 +9,24 @@ from __future__ import annotations
 
 _DEFAULT = "interrupted; nothing was written to --out."
 _note = [_DEFAULT]
+# How the running command continues an interrupted training: `train` with --resume; a command that trains inside
+# itself and continues on its own (compare --spec) says its own way with :func:`continue_with`.
+_RESUME = "run the same command with --resume"
+_continue = [_RESUME]
 
 
 def reset() -> None:
     _note[0] = _DEFAULT
+    _continue[0] = _RESUME
+
+
+def continue_with(text: str) -> None:
+    """How to continue an interrupted training of this command (default: "run the same command with --resume")."""
+    _continue[0] = text
+
+
+def how_to_continue() -> str:
+    return _continue[0]
 
 
 def kept(note: str) -> None:

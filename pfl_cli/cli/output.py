@@ -60,8 +60,10 @@ class PlainProgress:
 
     One line on the first step, then at most one every ``every`` seconds, and one when the work is
     done: ``train: round 12/400 (3%), elapsed 0:00:31, left ~0:16:40, loss 0.431``. The time left
-    is the mean time per step so far times the steps left. ``status`` is whatever the caller may
-    show (under ``--dp`` the callers pass nothing computed from private data).
+    is the mean time per step since the first step ended times the steps left: the first step also
+    holds the set-up (reading the data, building the model, torch's first calls), which would make
+    the first estimates 10-20x too long, so the first line says no time left. ``status`` is whatever
+    the caller may show (under ``--dp`` the callers pass nothing computed from private data).
     """
 
     def __init__(self, description: str, total: int | None, unit: str, stream: TextIO, every: float,
@@ -71,6 +73,7 @@ class PlainProgress:
         self.start = clock()
         self.done = 0
         self.first = 0  # steps already done when timing started (a resumed run)
+        self.timed_from: tuple[float, int] | None = None  # (time, steps done) at the end of the first step run here
         self.last_line: float | None = None
         self.finished = False
         self.status = ""
@@ -85,6 +88,8 @@ class PlainProgress:
             self.done += n
             self.status = status
             now = self.clock()
+            if self.timed_from is None and self.done > self.first:
+                self.timed_from = (now, self.done)
             final = self.total is not None and self.done >= self.total
             if final and self.finished:
                 return
@@ -110,9 +115,11 @@ class PlainProgress:
         elapsed = now - self.start
         parts = [f"{self.description}: {self.unit} {self.done}" + (f"/{self.total}" if self.total else "")
                  + (f" ({100 * self.done // self.total}%)" if self.total else ""), f"elapsed {_clock(elapsed)}"]
-        timed = self.done - self.first
-        if self.total and timed > 0:
-            parts.append(f"left ~{_clock(elapsed / timed * max(self.total - self.done, 0))}")
+        if self.total and self.done >= self.total:
+            parts.append(f"left ~{_clock(0)}")
+        elif self.total and self.timed_from is not None and self.done > self.timed_from[1]:
+            since, base = self.timed_from
+            parts.append(f"left ~{_clock((now - since) / (self.done - base) * (self.total - self.done))}")
         if status and status != "resumed":
             parts.append(status)
         return ", ".join(parts)
@@ -121,24 +128,45 @@ class PlainProgress:
 # Off a terminal rich lays tables out in 80 columns, wrapping ``48.8 ±`` / ``2.8`` over two lines and
 # cutting ``algorit…``; a file or pipe has no width, so tables keep their natural one (they never expand).
 OFF_TERMINAL_WIDTH = 10_000
+# Tables of prose (`pflx algorithms NAME`: each key's meaning and source) would be one line per row, 1,000
+# characters long, in a file: off a terminal they wrap at the width of `--help` instead.
+PROSE_WIDTH = 100
 
 
-def _width(stream: TextIO) -> int | None:
-    """The console width for ``stream``: rich's own choice on a terminal or with COLUMNS set, else unbounded."""
+def _width(stream: TextIO, prose: bool = False) -> int | None:
+    """The console width for ``stream``: rich's own choice on a terminal or with COLUMNS set, else unbounded
+    (``prose``: :data:`PROSE_WIDTH`)."""
     if os.environ.get("COLUMNS") or (hasattr(stream, "isatty") and stream.isatty()):
         return None
-    return OFF_TERMINAL_WIDTH
+    return PROSE_WIDTH if prose else OFF_TERMINAL_WIDTH
 
 
 class Reporter:
     """Prints one command's results and notes in the chosen format."""
 
-    def __init__(self, fmt: Format | str = Format.human) -> None:
-        from rich.console import Console  # rich costs ~50 ms: imported by the commands that print, not by --help
-
+    def __init__(self, fmt: Format | str = Format.human, *, prose: bool = False) -> None:
+        """``prose``: the results are tables of text, wrapped at :data:`PROSE_WIDTH` off a terminal."""
         self.fmt = Format(fmt)
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=_width(sys.stdout))
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+        self._prose = prose
+        self._consoles: dict[str, Any] = {}
+
+    def _console(self, name: str):
+        # rich costs ~50-100 ms of CPU: imported when something is printed, not by a quiet run found up to date
+        if name not in self._consoles:
+            from rich.console import Console
+
+            stream = sys.stdout if name == "out" else sys.stderr
+            self._consoles[name] = Console(file=stream, highlight=False, soft_wrap=True,
+                                           width=_width(stream, self._prose and name == "out"))
+        return self._consoles[name]
+
+    @property
+    def out(self):
+        return self._console("out")
+
+    @property
+    def err(self):
+        return self._console("err")
 
     def result(self, data: dict[str, Any], *human: Any) -> None:
         """Print the command's result: ``data`` as JSON, or the ``human`` renderables."""

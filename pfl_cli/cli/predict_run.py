@@ -109,8 +109,13 @@ def open_model_stage(stage: str, cfg, *, model: Path, partition: Path, out: Path
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
 
+    from pfl_cli.artifacts import read_artifact
+    from pfl_cli.readers import read_metrics, read_model_payload
+    from pfl_cli.registry import config_from_artifact
+
     ArtifactWriter(out, stage=stage, config={}, seed=cfg.seed, force=force)  # --out problems first
-    model_art, payload, train_cfg, train_metrics = read_model(model)
+    model_art = read_artifact(model, "train", flag="--model")
+    train_metrics = read_metrics(model_art, "--model")
     part, info, part_art, ds = load_partition_dataset(partition)
     check_same_dataset(partition, info, train_metrics, stage)
     unchecked = check_unseen_samples(stage, cfg.clients, model=model, model_art=model_art, partition=partition,
@@ -121,6 +126,9 @@ def open_model_stage(stage: str, cfg, *, model: Path, partition: Path, out: Path
         report.note(f"{out} is up to date (same config and inputs); nothing to do.{up_to_date_hint}")
         report.result({"out": str(out), "up_to_date": True})
         return None
+    # the weights (and torch) once the output is known not to be up to date
+    payload = read_model_payload(model_art, "--model", num_classes=train_metrics["dataset"]["num_classes"])
+    train_cfg = config_from_artifact(model_art.config, what=f"--model {model}", made_by=model_art.manifest.get("version"))
     if unchecked:
         report.warn(f"{ALLOW_FLAG}: {stage} scores --partition {partition} unchecked: --model {model} lists no "
                     "training samples (--dp) and its own partition is not at hand, so some scored samples may be "
@@ -130,19 +138,18 @@ def open_model_stage(stage: str, cfg, *, model: Path, partition: Path, out: Path
 
 def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter, plot: bool = False,
                 allow_unchecked: bool = False) -> None:
-    import torch
-
     from pfl_cli.fl.api import predict_clients
-    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.device import check_device, resolve_device
 
     _check_config(cfg)
-    device = resolve_device(cfg.device)
+    check_device(cfg.device)  # --device cuda without a GPU: refused before any work
     inputs = open_model_stage("predict", cfg, model=model, partition=partition, out=out, force=force, report=report,
                               up_to_date_hint=f" `pflx show --plot {out}` draws its histogram." if plot else "",
                               allow_unchecked=allow_unchecked)
     if inputs is None:
         return
     writer, model_art, payload, train_cfg, part, ds, unchecked = inputs
+    device = resolve_device(cfg.device)
     from pfl_cli import registry
 
     servers = "; ".join(e.algorithm.serves_unlabeled for e in registry.entries().values()
@@ -201,6 +208,8 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
 
             client_accuracy_histogram(writer.path("clients.csv"), writer.path("metrics.json"), writer.path("clients.png"))
         if cfg.save_models:
+            import torch
+
             ids = torch.as_tensor(np.asarray(part.client_id)[run.clients], dtype=torch.int64)
             writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))
     _note_unseen_test_labels(report, part, ds.y, run.clients)

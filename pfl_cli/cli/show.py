@@ -89,7 +89,8 @@ def _tables(doc: dict) -> list:
     about.add_column()
     for key, value in doc["headline"].items():
         about.add_row(key, Text(_fmt(value)))
-    about.add_row("seed", str(doc["seed"]))
+    if doc["seed"] is not None:  # a compare artifact has none: its runs' seeds are in its table
+        about.add_row("seed", str(doc["seed"]))
     config = Table(title="config", show_header=False, title_justify="left")
     config.add_column(style="bold")
     config.add_column()

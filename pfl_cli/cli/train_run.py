@@ -95,14 +95,15 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
     ``(run name, group)`` of the W&B / MLflow run (default: ``--out``'s name, no group)."""
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
-    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.device import check_device, resolve_device
 
     validate_train_config(cfg)
     if plot and cfg.dp_epsilon is not None:  # curves.png would draw accuracies of the private clients
         raise InputError("--plot draws accuracies measured on the private clients, which --dp does not release; "
                          "drop --plot (with --write-nonprivate, nonprivate-metrics.csv holds those numbers).")
-    device = resolve_device(cfg.device)  # --device cuda without a GPU fails here, before any work
+    check_device(cfg.device)  # --device cuda without a GPU fails here, before any work
     if distributed.launched_size() > 1:  # under torchrun or --nproc: join the ranks, rank 0 alone writes
+        device = resolve_device(cfg.device)
         distributed.check_world_size(cfg, distributed.launched_size(), device)
         device = distributed.start(device)
         try:
@@ -113,7 +114,8 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
             raise
         distributed.stop(finished=True)
         return None
-    return _run_train(cfg, device, partition=partition, out=out, resume=resume, force=force, report=report,
+    # the device (and torch) once the run is known not to be up to date
+    return _run_train(cfg, None, partition=partition, out=out, resume=resume, force=force, report=report,
                       plot=plot, logs=logs, log_dir=log_dir, study=study, log_as=log_as)
 
 
@@ -152,6 +154,10 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
                     + (f" `pflx show --plot {out}` draws its curves." if plot else ""))
         report.result({"out": str(out), "up_to_date": True})
         return
+    if device is None:
+        from pfl_cli.fl.device import resolve_device
+
+        device = resolve_device(cfg.device)
 
     ck = Checkpointer(out, fingerprint(with_model_files(config, cfg), inputs))
     ck_path, ck_dir = ck.path, ck.dir
@@ -360,10 +366,10 @@ def _kept_note(round_: int, ck_path: Path, private: bool = False) -> str:
         from pfl_cli.fl.dp import CHECKPOINT_HOLDS
 
         return (f"interrupted; nothing was written to --out, and the checkpoint of round {round_} is kept at "
-                f"{ck_path} (mode 0600; it holds {CHECKPOINT_HOLDS}): run the same command with --resume to "
+                f"{ck_path} (mode 0600; it holds {CHECKPOINT_HOLDS}): {interrupt.how_to_continue()} to "
                 "continue from it.")
     return (f"interrupted; nothing was written to --out, and the checkpoint of round {round_} is kept at {ck_path}: "
-            "run the same command with --resume to continue from it.")
+            f"{interrupt.how_to_continue()} to continue from it.")
 
 
 def _status(status: dict) -> str:
@@ -518,19 +524,21 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
     from pfl_cli.cli.unseen import partition_input, training_record
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import validate_train_config
-    from pfl_cli.fl.device import resolve_device
+    from pfl_cli.fl.device import check_device, resolve_device
     from pfl_cli.fl.loop import TrainingDiverged
     from pfl_cli.fl.stack import check_stackable, train_stacked
     from pfl_cli.readers import check_checkpoint_location
 
+    from pfl_cli import registry
+
     cfgs = [m.cfg for m in members]
     for c in cfgs:
-        check_stackable(c)
+        check_stackable(c, registry.stackable_names)
         validate_train_config(c)
     if plot and any(c.dp_epsilon is not None for c in cfgs):
         raise InputError("--plot draws accuracies measured on the private clients, which --dp does not release; "
                          "drop --plot (with --write-nonprivate, nonprivate-metrics.csv holds those numbers).")
-    device = resolve_device(cfgs[0].device)
+    check_device(cfgs[0].device)
     for m in members:
         ArtifactWriter(m.out, stage="train", config={}, seed=m.cfg.seed, force=force)  # --out problems first
     part, info, part_art, ds = load_partition_dataset(partition)
@@ -570,6 +578,7 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
         writers[i], cks[i] = (writer, config), ck
     if not todo:
         return []
+    device = resolve_device(cfgs[0].device)  # torch: only once some run is not up to date
     if any(cfgs[i].dp_epsilon is None for i in todo):  # under --dp the clients' number and sizes are private
         _warn_clamped(cfgs[todo[0]], part, n_train, report)
     interrupt.kept("interrupted; nothing more was written, and each unfinished run's last checkpoint is kept beside "

@@ -90,6 +90,7 @@ class CompareSpec:
     new_clients: bool
     algorithms: tuple[AlgorithmSpec, ...]
     stack: int = STACK                 # runs of a stackable algorithm trained at once on a run axis
+    path: Path | None = None           # the file it was read from (named in refusals; not part of the protocol)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved spec, JSON-ready (recorded in the compare artifact's config)."""
@@ -120,7 +121,9 @@ def load_spec(path: str | Path, *, known: Sequence[str] = ()) -> CompareSpec:
         doc = yaml12.loads(read_utf8(path, "--spec", ConfigError))
     except yaml.YAMLError as err:
         raise _refuse(str(path), f"not valid YAML ({yaml12.describe_error(err)}).") from None
-    return parse_spec(doc, where=str(path), known=known)
+    import dataclasses
+
+    return dataclasses.replace(parse_spec(doc, where=str(path), known=known), path=path)
 
 
 def parse_spec(doc: Any, *, where: str = "spec", known: Sequence[str] = ()) -> CompareSpec:
@@ -170,8 +173,11 @@ def parse_spec(doc: Any, *, where: str = "spec", known: Sequence[str] = ()) -> C
         if bad:
             raise _refuse(where, f"algorithms.{name}: unknown key {bad[0]!r}; it takes config, set and tune.")
         if known and name not in known:
-            raise _refuse(where, f"algorithms.{name}: no such algorithm; `pflx algorithms` lists them (e.g. "
-                          f"{', '.join(list(known)[:3])}).")
+            import difflib
+
+            hint = difflib.get_close_matches(name, list(known), n=1)
+            tip = f" (did you mean {hint[0]!r}?)" if hint else f" (e.g. {', '.join(list(known)[:3])})"
+            raise _refuse(where, f"algorithms.{name}: no such algorithm{tip}; `pflx algorithms` lists them.")
         config = value.get("config")
         if config is not None:
             if not isinstance(config, str) or not Path(config).is_file():
@@ -192,6 +198,18 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _choice(values: list) -> str:
+    """A YAML list of values as the SPEC ``choice:A,B,...`` (a list value, a tuple key's, in flow style)."""
+    import json
+
+    def text(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+    return "choice:" + ",".join(text(v) for v in values)
+
+
 def _parse_tune(doc: Any, at: str, where: str) -> TuneSpec:
     """An algorithm's ``tune:`` entry (its values checked here for type and range; the space against the algorithm
     when the command resolves the study's config)."""
@@ -208,9 +226,11 @@ def _parse_tune(doc: Any, at: str, where: str) -> TuneSpec:
     if "seed" in doc and (not _integer(doc["seed"]) or doc["seed"] < 0):
         raise _refuse(where, f"{at}.seed must be an integer >= 0 (the study's seed); got {doc['seed']!r}.")
     space = doc.get("space") or {}
+    if isinstance(space, Mapping):  # a list of values is a choice among them: lr: [0.1, 0.01]
+        space = {k: _choice(v) if isinstance(v, list) and v else v for k, v in space.items()}
     if not isinstance(space, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in space.items()):
         raise _refuse(where, f"{at}.space must map keys to SPECs (log:LOW:HIGH | float:LOW:HIGH | int:LOW:HIGH | "
-                      f"choice:A,B,...), as --space KEY=SPEC; got {space!r}.")
+                      f"choice:A,B,... | a list of values), as --space KEY=SPEC; got {space!r}.")
     for key in ("sampler", "pruner"):
         if key in doc and not isinstance(doc[key], str):
             raise _refuse(where, f"{at}.{key} must be a name, as pflx tune --{key} takes; got {doc[key]!r}.")

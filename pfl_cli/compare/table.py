@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pfl_cli.compare.paired import TESTS, paired_comparisons
 from pfl_cli.compare.runs import ClientGroup
 from pfl_cli.compare.stats import FAIRNESS_KEYS, client_fairness, mean_interval
 
@@ -50,6 +51,7 @@ class Comparison:
     level: float
     nonprivate: bool
     metric: str = "accuracy"  # the headline (METRICS)
+    paired: tuple = ()        # each row against its group's first row (pfl_cli.compare.paired)
 
     def document(self) -> dict[str, Any]:
         """``table.json``: what the table means, then its rows."""
@@ -64,6 +66,8 @@ class Comparison:
             "level": self.level,
             "nonprivate": self.nonprivate,
             "rows": [dict(r) for r in self.rows],
+            "paired_tests": dict(TESTS),
+            "paired": [dict(p) for p in self.paired],
         }
 
     def csv_rows(self) -> list[list]:
@@ -94,6 +98,12 @@ class Comparison:
                 *([format_interval(r["accuracy"], r["accuracy_ci"])] if m != "accuracy" else []),
                 format_pct(r["accuracy_std"]), format_pct(r["accuracy_worst10"]),
                 format_pct(r["accuracy_min"]), format_interval(r["accuracy_lm"], r["accuracy_lm_ci"])]) + " |")
+        return "\n".join(lines) + "\n\n" + self.caption() + "\n" + self.paired_markdown()
+
+    def caption(self) -> str:
+        """What the main table's numbers are."""
+        pct = f"{100 * self.level:g} %"
+        m = self.metric
         what = (METRICS[m][0].upper() + METRICS[m][1:]) if m != "accuracy" else \
             "Mean per-client test accuracy (no label masking)"
         caption = (f"{what} (%) over seeds, ± the half-width of the {pct} "
@@ -104,7 +114,24 @@ class Comparison:
         if self.nonprivate:
             caption += (" NONPRIVATE: some runs are --dp runs whose accuracies come from their nonprivate files, "
                         "not covered by the DP guarantee.")
-        return "\n".join(lines) + "\n\n" + caption + "\n"
+        return caption
+
+    def paired_markdown(self) -> str:
+        """The paired comparisons as a second table ("" when there is nothing to pair)."""
+        if not self.paired:
+            return ""
+        lines = ["", "| algorithm | vs | clients | over | pairs | difference (points) | paired t p | Wilcoxon p |",
+                 "|---|---|---|---|---:|---:|---:|---:|"]
+        for p in self.paired:
+            for c in (p["by_seed"], p["by_client"]):
+                lines.append("| " + " | ".join([
+                    p["label"], p["reference"], p["group"], f"{c['over']} ({TITLES[c.get('metric', p['metric'])]})",
+                    str(c["pairs"]), format_points(c["mean_difference"]), format_p(c["p_values"]["paired_t"]),
+                    format_p(c["p_values"]["wilcoxon"])]) + " |")
+        return "\n".join(lines) + ("\n\nPaired comparisons against the first configuration: over the seeds both "
+                                   "ran (one headline number a seed) and over the clients both scored (each client's "
+                                   "accuracy averaged over those seeds); two-sided p-values of the paired t-test and "
+                                   "the Wilcoxon signed-rank test (- : fewer than two pairs, or no difference).\n")
 
 
 def _csv(value) -> Any:
@@ -117,6 +144,14 @@ def _csv(value) -> Any:
 
 def format_pct(value) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
+
+
+def format_points(value) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}"
+
+
+def format_p(value) -> str:
+    return "-" if value is None else (f"{value:.3f}" if value >= 0.001 else f"{value:.1e}")
 
 
 def format_interval(mean, half) -> str:
@@ -249,4 +284,5 @@ def compare(groups: Sequence[ClientGroup], *, level: float = 0.95, metric: str =
                 "runs": runs,
             })
     return Comparison(rows=tuple(rows), groups=used, labels=labels, level=level,
-                      nonprivate=any(g.nonprivate for g in used), metric=metric)
+                      nonprivate=any(g.nonprivate for g in used), metric=metric,
+                      paired=tuple(paired_comparisons(rows, used, labels, metric)))

@@ -7,6 +7,13 @@ import re
 from pfl_cli.errors import InputError
 
 
+def check_device(spec: str = "auto") -> None:
+    """Refuse what :func:`resolve_device` would refuse, importing torch only for a CUDA device: a run found up to
+    date, or refused for another reason, answers without the ~3 CPU s of ``import torch``."""
+    if str(spec).strip().lower() not in ("auto", "cpu"):
+        resolve_device(spec)
+
+
 def resolve_device(spec: str = "auto"):
     """The torch device named by ``spec``.
 

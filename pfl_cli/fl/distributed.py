@@ -27,6 +27,10 @@ from pfl_cli.errors import InputError
 
 def world() -> tuple[int, int]:
     """(rank, world size); (0, 1) outside a distributed run."""
+    import sys
+
+    if "torch" not in sys.modules:  # no process group joined yet: nor torch's ~3 CPU s for a refusal to import
+        return 0, 1
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -23,65 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from torch import nn
-
-from pfl_cli.errors import InputError
 
 
-class FeatureNet(nn.Module):
-    """``net`` answering ``forward(x)`` with its logits and ``forward(x, parts=True)`` with (f(x), logits)."""
+def __getattr__(name: str):  # the torch modules, from where they were first defined
+    if name in ("FeatureNet", "NearestPrototypeNet"):
+        from pfl_cli.fl import prototype_nets
 
-    def __init__(self, net: nn.Module, algorithm: str) -> None:
-        super().__init__()
-        head = getattr(net, "head", None)
-        if not (callable(getattr(net, "features", None)) and callable(head) and isinstance(head(), nn.Linear)):
-            raise InputError(f"model_arch: {algorithm} aligns the representation before a linear classifier; the "
-                             f"{type(net).__name__} net has no features() / linear head(). Use --set "
-                             "model_arch=mlp or lenet.")
-        self.net = net
-
-    def forward(self, x, parts: bool = False):
-        h = self.net.features(x)
-        logits = self.net.head()(h)
-        return (h, logits) if parts else logits
-
-
-class NearestPrototypeNet(nn.Module):
-    """A client net classifying by the nearest global prototype of its representation (FedProto's inference,
-    Tan et al. AAAI 2022: the label whose global prototype C̄^(j) is closest to f_i(x) in squared L2).
-
-    Its parameters are the client net's under the same names as :class:`FeatureNet`'s (``net.*``), so one
-    client's FedProto parameters evaluate under either module. The answer is a (b, C) score read as logits:
-    ``-||f(x) - C̄^(j)||^2`` for every class with a global prototype (``seen``); a class without one is never the
-    argmax, its score ``UNSEEN_GAP`` below the farthest prototype's (a finite cross-entropy, as the authors' code
-    sets a fixed large distance, ``lib/update.py`` ``a_large_num``). Without any global prototype every score is 0.
-    The prototypes are set by :meth:`use` before a prediction (the server's current ones).
-    """
-
-    UNSEEN_GAP = 30.0
-
-    def __init__(self, net: nn.Module, num_classes: int, dim: int) -> None:
-        super().__init__()
-        self.net = net
-        self.register_buffer("prototypes", torch.zeros(num_classes, dim))
-        self.register_buffer("seen", torch.zeros(num_classes, dtype=torch.bool))
-
-    def use(self, prototypes, seen) -> "NearestPrototypeNet":
-        """Serve with the global ``prototypes`` (C, d) and ``seen`` (C,) flags (copied)."""
-        self.prototypes = prototypes.detach().clone().to(self.prototypes.dtype)
-        self.seen = seen.detach().clone()
-        return self
-
-    def forward(self, x):
-        h = self.net.features(x)
-        p = self.prototypes.to(h.dtype)
-        d2 = ((h * h).sum(-1, keepdim=True) - 2.0 * h @ p.T + (p * p).sum(-1)[None, :]).clamp_min(0.0)
-        score = -d2
-        seen = self.seen[None, :].expand_as(score)
-        floor = score.masked_fill(~seen, float("inf")).amin(-1, keepdim=True) - self.UNSEEN_GAP
-        score = torch.where(seen, score, floor.expand_as(score))
-        return score if bool(self.seen.any()) else torch.zeros_like(score)
+        return getattr(prototype_nets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TrainsNewClients:
@@ -114,6 +63,8 @@ def aligned_steps(model: nn.Module, params: dict, store, steps, *, trainable: li
     cross-entropy alone. ``model(x, parts=True)`` answers (f(x), logits). Returns (params, each client's
     mean loss).
     """
+    import torch
+
     from torch.func import functional_call, vmap
 
     from pfl_cli.fl.batches import ActiveMean
@@ -166,6 +117,8 @@ def class_feature_sums(features, params: dict, store, clients, *, split: str = "
     one row per entry of ``clients`` (LongTensor). Unlabeled samples (label -1) and padding
     add nothing. No gradient flows (statistics, not a loss).
     """
+    import torch
+
     from torch.func import vmap
 
     index, length = getattr(store, split).rows(clients)
@@ -199,6 +152,8 @@ def merge_prototypes(previous, seen, prototypes, counts):
     ``previous`` (C, d), ``seen`` (C,) bool; ``prototypes`` (c, C, d) and ``counts`` (c, C) of the cohort.
     Returns the new (C, d) float32 prototypes and (C,) ``seen``.
     """
+    import torch
+
     total = counts.sum(0)                                                     # (C,)
     pooled = (prototypes.to(torch.float64) * counts.unsqueeze(-1)).sum(0) / total.clamp_min(1.0).unsqueeze(-1)
     have = total > 0
@@ -216,6 +171,8 @@ def spread_prototypes(num_classes: int, dim: int, gen, *, steps: int = 1000, lr:
     smooth maximum (log-sum-exp at temperature 1 / 20 over the pairs) by ``steps`` normalized gradient steps
     of size ``lr`` from Gaussian rows, the spreading FedNH asks for (small max_{k != k'} <w_k, w_k'>).
     """
+    import torch
+
     if num_classes <= dim:
         q, r = torch.linalg.qr(torch.randn(dim, num_classes, generator=gen, dtype=torch.float64))
         q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)                  # a unique, Haar-uniform frame
@@ -241,6 +198,9 @@ def smoothed_prototypes(previous, unit_means, counts, rho: float):
     normalized representations (zero for a class it lacks); ``counts`` (c, C). A class no cohort client holds
     has mu_k = 0 and keeps its prototype.
     """
+    import torch
+    import torch.nn.functional as F
+
     F = torch.nn.functional
     total = counts.sum(0)                                                              # (C,)
     mu = (unit_means.to(torch.float64) * counts.unsqueeze(-1)).sum(0) / total.clamp_min(1e-12).unsqueeze(-1)

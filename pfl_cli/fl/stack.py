@@ -73,19 +73,26 @@ def config_stacks(cfg) -> bool:
     return is_stackable(cfg.algorithm_class) and not set_conditions(cfg)
 
 
-def check_stackable(cfg) -> None:
-    """Refuse (one line, exit 2) a stack of an algorithm that does not declare ``stackable``."""
+# How a refusal of check_stackable says to train one run at a time (on the command line; a spec says it its way).
+UNSTACK_HINT = "drop --seeds / --stack"
+
+
+def check_stackable(cfg, known: Callable[[], Sequence[str]] | None = None) -> None:
+    """Refuse (one line, exit 2) a stack of an algorithm that does not declare ``stackable``, or of runs under
+    federation conditions; ``known``: what says the names of those that do, asked only to refuse (the caller's
+    registry, which loads every algorithm for it; default the loaded ones)."""
     cls = cfg.algorithm_class
     if cls is None or not is_stackable(cls):
+        names = (known or loaded_stackable_names)()
         raise ConfigError(f"stacking: algorithm {cfg.algorithm!r} cannot train runs stacked on a run axis (only "
                           "algorithms whose local training is one batched SGD call per round stack: "
-                          f"{', '.join(loaded_stackable_names())}); got {cfg.algorithm!r}. Train its runs one at a "
-                          "time (drop --seeds / --stack).")
+                          f"{', '.join(names)}); got {cfg.algorithm!r}. Train its runs one at a time "
+                          f"({UNSTACK_HINT}).")
     from pfl_cli.fl.conditions.settings import set_conditions
 
     if set_conditions(cfg):  # each run's rounds answer differently (who is online, who is late, its codec memory)
         raise ConfigError(f"stacking: federation conditions ({', '.join(set_conditions(cfg))}) train one run per "
-                          "process; train each seed with --seed S (drop --seeds / --stack).")
+                          f"process; train each seed with --seed S ({UNSTACK_HINT}).")
 
 
 def shape_key(cfg) -> tuple:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pfl_cli.errors import ConfigError, InfeasibleError, PflxWarning, check_memory
+from pfl_cli.errors import ConfigError, DatasetError, InfeasibleError, PflxWarning, check_memory
 from pfl_cli.partition.base import Partition, csr_from_assignment
 from pfl_cli.partition.continuous import check_strictness, continuous_owners
 from pfl_cli.partition.dirichlet import dirichlet_owners
@@ -154,6 +154,9 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
         A request no partition can meet (e.g. ``min_size * num_clients`` above the samples).
     """
     scheme = resolve_scheme(cfg)
+    if has_labels and num_classes < 2:  # every model pflx trains is a classifier: refused here, not at train
+        raise DatasetError(f"--dataset {cfg.dataset}: its labels must name at least 2 classes (pflx trains "
+                           f"classifiers); got {num_classes} class in {num_samples} samples.")
     cfg = _resolve_explicit(cfg, scheme, num_samples=num_samples, num_classes=num_classes)
     if scheme != "natural":
         _check_int("num_clients", cfg.num_clients, 1)

@@ -72,7 +72,7 @@ def check_options(cfg, o: TuneOptions):
     if o.stack > 1:
         from pfl_cli.fl.stack import check_stackable
 
-        check_stackable(cfg)
+        check_stackable(cfg, registry.stackable_names)
         if o.jobs != 1 or cfg.dp_epsilon is not None:
             raise ConfigError(f"--stack {o.stack} trains trials stacked in this one process; it does not combine with "
                               f"{'--dp' if cfg.dp_epsilon is not None else f'--jobs {o.jobs}'} yet. Drop one of them.")

@@ -173,12 +173,30 @@ def study_metrics(study, plan: Plan, o: TuneOptions, *, started: float) -> dict:
         "space": describe(plan.params),
         "sampler": plan.sampler,
         "pruner": plan.pruner,
+        # each trial's own duration, summed: stacked (--stack) or parallel (--jobs) trials overlap, so this can
+        # exceed wall_seconds; cpu_seconds is what the study cost the machine
         "trial_seconds": round(float(sum(seconds)), 3),
         "wall_seconds": round(time.time() - started, 3),
+        "cpu_seconds": _cpu_seconds(),
         "validation": {"fraction": o.validation_fraction, "clients": plan.validation_clients,
                        "validation_clients_unlabeled": plan.unlabeled_validation},
         "storage": "study.db" if o.storage is None else redacted(o.storage),
     }
+
+
+def _cpu_seconds() -> float | None:
+    """CPU time (user + system) of this process and its finished workers (``--jobs``), start-up included; None
+    where the platform does not say (no ``resource`` module: Windows). A resumed study's earlier processes are
+    not in it."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return round(total, 3)
 
 
 def redacted(url: str) -> str:

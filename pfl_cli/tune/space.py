@@ -5,7 +5,8 @@ A spec is text, as the user types it after ``--space KEY=``:
 - ``log:LOW:HIGH``  a float drawn on a log scale (``LOW > 0``);
 - ``float:LOW:HIGH`` a float drawn uniformly;
 - ``int:LOW:HIGH``  an integer in ``[LOW, HIGH]`` (integer keys only);
-- ``choice:A,B,...`` one of the listed values, each typed as the key declares.
+- ``choice:A,B,...`` one of the listed values, each typed as the key declares; ``[A,B,...]`` is the same
+  (a spec's ``space: {lr: [0.1, 0.01]}`` too).
 
 Each algorithm declares its own space beside its config (``Algorithm.search_space``, from its paper's
 tuning protocol); ``--space`` entries replace a declared key or add one.
@@ -108,10 +109,13 @@ def _number(key: str, text: str, spec: str, integer: bool) -> float:
 
 
 def parse_spec(key: str, spec: str) -> Param:
-    """``spec`` (``KIND:...``) of ``key`` as a :class:`Param`; a malformed one is a ConfigError naming the key."""
+    """``spec`` (``KIND:...``, or ``[A,B,...]`` for a choice) of ``key`` as a :class:`Param`; a malformed one is a
+    ConfigError naming the key."""
+    if isinstance(spec, str) and spec.strip().startswith("[") and spec.strip().endswith("]"):
+        spec = "choice:" + spec.strip()[1:-1]  # a list of values: a categorical choice among them
     if not isinstance(spec, str) or ":" not in spec:
         raise ConfigError(f"--space {key}: expected KIND:... with KIND one of {', '.join(KINDS)} (e.g. "
-                          f"{key}=log:1e-3:1); got {spec!r}.")
+                          f"{key}=log:1e-3:1), or a list of values [A,B,...]; got {spec!r}.")
     kind, _, rest = spec.partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS:

@@ -5,7 +5,7 @@ algorithm, what does not vary with the seed or is not a measurement: the floats 
 exchanges per round, the optimizer steps of the new-client protocol, and the paper's numbers when
 the recipe has a `paper:` section; also one seed's accuracies (train and new clients, without and with
 label masking), which the recipe's tests read. Markdown on stdout; `--json` prints the rows as one
-JSON object. The runs are `<runs>/<algorithm>/s<seed>` (train) and `.../s<seed>-new` (predict).
+JSON object. The runs are `<runs>/<algorithm>/seed-<seed>` (train) and `.../seed-<seed>-new` (predict).
 
     python recipes/compare/table.py --runs runs/compare --seed 0 --recipe recipes/compare/digits.yaml \\
         --algorithms "fedavg fedrep"
@@ -29,8 +29,8 @@ def _read(path: Path) -> dict:
 def rows(runs: Path, algorithms: list[str], seed: int = 0) -> list[dict]:
     out = []
     for alg in algorithms:
-        run = runs / alg / f"s{seed}"
-        train, new = _read(run), _read(run.with_name(f"s{seed}-new"))
+        run = runs / alg / f"seed-{seed}"
+        train, new = _read(run), _read(run.with_name(f"seed-{seed}-new"))
         if train["stage"] != "train" or new["stage"] != "predict":
             raise SystemExit(f"table.py: {run} must be a train artifact and {run}-new a predict artifact.")
         out.append({
@@ -63,7 +63,7 @@ def markdown(table: list[dict], paper: dict | None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, required=True, help="folder holding <algorithm>/s<seed>[-new]/")
+    ap.add_argument("--runs", type=Path, required=True, help="folder holding <algorithm>/seed-<seed>[-new]/")
     ap.add_argument("--seed", type=int, default=0, help="the seed whose runs to read")
     ap.add_argument("--algorithms", required=True, help="space-separated algorithm names")
     ap.add_argument("--recipe", type=Path, help="recipe whose paper: section is printed beside")

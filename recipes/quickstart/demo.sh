@@ -33,7 +33,8 @@ pflx cluster --partition "$root/gmm" --server-data "gmm:server?seed=0&num_client
 # PeFLL, pFedHN, FedAvg and Local, seeds 0, 1 and 2 of each on one partition, then `pflx compare`:
 # mean over seeds ± the 95 % interval, and fairness across clients. One job per seed runs in the
 # background (one torch thread each); its output goes to $root/logs/, which is printed if the job fails,
-# and a failed job fails the script.
+# and a failed job fails the script. Every 10 s the latest progress line of each seed's log is printed, so
+# the terminal (or a log of `make demo`) never stays silent for the minutes the trainings take.
 seeds=(0 1 2)
 methods=(pefll pfedhn fedavg local)
 each_seed() {  # each_seed NAME FUNCTION: FUNCTION SEED for every seed at once; fails if any of them fails
@@ -42,6 +43,20 @@ each_seed() {  # each_seed NAME FUNCTION: FUNCTION SEED for every seed at once; 
   for s in "${seeds[@]}"; do
     "$fn" "$s" >"$root/logs/$name-s$s.log" 2>&1 &
     pids+=($!)
+  done
+  local tick=0 pid alive line
+  while :; do  # a heartbeat: each seed's latest progress line, every 10 s, until every job has ended
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 1 ] || break
+    sleep 1
+    tick=$((tick + 1))
+    if [ $((tick % 10)) = 0 ]; then
+      for s in "${seeds[@]}"; do
+        line=$(grep -E '^[a-z -]+: [a-z]+ [0-9]+' "$root/logs/$name-s$s.log" | tail -n 1 || true)
+        echo "   $name, seed $s: ${line:-starting}"
+      done
+    fi
   done
   for s in "${!pids[@]}"; do
     if ! wait "${pids[$s]}"; then
@@ -61,7 +76,7 @@ new_clients() {  # new_clients TASK RECIPE SEED: the runs are $root/TASK-METHOD-
   local m
   for m in "${methods[@]}"; do
     pflx predict --config "$2" --model "$root/$1-$m-s$3" --partition "$root/$1" --clients holdout \
-      --no-label-mask --no-predictions --out "$root/$1-$m-s$3-new" --force --format quiet
+      --no-label-mask --no-predictions --out "$root/$1-$m-s$3-new" --force
   done
 }
 compare() {  # compare TASK: every method and seed of TASK, training and new clients, in one table
@@ -77,17 +92,16 @@ digits_seed() {
   set -e
   local s=$1
   # PeFLL: 400 rounds of 5 clients x 50 local steps (client MLP 64-32-10, hypernetwork M)
-  pflx train --config "$recipe" --partition "$root/digits" --out "$root/digits-pefll-s$s" --seed "$s" --force \
-    --format quiet
+  pflx train --config "$recipe" --partition "$root/digits" --out "$root/digits-pefll-s$s" --seed "$s" --force
   # pFedHN: 400 server steps of 1 client x 50 local steps (its paper's settings: digits-pfedhn.yaml)
   pflx train --config recipes/quickstart/digits-pfedhn.yaml --partition "$root/digits" \
-    --out "$root/digits-pfedhn-s$s" --seed "$s" --force --format quiet --rounds 400
+    --out "$root/digits-pfedhn-s$s" --seed "$s" --force --rounds 400
   # FedAvg: same rounds; client lr 0.005 (stable under label skew), server step 1 on the mean delta
-  pflx train --partition "$root/digits" --out "$root/digits-fedavg-s$s" --force --format quiet --algorithm fedavg \
+  pflx train --partition "$root/digits" --out "$root/digits-fedavg-s$s" --force --algorithm fedavg \
     "${client[@]}" --seed "$s" --rounds 400 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 \
     --server-lr 1 --no-label-mask
   # Local: 200 epochs per client, no communication
-  pflx train --partition "$root/digits" --out "$root/digits-local-s$s" --force --format quiet --algorithm local \
+  pflx train --partition "$root/digits" --out "$root/digits-local-s$s" --force --algorithm local \
     "${client[@]}" --seed "$s" --lr 0.05 --local-epochs 200
   new_clients digits "$recipe" "$s"
 }
@@ -102,13 +116,13 @@ pflx partition --config "$ring" --out "$root/ring" --force --format quiet
 ring_seed() {
   set -e
   local s=$1
-  pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-pefll-s$s" --seed "$s" --force --format quiet
+  pflx train --config "$ring" --partition "$root/ring" --out "$root/ring-pefll-s$s" --seed "$s" --force
   pflx train --config recipes/quickstart/ring-pfedhn.yaml --partition "$root/ring" --out "$root/ring-pfedhn-s$s" \
-    --seed "$s" --force --format quiet
-  pflx train --partition "$root/ring" --out "$root/ring-fedavg-s$s" --force --format quiet --algorithm fedavg \
+    --seed "$s" --force
+  pflx train --partition "$root/ring" --out "$root/ring-fedavg-s$s" --force --algorithm fedavg \
     "${client[@]}" --seed "$s" --rounds 150 --eval-every 50 --clients-per-round 5 --local-steps 50 --lr 0.005 \
     --server-lr 1 --label-mask
-  pflx train --partition "$root/ring" --out "$root/ring-local-s$s" --force --format quiet --algorithm local \
+  pflx train --partition "$root/ring" --out "$root/ring-local-s$s" --force --algorithm local \
     "${client[@]}" --seed "$s" --lr 0.05 --local-epochs 50 --label-mask
   new_clients ring "$ring" "$s"
 }

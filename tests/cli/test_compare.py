@@ -211,9 +211,9 @@ def test_spec_trains_algorithms_by_seeds_then_compares(root, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     for seed in (0, 1):
         for name in ("clients.csv", "metrics.csv", "model.pt"):
-            made, by_hand = tmp_path / "runs" / "fedavg" / f"s{seed}" / name, root / f"fedavg-s{seed}" / name
+            made, by_hand = tmp_path / "runs" / "fedavg" / f"seed-{seed}" / name, root / f"fedavg-s{seed}" / name
             assert made.read_bytes() == by_hand.read_bytes(), name
-        assert (tmp_path / "runs" / "fedavg" / f"s{seed}-new" / "manifest.json").is_file()
+        assert (tmp_path / "runs" / "fedavg" / f"seed-{seed}-new" / "manifest.json").is_file()
     assert main(["compare", root / "fedavg-s0", root / "fedavg-s1", root / "fedavg-s0-new", root / "fedavg-s1-new",
                  "--out", tmp_path / "by-hand", "--format", "json"]) == 0
     by_hand = json.loads(capsys.readouterr().out)

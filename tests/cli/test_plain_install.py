@@ -189,3 +189,45 @@ def test_a_subcommand_runs_on_a_tree_of_itself_alone(files, capsys):
     assert code in (None, 0) and capsys.readouterr().out == alone
     assert app.main(["show", "--format", "xml", str(files / "part")]) == 2
     assert "(pflx show -h for help)" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- refusals and "up to date" without torch
+
+# Runs several pflx commands in one fresh process; after each, whether torch had been imported by then.
+SEQUENCE_PROBE = textwrap.dedent("""
+    import json, sys
+    from pfl_cli.cli.app import main
+    for args in json.loads(sys.argv[1]):
+        code = main(args)
+        print("PROBE " + json.dumps({"args": args, "code": code, "torch": "torch" in sys.modules}), file=sys.stderr)
+""")
+
+
+def test_refusals_and_up_to_date_answers_never_import_torch(files):
+    """`import torch` costs ~3 CPU s: a refused train / tune / predict, or one whose --out is up to date,
+    answers without it (issue 49, finding 20)."""
+    from pfl_cli.cli.app import main
+
+    part, model, pred = files / "part", files / "torchless-fedavg", files / "torchless-pred"
+    train = ["train", "--partition", part, "--algorithm", "fedavg", "--rounds", "1", "--local-steps", "1",
+             "--eval-every", "1", "--out", model]
+    predict = ["predict", "--model", model, "--partition", part, "--clients", "train", "--out", pred]
+    for args in (train, predict):  # in this process: torch is loaded here already
+        assert main([*map(str, args), "--format", "quiet"]) == 0
+    cases = [
+        (["train", "--partition", part, "--algorithm", "fedavgg", "--out", files / "x"], 2),
+        (["train", "--partition", files / "nope", "--algorithm", "fedavg", "--out", files / "x"], 2),
+        (["train", "--partition", part, "--algorithm", "fedavg", "--lr", "abc", "--out", files / "x"], 2),
+        (["train", "--partition", part, "--algorithm", "scaffold", "--set", "local_step=2", "--out", files / "x"], 2),
+        (["tune", "--partition", part, "--algorithm", "fedavgg", "--trials", "2", "--out", files / "x"], 2),
+        (["predict", "--model", files / "nope", "--partition", part, "--out", files / "x"], 2),
+        (train, 0),
+        (predict, 0),
+    ]
+    argv = json.dumps([[str(a) for a in args] + ["--format", "quiet"] for args, _ in cases])
+    proc = subprocess.run([sys.executable, "-c", SEQUENCE_PROBE, argv], cwd=files, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    done = [json.loads(ln[len("PROBE "):]) for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
+    assert len(done) == len(cases), proc.stderr
+    for (args, code), doc in zip(cases, done):
+        assert (doc["code"], doc["torch"]) == (code, False), (doc["args"], proc.stderr)

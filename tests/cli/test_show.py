@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -166,3 +167,12 @@ def test_an_input_replaced_since_is_reported(cli, chain, tmp_path):
     assert status["partition"] == "changed since (hash differs)"
     shutil.rmtree(part)
     assert {i["stage"]: i["status"] for i in _show(cli, tmp_path / "t")["inputs"]}["partition"] == "missing"
+
+
+def test_a_compare_artifact_shows_no_seed_line(cli, chain, tmp_path):
+    # a comparison has no seed of its own (its runs' seeds are in its table): no `seed │ None` (issue 49, finding 21)
+    assert cli("compare", chain / "train", "--out", tmp_path / "cmp", "--format", "quiet").code == 0
+    run = cli("show", tmp_path / "cmp")
+    assert run.code == 0 and "None" not in run.out and "compare artifact" in run.out
+    run = cli("show", chain / "train")
+    assert re.search(r"seed\s+│\s+0", run.out), run.out

@@ -220,7 +220,7 @@ def test_compare_spec_logs_the_protocol_as_one_experiment(part, tmp_path):
     names = sorted(r.info.run_name for r in client.search_runs([experiment.experiment_id]))
     assert names == ["fedavg-s0", "fedavg-s1", "pflx-tune-fedavg-trial-0", "pflx-tune-fedavg-trial-1"]
     for seed in (0, 1):
-        run_dir = tmp_path / "runs" / "fedavg" / f"s{seed}"
+        run_dir = tmp_path / "runs" / "fedavg" / f"seed-{seed}"
         expected = _artifact_accuracies(run_dir)
         run, history = mlflow_run(logs / "mlflow.db", f"fedavg-s{seed}")
         assert run.data.params["seed"] == str(seed) and run.info.experiment_id == experiment.experiment_id

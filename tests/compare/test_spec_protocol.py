@@ -76,12 +76,12 @@ def test_one_spec_tunes_trains_predicts_and_compares(part, tmp_path, capsys, mon
         best = yaml.safe_load((tune / "best.yaml").read_text())
         assert best["rounds"] == 2 and best["local_steps"] == 3  # the study's budget and the spec's set
         for seed in (0, 1):
-            run = yaml.safe_load((runs / name / f"s{seed}" / "config.yaml").read_text())
+            run = yaml.safe_load((runs / name / f"seed-{seed}" / "config.yaml").read_text())
             assert run["seed"] == seed
             # each seed trains with its study's best values (and everything else best.yaml holds)
             assert {k: run[k] for k in searched} == {k: best[k] for k in searched}
             assert {k: v for k, v in run.items() if k != "seed"} == {k: v for k, v in best.items() if k != "seed"}
-            assert (runs / name / f"s{seed}-new" / "manifest.json").is_file()
+            assert (runs / name / f"seed-{seed}-new" / "manifest.json").is_file()
     # the tune artifact is exactly what `pflx tune` writes: the same command finds it up to date
     stamp = (runs / "tune-fedprox" / "manifest.json").stat().st_mtime_ns
     assert main(["tune", "--partition", part, "--algorithm", "fedprox", "--trials", 2, "--rounds", 2,
@@ -140,7 +140,7 @@ def test_a_kill_mid_protocol_then_a_rerun_redoes_nothing_finished(part, tmp_path
     _kill_when(_spawn(args, tmp_path), lambda: _completed(staging) >= 1)
     assert not (runs / "tune-fedavg").exists()
     kept = [t for t in study_trials(staging) if t[1] == "COMPLETE"]
-    first = runs / "fedavg" / "s0" / "manifest.json"
+    first = runs / "fedavg" / "seed-0" / "manifest.json"
     _kill_when(_spawn(args, tmp_path), first.is_file)
     trials = study_trials(runs / "tune-fedavg" / "study.db")
     assert [t for t in trials if t[1] == "COMPLETE"][:len(kept)] == kept  # the finished trials, not redone
@@ -155,7 +155,7 @@ def test_a_kill_mid_protocol_then_a_rerun_redoes_nothing_finished(part, tmp_path
     assert {n: study_trials(runs / f"tune-{n}" / "study.db") for n in dbs} == dbs  # no trial more
     for name in ("fedavg", "fedprox"):
         for seed in (0, 1):
-            assert (runs / name / f"s{seed}-new" / "manifest.json").is_file()
+            assert (runs / name / f"seed-{seed}-new" / "manifest.json").is_file()
     assert (tmp_path / "t" / "table.csv").is_file()
 
 
@@ -253,6 +253,8 @@ def test_the_time_left_ignores_every_step_found_done():
     bar = PlainProgress("compare --spec", 400, "round", io.StringIO(), 0, clock=lambda: now[0])
     bar.advance(100, status="resumed")  # a finished study
     bar.advance(100, status="resumed")  # a finished run, up to date
+    now[0] = 1.0
+    bar.advance(1)  # the first round run here (its time holds the set-up: not timed)
     now[0] = 10.0
-    bar.advance(10)  # 10 rounds in 10 s: 190 rounds left at 1 s each
+    bar.advance(9)  # 9 rounds in 9 s since: 190 rounds left at 1 s each
     assert "left ~0:03:10" in bar.line(now[0]), bar.line(now[0])

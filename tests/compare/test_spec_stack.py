@@ -73,11 +73,11 @@ def test_a_specs_seeds_train_as_one_stack_each_equal_to_its_separate_training(pa
     spec = write_spec(tmp_path / "spec.yaml", part, runs, [0, 1, 2])
     assert main(["compare", "--spec", spec, "--out", tmp_path / "t", "--format", "quiet"]) == 0
     for seed in (0, 1, 2):
-        got = runs / "fedavg" / f"s{seed}"
+        got = runs / "fedavg" / f"seed-{seed}"
         assert stacked_note(got) == {"seeds": [0, 1, 2], "runs": 3}  # trained together
         assert_same_run(got, separate(part, tmp_path / f"alone-{seed}", seed))
-    assert any(not torch.equal(v, weights(runs / "fedavg" / "s1")[k]) for k, v in weights(runs / "fedavg" /
-                                                                                           "s0").items())
+    assert any(not torch.equal(v, weights(runs / "fedavg" / "seed-1")[k]) for k, v in weights(runs / "fedavg" /
+                                                                                           "seed-0").items())
     # stack: 1 trains them one at a time, as before: the same models, no stacked note (and nothing retrained: the
     # runs found up to date whatever the stack)
     mtimes = {p: p.stat().st_mtime_ns for p in runs.rglob("manifest.json")}
@@ -92,15 +92,15 @@ def test_stack_size_chunks_the_seeds_and_a_finished_run_is_kept(part, tmp_path):
     runs = tmp_path / "runs"
     first = write_spec(tmp_path / "first.yaml", part, runs, [0])
     assert main(["compare", "--spec", first, "--out", tmp_path / "t0", "--format", "quiet"]) == 0
-    s0 = runs / "fedavg" / "s0" / "manifest.json"
+    s0 = runs / "fedavg" / "seed-0" / "manifest.json"
     stamp = s0.stat().st_mtime_ns
     assert stacked_note(s0.parent) is None  # one seed: the ordinary training
     spec = write_spec(tmp_path / "spec.yaml", part, runs, [0, 1, 2], extra="stack: 2\n")
     assert main(["compare", "--spec", spec, "--out", tmp_path / "t", "--format", "quiet"]) == 0
     assert s0.stat().st_mtime_ns == stamp
-    assert stacked_note(runs / "fedavg" / "s1") == {"seeds": [1], "runs": 1}  # its stack [0, 1]: 0 was done
-    assert stacked_note(runs / "fedavg" / "s2") is None  # the last, alone
-    assert_same_run(runs / "fedavg" / "s1", separate(part, tmp_path / "alone-1", 1))
+    assert stacked_note(runs / "fedavg" / "seed-1") == {"seeds": [1], "runs": 1}  # its stack [0, 1]: 0 was done
+    assert stacked_note(runs / "fedavg" / "seed-2") is None  # the last, alone
+    assert_same_run(runs / "fedavg" / "seed-1", separate(part, tmp_path / "alone-1", 1))
 
 
 @pytest.mark.parametrize("extra,needle", [
@@ -156,7 +156,7 @@ def test_a_killed_stack_resumes_its_runs_from_their_checkpoints(part, tmp_path):
     runs = tmp_path / "runs"
     first = write_spec(tmp_path / "first.yaml", part, runs, [0], sets=sets)
     assert main(["compare", "--spec", first, "--out", tmp_path / "t0", "--format", "quiet"]) == 0
-    s0 = runs / "fedavg" / "s0" / "manifest.json"
+    s0 = runs / "fedavg" / "seed-0" / "manifest.json"
     stamp = s0.stat().st_mtime_ns
     spec = write_spec(tmp_path / "spec.yaml", part, runs, [0, 1, 2], sets=sets)
     args = ["compare", "--spec", spec, "--out", tmp_path / "t", "--format", "quiet"]
@@ -169,7 +169,7 @@ def test_a_killed_stack_resumes_its_runs_from_their_checkpoints(part, tmp_path):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (runs / "fedavg" / "s1").exists() and not (runs / "fedavg" / "s2").exists()
+    assert not (runs / "fedavg" / "seed-1").exists() and not (runs / "fedavg" / "seed-2").exists()
     from pfl_cli.fl.checkpoint import read_checkpoint
 
     killed = [int(read_checkpoint(c)["round"]) for c in cks]
@@ -178,10 +178,10 @@ def test_a_killed_stack_resumes_its_runs_from_their_checkpoints(part, tmp_path):
     assert done.wait(timeout=300) == 0, done.stderr.read()
     assert s0.stat().st_mtime_ns == stamp
     for seed in (1, 2):
-        got = runs / "fedavg" / f"s{seed}"
+        got = runs / "fedavg" / f"seed-{seed}"
         assert stacked_note(got) == {"seeds": [1, 2], "runs": 2}
         assert_same_run(got, separate(part, tmp_path / f"alone-{seed}", seed, sets=sets))
-        assert not (runs / "fedavg" / f".s{seed}.checkpoint").exists()
+        assert not (runs / "fedavg" / f".seed-{seed}.checkpoint").exists()
 
 
 @pytest.mark.slow  # two cold processes and a separate training: ~20 s of CPU
@@ -195,7 +195,7 @@ def test_a_killed_training_that_does_not_stack_continues_from_its_checkpoint(par
     spec.write_text(f"partition: {part}\nseeds: [0]\nruns: {runs}\nnew_clients: false\n"
                     f"algorithms:\n  fedper: {{set: {json.dumps(sets)}}}\n")
     args = ["compare", "--spec", spec, "--out", tmp_path / "t", "--format", "quiet"]
-    ck = runs / "fedper" / ".s0.checkpoint" / "state.pt"
+    ck = runs / "fedper" / ".seed-0.checkpoint" / "state.pt"
     proc = _spawn(args, tmp_path)
     end = time.monotonic() + 240
     while not ck.is_file():
@@ -204,14 +204,14 @@ def test_a_killed_training_that_does_not_stack_continues_from_its_checkpoint(par
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (runs / "fedper" / "s0").exists()
+    assert not (runs / "fedper" / "seed-0").exists()
     done = _spawn(args, tmp_path)
     assert done.wait(timeout=300) == 0, done.stderr.read()
     alone = tmp_path / "alone"
     flags = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     assert main(["train", "--partition", part, "--algorithm", "fedper", "--seed", 0, *flags, "--out", alone,
                  "--format", "quiet"]) == 0
-    a = torch.load(runs / "fedper" / "s0" / "model.pt", weights_only=True)
+    a = torch.load(runs / "fedper" / "seed-0" / "model.pt", weights_only=True)
     b = torch.load(alone / "model.pt", weights_only=True)
     assert _equal(a, b)  # every tensor of the payload (the shared body, each client's personal head)
 

@@ -134,11 +134,13 @@ def _after(page: str, cwd: Path, outputs) -> None:
     elif page == "docs/commands/compare.md":
         assert "± " in (cwd / "runs" / "table" / "table.md").read_text()
         assert (cwd / "runs" / "table-fig" / "clients.png").is_file()
-        assert (cwd / "runs" / "spec-runs" / "local" / "s2-new" / "manifest.json").is_file()
+        assert (cwd / "runs" / "spec-runs" / "local" / "seed-2-new" / "manifest.json").is_file()
         assert "| local | new | 3 |" in (cwd / "runs" / "table-spec" / "table.md").read_text()
         # the one-spec protocol: each study's tune artifact, then its seeds, then the table
         assert "| fedprox | new | 2 |" in (cwd / "runs" / "table-protocol" / "table.md").read_text()
         assert (cwd / "runs" / "protocol-runs" / "tune-fedprox" / "best.yaml").is_file()
+        # the paired tests against the first configuration (fedavg), the baseline among them
+        assert "| local | fedavg | train | clients (accuracy) |" in (cwd / "runs" / "table-protocol" / "table.md").read_text()
     elif page == "docs/tutorials/dp-pipeline.md":
         # issue 34 item 15: q = 8 / 1000, eps 3.13 (PLD) for the two ledgers composed, 3.03 (PLD) for the train
         # ledger alone, its own RDP calibration 4, and 4.11 by RDP for the two.

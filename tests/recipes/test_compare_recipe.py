@@ -40,8 +40,8 @@ def test_compare_recipe_on_cpu(tmp_path, recipe, algorithms):
     for name in names:
         assert f"| {name} | train | 3 |" in printed and f"| {name} | new | 3 |" in printed
         for seed in (0, 1, 2):
-            assert (out / name / f"s{seed}" / "manifest.json").is_file()
-            assert (out / name / f"s{seed}-new" / "manifest.json").is_file()
+            assert (out / name / f"seed-{seed}" / "manifest.json").is_file()
+            assert (out / name / f"seed-{seed}-new" / "manifest.json").is_file()
     doc = table(out, algorithms, COMPARE / recipe)
     rows = {r["algorithm"]: r for r in doc["rows"]}
     assert set(rows) == set(names)
@@ -52,11 +52,11 @@ def test_compare_recipe_on_cpu(tmp_path, recipe, algorithms):
     else:
         assert rows["local"]["floats_per_client_round"] == 0
         assert rows["fedrep"]["floats_per_client_round"] < rows["fedavg"]["floats_per_client_round"]
-    stamp = (out / names[0] / "s0" / "manifest.json").stat().st_mtime_ns
+    stamp = (out / names[0] / "seed-0" / "manifest.json").stat().st_mtime_ns
     make(out, recipe, algorithms)  # up to date: nothing reruns
-    assert (out / names[0] / "s0" / "manifest.json").stat().st_mtime_ns == stamp
+    assert (out / names[0] / "seed-0" / "manifest.json").stat().st_mtime_ns == stamp
     # one algorithm more: only it trains
     if recipe == "ring.yaml":
         make(out, recipe, algorithms + " ditto")
-        assert (out / names[0] / "s0" / "manifest.json").stat().st_mtime_ns == stamp
-        assert (out / "ditto" / "s2" / "manifest.json").is_file()
+        assert (out / names[0] / "seed-0" / "manifest.json").stat().st_mtime_ns == stamp
+        assert (out / "ditto" / "seed-2" / "manifest.json").is_file()

@@ -276,7 +276,7 @@ def test_compare_makefile_all_at_its_smoke_size(tmp_path):
         (a, g, [0, 1, 2]) for a in ("fedavg", "local") for g in ("train", "new")]
     assert all(r["accuracy_ci"] is not None and r["accuracy_ci"] >= 0 for r in doc["rows"])
     assert (out / "table" / "table.md").read_text() in printed.stdout
-    config = json.loads((out / "fedavg" / "s1" / "manifest.json").read_text())["config"]
+    config = json.loads((out / "fedavg" / "seed-1" / "manifest.json").read_text())["config"]
     assert config["rounds"] == 2 and config["seed"] == 1
     stamp = (out / "table" / "manifest.json").stat().st_mtime_ns
     assert _make(*args).returncode == 0
@@ -284,7 +284,7 @@ def test_compare_makefile_all_at_its_smoke_size(tmp_path):
     assert _make(*args, "SEEDS=0 1 2 3").returncode == 0
     doc = json.loads((out / "table" / "table.json").read_text())
     assert all(r["seeds"] == [0, 1, 2, 3] for r in doc["rows"])
-    assert (out / "fedavg" / "s0" / "manifest.json").stat().st_mtime_ns < (out / "fedavg" / "s3" /
+    assert (out / "fedavg" / "seed-0" / "manifest.json").stat().st_mtime_ns < (out / "fedavg" / "seed-3" /
                                                                            "manifest.json").stat().st_mtime_ns
 
 

@@ -178,7 +178,7 @@ def test_compare_spec_with_the_released_config_composes_the_studys_ledger(study,
     run = cli("compare", "--spec", spec, "--nonprivate", "--out", study / "cmp")
     assert run.code == 0, run.err
     study_events = json.loads((study / "study" / "privacy.json").read_text())["events"]
-    events = json.loads((study / "cmp-runs" / "fedavg" / "s0" / "privacy.json").read_text())["events"]
+    events = json.loads((study / "cmp-runs" / "fedavg" / "seed-0" / "privacy.json").read_text())["events"]
     assert events[:len(study_events)] == study_events and len(events) > len(study_events)
 
 

@@ -128,3 +128,20 @@ def test_a_bad_choice_value_names_space_not_set():
     with pytest.raises(ConfigError, match=r"^--space local_epochs_range: ") as err:
         resolve_space(registry.get("fednova"), {"local_epochs_range": "choice:[1,2],[2,"})
     assert "--set" not in str(err.value)
+
+
+def test_a_list_of_values_is_a_choice_among_them():
+    """`--space lr=[0.1,0.01]` and a spec's `space: {lr: [0.1, 0.01]}` are `choice:0.1,0.01` (issue 49, item 5)."""
+    from pfl_cli import registry
+    from pfl_cli.compare.spec import parse_spec as parse_compare_spec
+    from pfl_cli.tune.space import parse_spec, resolve_space
+
+    assert parse_spec("lr", "[0.1,0.01]") == parse_spec("lr", "choice:0.1,0.01")
+    lr, hidden = resolve_space(registry.get("fedavg"), {"lr": "[0.1, 0.01]", "mlp_hidden": "[[32], [64, 64]]"})
+    assert (lr.kind, lr.choices, hidden.choices) == ("choice", (0.1, 0.01), ((32,), (64, 64)))
+    spec = parse_compare_spec({"partition": "p", "seeds": [0], "algorithms": {"fedavg": {"tune": {
+        "trials": 2, "space": {"lr": [0.1, 0.01], "mlp_hidden": [[32], [64, 64]], "server_optimizer": ["sgd", "adam"]}}}}})
+    assert dict(spec.algorithms[0].tune.space) == {"lr": "choice:0.1,0.01", "mlp_hidden": "choice:[32],[64, 64]",
+                                                   "server_optimizer": "choice:sgd,adam"}
+    with pytest.raises(ConfigError, match="choice needs at least one value"):
+        parse_spec("lr", "[]")
