@@ -53,6 +53,7 @@ class IFCA(Algorithm):
     new_client_protocol = "the cluster model with the lowest loss on its train data"
     config = IFCAConfig
     dp_unit = None  # no DP variant
+    not_distributed = "its cluster estimate scores every cohort client's data under the k models in one process"
     inert_keys = {k: "its server replaces each cluster model by its members' mean model (Ghosh et al. 2020, Alg. 1): "
                   "there is no server step" for k in ("server_lr", "server_momentum")}
     search_space = {"lr": "log:1e-3:1", "num_clusters": "int:1:8"}

@@ -41,6 +41,9 @@ class QFFLConfig(FedAvgRoundConfig):
     """q-FFL's keys: FedAvg's round (q-FedAvg's local SGD) and the fairness parameter q."""
 
     algorithm: str = key("qffl", "the algorithm these keys configure")
+    momentum: float = key(0.0, "client SGD momentum",
+                          f"{LI} Alg. 2: local SGD, whose one-step displacement L = 1/lr estimates (momentum would "
+                          "inflate ||Delta w_k||^2 in h_k tenfold at 0.9)")
     q: float = key(0.2, "q: fairness of the objective sum_k p_k F_k^(q+1) / (q+1) (0: FedAvg's objective)",
                    f"{LI} §4 sets q per data set; 0.2 is Flower's QFedAvg strategy default (q_param=0.2)")
 
@@ -55,6 +58,7 @@ class QFFL(Algorithm):
     new_client_protocol = "the global model"
     config = QFFLConfig
     dp_unit = None  # no DP variant
+    not_distributed = "its clients' losses F_k(w^t) are read over every cohort client's data in one process"
     personalized = False
     serves_unlabeled = "qffl (one global model)"
     inert_keys = {k: "its server step is q-FedAvg's w - sum Delta_k / sum h_k (Li et al. 2020, Alg. 2), whose step "
@@ -71,6 +75,13 @@ class QFFL(Algorithm):
     def build(self) -> None:
         self.net = self.client_net()
         self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+
+    @staticmethod
+    def floats_per_client_round(arch: dict) -> int:
+        """w^t down; Delta_k and h_k up."""
+        from pfl_cli.models import num_parameters
+
+        return 2 * num_parameters(arch["client"]) + 1
 
     def losses(self, clients):
         """F_k(w^t): each client's mean cross-entropy on its fit samples under the global model, (c,)."""

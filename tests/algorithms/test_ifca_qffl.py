@@ -1,0 +1,170 @@
+"""IFCA and q-FFL against slow, obviously correct references of their papers' rules.
+
+IFCA (Ghosh et al. 2020, Alg. 1): each client's cluster estimate is the argmin over the k models of its mean
+loss on its train data, scored here by a plain forward per client and model; the server's new cluster model
+is the size-weighted mean of its members' models, a loop over clusters here, and a cluster nobody chose keeps
+its model. q-FFL (Li et al. 2020, Alg. 2): Delta_k and h_k by hand on a 2-client linear model, q = 0 as the
+uniform mean, and a whole round replayed with the same draws.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from baseline_support import alg_factory, gen
+from pfl_cli.algorithms.qffl import qfedavg_messages, qfedavg_step
+from pfl_cli.errors import ConfigError
+from pfl_cli.fl import clusters as clusters_module
+from pfl_cli.fl.store import ROLE_TRAIN
+from pfl_cli.models import num_parameters
+from pfl_cli.registry import train_config
+from pflx_testing import small_config
+
+IFCA = small_config(algorithm="ifca", mlp_hidden=(8,), local_steps=3, batch_size=8, lr=0.05, clients_per_round=4,
+                    num_clusters=3)
+QFFL = small_config(algorithm="qffl", mlp_hidden=(8,), local_steps=3, batch_size=8, lr=0.05, clients_per_round=4,
+                    q=2.0)
+
+
+def ref_loss(alg, params, client):
+    """One model's mean cross-entropy over one client's fit samples: one plain forward."""
+    n = int(alg.store.fit.length[client])
+    idx = alg.store.fit.index[client, :n]
+    return float(F.cross_entropy(functional_call(alg.net, params, (alg.store.inputs(idx),)), alg.store.y[idx]))
+
+
+def cluster(alg, j):
+    return {k: v[j] for k, v in alg.clusters.items()}
+
+
+def spread_clusters(alg):
+    """Cluster models far apart, so that clients choose different ones."""
+    g = torch.Generator().manual_seed(3)
+    alg.clusters = {k: v + torch.randn(v.shape, generator=g) for k, v in alg.clusters.items()}
+
+
+@pytest.mark.parametrize("chunk", [256, 7])
+def test_ifca_assignment_is_the_lowest_loss_model(store, monkeypatch, chunk):
+    monkeypatch.setattr(clusters_module, "SAMPLE_CHUNK", chunk)  # 7: several sample chunks per client
+    monkeypatch.setattr(clusters_module, "CLIENT_CHUNK", 5)
+    alg = alg_factory(IFCA)(store)
+    spread_clusters(alg)
+    clients = torch.as_tensor(store.clients(ROLE_TRAIN))
+    from pfl_cli.fl.cohort import resolve_cohort_exec
+
+    got = clusters_module.losses_under(alg.net, store, store.fit, clients, alg.clusters,
+                                       resolve_cohort_exec("auto", alg.net, "cpu"))
+    want = torch.tensor([[ref_loss(alg, cluster(alg, j), int(i)) for j in range(3)] for i in clients])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert alg.assign(clients).tolist() == want.argmin(1).tolist()
+    assert len(set(want.argmin(1).tolist())) > 1  # the test sees clients choose different clusters
+
+
+def test_ifca_round_averages_each_cluster_and_keeps_the_unchosen(store):
+    alg = alg_factory(IFCA)(store)
+    spread_clusters(alg)
+    ref = alg_factory(IFCA)(store)
+    ref.clusters = {k: v.clone() for k, v in alg.clusters.items()}
+    cohort = torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 3, 5, 9]])
+    alg.run_round(0, cohort, gen())
+    # the reference: each client's argmin by plain forwards, its local SGD from that model (same draws), and the
+    # size-weighted mean per cluster by a loop
+    choice = [min(range(3), key=lambda j: ref_loss(ref, cluster(ref, j), int(i))) for i in cohort]
+    start = {k: torch.stack([v[j] for j in choice]) for k, v in ref.clusters.items()}
+    theta, _, _ = ref.cohort_sgd(start, cohort, gen(), steps=IFCA.local_steps)
+    size = store.fit.length[cohort].to(torch.float32)
+    for j in range(3):
+        members = [r for r, cj in enumerate(choice) if cj == j]
+        for k, v in ref.clusters.items():
+            if members:
+                want = sum(size[r] * theta[k][r] for r in members) / sum(size[r] for r in members)
+            else:
+                want = v[j]  # nobody chose it: unchanged
+            torch.testing.assert_close(alg.clusters[k][j], want, atol=1e-6, rtol=1e-5)
+    assert len(set(choice)) == 2  # one cluster averaged from two members or more, one kept
+
+
+def test_ifca_serves_every_client_its_lowest_loss_cluster(store):
+    alg = alg_factory(IFCA)(store)
+    spread_clusters(alg)
+    clients = store.clients(ROLE_TRAIN)[:6]
+    params, personalized = alg.personalize(clients, gen())
+    assert personalized
+    for r, i in enumerate(clients):
+        j = min(range(3), key=lambda j: ref_loss(alg, cluster(alg, j), int(i)))
+        for k in params:
+            assert torch.equal(params[k][r], alg.clusters[k][j])
+
+
+def test_qfedavg_messages_on_a_two_client_linear_model():
+    """Alg. 2 by hand: w = (1, 2); clients at w_1 = (0, 2), w_2 = (1, 1); losses 0.5 and 2; L = 10; q = 2."""
+    w = {"w": torch.tensor([1.0, 2.0])}
+    theta = {"w": torch.tensor([[0.0, 2.0], [1.0, 1.0]])}
+    f = torch.tensor([0.5, 2.0])
+    delta, h = qfedavg_messages(w, theta, f, q=2.0, lipschitz=10.0)
+    # Delta w_1 = 10 (1, 0), Delta w_2 = 10 (0, 1); F^q = 0.25, 4; ||Delta w||^2 = 100
+    torch.testing.assert_close(delta["w"], torch.tensor([[2.5, 0.0], [0.0, 40.0]]))
+    # h = q F^(q-1) ||Delta w||^2 + L F^q = 2 * 0.5 * 100 + 2.5, 2 * 2 * 100 + 40
+    torch.testing.assert_close(h, torch.tensor([102.5, 440.0]))
+    new = qfedavg_step(w, delta, h)
+    torch.testing.assert_close(new["w"], torch.tensor([1.0 - 2.5 / 542.5, 2.0 - 40.0 / 542.5]))
+
+
+def test_qfedavg_at_q0_is_the_uniform_mean():
+    g = torch.Generator().manual_seed(0)
+    w = {"a": torch.randn(3, 2, generator=g), "b": torch.randn(4, generator=g)}
+    theta = {k: torch.randn(5, *v.shape, generator=g) for k, v in w.items()}
+    delta, h = qfedavg_messages(w, theta, torch.rand(5, generator=g) + 0.1, q=0.0, lipschitz=7.0)
+    new = qfedavg_step(w, delta, h)
+    for k in w:
+        torch.testing.assert_close(new[k], theta[k].mean(0))
+
+
+def test_qffl_round_against_its_reference(store):
+    alg = alg_factory(QFFL)(store)
+    ref = alg_factory(QFFL)(store)
+    w = {k: v.clone() for k, v in ref.global_params.items()}
+    cohort = torch.as_tensor(store.clients(ROLE_TRAIN)[[1, 2, 6, 8]])
+    alg.run_round(0, cohort, gen())
+    fk = [ref_loss(ref, w, int(i)) for i in cohort]
+    theta, _, _ = ref.cohort_sgd({k: v.expand(4, *v.shape).clone() for k, v in w.items()}, cohort, gen(),
+                                 steps=QFFL.local_steps)
+    lip, q = 1.0 / QFFL.lr, QFFL.q
+    deltas, hs = [], []
+    for r in range(4):
+        dw = {k: lip * (w[k] - theta[k][r]) for k in w}
+        norm2 = float(sum((v.double() ** 2).sum() for v in dw.values()))
+        fq = (fk[r] + 1e-10) ** q
+        deltas.append({k: fq * v for k, v in dw.items()})
+        hs.append(q * (fk[r] + 1e-10) ** (q - 1) * norm2 + lip * fq)
+    for k in w:
+        want = w[k] - sum(d[k] for d in deltas) / sum(hs)
+        torch.testing.assert_close(alg.global_params[k], want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, opts, message", [
+    ("ifca", {"num_clusters": 0}, "num_clusters must be an integer >= 1 for ifca; got 0."),
+    ("qffl", {"q": -1.0}, "q must be a finite number >= 0 for qffl; got -1.0."),
+    ("ifca", {"server_lr": 0.5}, "server_lr has no effect on algorithm 'ifca'"),
+    ("qffl", {"server_momentum": 0.5}, "server_momentum has no effect on algorithm 'qffl'"),
+])
+def test_bad_keys_are_refused_in_one_line(name, opts, message):
+    with pytest.raises(ConfigError) as err:
+        train_config(name, **opts)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["ifca", "qffl"])
+def test_reported_floats_are_the_exchanged_tensors(digits_clients, name):
+    from pfl_cli.fl import train_federated
+
+    ds, part = digits_clients
+    cfg = small_config(algorithm=name, mlp_hidden=(8,), local_steps=2, batch_size=8, rounds=2, eval_every=2,
+                       clients_per_round=3, num_clusters=2)
+    run = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device="cpu")
+    comm = run.algorithm.traffic.summary()
+    d = num_parameters(run.model["arch"]["client"])
+    down, up = (2 * d, d + 1) if name == "ifca" else (d, d + 1)  # k models | w down; model + j | Delta + h up
+    assert comm["floats_down_per_client_round"] == down and comm["floats_up_per_client_round"] == up
+    assert type(run.algorithm).floats_per_client_round(run.model["arch"]) == down + up
