@@ -1,0 +1,56 @@
+"""`pflx train` / `pflx predict` end to end with IFCA and q-FFL; refusals (one line, exit 2); tune's space."""
+
+import pytest
+
+from pfl_cli.cli.app import main as _main
+from pflx_testing import cli_args
+
+
+def main(argv):
+    argv = [str(a) for a in argv]
+    return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
+
+
+FAST = ["--rounds", "8", "--eval-every", "4", "--local-steps", "3", "--clients-per-round", "8",
+        "--lr", "0.05", "--set", "mlp_hidden=[16]"]
+
+
+def test_ifca_trains_and_predicts_with_the_lowest_loss_cluster(train_predicts, listed_with_sources):
+    metrics, payload, preds = train_predicts("ifca", [*FAST, "--set", "num_clusters=3"], run=main)
+    clusters = payload["weights"]["clusters"]
+    d = sum(v[0].numel() for v in clusters.values())
+    assert all(v.shape[0] == 3 for v in clusters.values())  # k cluster models in model.pt
+    assert metrics["floats_per_client_round"] == 4 * d + 1  # 3 models down; a model and its cluster up
+    assert metrics["communication"]["floats_up_per_client_round"] == d + 1
+    assert metrics["train"]["mean_accuracy"] > 0.6  # chance: 0.1
+    for group in ("train", "holdout"):
+        p = preds[group]
+        assert p["personalized"] is True and p["optimizer_steps"] == 0
+        assert "lowest loss on its train data" in p["protocol"]
+    assert preds["train"]["mean_accuracy"] > 0.6
+    listed_with_sources("ifca", ["num_clusters"])
+
+
+def test_qffl_trains_and_predicts_the_global_model(train_predicts, listed_with_sources):
+    metrics, payload, preds = train_predicts("qffl", [*FAST, "--set", "q=1"], run=main)
+    d = sum(v.numel() for v in payload["weights"]["client"].values())
+    assert metrics["floats_per_client_round"] == 2 * d + 1  # w down; Delta_k and h_k up
+    assert metrics["global_model"] is True
+    for group in ("train", "holdout"):
+        assert preds[group]["personalized"] is False and preds[group]["protocol"] == "global model"
+    assert metrics["train"]["mean_accuracy"] > 0.15
+    listed_with_sources("qffl", ["q", "momentum"])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--algorithm", "ifca", "--set", "num_clusters=0"), "num_clusters must be an integer >= 1 for ifca; got 0"),
+    (("--algorithm", "qffl", "--set", "q=-0.5"), "q must be a finite number >= 0 for qffl; got -0.5"),
+    (("--algorithm", "qffl", "--set", "q=nan"), "q must be a finite number"),
+    (("--algorithm", "ifca", "--server-lr", "0.5"), "server_lr has no effect on algorithm 'ifca'"),
+    (("--algorithm", "ifca", "--dp", "eps=4,clip=1,population=1000"),
+     "--dp is not supported by algorithm 'ifca': it declares no DP variant"),
+    (("--algorithm", "qffl", "--dp", "eps=4,clip=1,population=1000"),
+     "--dp is not supported by algorithm 'qffl': it declares no DP variant"),
+])
+def test_bad_input_is_one_line_and_exit_2(train_refused, extra, message):
+    train_refused([*FAST, *extra], message, run=_main)
