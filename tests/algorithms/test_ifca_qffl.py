@@ -168,3 +168,105 @@ def test_reported_floats_are_the_exchanged_tensors(digits_clients, name):
     down, up = (2 * d, d + 1) if name == "ifca" else (d, d + 1)  # k models | w down; model + j | Delta + h up
     assert comm["floats_down_per_client_round"] == down and comm["floats_up_per_client_round"] == up
     assert type(run.algorithm).floats_per_client_round(run.model["arch"]) == down + up
+
+
+# ----------------------------------------------------------------------------------------------- CFL
+CFL = small_config(algorithm="cfl", mlp_hidden=(8,), local_steps=2, batch_size=8, lr=0.05, clients_per_round=6,
+                   cfl_eps1=0.5, cfl_eps2=1.0, cfl_warmup_rounds=0)
+
+
+def brute_bipartition_value(s):
+    """min over every bipartition of the largest cross similarity (Sattler et al. §III-C), by enumeration."""
+    import itertools
+
+    m = s.shape[0]
+    best = float("inf")
+    for mask in itertools.product([False, True], repeat=m - 1):
+        side = (False, *mask)
+        if not any(side):
+            continue
+        best = min(best, max(float(s[i, j]) for i in range(m) for j in range(m) if side[i] != side[j]))
+    return best
+
+
+@pytest.mark.parametrize("m", [2, 3, 5, 7])
+def test_cfl_bipartition_is_the_optimal_one(m):
+    from pfl_cli.algorithms.cfl import bipartition, cosine_similarity
+
+    g = torch.Generator().manual_seed(m)
+    for _ in range(5):
+        s = cosine_similarity(torch.randn(m, 4, generator=g))
+        side = bipartition(s)
+        assert not side[0] and side.any()
+        cross = max(float(s[i, j]) for i in range(m) for j in range(m) if side[i] != side[j])
+        assert cross == pytest.approx(brute_bipartition_value(s), abs=1e-6)
+
+
+def crafted(alg, updates):
+    """``cohort_sgd`` that returns each client's start plus its row of ``updates`` (c, d) (the flattened net)."""
+    def fake(start, clients, gen, **_):
+        out, lo = {}, 0
+        for k, v in start.items():
+            n = v[0].numel()
+            out[k] = v + updates[:, lo:lo + n].view_as(v)
+            lo += n
+        return out, torch.zeros(len(clients)), 0
+    return fake
+
+
+def test_cfl_splits_when_the_mean_update_is_small_and_one_is_large(store, monkeypatch):
+    alg = alg_factory(CFL)(store)
+    d = sum(v[0].numel() for v in alg.models.values())
+    cohort = torch.as_tensor(store.clients(ROLE_TRAIN)[:6])
+    size = store.fit.length[cohort].to(torch.float32)
+    u = torch.zeros(d)
+    u[0], u[5] = 1.5, 0.5  # ||u|| > eps2 = 1
+    sign = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0])
+    g = torch.Generator().manual_seed(0)
+    updates = sign[:, None] * u + 0.01 * torch.randn(6, d, generator=g)
+    mean = (size[:, None] * updates).sum(0) / size.sum()
+    assert mean.norm() < 0.5 < 1.0 < updates.norm(dim=1).max()  # the criterion holds
+    root = torch.cat([v[0].flatten() for v in alg.models.values()])
+    monkeypatch.setattr(alg, "cohort_sgd", crafted(alg, updates))
+    alg.run_round(0, cohort, gen())
+    assert alg.leaf.tolist()[:3] == [False, True, True] and int(alg.used) == 3
+    node = alg.member.values["node"][cohort]
+    groups = {s: set(node[sign == s].tolist()) for s in (1.0, -1.0)}
+    assert groups[1.0] == {1} and groups[-1.0] == {2}  # row 0 (+u) stays on the first child
+    for child, s in ((1, 1.0), (2, -1.0)):
+        w = size * (sign == s)
+        want = root + (w[:, None] * updates).sum(0) / w.sum()
+        got = torch.cat([v[child].flatten() for v in alg.models.values()])
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_cfl_keeps_one_cluster_below_the_thresholds(store, monkeypatch):
+    alg = alg_factory(CFL)(store, cfl_eps2=5.0)  # no client update is that large: no split, the mean update added
+    d = sum(v[0].numel() for v in alg.models.values())
+    cohort = torch.as_tensor(store.clients(ROLE_TRAIN)[:4])
+    size = store.fit.length[cohort].to(torch.float32)
+    updates = torch.randn(4, d, generator=torch.Generator().manual_seed(1)) * 0.1
+    root = torch.cat([v[0].flatten() for v in alg.models.values()])
+    monkeypatch.setattr(alg, "cohort_sgd", crafted(alg, updates))
+    alg.run_round(0, cohort, gen())
+    assert int(alg.used) == 1 and bool(alg.leaf[0])
+    got = torch.cat([v[0].flatten() for v in alg.models.values()])
+    torch.testing.assert_close(got, root + (size[:, None] * updates).sum(0) / size.sum(), atol=1e-6, rtol=1e-5)
+
+
+def test_cfl_client_that_missed_a_split_takes_the_lowest_loss_child(store, monkeypatch):
+    alg = alg_factory(CFL)(store)
+    d = sum(v[0].numel() for v in alg.models.values())
+    train = store.clients(ROLE_TRAIN)
+    cohort = torch.as_tensor(train[:4])
+    updates = torch.zeros(4, d)
+    updates[:, 0] = torch.tensor([3.0, -3.0, 3.0, -3.0])
+    monkeypatch.setattr(alg, "cohort_sgd", crafted(alg, updates))
+    alg.run_round(0, cohort, gen())
+    assert int(alg.used) == 3
+    late = int(train[7])  # sat out the split: still at the root, now an inner node
+    assert int(alg.member.values["node"][late]) == 0
+    want = min((1, 2), key=lambda j: ref_loss(alg, {k: v[j] for k, v in alg.models.items()}, late))
+    params, _ = alg.personalize([late], gen())
+    for k in params:
+        assert torch.equal(params[k][0], alg.models[k][want])

@@ -73,7 +73,9 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            "eps": {"lr": 0.5},
            # FedNova's per-client epoch range replaces local_epochs, which must then stay at its default (a set
            # local_epochs beside it is refused as ignored): small()'s local_epochs 1 is put back
-           "local_epochs_range": {"local_epochs": DEFAULT}}
+           "local_epochs_range": {"local_epochs": DEFAULT},
+           # CFL's split needs both thresholds met: eps1 and the warm-up act where some update exceeds eps2
+           "cfl_eps1": {"cfl_eps2": 0.0}, "cfl_warmup_rounds": {"cfl_eps2": 0.0}}
 # A key checked a second time, beside a companion set where that companion could leave it inert (its own CONTEXT
 # above is the setting where it acts): local_steps beside a set local_epochs, a round of epochs counting no steps
 # (FedNova, FLowDUP, LD-FedAvg, FedTTA and FedOpt set local_epochs by default; --set local_epochs=E on FedAvg's
