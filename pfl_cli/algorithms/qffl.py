@@ -41,6 +41,9 @@ class QFFLConfig(FedAvgRoundConfig):
     """q-FFL's keys: FedAvg's round (q-FedAvg's local SGD) and the fairness parameter q."""
 
     algorithm: str = key("qffl", "the algorithm these keys configure")
+    lr: float = key(0.02, "client SGD step size (and L = 1/lr, the Lipschitz estimate of Alg. 2)",
+                    "pflx: FedAvg's default step per gradient, lr / (1 - momentum) = 2e-3 / 0.1, taken by plain SGD "
+                    f"(the paper tunes lr per data set, {LI} §4)")
     momentum: float = key(0.0, "client SGD momentum",
                           f"{LI} Alg. 2: local SGD, whose one-step displacement L = 1/lr estimates (momentum would "
                           "inflate ||Delta w_k||^2 in h_k tenfold at 0.9)")
