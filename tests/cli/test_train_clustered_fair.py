@@ -1,4 +1,4 @@
-"""`pflx train` / `pflx predict` end to end with IFCA and q-FFL; refusals (one line, exit 2); tune's space."""
+"""`pflx train` / `pflx predict` end to end with IFCA, q-FFL, CFL and AFL; refusals (one line, exit 2)."""
 
 import pytest
 
@@ -42,7 +42,34 @@ def test_qffl_trains_and_predicts_the_global_model(train_predicts, listed_with_s
     listed_with_sources("qffl", ["q", "momentum"])
 
 
+def test_cfl_splits_and_serves_train_and_new_clients(train_predicts, listed_with_sources):
+    import torch
+
+    metrics, payload, preds = train_predicts("cfl", [*FAST, "--set", "cfl_eps2=0", "--set", "cfl_warmup_rounds=1"],
+                                             run=main)
+    w = payload["weights"]
+    assert int(w["used"]) >= 3 and int(w["leaf"].sum()) >= 2  # at least one split under eps2 = 0
+    assert w["models"]["fc1.weight"].shape[0] == 2 * 16 - 1  # the tree's capacity: 16 train clients
+    for group in ("train", "holdout"):
+        assert preds[group]["personalized"] is True and preds[group]["optimizer_steps"] == 0
+    assert "lowest loss on its train data" in preds["holdout"]["protocol"]
+    assert bool(torch.isfinite(torch.tensor(metrics["train"]["mean_accuracy"])))
+    listed_with_sources("cfl", ["cfl_eps1", "cfl_eps2", "cfl_warmup_rounds"])
+
+
+def test_afl_trains_lambda_on_the_simplex(train_predicts, listed_with_sources):
+    metrics, payload, preds = train_predicts("afl", [*FAST, "--set", "afl_lambda_lr=0.01"], run=main)
+    lam = payload["weights"]["lambda"]
+    assert abs(float(lam.sum()) - 1.0) < 1e-9 and float(lam.min()) >= 0 and float(lam.std()) > 0
+    assert preds["holdout"]["personalized"] is False and preds["holdout"]["protocol"] == "global model"
+    assert metrics["floats_per_client_round"] == 2 * sum(v.numel() for v in payload["weights"]["client"].values()) + 1
+    listed_with_sources("afl", ["afl_lambda_lr"])
+
+
 @pytest.mark.parametrize("extra,message", [
+    (("--algorithm", "cfl", "--set", "cfl_eps1=-1"), "cfl_eps1 must be a finite number >= 0 for cfl; got -1"),
+    (("--algorithm", "afl", "--set", "afl_lambda_lr=-0.1"), "afl_lambda_lr must be a finite number >= 0 for afl"),
+    (("--algorithm", "afl", "--set", "server_momentum=0.5"), "server_momentum has no effect on algorithm 'afl'"),
     (("--algorithm", "ifca", "--set", "num_clusters=0"), "num_clusters must be an integer >= 1 for ifca; got 0"),
     (("--algorithm", "qffl", "--set", "q=-0.5"), "q must be a finite number >= 0 for qffl; got -0.5"),
     (("--algorithm", "qffl", "--set", "q=nan"), "q must be a finite number"),

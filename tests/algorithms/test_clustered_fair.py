@@ -270,3 +270,63 @@ def test_cfl_client_that_missed_a_split_takes_the_lowest_loss_child(store, monke
     params, _ = alg.personalize([late], gen())
     for k in params:
         assert torch.equal(params[k][0], alg.models[k][want])
+
+
+# ----------------------------------------------------------------------------------------------- AFL
+AFL = small_config(algorithm="afl", mlp_hidden=(8,), local_steps=2, batch_size=8, lr=0.05, clients_per_round=4,
+                   afl_lambda_lr=0.05)
+
+
+def bisection_projection(v):
+    """The simplex projection by its definition: the tau with sum max(v - tau, 0) = 1, found by bisection."""
+    lo, hi = float(v.min()) - 1.0, float(v.max())
+    for _ in range(200):
+        tau = (lo + hi) / 2
+        if float((v - tau).clamp_min(0).sum()) > 1:
+            lo = tau
+        else:
+            hi = tau
+    return (v - (lo + hi) / 2).clamp_min(0)
+
+
+def test_afl_simplex_projection_against_bisection():
+    from pfl_cli.algorithms.afl import project_simplex
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 5, 17):
+        for scale in (0.1, 1.0, 10.0):
+            v = torch.randn(n, generator=g, dtype=torch.float64) * scale
+            got = project_simplex(v)
+            torch.testing.assert_close(got, bisection_projection(v), atol=1e-9, rtol=0)
+            assert float(got.sum()) == pytest.approx(1.0) and bool((got >= 0).all())
+    inside = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    torch.testing.assert_close(project_simplex(inside), inside)  # a point of the simplex stays
+
+
+def test_afl_round_against_its_reference(store):
+    alg = alg_factory(AFL)(store)
+    ref = alg_factory(AFL)(store)
+    train = store.clients(ROLE_TRAIN)
+    lam = torch.zeros(store.num_clients, dtype=torch.float64)
+    lam[torch.as_tensor(train)] = torch.rand(len(train), generator=torch.Generator().manual_seed(2),
+                                             dtype=torch.float64)
+    lam /= lam.sum()
+    alg.lam = lam.clone()
+    w = {k: v.clone() for k, v in ref.global_params.items()}
+    cohort = torch.as_tensor(train[[1, 2, 6, 8]])
+    alg.run_round(0, cohort, gen())
+    fk = torch.tensor([ref_loss(ref, w, int(i)) for i in cohort], dtype=torch.float64)
+    theta, _, _ = ref.cohort_sgd({k: v.expand(4, *v.shape).clone() for k, v in w.items()}, cohort, gen(),
+                                 steps=AFL.local_steps)
+    share = lam[cohort] / lam[cohort].sum()
+    for k in w:
+        want = w[k] + sum(float(share[r]) * (theta[k][r] - w[k]) for r in range(4))
+        torch.testing.assert_close(alg.global_params[k], want, atol=1e-6, rtol=1e-5)
+    # lambda <- Proj(lambda + gamma g), g_k = (N / |S|) F_k on the cohort, over the N train clients
+    step = lam[torch.as_tensor(train)].clone()
+    where = {int(c): r for r, c in enumerate(cohort)}
+    for j, c in enumerate(train):
+        if int(c) in where:
+            step[j] += AFL.afl_lambda_lr * (len(train) / 4) * fk[where[int(c)]]
+    torch.testing.assert_close(alg.lam[torch.as_tensor(train)], bisection_projection(step), atol=1e-5, rtol=0)
+    assert float(alg.lam.sum()) == pytest.approx(1.0)
