@@ -55,7 +55,7 @@ BUILTINS = (
     "pfl_cli.algorithms.centralized:Centralized",
     "pfl_cli.algorithms.moon:Moon", "pfl_cli.algorithms.fedsam:FedSAM",
     "pfl_cli.algorithms.ifca:IFCA", "pfl_cli.algorithms.qffl:QFFL",
-    "pfl_cli.algorithms.cfl:CFL", "pfl_cli.algorithms.afl:AFL",
+    "pfl_cli.algorithms.cfl:CFL", "pfl_cli.algorithms.fedem:FedEM", "pfl_cli.algorithms.afl:AFL",
 )
 
 

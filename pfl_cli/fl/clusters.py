@@ -82,3 +82,44 @@ def cluster_means(theta: dict, assign, weight, old: dict) -> dict:
         keep = (mass > 0).view(-1, *([1] * (v.dim() - 1)))
         out[name] = torch.where(keep, mean, old[name])
     return out
+
+
+def mixture_weights(net, store, padded, clients, models: dict, pi, how: str):
+    """One E-step of a mixture of the k shared ``models`` per client: the mean over each client's labeled samples
+    of the posterior ``q_s(m) ∝ pi_m p_m(y_s | x_s)``; ``pi`` (c, k) -> (c, k). A client without a labeled sample
+    keeps its ``pi``. Chunked and batched as :func:`losses_under`."""
+    import torch
+
+    from pfl_cli.fl.cohort import cohort_forward
+
+    k = int(next(iter(models.values())).shape[0])
+    c = len(clients)
+    total = torch.zeros(c, k, dtype=torch.float64, device=pi.device)
+    count = torch.zeros(c, 1, dtype=torch.float64, device=pi.device)
+    if c == 0:
+        return pi.clone()
+    log_pi = torch.log(pi.to(torch.float64).clamp_min(1e-30))
+    index, length = padded.rows(clients)
+    with torch.no_grad():
+        for lo in range(0, c, CLIENT_CHUNK):
+            hi = min(c, lo + CLIENT_CHUNK)
+            for s0 in range(0, index.shape[1], SAMPLE_CHUNK):
+                idx = index[lo:hi, s0:s0 + SAMPLE_CHUNK]
+                pos = torch.arange(s0, s0 + idx.shape[1], device=idx.device)
+                y = store.y[idx]
+                m = (pos[None, :] < length[lo:hi, None]) & (y >= 0)
+                if not bool(m.any()):
+                    continue
+                x = store.inputs(idx)
+                n = hi - lo
+                xs = x.unsqueeze(1).expand(n, k, *x.shape[1:]).flatten(0, 1)
+                params = {name: v.unsqueeze(0).expand(n, *v.shape).flatten(0, 1) for name, v in models.items()}
+                logits = cohort_forward(net, params, xs, how).view(n, k, idx.shape[1], -1)
+                logp = torch.log_softmax(logits.to(torch.float64), -1).gather(
+                    -1, y.clamp_min(0)[:, None, :, None].expand(n, k, -1, 1)).squeeze(-1)  # (n, k, b)
+                q = torch.softmax(logp + log_pi[lo:hi, :, None], 1)                      # posterior over k
+                mk = m[:, None, :].to(q.dtype)
+                total[lo:hi] += (q * mk).sum(-1)
+                count[lo:hi] += m.sum(-1, keepdim=True).to(torch.float64)
+    out = torch.where(count > 0, total / count.clamp_min(1.0), pi.to(torch.float64))
+    return out.to(pi.dtype)

@@ -330,3 +330,77 @@ def test_afl_round_against_its_reference(store):
             step[j] += AFL.afl_lambda_lr * (len(train) / 4) * fk[where[int(c)]]
     torch.testing.assert_close(alg.lam[torch.as_tensor(train)], bisection_projection(step), atol=1e-5, rtol=0)
     assert float(alg.lam.sum()) == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------------------------- FedEM
+FEDEM = small_config(algorithm="fedem", mlp_hidden=(8,), local_steps=2, batch_size=8, lr=0.05, clients_per_round=4,
+                     num_components=3, new_client_em_steps=3)
+
+
+def ref_e_step(alg, client, pi):
+    """Marfoq et al. Alg. 2's E-step for one client: q_s(m) ∝ pi_m p_m(y_s | x_s) per sample, then their mean."""
+    n = int(alg.store.fit.length[client])
+    idx = alg.store.fit.index[client, :n]
+    x, y = alg.store.inputs(idx), alg.store.y[idx]
+    qs = []
+    for s in range(n):
+        p = [float(pi[m]) * float(torch.softmax(functional_call(
+            alg.base, {k: v[m] for k, v in alg.stacked().items()}, (x[s:s + 1],)), -1)[0, y[s]])
+             for m in range(alg.k)]
+        qs.append([v / sum(p) for v in p])
+    return torch.tensor(qs, dtype=torch.float64).mean(0)
+
+
+def test_fedem_e_step_weights_against_the_per_sample_posterior(store):
+    alg = alg_factory(FEDEM)(store)
+    g = torch.Generator().manual_seed(4)
+    alg.components = {k: v + torch.randn(v.shape, generator=g) for k, v in alg.components.items()}
+    clients = torch.as_tensor(store.clients(ROLE_TRAIN)[:5])
+    pi = torch.softmax(torch.randn(5, 3, generator=g), 1)
+    got = alg.e_step(clients, pi)
+    want = torch.stack([ref_e_step(alg, int(i), pi[r]) for r, i in enumerate(clients)]).to(got.dtype)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got.sum(1), torch.ones(5))
+
+
+def test_fedem_mixture_output_is_the_log_of_the_mixed_probabilities(store):
+    alg = alg_factory(FEDEM)(store)
+    x = store.inputs(store.fit.index[0, :4])
+    pi = torch.tensor([0.2, 0.5, 0.3])
+    params = {**alg.components, "pi": pi}
+    got = functional_call(alg.net, params, (x,))
+    probs = sum(pi[m] * torch.softmax(functional_call(alg.base, {k: v[m] for k, v in alg.stacked().items()}, (x,)),
+                                      -1) for m in range(3))
+    torch.testing.assert_close(got, torch.log(probs), atol=1e-5, rtol=1e-5)
+
+
+def test_fedem_round_sets_pi_by_the_e_step_and_averages_each_component(store):
+    alg = alg_factory(FEDEM)(store)
+    ref = alg_factory(FEDEM)(store)
+    cohort = torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 2, 4, 7]])
+    alg.run_round(0, cohort, gen())
+    pi = torch.stack([ref_e_step(ref, int(i), torch.full((3,), 1 / 3)) for i in cohort]).to(torch.float32)
+    torch.testing.assert_close(alg.private.values["pi"][cohort], pi, atol=1e-5, rtol=1e-4)
+    start = {**{k: v.expand(4, *v.shape).clone() for k, v in ref.components.items()},
+             "pi": alg.private.values["pi"][cohort]}
+    theta, _, _ = ref.cohort_sgd(start, cohort, gen(), trainable=set(ref.components), steps=FEDEM.local_steps)
+    size = store.fit.length[cohort].to(torch.float32)
+    for k in ref.components:
+        want = (size.view(-1, *([1] * (theta[k].dim() - 1))) * theta[k]).sum(0) / size.sum()
+        torch.testing.assert_close(alg.components[k], want, atol=1e-6, rtol=1e-5)
+
+
+def test_fedem_new_client_fits_its_weights_with_the_components_frozen(store):
+    alg = alg_factory(FEDEM)(store)
+    g = torch.Generator().manual_seed(5)
+    alg.components = {k: v + torch.randn(v.shape, generator=g) for k, v in alg.components.items()}
+    new = int(store.clients(1)[0])
+    before = {k: v.clone() for k, v in alg.components.items()}
+    params, personalized = alg.personalize([new], gen())
+    pi = torch.full((3,), 1 / 3, dtype=torch.float64)
+    for _ in range(3):
+        pi = ref_e_step(alg, new, pi)
+    assert personalized
+    torch.testing.assert_close(params["pi"][0], pi.to(torch.float32), atol=1e-5, rtol=1e-4)
+    for k, v in before.items():
+        assert torch.equal(alg.components[k], v) and torch.equal(params[k][0], v)
