@@ -66,7 +66,21 @@ def test_afl_trains_lambda_on_the_simplex(train_predicts, listed_with_sources):
     listed_with_sources("afl", ["afl_lambda_lr"])
 
 
+def test_fedem_serves_mixtures_to_train_and_new_clients(train_predicts, listed_with_sources):
+    metrics, payload, preds = train_predicts("fedem", [*FAST[:6], "--clients-per-round", "16", *FAST[8:],
+                                                        "--set", "num_components=2"], run=main)
+    w = payload["weights"]
+    d = sum(v.numel() for k, v in w["components"].items() if k.startswith("components.0."))
+    assert metrics["floats_per_client_round"] == 2 * 2 * d  # M components down and up
+    pi = w["private"]["values"]["pi"][w["private"]["has"]]
+    assert pi.shape[1] == 2 and float((pi.sum(1) - 1).abs().max()) < 1e-5
+    assert preds["train"]["protocol"] == "the mixture with its own weights"  # every train client trained
+    assert "E-steps, components frozen" in preds["holdout"]["protocol"] and preds["holdout"]["optimizer_steps"] == 0
+    listed_with_sources("fedem", ["num_components", "new_client_em_steps"])
+
+
 @pytest.mark.parametrize("extra,message", [
+    (("--algorithm", "fedem", "--set", "num_components=0"), "num_components must be an integer >= 1 for fedem; got 0"),
     (("--algorithm", "cfl", "--set", "cfl_eps1=-1"), "cfl_eps1 must be a finite number >= 0 for cfl; got -1"),
     (("--algorithm", "afl", "--set", "afl_lambda_lr=-0.1"), "afl_lambda_lr must be a finite number >= 0 for afl"),
     (("--algorithm", "afl", "--set", "server_momentum=0.5"), "server_momentum has no effect on algorithm 'afl'"),
