@@ -79,6 +79,11 @@ BUILTINS = {
     "centralized": "pfl_cli.algorithms.centralized:Centralized",
     "moon": "pfl_cli.algorithms.moon:Moon",
     "fedsam": "pfl_cli.algorithms.fedsam:FedSAM",
+    "ifca": "pfl_cli.algorithms.ifca:IFCA",
+    "qffl": "pfl_cli.algorithms.qffl:QFFL",
+    "cfl": "pfl_cli.algorithms.cfl:CFL",
+    "fedem": "pfl_cli.algorithms.fedem:FedEM",
+    "afl": "pfl_cli.algorithms.afl:AFL",
 }
 
 

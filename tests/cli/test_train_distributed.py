@@ -82,7 +82,7 @@ EVERY = {
     "scaffold": [], "feddyn": [],
     "fednova": ["--set", "local_epochs=null"], "centralized": [],
     "fedlc": [], "fedamp": ["--set", "new_client_epochs=1"],
-    "fedproto": [], "fednh": [], "fedfomo": [], "apple": [], "moon": [], "fedsam": [],
+    "fedproto": [], "fednh": [], "fedfomo": [], "apple": [], "moon": [], "fedsam": [], "ifca": [], "qffl": [], "cfl": [], "fedem": [], "afl": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }
