@@ -11,19 +11,20 @@ What a model trained on comes from:
 - a train artifact without DP: its ``train_samples.npz`` (``sample`` and ``digest``);
 - a ``--dp`` train artifact records neither (which records trained is what DP protects), and
   withholds its partition's sha256; its manifest's partition input carries the partition's
-  *recipe* instead (:func:`partition_recipe`: stage, pflx version, config and seed, all public
-  inputs). A partition with that recipe is the model's own (a partition is a deterministic
-  function of its recipe and the dataset), and its train clients' train samples are what the
-  model trained on. Any other partition is checked against the model's own partition where it
-  is still found at the path the manifest names; where it is not (moved, deleted, re-created
-  with another seed), the overlap cannot be checked, and the stage refuses unless
-  ``--allow-unchecked-overlap`` says that is acceptable; its report then says
-  ``overlap_unchecked: true``.
+  *fingerprint* instead (:func:`pfl_cli.manifest.partition_fingerprint`: a keyed digest of the
+  partition's content under a secret key that only the partition artifact holds, so it publishes
+  nothing about the data). A partition with that fingerprint is the model's own, its dataset
+  checked against the digest the partition recorded, and its train clients' train samples are what
+  the model trained on. Any other partition is checked against the model's own partition where it
+  is still found at the path the manifest names; where it is not (moved, deleted, re-created,
+  even by the same command over a re-exported file: a new partition draws a new key), the
+  overlap cannot be checked, and the stage refuses unless ``--allow-unchecked-overlap`` says that
+  is acceptable; its report then says ``overlap_unchecked: true``. The recipe (public options and
+  seed) is recorded too, but names options, not data: it recognises nothing on its own (issue 49).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,10 +71,26 @@ def partition_recipe(art) -> str:
 
 
 def partition_input(part_art) -> dict:
-    """A train artifact's reference to its partition: path, stage, sha256 (withheld under --dp), recipe and
-    ``absolute_path`` (where it was; found from any working directory by a model copied away alone)."""
-    return {**part_art.input_ref(), "recipe": partition_recipe(part_art),
+    """A train artifact's reference to its partition: path, stage, sha256 (withheld under --dp), recipe,
+    fingerprint (:func:`fingerprint_of`; kept under --dp) and ``absolute_path`` (where it was; found from any
+    working directory by a model copied away alone)."""
+    return {**part_art.input_ref(), "recipe": partition_recipe(part_art), "fingerprint": fingerprint_of(part_art),
             "absolute_path": str(Path(part_art.path).resolve())}
+
+
+def fingerprint_of(part_art) -> str | None:
+    """The keyed fingerprint of a partition artifact (None: written without a key)."""
+    from pfl_cli.manifest import partition_fingerprint
+
+    return partition_fingerprint(part_art.manifest, part_art.content_hash)
+
+
+def is_models_partition(ref: dict, part_art) -> bool:
+    """True when ``part_art`` is the very partition a train artifact's partition input ``ref`` names: its
+    sha256 where recorded (no DP), else its keyed fingerprint (a --dp model); never the recipe alone."""
+    if ref.get("sha256") is not None:
+        return part_art.content_hash == ref["sha256"]
+    return ref.get("fingerprint") is not None and fingerprint_of(part_art) == ref["fingerprint"]
 
 
 def model_partition_location(model_art, ref: dict) -> Path:
@@ -127,9 +144,7 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
     ref = next((i for i in model_art.manifest.get("inputs", []) if i.get("stage") == "partition"), None)
     if ref is None:  # a train artifact always names its partition; nothing to compare with otherwise
         return False
-    own = (part_art.content_hash == ref["sha256"] if ref.get("sha256") is not None
-           else ref.get("recipe") is not None and ref["recipe"] == partition_recipe(part_art)
-           and not _recipe_over_other_data(model_art, ref, info))
+    own = is_models_partition(ref, part_art)
     if own and scoring.own_train_clients and clients == "train":
         return False
     indices, owner = ((part.test_indices, part.test_owner()) if scoring.split == "test"
@@ -171,27 +186,6 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
     return False
 
 
-def _recipe_over_other_data(model_art, ref: dict, info: dict) -> bool:
-    """True where the model's partition, still found where its manifest names it, was made from other data.
-
-    A recipe names the options, not the data: the same options over a dataset file replaced in place
-    make another partition with the recipe of the model's own. Where the model's partition is found,
-    the content digest of the dataset each one records (``dataset.json``) tells them apart; where it is
-    not, the recipe is all there is (see the module's docstring).
-    """
-    from pfl_cli.artifacts import read_artifact
-    where = model_partition_location(model_art, ref)
-    try:
-        theirs = read_artifact(where, ["partition"], flag="--model's partition", verify=False)
-        their_info = json.loads(theirs.file("dataset.json").read_text())
-    except (ArtifactError, OSError, ValueError):
-        return False
-    if partition_recipe(theirs) != ref["recipe"]:  # re-created there with other options: not evidence either way
-        return False
-    mine, recorded = ((i.get("source") or {}).get("content_sha256") for i in (info, their_info))
-    return bool(mine and recorded and mine != recorded)
-
-
 def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, ds) -> np.ndarray | None:
     """Content digests of the samples the model trained on; None where they cannot be known (a --dp model)."""
     from pfl_cli.artifacts import load_partition
@@ -204,16 +198,16 @@ def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, d
         if digest is None:  # recorded before digests were: indices into the dataset the manifest names
             digest = _digests_of_recorded(model_art, sample, part, info, ds)
         return digest
-    if own:  # the model's own partition, recognised by its recipe: its train clients' train samples
+    if own:  # the model's own partition, recognised by its fingerprint: its train clients' train samples
         return training_record(part, ds, info["spec"])[1]
     path = model_partition_location(model_art, ref)  # beside the model in a moved tree, from any directory
-    if ref.get("recipe") is None or not (path / "manifest.json").is_file():
+    if ref.get("fingerprint") is None or not (path / "manifest.json").is_file():
         return None
     try:
         theirs, their_info, their_art = load_partition(path, flag="--model's partition")
     except ArtifactError:
         return None
-    if partition_recipe(their_art) != ref["recipe"]:  # re-created there with another seed or config
+    if not is_models_partition(ref, their_art):  # re-created there (another key), or changed
         return None
     their_ds = locate_dataset(their_info, their_art.path, flag="--model's partition")
     if their_ds.num_samples != int(their_info["num_samples"]) or (

@@ -319,3 +319,28 @@ def test_a_training_sample_shown_at_another_angle_is_the_same_sample(root, tmp_p
     out = tmp_path / "out"
     err = refused(capsys, score(stage, rotated / "model", rotated / "part1", out), out)
     assert f"{hits} of the {total} " in err
+
+
+@pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
+def test_dataset_reexported_and_partition_recreated_at_the_models_path(root, tmp_path, capsys, stage):
+    # Issue 49, finding 1: the data file re-exported (rows permuted within each class) and the partition re-created
+    # by the same command at the same path. The recipe (options and seed) matched, and a --dp model withholds every
+    # digest of its data, so predict took it for the model's own and scored 239 of 360 training samples as test
+    # samples (exit 0, overlap_unchecked: false). A partition carries a secret key; the --dp model records a keyed
+    # digest of its partition under it, and the re-created partition (another key) cannot pass for it.
+    d = tmp_path / "re"
+    d.mkdir()
+    shutil.copy(root / "data.npz", d / "data.npz")
+    spec = f"npz:{d / 'data.npz'}"
+    assert main(["partition", "--dataset", spec, *PART, "--out", d / "part"]) == 0
+    assert main(["train", "--partition", d / "part", *TRAIN, *DP, "--out", d / "dp"]) == 0
+    model_part = load_partition(d / "part")
+    model_part = (model_part[0], {**model_part[1], "spec": f"npz:{root / 'data.npz'}"})  # the data it trained on
+    shutil.copy(root / "perm.npz", d / "data.npz")
+    shutil.rmtree(d / "part")
+    assert main(["partition", "--dataset", spec, *PART, "--out", d / "part"]) == 0
+    hits, scored = scored_training_samples(stage, model_part, load_partition(d / "part"))
+    assert hits > 0.1 * scored
+    out = tmp_path / "out"
+    err = refused(capsys, score(stage, d / "dp", d / "part", out), out)
+    assert "cannot check" in err and ALLOW_FLAG in err
