@@ -95,6 +95,8 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of key: value; got {type(data).__name__}.")
+    # a study's best.yaml says what chose it (pfl_cli.privacy.study reads it); not a key of any stage
+    data = {k: v for k, v in data.items() if k != "provenance"}
     section = data.get(stage)
     if stage in data and section is None:  # an empty `train:` section
         section = {}

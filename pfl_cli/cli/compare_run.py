@@ -168,7 +168,7 @@ def _train_config(name: str, config: Path | None, sets, seed: int, partition: Pa
     import json
 
     from pfl_cli.cli.common import train_stage_config
-    from pfl_cli.cli.privacy_account import study_prior
+    from pfl_cli.privacy.study import study_prior
 
     cfg = train_stage_config(config_file=config, flags={"algorithm": name},
                              sets=[f"{k}={json.dumps(v)}" for k, v in sets] + [f"seed={seed}"])

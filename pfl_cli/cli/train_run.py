@@ -14,7 +14,7 @@ The ``train`` artifact (DESIGN.md section 3):
   (fit + validation samples), n_test, accuracy, accuracy_lm (label-masked) of the selected model;
 - ``train_samples.npz``: ``sample``, the sorted dataset indices of the train clients' train samples,
   and ``digest`` (uint8, 16 bytes a sample), their content digests (what predict and attack compare
-  scored samples with, :mod:`pfl_cli.cli.unseen`; not under ``--dp``);
+  scored samples with, :mod:`pfl_cli.overlap`; not under ``--dp``);
 - ``checkpoint/state.pt``: the last checkpoint of the run (absent for ``local``, which has no rounds).
 
 While training, the latest checkpoint lives in ``.<out>.checkpoint/state.pt`` beside ``--out``
@@ -91,7 +91,7 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
               plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None, study=(None, None),
               log_as: tuple[str | None, str | None] = (None, None)) -> None:
     """``study``: ``(ledger, note)`` of the private study whose best.yaml is the config
-    (:func:`pfl_cli.cli.privacy_account.study_prior`): its ledger composes into privacy.json. ``log_as``:
+    (:func:`pfl_cli.privacy.study.study_prior`): its ledger composes into privacy.json. ``log_as``:
     ``(run name, group)`` of the W&B / MLflow run (default: ``--out``'s name, no group)."""
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
@@ -137,7 +137,7 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
                          f"{part.num_clients} clients are holdout clients. Re-partition with fewer "
                          "--holdout-clients.")
     config = config_to_dict(cfg)
-    from pfl_cli.cli.unseen import partition_input, training_record
+    from pfl_cli.overlap import partition_input, training_record
 
     inputs = [partition_input(part_art), ds.input_ref()]  # the partition's recipe identifies it under --dp too
     private = cfg.dp_epsilon is not None
@@ -237,8 +237,8 @@ def write_train_files(writer, config: dict, run, part, metrics: dict, record=Non
     ``train_samples.npz`` (``sample``: the sorted dataset indices of the train clients' train
     samples; ``digest``: their content digests, :mod:`pfl_cli.data.digest`) lets predict and attack
     refuse any scored sample with the content of one the model trained on, on any partition, also
-    once the partition is gone (:mod:`pfl_cli.cli.unseen`). ``record`` is ``(sample, digest)`` from
-    :func:`pfl_cli.cli.unseen.training_record`; without it (the Flower server reads no samples) the
+    once the partition is gone (:mod:`pfl_cli.overlap`). ``record`` is ``(sample, digest)`` from
+    :func:`pfl_cli.overlap.training_record`; without it (the Flower server reads no samples) the
     indices alone are written, and predict digests them from the dataset. A DP artifact holds
     neither (which records trained is what DP protects).
     """
@@ -511,7 +511,7 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
     are written (RunError naming it)."""
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.cli.loggers import RunLoggers, round_values
-    from pfl_cli.cli.unseen import partition_input, training_record
+    from pfl_cli.overlap import partition_input, training_record
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import resolve_device

@@ -1,5 +1,9 @@
 """No sample scored twice: a stage that scores a model never takes a sample it trained on for unseen data.
 
+The rule lives in the core, below the commands: ``predict`` and ``attack`` call
+:func:`check_unseen_samples`, and a Python user scoring a train artifact on a partition calls
+:func:`check_unseen` (the same refusals, as :class:`~pfl_cli.errors.ArtifactError`).
+
 DESIGN.md section 5 ("a test sample that a model trained on is never scored as a test sample") and
 section 7 (the suite ``tests/cli/test_no_sample_scored_twice.py``, generated from
 :data:`SCORING_STAGES`). Samples are compared by content (:mod:`pfl_cli.data.digest`: features
@@ -54,6 +58,31 @@ SCORING_STAGES = {
     # attack --clients train on the model's own partition attacks the uploads the model trained on, by design
     "attack": Scoring("train", "train samples (the attack's targets)", own_train_clients=True),
 }
+
+
+def check_unseen(model: str | Path, partition: str | Path, *, stage: str = "predict", clients: str = "holdout",
+                 allow_unchecked: bool = False) -> bool:
+    """Refuse (ArtifactError) to score the train artifact ``model`` on ``clients`` of the partition artifact
+    ``partition`` where ``stage`` would take a sample the model trained on for unseen data.
+
+    The check ``pflx predict`` and ``pflx attack`` run (see the module's docstring), for library users. Returns
+    True when the overlap could not be checked (a ``--dp`` model whose own partition is gone) and
+    ``allow_unchecked`` accepted that, False when it was checked.
+
+    >>> check_unseen("runs/fedavg", "runs/part")  # doctest: +SKIP
+    False
+    """
+    from pfl_cli.data.location import load_partition_dataset
+    from pfl_cli.readers import read_artifact
+
+    if stage not in SCORING_STAGES:
+        raise ValueError(f"stage must be one of {', '.join(SCORING_STAGES)}; got {stage!r}.")
+    if clients not in CLIENT_ROLES:
+        raise ValueError(f"clients must be one of {', '.join(CLIENT_ROLES)}; got {clients!r}.")
+    model_art = read_artifact(model, "train", flag="--model")
+    part, info, part_art, ds = load_partition_dataset(partition)
+    return check_unseen_samples(stage, clients, model=Path(model), model_art=model_art, partition=Path(partition),
+                                part=part, part_art=part_art, info=info, ds=ds, allow_unchecked=allow_unchecked)
 
 
 def partition_recipe(art) -> str:
@@ -188,7 +217,7 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
 
 def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, ds) -> np.ndarray | None:
     """Content digests of the samples the model trained on; None where they cannot be known (a --dp model)."""
-    from pfl_cli.artifacts import load_partition
+    from pfl_cli.readers import load_partition
     from pfl_cli.data.digest import sample_digests
     from pfl_cli.data.location import locate_dataset
     from pfl_cli.readers import read_train_samples
