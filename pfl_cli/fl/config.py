@@ -169,6 +169,12 @@ NEEDS["checkpoint_every"] = (lambda cfg: cfg.dp_epsilon is None, "under --dp (a 
 # (Algorithm.round_schedule): beside local_epochs no algorithm reads local_steps (BESIDE in
 # tests/algorithms/test_no_ignored_key.py). On a config without local_epochs (PeFLL's, the ISRL-DP algorithms')
 # local_steps always counts.
+# Client-level DP with the Poisson rate and the population both given samples each client at that rate: the cohort
+# is drawn, never counted (pfl_cli.fl.dp), so a cohort size there changes nothing (issue 49, finding 5).
+NEEDS["clients_per_round"] = (lambda cfg: not (cfg.dp_epsilon is not None and cfg.algorithm_class.dp_unit == "client"
+                                               and cfg.dp_sampling_rate is not None and cfg.dp_population is not None),
+                              "under client-level --dp with dp_sampling_rate and population given (each client joins "
+                              "a round with probability dp_sampling_rate: the cohort is drawn, not counted)")
 NEEDS["local_steps"] = (lambda cfg: getattr(cfg, "local_epochs", None) is None,
                         "beside local_epochs (a round is local_epochs epochs; set local_epochs=null to count steps)")
 
