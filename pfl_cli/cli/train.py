@@ -29,7 +29,7 @@ def train(
     algorithm: Annotated[str, typer.Option("--algorithm", help="The algorithm (`pflx algorithms` lists them); every other key defaults to its paper's value (`pflx algorithms NAME`).")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).", show_default=False)] = 1000,
     clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default: the algorithm's paper; pflx algorithms NAME).", show_default=False)] = None,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).", show_default=False)] = 50,
+    local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs). On an algorithm whose rounds count epochs by default (fednova, fedopt, flowdup, ld-fedavg, fedtta) it selects step counting, unless local_epochs is given too.", show_default=False)] = 50,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.", show_default=False)] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.", show_default=False)] = 2e-3,
     server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1), pfedhn (1e-2), pfedhn-pc (5e-2).")] = None,
