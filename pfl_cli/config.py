@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
@@ -103,10 +104,29 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
     if isinstance(section, dict):
         # A recipe: top-level scalars (seed, out_root, ...) are shared, the stage section wins.
         shared = {k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}
-        return _normalized_keys({**shared, **section}, path)
+        return _relative_to_file(_normalized_keys({**shared, **section}, path), path, stage)
     if any(isinstance(data.get(s), dict) for s in STAGES):
-        return _normalized_keys({k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}, path)
-    return _normalized_keys(data, path)
+        return _relative_to_file(_normalized_keys({k: v for k, v in data.items()
+                                                   if not isinstance(v, dict) and k not in STAGES}, path), path, stage)
+    return _relative_to_file(_normalized_keys(data, path), path, stage)
+
+
+def _relative_to_file(values: dict[str, Any], path: Path, stage: str) -> dict[str, Any]:
+    """A relative path-valued key (``backbone_weights``: pfl_cli.readers.files) read relative to the config file
+    where it names a file there (a train artifact's config.yaml holds it relative to itself), else as typed."""
+    if stage != "train":
+        return values
+    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.readers.files import path_keys
+
+    out = dict(values)
+    for key in path_keys(TrainConfig):
+        value = out.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            beside = path.parent / value
+            if beside.exists():
+                out[key] = os.path.normpath(os.path.abspath(beside))
+    return out
 
 
 def _normalized_keys(data: Mapping[Any, Any], path: Path) -> dict[str, Any]:

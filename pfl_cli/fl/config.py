@@ -63,7 +63,7 @@ class TrainConfig:
     evaluate_hidden_labels: bool = key(False, "score unlabeled clients against their hidden labels (an oracle)")
     # -- a pre-trained backbone as the client net (issue 27): vit-s16 | resnet18 | vit-micro | resnet-micro
     backbone: str = key("", "a pre-trained backbone client net instead of model_arch (\"\" = none)")
-    backbone_weights: str = key("", "its local state dict (.pth / .safetensors); \"\" = random")
+    backbone_weights: str = key("", "its local state dict (.pth / .safetensors); \"\" = random", path="file")
     backbone_tune: str = key("adapters", "adapters (frozen backbone + adapters) | probe (classifier only) | full",
                              choices=BACKBONE_TUNES)
     # -- differential privacy (issue 10): --dp eps=E[,delta=D][,clip=C][,population=N]. Only an algorithm that
