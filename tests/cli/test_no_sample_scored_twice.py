@@ -321,7 +321,8 @@ def test_a_training_sample_shown_at_another_angle_is_the_same_sample(root, tmp_p
     assert f"{hits} of the {total} " in err
 
 
-@pytest.mark.parametrize("stage", sorted(SCORING_STAGES))
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=() if s == "predict" else pytest.mark.slow)
+                                   for s in sorted(SCORING_STAGES)])
 def test_dataset_reexported_and_partition_recreated_at_the_models_path(root, tmp_path, capsys, stage):
     # Issue 49, finding 1: the data file re-exported (rows permuted within each class) and the partition re-created
     # by the same command at the same path. The recipe (options and seed) matched, and a --dp model withholds every

@@ -231,6 +231,15 @@ SMALL = ["--rounds", "2", "--eval-every", "2", "--local-steps", "2", "--clients-
 EXTRA = {"pefll": ["--set", "standardize_descriptor=false", "--set", "embed_dim=4", "--set", "hyper_hidden=8"]}
 
 
+def _small(unit: str) -> list[str]:
+    """SMALL; at client level (the rate and the population given: cohorts drawn, a cohort size refused) without
+    --clients-per-round."""
+    if unit == "example":
+        return SMALL
+    at = SMALL.index("--clients-per-round")
+    return SMALL[:at] + SMALL[at + 2:]
+
+
 def _dp_algorithms() -> list[tuple[str, str]]:
     from pfl_cli import registry
 
@@ -241,7 +250,8 @@ def _train_case(algorithm: str, unit: str) -> Case:
     dp = DP_EXAMPLE if unit == "example" else DP_CLIENT
 
     def run(d: Path, part: Path) -> list:
-        return ["train", "--partition", part, "--algorithm", algorithm, "--dp", dp, *SMALL, "--set", "val_fraction=0.3",
+        return ["train", "--partition", part, "--algorithm", algorithm, "--dp", dp, *_small(unit), "--set",
+                "val_fraction=0.3",
                 *EXTRA.get(algorithm, []), "--out", d / "out"]
 
     return Case(f"train-{algorithm}", unit, _observe_engine, run, _points, lambda: _removed(unit))
@@ -251,7 +261,7 @@ def _tune_case(algorithm: str, unit: str) -> Case:
     dp = DP_EXAMPLE if unit == "example" else DP_CLIENT
 
     def run(d: Path, part: Path) -> list:
-        return ["tune", "--partition", part, "--algorithm", algorithm, "--trials", "2", "--dp", dp, *SMALL,
+        return ["tune", "--partition", part, "--algorithm", algorithm, "--trials", "2", "--dp", dp, *_small(unit),
                 "--validation-fraction", "0.3", *EXTRA.get(algorithm, []), "--out", d / "out"]
 
     return Case(f"tune-{algorithm}", unit, _observe_engine, run, _points, lambda: _removed(unit))
