@@ -295,4 +295,9 @@ def partition_fingerprint(manifest: Mapping[str, Any], content_hash: str) -> str
     key = manifest.get(PARTITION_KEY)
     if not (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
         return None
-    return hmac.new(bytes.fromhex(key), content_hash.encode(), hashlib.sha256).hexdigest()
+    # written in the letters a-p (one a nibble): a released file's numbers are checked against the private counts
+    # (check_release_contract), and a hex digest's digit runs would match one by chance
+    return hmac.new(bytes.fromhex(key), content_hash.encode(), hashlib.sha256).hexdigest().translate(_LETTERS)
+
+
+_LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")

@@ -11,10 +11,11 @@ copied out of its study still says what it is:
 
 - ``private`` (the study ran under ``--dp``) and, then, ``ledger``: the study's ``privacy.json`` (public:
   a released ledger);
-- ``partition``: the study's partition: ``path`` (absolute, where it was), ``recipe`` (public options and
-  seed), ``fingerprint`` (a keyed digest under the partition's own secret key,
+- ``partition``: the study's partition: ``fingerprint`` (a keyed digest under the partition's own secret key,
   :func:`pfl_cli.manifest.partition_fingerprint`: nothing about the data without the key) and, for a
-  non-private study only, ``sha256`` (its manifest publishes it anyway).
+  non-private study only, ``path`` (absolute, where it was), ``recipe`` (public options and seed) and
+  ``sha256`` (its manifest publishes it anyway). A private study's file is a release, checked for private counts
+  among its numbers: it holds no path or digest; in its study artifact the manifest names the partition.
 
 :func:`study_prior` decides, for ``train`` / ``tune`` / ``compare --spec`` with ``--config FILE``:
 
@@ -61,10 +62,11 @@ def partition_block(part_art, *, private: bool) -> dict:
     from pfl_cli.manifest import partition_fingerprint
     from pfl_cli.overlap import partition_recipe
 
-    block = {"path": str(Path(part_art.path).resolve()), "recipe": partition_recipe(part_art),
-             "fingerprint": partition_fingerprint(part_art.manifest, part_art.content_hash)}
-    if not private:
-        block["sha256"] = part_art.content_hash
+    block = {"fingerprint": partition_fingerprint(part_art.manifest, part_art.content_hash)}
+    if not private:  # a private study's best.yaml is a release: no path or digest whose digits could collide with
+        # a private count (check_release_contract); its study artifact's manifest still names the partition
+        block.update({"path": str(Path(part_art.path).resolve()), "recipe": partition_recipe(part_art),
+                      "sha256": part_art.content_hash})
     return block
 
 
@@ -93,9 +95,13 @@ def read_provenance(config_file: Path) -> dict | None:
     except Exception:  # noqa: BLE001 - load_config_file reports a malformed file with its own message
         return None
     block = data.get(PROVENANCE_KEY) if isinstance(data, dict) else None
-    if isinstance(block, dict):
-        return _checked(block, config_file)
     found = _from_study_artifact(Path(config_file))
+    if isinstance(block, dict):
+        block = _checked(block, config_file)
+        if found is not None:  # in its study: the study's manifest names the partition's path too
+            block = {**block, "study": found["study"],
+                     "partition": {**found["partition"], **{k: v for k, v in block["partition"].items() if v}}}
+        return block
     if found is None and text.startswith(PRIVATE_HEADER):
         raise ConfigError(f"--config {config_file}: its header says it is the release of a private study (pflx tune "
                           "--dp), but it carries no provenance and lies outside its study, so the study's epsilon "
