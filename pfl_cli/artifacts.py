@@ -35,6 +35,7 @@ import fcntl
 import glob
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -63,6 +64,7 @@ from pfl_cli.manifest import (  # noqa: F401 - re-exported
     MANIFEST,
     MECHANISM,
     NONPRIVATE,
+    PARTITION_KEY,
     NONPRIVATE_PREFIX,
     POST_PROCESSING,
     PRIVACY_FILE,
@@ -279,6 +281,8 @@ class ArtifactWriter:
         }
         if self.dp:
             manifest["dp"] = True
+        if self.stage == "partition":  # a secret drawn once per partition: see pfl_cli.manifest.partition_fingerprint
+            manifest[PARTITION_KEY] = secrets.token_hex(32)
         manifest.update(self.notes)
         (self.dir / MANIFEST).write_text(dump_json(manifest))
 

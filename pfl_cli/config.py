@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
@@ -95,16 +96,37 @@ def load_config_file(path: str | Path | None, stage: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of key: value; got {type(data).__name__}.")
+    # a study's best.yaml says what chose it (pfl_cli.privacy.study reads it); not a key of any stage
+    data = {k: v for k, v in data.items() if k != "provenance"}
     section = data.get(stage)
     if stage in data and section is None:  # an empty `train:` section
         section = {}
     if isinstance(section, dict):
         # A recipe: top-level scalars (seed, out_root, ...) are shared, the stage section wins.
         shared = {k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}
-        return _normalized_keys({**shared, **section}, path)
+        return _relative_to_file(_normalized_keys({**shared, **section}, path), path, stage)
     if any(isinstance(data.get(s), dict) for s in STAGES):
-        return _normalized_keys({k: v for k, v in data.items() if not isinstance(v, dict) and k not in STAGES}, path)
-    return _normalized_keys(data, path)
+        return _relative_to_file(_normalized_keys({k: v for k, v in data.items()
+                                                   if not isinstance(v, dict) and k not in STAGES}, path), path, stage)
+    return _relative_to_file(_normalized_keys(data, path), path, stage)
+
+
+def _relative_to_file(values: dict[str, Any], path: Path, stage: str) -> dict[str, Any]:
+    """A relative path-valued key (``backbone_weights``: pfl_cli.readers.files) read relative to the config file
+    where it names a file there (a train artifact's config.yaml holds it relative to itself), else as typed."""
+    if stage != "train":
+        return values
+    from pfl_cli.fl.config import TrainConfig
+    from pfl_cli.readers.files import path_keys
+
+    out = dict(values)
+    for key in path_keys(TrainConfig):
+        value = out.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            beside = path.parent / value
+            if beside.exists():
+                out[key] = os.path.normpath(os.path.abspath(beside))
+    return out
 
 
 def is_recipe(path: str | Path) -> bool:

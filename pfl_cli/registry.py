@@ -245,12 +245,30 @@ def resolve_train_config(*, file_values: Mapping[str, Any] | None = None,
                 asked.append((k, where))
             elif k not in taken and k not in ignore:
                 raise unknown_key(k, entry, where)
+    overrides = _typed_steps_count_steps(entry, file_values, flag_values or {}, overrides or {})
     cfg = resolve_config(entry.config, file_values=file_values, flag_values=flag_values, overrides=overrides,
                          ignore=ignore)  # a value of the wrong type is refused first, as for any key
     if asked:
         raise inert_refusal(asked[0][0], entry.name, inert[asked[0][0]], where=asked[0][1])
     cfg.validate()
     return cfg
+
+
+def _typed_steps_count_steps(entry, file_values: Mapping, flag_values: Mapping, overrides: Mapping) -> dict:
+    """``overrides``, with ``local_epochs: null`` where the user typed local_steps (a flag or ``--set``; a train_config
+    keyword) and no layer sets local_epochs, on an algorithm whose rounds count epochs by default (FedNova, FedOpt,
+    FLowDUP, LD-FedAvg, FedTTA): the count typed selects step counting (issue 49, finding 11). A local_steps in a
+    config file beside the default epochs is still refused (a recipe's shared key meant for another algorithm)."""
+    def keys(layer):
+        return {str(k).strip().replace("-", "_") for k in layer}
+
+    typed = "local_steps" in keys(flag_values) | keys(overrides)
+    default_epochs = getattr(entry.config(), "local_epochs", None)
+    if not typed or default_epochs is None or "local_steps" not in entry.keys:
+        return dict(overrides)
+    if "local_epochs" in keys(file_values) | keys(flag_values) | keys(overrides):
+        return dict(overrides)
+    return {**overrides, "local_epochs": None}
 
 
 def _split_sections(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

@@ -32,6 +32,15 @@ def _input_status(ref: dict[str, Any], art: Artifact) -> str:
     :func:`pfl_cli.readers.artifact.input_location` says); datasets are not re-read."""
     if ref.get("stage") == "dataset":
         return "dataset (not re-read)"
+    if ref.get("stage") == "file":  # a file a path-valued key names (pfl_cli.readers.files)
+        from pfl_cli.errors import InputError
+        from pfl_cli.readers.files import locate_file
+
+        try:
+            locate_file(art, ref)
+        except InputError as err:
+            return "changed since (hash differs)" if "changed" in str(err) else "missing"
+        return "ok"
     where = input_location(art, ref)
     try:
         found = read_artifact(where, ref["stage"], flag="input")
@@ -188,12 +197,12 @@ def lineage(path: str | Path) -> list[dict[str, Any]]:
     def visit(ref: dict[str, Any], where: Path, depth: int, status: str) -> None:
         entry = {"depth": depth, "path": ref["path"], "stage": ref["stage"], "sha256": ref.get("sha256"), "status": status}
         chain.append(entry)
-        if ref["stage"] == "dataset" or not status.startswith("ok"):
+        if ref["stage"] in ("dataset", "file") or not status.startswith("ok"):
             return
         art = read_artifact(where, ref["stage"], flag="input")
         entry["headline"] = headline(art)
         for sub in art.manifest.get("inputs", []):
-            visit(sub, input_location(art, sub) if sub["stage"] != "dataset" else Path(), depth + 1,
+            visit(sub, input_location(art, sub) if sub["stage"] not in ("dataset", "file") else Path(), depth + 1,
                   _input_status(sub, art))
 
     root = open_artifact(path)

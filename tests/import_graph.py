@@ -168,3 +168,12 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def defined_functions(root: Path = ROOT) -> dict[str, set[str]]:
+    """Every module's top-level function names, read from the source."""
+    out = {}
+    for name, path in modules(root).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        out[name] = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return out

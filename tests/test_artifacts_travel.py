@@ -339,3 +339,78 @@ def test_a_partition_written_before_sources_were_recorded_still_reads(cli, tmp_p
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "PFLX_DATA" in r.err, r.err
     monkeypatch.setenv("PFLX_DATA", str(tmp_path / "a"))
     assert load_partition_dataset(part)[3].num_samples == 200
+
+
+# ---------------------------------------------------------------------------- files a config names by path
+def _path_valued_keys() -> set[str]:
+    """Every path-valued key of every config schema: train's (each algorithm's config) and every stage's."""
+    from pfl_cli import registry
+    from pfl_cli.config import STAGE_CONFIGS, stage_config_class
+    from pfl_cli.readers.files import path_keys
+
+    found = {k for e in registry.entries().values() for k in path_keys(e.config)}
+    for stage in STAGE_CONFIGS:
+        cls = stage_config_class(stage)
+        if cls is not None:
+            found |= set(path_keys(cls))
+    return found
+
+
+def _backbone_weights(root: Path) -> tuple[str, list[str]]:
+    """A resnet-micro state dict at root/weights/ (relative path), and the settings that make train read it."""
+    import torch
+
+    from pfl_cli.models.pretrained import PretrainedNet
+
+    (root / "weights").mkdir()
+    net = PretrainedNet("resnet-micro", (1, 8, 8), 10, "adapters")
+    torch.save({k: torch.full_like(v, 0.01) for k, v in net.backbone.state_dict().items()},
+               root / "weights" / "micro.pth")
+    return "weights/micro.pth", ["--set", "backbone=resnet-micro"]
+
+
+# How each path-valued key gets a file and what else its run needs (a new path-valued key fails the test below
+# until it has an entry: the travel case is generated from the schema).
+PATH_VALUES = {"backbone_weights": _backbone_weights}
+
+
+def test_every_path_valued_key_has_a_travel_case():
+    assert _path_valued_keys() and _path_valued_keys() <= set(PATH_VALUES), "add the key to PATH_VALUES"
+
+
+@pytest.mark.parametrize("key", sorted(PATH_VALUES))
+def test_a_path_valued_key_travels(key, tmp_path, monkeypatch, capsys):
+    # Issue 49, finding 6: a relative backbone_weights broke predict and `train --config RUN/config.yaml` run from
+    # another directory once the tree moved, with a wrong message ("changed since the model was built" for a file
+    # that was missing). Trained in the tree with the path as typed there; then the tree moves, and predict and
+    # train --config run from another directory.
+    origin = tmp_path / "origin"
+    _data(origin)
+    value, extra = PATH_VALUES[key](origin)
+    monkeypatch.chdir(origin)
+    small = ["--rounds", "1", "--eval-every", "1", "--local-steps", "1", "--device", "cpu", "--format", "quiet"]
+    assert main([*CHAIN["partition"].args, "--out", "part", "--format", "quiet"]) == 0
+    assert main(["train", "--partition", "part", "--algorithm", "fedavg", *small, *extra, "--set", f"{key}={value}",
+                 "--out", "model"]) == 0
+    moved = tmp_path / "moved" / "tree"
+    shutil.copytree(origin, moved)
+    shutil.rmtree(origin)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    tree = os.path.relpath(moved, elsewhere)
+    capsys.readouterr()
+    code = main(["predict", "--model", f"{tree}/model", "--partition", f"{tree}/part", "--out", "pred", *small[-2:]])
+    assert code == 0, capsys.readouterr().err
+    code = main(["train", "--partition", f"{tree}/part", "--config", f"{tree}/model/config.yaml", "--out", "again",
+                 *small[-2:]])
+    assert code == 0, capsys.readouterr().err
+    first, again = (json.loads((d / "manifest.json").read_text()) for d in (moved / "model", elsewhere / "again"))
+    model_pt = {m["outputs"][i]["path"]: m["outputs"][i]["sha256"] for m in (first,) for i in range(len(m["outputs"]))}
+    assert {o["path"]: o["sha256"] for o in again["outputs"]}["model.pt"] == model_pt["model.pt"]
+    # gone: one line that says missing (not "changed")
+    os.remove(moved / value)
+    code = main(["predict", "--model", f"{tree}/model", "--partition", f"{tree}/part", "--out", "pred2",
+                 *small[-2:]])
+    err = capsys.readouterr().err
+    assert code == 2 and "missing" in err and "changed" not in err and err.count("\n") == 1, err

@@ -76,6 +76,10 @@ def test_no_import_cycle_but_the_known_one(edges):
     (ENGINE, (WRITER, "pfl_cli.cli")),
     # The study logic (trials, stacks, workers, the private study) is core: the command writes and prints.
     ("pfl_cli.tune", ("pfl_cli.cli",)),
+    # The rules a Python user must meet as the CLI does (issue 49): no sample scored twice, and what a study's
+    # best config carries into a run (its ledger, the non-private refusal) are core, the commands call them.
+    ("pfl_cli.overlap", ("pfl_cli.cli", WRITER)),
+    ("pfl_cli.privacy", ("pfl_cli.cli", WRITER)),
 ])
 def test_each_layer_imports_only_below_it(edges, layer, forbidden):
     """Every module of ``layer`` -- directly, through another module, or in a function -- loads none of ``forbidden``."""
@@ -86,6 +90,24 @@ def test_each_layer_imports_only_below_it(edges, layer, forbidden):
         via = reachable(edges, module)
         bad += [chain(via, module, m) for m in sorted(via) if any(inside(m, f) for f in forbidden)]
     assert bad == []
+
+
+def test_the_overlap_rule_and_the_study_composition_stay_in_the_core(parsed, edges):
+    """The commands call the rules; none defines them again (issue 49: they lived in cli/unseen.py and
+    cli/privacy_account.py, where a Python user bypassed them)."""
+    import pfl_cli.overlap as overlap
+    import pfl_cli.privacy.study as study
+
+    assert "pfl_cli.cli.unseen" not in edges
+    for name in ("check_unseen", "check_unseen_samples", "partition_input", "SCORING_STAGES"):
+        assert hasattr(overlap, name)
+    for name in ("study_prior", "read_provenance", "same_partition"):
+        assert hasattr(study, name)
+    from import_graph import defined_functions
+
+    in_cli = {f for m, fs in defined_functions().items() if m.startswith("pfl_cli.cli") for f in fs}
+    assert not in_cli & {"study_prior", "check_unseen_samples", "same_partition", "_same_partition",
+                         "partition_recipe", "read_provenance"}
 
 
 def test_the_bottom_layers_import_what_they_say(edges):

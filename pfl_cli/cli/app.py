@@ -210,6 +210,37 @@ def _plain_help_records(command) -> None:
         _plain_help_records(sub)
 
 
+# Commands that release under DP through a config or a spec rather than a --dp flag: what carries the DP keys.
+DP_THROUGH = {
+    "flower app": "its --config recipe's dp_* keys (the deployment's DP-FedAvg, client-level)",
+    "compare --spec": "each algorithms entry's config / set with dp_epsilon (trained as pflx train --dp)",
+}
+
+
+def dp_entry_points() -> dict[str, str]:
+    """Every way pflx releases under DP, for the suites generated over the DP stages (DESIGN.md section 7): each
+    command or command of a group (``flower app``) with a ``--dp`` option, ``privacy-account`` (it composes
+    ledgers), and the entries of :data:`DP_THROUGH` (a group's command or a spec entry that takes DP keys from a
+    file). ``name -> how``."""
+    import inspect
+
+    def takes_dp(command) -> bool:
+        return "dp" in inspect.signature(command.callback).parameters
+
+    found = {}
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__.replace("_", "-")
+        if takes_dp(command) or name == "privacy-account":
+            found[name] = "--dp" if name != "privacy-account" else "composes ledgers"
+    for group in app.registered_groups:
+        for command in group.typer_instance.registered_commands:
+            name = f"{group.name} {command.name or command.callback.__name__.replace('_', '-')}"
+            if takes_dp(command):
+                found[name] = "--dp"
+    found.update(DP_THROUGH)
+    return found
+
+
 def _subcommand_names() -> set[str]:
     return {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
 

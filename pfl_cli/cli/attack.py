@@ -10,7 +10,7 @@ import typer
 from pfl_cli.cli.common import explicit_flags, stage_config
 from pfl_cli.cli.options import ConfigOpt, ForceOpt, Format, FormatOpt, OutOpt, SeedOpt, SetOpt
 from pfl_cli.cli.output import Reporter
-from pfl_cli.cli.unseen import ALLOW_HELP
+from pfl_cli.overlap import ALLOW_HELP
 
 FLAGS = ("clients", "images", "batch_size", "attack", "iterations", "lr", "unknowns_lr", "tv", "rog_scale", "upload", "local_steps",
          "infer_labels", "lpips_weights", "device", "seed")

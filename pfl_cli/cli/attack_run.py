@@ -8,7 +8,7 @@ The ``attack`` artifact:
   ``label_accuracy``,
   ``upload`` (names of the message's tensors), ``device``, ``model``, ``overlap_unchecked`` (true:
   ``--allow-unchecked-overlap`` attacked a partition that could not be checked against the samples a
-  ``--dp`` model trained on, :mod:`pfl_cli.cli.unseen`); per attack
+  ``--dp`` model trained on, :mod:`pfl_cli.overlap`); per attack
   ``{attack: {mean_psnr, median_psnr, mean_ssim, median_ssim, mean_lpips, median_lpips}}`` under
   ``results`` (SSIM null for vector data, LPIPS null without ``--lpips-weights``). PSNR / SSIM compare images scaled to [0, 1] by the dataset's value range.
 - ``images.csv``: image, client_id, sample (dataset index), label, attack, psnr, ssim, lpips.

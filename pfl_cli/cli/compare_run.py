@@ -206,7 +206,7 @@ def _train_config(name: str, config: Path | None, sets, seed: int, spec):
     import json
 
     from pfl_cli.cli.common import train_stage_config
-    from pfl_cli.cli.privacy_account import study_prior
+    from pfl_cli.privacy.study import study_prior
 
     with _naming(spec, name, config):
         cfg = train_stage_config(config_file=config, flags={"algorithm": name},

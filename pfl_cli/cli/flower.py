@@ -104,7 +104,7 @@ def write_deployment(run) -> None:
 
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.cli.train_run import train_metrics, write_train_files
-    from pfl_cli.cli.unseen import partition_input
+    from pfl_cli.overlap import partition_input
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import TrainRun, model_payload
     from pfl_cli.fl.loop import TrainOutcome, evaluation_rows

@@ -15,7 +15,7 @@ The ``predict`` artifact:
   steps taken while predicting: local SGD steps plus server-side embedding steps; PeFLL takes none); ``personalized``; ``device``; ``model`` (the train
   artifact's input reference); ``overlap_unchecked`` (true: ``--allow-unchecked-overlap`` scored a
   partition that could not be checked against the samples a ``--dp`` model trained on,
-  :mod:`pfl_cli.cli.unseen`). Mean accuracy averages per-client accuracies over clients with test
+  :mod:`pfl_cli.overlap`). Mean accuracy averages per-client accuracies over clients with test
   samples; pooled accuracy is correct / total over all their test samples.
 - ``clients.csv``: client_id, role (0 train, 1 holdout), n_train, n_test, accuracy, accuracy_lm.
 - ``predictions.npz`` (unless ``--no-predictions``): one row per sample of every predicted client,
@@ -96,15 +96,15 @@ def check_same_dataset(partition: Path, info: dict, train_metrics: dict, command
 def open_model_stage(stage: str, cfg, *, model: Path, partition: Path, out: Path, force: bool, report: Reporter,
                      up_to_date_hint: str = "", allow_unchecked: bool = False):
     """What a stage reading a train artifact and a partition starts with (the scoring stages of
-    :data:`pfl_cli.cli.unseen.SCORING_STAGES`: predict, attack).
+    :data:`pfl_cli.overlap.SCORING_STAGES`: predict, attack).
 
     Checks ``--out`` first, reads the model and the partition's dataset, refuses a partition
-    over another dataset and any scored sample the model trained on (:mod:`pfl_cli.cli.unseen`),
+    over another dataset and any scored sample the model trained on (:mod:`pfl_cli.overlap`),
     and returns ``(writer, model_art, payload, train_cfg, part, ds, unchecked)`` (``unchecked``:
     the overlap could not be checked and ``--allow-unchecked-overlap`` accepted that; a warning
     says so), or None after reporting that ``out`` is up to date.
     """
-    from pfl_cli.cli.unseen import ALLOW_FLAG, check_unseen_samples
+    from pfl_cli.overlap import ALLOW_FLAG, check_unseen_samples
 
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict

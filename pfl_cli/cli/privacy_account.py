@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -58,83 +57,6 @@ def _read_ledgers(dirs: list[Path]):
         if isinstance(doc, dict) and doc.get("noise") == "seeded":
             seeded.append(str(path))
     return ledgers, inputs, seeded
-
-
-def study_prior(config_file: Path | None, partition: Path, cfg):
-    """``(ledger, note)`` for ``train --dp --config best.yaml`` where best.yaml is a DP study's release.
-
-    Choosing the config is a mechanism on the study's data (Papernot & Steinke 2022), and training with it
-    on the same data is a second one: their epsilons compose (sequential composition). When ``config_file``
-    lies in a ``tune --dp`` artifact (its manifest lists the file, and it has a ``privacy.json``) that was run
-    on ``partition`` (the study's recorded partition path, resolved, is this one, or the partition there is a copy of
-    this one or made by the same recipe from the same data), the study's ledger is
-    returned to be composed into the training run's ``privacy.json``; when the study ran on another
-    partition path, only a note saying how to compose by hand (pflx cannot tell whether the two hold the
-    same people: a DP manifest withholds the partition's digest). ``(None, None)`` otherwise.
-    """
-    from pfl_cli.artifacts import read_artifact
-    from pfl_cli.errors import ArtifactError, ConfigError
-    from pfl_cli.readers import read_ledger
-
-    if config_file is None or cfg.dp_epsilon is None:
-        return None, None
-    here = Path(config_file).resolve().parent
-    if not (here / "manifest.json").is_file():
-        return None, None
-    try:
-        art = read_artifact(here, ["tune"], flag="--config")
-    except ArtifactError:
-        return None, None
-    names = {o.get("path") for o in art.manifest.get("outputs", [])}
-    if Path(config_file).name not in names or not art.has("privacy.json"):
-        return None, None
-    _doc, ledger = read_ledger(art, "--config")
-    studied = [i for i in art.manifest.get("inputs", []) if i.get("stage") == "partition"]
-    # the recorded relative path read by its letters from the study as typed (with runs -> /scratch/runs,
-    # runs/study's ../../part is the tree's part; from the resolved study it would be /scratch's)
-    typed_here = Path(os.path.abspath(config_file)).parent
-    paths = set()
-    for i in (i for i in studied if i.get("path")):
-        where = Path(i["path"])
-        if i.get("relative_path"):
-            folded = Path(os.path.normpath(typed_here / i["relative_path"]))
-            where = folded if folded.exists() else here / i["relative_path"]
-        paths.add(where.resolve())
-    if Path(partition).resolve() not in paths and not any(_same_partition(p, Path(partition)) for p in paths):
-        where = ", ".join(sorted(str(p) for p in paths)) or "an unrecorded partition"
-        return None, (f"--config {config_file} is the release of a private study on {where}, not on --partition "
-                      f"{partition}; if the two hold the same people, their epsilons compose: pflx privacy-account "
-                      f"{here} OUT.")
-    unit = cfg.algorithm_class.dp_unit
-    if ledger.unit != unit or abs(ledger.delta - cfg.dp_delta) > 1e-12 * max(ledger.delta, cfg.dp_delta):
-        raise ConfigError(f"--config {config_file}: the private study that chose it (a {ledger.unit}-level ledger at "
-                          f"delta {ledger.delta:g}) ran on this --partition, and its epsilon composes with this run's "
-                          f"({unit}-level, delta {cfg.dp_delta:g}) only at the same unit and delta; run with --dp "
-                          f"delta={ledger.delta:g} and an algorithm of the same unit, or account both with pflx "
-                          "privacy-account.")
-    return ledger, (f"privacy.json composes the private study that chose --config ({here}) with this run "
-                    "(both read --partition); pflx privacy-account shows the total.")
-
-
-def _same_partition(studied: Path, partition: Path) -> bool:
-    """Whether two partition artifacts hand out the same records: byte-identical payloads (a copy), or the same
-    recipe (stage, version, options, seed) over a dataset of the same content digest (a partition is a
-    deterministic function of the two; DESIGN.md section 5)."""
-    import json
-
-    from pfl_cli.artifacts import read_artifact
-    from pfl_cli.cli.unseen import partition_recipe
-    from pfl_cli.errors import ArtifactError
-
-    try:
-        a, b = (read_artifact(p, ["partition"], flag="--partition", verify=False) for p in (studied, partition))
-        if a.content_hash == b.content_hash:
-            return True
-        data = [(json.loads(x.file("dataset.json").read_text()).get("source") or {}).get("content_sha256")
-                for x in (a, b)]
-    except (ArtifactError, OSError, ValueError):
-        return False
-    return partition_recipe(a) == partition_recipe(b) and data[0] is not None and data[0] == data[1]
 
 
 def privacy_account(

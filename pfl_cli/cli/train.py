@@ -30,7 +30,7 @@ def train(
     algorithm: Annotated[str, typer.Option("--algorithm", help="The algorithm (`pflx algorithms` lists them); every other key defaults to its paper's value (`pflx algorithms NAME`).")] = "pefll",
     rounds: Annotated[int, typer.Option("--rounds", help="Communication rounds (pefll, fedavg; local has none).", show_default=False)] = 1000,
     clients_per_round: Annotated[Optional[int], typer.Option("--clients-per-round", help="Cohort size of every round (default: the algorithm's paper; pflx algorithms NAME).", show_default=False)] = None,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs).", show_default=False)] = 50,
+    local_steps: Annotated[int, typer.Option("--local-steps", help="Client SGD steps per round (every federated algorithm but fedrep, which counts epochs). On an algorithm whose rounds count epochs by default (fednova, fedopt, flowdup, ld-fedavg, fedtta) it selects step counting, unless local_epochs is given too.", show_default=False)] = 50,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Client minibatch size.", show_default=False)] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Client SGD step size.", show_default=False)] = 2e-3,
     server_lr: Annotated[Optional[float], typer.Option("--server-lr", help="Server step: pefll (adam 2e-4; sgd 1, Alg. 8), fedavg on the mean delta (default 1), pfedhn (1e-2), pfedhn-pc (5e-2).")] = None,
@@ -46,6 +46,7 @@ def train(
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.", show_default=False)] = True,
     dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N. noise=secure (default): noise and sampling from OS entropy; noise=seeded: repeatable from the published seed, simulation only.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
+    allow_nonprivate_config: Annotated[bool, typer.Option("--allow-nonprivate-config", help="With --dp and --config: train with a config chosen by a study without --dp on this partition (refused otherwise: the choice of config is not covered by the run's epsilon). Not part of the config.")] = False,
     client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).", show_default=False)] = "",
     dropout: Annotated[float, typer.Option("--dropout", help="Federation conditions: probability that a selected client leaves mid-round and never answers (docs/federation-conditions.md).", show_default=False)] = 0.0,
     round_deadline: Annotated[Optional[float], typer.Option("--round-deadline", help="Simulated seconds a round waits for answers; late work is dropped (fedavg and most) or kept as partial work (fedprox, fednova). Client speeds: --set compute_speed=..., network_speed=....", show_default=False)] = None,
@@ -157,16 +158,16 @@ def train(
     from pfl_cli.cli.loggers import check_loggers, default_log_dir
 
     logs = check_loggers(log or ())  # an unknown or uninstalled logger is refused before any work
-    from pfl_cli.cli.privacy_account import study_prior
+    from pfl_cli.privacy.study import study_prior
 
     if seeds is not None:  # before --nproc launches anything: the stack is one process
         _train_seeds(cfg, seeds, ctx, partition=partition, out=out, resume=resume, force=force, fmt=fmt, nproc=nproc,
-                     plot=plot, logs=logs, log_dir=log_dir, study=study_prior(config, partition, cfg), sets=set_)
+                     plot=plot, logs=logs, log_dir=log_dir, study=study_prior(config, partition, cfg, allow_nonprivate=allow_nonprivate_config), sets=set_)
         return
     if nproc != 1:
         _launch(cfg, nproc)
     rank = int(os.environ.get("RANK", "0"))
-    study = study_prior(config, partition, cfg)  # best.yaml of a private study on this partition: its ledger composes
+    study = study_prior(config, partition, cfg, allow_nonprivate=allow_nonprivate_config)  # best.yaml of a private study on this partition: its ledger composes
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
               report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot,  # rank 0 alone reports and writes
               logs=logs, log_dir=log_dir or default_log_dir(out), study=study)

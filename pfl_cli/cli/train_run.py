@@ -14,7 +14,7 @@ The ``train`` artifact (DESIGN.md section 3):
   (fit + validation samples), n_test, accuracy, accuracy_lm (label-masked) of the selected model;
 - ``train_samples.npz``: ``sample``, the sorted dataset indices of the train clients' train samples,
   and ``digest`` (uint8, 16 bytes a sample), their content digests (what predict and attack compare
-  scored samples with, :mod:`pfl_cli.cli.unseen`; not under ``--dp``);
+  scored samples with, :mod:`pfl_cli.overlap`; not under ``--dp``);
 - ``checkpoint/state.pt``: the last checkpoint of the run (absent for ``local``, which has no rounds).
 
 While training, the latest checkpoint lives in ``.<out>.checkpoint/state.pt`` beside ``--out``
@@ -91,7 +91,7 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, rep
               plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None, study=(None, None),
               log_as: tuple[str | None, str | None] = (None, None)) -> None:
     """``study``: ``(ledger, note)`` of the private study whose best.yaml is the config
-    (:func:`pfl_cli.cli.privacy_account.study_prior`): its ledger composes into privacy.json. ``log_as``:
+    (:func:`pfl_cli.privacy.study.study_prior`): its ledger composes into privacy.json. ``log_as``:
     ``(run name, group)`` of the W&B / MLflow run (default: ``--out``'s name, no group)."""
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
@@ -139,9 +139,12 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
                          f"{part.num_clients} clients are holdout clients. Re-partition with fewer "
                          "--holdout-clients.")
     config = config_to_dict(cfg)
-    from pfl_cli.cli.unseen import partition_input, training_record
+    from pfl_cli.overlap import partition_input, training_record
 
-    inputs = [partition_input(part_art), ds.input_ref()]  # the partition's recipe identifies it under --dp too
+    from pfl_cli.readers.files import file_inputs
+
+    # the partition's fingerprint identifies it under --dp too; files the config names by path travel as inputs
+    inputs = [partition_input(part_art), ds.input_ref(), *file_inputs(cfg)]
     private = cfg.dp_epsilon is not None
     if not private:  # under --dp the number and sizes of the clients are private: nothing is said about them
         _warn_clamped(cfg, part, n_train, report)
@@ -243,8 +246,8 @@ def write_train_files(writer, config: dict, run, part, metrics: dict, record=Non
     ``train_samples.npz`` (``sample``: the sorted dataset indices of the train clients' train
     samples; ``digest``: their content digests, :mod:`pfl_cli.data.digest`) lets predict and attack
     refuse any scored sample with the content of one the model trained on, on any partition, also
-    once the partition is gone (:mod:`pfl_cli.cli.unseen`). ``record`` is ``(sample, digest)`` from
-    :func:`pfl_cli.cli.unseen.training_record`; without it (the Flower server reads no samples) the
+    once the partition is gone (:mod:`pfl_cli.overlap`). ``record`` is ``(sample, digest)`` from
+    :func:`pfl_cli.overlap.training_record`; without it (the Flower server reads no samples) the
     indices alone are written, and predict digests them from the dataset. A DP artifact holds
     neither (which records trained is what DP protects).
     """
@@ -252,8 +255,8 @@ def write_train_files(writer, config: dict, run, part, metrics: dict, record=Non
 
     from pfl_cli.fl.store import ROLE_TRAIN
 
-    writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
-    writer.path("model.pt").write_bytes(torch_bytes(run.model))
+    writer.save_text("config.yaml", yaml.safe_dump(_portable(config, run, writer), sort_keys=False))
+    writer.path("model.pt").write_bytes(torch_bytes(portable_model(run.model)))
     writer.save_csv("metrics.csv", ["round", "group", "metric", "value"], run.outcome.history)
     writer.save_json("metrics.json", metrics)
     writer.save_csv("clients.csv", CLIENT_COLUMNS,
@@ -264,6 +267,23 @@ def write_train_files(writer, config: dict, run, part, metrics: dict, record=Non
         writer.save_npz("train_samples.npz", sample=np.unique(np.asarray(part.train_indices, np.int64)[trained]))
     else:
         writer.save_npz("train_samples.npz", sample=record[0], digest=record[1])
+
+
+def _portable(config: dict, run, writer) -> dict:
+    """config.yaml's keys, path-valued ones relative to the artifact (pfl_cli.readers.files)."""
+    from pfl_cli.readers.files import portable_config
+
+    return portable_config(config, type(run.algorithm.cfg), writer.out)
+
+
+def portable_model(model: dict) -> dict:
+    """The model payload naming a backbone's weights file by name, not by where it was (the manifest's ``file``
+    input finds it again: pfl_cli.readers.files); the bytes of model.pt then do not depend on the directory."""
+    arch = model.get("arch")
+    if not isinstance(arch, dict) or not any(isinstance(s, dict) and s.get("weights") for s in arch.values()):
+        return model
+    return {**model, "arch": {k: ({**s, "weights": Path(str(s["weights"])).name}
+                                  if isinstance(s, dict) and s.get("weights") else s) for k, s in arch.items()}}
 
 
 def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior=None) -> dict:
@@ -285,8 +305,9 @@ def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior
 
     from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING
 
-    writer.save_text("config.yaml", yaml.safe_dump(config, sort_keys=False), release=POST_PROCESSING)
-    writer.path("model.pt", release=MECHANISM).write_bytes(torch_bytes(run.model))
+    writer.save_text("config.yaml", yaml.safe_dump(_portable(config, run, writer), sort_keys=False),
+                     release=POST_PROCESSING)
+    writer.path("model.pt", release=MECHANISM).write_bytes(torch_bytes(portable_model(run.model)))
     from pfl_cli.privacy.randomness import statement
 
     ledger = run.dp.ledger() if prior is None else prior.compose(run.dp.ledger())
@@ -521,7 +542,7 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
     are written (RunError naming it)."""
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.cli.loggers import RunLoggers, round_values
-    from pfl_cli.cli.unseen import partition_input, training_record
+    from pfl_cli.overlap import partition_input, training_record
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import check_device, resolve_device
@@ -547,7 +568,9 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
         raise InputError(f"--partition {partition}: training needs train clients (role 0); all "
                          f"{part.num_clients} clients are holdout clients. Re-partition with fewer "
                          "--holdout-clients.")
-    inputs = [partition_input(part_art), ds.input_ref()]
+    from pfl_cli.readers.files import file_inputs
+
+    inputs = [partition_input(part_art), ds.input_ref(), *file_inputs(cfgs[0])]
     configs = [config_to_dict(c) for c in cfgs]
     todo = []
     for i, (m, c) in enumerate(zip(members, cfgs)):

@@ -103,7 +103,7 @@ def tune(
                           explicit=frozenset(explicit_flags(ctx, ("dp_shape", "dp_score_noise"))),
                           logs=check_study_loggers(log or (), private=cfg.dp_epsilon is not None),
                           log_dir=log_dir or default_log_dir(out))
-    from pfl_cli.cli.privacy_account import study_prior
+    from pfl_cli.privacy.study import study_prior
 
     study = study_prior(config, partition, cfg)  # --config: a private study's best.yaml on this partition composes
     run_tune(cfg, options, partition=partition, out=out, force=force, report=Reporter(fmt), plot=plot, study=study)

@@ -32,7 +32,7 @@ from pfl_cli.tune.plan import Plan, TuneOptions
 def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, report: Reporter,
              plot: bool = False, study=(None, None)) -> None:
     """``study``: ``(ledger, note)`` of the private study whose best.yaml is ``--config``
-    (:func:`pfl_cli.cli.privacy_account.study_prior`): under --dp its ledger composes into privacy.json."""
+    (:func:`pfl_cli.privacy.study.study_prior`): under --dp its ledger composes into privacy.json."""
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.cli.common import load_partition_dataset
     from pfl_cli.fl.api import validate_train_config
@@ -58,7 +58,7 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
         from pfl_cli.tune.private_study import run_private_study
 
         _write_private(writer, run_private_study(plan, o, data, prior=study[0], note=report.note), plan, o,
-                       out=out, report=report)
+                       out=out, report=report, part_art=part_art)
         if study[1]:
             report.note(study[1])
         return
@@ -77,7 +77,7 @@ def run_tune(cfg, o: TuneOptions, *, partition: Path, out: Path, force: bool, re
     started = time.time()
     study = run_study(plan, o, data, url=url, name=name, meta=meta, partition=partition, force=force,
                       note=report.note, progress=report.progress, track=_tracker(o))
-    _write_artifact(writer, study, plan, o, out=out, staging=staging, started=started, plot=plot)
+    _write_artifact(writer, study, plan, o, out=out, staging=staging, started=started, plot=plot, part_art=part_art)
     _print_summary(report, out, study, plan, partition)
     if (last := still_rising(study)) is not None:
         report.warn(f"every trial's validation curve still rises at its last round ({last}): the --rounds budget, "
@@ -95,7 +95,7 @@ def _tracker(o: TuneOptions):
 
 # ---------------------------------------------------------------------------- the artifact
 def _write_artifact(writer, study, plan: Plan, o: TuneOptions, *, out: Path, staging: Path | None, started: float,
-                    plot: bool) -> None:
+                    plot: bool, part_art) -> None:
     from pfl_cli.cli import interrupt
     from pfl_cli.config import config_to_dict
     from pfl_cli.tune.run import best_config, study_metrics
@@ -108,7 +108,7 @@ def _write_artifact(writer, study, plan: Plan, o: TuneOptions, *, out: Path, sta
         # from the swap on, --out holds the whole artifact: a Ctrl-C in the cleanup or the summary says so
         writer.after_swap(lambda: interrupt.kept(f"interrupted after {out} was written; it is complete (the same "
                                                  "command again finds it up to date)."))
-        writer.save_text("best.yaml", _best_yaml(config_to_dict(best_cfg), plan, best))
+        writer.save_text("best.yaml", _best_yaml(config_to_dict(best_cfg), plan, best, part_art))
         writer.save_csv("trials.csv", header, rows)
         writer.save_json("metrics.json", metrics)
         if staging is not None:
@@ -122,13 +122,16 @@ def _write_artifact(writer, study, plan: Plan, o: TuneOptions, *, out: Path, sta
                                f"{plan.objective['scored_on']}")
 
 
-def _best_yaml(config: dict, plan: Plan, best) -> str:
+def _best_yaml(config: dict, plan: Plan, best, part_art) -> str:
     import yaml
+
+    from pfl_cli.privacy.study import provenance_block
 
     head = (f"# pflx tune: the best of the study's trials (trial {best.number}, validation "
             f"{plan.objective['metric']} {best.value:.4f} on {plan.objective['scored_on']}).\n"
             "# Train with it: pflx train --partition PART --config best.yaml --out RUN (add --seed S for more seeds).\n")
-    return head + yaml.safe_dump(config, sort_keys=False)
+    # what chose it travels with the file (pfl_cli.privacy.study): train --dp with it on this partition is refused
+    return head + provenance_block(part_art, ledger_doc=None) + yaml.safe_dump(config, sort_keys=False)
 
 
 def _copy_sqlite(src: Path, dst: Path) -> None:
@@ -141,20 +144,23 @@ def _copy_sqlite(src: Path, dst: Path) -> None:
     a.close()
 
 
-def _write_private(writer, result, plan: Plan, o: TuneOptions, *, out: Path, report: Reporter) -> None:
+def _write_private(writer, result, plan: Plan, o: TuneOptions, *, out: Path, report: Reporter, part_art) -> None:
     """The released best config, its noisy score and privacy.json (the whole study); nonprivate-trials.csv on
     request only."""
     import yaml
 
     from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING
     from pfl_cli.config import config_to_dict
+    from pfl_cli.privacy.study import provenance_block
     from pfl_cli.tune.private_study import SELECTION_NOTE_SE
 
     with writer:
         head = ("# pflx tune --dp: the released best config of a private study (Papernot & Steinke 2022); "
                 "privacy.json covers the whole study.\n")
-        writer.save_text("best.yaml", head + yaml.safe_dump(config_to_dict(result.best_cfg), sort_keys=False),
-                         release=MECHANISM)
+        # the study's ledger (released) and its partition's keyed fingerprint travel with the file, so a copy of it
+        # still composes (pfl_cli.privacy.study)
+        writer.save_text("best.yaml", head + provenance_block(part_art, ledger_doc=result.privacy)
+                         + yaml.safe_dump(config_to_dict(result.best_cfg), sort_keys=False), release=MECHANISM)
         writer.save_json("privacy.json", result.privacy, release=POST_PROCESSING)
         writer.save_json("metrics.json", result.metrics, release=MECHANISM)
         if plan.cfg.write_nonprivate:

@@ -9,9 +9,10 @@ the same sample twice. predict and attack compare these digests with a train art
 The digest of sample ``i`` is BLAKE2b with a 16-byte output (RFC 7693) over a canonical encoding
 of its values and label:
 
-- features ``x[i]`` flattened in C order; if every value is a whole number in [0, 255] (images
-  stored as uint8, or as floats holding such values) they are encoded as one byte each, else as
-  float32 with ``-0.0`` written as ``0.0``; a tag byte says which. The encoding depends on the
+- features ``x[i]`` flattened in C order and rounded to float32 (``-0.0`` written as ``0.0``); if
+  every rounded value is a whole number in [0, 255] (images stored as uint8, or as floats holding
+  such values) they are encoded as one byte each, else as float32; a tag byte says which. The
+  rounding comes first, so the tag too depends on the float32 values alone. The encoding depends on the
   sample's values only, so one image digests alike as uint8, int64, float32 or float64;
 - the label ``y[i]`` as a little-endian int64 (-1 where unknown or the dataset has no labels).
 
@@ -56,12 +57,13 @@ def sample_digests(x: np.ndarray, y: np.ndarray | None = None, indices: np.ndarr
         block = block.reshape(len(block), -1)
         lab = labels[start:start + chunk]
         if block.dtype == np.uint8:  # images as stored: every row takes the byte encoding
-            as_bytes, small = block, np.ones(len(block), dtype=bool)
-        else:  # a value survives the cast to uint8 unchanged exactly when it is a whole number in [0, 255]
+            as_bytes, small, as_float = block, np.ones(len(block), dtype=bool), None
+        else:  # rounded to float32 first, so that the tag depends on the float32 values alone (a float64 copy
+            # equal at float32 precision, such as (x * 0.1) * 10, is the same sample); -0.0 -> 0.0
+            as_float = block.astype(np.float32) + np.float32(0.0)
             with np.errstate(invalid="ignore", over="ignore"):
-                as_bytes = block.astype(np.uint8)
-            small = np.all(as_bytes == block, axis=1)
-        as_float = (block.astype(np.float32) + np.float32(0.0)) if not small.all() else None  # -0.0 -> 0.0
+                as_bytes = as_float.astype(np.uint8)
+            small = np.all(as_bytes == as_float, axis=1)  # whole numbers in [0, 255] survive the cast unchanged
         for i in range(len(block)):
             h = hashlib.blake2b(_BYTE_VALUES if small[i] else _FLOAT32, digest_size=DIGEST_BYTES)
             h.update(as_bytes[i] if small[i] else as_float[i])

@@ -525,9 +525,9 @@ def _sgd_inplace_(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 
     gradient and a momentum factor of 1, which leaves their buffer and parameters exactly as
     they were, as :func:`sgd_step`'s ``where`` does.
     """
-    if clip > 0:
-        import torch
+    import torch
 
+    if clip > 0:
         norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
         scale = (clip / (norm + 1e-6)).clamp(max=1.0)
         for g in grads.values():
@@ -544,8 +544,9 @@ def _sgd_inplace_(theta: dict, grads: dict, buf: dict, *, lr, momentum: float = 
         sel = None if active is None else expand_as_params(active, g).to(g.dtype)
         if sel is not None:
             g.mul_(sel)
-        if momentum:
-            b.mul_(momentum if sel is None else 1.0 + (momentum - 1.0) * sel).add_(g)
+        if momentum:  # m on an active client, 1 on an inactive one: selected, not 1 + (m - 1) * sel (m - 1 rounds,
+            # and an all-active step would differ in the last bit from the step without ``active``: issue 49)
+            b.mul_(momentum if sel is None else torch.where(sel > 0, momentum, 1.0)).add_(g)
             p.add_(b if sel is None else b * sel, alpha=-step)
         else:
             if k in buf:  # a buffer someone reads afterwards (momentum_state): torch.optim.SGD's, the gradient

@@ -85,7 +85,7 @@ class TrainConfig:
     evaluate_hidden_labels: bool = key(False, "score unlabeled clients against their hidden labels (an oracle)")
     # -- a pre-trained backbone as the client net (issue 27): vit-s16 | resnet18 | vit-micro | resnet-micro
     backbone: str = key("", "a pre-trained backbone client net instead of model_arch (\"\" = none)")
-    backbone_weights: str = key("", "its local state dict (.pth / .safetensors); \"\" = random")
+    backbone_weights: str = key("", "its local state dict (.pth / .safetensors); \"\" = random", path="file")
     backbone_tune: str = key("adapters", "adapters (frozen backbone + adapters) | probe (classifier only) | full",
                              choices=BACKBONE_TUNES)
     # -- differential privacy (issue 10): --dp eps=E[,delta=D][,clip=C][,population=N]. Only an algorithm that
@@ -272,6 +272,12 @@ def _aggregator(cfg):
     return AGGREGATORS.get(cfg.aggregator, Aggregator())
 
 
+# Client-level DP with the Poisson rate and the population both given samples each client at that rate: the cohort
+# is drawn, never counted (pfl_cli.fl.dp), so a cohort size there changes nothing (issue 49, finding 5).
+NEEDS["clients_per_round"] = (lambda cfg: not (cfg.dp_epsilon is not None and cfg.algorithm_class.dp_unit == "client"
+                                               and cfg.dp_sampling_rate is not None and cfg.dp_population is not None),
+                              "under client-level --dp with dp_sampling_rate and population given (each client joins "
+                              "a round with probability dp_sampling_rate: the cohort is drawn, not counted)")
 NEEDS["local_steps"] = (lambda cfg: getattr(cfg, "local_epochs", None) is None,
                         "beside local_epochs (a round is local_epochs epochs; set local_epochs=null to count steps)")
 

@@ -228,23 +228,16 @@ def stacked_local_sgd(calls: list[_Call]) -> list[tuple]:
                 active = torch.zeros(n, dtype=torch.bool, device=device)
             else:
                 idx, m, active = s
-            pad = width - idx.shape[1]
-            x, y = store.inputs(idx), store.y[idx]
-            m = torch.zeros(idx.shape, device=device) if m is None else m
-            if pad:
-                x = torch.cat([x, x.new_zeros((n, pad, *x.shape[2:]))], 1)
-                y, m = torch.cat([y, y.new_zeros((n, pad))], 1), torch.cat([m, m.new_zeros((n, pad))], 1)
-            xs.append(x)
-            ys.append(y)
-            ms.append(m)
+            xs.append(store.inputs(idx))
+            ys.append(store.y[idx])
+            ms.append(torch.zeros(idx.shape, device=device) if m is None else m)
             go.append(torch.ones(n, dtype=torch.bool, device=device) if active is None else active)
         go_all = torch.cat(go)
         everyone = bool(go_all.all())
-        x_all, y_all, m_all = torch.cat(xs), torch.cat(ys), torch.cat(ms)
-        loss, grads = _stacked_grads(first.net, theta, x_all, y_all, m_all)
+        loss, grads = _grads_by_width(first.net, theta, sizes, xs, ys, ms)
         if sharp_rows is not None:  # SAM (Foret et al. 2021, Eq. 2-3): the same batch's gradient at w + eps
             eps = sam_perturbation(grads, rho)
-            _, sharp = _stacked_grads(first.net, {k: v + eps[k] for k, v in theta.items()}, x_all, y_all, m_all)
+            _, sharp = _grads_by_width(first.net, {k: v + eps[k] for k, v in theta.items()}, sizes, xs, ys, ms)
             grads = {k: torch.where(expand_as_params(sharp_rows, g), sharp[k], g) for k, g in grads.items()}
         _rows_sgd_(theta, grads, buf, lr=lr, momentum=mom, weight_decay=wd, clip=clip, prox_mu=mu, anchor=anchor,
                    active=None if everyone else go_all)
@@ -255,6 +248,39 @@ def stacked_local_sgd(calls: list[_Call]) -> list[tuple]:
         out.append(({k: v[lo:lo + n] for k, v in theta.items()}, loss, b.active_steps()))
         lo += n
     return out
+
+
+def _grads_by_width(model, theta: dict, sizes, xs, ys, ms):
+    """Every row's loss and gradients at ``theta``, the runs whose batches have one width in one batched call.
+
+    A run's separate process reduces over its own batch width; padding it to a wider run's width changes the
+    order of the batch sum inside the matrix products (the last bits of a gradient, issue 49), so runs of
+    different widths (local epochs, batches wider than a cohort's clients) are computed apart.
+    """
+    import torch
+
+    widths = [x.shape[1] for x in xs]
+    starts = np.cumsum([0, *sizes])
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(widths):
+        groups.setdefault(w, []).append(i)
+    if len(groups) == 1:
+        return _stacked_grads(model, theta, torch.cat(xs), torch.cat(ys), torch.cat(ms))
+    rows = int(starts[-1])
+    loss, grads = None, None
+    for members in groups.values():
+        at = torch.as_tensor(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in members]),
+                             dtype=torch.long, device=xs[0].device)
+        part_loss, part = _stacked_grads(model, {k: v[at] for k, v in theta.items()},
+                                         torch.cat([xs[i] for i in members]), torch.cat([ys[i] for i in members]),
+                                         torch.cat([ms[i] for i in members]))
+        if loss is None:
+            loss = part_loss.new_zeros(rows)
+            grads = {k: g.new_zeros((rows, *g.shape[1:])) for k, g in part.items()}
+        loss[at] = part_loss
+        for k, g in part.items():
+            grads[k][at] = g
+    return loss, grads
 
 
 def _stacked_grads(model, theta: dict, x, y, m):
@@ -309,12 +335,16 @@ def _rows_sgd_(theta: dict, grads: dict, buf: dict, *, lr, momentum, weight_deca
     with torch.no_grad():
         if bool((clip > 0).any()):
             norm = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
-            scale = torch.where(clip > 0, (clip / (norm + 1e-6)).clamp(max=1.0), torch.ones_like(clip))
+            # clip * (1 / n), as the separate step's ``clip / (norm + 1e-6)`` computes with a Python float clip
+            # (Tensor.__rtruediv__ is reciprocal-then-multiply); a per-row division differs in the last bit
+            scale = torch.where(clip > 0, (torch.reciprocal(norm + 1e-6) * clip).clamp(max=1.0), torch.ones_like(clip))
             for g in grads.values():
                 g.mul_(expand_as_params(scale, g))
         decay, prox, heavy = bool(weight_decay.any()), bool(prox_mu.any()), bool(momentum.any())
         sel_row = None if active is None else active.to(lr.dtype)
-        keep = momentum if sel_row is None else 1.0 + (momentum - 1.0) * sel_row
+        # the momentum itself on an active row, 1 on an inactive one (selected, not 1 + (m - 1) * sel, which rounds
+        # m - 1 and differs from m in the last bit): a step with every row active equals the step without ``active``
+        keep = momentum if sel_row is None else torch.where(sel_row > 0, momentum, torch.ones_like(momentum))
         for k, g in grads.items():
             p = theta[k]
             if decay:

@@ -165,9 +165,12 @@ def build_pretrained(spec: dict) -> PretrainedNet:
     net = PretrainedNet(spec["backbone"], spec["input_shape"], spec["num_classes"], spec.get("tune", "adapters"))
     if spec.get("weights"):
         path = Path(spec["weights"])
-        if not path.is_file() or file_sha256(path) != spec.get("weights_sha256"):
-            raise InputError(f"backbone_weights {path}: missing or changed since the model was built "
-                             f"(sha256 differs); give the same file.")
+        if not path.is_file():
+            raise InputError(f"backbone_weights {path}: missing (no such file); the model was built with it: put "
+                             "it back where it was, beside the artifacts.")
+        if file_sha256(path) != spec.get("weights_sha256"):
+            raise InputError(f"backbone_weights {path}: changed since the model was built (sha256 differs); give "
+                             "the same file.")
         load_backbone_weights(net.backbone, path, spec["backbone"])
     return net
 

@@ -57,6 +57,9 @@ def read_model_payload(art: Artifact, flag: str, *, num_classes: int | None = No
         raise refuse(art, flag, name, "num_classes must be a one-element integer tensor >= 1", classes)
     if num_classes is not None and is_int(num_classes) and int(classes) != num_classes:
         raise refuse(art, flag, name, f"num_classes must be metrics.json's {num_classes}", int(classes))
+    from pfl_cli.readers.files import with_located_files
+
+    payload["arch"] = with_located_files(art, payload["arch"])  # a backbone's weights file, wherever it now is
     return payload
 
 

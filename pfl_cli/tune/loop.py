@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pfl_cli.tune.study import INTERRUPTED, counted, make_sampler
-from pfl_cli.tune.trial import Objective, TrialFailed
+from pfl_cli.tune.trial import Objective, Settle, TrialFailed
 
 
 class Proposals:
@@ -189,6 +189,11 @@ def _run_stack(study, objective: Objective, trials: int, stack: int, proposals: 
         raise
     told = []
     for trial, result in zip(asked, results):
+        if isinstance(result, Settle):  # judged now, after the trials before it were told (Objective.stacked)
+            try:
+                result = result.settle()
+            except BaseException as err:  # noqa: BLE001 - told below as one trial at a time tells it
+                result = err
         if isinstance(result, optuna.TrialPruned):
             told.append(study.tell(trial, state=optuna.trial.TrialState.PRUNED))
         elif isinstance(result, TrialFailed):

@@ -65,8 +65,14 @@ class Objective:
 
     def stacked(self, trials: Sequence) -> list:
         """``trials`` trained at once on a run axis (:func:`pfl_cli.fl.stack.train_stacked`): per trial its value,
-        or the exception that ends it (``optuna.TrialPruned``, :class:`TrialFailed`, another error). Each trial
-        reports and is pruned on its own curve; a pruned trial leaves the stack and the others go on."""
+        the exception that ends it (:class:`TrialFailed`, another error), or a :class:`Settle` whose ``settle()``
+        the loop calls in the trials' order, each once the trials before it are told.
+
+        The pruner decides after the stack has trained, on each trial's recorded curve, in that order: then a
+        trial sees the earlier trials of its stack finished, as it would one trial at a time (a MedianPruner reads
+        the completed trials only: deciding while the stack trains, no trial of a stack saw another complete, and
+        a stacked study pruned other trials than the unstacked one: issue 49, finding 10). A trial that the pruner
+        stops trains to the end all the same: pruning saves no rounds in a stack."""
         import threading
 
         from pfl_cli.fl.stack import train_stacked
@@ -95,17 +101,27 @@ class Objective:
                         self.on_round(sum(rounds))
             return moved
 
-        hooks = [self._reporter(trial, cfg, on_round(j)) for j, (_, trial, cfg) in enumerate(started)]
+        curves: list[list] = [[] for _ in started]
+        hooks = [self._recorder(cfg, curves[j], on_round(j)) for j, (_, _trial, cfg) in enumerate(started)]
         d = self.data
         results = train_stacked(d.x, d.y, d.num_classes, d.partition, [cfg for _, _, cfg in started],
                                 labeled=d.labeled, vocab_size=d.vocab_size,
                                 on_progress=lambda j, done, total, status: hooks[j](done, total, status))
-        for (i, trial, cfg), got in zip(started, results):
-            try:
-                out[i] = self._finish(trial, cfg, got.run, got.error)
-            except BaseException as err:  # noqa: BLE001 - handed to the loop, which tells the trial's state
-                out[i] = err
+        for (i, trial, cfg), got, curve in zip(started, results, curves):
+            out[i] = Settle(self, trial, cfg, got, curve)
         return out
+
+    def _recorder(self, cfg, curve: list, on_round):
+        """A stacked run's ``on_progress``: its evaluations recorded as ``(round, value)`` for :class:`Settle`."""
+        total = cfg.rounds if cfg.algorithm_class.federated else 0
+
+        def on_progress(done: int, _total: int, status: dict) -> None:
+            if on_round is not None:
+                on_round(done)
+            if (done % cfg.eval_every == 0 or done == total) and self.group in status:
+                curve.append((done, float(status[self.group])))
+
+        return on_progress
 
     def _begin(self, trial):
         """``(cfg, None)``: the trial's config to train; ``(None, value)``: a config drawn again, scored as before."""
@@ -173,6 +189,25 @@ class Objective:
         if not total:  # no rounds, no curve: the one evaluation is the curve
             trial.report(value, 0)
         return value
+
+
+class Settle:
+    """A stacked trial trained to the end, judged when the loop asks (:meth:`Objective.stacked`): its curve
+    reported to the pruner evaluation by evaluation, as :meth:`Objective._reporter` reports one trial at a time."""
+
+    def __init__(self, objective: Objective, trial, cfg, got, curve: list) -> None:
+        self.objective, self.trial, self.cfg, self.got, self.curve = objective, trial, cfg, got, curve
+
+    def settle(self) -> float:
+        """The trial's score, or ``optuna.TrialPruned`` where the pruner stops it, or what its error means."""
+        import optuna
+
+        for done, value in self.curve:
+            if math.isfinite(value):
+                self.trial.report(value, done)
+            if self.trial.should_prune():
+                raise optuna.TrialPruned(f"pruned at round {done} (validation accuracy {value:.4f})")
+        return self.objective._finish(self.trial, self.cfg, self.got.run, self.got.error)
 
 
 def _same_config(trial, identity: str | None = None):

@@ -156,4 +156,4 @@ def test_predict_refuses_a_weights_file_changed_after_training(tmp_path, cli):
     _published("resnet-micro", tmp_path / "w.pth", head=False)  # same keys, another file
     run = cli("predict", "--model", tmp_path / "m", "--partition", tmp_path / "p", "--out", tmp_path / "n",
               "--device", "cpu", "--format", "quiet")
-    assert run.code == 2 and "missing or changed since the model was built" in run.err and not (tmp_path / "n").exists()
+    assert run.code == 2 and "changed since" in run.err and "sha256 differs" in run.err and not (tmp_path / "n").exists()

@@ -98,6 +98,20 @@ IMAGES = ("model_arch", "backbone", "backbone_tune", "backbone_weights")
 IMAGE_SETTINGS = {"lr": 1e-4}
 # An algorithm that runs only on a pre-trained backbone (HyperFL-LPM): every run of it takes one, on images.
 NEEDS_BACKBONE = {"backbone": "resnet-micro"}
+# The contexts a key meets beside the plain run (DESIGN.md section 7: every algorithm x every key x every context):
+# --dp with each DP unit (client-level with the Poisson rate and the population both given: every client joins at
+# the rate; example-level DP-SGD), stacked runs (--seeds, tune --stack), and each partition kind.
+SETTINGS = {
+    "plain": {},
+    "dp": {"keys": {"client": {**DP, "dp_sampling_rate": 0.25}, "example": {**DP, "dp_sampling_rate": 0.25}}},
+    "stacked": {},
+    "dirichlet": {"partition": "dirichlet"},
+    "iid": {"partition": "iid"},
+}
+# The default tier runs these cases of the product and SAMPLE more drawn by a hash of their names (the same every
+# run); the whole product is slow. Pinned: issue 49, finding 5 (clients_per_round under sampled client-level DP).
+PINNED = {("fedavg", "clients_per_round", "dp")}
+SAMPLE = 1
 # Values to try where the key's type cannot give one (strings without declared choices).
 OVERRIDES = {
     "client_sizes": ["S,L"],
@@ -132,6 +146,9 @@ def small(name: str, **values) -> dict:
         elif f.name.endswith(("_hidden", "_dim")) and value > 8:
             out[f.name] = 8
     out = {**out, **values}
+    if (entry.algorithm.dp_unit == "client" and "clients_per_round" not in values
+            and {"dp_epsilon", "dp_sampling_rate", "dp_population"} <= {k for k, v in values.items() if v is not None}):
+        out.pop("clients_per_round", None)  # each client joins at the rate: a cohort size there is refused
     if "local_steps" not in values and out.get("local_epochs", getattr(defaults, "local_epochs", None)) is not None:
         out.pop("local_steps", None)  # a round of local_epochs epochs counts no steps: BASE's local_steps is refused
     return out
@@ -185,19 +202,32 @@ def _optional_tuple(name: str, key: str) -> bool:
     return getattr(registry.get(name).config(), key) is None and _declared_tuple(name, key) is not None
 
 
-def fingerprint(name: str, images: bool = False, **values) -> dict:
-    """What a tiny run of ``name`` yields: weights, final state, history, checkpoints (flattened)."""
+def fingerprint(name: str, images: bool = False, setting: str = "plain", **values) -> dict:
+    """What a tiny run of ``name`` yields: weights, final state, history, checkpoints (flattened); ``setting``: a
+    :data:`SETTINGS` entry (the partition kind it reads; "stacked": run 0 of two seeds trained as one stack)."""
     import torch
 
     from pfl_cli.fl.api import train_federated
 
-    ds, part = _data()
+    ds, part = _data(SETTINGS[setting].get("partition", "pathological"))
     x = np.kron(ds.x.reshape(-1, 1, 8, 8), np.ones((1, 1, 4, 4), dtype=ds.x.dtype)) if images else ds.x
     cfg = registry.train_config(name, **small(name, **values))
     checkpoints, progress = [], []  # what a run hands out: checkpoints, and the headline numbers it reports
-    run = train_federated(x, ds.y, ds.num_classes, part, cfg, device=torch.device("cpu"),
-                          on_checkpoint=lambda c: checkpoints.append(int(c["round"])),
-                          on_progress=lambda done, total, latest: progress.append((done, sorted(latest.items()))))
+    if setting == "stacked":
+        from pfl_cli.fl.stack import train_stacked
+
+        got = train_stacked(x, ds.y, ds.num_classes, part, [cfg, dataclasses.replace(cfg, seed=cfg.seed + 1)],
+                            device=torch.device("cpu"),
+                            on_checkpoint=[lambda c: checkpoints.append(int(c["round"])), None],
+                            on_progress=lambda r, done, total, latest: r == 0 and progress.append(
+                                (done, sorted(latest.items()))))[0]
+        if got.error is not None:
+            raise got.error
+        run = got.run
+    else:
+        run = train_federated(x, ds.y, ds.num_classes, part, cfg, device=torch.device("cpu"),
+                              on_checkpoint=lambda c: checkpoints.append(int(c["round"])),
+                              on_progress=lambda done, total, latest: progress.append((done, sorted(latest.items()))))
     ledger = run.dp.info() if run.dp is not None else None  # what a DP run releases about its mechanism
     return {"weights": _flat(run.model["weights"]), "state": _flat(run.algorithm.state()),
             "history": [list(r) for r in run.outcome.history] + [ledger], "checkpoints": checkpoints + progress}
@@ -220,7 +250,7 @@ def same(a: dict, b: dict) -> bool:
     return True
 
 
-def check_key(name: str, key: str, companions: dict | None = None) -> str:
+def check_key(name: str, key: str, companions: dict | None = None, setting: str = "plain") -> str:
     """The key's verdict: "" when a second value changes the run, or every second value is refused; else what
     was ignored. The values are tried in turn until one changes the run (in a 2-round run, eval_every 3 and 4
     are alike, 1 is not). ``companions``: the key's companion settings instead of its :data:`CONTEXT` (a
@@ -230,16 +260,16 @@ def check_key(name: str, key: str, companions: dict | None = None) -> str:
     this key alone, which keeps the promise as a change of the run does.
     """
     companions = CONTEXT.get(key, {}) if companions is None else companions
-    context, images = _context(name, key, companions=companions)
+    context, images = _context(name, key, companions=companions, setting=setting)
     try:
-        reference = _base(name, images, tuple(sorted(context.items())))
+        reference = _base(name, images, tuple(sorted(context.items())), setting)
     except PflxError:
         if key in context or not companions:
             raise
         # the algorithm refuses the key's companion (no backbone for FedRoD's two heads): the key is tried alone
         context = {k: v for k, v in context.items() if k not in companions or k in NEEDS_BACKBONE and
                    _needs_backbone(name)}
-        reference = _base(name, images, tuple(sorted(context.items())))
+        reference = _base(name, images, tuple(sorted(context.items())), setting)
     if key == "label_mask" and not _masking_shows(reference):
         return ""  # the key picks the masked accuracy as the headline; on this run both are equal everywhere
     base_value = getattr(registry.train_config(name, **small(name, **context)), key)
@@ -250,7 +280,7 @@ def check_key(name: str, key: str, companions: dict | None = None) -> str:
     for value in values:
         value = value() if callable(value) else value
         try:
-            got = fingerprint(name, images, **{**context, key: value})
+            got = fingerprint(name, images, setting, **{**context, key: value})
         except PflxError:
             continue  # refused: only this key differs from the base run, which ran
         if not same(got, reference):
@@ -283,6 +313,36 @@ def _cases() -> list:
 def test_every_key_changes_the_run_or_is_refused(name, key):
     problem = check_key(name, key)
     assert not problem, problem
+
+
+def _applies(name: str, key: str, setting: str) -> bool:
+    entry = registry.get(name)
+    if setting == "dp":  # an algorithm with a DP variant; a local-DP one runs under --dp in every setting
+        return entry.algorithm.dp_unit is not None and not entry.algorithm.dp_required and key not in DP_KEYS
+    if setting == "stacked":
+        from pfl_cli.fl.stack import is_stackable
+
+        return is_stackable(entry.algorithm)
+    return True
+
+
+def _setting_cases() -> list:
+    """Every (algorithm, key) of :func:`_cases` in every setting but the plain one (tested above) where it applies;
+    :data:`PINNED` and :data:`SAMPLE` drawn ones in the default tier, the rest ``slow``."""
+    import zlib
+
+    product = [(p.values[0], p.values[1], setting) for p in _cases() for setting in SETTINGS
+               if setting != "plain" and _applies(p.values[0], p.values[1], setting)]
+    drawn = set(sorted((c for c in product if c not in PINNED),
+                       key=lambda c: zlib.crc32("/".join(c).encode()))[:SAMPLE])
+    return [pytest.param(*c, id="-".join(c), marks=() if c in PINNED or c in drawn else pytest.mark.slow)
+            for c in product]
+
+
+@pytest.mark.parametrize("name, key, setting", _setting_cases())
+def test_every_key_changes_the_run_or_is_refused_in_every_setting(name, key, setting):
+    problem = check_key(name, key, setting=setting)
+    assert not problem, f"{setting}: {problem}"
 
 
 def _beside_cases() -> list:
@@ -354,16 +414,19 @@ def test_inert_keys_refused_in_every_layer(name):
 
 # ------------------------------------------------------------------------------------ helpers
 _BASES: dict = {}
-_DATA: list = []
+_DATA: dict = {}
 
 
-def _context(name: str, key: str, backbone: bool = True, companions: dict | None = None) -> tuple[dict, bool]:
+def _context(name: str, key: str, backbone: bool = True, companions: dict | None = None,
+             setting: str = "plain") -> tuple[dict, bool]:
     """The companion settings of ``key``'s runs (and of the base run) on ``name``, and whether they read images.
     ``backbone=False`` skips the base run that tells whether ``name`` needs a backbone (config checks only);
-    ``companions`` replaces the key's :data:`CONTEXT` entry."""
+    ``companions`` replaces the key's :data:`CONTEXT` entry; ``setting`` adds its :data:`SETTINGS` keys."""
     entry = registry.get(name)
     dp = {**DP, "dp_sampling_rate": 0.25} if entry.algorithm.dp_unit == "example" else DP
     context = dict(dp) if entry.algorithm.dp_required else {}  # a local-DP algorithm runs only under --dp
+    extra = SETTINGS[setting].get("keys", {})
+    context.update(extra.get(entry.algorithm.dp_unit, {}) if "client" in extra or "example" in extra else extra)
     if key not in DP_KEYS or entry.algorithm.dp_unit is not None:  # no DP variant: its DP keys alone
         context.update(dp if key in DP_KEYS else CONTEXT.get(key, {}) if companions is None else companions)
     needs_backbone = backbone and _needs_backbone(name)
@@ -377,24 +440,30 @@ def _context(name: str, key: str, backbone: bool = True, companions: dict | None
     return context, images
 
 
-def _data():
-    if not _DATA:
+PARTITIONS = {  # each partition kind a setting reads: 6 clients, 2 of them holdout
+    "pathological": dict(scheme="pathological", classes_per_client=2, class_shares="equal"),
+    "dirichlet": dict(scheme="dirichlet", alpha=0.3),
+    "iid": dict(scheme="iid"),
+}
+
+
+def _data(kind: str = "pathological"):
+    if kind not in _DATA:
         from pfl_cli.data import load_dataset
         from pfl_cli.partition import PartitionConfig, partition_labels
         from pfl_cli.rng import make_rng
 
         ds = load_dataset("builtin:digits")
-        cfg = PartitionConfig(scheme="pathological", classes_per_client=2, class_shares="equal", num_clients=6,
-                              holdout_clients=2, test_fraction=0.3)
-        _DATA.append((ds, partition_labels(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(0, "partition"),
-                                           pool=ds.pool)))
-    return _DATA[0]
+        cfg = PartitionConfig(**PARTITIONS[kind], num_clients=6, holdout_clients=2, test_fraction=0.3)
+        _DATA[kind] = (ds, partition_labels(ds.y, cfg, num_classes=ds.num_classes, rng=make_rng(0, "partition"),
+                                            pool=ds.pool))
+    return _DATA[kind]
 
 
-def _base(name: str, images: bool, context: tuple) -> dict:
-    if (name, images, context) not in _BASES:
-        _BASES[(name, images, context)] = fingerprint(name, images, **dict(context))
-    return _BASES[(name, images, context)]
+def _base(name: str, images: bool, context: tuple, setting: str = "plain") -> dict:
+    if (name, images, context, setting) not in _BASES:
+        _BASES[(name, images, context, setting)] = fingerprint(name, images, setting, **dict(context))
+    return _BASES[(name, images, context, setting)]
 
 
 def _needs_backbone(name: str) -> bool:

@@ -1,7 +1,7 @@
 """No sample scored twice (DESIGN.md section 7): a stage that scores a model never takes a sample the model
 trained on for unseen data, however the partition presents it (issue 39, item 4).
 
-Generated over the scoring stages (``pfl_cli.cli.unseen.SCORING_STAGES``: a new one is covered by adding it
+Generated over the scoring stages (``pfl_cli.overlap.SCORING_STAGES``: a new one is covered by adding it
 there) and over both a model that lists its training samples (no DP) and one that cannot (``--dp``). The
 reference is obviously correct: a Python set of each sample's bytes (features and label) that the model
 trained on, against the bytes of the samples the stage would score.
@@ -19,7 +19,7 @@ import pytest
 
 from pfl_cli.artifacts import load_partition
 from pfl_cli.cli.app import main as _main
-from pfl_cli.cli.unseen import ALLOW_FLAG, CLIENT_ROLES, SCORING_STAGES
+from pfl_cli.overlap import ALLOW_FLAG, CLIENT_ROLES, SCORING_STAGES
 from pfl_cli.data import load_dataset
 
 CLIENTS = "holdout"  # both stages take it; its clients' samples are never trained on in the model's own partition
@@ -319,3 +319,44 @@ def test_a_training_sample_shown_at_another_angle_is_the_same_sample(root, tmp_p
     out = tmp_path / "out"
     err = refused(capsys, score(stage, rotated / "model", rotated / "part1", out), out)
     assert f"{hits} of the {total} " in err
+
+
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=() if s == "predict" else pytest.mark.slow)
+                                   for s in sorted(SCORING_STAGES)])
+def test_dataset_reexported_and_partition_recreated_at_the_models_path(root, tmp_path, capsys, stage):
+    # Issue 49, finding 1: the data file re-exported (rows permuted within each class) and the partition re-created
+    # by the same command at the same path. The recipe (options and seed) matched, and a --dp model withholds every
+    # digest of its data, so predict took it for the model's own and scored 239 of 360 training samples as test
+    # samples (exit 0, overlap_unchecked: false). A partition carries a secret key; the --dp model records a keyed
+    # digest of its partition under it, and the re-created partition (another key) cannot pass for it.
+    d = tmp_path / "re"
+    d.mkdir()
+    shutil.copy(root / "data.npz", d / "data.npz")
+    spec = f"npz:{d / 'data.npz'}"
+    assert main(["partition", "--dataset", spec, *PART, "--out", d / "part"]) == 0
+    assert main(["train", "--partition", d / "part", *TRAIN, *DP, "--out", d / "dp"]) == 0
+    model_part = load_partition(d / "part")
+    model_part = (model_part[0], {**model_part[1], "spec": f"npz:{root / 'data.npz'}"})  # the data it trained on
+    shutil.copy(root / "perm.npz", d / "data.npz")
+    shutil.rmtree(d / "part")
+    assert main(["partition", "--dataset", spec, *PART, "--out", d / "part"]) == 0
+    hits, scored = scored_training_samples(stage, model_part, load_partition(d / "part"))
+    assert hits > 0.1 * scored
+    out = tmp_path / "out"
+    err = refused(capsys, score(stage, d / "dp", d / "part", out), out)
+    assert "cannot check" in err and ALLOW_FLAG in err
+
+
+def test_the_python_api_refuses_what_the_cli_refuses(walked, root):
+    # The rule is core (pfl_cli.overlap): a library user scoring a --dp model on its re-created partition is
+    # refused as predict is, and accepted unchecked only when asking for it.
+    from pfl_cli.errors import ArtifactError
+    from pfl_cli.overlap import check_unseen
+
+    walk, _own = walked
+    with pytest.raises(ArtifactError, match="cannot check"):
+        check_unseen(root / "walk-dp", walk)
+    assert check_unseen(root / "walk-dp", walk, allow_unchecked=True) is True
+    with pytest.raises(ArtifactError, match="samples the model trained on"):
+        check_unseen(root / "walk-listed", walk)
+    assert check_unseen(root / "listed", root / "part") is False

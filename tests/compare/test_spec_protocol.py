@@ -74,6 +74,7 @@ def test_one_spec_tunes_trains_predicts_and_compares(part, tmp_path, capsys, mon
         with open(tune / "trials.csv", newline="") as fh:
             assert len(list(csv.DictReader(fh))) == 2
         best = yaml.safe_load((tune / "best.yaml").read_text())
+        best.pop("provenance")  # what chose it (pfl_cli.privacy.study), not a config key
         assert best["rounds"] == 2 and best["local_steps"] == 3  # the study's budget and the spec's set
         for seed in (0, 1):
             run = yaml.safe_load((runs / name / f"seed-{seed}" / "config.yaml").read_text())

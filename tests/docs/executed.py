@@ -12,8 +12,10 @@ block, a fence that is never closed and a fence in a blockquote or on a list mar
 used before, sees backtick fences only, and attaches a mark to the next block however much prose lies between.)
 
 Which blocks hold a command (``holds_command``): a block holds pflx's commands when one of its command lines
-(``$ `` prompts stripped, continuation lines joined, comments dropped, split at && ; | and after ``do``/``then``)
-runs ``pflx``, ``make``, ``python -m pfl_cli`` or a script of ``benchmarks/`` or ``recipes/``, whatever its info
+(``$ `` prompts stripped, continuation lines joined, comments dropped, split at && ; | & ||, the commands inside
+``$(...)`` and ``bash -c`` included, and what runs a command dropped: shell keywords (``if``, ``while``, ``do``,
+``then``, ``{``, ``(``, ``!``), ``VAR=value``, ``env``, ``time``, ``nice``, ``nohup``, ``timeout``, ``sudo``,
+``uv run``, ``bash SCRIPT``: :func:`simple_commands`, tests/docs/test_fence_commands.py lists every form) runs ``pflx``, ``make``, ``python -m pfl_cli`` or a script of ``benchmarks/`` or ``recipes/``, whatever its info
 string (bash, sh, shell, console, text, none). Each such block must be run or marked parse-only with a reason
 (tests/docs/test_executed_docs.py); an output line such as ``pflx: error: ...`` is not a command.
 
@@ -176,46 +178,139 @@ def shown_output(b: Block) -> list[str]:
 
 
 PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\S*")
+# Words that start a shell construct or run the command after them: dropped before the command (issue 49, 7).
+KEYWORDS = {"if", "then", "else", "elif", "while", "until", "do", "!", "{", "}", "(", ")", "time", "exec", "nohup", "command",
+            "builtin", "fi", "done", "esac"}
+# Options of the runners that take a value (the value is not the command).
+TIMEOUT_VALUED, SUDO_VALUED = {"-s", "--signal", "-k", "--kill-after"}, {"-u", "-g", "-C", "-h", "-p", "-r", "-t", "-U"}
+UV_VALUED = {"--with", "--extra", "-p", "--python", "--project", "--directory", "--package", "--group", "--env-file",
+             "--with-requirements", "--index", "--index-url", "-w"}
+
+
+def _skip_options(argv: list[str], valued: set[str]) -> list[str]:
+    """``argv`` after a runner's options (``--`` ends them)."""
+    while argv and argv[0].startswith("-"):
+        if argv[0] == "--":
+            return argv[1:]
+        argv = argv[2:] if argv[0] in valued else argv[1:]
+    return argv
 
 
 def program(argv: list[str]) -> list[str]:
-    """The command without what runs it: ``VAR=value``, ``nice [-n N]``, ``time``, ``exec``, ``do``, ``then``."""
+    """The command without what runs it: shell keywords (``if``, ``then``, ``do``, ``{``, ``!``, ...), ``VAR=value``,
+    ``time``, ``exec``, ``nohup``, ``env [-i] [VAR=value]``, ``nice [-n N]``, ``timeout [options] DURATION``,
+    ``sudo [options]``, ``uv run [options]``, ``bash|sh [options] SCRIPT`` (the script is the command); a loop
+    header (``for x in ...``) is no command."""
     while argv:
-        if PREFIX.fullmatch(argv[0]) or argv[0] in ("time", "exec", "do", "then", "else", "env"):
+        head = argv[0]
+        if argv[:1] == ["for"] or argv[:1] == ["case"]:
+            return []
+        if PREFIX.fullmatch(head) or head in KEYWORDS:
             argv = argv[1:]
-        elif argv[0] == "nice":
+        elif head == "env":
+            argv = _skip_options(argv[1:], {"-u", "--unset", "-C", "--chdir"})
+        elif head == "nice":
             argv = argv[3:] if argv[1:2] == ["-n"] else argv[1:]
+        elif head == "timeout":
+            rest = _skip_options(argv[1:], TIMEOUT_VALUED)
+            argv = rest[1:]  # the duration
+        elif head == "sudo":
+            argv = _skip_options(argv[1:], SUDO_VALUED)
+        elif head == "uv" and argv[1:2] == ["run"]:
+            argv = _skip_options(argv[2:], UV_VALUED)
+        elif head in ("bash", "sh") and len(argv) > 1 and argv[1] != "-c":
+            argv = _skip_options(argv[1:], {"-o", "-O", "--rcfile", "--init-file"})
         else:
             break
     return argv
 
 
-def command_lines(b: Block) -> list[list[str]]:
-    """The simple commands a block shows, tolerant of output lines (a line shlex cannot split is not one)."""
+def _substitutions(line: str) -> tuple[str, list[str]]:
+    """``line`` with each command substitution ``$(...)`` (not inside single quotes) replaced by a placeholder word,
+    and the substituted command texts. Backticks are left alone: the pages' output lines and prose quote commands
+    in Markdown's backticks (``Re-create it with `pflx partition```), which are not commands."""
+    out, inner, i, quote = [], [], 0, None
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif c == "'" and quote is None:
+            quote = "'"
+        elif c == '"':
+            quote = None if quote == '"' else '"'
+        elif line.startswith("$(", i) and not line.startswith("$((", i):
+            depth, j = 1, i + 2
+            while j < len(line) and depth:
+                depth += {"(": 1, ")": -1}.get(line[j], 0)
+                j += 1
+            inner.append(line[i + 2:j - 1])
+            out.append("__substituted__")
+            i = j
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out), inner
+
+
+def simple_commands(text: str) -> list[list[str]]:
+    """The simple commands of shell ``text`` (continuation lines joined, comments dropped), each without what runs
+    it (:func:`program`): split at ``;`` ``&`` ``|`` ``&&`` ``||``, subshell parentheses and group braces (words)
+    dropped, redirections dropped, the
+    commands inside ``$(...)`` and ``bash -c '...'`` included. A line shlex cannot split (an output
+    line) holds none."""
     out = []
-    for line in shell_code(b).replace("\\\n", " ").splitlines():
-        lex = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+    for line in text.replace("\\\n", " ").splitlines():
+        line, inner = _substitutions(line)
+        for sub in inner:
+            out += simple_commands(sub)
+        # a subshell's parentheses count as words (``( cd runs && pflx show p )``), so that prose such as
+        # ``Setup (recipes/x.py does all of it)`` splits no command out of a parenthesis
+        lex = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
         lex.whitespace_split, lex.commenters = True, "#"
         try:
             words = list(lex)
         except ValueError:
             continue
         cur: list[str] = []
+        skip = False
         for w in [*words, ";"]:
+            if skip:
+                skip = False
+                continue
+            if set(w) <= set("<>&") and ("<" in w or ">" in w):  # a redirection and its target
+                if cur and cur[-1].isdigit():
+                    cur.pop()
+                skip = True
+                continue
             if set(w) <= set(";&|"):
-                out.append(program(cur))
+                while cur and cur[-1] in (")", "}"):  # the end of a subshell or group
+                    cur.pop()
+                argv = program(cur)
+                if argv[:1] and argv[0] in ("bash", "sh") and argv[1:2] == ["-c"] and len(argv) > 2:
+                    out += simple_commands(argv[2])
+                elif argv:
+                    out.append(argv)
                 cur = []
             else:
                 cur.append(w)
-    return [c for c in out if c]
+    return out
+
+
+def command_lines(b: Block) -> list[list[str]]:
+    """The simple commands a block shows (:func:`simple_commands` of its shell code)."""
+    return simple_commands(shell_code(b))
+
+
+VENV_BIN = re.compile(r"^(\./)?\.venv[^/]*/bin/")
 
 
 def is_pflx_command(argv: list[str]) -> bool:
-    """pflx's own commands: pflx, make, python -m pfl_cli, a script of benchmarks/ or recipes/."""
-    name = re.sub(r"^(\./)?\.venv/bin/", "", argv[0])
+    """pflx's own commands: pflx, make, python -m pfl_cli, a script of benchmarks/ or recipes/ (run by any python,
+    python3 or python3.X, or by bash), from any virtual environment's bin/."""
+    name = VENV_BIN.sub("", argv[0])
     if name in ("pflx", "make") or re.match(r"(\./)?(benchmarks|recipes)/\S+\.(py|sh)$", name):
         return True
-    if re.fullmatch(r"python3?", name):
+    if re.fullmatch(r"python(3(\.\d+)?)?", name):
         rest = argv[1:]
         return rest[:2] == ["-m", "pfl_cli"] or bool(rest) and bool(re.match(r"(\./)?(benchmarks|recipes)/", rest[0]))
     return False
@@ -335,7 +430,7 @@ sys.exit(sys.argv[0] + " has no argparse parser: its arguments cannot be checked
 def check_parses(argv: list[str], cwd: Path) -> str | None:
     """None when the command would be accepted as written, else why not (see the module's docstring)."""
     argv = program(argv)
-    argv = [re.sub(r"^(\./)?\.venv/bin/", f"{BIN}/", argv[0]), *argv[1:]]
+    argv = [VENV_BIN.sub(f"{BIN}/", argv[0]), *argv[1:]]
     name = argv[0]
     if name == "make":
         r = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, env=env(), capture_output=True, text=True)
@@ -352,13 +447,13 @@ def check_parses(argv: list[str], cwd: Path) -> str | None:
         return None if reqs else "pip install of nothing"
     if name == "source":
         return None if (BIN / "activate").is_file() else f"no {BIN / 'activate'}"
-    if re.fullmatch(r"(.*/)?python3?", name) and argv[1:2] == ["-c"]:
+    if re.fullmatch(r"(.*/)?python(3(\.\d+)?)?", name) and argv[1:2] == ["-c"]:
         try:
             compile(argv[2], "python -c", "exec")
         except SyntaxError as e:
             return f"python -c: {e}"
         return None
-    if re.fullmatch(r"(.*/)?python3?", name) and len(argv) > 1 and argv[1].endswith(".py"):
+    if re.fullmatch(r"(.*/)?python(3(\.\d+)?)?", name) and len(argv) > 1 and argv[1].endswith(".py"):
         r = subprocess.run([sys.executable, "-c", _PARSE_ARGS, *argv[1:]], cwd=cwd, env=env(),
                            capture_output=True, text=True, timeout=120)
         return None if r.returncode == 0 else f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()[-800:]}"

@@ -11,23 +11,34 @@ from pfl_cli.fl.api import make_algorithm
 from pfl_cli.fl.stack import is_stackable, stack_groups, stackable_names, train_stacked
 from pflx_testing import small_config
 
-# Measured (tests/fl/test_stack.py, 2-core dev CPU, 2026-11-27): stacked against separate runs, max |diff| of
-# any weight after 3 rounds 0.0 (bit-identical) on the digits MLP; after 30 rounds under slow, see below. The
-# bound leaves room for the last bits of float32 reductions batched over more rows (another BLAS blocking).
-TOLERANCE = 1e-5
+# Every run stacked equals its separate run with torch.equal (DESIGN.md section 8): a tolerance hides a different
+# formula (issue 49, finding 9: the stack divided by a per-row clip where the separate step multiplies by a
+# reciprocal, 6e-8 apart after 6 rounds at clip 0.3, inside the 1e-5 this suite allowed at clip 1.0).
+MOVED = 1e-4  # training moved the weights by more than this: the runs compared are not two initializations
 
 STACKABLE = stackable_names({n: e.algorithm for n, e in registry.entries().items()})
 NOT_STACKABLE = [n for n in registry.names() if n not in STACKABLE]
 
 
+def _settings(rng, keys: set) -> dict:
+    """The float settings of one run, drawn at random per case (none a power of two but by chance)."""
+    drawn = dict(lr=float(rng.uniform(0.01, 0.1)), momentum=float(rng.uniform(0.0, 0.95)),
+                 lambda_theta=float(rng.uniform(0.0, 3e-3)), client_clip=float(rng.uniform(0.05, 2.0)),
+                 mu=float(rng.uniform(0.0, 0.5)))
+    return {k: v for k, v in drawn.items() if k in keys or k == "lr"}
+
+
 def _pair(algorithm: str, rounds: int, **shape) -> list:
-    """Two runs of one shape that differ in the seed and every float key the algorithm stacks."""
+    """Two runs of one shape that differ in the seed and every float key the algorithm stacks, each key drawn at
+    random for the case (its seed printed by a failure: the case's name)."""
+    import zlib
+
     base = {**dict(rounds=rounds, eval_every=max(rounds // 2, 1), clients_per_round=4, local_steps=3, batch_size=8,
                    model_arch="mlp", device="cpu"), **shape}
     keys = set(registry.get(algorithm).keys)
-    other = {k: v for k, v in dict(momentum=0.9, lambda_theta=1e-3, client_clip=1.0, mu=0.1).items() if k in keys}
-    return [small_config(algorithm, seed=0, lr=0.05, **base),
-            small_config(algorithm, seed=3, lr=0.02, **base, **other)]
+    rng = np.random.default_rng(zlib.crc32(f"{algorithm}/{rounds}/{sorted(shape.items())}".encode()))
+    return [small_config(algorithm, seed=0, **base, **_settings(rng, keys)),
+            small_config(algorithm, seed=3, **base, **_settings(rng, keys))]
 
 
 def _flat(tree) -> dict:
@@ -77,10 +88,12 @@ def _check_equal(digits_clients, cfgs, *, lockstep: bool = True) -> float:
         alone = train_federated(ds.x, ds.y, ds.num_classes, part, cfg)
         diff = _max_diff(got.run.model["weights"], alone.model["weights"])
         moved = _max_diff(alone.model["weights"], make_algorithm(cfg, alone.store).weights(), shared=True)
-        # training changed the weights, by far more than the tolerance: the comparison is not between two
-        # initializations (PeFLL's server Adam moves each weight by at most about 2e-4 a round)
-        assert moved > 20 * TOLERANCE, moved
-        assert diff <= TOLERANCE, f"{cfg.algorithm} seed {cfg.seed}: max |diff| {diff:.3g}"
+        # training changed the weights: the comparison is not between two initializations (PeFLL's server Adam
+        # moves each weight by at most about 2e-4 a round)
+        assert moved > MOVED, moved
+        fa, fb = _flat(got.run.model["weights"]), _flat(alone.model["weights"])
+        assert fa.keys() == fb.keys() and all(torch.equal(fa[k], fb[k]) for k in fa), (
+            f"{cfg.algorithm} seed {cfg.seed} ({cfg.client_clip=}, {cfg.lr=}, {cfg.momentum=}): max |diff| {diff:.3g}")
         assert got.run.outcome.best.round == alone.outcome.best.round
         a, b = got.run.outcome.best.summaries(), alone.outcome.best.summaries()
         assert a["train"]["mean_accuracy"] == pytest.approx(b["train"]["mean_accuracy"], abs=1e-6)

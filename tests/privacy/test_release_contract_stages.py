@@ -128,8 +128,10 @@ def _train(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple
     dp = "eps=2,delta=1e-5,clip=0.5,population=10000" if algorithm in example \
         else "eps=2,delta=1e-6,clip=0.5,population=1000"
     rest = [a for a in extra if a not in ("--algorithm", algorithm)]
+    # client-level DP with the rate and the population given draws its cohorts: a cohort size is refused there
+    cohort = ["--clients-per-round", "400"] if algorithm in example and "--clients-per-round" not in rest else []
     return _cli(["train", "--partition", str(private.path), "--algorithm", algorithm, "--dp", dp, "--rounds", "3",
-                 "--eval-every", "3", "--local-steps", "2", "--clients-per-round", "400", "--batch-size", "8",
+                 "--eval-every", "3", "--local-steps", "2", *cohort, "--batch-size", "8",
                  "--set", "normalize=false", "--set", "mlp_hidden=[8]", "--set", "dp_sampling_rate=0.3",
                  "--out", str(out), *rest], capsys)
 
@@ -138,7 +140,7 @@ def _tune(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple[
     # A private study: a secret number of DP trainings, each with a noisy score; the best config released.
     return _cli(["tune", "--partition", str(private.path), "--algorithm", "fedavg", "--trials", "2",
                  "--dp", "eps=2,delta=1e-6,clip=0.5,population=1000", "--rounds", "2", "--eval-every", "2",
-                 "--local-steps", "2", "--clients-per-round", "400", "--batch-size", "8", "--set", "normalize=false",
+                 "--local-steps", "2", "--batch-size", "8", "--set", "normalize=false",
                  "--set", "mlp_hidden=[8]", "--set", "dp_sampling_rate=0.3", "--out", str(out), *extra], capsys)
 
 

@@ -67,6 +67,48 @@ def study(tmp_path_factory):
     return d
 
 
+def test_a_copy_of_best_yaml_outside_its_study_still_composes(study, cli, tmp_path):
+    # Issue 49, finding 3: best.yaml copied out of the study directory (cp STUDY/best.yaml ../mine.yaml) trained
+    # with epsilon 2.000 (one event) instead of 3.793 (two), silently. The provenance travels in the file now.
+    import shutil
+
+    shutil.copy(study / "study" / "best.yaml", tmp_path / "mine.yaml")
+    run = cli("train", "--partition", study / "part", "--config", tmp_path / "mine.yaml", "--out", tmp_path / "run")
+    assert run.code == 0, run.err
+    assert "composes the private study" in run.err + run.out
+    study_events = json.loads((study / "study" / "privacy.json").read_text())["events"]
+    events = json.loads((tmp_path / "run" / "privacy.json").read_text())["events"]
+    assert events[:len(study_events)] == study_events and len(events) > len(study_events)
+    # the header without the provenance (an edited copy): refused, never trained with the study's epsilon dropped
+    text = (study / "study" / "best.yaml").read_text()
+    head, rest = text.split("\nprovenance:", 1)
+    body = "\n".join(line for line in rest.splitlines() if not line.startswith(" "))
+    (tmp_path / "edited.yaml").write_text(head + body)
+    run = cli("train", "--partition", study / "part", "--config", tmp_path / "edited.yaml", "--out", tmp_path / "r2")
+    assert run.code == 2 and "carries no provenance" in run.err and len(run.err.strip().splitlines()) == 1, run.err
+    assert not (tmp_path / "r2").exists()
+
+
+def test_a_nonprivate_studys_config_under_dp_on_its_partition_is_refused_without_opt_in(study, cli, tmp_path):
+    # Issue 49, finding 4: a study without --dp chose its config on the private data; train --dp with it on the same
+    # partition was accepted without a word.
+    from pfl_cli.cli.app import main
+
+    assert main(["tune", "--partition", str(study / "part"), "--algorithm", "fedavg", "--trials", "2", *SMALL,
+                 "--out", str(tmp_path / "plain"), "--format", "quiet"]) == 0
+    args = ["train", "--partition", study / "part", "--config", tmp_path / "plain" / "best.yaml", "--dp", DP]
+    run = cli(*args, "--out", tmp_path / "run")
+    assert run.code == 2 and len(run.err.strip().splitlines()) == 1, run.err
+    assert "chosen by a study without --dp on this --partition" in run.err and "--allow-nonprivate-config" in run.err
+    assert not (tmp_path / "run").exists()
+    run = cli(*args, "--allow-nonprivate-config", "--out", tmp_path / "run")
+    assert run.code == 0, run.err
+    assert "not the choice of config" in run.err + run.out
+    # without --dp nothing is promised about the choice: trained as before
+    assert cli("train", "--partition", study / "part", "--config", tmp_path / "plain" / "best.yaml", "--out",
+               tmp_path / "plain-run").code == 0
+
+
 def test_the_study_prints_its_scores_standard_error(study):
     metrics = json.loads((study / "study" / "metrics.json").read_text())
     dp = metrics["dp"]
@@ -95,8 +137,11 @@ def test_training_with_the_released_config_composes_the_studys_ledger(study, cli
               study / "run")
     assert run.code == 0, run.err
     assert "composes the private study" in run.err + run.out
-    # The same config copied away from its study: training alone (the reference ledger of this training run).
-    shutil.copy(study / "study" / "best.yaml", study / "alone.yaml")
+    # The same keys without the study's header and provenance: training alone (the reference ledger of this run).
+    import yaml
+
+    keys = {k: v for k, v in yaml.safe_load((study / "study" / "best.yaml").read_text()).items() if k != "provenance"}
+    (study / "alone.yaml").write_text(yaml.safe_dump(keys))
     assert cli("train", "--partition", study / "part", "--config", study / "alone.yaml", "--out",
                study / "run-alone").code == 0
     total = json.loads((study / "run" / "privacy.json").read_text())

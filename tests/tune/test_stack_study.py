@@ -50,3 +50,18 @@ def test_a_pruned_trial_leaves_the_stack_and_the_others_finish(digits_clients):
     assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED] * 2
     for t in study.trials:  # the pruned ones stopped at round 2; the others trained every round
         assert max(t.intermediate_values) == (2 if t.state == optuna.trial.TrialState.PRUNED else SMALL["rounds"])
+
+
+def test_a_stacked_study_prunes_the_trials_the_unstacked_one_prunes(digits_clients):
+    # Issue 49, finding 10: under a MedianPruner the trials of one stack never saw each other complete, so a stacked
+    # study pruned other trials than the unstacked one (random sampler, 12 trials: 1 to 3 a seed went from pruned
+    # to complete). The pruner now judges each stacked trial's curve after the trials before it were told.
+    def median():
+        return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=1)
+
+    alone = _study(digits_clients, 1, 6, pruner=median())
+    stacked = _study(digits_clients, 3, 6, pruner=median())
+    assert optuna.trial.TrialState.PRUNED in [t.state for t in alone.trials]  # the case prunes at all
+    assert [t.state for t in stacked.trials] == [t.state for t in alone.trials]
+    assert [t.intermediate_values for t in stacked.trials] == [t.intermediate_values for t in alone.trials]
+    assert [t.value for t in stacked.trials] == [t.value for t in alone.trials]

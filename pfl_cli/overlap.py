@@ -1,5 +1,9 @@
 """No sample scored twice: a stage that scores a model never takes a sample it trained on for unseen data.
 
+The rule lives in the core, below the commands: ``predict`` and ``attack`` call
+:func:`check_unseen_samples`, and a Python user scoring a train artifact on a partition calls
+:func:`check_unseen` (the same refusals, as :class:`~pfl_cli.errors.ArtifactError`).
+
 DESIGN.md section 5 ("a test sample that a model trained on is never scored as a test sample") and
 section 7 (the suite ``tests/cli/test_no_sample_scored_twice.py``, generated from
 :data:`SCORING_STAGES`). Samples are compared by content (:mod:`pfl_cli.data.digest`: features
@@ -11,19 +15,20 @@ What a model trained on comes from:
 - a train artifact without DP: its ``train_samples.npz`` (``sample`` and ``digest``);
 - a ``--dp`` train artifact records neither (which records trained is what DP protects), and
   withholds its partition's sha256; its manifest's partition input carries the partition's
-  *recipe* instead (:func:`partition_recipe`: stage, pflx version, config and seed, all public
-  inputs). A partition with that recipe is the model's own (a partition is a deterministic
-  function of its recipe and the dataset), and its train clients' train samples are what the
-  model trained on. Any other partition is checked against the model's own partition where it
-  is still found at the path the manifest names; where it is not (moved, deleted, re-created
-  with another seed), the overlap cannot be checked, and the stage refuses unless
-  ``--allow-unchecked-overlap`` says that is acceptable; its report then says
-  ``overlap_unchecked: true``.
+  *fingerprint* instead (:func:`pfl_cli.manifest.partition_fingerprint`: a keyed digest of the
+  partition's content under a secret key that only the partition artifact holds, so it publishes
+  nothing about the data). A partition with that fingerprint is the model's own, its dataset
+  checked against the digest the partition recorded, and its train clients' train samples are what
+  the model trained on. Any other partition is checked against the model's own partition where it
+  is still found at the path the manifest names; where it is not (moved, deleted, re-created,
+  even by the same command over a re-exported file: a new partition draws a new key), the
+  overlap cannot be checked, and the stage refuses unless ``--allow-unchecked-overlap`` says that
+  is acceptable; its report then says ``overlap_unchecked: true``. The recipe (public options and
+  seed) is recorded too, but names options, not data: it recognises nothing on its own (issue 49).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +60,31 @@ SCORING_STAGES = {
 }
 
 
+def check_unseen(model: str | Path, partition: str | Path, *, stage: str = "predict", clients: str = "holdout",
+                 allow_unchecked: bool = False) -> bool:
+    """Refuse (ArtifactError) to score the train artifact ``model`` on ``clients`` of the partition artifact
+    ``partition`` where ``stage`` would take a sample the model trained on for unseen data.
+
+    The check ``pflx predict`` and ``pflx attack`` run (see the module's docstring), for library users. Returns
+    True when the overlap could not be checked (a ``--dp`` model whose own partition is gone) and
+    ``allow_unchecked`` accepted that, False when it was checked.
+
+    >>> check_unseen("runs/fedavg", "runs/part")  # doctest: +SKIP
+    False
+    """
+    from pfl_cli.data.location import load_partition_dataset
+    from pfl_cli.readers import read_artifact
+
+    if stage not in SCORING_STAGES:
+        raise ValueError(f"stage must be one of {', '.join(SCORING_STAGES)}; got {stage!r}.")
+    if clients not in CLIENT_ROLES:
+        raise ValueError(f"clients must be one of {', '.join(CLIENT_ROLES)}; got {clients!r}.")
+    model_art = read_artifact(model, "train", flag="--model")
+    part, info, part_art, ds = load_partition_dataset(partition)
+    return check_unseen_samples(stage, clients, model=Path(model), model_art=model_art, partition=Path(partition),
+                                part=part, part_art=part_art, info=info, ds=ds, allow_unchecked=allow_unchecked)
+
+
 def partition_recipe(art) -> str:
     """sha256 of what made a partition artifact: stage, pflx version, config and seed.
 
@@ -70,10 +100,26 @@ def partition_recipe(art) -> str:
 
 
 def partition_input(part_art) -> dict:
-    """A train artifact's reference to its partition: path, stage, sha256 (withheld under --dp), recipe and
-    ``absolute_path`` (where it was; found from any working directory by a model copied away alone)."""
-    return {**part_art.input_ref(), "recipe": partition_recipe(part_art),
+    """A train artifact's reference to its partition: path, stage, sha256 (withheld under --dp), recipe,
+    fingerprint (:func:`fingerprint_of`; kept under --dp) and ``absolute_path`` (where it was; found from any
+    working directory by a model copied away alone)."""
+    return {**part_art.input_ref(), "recipe": partition_recipe(part_art), "fingerprint": fingerprint_of(part_art),
             "absolute_path": str(Path(part_art.path).resolve())}
+
+
+def fingerprint_of(part_art) -> str | None:
+    """The keyed fingerprint of a partition artifact (None: written without a key)."""
+    from pfl_cli.manifest import partition_fingerprint
+
+    return partition_fingerprint(part_art.manifest, part_art.content_hash)
+
+
+def is_models_partition(ref: dict, part_art) -> bool:
+    """True when ``part_art`` is the very partition a train artifact's partition input ``ref`` names: its
+    sha256 where recorded (no DP), else its keyed fingerprint (a --dp model); never the recipe alone."""
+    if ref.get("sha256") is not None:
+        return part_art.content_hash == ref["sha256"]
+    return ref.get("fingerprint") is not None and fingerprint_of(part_art) == ref["fingerprint"]
 
 
 def model_partition_location(model_art, ref: dict) -> Path:
@@ -127,9 +173,7 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
     ref = next((i for i in model_art.manifest.get("inputs", []) if i.get("stage") == "partition"), None)
     if ref is None:  # a train artifact always names its partition; nothing to compare with otherwise
         return False
-    own = (part_art.content_hash == ref["sha256"] if ref.get("sha256") is not None
-           else ref.get("recipe") is not None and ref["recipe"] == partition_recipe(part_art)
-           and not _recipe_over_other_data(model_art, ref, info))
+    own = is_models_partition(ref, part_art)
     if own and scoring.own_train_clients and clients == "train":
         return False
     indices, owner = ((part.test_indices, part.test_owner()) if scoring.split == "test"
@@ -171,30 +215,9 @@ def check_unseen_samples(stage: str, clients: str, *, model: Path, model_art, pa
     return False
 
 
-def _recipe_over_other_data(model_art, ref: dict, info: dict) -> bool:
-    """True where the model's partition, still found where its manifest names it, was made from other data.
-
-    A recipe names the options, not the data: the same options over a dataset file replaced in place
-    make another partition with the recipe of the model's own. Where the model's partition is found,
-    the content digest of the dataset each one records (``dataset.json``) tells them apart; where it is
-    not, the recipe is all there is (see the module's docstring).
-    """
-    from pfl_cli.artifacts import read_artifact
-    where = model_partition_location(model_art, ref)
-    try:
-        theirs = read_artifact(where, ["partition"], flag="--model's partition", verify=False)
-        their_info = json.loads(theirs.file("dataset.json").read_text())
-    except (ArtifactError, OSError, ValueError):
-        return False
-    if partition_recipe(theirs) != ref["recipe"]:  # re-created there with other options: not evidence either way
-        return False
-    mine, recorded = ((i.get("source") or {}).get("content_sha256") for i in (info, their_info))
-    return bool(mine and recorded and mine != recorded)
-
-
 def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, ds) -> np.ndarray | None:
     """Content digests of the samples the model trained on; None where they cannot be known (a --dp model)."""
-    from pfl_cli.artifacts import load_partition
+    from pfl_cli.readers import load_partition
     from pfl_cli.data.digest import sample_digests
     from pfl_cli.data.location import locate_dataset
     from pfl_cli.readers import read_train_samples
@@ -204,16 +227,16 @@ def _model_training_digests(model_art, ref: dict, own: bool, part, info: dict, d
         if digest is None:  # recorded before digests were: indices into the dataset the manifest names
             digest = _digests_of_recorded(model_art, sample, part, info, ds)
         return digest
-    if own:  # the model's own partition, recognised by its recipe: its train clients' train samples
+    if own:  # the model's own partition, recognised by its fingerprint: its train clients' train samples
         return training_record(part, ds, info["spec"])[1]
     path = model_partition_location(model_art, ref)  # beside the model in a moved tree, from any directory
-    if ref.get("recipe") is None or not (path / "manifest.json").is_file():
+    if ref.get("fingerprint") is None or not (path / "manifest.json").is_file():
         return None
     try:
         theirs, their_info, their_art = load_partition(path, flag="--model's partition")
     except ArtifactError:
         return None
-    if partition_recipe(their_art) != ref["recipe"]:  # re-created there with another seed or config
+    if not is_models_partition(ref, their_art):  # re-created there (another key), or changed
         return None
     their_ds = locate_dataset(their_info, their_art.path, flag="--model's partition")
     if their_ds.num_samples != int(their_info["num_samples"]) or (
