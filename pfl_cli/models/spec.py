@@ -173,6 +173,10 @@ def build(spec: dict) -> nn.Module:
         from pfl_cli.models.pretrained import build_pretrained
 
         return build_pretrained(spec)
+    if kind == "client" and spec.get("arch") == "lora":  # LoRA adapters on a frozen base net (the LoRA algorithms)
+        from pfl_cli.models.lora import build_lora
+
+        return build_lora(spec)
     if kind == "client":
         return client_model(
             _field(spec, "arch"),
