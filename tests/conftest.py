@@ -54,7 +54,7 @@ def pytest_configure(config):
 
 
 # Tests of the optional extras carry a marker naming the extra; the package each one needs.
-EXTRA_MODULES = {"hf": ("datasets",), "flower": ("flwr_datasets", "flwr"), "tracking": ("wandb", "mlflow")}
+EXTRA_MODULES = {"hf": ("datasets",), "peft": ("transformers", "peft"), "flower": ("flwr_datasets", "flwr"), "tracking": ("wandb", "mlflow")}
 
 
 def _missing_extras() -> list[str]:
@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config, items):
     if not missing:
         return
     if os.environ.get("CI", "") not in ("", "0", "false"):
-        raise pytest.UsageError(f"CI must run the tests of the extras {missing}: pip install -e '.[test,hf,flower,wandb,mlflow]'")
+        raise pytest.UsageError(f"CI must run the tests of the extras {missing}: pip install -e '.[test,hf,peft,flower,wandb,mlflow]'")
     keep, dropped = [], []
     for item in items:
         (dropped if any(item.get_closest_marker(m) for m in missing) else keep).append(item)
@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
         config._pflx_extras_note = (
-            f"{len(dropped)} tests of the extras {missing} deselected: pip install -e '.[test,hf,flower,wandb,mlflow]' (make test does)"
+            f"{len(dropped)} tests of the extras {missing} deselected: pip install -e '.[test,hf,peft,flower,wandb,mlflow]' (make test does)"
         )
 
 
