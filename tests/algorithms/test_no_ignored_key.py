@@ -73,7 +73,9 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            "eps": {"lr": 0.5},
            # FedNova's per-client epoch range replaces local_epochs, which must then stay at its default (a set
            # local_epochs beside it is refused as ignored): small()'s local_epochs 1 is put back
-           "local_epochs_range": {"local_epochs": DEFAULT}}
+           "local_epochs_range": {"local_epochs": DEFAULT},
+           # the LoRA targets: on an MLP with two hidden layers "fc1" adapts one of its two layers, "*" both
+           "lora_targets": {"mlp_hidden": (8, 8)}}
 # A key checked a second time, beside a companion set where that companion could leave it inert (its own CONTEXT
 # above is the setting where it acts): local_steps beside a set local_epochs, a round of epochs counting no steps
 # (FedNova, FLowDUP, LD-FedAvg, FedTTA and FedOpt set local_epochs by default; --set local_epochs=E on FedAvg's
@@ -93,6 +95,8 @@ OVERRIDES = {
     "dp_accountant": ["pld"],
     "backbone": ["resnet-micro", "vit-micro"],
     "backbone_weights": [lambda: _backbone_file("resnet-micro")],
+    "lora_targets": ["fc1"],
+    "lora_base_weights": [lambda: _lora_base_file()],
 }
 
 
@@ -406,6 +410,22 @@ def _backbone_file(name: str) -> str:
     path = Path(tempfile.mkdtemp(prefix="pflx-keys-")) / f"{name}.pth"
     net = PretrainedNet(name, (1, 32, 32), 10, "adapters")
     torch.save({k: torch.full_like(v, 0.01) for k, v in net.backbone.state_dict().items()}, path)
+    return str(path)
+
+
+def _lora_base_file() -> str:
+    """A state dict of the LoRA algorithms' base net in this suite (digits' MLP 64-8-10) unlike its seeded random
+    weights (every entry 0.01), in a temp dir."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from pfl_cli.models import build, client_spec
+
+    path = Path(tempfile.mkdtemp(prefix="pflx-keys-")) / "base.pt"
+    net = build(client_spec("mlp", (64,), 10, BASE["mlp_hidden"]))
+    torch.save({k: torch.full_like(v, 0.01) for k, v in net.state_dict().items()}, path)
     return str(path)
 
 
