@@ -98,7 +98,9 @@ def coerce_field(cls: type, name: str, value: Any) -> Any:
     nonfinite = bool(field.metadata.get("allow_nonfinite", False))
     parsed = _parse(name, field_types(cls)[name], value, nonfinite)
     allowed = _choices(cls, name)
-    if allowed is not None and parsed is not None and parsed not in allowed:
+    open_form = isinstance(parsed, str) and any(parsed.startswith(p) and len(parsed) > len(p)
+                                                for p in field.metadata.get("open_prefixes", ()))
+    if allowed is not None and parsed is not None and parsed not in allowed and not open_form:
         near = difflib.get_close_matches(str(parsed), [str(a) for a in allowed], n=1)
         tip = f" (did you mean {near[0]!r}?)" if near else ""
         raise ConfigError(f"{name} must be one of {', '.join(map(str, allowed))}; got {show(value)}{tip}.")

@@ -2,8 +2,8 @@
 FedAvg on LoRA adapters.
 
 Each client trains the adapters (A and B of every adapted layer) and the classifier on a frozen base net, and the
-server averages all of them weighted by client data size, as FedAvg averages a whole model (§3, Eq. 2: the
-global adapter is the size-weighted sum of the clients'). Only the adapters and the classifier travel. A client's
+server averages all of them weighted by client data size, as FedAvg averages a whole model (§3: FedAvg's
+aggregation applied to the LoRA parameters). Only the adapters and the classifier travel. A client's
 model is the global adapter, or it fine-tuned ``finetune_steps`` steps on its own data (new clients the same).
 """
 

@@ -2,10 +2,10 @@
 Learning", ICLR 2025, §4): A shared, B personal.
 
 Each round a cohort client trains A and B of every adapter and its classifier on the frozen base, starting from
-the global A and its own B and classifier; the server averages only the A matrices, by client data size (§4,
-Eq. 6: "only A matrices are shared with the server for aggregation while B matrices are kept locally"), and
-each client keeps its B. The classifier is client-specific knowledge like B (§4, Lemma 1's reading of B) and
-stays on the client (pflx's choice for classification heads; the paper's GLUE setup does not say). Only A
+the global A and its own B and classifier; the server averages only the A matrices, by client data size (§4:
+only the A matrices are shared with the server for aggregation, the B matrices are kept locally; A learns
+general knowledge, B client-specific knowledge), and each client keeps its B. The classifier stays on the
+client with B (pflx's choice for classification heads, which the method's description leaves open). Only A
 travels: 2 x |A| floats per cohort client and round. A client never sampled, or a new one, gets the global A
 frozen and a fresh B (zero) and classifier trained ``new_client_epochs`` epochs on its own data (pflx's protocol,
 FedRep's for its private part; the paper serves no new clients).

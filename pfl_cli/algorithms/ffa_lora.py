@@ -2,9 +2,9 @@
 Federated Freeze-A LoRA.
 
 Every adapter's A stays at its random initialization, the same on every client (drawn from the run's seed), and
-only B (zero-initialized) and the classifier train (§4: "fix the randomly initialized non-zero A and only
-fine-tune the zero-initialized B"). The server averages B and the classifier by client data size, which is then
-the exact average of the clients' low-rank updates, since B A averages linearly when A is shared (§4, Eq. 5).
+only B (zero-initialized) and the classifier train (§4: the randomly initialized A is fixed, only the
+zero-initialized B is fine-tuned). The server averages B and the classifier by client data size, which is then
+the exact average of the clients' low-rank updates, since B A averages linearly when A is shared (§4).
 A never travels: each client rebuilds it from the seed. A client's model is the global adapter, or it
 fine-tuned ``finetune_steps`` steps on its own data with A still frozen (new clients the same).
 """

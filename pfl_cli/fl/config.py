@@ -21,6 +21,8 @@ SERVER_OPTIMIZERS = ("adam", "sgd")
 EVAL_DESCRIPTORS = ("all", "batch")
 CLIENT_SETS = ("holdout", "train", "all")
 COHORT_EXECS = ("auto", "vmap", "loop")
+# model_arch values beyond CLIENT_ARCHS: a prefix and its argument (hf:DIR, pfl_cli.models.hf_checkpoint; issue 46)
+OPEN_ARCHS = ("hf:",)
 
 
 def key(default, doc: str, source: str = "", **meta):
@@ -46,8 +48,9 @@ class TrainConfig:
     client_clip: float = key(50.0, "per-client gradient-norm clip before each step (0 = off)")
     lambda_theta: float = key(0.0, "client weight decay, added as 2*lambda_theta*param")
     model_arch: str = key("auto", "client net: auto (lstm for text, lenet for images >= 28x28, else mlp) | lenet | mlp"
-                          " | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn) | lstm",
-                          choices=CLIENT_ARCHS)
+                          " | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn) | lstm"
+                          " | hf:DIR (a transformers checkpoint directory on disk)",
+                          choices=CLIENT_ARCHS, open_prefixes=OPEN_ARCHS)
     mlp_hidden: tuple = key((32,), "hidden widths of the mlp client net")
     lstm_hidden: int = key(256, "width of both LSTM layers of the lstm client net (text data) and its embedding net",
                            "LEAF (Caldas et al. 2018): two LSTM layers of 256 units")
@@ -123,6 +126,12 @@ KEY_RULES: dict[str, tuple] = {
 }
 
 
+def open_choice(f, value) -> bool:
+    """Whether ``value`` is one of the open forms (``PREFIX:ARG``) that a key with choices also takes."""
+    return isinstance(value, str) and any(value.startswith(p) and len(value) > len(p)
+                                          for p in f.metadata.get("open_prefixes", ()))
+
+
 def check_keys(cfg) -> None:
     """The range of every key ``cfg`` has (:data:`KEY_RULES`) and the choices its fields declare; None passes
     for an optional key."""
@@ -133,7 +142,7 @@ def check_keys(cfg) -> None:
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         choices = f.metadata.get("choices")
-        if choices is not None and value not in choices:
+        if choices is not None and value not in choices and not open_choice(f, value):
             raise ConfigError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}.")
         rule = KEY_RULES.get(f.name)
         if rule is None or (value is None and _optional(f)):

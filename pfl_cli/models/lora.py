@@ -103,15 +103,18 @@ def set_dropout(net: nn.Module, on: bool) -> None:
 
 
 def match_targets(base: nn.Module, patterns: str) -> list[str]:
-    """The names of ``base``'s linear and convolution layers that ``patterns`` (comma-separated fnmatch patterns
-    on module names, e.g. ``fc1,conv*`` or ``*``) select, its classifier excepted (it trains in full)."""
+    """The names of ``base``'s linear and convolution layers that ``patterns`` select, its classifier excepted (it
+    trains in full): comma-separated module names or fnmatch patterns, each matching a name or its last dotted
+    components as peft's ``target_modules`` do (``query,value`` selects every BERT layer's query and value
+    projections; ``fc1,conv*``; ``*`` every layer)."""
     wanted = [p.strip() for p in str(patterns).split(",") if p.strip()]
     if not wanted:
         raise ConfigError(f"lora_targets must name at least one module pattern (e.g. '*' or 'fc1,conv*'); got "
                           f"{patterns!r}.")
     layers = [n for n, m in base.named_modules() if isinstance(m, TARGETABLE) and n != base.classifier
               and not n.startswith(f"{base.classifier}.")]
-    chosen = [n for n in layers if any(fnmatch.fnmatchcase(n, p) for p in wanted)]
+    # peft's rule for a list of target modules (a name equal to, or ending in ".<pattern>"), with fnmatch globs
+    chosen = [n for n in layers if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*.{p}") for p in wanted)]
     if not chosen:
         raise ConfigError(f"lora_targets {patterns!r} matches none of the base net's linear or convolution layers "
                           f"before its classifier ({', '.join(layers) or 'none'}); name some of them.")
@@ -124,7 +127,7 @@ def lora_spec(base: dict, *, targets: str, rank: int, alpha: float, dropout: flo
     from pfl_cli.models.spec import build
 
     if str(base.get("arch", "")).endswith("-bn") or base.get("arch") in ("backbone", "lora"):
-        raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn); got model_arch "
+        raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got model_arch "
                          f"{base.get('arch')!r}.")
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
             "num_classes": int(base["num_classes"]), "targets": match_targets(build(base), targets),

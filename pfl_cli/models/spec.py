@@ -173,6 +173,10 @@ def build(spec: dict) -> nn.Module:
         from pfl_cli.models.pretrained import build_pretrained
 
         return build_pretrained(spec)
+    if kind == "client" and spec.get("arch") == "hf":  # a transformers checkpoint on disk (model_arch hf:DIR)
+        from pfl_cli.models.hf_checkpoint import build_hf
+
+        return build_hf(spec)
     if kind == "client" and spec.get("arch") == "lora":  # LoRA adapters on a frozen base net (the LoRA algorithms)
         from pfl_cli.models.lora import build_lora
 
