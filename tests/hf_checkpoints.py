@@ -41,11 +41,16 @@ def text_csv(path: Path, *, clients: int = 6, per_client: int = 12, seed: int = 
     with open(path, "w", newline="", encoding="utf-8") as fh:
         out = csv.writer(fh)
         out.writerow(["text", "label", "client"])
+        seen = set()  # every text once: a test sample equal to a training sample would not be scored
         for c in range(clients):
             for _ in range(per_client):
                 label = int(rng.random() < (0.8 if c % 2 else 0.2))
                 adjectives = WORDS[:5] if label else WORDS[5:10]
-                words = ["the", str(rng.choice(["movie", "day", "food"])), "was", "very",
-                         *rng.choice(adjectives, size=int(rng.integers(1, 4)))]
-                out.writerow([" ".join(words), label, f"c{c}"])
+                text = None
+                while text is None or text in seen:
+                    words = [*rng.choice(WORDS[10:], size=int(rng.integers(2, 5))),
+                             *rng.choice(adjectives, size=int(rng.integers(1, 4)))]
+                    text = " ".join(words)
+                seen.add(text)
+                out.writerow([text, label, f"c{c}"])
     return path
