@@ -56,6 +56,7 @@ BUILTINS = (
     "pfl_cli.algorithms.moon:Moon", "pfl_cli.algorithms.fedsam:FedSAM",
     # LoRA adapters on a frozen base net (issue 46)
     "pfl_cli.algorithms.fedit:FedIT", "pfl_cli.algorithms.ffa_lora:FFALoRA", "pfl_cli.algorithms.fedsa_lora:FedSALoRA",
+    "pfl_cli.algorithms.flexlora:FlexLoRA",
 )
 
 

@@ -128,12 +128,14 @@ def test_dropout_is_drawn_from_the_seed(digits_clients):
     ("lora_alpha", -1.0, "lora_alpha must be a finite number > 0"),
     ("lora_dropout", 1.0, r"lora_dropout must be in \[0, 1\)"),
     ("backbone", "resnet-micro", "backbone has no effect on algorithm 'fedit'"),
+    ("flex_ranks", "2,9", r"flex_ranks must list integer ranks in \[1, lora_rank=8\]"),
+    ("flex_ranks", "two", r"flex_ranks must list integer ranks"),
 ])
 def test_bad_keys_are_refused(key, value, message):
     from pfl_cli.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
-        registry.train_config("fedit", **{key: value})
+        registry.train_config("flexlora" if key == "flex_ranks" else "fedit", **{key: value})
 
 
 def test_cli_train_and_predict_new_clients(tmp_path, cli):
@@ -156,3 +158,44 @@ def test_cli_train_and_predict_new_clients(tmp_path, cli):
               "--out", tmp_path / "bad", "--format", "quiet")
     assert bad.code == 2 and "matches none" in bad.err and len(bad.err.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()
+
+
+def test_flexlora_averages_full_updates_and_cuts_them_to_each_clients_rank(digits_clients, monkeypatch):
+    """Bai et al. 2024 §3: the server's update is the size-weighted mean of the clients' B_i A_i; a client of rank r
+    starts from its best rank-r approximation (truncated SVD) and its components past r are zero."""
+    from pfl_cli.algorithms.flexlora import FlexLoRA
+
+    seen = []
+    real = FlexLoRA.run_round
+
+    def spy(self, t, cohort, gen):
+        starts = {}
+        real_sgd = self.cohort_sgd
+
+        def sgd(start, clients, gen_, **kw):
+            out = real_sgd(start, clients, gen_, **kw)
+            starts["start"], starts["theta"] = start, out[0]
+            return out
+
+        self.cohort_sgd = sgd
+        loss = real(self, t, cohort, gen)
+        del self.cohort_sgd
+        seen.append((cohort.clone(), starts["start"], starts["theta"], {k: v.clone() for k, v in self.delta.items()}))
+        return loss
+
+    monkeypatch.setattr(FlexLoRA, "run_round", spy)
+    alg = run("flexlora", digits_clients, flex_ranks="1,2", lora_rank=2).algorithm
+    layer = alg.layers[0]
+    for cohort, start, theta, delta in seen:
+        b, a = theta[f"{layer}.lora_B.weight"], theta[f"{layer}.lora_A.weight"]
+        want = size_mean(alg.store, cohort, torch.bmm(b, a))
+        torch.testing.assert_close(delta[layer], want, rtol=0, atol=1e-6)
+    cohort, start, _, _ = seen[-1]
+    before = seen[-2][3][layer]
+    u, s, vh = torch.linalg.svd(before, full_matrices=False)
+    for i, c in enumerate(cohort.tolist()):
+        rank = 1 + c % 2
+        product = start[f"{layer}.lora_B.weight"][i] @ start[f"{layer}.lora_A.weight"][i]
+        torch.testing.assert_close(product, (u[:, :rank] * s[:rank]) @ vh[:rank], rtol=1e-4, atol=1e-5)
+        assert not start[f"{layer}.lora_A.weight"][i, rank:].any()
+    assert alg.personalized

@@ -96,6 +96,7 @@ OVERRIDES = {
     "backbone": ["resnet-micro", "vit-micro"],
     "backbone_weights": [lambda: _backbone_file("resnet-micro")],
     "lora_targets": ["fc1"],
+    "flex_ranks": ["1,2"],
     "lora_base_weights": [lambda: _lora_base_file()],
 }
 
