@@ -1,6 +1,6 @@
-"""LoRA adapters on a frozen base net (Hu et al., ICLR 2022, §4.1, Eq. 3): the client net of the LoRA algorithms.
+"""LoRA adapters on a frozen base net (Hu et al., ICLR 2022, §4.1): the client net of the LoRA algorithms.
 
-A targeted layer computes ``base(x) + B(A(dropout(x))) * alpha / r`` (Eq. 3, with the scaling of §4.1 and the
+A targeted layer computes ``base(x) + B(A(dropout(x))) * alpha / r`` (§4.1, with its scaling alpha / r and the
 dropout on the adapter's input that ``peft`` applies): ``A`` (``lora_A``) maps the layer's input to rank ``r``,
 ``B`` (``lora_B``) maps it back; ``A`` starts Kaiming-uniform (a = sqrt 5, as ``nn.Linear``), ``B`` at zero, so
 the adapted net starts as its base. A convolution's ``A`` is a convolution of the base's kernel, stride and
