@@ -54,3 +54,16 @@ def text_csv(path: Path, *, clients: int = 6, per_client: int = 12, seed: int = 
                 seen.add(text)
                 out.writerow([text, label, f"c{c}"])
     return path
+
+
+def tiny_vit(directory: Path, *, image: int = 8, channels: int = 1, num_labels: int = 10, seed: int = 0) -> Path:
+    """A ViT image classifier (1 layer, hidden 16, 4-pixel patches) for 8 x 8 digits, with ``save_pretrained``."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    directory = Path(directory)
+    config = ViTConfig(image_size=image, patch_size=4, num_channels=channels, hidden_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=32, num_labels=num_labels)
+    torch.manual_seed(seed)
+    ViTForImageClassification(config).save_pretrained(str(directory))
+    return directory

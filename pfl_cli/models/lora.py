@@ -53,6 +53,16 @@ class LoRALayer(nn.Module):
         nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_B.weight)
 
+    # The base layer's weight and bias, as peft's LoRA layers expose them: model code reads them through the
+    # layer it wraps (transformers' ViT reads its patch projection's weight dtype).
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def bias(self):
+        return self.base_layer.bias
+
     def forward(self, x):
         z = F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
         return self.base_layer(x) + self.lora_B(self.lora_A(z)) * self.scaling

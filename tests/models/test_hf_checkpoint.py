@@ -101,3 +101,23 @@ def test_a_changed_checkpoint_file_is_refused(text_run, cli, tmp_path):
     run = cli("train", "--partition", part, "--algorithm", "fedit", "--model-arch", f"hf:{tmp_path / 'none'}",
               "--rounds", "1", "--out", tmp_path / "bad", "--format", "quiet")
     assert run.code == 2 and "no transformers checkpoint there" in run.err
+
+
+def test_an_image_checkpoint_trains_lora_on_digits(tmp_path, cli):
+    """An image classifier (a tiny ViT, ...ForImageClassification) adapts to digits' 8 x 8 images."""
+    import torch
+    from hf_checkpoints import tiny_vit
+
+    vit = tiny_vit(tmp_path / "vit")
+    part = tmp_path / "part"
+    assert cli("partition", "--dataset", "builtin:digits", "--classes-per-client", "2", "--num-clients", "6",
+               "--holdout-clients", "2", "--out", part, "--format", "quiet").code == 0
+    run = cli("train", "--partition", part, "--algorithm", "ffa-lora", "--model-arch", f"hf:{vit}", "--rounds", "2",
+              "--clients-per-round", "2", "--set", "local_steps=2", "--set", "lora_targets=q_proj,v_proj,projection",
+              "--out", tmp_path / "model", "--format", "quiet")
+    assert run.code == 0, run.err
+    arch = torch.load(tmp_path / "model" / "model.pt", weights_only=True)["arch"]["client"]
+    assert arch["base"]["task"] == "image" and len(arch["targets"]) >= 3
+    pred = cli("predict", "--model", tmp_path / "model", "--partition", part, "--out", tmp_path / "pred",
+               "--format", "quiet")
+    assert pred.code == 0, pred.err
