@@ -73,8 +73,8 @@ def batched_setup(directory: Path, cohort: int, steps: int):
     part = partition_labels(y, PartitionConfig(scheme="iid", num_clients=cohort, test_fraction=0.1),
                             num_classes=CLASSES, rng=make_rng(0, "bench"))
     store = build_store(x, y, CLASSES, part, val_fraction=0.0, rng=None, device="cpu", vocab_size=VOCAB)
-    spec = lora_spec(hf_spec(f"hf:{directory}", (LENGTH,), CLASSES, vocab=VOCAB), targets="query,value", rank=RANK,
-                     alpha=RANK, dropout=0.0)
+    base = hf_spec(f"hf:{directory}", (LENGTH,), CLASSES, vocab=VOCAB)
+    spec = lora_spec(base, build(base), targets="query,value", rank=RANK, alpha=RANK, dropout=0.0)
     net = build(spec)
     params = {k: v.detach().unsqueeze(0).repeat(cohort, *[1] * v.dim()) for k, v in net.named_parameters()}
     clients = torch.arange(cohort)

@@ -153,7 +153,8 @@ def full_update(b, a):
 
 
 def svd_factors(delta, a_shape, b_shape):
-    """(B, A) of rank ``a_shape[0]`` from the truncated SVD of ``delta`` (out, in*k*k): B = U sqrt(S), A = sqrt(S) V^T."""
+    """(B, A) of rank ``a_shape[0]`` from the truncated SVD of ``delta`` (out, in*k*k): B = U sqrt(S),
+    A = sqrt(S) V^T."""
     import torch
 
     r = a_shape[0]

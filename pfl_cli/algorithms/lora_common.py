@@ -56,14 +56,16 @@ class LoRAClient:
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
+        from pfl_cli.models import build
         from pfl_cli.models.lora import lora_spec
 
         if getattr(store, "vocab_size", None) is not None and not cfg.model_arch.startswith("hf:"):
             raise InputError(f"{cfg.algorithm}: LoRA adapts linear and convolution layers; the text client net "
-                             "(LSTM) has none before its classifier; adapt a transformers checkpoint (--model-arch hf:DIR).")
+                             "(LSTM) has none before its classifier; adapt a transformers checkpoint "
+                             "(--model-arch hf:DIR).")
         base = Algorithm.resolve_arch(cfg, store)["client"]
-        return {"client": lora_spec(base, targets=cfg.lora_targets, rank=cfg.lora_rank, alpha=cfg.lora_alpha,
-                                    dropout=cfg.lora_dropout, weights=cfg.lora_base_weights)}
+        return {"client": lora_spec(base, build(base), targets=cfg.lora_targets, rank=cfg.lora_rank,
+                                    alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, weights=cfg.lora_base_weights)}
 
     @property
     def parts(self) -> dict[str, list[str]]:

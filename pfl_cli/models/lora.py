@@ -131,16 +131,18 @@ def match_targets(base: nn.Module, patterns: str) -> list[str]:
     return chosen
 
 
-def lora_spec(base: dict, *, targets: str, rank: int, alpha: float, dropout: float, weights: str = "") -> dict:
-    """The JSON-able client spec of a :class:`LoRANet` over the base net ``base`` (a client spec)."""
+def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int, alpha: float, dropout: float,
+              weights: str = "") -> dict:
+    """The JSON-able client spec of a :class:`LoRANet` over the base net ``base`` (a client spec; ``net`` is it
+    built, whose layers ``targets`` names)."""
     from pfl_cli.models.pretrained import file_sha256
-    from pfl_cli.models.spec import build
 
     if str(base.get("arch", "")).endswith("-bn") or base.get("arch") in ("backbone", "lora"):
-        raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got model_arch "
+        raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
+                         f"model_arch "
                          f"{base.get('arch')!r}.")
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
-            "num_classes": int(base["num_classes"]), "targets": match_targets(build(base), targets),
+            "num_classes": int(base["num_classes"]), "targets": match_targets(net, targets),
             "rank": int(rank), "alpha": float(alpha), "dropout": float(dropout)}
     if weights:
         path = Path(weights)
@@ -151,10 +153,9 @@ def lora_spec(base: dict, *, targets: str, rank: int, alpha: float, dropout: flo
     return spec
 
 
-def build_lora(spec: dict) -> LoRANet:
-    """The net of a :func:`lora_spec`: its base built (and loaded from its weights file), then adapted."""
-    from pfl_cli.models.spec import build
-
+def build_lora(spec: dict, build) -> LoRANet:
+    """The net of a :func:`lora_spec`: its base built with ``build`` (:func:`pfl_cli.models.build`) and loaded from
+    its weights file, then adapted."""
     base = build(spec["base"])
     if spec.get("base_weights"):
         load_base_weights(base, Path(spec["base_weights"]), spec.get("base_sha256"))

@@ -1,4 +1,5 @@
-"""Each client's LoRA adapter in peft's on-disk format (issue 46): ``adapter_config.json`` + ``adapter_model.safetensors``.
+"""Each client's LoRA adapter in peft's on-disk format (issue 46): ``adapter_config.json`` and
+``adapter_model.safetensors``.
 
 ``PeftModel.from_pretrained(base, DIR)`` in plain transformers + peft loads a written directory: ``base`` is the
 checkpoint of ``hf:DIR`` (``AutoModelForSequenceClassification.from_pretrained`` with the data's number of

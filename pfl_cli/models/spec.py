@@ -180,7 +180,7 @@ def build(spec: dict) -> nn.Module:
     if kind == "client" and spec.get("arch") == "lora":  # LoRA adapters on a frozen base net (the LoRA algorithms)
         from pfl_cli.models.lora import build_lora
 
-        return build_lora(spec)
+        return build_lora(spec, build)
     if kind == "client":
         return client_model(
             _field(spec, "arch"),

@@ -16,8 +16,12 @@ def lenet_spec():
     return client_spec("lenet", (1, 32, 32), 10)
 
 
+def adapted(base: dict, **keys) -> dict:
+    return lora_spec(base, build(base), **keys)
+
+
 def test_base_weights_are_buffers_and_only_adapters_and_classifier_train():
-    net = build(lora_spec(lenet_spec(), targets="*", rank=4, alpha=8.0, dropout=0.0))
+    net = build(adapted(lenet_spec(), targets="*", rank=4, alpha=8.0, dropout=0.0))
     names = [k for k, _ in net.named_parameters()]
     parts = lora_parts(names)
     assert [k.rsplit(".lora_", 1)[0] for k in parts["A"]] == ["model.conv1", "model.conv2", "model.fc1", "model.fc2"]
@@ -33,14 +37,14 @@ def test_base_weights_are_buffers_and_only_adapters_and_classifier_train():
 
 
 def test_targets_patterns_and_refusals():
-    spec = lora_spec(lenet_spec(), targets="conv*, fc2", rank=2, alpha=2.0, dropout=0.0)
+    spec = adapted(lenet_spec(), targets="conv*, fc2", rank=2, alpha=2.0, dropout=0.0)
     assert spec["targets"] == ["conv1", "conv2", "fc2"]
     with pytest.raises(ConfigError, match="matches none of the base net's linear or convolution layers"):
-        lora_spec(lenet_spec(), targets="fc3", rank=2, alpha=2.0, dropout=0.0)  # the classifier trains in full
+        adapted(lenet_spec(), targets="fc3", rank=2, alpha=2.0, dropout=0.0)  # the classifier trains in full
     with pytest.raises(InputError, match="plain client net"):
-        lora_spec(client_spec("mlp-bn", (64,), 10), targets="*", rank=2, alpha=2.0, dropout=0.0)
+        lora_spec(client_spec("mlp-bn", (64,), 10), None, targets="*", rank=2, alpha=2.0, dropout=0.0)
     with pytest.raises(ConfigError, match="no such file"):
-        lora_spec(lenet_spec(), targets="*", rank=2, alpha=2.0, dropout=0.0, weights="/nonexistent/base.pt")
+        adapted(lenet_spec(), targets="*", rank=2, alpha=2.0, dropout=0.0, weights="/nonexistent/base.pt")
 
 
 def test_user_base_weights_are_loaded_and_a_changed_file_refused(tmp_path):
@@ -48,7 +52,7 @@ def test_user_base_weights_are_loaded_and_a_changed_file_refused(tmp_path):
     state = {k: torch.full_like(v, 0.01) for k, v in base.state_dict().items()}
     path = tmp_path / "base.pt"
     torch.save(state, path)
-    spec = lora_spec(lenet_spec(), targets="fc1", rank=2, alpha=2.0, dropout=0.0, weights=str(path))
+    spec = adapted(lenet_spec(), targets="fc1", rank=2, alpha=2.0, dropout=0.0, weights=str(path))
     net = build(spec)
     assert torch.equal(net.model.fc1.base_layer.weight, state["fc1.weight"])
     torch.save({k: v * 2 for k, v in state.items()}, path)
@@ -57,7 +61,7 @@ def test_user_base_weights_are_loaded_and_a_changed_file_refused(tmp_path):
 
 
 def test_dropout_acts_in_training_mode_only():
-    net = build(lora_spec(client_spec("mlp", (64,), 10, (16,)), targets="*", rank=4, alpha=4.0, dropout=0.5))
+    net = build(adapted(client_spec("mlp", (64,), 10, (16,)), targets="*", rank=4, alpha=4.0, dropout=0.5))
     with torch.no_grad():
         net.model.fc1.lora_B.weight.normal_()
     x = torch.randn(5, 64)
