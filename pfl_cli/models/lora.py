@@ -139,8 +139,7 @@ def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int, alpha: flo
 
     if str(base.get("arch", "")).endswith("-bn") or base.get("arch") in ("backbone", "lora"):
         raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
-                         f"model_arch "
-                         f"{base.get('arch')!r}.")
+                         f"model_arch {base.get('arch')!r}.")
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
             "num_classes": int(base["num_classes"]), "targets": match_targets(net, targets),
             "rank": int(rank), "alpha": float(alpha), "dropout": float(dropout)}
