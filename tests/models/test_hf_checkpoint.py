@@ -103,6 +103,7 @@ def test_a_changed_checkpoint_file_is_refused(text_run, cli, tmp_path):
     assert run.code == 2 and "no transformers checkpoint there" in run.err
 
 
+@pytest.mark.slow
 def test_an_image_checkpoint_trains_lora_on_digits(tmp_path, cli):
     """An image classifier (a tiny ViT, ...ForImageClassification) adapts to digits' 8 x 8 images."""
     import torch
