@@ -122,3 +122,19 @@ def test_an_image_checkpoint_trains_lora_on_digits(tmp_path, cli):
     pred = cli("predict", "--model", tmp_path / "model", "--partition", part, "--out", tmp_path / "pred",
                "--format", "quiet")
     assert pred.code == 0, pred.err
+
+
+def test_text_csv_needs_its_tokenizer_and_only_text(tmp_path, text_run):
+    from pfl_cli.data import load_dataset
+    from pfl_cli.errors import DatasetError
+
+    _, bert, data = text_run
+    with pytest.raises(DatasetError, match="needs both text=COL and tokenizer=DIR"):
+        load_dataset(f"csv:{data}?text=text&client=client")
+    with pytest.raises(DatasetError, match="tokenizer directory .* does not exist"):
+        load_dataset(f"csv:{data}?text=text&tokenizer={tmp_path / 'none'}&client=client")
+    with pytest.raises(DatasetError, match=r"the text is the only feature; got other columns \['client'\]"):
+        load_dataset(f"csv:{data}?text=text&tokenizer={bert}")
+    ds = load_dataset(f"csv:{data}?text=text&tokenizer={bert}&client=client&max_length=8")
+    assert ds.x.shape[1] == 8 and ds.x.dtype.kind == "i" and ds.extra["pad_id"] == 0
+    assert (ds.x[:, 0] == 2).all()  # [CLS] first: the checkpoint's own tokenizer
