@@ -9,11 +9,11 @@ VENV ?= $(or $(VIRTUAL_ENV),$(CONDA_PREFIX),.venv)
 PY := $(VENV)/bin/python
 # A CPU build where one is provided locally; on a GPU machine `make TORCH=torch install` takes the CUDA build.
 TORCH ?= torch==2.13.0
-# `make test` installs the test extras: hf and flower so their tests run (markers `hf` and `flower`),
+# `make test` installs the test extras: hf, peft and flower so their tests run (markers `hf`, `peft` and `flower`),
 # docs so the site is built (`mkdocs build --strict`), tensorboard, wandb and mlflow for `--log tensorboard|wandb|mlflow`,
 # models for the torchvision: and timm: client nets (marker `models`).
 # `make demo` installs the runtime and nothing else.
-EXTRAS ?= test,hf,flower,docs,tensorboard,wandb,mlflow,models
+EXTRAS ?= test,hf,peft,flower,docs,tensorboard,wandb,mlflow,models
 PYTEST_ARGS ?=
 
 .PHONY: install install-runtime test test-docs test-postgres test-all docs demo bench scaling clean

@@ -84,6 +84,10 @@ BUILTINS = {
     "cfl": "pfl_cli.algorithms.cfl:CFL",
     "fedem": "pfl_cli.algorithms.fedem:FedEM",
     "afl": "pfl_cli.algorithms.afl:AFL",
+    "fedit": "pfl_cli.algorithms.fedit:FedIT",
+    "ffa-lora": "pfl_cli.algorithms.ffa_lora:FFALoRA",
+    "fedsa-lora": "pfl_cli.algorithms.fedsa_lora:FedSALoRA",
+    "flexlora": "pfl_cli.algorithms.flexlora:FlexLoRA",
 }
 
 

@@ -51,11 +51,17 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+    # Tests import transformers, peft and timm directly (the PeftModel round trip is plain transformers + peft):
+    # where the installed torchvision is a build for another torch they import only after this (pflx's own imports
+    # of them call it too; pfl_cli/torchvision_compat.py says why).
+    from pfl_cli.torchvision_compat import declare_torchvision_ops
+
+    declare_torchvision_ops()
 
 
 # Tests of the optional extras carry a marker naming the extra; the package each one needs.
-EXTRA_MODULES = {"hf": ("datasets",), "flower": ("flwr_datasets", "flwr"), "tracking": ("wandb", "mlflow"),
-                 "models": ("torchvision", "timm")}
+EXTRA_MODULES = {"hf": ("datasets",), "peft": ("transformers", "peft"), "flower": ("flwr_datasets", "flwr"),
+                 "tracking": ("wandb", "mlflow"), "models": ("torchvision", "timm")}
 
 
 def _missing_extras() -> list[str]:
@@ -73,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
     if not missing:
         return
     if os.environ.get("CI", "") not in ("", "0", "false"):
-        raise pytest.UsageError(f"CI must run the tests of the extras {missing}: pip install -e '.[test,hf,flower,wandb,mlflow,models]'")
+        raise pytest.UsageError(f"CI must run the tests of the extras {missing}: pip install -e '.[test,hf,peft,flower,wandb,mlflow,models]'")
     keep, dropped = [], []
     for item in items:
         (dropped if any(item.get_closest_marker(m) for m in missing) else keep).append(item)
@@ -81,7 +87,7 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
         config._pflx_extras_note = (
-            f"{len(dropped)} tests of the extras {missing} deselected: pip install -e '.[test,hf,flower,wandb,mlflow,models]' (make test does)"
+            f"{len(dropped)} tests of the extras {missing} deselected: pip install -e '.[test,hf,peft,flower,wandb,mlflow,models]' (make test does)"
         )
 
 

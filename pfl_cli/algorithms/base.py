@@ -144,6 +144,11 @@ class Algorithm(ABC):
 
             return {"client": backbone_spec(cfg.backbone, store.input_shape, store.num_classes,
                                             tune=cfg.backbone_tune, weights=cfg.backbone_weights or None)}
+        if cfg.model_arch.startswith("hf:"):  # a transformers checkpoint directory (issue 46)
+            from pfl_cli.models.hf_checkpoint import hf_spec
+
+            return {"client": hf_spec(cfg.model_arch, store.input_shape, store.num_classes,
+                                      vocab=getattr(store, "vocab_size", None))}
         return {"client": model_arch_spec(cfg, store)}
 
     @abstractmethod

@@ -27,7 +27,7 @@ def predict(
     eval_descriptor: Annotated[Optional[str], typer.Option("--eval-descriptor", help="pefll descriptor: all (every train sample) | batch (one batch) (default: as trained).")] = None,
     embed_rounds: Annotated[Optional[int], typer.Option("--embed-rounds", help="pfedhn, pfedhn-pc: rounds of --local-steps local steps that train a new client's embedding (hypernetwork frozen; default: as trained, 20).")] = None,
     local_epochs: Annotated[Optional[int], typer.Option("--local-epochs", help="hyperfl: epochs training a new client's embedding and classifier (global hypernetwork frozen); local: epochs per client (default: as trained).")] = None,
-    save_models: Annotated[bool, typer.Option("--save-models", help="Also write models.pt: every client's model weights.")] = False,
+    save_models: Annotated[bool, typer.Option("--save-models", help="Also write models.pt: every client's model weights (and a LoRA model's adapters in peft's format: adapters/).")] = False,
     evaluate_hidden_labels: Annotated[bool, typer.Option("--evaluate-hidden-labels", help="Also score unlabeled clients against their hidden labels: an oracle evaluation, recorded as such (the clients never show their labels to the model).")] = False,
     predictions: Annotated[bool, typer.Option("--predictions/--no-predictions", help="Write predictions.npz: client_id, split, sample, predicted class and probabilities of every train and test sample.")] = True,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",

@@ -29,6 +29,9 @@ The ``predict`` artifact:
 - ``models.pt`` with ``--save-models``: ``{"client_id": LongTensor (n,), "weights": {name: Tensor}}``;
   the weights have a leading client axis when ``personalized``, and are the one global model
   otherwise (FedAvg without fine-tuning).
+- ``adapters/`` with ``--save-models`` on a LoRA model (fedit, ffa-lora, fedsa-lora): ``client-<id>/`` per client
+  (``global/`` for one global adapter), each ``adapter_config.json`` + ``adapter_model.safetensors`` in peft's
+  format, which ``PeftModel.from_pretrained(base, DIR)`` loads (:mod:`pfl_cli.models.lora_export`).
 """
 
 from __future__ import annotations
@@ -212,6 +215,11 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
 
             ids = torch.as_tensor(np.asarray(part.client_id)[run.clients], dtype=torch.int64)
             writer.path("models.pt").write_bytes(torch_bytes({"client_id": ids, "weights": run.params}))
+            client_spec = (payload.get("arch") or {}).get("client")
+            if isinstance(client_spec, dict) and client_spec.get("arch") == "lora":  # peft's format (issue 46)
+                from pfl_cli.models.lora_export import write_adapters
+
+                write_adapters(writer.path("adapters"), client_spec, run.params, ids.tolist(), run.personalized)
     _note_unseen_test_labels(report, part, ds.y, run.clients)
     _print_summary(report, out, metrics, s, ds.num_classes)
 

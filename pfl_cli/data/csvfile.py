@@ -1,5 +1,8 @@
 """``csv:PATH?label=COL&client=COL&labeled=COL&num_classes=K``: one sample per row, a header row first.
 
+Text: ``text=COL&tokenizer=DIR[&max_length=L]`` reads column COL as text, tokenized with the transformers
+tokenizer in DIR (:mod:`pfl_cli.data.text`; L = 64 by default) into L token ids per row, the only features.
+
 Columns
 -------
 - the label column: ``label=COL``; by default ``label`` if the header has it, else ``y``,
@@ -28,7 +31,7 @@ from pfl_cli.data.base import Dataset, check_options, labels_from_array, option_
 from pfl_cli.errors import DatasetError
 from pfl_cli.formats import read_utf8
 
-OPTIONS = ("label", "client", "labeled", "num_classes")
+OPTIONS = ("label", "client", "labeled", "num_classes", "text", "tokenizer", "max_length")
 DEFAULT_LABEL_COLUMNS = ("label", "y")
 DEFAULT_LABELED_COLUMN = "labeled"
 FLAG_VALUES = {"1": True, "0": False, "true": True, "false": False}
@@ -71,6 +74,8 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
     if labeled_col is not None and label_col is None:
         raise DatasetError(f"{spec}: a labeled column ({labeled_col!r}) needs a label column; name it with label=COL.")
     columns = list(zip(*rows))
+    if "text" in options or "tokenizer" in options:
+        return _text_dataset(spec, options, header, columns, label_col, client_col, labeled_col)
     features = [i for i, name in enumerate(header) if name not in (label_col, client_col, labeled_col)]
     if not features:
         raise DatasetError(f"{spec}: no feature columns left after the label and client columns; header is {header}.")
@@ -90,6 +95,32 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
         extra={"feature_names": [header[i] for i in features]},
         labeled=labeled,
     )
+
+
+def _text_dataset(spec, options, header, columns, label_col, client_col, labeled_col) -> Dataset:
+    """A text column tokenized with a checkpoint's tokenizer: token ids (n, max_length), the only features."""
+    from pfl_cli.data.text import DEFAULT_MAX_LENGTH, tokenize
+
+    if not options.get("text") or not options.get("tokenizer"):
+        raise DatasetError(f"{spec}: text data needs both text=COL and tokenizer=DIR (the checkpoint directory).")
+    text_col = _named_column(header, options["text"], "text", spec)
+    others = [n for n in header if n not in (text_col, label_col, client_col, labeled_col)]
+    if others:
+        raise DatasetError(f"{spec}: with text={text_col} the text is the only feature; got other columns {others} "
+                           "(name them with label=, client= or labeled=, or drop them).")
+    raw = options.get("max_length", str(DEFAULT_MAX_LENGTH))
+    if not raw.isdigit() or int(raw) < 2:
+        raise DatasetError(f"{spec}: max_length must be an integer >= 2; got {raw!r}.")
+    x, extra = tokenize(columns[header.index(text_col)], options["tokenizer"], int(raw), spec)
+    y = None if label_col is None else _labels(columns[header.index(label_col)], label_col, spec)
+    num_classes = option_num_classes(spec, options)
+    if num_classes is None:
+        num_classes = int(y.max()) + 1 if y is not None and y.max() >= 0 else 0
+    return Dataset(spec=spec, x=x, y=y, num_classes=num_classes,
+                   client=None if client_col is None else np.asarray(columns[header.index(client_col)], dtype=str),
+                   extra=extra,
+                   labeled=None if labeled_col is None else _flags(columns[header.index(labeled_col)], labeled_col,
+                                                                   spec))
 
 
 def _flags(cells: tuple[str, ...], name: str, spec: str) -> np.ndarray:

@@ -88,7 +88,9 @@ def cohort_forward(model, params: Mapping[str, "object"], x, how: str, shared: M
 
     shared = dict(shared or {})
     if how == "vmap":
-        return vmap(lambda p, xb: functional_call(model, {**p, **shared}, (xb,)))(params, x)
+        # a net with random ops in training (LoRA's dropout) declares how vmap draws them: apart per client
+        randomness = getattr(model, "vmap_randomness", "error")
+        return vmap(lambda p, xb: functional_call(model, {**p, **shared}, (xb,)), randomness=randomness)(params, x)
     return torch.stack([functional_call(model, {**{k: v[i] for k, v in params.items()}, **shared}, (x[i],))
                         for i in range(x.shape[0])])
 

@@ -24,6 +24,8 @@ SERVER_OPTIMIZERS = ("adam", "sgd")
 EVAL_DESCRIPTORS = ("all", "batch")
 CLIENT_SETS = ("holdout", "train", "all")
 COHORT_EXECS = ("auto", "vmap", "loop")
+# model_arch values beyond CLIENT_ARCHS: a prefix and its argument (hf:DIR, pfl_cli.models.hf_checkpoint; issue 46)
+OPEN_ARCHS = ("hf:",)
 
 # Model kinds (DESIGN.md §9): ``model_arch`` KIND:NAME builds the client net from another source, one module per
 # kind under pfl_cli.models.kinds (kept here as names: the config is checked without importing torch).
@@ -37,6 +39,13 @@ def model_kind(arch) -> str | None:
         return None
     kind, name = arch.split(":", 1)
     return kind if kind in MODEL_KINDS and name.strip() else None
+
+
+def open_arch(arch) -> bool:
+    """Whether ``arch`` is a ``model_arch`` beyond the built-in nets: a model kind's KIND:NAME or a transformers
+    checkpoint directory (``hf:DIR``, :mod:`pfl_cli.models.hf_checkpoint`)."""
+    return model_kind(arch) is not None or (isinstance(arch, str) and any(
+        arch.startswith(p) and len(arch) > len(p) for p in OPEN_ARCHS))
 
 
 def key(default, doc: str, source: str = "", **meta):
@@ -63,8 +72,9 @@ class TrainConfig:
     lambda_theta: float = key(0.0, "client weight decay, added as 2*lambda_theta*param")
     model_arch: str = key("auto", "client net: auto (lstm for text, lenet for images >= 28x28, else mlp) | lenet | mlp"
                           " | hyperfl-cnn | mlp-bn | lenet-bn (batch-norm variants, for fedbn) | lstm | pfllib-cnn | "
-                          "resnet18-cifar | factory:MODULE:CALLABLE | torchvision:NAME | timm:NAME (docs/models.md)",
-                          choices=CLIENT_ARCHS, also=model_kind)
+                          "resnet18-cifar | factory:MODULE:CALLABLE | torchvision:NAME | timm:NAME | hf:DIR (a "
+                          "transformers checkpoint directory on disk) (docs/models.md)",
+                          choices=CLIENT_ARCHS, also=open_arch)
     model_kwargs: Optional[dict] = key(None, "keyword arguments of a model kind's constructor (factory:, torchvision:, "
                                        "timm:), e.g. {width: 8} (null = none)")
     model_weights: str = key("", "a model kind's local state dict (.pth / .safetensors), recorded with its sha256; "

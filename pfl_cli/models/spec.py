@@ -178,6 +178,14 @@ def build(spec: dict) -> nn.Module:
         from pfl_cli.models.pretrained import build_pretrained
 
         return build_pretrained(spec)
+    if kind == "client" and spec.get("arch") == "hf":  # a transformers checkpoint on disk (model_arch hf:DIR)
+        from pfl_cli.models.hf_checkpoint import build_hf
+
+        return build_hf(spec)
+    if kind == "client" and spec.get("arch") == "lora":  # LoRA adapters on a frozen base net (the LoRA algorithms)
+        from pfl_cli.models.lora import build_lora
+
+        return build_lora(spec, build)
     if kind == "client" and ":" in str(spec.get("arch", "")):  # a model kind's net (pfl_cli.models.kinds)
         from pfl_cli.models.kinds import build_kind
 

@@ -84,7 +84,9 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            # a model kind's keys act on a model kind's net (a user factory: tests/kind_nets.py)
            **{k: {"model_arch": f"factory:{kind_nets.FILE}:mlp"} for k in ("model_kwargs", "model_weights", "model_head")},
            # CFL's split needs both thresholds met: eps1 and the warm-up act where some update exceeds eps2
-           "cfl_eps1": {"cfl_eps2": 0.0}, "cfl_warmup_rounds": {"cfl_eps2": 0.0}}
+           "cfl_eps1": {"cfl_eps2": 0.0}, "cfl_warmup_rounds": {"cfl_eps2": 0.0},
+           # the LoRA targets: on an MLP with two hidden layers "fc1" adapts one of its two layers, "*" both
+           "lora_targets": {"mlp_hidden": (8, 8)}}
 # A key checked a second time, beside a companion set where that companion could leave it inert (its own CONTEXT
 # above is the setting where it acts): local_steps beside a set local_epochs, a round of epochs counting no steps
 # (FedNova, FLowDUP, LD-FedAvg, FedTTA and FedOpt set local_epochs by default; --set local_epochs=E on FedAvg's
@@ -126,6 +128,9 @@ OVERRIDES = {
     "model_kwargs": [{"width": 4}],
     "model_weights": [lambda: kind_nets.weights_file(_scratch() / "mlp.pth")],
     "model_head": ["3"],  # a Linear that is not the head (its output is not the net's): refused
+    "lora_targets": ["fc1"],
+    "flex_ranks": ["1,2"],
+    "lora_base_weights": [lambda: _lora_base_file()],
 }
 
 
@@ -512,6 +517,22 @@ def _trace_file(clients: int) -> str:
     path = Path(tempfile.mkdtemp(prefix="pflx-keys-")) / "trace.csv"
     rows = [("1,0" if i % 2 else "0,1") for i in range(clients)]
     path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+def _lora_base_file() -> str:
+    """A state dict of the LoRA algorithms' base net in this suite (digits' MLP 64-8-10) unlike its seeded random
+    weights (every entry 0.01), in a temp dir."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from pfl_cli.models import build, client_spec
+
+    path = Path(tempfile.mkdtemp(prefix="pflx-keys-")) / "base.pt"
+    net = build(client_spec("mlp", (64,), 10, BASE["mlp_hidden"]))
+    torch.save({k: torch.full_like(v, 0.01) for k, v in net.state_dict().items()}, path)
     return str(path)
 
 

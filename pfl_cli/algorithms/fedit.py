@@ -1,0 +1,35 @@
+"""FedIT (Zhang et al., "Towards Building the Federated GPT: Federated Instruction Tuning", ICASSP 2024, §3):
+FedAvg on LoRA adapters.
+
+Each client trains the adapters (A and B of every adapted layer) and the classifier on a frozen base net, and the
+server averages all of them weighted by client data size, as FedAvg averages a whole model (§3: FedAvg's
+aggregation applied to the LoRA parameters). Only the adapters and the classifier travel. A client's
+model is the global adapter, or it fine-tuned ``finetune_steps`` steps on its own data (new clients the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.lora_common import LoRAClient, LoRAKeys
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class FedITConfig(FedAvgConfig, LoRAKeys):
+    """FedIT's keys: FedAvg's round and the LoRA keys."""
+
+    algorithm: str = key("fedit", "the algorithm these keys configure")
+
+
+class FedIT(LoRAClient, FedAvg):
+    name = "fedit"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = ("Zhang et al. 2024 (FedIT) §4: the local step size is the tuned setting (FedAvg's "
+                           "client lr over its log range)")
+    tune_group = "train"
+    paper = "FedIT: Zhang et al., ICASSP 2024 §3 (FedAvg on LoRA adapters)"
+    new_client_protocol = "the global adapter, or it fine-tuned finetune_steps local steps"
+    config = FedITConfig
+    serves_unlabeled = "fedit without --finetune-steps (one global adapter)"

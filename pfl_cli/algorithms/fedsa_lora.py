@@ -1,0 +1,58 @@
+"""FedSA-LoRA (Guo, Zeng, Wang, Fan, Wang, Qu, "Selective Aggregation for Low-Rank Adaptation in Federated
+Learning", ICLR 2025, §4): A shared, B personal.
+
+Each round a cohort client trains A and B of every adapter and its classifier on the frozen base, starting from
+the global A and its own B and classifier; the server averages only the A matrices, by client data size (§4:
+only the A matrices are shared with the server for aggregation, the B matrices are kept locally; A learns
+general knowledge, B client-specific knowledge), and each client keeps its B. The classifier stays on the
+client with B (pflx's choice for classification heads, which the method's description leaves open). Only A
+travels: 2 x |A| floats per cohort client and round. A client never sampled, or a new one, gets the global A
+frozen and a fresh B (zero) and classifier trained ``new_client_epochs`` epochs on its own data (pflx's protocol,
+FedRep's for its private part; the paper serves no new clients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.lora_common import LoRAClient, LoRAKeys, parts_floats
+from pfl_cli.algorithms.partial import PartialSharing, PartialSharingConfig
+from pfl_cli.fl.config import key
+
+
+@dataclass(frozen=True)
+class FedSALoRAConfig(PartialSharingConfig, LoRAKeys):
+    """FedSA-LoRA's keys: the partial-sharing round and the LoRA keys."""
+
+    algorithm: str = key("fedsa-lora", "the algorithm these keys configure")
+
+
+class FedSALoRA(LoRAClient, PartialSharing):
+    name = "fedsa-lora"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = ("Guo et al. 2025 (FedSA-LoRA) §5: the learning rate is the tuned setting, over the "
+                           "client lr's log range")
+    tune_group = "train"
+    paper = "FedSA-LoRA: Guo et al., ICLR 2025 §4 (A averaged, B and the classifier kept by each client)"
+    new_client_protocol = "the global A frozen; a fresh B and classifier trained new_client_epochs"
+    config = FedSALoRAConfig
+
+    @classmethod
+    def floats_per_client_round(cls, arch: dict) -> int:
+        return 2 * parts_floats(arch, "A")
+
+    def build(self) -> None:
+        self.net = self.client_net()
+        parts = self.parts
+        self.shared, self.private_names = parts["A"], parts["B"] + parts["head"]
+        init = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+        self.init_private = {k: init[k] for k in self.private_names}
+        self.global_params = init
+        self.private = self.new_private_state(self.init_private)
+
+    def protocol(self, new: bool) -> dict:
+        from pfl_cli.algorithms.base import epochs_protocol
+
+        return epochs_protocol(new, self.cfg.new_client_epochs, "its own B and classifier on the global A",
+                               "a fresh B and classifier trained {e} epochs on the global A",
+                               "a fresh B (zero) and classifier on the global A")

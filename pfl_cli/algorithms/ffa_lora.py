@@ -1,0 +1,66 @@
+"""FFA-LoRA (Sun, Li, Li, Ding, "Improving LoRA in Privacy-preserving Federated Learning", ICLR 2024, §4):
+Federated Freeze-A LoRA.
+
+Every adapter's A stays at its random initialization, the same on every client (drawn from the run's seed), and
+only B (zero-initialized) and the classifier train (§4: the randomly initialized A is fixed, only the
+zero-initialized B is fine-tuned). The server averages B and the classifier by client data size, which is then
+the exact average of the clients' low-rank updates, since B A averages linearly when A is shared (§4).
+A never travels: each client rebuilds it from the seed. A client's model is the global adapter, or it
+fine-tuned ``finetune_steps`` steps on its own data with A still frozen (new clients the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.lora_common import LoRAClient, LoRAKeys, parts_floats
+from pfl_cli.fl.config import key
+from pfl_cli.fl.params import weighted_mean
+
+
+@dataclass(frozen=True)
+class FFALoRAConfig(FedAvgConfig, LoRAKeys):
+    """FFA-LoRA's keys: FedAvg's round and the LoRA keys."""
+
+    algorithm: str = key("ffa-lora", "the algorithm these keys configure")
+
+
+class FFALoRA(LoRAClient, FedAvg):
+    name = "ffa-lora"
+    search_space = {"lr": "log:1e-3:1"}
+    search_space_source = ("Sun et al. 2024 (FFA-LoRA) §5: the learning rate is the tuned setting (FFA-LoRA removes "
+                           "the need to tune alpha, §4): FedAvg's client lr over its log range")
+    tune_group = "train"
+    paper = "FFA-LoRA: Sun et al., ICLR 2024 §4 (A frozen, B trained and averaged)"
+    new_client_protocol = "the global adapter, or it fine-tuned finetune_steps local steps with A frozen"
+    config = FFALoRAConfig
+    serves_unlabeled = "ffa-lora without --finetune-steps (one global adapter)"
+
+    @classmethod
+    def floats_per_client_round(cls, arch: dict) -> int:
+        return 2 * parts_floats(arch, "B", "head")
+
+    @property
+    def trained(self) -> list[str]:
+        parts = self.parts
+        return parts["B"] + parts["head"]
+
+    def local_objective(self) -> dict:
+        return {"trainable": self.trained}
+
+    def aggregate(self, t: int, cohort, theta: dict) -> None:
+        """B and the classifier: size-weighted mean, then FedAvg's server step; A stays where it started."""
+        moving = self.trained
+        self.record_exchange({k: self.global_params[k] for k in moving}, {k: theta[k] for k in moving}, len(cohort))
+        mean = weighted_mean(self.store, cohort, {k: theta[k] for k in moving})
+        cfg = self.cfg
+        for k in moving:
+            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + (mean[k] - self.global_params[k])
+            self.global_params[k] = self.global_params[k] + cfg.server_lr * self.server_buf[k]
+
+    def personalize(self, clients, gen):
+        if self.finetune_steps > 0:
+            return self.train_clients(self.global_params, clients, gen, steps=self.finetune_steps,
+                                      trainable=self.trained), True
+        return self.global_params, False

@@ -1,0 +1,181 @@
+"""LoRA adapters on a frozen base net (Hu et al., ICLR 2022, §4.1): the client net of the LoRA algorithms.
+
+A targeted layer computes ``base(x) + B(A(dropout(x))) * alpha / r`` (§4.1, with its scaling alpha / r and the
+dropout on the adapter's input that ``peft`` applies): ``A`` (``lora_A``) maps the layer's input to rank ``r``,
+``B`` (``lora_B``) maps it back; ``A`` starts Kaiming-uniform (a = sqrt 5, as ``nn.Linear``), ``B`` at zero, so
+the adapted net starts as its base. A convolution's ``A`` is a convolution of the base's kernel, stride and
+padding to ``r`` channels and ``B`` a 1x1 convolution (peft's ``Conv2d``). These are ``peft``'s definitions
+(``peft.tuners.lora.layer.Linear`` / ``Conv2d``, default ``LoraConfig``), written here in plain torch so that
+a cohort's adapters run through ``torch.func.functional_call`` + ``vmap`` without importing transformers (peft
+imports it: seconds at every start); tests/models/test_lora.py holds the two equal on the same weights, and
+:mod:`pfl_cli.models.lora_export` writes the adapters in peft's own on-disk format.
+
+Every base weight is a *buffer* (:func:`pfl_cli.models.pretrained.freeze`): a vmapped cohort reads one shared
+copy, no optimizer sees it and no gradient is formed for it. The parameters of the net are the adapters and the
+classifier (the base's last layer, trained in full like peft's ``modules_to_save`` for classification), named as
+peft names them below ``base_model.``: ``model.<layer>.lora_A.weight``, ``model.<layer>.lora_B.weight``.
+
+The base is model_arch's net, randomly initialized from the run's seed (a frozen random feature map) or loaded
+from a user's state dict (``lora_base_weights``, recorded with its sha256 so that ``predict`` and ``--resume``
+refuse a changed file).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pfl_cli.errors import ConfigError, InputError
+
+TARGETABLE = (nn.Linear, nn.Conv2d)
+
+
+class LoRALayer(nn.Module):
+    """A frozen ``base_layer`` plus ``lora_B(lora_A(dropout(x))) * scaling``; dropout acts in training mode only."""
+
+    def __init__(self, base_layer: nn.Module, rank: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.rank, self.alpha, self.dropout = int(rank), float(alpha), float(dropout)
+        self.scaling = self.alpha / self.rank
+        if isinstance(base_layer, nn.Linear):
+            self.lora_A = nn.Linear(base_layer.in_features, self.rank, bias=False)
+            self.lora_B = nn.Linear(self.rank, base_layer.out_features, bias=False)
+        else:
+            self.lora_A = nn.Conv2d(base_layer.in_channels, self.rank, base_layer.kernel_size, base_layer.stride,
+                                    base_layer.padding, bias=False)
+            self.lora_B = nn.Conv2d(self.rank, base_layer.out_channels, 1, 1, groups=base_layer.groups, bias=False)
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+
+    # The base layer's weight and bias, as peft's LoRA layers expose them: model code reads them through the
+    # layer it wraps (transformers' ViT reads its patch projection's weight dtype).
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def bias(self):
+        return self.base_layer.bias
+
+    def forward(self, x):
+        z = F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
+        return self.base_layer(x) + self.lora_B(self.lora_A(z)) * self.scaling
+
+
+class LoRANet(nn.Module):
+    """``model`` (the base net, frozen) with LoRA layers in place of its targeted layers; its classifier trains."""
+
+    # vmap draws each client's dropout mask apart (no random op runs when dropout is 0 or outside training)
+    vmap_randomness = "different"
+
+    def __init__(self, base: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.model = base
+        self.classifier = f"model.{base.classifier}"
+        self.targets = list(targets)
+        head = dict(base.named_modules())[base.classifier]
+        head_params = {id(p) for p in head.parameters()}
+        for name, p in list(base.named_parameters()):
+            if id(p) not in head_params:
+                owner, _, leaf = name.rpartition(".")
+                module = base.get_submodule(owner) if owner else base
+                del module._parameters[leaf]
+                module.register_buffer(leaf, p.detach())
+        for name in self.targets:
+            parent, _, leaf = name.rpartition(".")
+            holder = base.get_submodule(parent) if parent else base
+            setattr(holder, leaf, LoRALayer(getattr(holder, leaf), rank, alpha, dropout))
+        self.eval()  # dropout off (evaluation, new clients' scoring); the algorithms switch it on for local steps
+
+    def forward(self, x):
+        return self.model(x)
+
+
+def lora_parts(names) -> dict[str, list[str]]:
+    """``{"A": [...], "B": [...], "head": [...]}``: a LoRA net's parameter names by role (in the net's order)."""
+    parts = {"A": [], "B": [], "head": []}
+    for k in names:
+        parts["A" if ".lora_A." in k else "B" if ".lora_B." in k else "head"].append(k)
+    return parts
+
+
+def set_dropout(net: nn.Module, on: bool) -> None:
+    """Switch the LoRA layers' dropout on (local training) or off (everything else)."""
+    for m in net.modules():
+        if isinstance(m, LoRALayer):
+            m.train(on)
+
+
+def match_targets(base: nn.Module, patterns: str) -> list[str]:
+    """The names of ``base``'s linear and convolution layers that ``patterns`` select, its classifier excepted (it
+    trains in full): comma-separated module names or fnmatch patterns, each matching a name or its last dotted
+    components as peft's ``target_modules`` do (``query,value`` selects every BERT layer's query and value
+    projections; ``fc1,conv*``; ``*`` every layer)."""
+    wanted = [p.strip() for p in str(patterns).split(",") if p.strip()]
+    if not wanted:
+        raise ConfigError(f"lora_targets must name at least one module pattern (e.g. '*' or 'fc1,conv*'); got "
+                          f"{patterns!r}.")
+    layers = [n for n, m in base.named_modules() if isinstance(m, TARGETABLE) and n != base.classifier
+              and not n.startswith(f"{base.classifier}.")]
+    # peft's rule for a list of target modules (a name equal to, or ending in ".<pattern>"), with fnmatch globs
+    chosen = [n for n in layers if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*.{p}") for p in wanted)]
+    if not chosen:
+        raise ConfigError(f"lora_targets {patterns!r} matches none of the base net's linear or convolution layers "
+                          f"before its classifier ({', '.join(layers) or 'none'}); name some of them.")
+    return chosen
+
+
+def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int, alpha: float, dropout: float,
+              weights: str = "") -> dict:
+    """The JSON-able client spec of a :class:`LoRANet` over the base net ``base`` (a client spec; ``net`` is it
+    built, whose layers ``targets`` names)."""
+    from pfl_cli.models.pretrained import file_sha256
+
+    if str(base.get("arch", "")).endswith("-bn") or base.get("arch") in ("backbone", "lora"):
+        raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
+                         f"model_arch {base.get('arch')!r}.")
+    spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
+            "num_classes": int(base["num_classes"]), "targets": match_targets(net, targets),
+            "rank": int(rank), "alpha": float(alpha), "dropout": float(dropout)}
+    if weights:
+        path = Path(weights)
+        if not path.is_file():
+            raise ConfigError(f"lora_base_weights: no such file {path}; give a local state dict of the base net "
+                              f"(.pt / .pth / .safetensors).")
+        spec["base_weights"], spec["base_sha256"] = str(path), file_sha256(path)
+    return spec
+
+
+def build_lora(spec: dict, build) -> LoRANet:
+    """The net of a :func:`lora_spec`: its base built with ``build`` (:func:`pfl_cli.models.build`) and loaded from
+    its weights file, then adapted."""
+    base = build(spec["base"])
+    if spec.get("base_weights"):
+        load_base_weights(base, Path(spec["base_weights"]), spec.get("base_sha256"))
+    return LoRANet(base, spec["targets"], spec["rank"], spec["alpha"], spec["dropout"])
+
+
+def load_base_weights(base: nn.Module, path: Path, sha256: str | None) -> None:
+    """Copy a state dict of the base net into ``base``, refusing a changed file or a missing / misshapen key."""
+    from pfl_cli.models.pretrained import file_sha256, load_backbone_state
+
+    if not path.is_file() or (sha256 is not None and file_sha256(path) != sha256):
+        raise InputError(f"lora_base_weights {path}: missing or changed since the model was built (sha256 differs); "
+                         "give the same file.")
+    state = load_backbone_state(path)
+    state = {k.removeprefix("client."): v for k, v in state.items()}
+    expected = base.state_dict()
+    for key, tensor in expected.items():
+        if key not in state or tuple(state[key].shape) != tuple(tensor.shape):
+            got = "missing" if key not in state else f"of shape {tuple(state[key].shape)}"
+            raise InputError(f"lora_base_weights {path}: key {key!r} is {got}; the base net needs {len(expected)} "
+                             f"tensors ({key}: {tuple(tensor.shape)}).")
+    with torch.no_grad():
+        for key, tensor in expected.items():
+            tensor.copy_(state[key].to(tensor.dtype))
