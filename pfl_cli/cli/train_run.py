@@ -280,10 +280,14 @@ def portable_model(model: dict) -> dict:
     """The model payload naming a backbone's weights file by name, not by where it was (the manifest's ``file``
     input finds it again: pfl_cli.readers.files); the bytes of model.pt then do not depend on the directory."""
     arch = model.get("arch")
-    if not isinstance(arch, dict) or not any(isinstance(s, dict) and s.get("weights") for s in arch.values()):
+
+    def backbone(s) -> bool:  # the specs whose file a manifest input finds again (SPEC_FIELDS); a model kind's
+        return isinstance(s, dict) and s.get("arch") == "backbone" and bool(s.get("weights"))  # keeps its path
+
+    if not isinstance(arch, dict) or not any(backbone(s) for s in arch.values()):
         return model
-    return {**model, "arch": {k: ({**s, "weights": Path(str(s["weights"])).name}
-                                  if isinstance(s, dict) and s.get("weights") else s) for k, s in arch.items()}}
+    return {**model, "arch": {k: ({**s, "weights": Path(str(s["weights"])).name} if backbone(s) else s)
+                              for k, s in arch.items()}}
 
 
 def write_dp_artifact(writer, cfg, config: dict, run, part, metrics: dict, prior=None) -> dict:
