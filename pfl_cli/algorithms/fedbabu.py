@@ -44,6 +44,8 @@ class FedBABUConfig(FedAvgRoundConfig):
 
 class FedBABU(FedAvg):
     name = "fedbabu"
+    individual_reads = ("each client's body; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedBABU: Oh, Kim, Yun, ICLR 2022"
     new_client_protocol = "the global body and frozen head fine-tuned whole for finetune_epochs"
     config = FedBABUConfig

@@ -75,6 +75,7 @@ class KNNPerConfig(FedAvgRoundConfig):
 
 class KNNPer(FedAvg):
     name = "knnper"
+    individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     search_space = {"lr": "log:1e-3:1", "interpolation": "float:0:1", "knn_k": "int:1:50"}
     search_space_source = ("Marfoq et al., kNN-Per (ICML 2022), §5: the interpolation lambda and k chosen on "
                            "validation data")

@@ -24,6 +24,8 @@ class LGFedAvgConfig(PartialSharingConfig):
 
 class LGFedAvg(PartialSharing):
     name = "lg-fedavg"
+    individual_reads = ("each client's shared head; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Liang et al. 2020: the client lr is its one tuned key")
     tune_group = "train"

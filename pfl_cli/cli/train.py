@@ -18,6 +18,7 @@ FLAGS = (
     "algorithm", "rounds", "clients_per_round", "local_steps", "batch_size", "lr", "server_lr", "eval_every",
     "val_fraction", "label_mask", "finetune_steps", "local_epochs", "model_arch", "embedding", "embed_dim",
     "hyper_size", "standardize_descriptor", "write_nonprivate", "device", "seed", "client_sizes",
+    "secagg",
 )
 
 
@@ -45,6 +46,7 @@ def train(
     standardize_descriptor: Annotated[bool, typer.Option("--standardize-descriptor/--no-standardize-descriptor", help="pefll: the authors' code's frozen scalar standardization of descriptors.", show_default=False)] = True,
     dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N. noise=secure (default): noise and sampling from OS entropy; noise=seeded: repeatable from the published seed, simulation only.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
+    secagg: Annotated[bool, typer.Option("--secagg", help="Simulated secure aggregation: the server step reads only the cohort's sums (fedavg and the algorithms on its round; docs/privacy/secure-aggregation.md lists which; the others are refused naming what their server reads individually). With --dp: central DP-FedAvg on the secure sum, or --set dp_mechanism=ddg for distributed DP (each client adds its discrete Gaussian noise share).")] = False,
     client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).", show_default=False)] = "",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda[:N].")] = "auto",
     plot: Annotated[bool, typer.Option("--plot", help="Also write curves.png: accuracy and loss against rounds, the selected round marked (not part of the config).")] = False,
