@@ -280,11 +280,22 @@ def calibrate_distributed_dp(cfg, dim: int, *, contribution: str = "update") -> 
     draft = DistributedDiscreteGaussian(float(cfg.dp_epsilon), float(cfg.dp_delta), float(cfg.dp_clip), cohort,
                                         int(cfg.dp_min_survivors or cohort), int(cfg.dp_bits), int(dim), rounds,
                                         float("nan"), contribution)
-    cal = calibrate_noise(draft.event, draft.epsilon, draft.delta, accountant="rdp")
-    mech = dataclasses.replace(draft, noise_multiplier=float(cal.noise_multiplier))
-    if mech.scale < 4.0 * math.sqrt(dim) or mech.client_sigma < 0.5:
-        raise ConfigError(f"dp_bits {cfg.dp_bits}: too few bits for this model ({dim} parameters) at noise multiplier "
-                          f"{mech.noise_multiplier:.4g}: an update would get {mech.scale:.4g} integer units, under 4 "
-                          f"sqrt(d) = {4 * math.sqrt(dim):.4g}, so rounding would dominate; raise dp_bits (e.g. "
-                          f"--set dp_bits={cfg.dp_bits + 4}).")
-    return mech
+    # The largest z whose scale leaves an update at least 4 sqrt(d) integer units (else rounding dominates):
+    # integer_scale(z) >= 4 sqrt(d) solved for the noise spread k = NOISE_RANGE z sqrt(cohort / min_survivors).
+    root_d, survivors = math.sqrt(dim), draft.min_survivors
+    spread_max = (2.0 ** (draft.bits - 1) - cohort * (1 + 4 * root_d)) / (5 * root_d)
+    z_max = min(1e4, spread_max / (NOISE_RANGE * math.sqrt(cohort / survivors)))
+    fix = (f"dp_bits {cfg.dp_bits}: too few bits for this model ({dim} parameters) at the noise (epsilon "
+           f"{draft.epsilon:g}, {rounds} rounds) needs: a coordinate of the sum would not fit modulo 2^{cfg.dp_bits} "
+           f"with an update of at least 4 sqrt(d) integer units; raise dp_bits (e.g. --set dp_bits={cfg.dp_bits + 4}).")
+    if z_max <= 0.01:
+        raise ConfigError(fix)
+    from pfl_cli.errors import PrivacyBudgetError
+
+    try:
+        cal = calibrate_noise(draft.event, draft.epsilon, draft.delta, accountant="rdp", max_noise=z_max)
+    except PrivacyBudgetError:
+        if z_max < 1e4:
+            raise ConfigError(fix) from None
+        raise
+    return dataclasses.replace(draft, noise_multiplier=float(cal.noise_multiplier))
