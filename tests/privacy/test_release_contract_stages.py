@@ -128,10 +128,12 @@ def _train(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple
     dp = "eps=2,delta=1e-5,clip=0.5,population=10000" if algorithm in example \
         else "eps=2,delta=1e-6,clip=0.5,population=1000"
     rest = [a for a in extra if a not in ("--algorithm", algorithm)]
+    sampling = ["--clients-per-round", "400", "--set", "dp_sampling_rate=0.3"]
+    if "dp_mechanism=ddg" in extra:  # distributed DP: a fixed cohort chosen by the server, no population bound
+        dp, sampling = "eps=2,delta=1e-6,clip=0.5", ["--clients-per-round", "4"]
     return _cli(["train", "--partition", str(private.path), "--algorithm", algorithm, "--dp", dp, "--rounds", "3",
-                 "--eval-every", "3", "--local-steps", "2", "--clients-per-round", "400", "--batch-size", "8",
-                 "--set", "normalize=false", "--set", "mlp_hidden=[8]", "--set", "dp_sampling_rate=0.3",
-                 "--out", str(out), *rest], capsys)
+                 "--eval-every", "3", "--local-steps", "2", "--batch-size", "8", *sampling,
+                 "--set", "normalize=false", "--set", "mlp_hidden=[8]", "--out", str(out), *rest], capsys)
 
 
 def _tune(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple[int, str]:
@@ -147,7 +149,8 @@ CASES = [
               ((), ("--write-nonprivate",), ("--algorithm", "pefll", "--no-standardize-descriptor", "--embed-dim", "4",
                                               "--set", "hyper_hidden=8"),
                ("--algorithm", "ppsgd", "--write-nonprivate"), ("--algorithm", "ldp-fedavg"),
-               ("--algorithm", "centralized", "--clients-per-round", "4", "--write-nonprivate"))),
+               ("--algorithm", "centralized", "--clients-per-round", "4", "--write-nonprivate"),
+               ("--secagg", "--set", "dp_mechanism=ddg", "--write-nonprivate"))),
     StageCase("mdm-fit", _mdm_fit, _histograms,
               ((), ("--write-nonprivate",), ("--write-nonprivate", "--plot"))),
     StageCase("cluster", _cluster, _points_partition,
