@@ -31,7 +31,7 @@ PAGES = [*REQUIRED, "docs/commands/compare.md", "docs/commands/tune.md", "docs/c
          "docs/algorithms/fedopt-fedexp.md", "docs/algorithms/scaffold-feddyn.md",
          "docs/algorithms/fedfomo-apple.md", "docs/algorithms/fedlc-fedamp.md",
          "docs/algorithms/fedproto-fednh.md", "docs/algorithms/fednova-centralized.md",
-         "docs/algorithms/moon-fedsam.md"]
+         "docs/algorithms/moon-fedsam.md", "docs/privacy/secure-aggregation.md"]
 # Pages whose blocks need a marker of an optional extra (deselected with a notice where it is absent).
 EXTRA = {"docs/tutorials/deploy-flower.md": pytest.mark.flower, "docs/commands/flower.md": pytest.mark.flower}
 PLUGIN = ROOT / "tests" / "plugins" / "pflx_fedavgm"
