@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 ROUND = ["--algorithm", "fedavg", "--rounds", "40", "--clients-per-round", "20", "--local-steps", "10",
-         "--batch-size", "16", "--lr", "0.05", "--eval-every", "40", "--set", "normalize=false", "--format", "quiet"]
+         "--batch-size", "16", "--lr", "0.01", "--eval-every", "40", "--set", "normalize=false", "--format", "quiet"]
 SEEDS = "0,1"
 EPSILONS = (1, 4, 8)
 

@@ -167,10 +167,14 @@ def check_keys(cfg) -> None:
 
 # Keys that act only in some settings: key -> (whether ``cfg`` is one, when the key has no effect). A value other
 # than the default elsewhere changes nothing, and is refused (check_inert). write_nonprivate's own refusal is in pfl_cli.fl.api.
-DP_ONLY = ("dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accountant", "dp_noise", "dp_mechanism")
+DP_ONLY = ("dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accountant", "dp_noise")
 # (an algorithm with a DP variant keeps them without --dp: a recipe holds them for the command that adds --dp eps=E)
 NEEDS: dict[str, tuple] = {k: (lambda cfg: cfg.dp_epsilon is not None or cfg.algorithm_class.dp_unit is not None,
                                "on an algorithm without a DP variant (--dp is refused there)") for k in DP_ONLY}
+NEEDS["dp_mechanism"] = (lambda cfg: cfg.algorithm_class.dp_unit is not None
+                         and cfg.algorithm_class.__dict__.get("individual_reads") == "",
+                         "on an algorithm without a DP variant that runs under --secagg (the distributed mechanism "
+                         "adds each client's noise before secure aggregation; docs/privacy/secure-aggregation.md)")
 NEEDS.update({k: (lambda cfg: cfg.dp_mechanism == "ddg", "without --set dp_mechanism=ddg (the distributed discrete "
                    "Gaussian's keys)") for k in ("dp_bits", "dp_min_survivors")})
 NEEDS.update({k: (lambda cfg: bool(cfg.backbone), "without --set backbone=NAME (the client net is model_arch's)")

@@ -110,9 +110,9 @@ def check_secagg(cfg) -> None:
         raise ConfigError(f"--secagg: algorithm {cfg.algorithm!r} does not declare what its server reads "
                           "(individual_reads), so it cannot be run under secure aggregation; drop --secagg.")
     if reads:
-        raise ConfigError(f"--secagg: the {cfg.algorithm} server reads {reads} individually, which secure "
-                          "aggregation hides (it reveals only the cohort's sum); drop --secagg, or use an algorithm "
-                          "that runs under it (docs/privacy/secure-aggregation.md).")
+        raise ConfigError(f"--secagg: the {cfg.algorithm} server would read {reads}, and secure aggregation reveals "
+                          "only the cohort's sum; drop --secagg, or use an algorithm that runs under it "
+                          "(docs/privacy/secure-aggregation.md).")
 
 
 def table_rows(algorithms: Mapping[str, type]) -> list[tuple[str, str, str]]:
