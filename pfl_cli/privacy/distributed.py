@@ -71,6 +71,16 @@ def discrete_gaussian(sigma: float, shape, gen):
     return out.view(*shape)
 
 
+def clip_rows(contributions: Mapping[str, Any], clip: float) -> dict[str, Any]:
+    """Each row (client) scaled to L2 norm at most ``clip`` over all names jointly (DP-FedAvg's clip, the same
+    rule as :func:`pfl_cli.fl.dp.clip_per_client`, here so that ``privacy`` does not import ``fl``)."""
+    import torch
+
+    norm = torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in contributions.values()))
+    scale = torch.where(norm > clip, clip / norm.clamp_min(1e-30), torch.ones_like(norm))
+    return {k: v * scale.view(-1, *([1] * (v.dim() - 1))) for k, v in contributions.items()}
+
+
 def tau(sigma: float, n: int) -> float:
     """Kairouz et al. 2021, Theorem 1: tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))."""
     return 10.0 * sum(math.exp(-2.0 * math.pi ** 2 * sigma ** 2 * k / (k + 1)) for k in range(1, n))
@@ -160,12 +170,11 @@ class DistributedDiscreteGaussian:
         """Each row (client) clipped, scaled, randomly rounded, its noise share added, modulo 2^b (int64)."""
         import torch
 
-        from pfl_cli.fl.dp import clip_per_client
         from pfl_cli.privacy.randomness import uniform
 
         s = self.scale
         out = {}
-        for k, v in clip_per_client(contributions, self.clip).items():
+        for k, v in clip_rows(contributions, self.clip).items():
             x = v.detach().to("cpu", torch.float64) * (s / self.clip)
             low = torch.floor(x)
             up = uniform(gen, tuple(x.shape), device="cpu").to(torch.float64) < (x - low)
