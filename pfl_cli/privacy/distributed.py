@@ -17,8 +17,8 @@ C / s and divides by the fixed cohort size. No party sees an update with less no
 share, and the sum carries the noise of at least ``min_survivors`` shares.
 
 Accounting (Kairouz et al. 2021, Theorem 1 / Proposition 14): the sum of n independent
-N_Z(0, sigma_c^2) shares, for integer inputs whose sum changes by at most Delta_2 in L2 norm, is
-``1/2 eps^2``-concentrated DP with ``eps = Delta_2 / (sqrt(n) sigma_c) + tau sqrt(d)``, where
+N_Z(0, sigma_c^2) shares, for integer inputs whose sum changes by at most Delta in L2 norm, is
+``1/2 eps^2``-concentrated DP with ``eps = Delta / (sqrt(n) sigma_c) + tau sqrt(d)``, where
 ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma_c^2 k / (k + 1))``. pflx records it as dp_accounting's
 ``ZCDpEvent(rho = eps^2 / 2)`` (rho-zCDP, Bun & Steinke 2016, which the RDP accountant takes as
 (alpha, rho alpha)-RDP), self-composed over the rounds. n is the *minimum surviving cohort*
@@ -27,8 +27,11 @@ noise is calibrated for the fewest shares that reach a released sum (a round wit
 releases nothing: secure aggregation's threshold, Bonawitz et al. 2017); tau is taken at the largest
 cohort (it grows with n). The server picks the cohort (clients_per_round, uniformly), so it knows who
 takes part: no amplification by subsampling is claimed, and the guarantee holds against the server
-too. The neighbouring relation is one client's update zeroed out (its noise share stays in the sum).
-Modular wrap-around is post-processing of the noisy sum: it costs accuracy, never privacy; ``scale``
+too. Neighbouring datasets differ by adding or removing one client: the server's cohort of a fixed size
+then differs in at most one slot, one client's update in place of another's, so the sum moves by at most
+Delta = 2 Delta_2 (replace-one); the output is a mixture over the server's uniform choice of cohort, coupled
+slot for slot, and the Renyi divergence is jointly quasi-convex, so the bound of each coupled pair holds for
+the mixture (and for replace-one neighbours directly). Modular wrap-around is post-processing of the noisy sum: it costs accuracy, never privacy; ``scale``
 is chosen so that a coordinate of the sum stays inside the range even when one client's whole norm sits
 on it and the noise is 10 of its standard deviations.
 """
@@ -205,14 +208,15 @@ class DistributedDiscreteGaussian:
 
     # -- the ledger --------------------------------------------------------------------------------
     def round_event(self, noise_multiplier: float | None = None):
-        """One round: ``ZCDpEvent(rho)``, rho = (1/z + tau sqrt(d))^2 / 2 (Kairouz et al. 2021, Theorem 1, with
-        n = min_survivors shares; tau at the largest cohort)."""
+        """One round: ``ZCDpEvent(rho)``, rho = (2/z + tau sqrt(d))^2 / 2 (Kairouz et al. 2021, Theorem 1, with
+        n = min_survivors shares, the sum's sensitivity 2 Delta_2 of a replaced cohort slot; tau at the largest
+        cohort)."""
         from dp_accounting import dp_event
 
         mech = self if noise_multiplier is None else dataclasses.replace(self, noise_multiplier=noise_multiplier)
         if mech.noise_multiplier <= 0 or mech.scale <= 0:
             return dp_event.NonPrivateDpEvent()
-        eps = 1.0 / mech.noise_multiplier + tau(mech.client_sigma, mech.cohort) * math.sqrt(mech.dim)
+        eps = 2.0 / mech.noise_multiplier + tau(mech.client_sigma, mech.cohort) * math.sqrt(mech.dim)
         return dp_event.ZCDpEvent(rho=0.5 * eps * eps)
 
     def event(self, noise_multiplier: float | None = None):
@@ -227,7 +231,8 @@ class DistributedDiscreteGaussian:
                 f"randomly (sensitivity {self.sensitivity:.6g}) and adds discrete Gaussian noise std "
                 f"{self.client_sigma:.6g} (Canonne, Kamath & Steinke 2020 Alg. 3, floating point); accounted for a surviving cohort of at least {self.min_survivors} clients "
                 f"(clients that drop after adding noise take their share with it; a round with fewer releases "
-                f"nothing), zCDP per round (Theorem 1) composed by the RDP accountant; no amplification by "
+                f"nothing), zCDP per round (Theorem 1, sensitivity 2 x {self.sensitivity:.6g}: a client added or removed "
+                f"changes one slot of the fixed cohort) composed by the RDP accountant; no amplification by "
                 f"subsampling (the server picks the cohort)")
 
     def ledger(self):

@@ -88,11 +88,12 @@ def test_fewer_survivors_than_the_threshold_release_nothing():
 
 
 def test_accounting_is_the_gaussian_zcdp_of_the_sum_for_large_shares():
-    """tau vanishes for large sigma_c: each round is rho = 1 / (2 z^2)-zCDP, the Gaussian mechanism's RDP curve."""
+    """tau vanishes for large sigma_c: each round is rho = 4 / (2 z^2)-zCDP, the RDP curve of the Gaussian mechanism
+    at sensitivity 2 Delta_2 (a replaced cohort slot), i.e. noise multiplier z / 2."""
     m = mech(z=1.3, rounds=25)
     assert tau(m.client_sigma, m.cohort) == 0.0
     ours = compute_epsilon(m.event(), 1e-6, accountant="rdp")
-    gaussian = compute_epsilon(dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1.3), 25), 1e-6,
+    gaussian = compute_epsilon(dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1.3 / 2), 25), 1e-6,
                                accountant="rdp")
     assert ours == pytest.approx(gaussian, rel=1e-9)
     assert isinstance(m.event().event, dp_event.ZCDpEvent)
