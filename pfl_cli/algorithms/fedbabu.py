@@ -23,7 +23,8 @@ import numpy as np
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
-from pfl_cli.fl.params import broadcast, weighted_mean
+from pfl_cli.fl.params import broadcast
+from pfl_cli.fl.secagg import cohort_mean
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,7 @@ class FedBABUConfig(FedAvgRoundConfig):
 
 class FedBABU(FedAvg):
     name = "fedbabu"
-    individual_reads = ("each client's body; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
     paper = "FedBABU: Oh, Kim, Yun, ICLR 2022"
     new_client_protocol = "the global body and frozen head fine-tuned whole for finetune_epochs"
     config = FedBABUConfig
@@ -84,7 +84,7 @@ class FedBABU(FedAvg):
                                          **self.round_schedule(), trainable=self.body)
         body = {k: theta[k] for k in self.body}
         self.record_exchange({k: self.global_params[k] for k in self.body}, body, len(cohort))
-        self.server_step(weighted_mean(self.store, cohort, body))
+        self.server_step(cohort_mean(self.store, cohort, body, secagg=self.cfg.secagg))  # --secagg: sums only
         return loss
 
     def server_step(self, mean: dict) -> None:

@@ -23,8 +23,7 @@ class FedPerConfig(PartialSharingConfig):
 
 class FedPer(PartialSharing):
     name = "fedper"
-    individual_reads = ("each client's shared body; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Arivazhagan et al. 2019: the client lr is its one tuned key")
     tune_group = "train"

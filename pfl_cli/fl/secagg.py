@@ -137,3 +137,24 @@ def table_markdown(algorithms: Mapping[str, type]) -> str:
              "|---|---|---|"]
     lines += [f"| `{n}` | {ok} | {why} |" for n, ok, why in table_rows(algorithms)]
     return "\n".join(lines + ["", TABLE_END])
+
+
+def cohort_mean(store, cohort, theta: dict, *, by_size: bool = True, secagg: bool = False) -> dict:
+    """The server's average of the cohort's models ``theta`` (c, ...): :func:`pfl_cli.fl.params.weighted_mean`, or
+    under ``--secagg`` the same mean from sums only.
+
+    Each client sends ``n_i theta_i`` and ``n_i`` (its fit size; 1 each for a uniform mean), secure aggregation sums
+    them, and the server divides the sums: McMahan et al. 2017 Alg. 1's weighted mean, equal to the plain one to
+    the float rounding of sum-then-divide (tests/fl/test_secagg.py). The models are spent (audited) once summed.
+    """
+    import torch
+
+    from pfl_cli.fl.params import weighted_mean
+
+    if not secagg:
+        return weighted_mean(store, cohort, theta, by_size=by_size)
+    n = store.fit.length[cohort].to(torch.float32) if by_size else torch.ones(len(cohort), device=cohort.device)
+    rows = {k: v * n.view(-1, *([1] * (v.dim() - 1))) for k, v in theta.items()}
+    sums = secure_sum({**rows, WEIGHT: n}, spent=(theta,)).total()
+    weight = sums.pop(WEIGHT).clamp_min(1.0)
+    return {k: v / weight for k, v in sums.items()}
