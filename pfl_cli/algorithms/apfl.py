@@ -101,6 +101,8 @@ class APFLConfig(FedAvgRoundConfig):
 class APFL(PrivateState, FedAvg):
     name = "apfl"
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
+    individual_reads = ("each client's global-model update; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1", "alpha": "choice:0.25,0.5,0.75"}
     search_space_source = ("Deng et al., APFL (2020), §6: mixing weights alpha in {0.25, 0.5, 0.75}")
     tune_group = "train"

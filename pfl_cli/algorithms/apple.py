@@ -119,6 +119,7 @@ def reg_weight(t: int, rounds: int, mu: float, share: float, schedule: str) -> f
 
 class Apple(PrivateState, Algorithm):
     name = "apple"
+    individual_reads = "each client's core model, which other clients download one by one"  # under --secagg
     paper = "APPLE: Luo & Wu, IJCAI 2022 (§3)"
     new_client_protocol = "p^0's mixture of the core models trained new_client_epochs (no DR vector of its own)"
     config = AppleConfig

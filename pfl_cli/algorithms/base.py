@@ -64,6 +64,11 @@ class Algorithm(ABC):
     dp_required = False
     dp_contribution = "update"  # what one client contributes, named in the ledger
     dp = None
+    # Secure aggregation (issue 48, pfl_cli.fl.secagg): what the server step reads one client at a time, which
+    # secure aggregation would hide ("" = nothing: the algorithm runs under --secagg through its
+    # ``aggregate_secure``). Declared by each algorithm in its own class body (read from the class's own
+    # __dict__, never inherited); undeclared (a plugin) is refused under --secagg.
+    individual_reads: str | None = None
     config: type | None = None  # the frozen config dataclass of this algorithm (declared, never inherited)
     # Whether it runs client nets with batch-norm layers (model_arch mlp-bn / lenet-bn), keeping each
     # client's normalization statistics itself (FedBN); every other algorithm refuses those nets.
@@ -167,6 +172,12 @@ class Algorithm(ABC):
         """
         from pfl_cli.fl.dp import calibrate_client_dp
 
+        if cfg.dp_mechanism == "ddg":  # each client adds its noise share before secure aggregation
+            from pfl_cli.models import num_parameters
+            from pfl_cli.privacy.distributed import calibrate_distributed_dp
+
+            dim = num_parameters(cls.resolve_arch(cfg, store)["client"])  # public: the architecture's size
+            return calibrate_distributed_dp(cfg, dim, contribution=cls.dp_contribution)
         return calibrate_client_dp(cfg, contribution=cls.dp_contribution)
 
     def run_round(self, t: int, cohort, gen):

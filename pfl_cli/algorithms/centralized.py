@@ -54,6 +54,7 @@ class CentralizedConfig(FedAvgConfig):
 
 class Centralized(FedAvg):
     name = "centralized"
+    individual_reads = "every client's training samples (one model trained on the pooled data)"  # under --secagg
     paper = "centralized reference: one model on the pooled train splits (the upper bound of FL tables)"
     new_client_protocol = "the one model, or it fine-tuned finetune_steps steps"
     config = CentralizedConfig

@@ -87,6 +87,8 @@ class FedALAConfig(FedAvgRoundConfig):
 
 class FedALA(PrivateState, FedAvg):
     name = "fedala"
+    individual_reads = ("each client's model; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedALA: Zhang et al., AAAI 2023"
     new_client_protocol = "the global model trained new_client_epochs (ALA is the identity without a local model)"
     config = FedALAConfig

@@ -86,6 +86,8 @@ class FedAMPConfig(FedAvgRoundConfig):
 
 class FedAMP(PrivateState, FedAvg):
     name = "fedamp"
+    # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = "each client's model, weighed against every other cohort model (the attention of its cloud models)"
     paper = "FedAMP: Huang et al., AAAI 2021 (Alg. 1, attentive message passing)"
     new_client_protocol = "the mean personalized model, trained new_client_epochs with the proximal term to it"
     config = FedAMPConfig

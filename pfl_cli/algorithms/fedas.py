@@ -130,6 +130,7 @@ class FedASConfig(FedAvgRoundConfig):
 
 class FedAS(PrivateState, _GlobalModel):
     name = "fedas"
+    individual_reads = "each client's body with its own Fisher-information weight"  # under --secagg (pfl_cli.fl.secagg)
     paper = "FedAS: Yang, Huang, Ye, CVPR 2024"
     new_client_protocol = "the global body with the initial head trained new_client_epochs (body frozen)"
     config = FedASConfig

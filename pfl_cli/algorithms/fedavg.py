@@ -145,6 +145,13 @@ class FedAvg(Attackable, Algorithm):
         A Flower deployment's ServerApp calls it with the models its nodes sent.
         """
         theta = self.byzantine_uploads(t, cohort, theta)  # Byzantine clients' uploads (issue 48), if any
+        if self.cfg.secagg:  # the server learns the cohort's sums only (pfl_cli.fl.secagg)
+            from pfl_cli.fl.secagg import secure_sum
+
+            self.record_exchange(self.global_params, theta, len(cohort))
+            rows = self.secure_contributions(t, cohort, theta)
+            self.aggregate_secure(t, secure_sum(rows, modulus=getattr(self.dp, "modulus", None), spent=(theta,)))
+            return
         if self.upload_codec is not None:  # the deltas as compressed on the wire (pfl_cli.fl.compression)
             theta = self.upload_codec.compress_models(self, cohort, self.global_params, theta)
         else:
@@ -175,6 +182,44 @@ class FedAvg(Attackable, Algorithm):
         buf = getattr(self, "server_buf", None)
         return robust_mean(self.cfg, self.store, cohort, theta, {k: self.global_params[k] for k in theta},
                            center=None if buf is None else {k: buf[k] for k in theta})
+
+    # Secure aggregation (pfl_cli.fl.secagg): what the server would read one client at a time ("" = nothing, the
+    # server step needs the cohort's sums only). Declared per class (the table in docs/privacy/secure-aggregation.md).
+    individual_reads = ""
+
+    def secure_contributions(self, t: int, cohort, theta: dict) -> dict:
+        """The client half of a round under ``--secagg``: each cohort client's row, computed from its own model
+        and data only, for :func:`~pfl_cli.fl.secagg.secure_sum`.
+
+        Without DP, client i sends ``n_i theta_i`` and ``n_i`` (its fit size), so that the sums give Alg. 3 line 9's
+        weighted mean; under ``--dp`` its delta clipped by itself (central DP-FedAvg: the server adds the noise to
+        the sum) or, with the distributed mechanism, clipped, encoded and noised by itself
+        (:mod:`pfl_cli.privacy.distributed`).
+        """
+        import torch
+
+        from pfl_cli.fl.secagg import WEIGHT
+
+        if self.dp is None:
+            n = self.store.fit.length[cohort].to(torch.float32)
+            rows = {k: v * n.view(-1, *([1] * (v.dim() - 1))) for k, v in theta.items()}
+            return {**rows, WEIGHT: n}
+        deltas = {k: theta[k] - g for k, g in self.global_params.items()}
+        return self.dp.client_rows(deltas, mechanism_generator(self.cfg, f"dp-client-noise-{t}", self.device))
+
+    def aggregate_secure(self, t: int, total) -> None:
+        """The server half of round ``t`` under ``--secagg``: ``total`` (a :class:`~pfl_cli.fl.secagg.SecureSum`)
+        is all it reads. Alg. 3 line 9 as sum(n_i theta_i) / sum(n_i); under ``--dp`` the released sum
+        (central: noise added here; distributed: decoded) divided by the mechanism's fixed denominator."""
+        from pfl_cli.fl.secagg import WEIGHT
+
+        if self.dp is None:
+            sums = total.total()
+            weight = sums.pop(WEIGHT).clamp_min(1.0)
+            self.server_step({k: v / weight for k, v in sums.items()})
+        else:
+            self.server_update(self.dp.release_sum(total, mechanism_generator(self.cfg, f"dp-noise-{t}",
+                                                                             self.device)))
 
     @property
     def sam_rho(self) -> float:

@@ -24,6 +24,7 @@ from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import broadcast
+from pfl_cli.fl.secagg import cohort_mean
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class FedBABUConfig(FedAvgRoundConfig):
 class FedBABU(FedAvg):
     name = "fedbabu"
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
+    individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
     paper = "FedBABU: Oh, Kim, Yun, ICLR 2022"
     new_client_protocol = "the global body and frozen head fine-tuned whole for finetune_epochs"
     config = FedBABUConfig
@@ -84,6 +86,7 @@ class FedBABU(FedAvg):
         body = self.byzantine_uploads(t, cohort, {k: theta[k] for k in self.body})
         self.record_exchange({k: self.global_params[k] for k in self.body}, body, len(cohort))
         self.server_step(self.server_mean(cohort, body))
+        self.server_step(cohort_mean(self.store, cohort, body, secagg=self.cfg.secagg))  # --secagg: sums only
         return loss
 
     def server_step(self, mean: dict) -> None:

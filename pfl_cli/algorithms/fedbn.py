@@ -59,6 +59,8 @@ class FedBNConfig(FedAvgRoundConfig):
 
 class FedBN(PrivateState, _GlobalModel):
     name = "fedbn"
+    individual_reads = ("each client's layers outside batch norm; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedBN: Li, Jiang, Zhang, Kamp, Dou, ICLR 2021"
     new_client_protocol = "its own normalization layers trained new_client_epochs, the global layers frozen"
     config = FedBNConfig

@@ -148,6 +148,8 @@ class FedCPConfig(FedAvgRoundConfig):
 
 class FedCP(PrivateState, _GlobalModel):
     name = "fedcp"
+    individual_reads = ("each client's shared policy network and body; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedCP: Zhang et al., KDD 2023"
     new_client_protocol = "the global head as its personalized head, trained new_client_epochs on the frozen rest"
     config = FedCPConfig

@@ -103,6 +103,8 @@ class FedDBEConfig(FedAvgRoundConfig):
 
 class FedDBE(PrivateState, _GlobalModel):
     name = "feddbe"
+    individual_reads = ("each client's model; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedDBE: Zhang et al., NeurIPS 2023"
     new_client_protocol = "its representation bias trained new_client_epochs on the frozen global model"
     config = FedDBEConfig

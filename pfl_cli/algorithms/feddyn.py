@@ -43,6 +43,8 @@ class FedDynConfig(FedAvgConfig):
 
 class FedDyn(DriftState, FedAvg):
     name = "feddyn"
+    individual_reads = ("each client's model; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedDyn: Acar et al., ICLR 2021 (Alg. 1)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedDynConfig

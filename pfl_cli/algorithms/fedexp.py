@@ -55,8 +55,12 @@ class FedExPConfig(TrainConfig):
         check_own_keys(self, {"eps": "a finite number > 0"})
 
 
+SPREAD = "__fedexp_spread__"  # a client's n_i ||Delta_i||^2 under --secagg
+
+
 class FedExP(FedAvg):
     name = "fedexp"
+    individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     # Their clients run FedAvg's round, but `pflx attack`'s upload model has not been checked against them, and they
     # take no --dp: not attacked until a test says the modelled upload is theirs.
     models_upload = False
@@ -80,12 +84,39 @@ class FedExP(FedAvg):
         """Alg. 1 lines 8-10: the cohort's deltas, eta_g from their norms, the extrapolated global model."""
         import torch
 
+        if self.cfg.secagg:  # FedAvg's secure round, with this class's contributions and server step
+            return super().aggregate(t, cohort, theta)
         self.record_exchange(self.global_params, theta, len(cohort))
         size = self.store.fit.length[cohort].to(torch.float32)
         weight = size / size.sum().clamp_min(1.0)
         deltas = {k: theta[k] - g for k, g in self.global_params.items()}
         self.previous = self.global_params
         self.global_params, eta = extrapolation_step(self.global_params, deltas, weight, eps=self.cfg.eps)
+        self.server_eta.append(eta)
+
+    def secure_contributions(self, t: int, cohort, theta: dict) -> dict:
+        """Under ``--secagg`` each client also sends ``n_i ||Delta_i||^2``, the term of eta_g's numerator that the
+        plain server computes from the individual deltas (Alg. 1 line 9), so that sums give eta_g: the same step
+        (equal to float rounding, tests/fl/test_secagg.py)."""
+        import torch
+
+        rows = super().secure_contributions(t, cohort, theta)
+        n = self.store.fit.length[cohort].to(torch.float64)
+        sq = sum((theta[k] - g).flatten(1).double().pow(2).sum(1) for k, g in self.global_params.items())
+        return {**rows, SPREAD: n * sq}
+
+    def aggregate_secure(self, t: int, total) -> None:
+        """Alg. 1 lines 8-10 from the cohort's sums: the weighted mean delta and sum_i p_i ||Delta_i||^2."""
+        from pfl_cli.fl.secagg import WEIGHT
+
+        sums = total.total()
+        weight = sums.pop(WEIGHT).clamp_min(1.0)
+        spread = sums.pop(SPREAD) / weight.double()
+        mean = {k: v / weight - self.global_params[k] for k, v in sums.items()}
+        norm = sum(d.double().pow(2).sum() for d in mean.values())
+        eta = max(1.0, float(spread / (2.0 * (norm + self.cfg.eps))))
+        self.previous = self.global_params
+        self.global_params = {k: g + eta * mean[k] for k, g in self.global_params.items()}
         self.server_eta.append(eta)
 
     def served(self) -> dict:

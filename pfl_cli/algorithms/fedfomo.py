@@ -100,6 +100,7 @@ class FedFomoConfig(TrainConfig):
 
 class FedFomo(PrivateState, Algorithm):
     name = "fedfomo"
+    individual_reads = "each client's model, which other clients download and weigh one by one"  # under --secagg
     paper = "FedFomo: Zhang et al., ICLR 2021 (Alg. 1, Eq. 3-7)"
     new_client_protocol = "the train clients' mean model trained new_client_epochs (no model or affinity row of its own)"
     config = FedFomoConfig

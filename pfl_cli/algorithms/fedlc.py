@@ -54,6 +54,7 @@ class FedLCConfig(FedAvgConfig):
 class FedLC(FedAvg):
     name = "fedlc"
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
+    individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     paper = "FedLC: Zhang et al., ICML 2022 (§4, the calibrated cross-entropy)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedLCConfig

@@ -86,6 +86,7 @@ class FedNHConfig(TrainConfig):
 
 class FedNH(TrainsNewClients, PrivateState, _GlobalModel):
     name = "fednh"
+    individual_reads = "each client's class prototypes and body"  # under --secagg (pfl_cli.fl.secagg)
     paper = "FedNH: Dai et al., AAAI 2023 (Alg. 1)"
     new_client_protocol = "the global model (GM), or it trained new_client_epochs on its own data"
     config = FedNHConfig

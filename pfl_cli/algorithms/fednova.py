@@ -84,6 +84,8 @@ class FedNovaConfig(FedAvgConfig):
 
 class FedNova(FedAvg):
     name = "fednova"
+    individual_reads = ("each client's normalized update and step count; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedNova: Wang et al., NeurIPS 2020 (Eq. 6-8, normalized averaging)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedNovaConfig

@@ -225,6 +225,8 @@ class FedPACConfig(TrainConfig):
 
 class FedPAC(KeepsGlobalPrototypes, PrivateState, _GlobalModel):
     name = "fedpac"
+    # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = "each client's feature statistics, from which the server solves a classifier combination per client"
     paper = "FedPAC: Xu, Tong, Huang, ICLR 2023"
     new_client_protocol = "the global body with a head trained new_client_epochs from the initial one"
     config = FedPACConfig

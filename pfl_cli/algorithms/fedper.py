@@ -23,6 +23,7 @@ class FedPerConfig(PartialSharingConfig):
 
 class FedPer(PartialSharing):
     name = "fedper"
+    individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Arivazhagan et al. 2019: the client lr is its one tuned key")
     tune_group = "train"

@@ -97,6 +97,7 @@ class FedProtoConfig(TrainConfig):
 
 class FedProto(KeepsGlobalPrototypes, TrainsNewClients, PrivateState, _GlobalModel):
     name = "fedproto"
+    individual_reads = "each client's class prototypes with its per-class sample counts"  # under --secagg
     paper = "FedProto: Tan et al., AAAI 2022 (Alg. 1)"
     new_client_protocol = "its own model trained new_client_epochs from the initial one towards the global prototypes"
     config = FedProtoConfig

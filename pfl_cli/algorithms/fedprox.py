@@ -35,6 +35,7 @@ class FedProxConfig(FedAvgConfig):
 class FedProx(FedAvg):
     name = "fedprox"
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
+    individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     search_space = {"lr": "log:1e-3:1", "mu": "choice:0.001,0.01,0.1,1"}
     search_space_source = ("Li et al., FedProx (MLSys 2020), §5.3: mu selected from {0.001, 0.01, 0.1, 1}")
     tune_group = "train"

@@ -47,6 +47,8 @@ class FedRoDConfig(FedAvgRoundConfig):
 
 class FedRoD(PrivateState, _GlobalModel):
     name = "fedrod"
+    individual_reads = ("each client's generic model; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedRoD: Chen & Chao, ICLR 2022"
     new_client_protocol = "a personalized head trained new_client_epochs on the frozen generic predictor"
     config = FedRoDConfig

@@ -92,6 +92,8 @@ class FedTTA(FedAvg):
     """ARM-LL in a FedAvg round: a global model and a learned unsupervised loss that adapts it."""
 
     name = "fedtta"
+    individual_reads = ("each client's model and adaptation parameters; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-2:3", "adapt_lr": "log:1e-3:1"}
     search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr on validation clients, and FedTTA's "
                            "adaptation lr")

@@ -117,6 +117,8 @@ class LDFedAvg(Algorithm):
     """FedAvg on the subspace parameterization: one global v, theta = theta_0 + P v."""
 
     name = "ld-fedavg"
+    individual_reads = ("each client's model change; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-2:3"}
     search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr eta_l tuned on validation clients")
     tune_group = "new"
@@ -271,6 +273,8 @@ class FLowDUP(LDFedAvg):
     """Alg. 9/10: a hypernetwork from a client's unlabeled data into the subspace."""
 
     name = "flowdup"
+    individual_reads = ("each client's change of the set-function parameters; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-2:3", "lambda_reg": "log:1e-5:1e-1"}
     search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr eta_l tuned on validation clients, and "
                            "FLowDUP's regularization strength lambda")

@@ -115,6 +115,8 @@ class GPFLConfig(FedAvgRoundConfig):
 
 class GPFL(PrivateState, _GlobalModel):
     name = "gpfl"
+    individual_reads = ("each client's shared parts; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "GPFL: Zhang et al., ICCV 2023"
     new_client_protocol = "a fresh head trained new_client_epochs on the frozen extractor, CoV and GCE"
     config = GPFLConfig

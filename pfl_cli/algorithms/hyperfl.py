@@ -67,6 +67,8 @@ class HyperFLConfig(TrainConfig):
 
 class HyperFL(Attackable, Algorithm):
     name = "hyperfl"
+    individual_reads = ("each client's hypernetwork parameters; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1e-1", "head_lr": "log:1e-2:1", "embed_dim": "choice:16,32,64,128"}
     search_space_source = ("Guo et al., HyperFL (AAAI 2025), §Experiments: the hypernetwork, embedding and "
                            "classifier lrs are the tuned keys (defaults eta_h = 0.01, eta_g = 0.1); embedding sizes "

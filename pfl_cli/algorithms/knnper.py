@@ -44,6 +44,7 @@ class KNNPerConfig(FedAvgRoundConfig):
 class KNNPer(FedAvg):
     name = "knnper"
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
+    individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     search_space = {"lr": "log:1e-3:1", "interpolation": "float:0:1", "knn_k": "int:1:50"}
     search_space_source = ("Marfoq et al., kNN-Per (ICML 2022), §5: the interpolation lambda and k chosen on "
                            "validation data")

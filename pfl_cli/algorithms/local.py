@@ -30,6 +30,8 @@ class LocalConfig(TrainConfig):
 
 class Local(Algorithm):
     name = "local"
+    # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = "nothing: there is no server step (each client trains alone), so secure aggregation has nothing to hide"
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("each client's own SGD: the lr is the one key (Scott 2026 thesis §4.4 tunes every "
                            "baseline's lr on validation data)")

@@ -60,6 +60,7 @@ class MoonConfig(FedAvgConfig):
 class Moon(FedAvg):
     name = "moon"
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
+    individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     paper = "MOON: Li, He, Song, CVPR 2021 (Alg. 1, Eq. 3-4)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = MoonConfig

@@ -19,7 +19,8 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm, PrivateState
 from pfl_cli.fl.config import TrainConfig, key
-from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
+from pfl_cli.fl.params import cpu_tree, stack
+from pfl_cli.fl.secagg import cohort_mean
 
 
 class _GlobalModel(Algorithm):
@@ -103,7 +104,8 @@ class PartialSharing(PrivateState, _GlobalModel):
         theta, loss = self.local_update(start, cohort, gen)
         self.record_exchange({k: self.global_params[k] for k in self.shared}, {k: theta[k] for k in self.shared},
                              len(cohort))  # only the shared part travels
-        mean = weighted_mean(self.store, cohort, {k: theta[k] for k in self.shared}, by_size=self.average_by_size)
+        mean = cohort_mean(self.store, cohort, {k: theta[k] for k in self.shared}, by_size=self.average_by_size,
+                           secagg=self.cfg.secagg)  # under --secagg from the cohort's sums only
         self.global_params.update(mean)
         self.private.scatter(cohort, {k: theta[k] for k in self.private_names})
         return loss

@@ -98,6 +98,8 @@ class PeFLLConfig(TrainConfig):
 
 class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     name = "pefll"
+    # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = "each client's model delta, back-propagated through the hypernetwork at that client's own embedding"
     search_space = {
         "lr": "log:1e-3:3e-1",
         "lambda_theta": "choice:0,1e-5,1e-4,1e-3,3e-3",

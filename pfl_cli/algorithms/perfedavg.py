@@ -76,6 +76,8 @@ class PerFedAvgConfig(FedAvgConfig):
 class PerFedAvg(FedAvg):
     name = "perfedavg"
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
+    individual_reads = ("each client's meta-update; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1", "beta": "log:1e-3:1"}
     search_space_source = ("Fallah et al., Per-FedAvg (NeurIPS 2020), §5: alpha (the lr) and beta tuned per dataset")
     tune_group = "train"

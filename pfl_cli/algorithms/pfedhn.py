@@ -102,6 +102,8 @@ class PFedHNPCConfig(PFedHNConfig):
 
 class PFedHN(ServerOptimizerState, Attackable, Algorithm):
     name = "pfedhn"
+    # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = "each client's model delta, back-propagated through the hypernetwork at that client's own embedding"
     search_space = {
         "server_lr": "choice:0.1,0.05,0.01,0.005",
         "lr": "choice:0.05,0.01,0.005,0.001",
@@ -451,6 +453,8 @@ class PFedHNPC(PFedHN):
     """pFedHN-PC (§3.3): the hypernetwork generates the feature extractor; heads stay on the clients."""
 
     name = "pfedhn-pc"
+    # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = "each client's model delta, back-propagated through the hypernetwork at that client's own embedding"
     search_space = {
         "server_lr": "choice:0.1,0.05,0.01,0.005",
         "lr": "choice:0.05,0.01,0.005,0.001",

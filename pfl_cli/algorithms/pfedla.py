@@ -130,6 +130,8 @@ class PFedLAConfig(TrainConfig):
 
 class PFedLA(PrivateState, Algorithm):
     name = "pfedla"
+    # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = "each client's model, mixed layer by layer with that client's own attention weights on the server"
     paper = "pFedLA: Ma et al., CVPR 2022"
     new_client_protocol = "the train clients' mean model trained new_client_epochs (no hypernetwork of its own)"
     config = PFedLAConfig

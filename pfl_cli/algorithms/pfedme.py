@@ -89,6 +89,8 @@ class PFedMeConfig(FedAvgRoundConfig):
 
 class PFedMe(PrivateState, FedAvg):
     name = "pfedme"
+    individual_reads = ("each client's local model; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1", "lam": "choice:0.1,1,15,30", "personal_lr": "log:1e-3:1e-1"}
     search_space_source = ("T. Dinh et al., pFedMe (NeurIPS 2020), §5.2: lambda, the personal lr and the global lr "
                            "are tuned (lambda 15 on MNIST; values from 0.1 to 30 are searched here)")

@@ -23,6 +23,8 @@ class PPSGDConfig(PersonalHeadLDPConfig):
 
 class PPSGD(PersonalHeadLDP):
     name = "ppsgd"
+    individual_reads = ("each client's locally privatized representation delta; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("the client lr (the DP-SGD noise is the user's budget, never searched)")
     tune_group = "train"

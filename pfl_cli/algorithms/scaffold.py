@@ -50,6 +50,8 @@ class ScaffoldConfig(FedAvgConfig):
 
 class Scaffold(DriftState, FedAvg):
     name = "scaffold"
+    individual_reads = ("each client's model and control-variate deltas; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "SCAFFOLD: Karimireddy et al., ICML 2020 (Alg. 1, option II)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = ScaffoldConfig

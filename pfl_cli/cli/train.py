@@ -19,6 +19,7 @@ FLAGS = (
     "val_fraction", "label_mask", "finetune_steps", "local_epochs", "model_arch", "embedding", "embed_dim",
     "hyper_size", "standardize_descriptor", "write_nonprivate", "device", "seed", "client_sizes",
     "dropout", "round_deadline", "compression",
+    "secagg",
 )
 
 
@@ -47,6 +48,7 @@ def train(
     dp: Annotated[Optional[str], typer.Option("--dp", metavar="eps=E[,delta=D][,clip=C][,population=N][,noise=secure|seeded]", help="Differential privacy: fedavg, pefll: client-level DP-FedAvg (clip C of a client's update, required; N: public bound on the clients, sets q = clients-per-round / N); ldp-fedavg, ppsgd, centaur: example-level DP-SGD on each client (N: bound on a client's records). delta default 1e-6, checked < 1/N. noise=secure (default): noise and sampling from OS entropy; noise=seeded: repeatable from the published seed, simulation only.")] = None,
     write_nonprivate: Annotated[bool, typer.Option("--write-nonprivate", help="With --dp: also write accuracies measured on the private clients, to nonprivate* files (they are not covered by the DP guarantee).")] = False,
     allow_nonprivate_config: Annotated[bool, typer.Option("--allow-nonprivate-config", help="With --dp and --config: train with a config chosen by a study without --dp on this partition (refused otherwise: the choice of config is not covered by the run's epsilon). Not part of the config.")] = False,
+    secagg: Annotated[bool, typer.Option("--secagg", help="Simulated secure aggregation: the server step reads only the cohort's sums (fedavg and the algorithms on its round; docs/privacy/secure-aggregation.md lists which; the others are refused naming what their server reads individually). With --dp: central DP-FedAvg on the secure sum, or --set dp_mechanism=ddg for distributed DP (each client adds its discrete Gaussian noise share).")] = False,
     client_sizes: Annotated[str, typer.Option("--client-sizes", help="pfedhn, pfedhn-pc: mixed target-net widths from one hypernetwork, e.g. S,M,L (client j gets the size j mod 3; lenet conv1 8/16/32 filters, mlp widths x0.5/1/2).", show_default=False)] = "",
     dropout: Annotated[float, typer.Option("--dropout", help="Federation conditions: probability that a selected client leaves mid-round and never answers (docs/federation-conditions.md).", show_default=False)] = 0.0,
     round_deadline: Annotated[Optional[float], typer.Option("--round-deadline", help="Simulated seconds a round waits for answers; late work is dropped (fedavg and most) or kept as partial work (fedprox, fednova). Client speeds: --set compute_speed=..., network_speed=....", show_default=False)] = None,

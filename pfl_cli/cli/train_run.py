@@ -358,6 +358,8 @@ def _print_dp_summary(report: Reporter, out: Path, m: dict, nonprivate: bool) ->
     from pfl_cli.privacy.randomness import stamp
 
     table.caption, table.caption_justify = stamp(dp["noise"]), "left"
+    if "surviving_cohort_assumption" in dp:  # distributed DP (pfl_cli.privacy.distributed)
+        table.caption += f"\n{dp['mechanism']}: accounted for {dp['surviving_cohort_assumption']}"
     # Printing is releasing too: accuracies on the private clients stay in the nonprivate* files.
     if nonprivate:
         data["nonprivate_files"] = ["nonprivate.json", "nonprivate-metrics.csv", "nonprivate-clients.csv"]

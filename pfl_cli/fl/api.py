@@ -31,6 +31,9 @@ def validate_train_config(cfg: TrainConfig) -> None:
     """Every check on the options, before any data is read or drawn: the config's own
     :meth:`~pfl_cli.fl.config.TrainConfig.validate`, then what the algorithm declares about DP."""
     cfg.validate()
+    from pfl_cli.fl.secagg import check_secagg
+
+    check_secagg(cfg)  # first: what the server would read one client at a time, whatever else the run lacks
     _check_degenerate(cfg)
     _validate_dp(cfg)
     _check_model_memory(cfg, list(hidden_sizes(cfg.mlp_hidden)))
@@ -80,7 +83,11 @@ def _validate_dp(cfg: TrainConfig) -> None:
     if cfg.dp_accountant not in ACCOUNTANTS:
         raise ConfigError(f"dp_accountant must be one of {', '.join(ACCOUNTANTS)}; got {cfg.dp_accountant!r}.")
     check_dp_options(cfg)
-    _check_population_bound(cfg)
+    from pfl_cli.privacy.distributed import check_distributed_options
+
+    check_distributed_options(cfg)
+    if cfg.dp_mechanism == "central":
+        _check_population_bound(cfg)
     cls.check_dp_config(cfg)
 
 

@@ -108,6 +108,16 @@ class TrainConfig:
     dp_accountant: str = key("rdp", "rdp | pld")
     dp_noise: str = key("secure", "--dp noise: secure (OS entropy) | seeded (repeatable; simulation only)",
                         choices=("secure", "seeded"))
+    # -- secure aggregation (issue 48): the server step reads the cohort's sums only (pfl_cli.fl.secagg)
+    secagg: bool = key(False, "--secagg: run the round through simulated secure aggregation (the server reads sums "
+                       "only); refused for an algorithm whose server reads individual updates")
+    dp_mechanism: str = key("central", "--dp mechanism: central (the server adds Gaussian noise to the sum) | ddg "
+                            "(distributed discrete Gaussian: each client adds its share before secure aggregation)",
+                            choices=("central", "ddg"))
+    dp_bits: int = key(20, "ddg: bits b of secure aggregation's modular arithmetic (sums mod 2^b)",
+                       "Kairouz, Liu & Steinke, ICML 2021, §6: 16-20 bits per coordinate")
+    dp_min_survivors: Optional[int] = key(None, "ddg: public minimum number of cohort clients whose noisy share "
+                                          "reaches the sum (null: the whole cohort); the noise is calibrated for it")
     write_nonprivate: bool = key(False, "with --dp: also write diagnostics computed on private data (nonprivate*)")
     # -- federation conditions (issue 47; pfl_cli.fl.conditions): who answers a round, how much local work they
     # finish, how long the round takes on a simulated clock, and what their uploads cost on the wire
@@ -187,8 +197,8 @@ KEY_RULES: dict[str, tuple] = {
     # name: (kind, low, high); kind "int" | "float" (finite) | "pos" (finite > 0) | "frac" (low <= v <= high)
     **{k: ("int", 0, None) for k in ("rounds", "embed_dim", "finetune_steps", "checkpoint_every", "seed",
                                      "embed_rounds", "head_epochs", "body_epochs", "new_client_epochs")},
-    **{k: ("int", 1, None) for k in ("clients_per_round", "qsgd_levels", "local_steps", "batch_size",
-                                     "descriptor_batch",
+    **{k: ("int", 1, None) for k in ("dp_min_survivors", "clients_per_round", "qsgd_levels", "local_steps",
+                                     "batch_size", "descriptor_batch",
                                      "eval_every", "hyper_hidden", "lstm_hidden", "subspace_dim", "subspace_nnz",
                                      "feature_dim", "local_epochs", "K", "knn_k", "adapt_steps", "adapt_hidden")},
     **{k: ("float", 0.0, None) for k in ("client_clip", "server_clip", "lambda_h", "lambda_v", "lambda_theta",
@@ -243,6 +253,12 @@ DP_ONLY = ("dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accou
 # (an algorithm with a DP variant keeps them without --dp: a recipe holds them for the command that adds --dp eps=E)
 NEEDS: dict[str, tuple] = {k: (lambda cfg: cfg.dp_epsilon is not None or cfg.algorithm_class.dp_unit is not None,
                                "on an algorithm without a DP variant (--dp is refused there)") for k in DP_ONLY}
+NEEDS["dp_mechanism"] = (lambda cfg: cfg.algorithm_class.dp_unit is not None
+                         and cfg.algorithm_class.__dict__.get("individual_reads") == "",
+                         "on an algorithm without a DP variant that runs under --secagg (the distributed mechanism "
+                         "adds each client's noise before secure aggregation; docs/privacy/secure-aggregation.md)")
+NEEDS.update({k: (lambda cfg: cfg.dp_mechanism == "ddg", "without --set dp_mechanism=ddg (the distributed discrete "
+                   "Gaussian's keys)") for k in ("dp_bits", "dp_min_survivors")})
 NEEDS.update({k: (lambda cfg: bool(cfg.backbone), "without --set backbone=NAME (the client net is model_arch's)")
               for k in ("backbone_weights", "backbone_tune")})
 NEEDS.update({k: (lambda cfg: model_kind(cfg.model_arch) is not None and not cfg.backbone,

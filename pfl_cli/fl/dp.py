@@ -110,15 +110,29 @@ class ClientLevelDP(SampledGaussianRecord):
         gen : torch.Generator
             The noise stream (:mod:`pfl_cli.privacy.randomness`: secure unless noise=seeded).
         """
+        clipped = clip_per_client(contributions, self.clip)
+        return self._noisy_mean({k: v.sum(0) for k, v in clipped.items()}, gen)
+
+    def _noisy_mean(self, sums: Mapping[str, Any], gen) -> dict[str, Any]:
         from pfl_cli.privacy.randomness import standard_normal
 
-        clipped = clip_per_client(contributions, self.clip)
         std = self.noise_multiplier * self.clip if self.noise_multiplier > 0 else 0.0  # z = 0 with C = inf: none
         out = {}
-        for k, v in clipped.items():
-            noise = standard_normal(gen, v.shape[1:], dtype=v.dtype).to(v.device)
-            out[k] = (v.sum(0) + std * noise) / (self.denominator * self.answer_rate)
+        for k, s in sums.items():
+            noise = standard_normal(gen, s.shape, dtype=s.dtype).to(s.device)
+            out[k] = (s + std * noise) / (self.denominator * self.answer_rate)
         return out
+
+    # Under --secagg (pfl_cli.fl.secagg) the same mechanism in two halves: each client clips its own
+    # contribution, secure aggregation sums them, the server adds the noise to the sum it learns.
+    def client_rows(self, contributions: Mapping[str, Any], gen=None) -> dict[str, Any]:
+        """A client's half under secure aggregation: its contribution clipped to L2 ``clip`` (no noise)."""
+        return clip_per_client(contributions, self.clip)
+
+    def release_sum(self, total, gen) -> dict[str, Any]:
+        """The server's half: Gaussian noise on the secure sum, divided by the fixed denominator
+        (equal to :meth:`private_mean` on the same rows and noise stream)."""
+        return self._noisy_mean(total.total(), gen)
 
     unit = "client"
 

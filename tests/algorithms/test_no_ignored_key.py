@@ -59,7 +59,12 @@ ROUND_KEYS = ("rounds", "clients_per_round", "eval_every", "checkpoint_every", "
 DP = {"dp_epsilon": 8.0, "dp_clip": 1.0, "dp_population": 40, "dp_noise": "seeded", "normalize": False,
       "standardize_descriptor": False, "embed_dim": 4}
 DP_KEYS = ("dp_epsilon", "dp_delta", "dp_clip", "dp_population", "dp_sampling_rate", "dp_accountant", "dp_noise",
-           "write_nonprivate")
+           "write_nonprivate", "dp_mechanism", "dp_bits", "dp_min_survivors")
+# The distributed mechanism's own keys act beside dp_mechanism=ddg under --secagg, on a fixed cohort (2 of the 4
+# train clients) and without the central mechanism's population bound, on an algorithm that runs under --secagg
+# (elsewhere they are refused). dp_mechanism itself: its ddg is refused beside the central base run's population
+# bound; tests/privacy/test_distributed_dp.py runs it.
+DDG_KEYS, DDG = ("dp_bits", "dp_min_survivors"), {"secagg": True, "dp_mechanism": "ddg", "clients_per_round": 2}
 # A CONTEXT value that stands for the algorithm's own default of that key.
 DEFAULT = "<default>"
 CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "sgd"},
@@ -118,6 +123,7 @@ SAMPLE = 1
 OVERRIDES = {
     "client_sizes": ["S,L"],
     "dp_accountant": ["pld"],
+    "dp_min_survivors": [1],
     "backbone": ["resnet-micro", "vit-micro"],
     "backbone_weights": [lambda: _backbone_file("resnet-micro")],
     # federation conditions (pfl_cli.fl.conditions): a speed distribution, a link speed, a trace of the suite's
@@ -429,6 +435,8 @@ def _context(name: str, key: str, backbone: bool = True, companions: dict | None
     ``companions`` replaces the key's :data:`CONTEXT` entry; ``setting`` adds its :data:`SETTINGS` keys."""
     entry = registry.get(name)
     dp = {**DP, "dp_sampling_rate": 0.25} if entry.algorithm.dp_unit == "example" else DP
+    if key in DDG_KEYS and entry.algorithm.dp_unit == "client" and entry.algorithm.__dict__.get("individual_reads") == "":
+        dp = {**{k: v for k, v in DP.items() if k != "dp_population"}, **DDG}
     context = dict(dp) if entry.algorithm.dp_required else {}  # a local-DP algorithm runs only under --dp
     extra = SETTINGS[setting].get("keys", {})
     context.update(extra.get(entry.algorithm.dp_unit, {}) if "client" in extra or "example" in extra else extra)

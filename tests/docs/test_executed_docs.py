@@ -36,7 +36,8 @@ PAGES = [*REQUIRED, "docs/robustness.md", "docs/commands/compare.md", "docs/comm
          "docs/federation-conditions.md",
          "docs/models.md",
          "docs/algorithms/clustered-fair.md",
-         "docs/algorithms/lora.md"]
+         "docs/algorithms/lora.md",
+         "docs/privacy/secure-aggregation.md"]
 # Pages whose blocks need a marker of an optional extra (deselected with a notice where it is absent).
 EXTRA = {"docs/tutorials/deploy-flower.md": pytest.mark.flower, "docs/commands/flower.md": pytest.mark.flower,
          "docs/models.md": pytest.mark.models}

@@ -257,6 +257,29 @@ def _train_case(algorithm: str, unit: str) -> Case:
     return Case(f"train-{algorithm}", unit, _observe_engine, run, _points, lambda: _removed(unit))
 
 
+def _secure_dp_algorithms() -> list[str]:
+    """The client-level DP algorithms that run under secure aggregation: each takes distributed DP (ddg)."""
+    from pfl_cli import registry
+    from pfl_cli.fl.secagg import individual_reads
+
+    return [n for n in registry.names() if registry.get(n).algorithm.dp_unit == "client"
+            and individual_reads(registry.get(n).algorithm) == ""]
+
+
+def _ddg_case(algorithm: str) -> Case:
+    """Distributed DP (pfl_cli.privacy.distributed): fixed cohorts the server picks, each client's noise share."""
+    assert SMALL[-2:] == ["--set", "dp_sampling_rate=0.3"]  # the central mechanism's Poisson rate: not ddg's
+    small = list(SMALL[:-2])
+    small[small.index("--clients-per-round") + 1] = "6"
+
+    def run(d: Path, part: Path) -> list:
+        return ["train", "--partition", part, "--algorithm", algorithm, "--secagg", "--dp",
+                "eps=2,delta=1e-6,clip=0.5,noise=seeded", "--set", "dp_mechanism=ddg", *small,
+                "--set", "val_fraction=0.3", "--out", d / "out"]
+
+    return Case(f"train-{algorithm}-ddg", "client", _observe_engine, run, _points, lambda: _removed("client"))
+
+
 def _tune_case(algorithm: str, unit: str) -> Case:
     dp = DP_EXAMPLE if unit == "example" else DP_CLIENT
 
@@ -339,6 +362,7 @@ def _cases(every_algorithm: bool) -> list[Case]:
     algorithms = _dp_algorithms()
     if every_algorithm:
         return [*(_train_case(a, u) for a, u in algorithms), *(_tune_case(a, u) for a, u in algorithms),
+                *(_ddg_case(a) for a in _secure_dp_algorithms()),
                 _cluster_case("example"), _cluster_case("client"), _mdm_case(), _compare_spec_case()]
     fedavg = [a for a in algorithms if a[0] == "fedavg"]
     example = [a for a in algorithms if a[1] == "example"][:1]

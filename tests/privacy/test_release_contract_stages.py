@@ -128,12 +128,15 @@ def _train(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple
     dp = "eps=2,delta=1e-5,clip=0.5,population=10000" if algorithm in example \
         else "eps=2,delta=1e-6,clip=0.5,population=1000"
     rest = [a for a in extra if a not in ("--algorithm", algorithm)]
-    # client-level DP with the rate and the population given draws its cohorts: a cohort size is refused there
-    cohort = ["--clients-per-round", "400"] if algorithm in example and "--clients-per-round" not in rest else []
+    if "dp_mechanism=ddg" in extra:  # distributed DP: a fixed cohort chosen by the server, no population bound
+        dp, sampling = "eps=2,delta=1e-6,clip=0.5", ["--clients-per-round", "4"]
+    else:
+        # client-level DP with the rate and the population given draws its cohorts: a cohort size is refused there
+        cohort = ["--clients-per-round", "400"] if algorithm in example and "--clients-per-round" not in rest else []
+        sampling = [*cohort, "--set", "dp_sampling_rate=0.3"]
     return _cli(["train", "--partition", str(private.path), "--algorithm", algorithm, "--dp", dp, "--rounds", "3",
-                 "--eval-every", "3", "--local-steps", "2", *cohort, "--batch-size", "8",
-                 "--set", "normalize=false", "--set", "mlp_hidden=[8]", "--set", "dp_sampling_rate=0.3",
-                 "--out", str(out), *rest], capsys)
+                 "--eval-every", "3", "--local-steps", "2", "--batch-size", "8", *sampling,
+                 "--set", "normalize=false", "--set", "mlp_hidden=[8]", "--out", str(out), *rest], capsys)
 
 
 def _tune(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple[int, str]:
@@ -149,7 +152,8 @@ CASES = [
               ((), ("--write-nonprivate",), ("--algorithm", "pefll", "--no-standardize-descriptor", "--embed-dim", "4",
                                               "--set", "hyper_hidden=8"),
                ("--algorithm", "ppsgd", "--write-nonprivate"), ("--algorithm", "ldp-fedavg"),
-               ("--algorithm", "centralized", "--clients-per-round", "4", "--write-nonprivate"))),
+               ("--algorithm", "centralized", "--clients-per-round", "4", "--write-nonprivate"),
+               ("--secagg", "--set", "dp_mechanism=ddg", "--write-nonprivate"))),
     StageCase("mdm-fit", _mdm_fit, _histograms,
               ((), ("--write-nonprivate",), ("--write-nonprivate", "--plot"))),
     StageCase("cluster", _cluster, _points_partition,

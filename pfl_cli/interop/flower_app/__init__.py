@@ -70,6 +70,8 @@ def check_deployable(cfg) -> None:
                                          "distributions); drop it"),
         (bool(own["client_sizes"]), f"client_sizes is not deployed on Flower (one model size per run); got "
                                     f"{own['client_sizes']!r}; drop it"),
+        (bool(getattr(cfg, "secagg", False)), "secagg is not deployed on Flower (its server receives each node's "
+                                             "model; Flower's SecAgg+ is not wired in); drop it"),
         (bool(own["sam_rho"]), f"sam_rho is not deployed on Flower (its nodes take plain SGD steps); got "
                                f"{own['sam_rho']!r}; drop it"),
         (cfg.attack != "none", f"attack simulates Byzantine clients, and a deployment's clients are real nodes; got "
