@@ -2,11 +2,13 @@
 # The README's demo: every stage of pflx that exists, chained through artifact directories,
 # on scikit-learn's bundled digits (no download) and pflx's synthetic ring task. Usage:
 # bash recipes/quickstart/demo.sh [OUT_ROOT]. Needs only the runtime (`make demo` installs nothing else;
-# figures: `pflx show --plot` with the plot extra). The comparison (4 methods x seeds 0, 1, 2 on the ring:
-# 12 trainings, 12 predictions, one `pflx compare --spec` process that stacks the seeds of PeFLL and FedAvg)
-# takes most of it: MEASURED_FIGURES. It prints a progress line at least every 10 s. Re-running is a
-# no-op per stage (MEASURED_RERUN). It ends by checking its table against
-# recipes/quickstart/expected-table.md, the table README.md shows.
+# figures: `pflx show --plot` with the plot extra). The whole demo takes about 3 CPU-minutes (2026-11-29: 177
+# CPU s of all its processes, 377 s wall on a 2-core machine shared with other jobs at load ~6), most of it the
+# comparison: 4 methods x seeds 0, 1, 2 on the ring (12 trainings, 12 predictions) in one `pflx compare --spec`
+# process that stacks the seeds of PeFLL and FedAvg. It prints a progress line at least every 10 s. Re-running
+# is a no-op per stage but privacy-account (no artifact) and cluster (each run a new release, its noise from OS
+# entropy): 9 CPU s, 19 s wall. It ends by checking its table against recipes/quickstart/expected-table.md,
+# the table README.md shows.
 set -euo pipefail
 root=${1:-runs/demo}
 pflx() { python -m pfl_cli "$@"; }

@@ -6,7 +6,7 @@ recipes/quickstart/expected-table.md, the committed output of a run of the demo:
 The demo takes minutes, more than the docs tier has, so this test does not run it: it checks that README.md
 shows that committed table and sentence, verbatim, so a README edit or a new expected table that the other does
 not follow fails here. Regenerate both from a demo run: `cp runs/demo/demo-table.md
-recipes/quickstart/expected-table.md`, then paste it into README.md's "What the demo shows".
+recipes/quickstart/expected-table.md`, then paste it into README.md's "What the demo shows" and docs/ring-personalization.md.
 """
 
 import pathlib
@@ -37,6 +37,13 @@ def test_the_readme_shows_the_demos_table():
     section = _demo_section().splitlines()
     shown = [line for line in section if line.startswith("|")]
     assert shown == table, "README.md's demo table is not recipes/quickstart/expected-table.md's"
+
+
+def test_the_ring_page_shows_the_demos_table():
+    table, sentence = _expected()
+    page = (ROOT / "docs" / "ring-personalization.md").read_text()
+    assert [line for line in page.splitlines() if line.startswith("|")][:len(table)] == table
+    assert sentence in re.sub(r"\s+", " ", page)
 
 
 def test_the_readme_quotes_the_demos_sentence():
