@@ -58,7 +58,7 @@ def test_demo_installs_the_runtime_and_nothing_else(tmp_path):
     commands = [ln.split("#")[0] for ln in script.splitlines()]
     assert not [c for c in commands if "--plot" in c]
     recipes = set(re.findall(r"recipes/quickstart/[\w.-]+\.yaml", script))
-    assert len(recipes) >= 4, recipes
+    assert len(recipes) >= 3, recipes
     for recipe in sorted(recipes):
         config = yaml.safe_load((REPO / recipe).read_text())
         sections = [config, *(v for v in config.values() if isinstance(v, dict))]
