@@ -51,6 +51,7 @@ class AFLConfig(FedAvgRoundConfig):
 
 class AFL(Algorithm):
     name = "afl"
+    individual_reads = "each client's loss (the ascent step on the mixture weights lambda reads them one by one)"
     paper = "AFL: Mohri et al., ICML 2019 (Eq. 2, Stochastic-AFL, §5)"
     new_client_protocol = "the global model"
     config = AFLConfig

@@ -63,6 +63,7 @@ class CFLConfig(FedAvgRoundConfig):
 
 class CFL(Algorithm):
     name = "cfl"
+    individual_reads = "each client's update (the cosine similarities between clients' updates decide a split)"
     paper = "CFL: Sattler et al., IEEE TNNLS 2020 (Alg. 1, cosine-similarity bipartitions)"
     new_client_protocol = "the cluster model with the lowest loss on its train data"
     config = CFLConfig

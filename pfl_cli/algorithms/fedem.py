@@ -52,6 +52,8 @@ class FedEMConfig(FedAvgRoundConfig):
 
 class FedEM(Algorithm):
     name = "fedem"
+    individual_reads = ("each client's component models; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     paper = "FedEM: Marfoq et al., NeurIPS 2021 (Alg. 1-2, mixture of M shared components)"
     new_client_protocol = "its mixture weights fitted by new_client_em_steps E-steps with the components frozen"
     config = FedEMConfig

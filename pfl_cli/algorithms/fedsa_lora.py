@@ -29,6 +29,8 @@ class FedSALoRAConfig(PartialSharingConfig, LoRAKeys):
 
 class FedSALoRA(LoRAClient, PartialSharing):
     name = "fedsa-lora"
+    individual_reads = ("each client's A matrices; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Guo et al. 2025 (FedSA-LoRA) §5: the learning rate is the tuned setting, over the "
                            "client lr's log range")

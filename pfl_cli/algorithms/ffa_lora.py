@@ -28,6 +28,8 @@ class FFALoRAConfig(FedAvgConfig, LoRAKeys):
 
 class FFALoRA(LoRAClient, FedAvg):
     name = "ffa-lora"
+    individual_reads = ("each client's B matrices; "  # under --secagg (pfl_cli.fl.secagg)
+                        "its server averages them, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Sun et al. 2024 (FFA-LoRA) §5: the learning rate is the tuned setting (FFA-LoRA removes "
                            "the need to tune alpha, §4): FedAvg's client lr over its log range")

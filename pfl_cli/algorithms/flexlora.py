@@ -63,6 +63,8 @@ def ranks(cfg) -> list[int]:
 
 class FlexLoRA(LoRAClient, Algorithm):
     name = "flexlora"
+    individual_reads = ("each client's full-size update B A at its own rank; "  # under --secagg
+                        "the SVD step needs only their weighted sum, a path through secure sums is not written yet")
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Bai et al. 2024 (FlexLoRA) §4: the learning rate is the tuned setting, over the client "
                            "lr's log range")

@@ -49,6 +49,8 @@ class IFCAConfig(FedAvgRoundConfig):
 
 class IFCA(Algorithm):
     name = "ifca"
+    individual_reads = ("each client's model and the cluster it chose; "  # under --secagg (pfl_cli.fl.secagg)
+                        "per-cluster secure sums would do, a path through them is not written yet")
     paper = "IFCA: Ghosh et al., NeurIPS 2020 (Alg. 1, model averaging)"
     new_client_protocol = "the cluster model with the lowest loss on its train data"
     config = IFCAConfig

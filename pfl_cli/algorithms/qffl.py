@@ -57,6 +57,8 @@ class QFFLConfig(FedAvgRoundConfig):
 
 class QFFL(Algorithm):
     name = "qffl"
+    individual_reads = ("each client's Delta_k and h_k; "  # under --secagg (pfl_cli.fl.secagg)
+                        "q-FedAvg's step needs only their sums, a path through secure sums is not written yet")
     paper = "q-FFL / q-FedAvg: Li et al., ICLR 2020 (Eq. 2, Alg. 2)"
     new_client_protocol = "the global model"
     config = QFFLConfig
