@@ -266,6 +266,9 @@ def test_the_conditions_claims_print_each_claim_beside_its_target():
     for label in ("90 % stragglers: fedprox (partial) - fedavg (drop)", "top-k 1 % with error feedback - uncompressed",
                   "top-k 1 %: with - without error feedback"):
         assert any(ln.strip().startswith(label) and "target" in ln for ln in proc.stdout.splitlines()), proc.stdout
+
+
+@pytest.mark.slow
 def test_refusal_benchmark_prints_every_commands_figure_beside_its_target():
     """Every command's refusal or "up to date" answer, each in a fresh process, against 0.5 CPU s (issue 49,
     finding 20); the verdicts depend on the machine, the lines must be there."""

@@ -33,7 +33,7 @@ def test_no_active_env_creates_and_uses_dot_venv(tmp_path):
     assert len(steps) == 6, steps
     assert all(l.lstrip("@").split("NO_MKDOCS_2_WARNING=1 ")[-1].startswith(".venv/bin/python ") for l in steps), steps
     assert 'pip install -q "torch==2.13.0"' in run.stdout
-    assert 'pip install -q -e ".[test,hf,peft,flower,docs,tensorboard,wandb,mlflow]"' in run.stdout
+    assert 'pip install -q -e ".[test,hf,peft,flower,docs,tensorboard,wandb,mlflow,models]"' in run.stdout
     # The default tier, then the docs tier (the documented commands executed), then the site built strict
     # (CI runs `make test`).
     assert steps[-3].rstrip().endswith('-m pytest -q -m "not slow and not docs"')
