@@ -77,6 +77,7 @@ BUILTINS = {
     "fedamp": "pfl_cli.algorithms.fedamp:FedAMP",
     "fednova": "pfl_cli.algorithms.fednova:FedNova",
     "fedbuff": "pfl_cli.algorithms.fedbuff:FedBuff",
+    "fedasync": "pfl_cli.algorithms.fedasync:FedAsync",
     "centralized": "pfl_cli.algorithms.centralized:Centralized",
     "moon": "pfl_cli.algorithms.moon:Moon",
     "fedsam": "pfl_cli.algorithms.fedsam:FedSAM",
