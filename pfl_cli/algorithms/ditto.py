@@ -47,6 +47,7 @@ class DittoConfig(FedAvgRoundConfig):
 
 class Ditto(PrivateState, FedAvg):
     name = "ditto"
+    async_ready = ("its global model is FedAvg's (which FedBuff or FedAsync could aggregate) and each personal model trains on its own client against the model it downloaded")
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
     search_space = {"lr": "log:1e-3:1", "lam": "choice:0.01,0.1,0.5,1,2"}
     search_space_source = ("Li et al., Ditto (ICML 2021), §5 and App. C: lambda tuned on validation data over a grid "

@@ -44,6 +44,7 @@ class FedBABUConfig(FedAvgRoundConfig):
 
 class FedBABU(FedAvg):
     name = "fedbabu"
+    async_ready = ("its body is FedAvg's model with a fixed head: the body could take FedBuff's buffered step")
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
     paper = "FedBABU: Oh, Kim, Yun, ICLR 2022"
     new_client_protocol = "the global body and frozen head fine-tuned whole for finetune_epochs"
