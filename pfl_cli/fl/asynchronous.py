@@ -122,10 +122,7 @@ class AsyncServer:
             cond.totals[k] += v
         not_answered = counts["left"] + counts["late_dropped"]
         if not_answered:
-            from pfl_cli.fl.conditions.rounds import _Floats
-
-            alg.traffic.send("global model to clients that did not answer", _Floats(cond.model_floats),
-                             copies=not_answered)
+            cond.sent_unanswered(alg, not_answered)
         alg.traffic.close_round(len(arrived))
         duration = cond.clock - begin
         answering = torch.as_tensor([j["client"] for j in arrived], dtype=torch.int64, device=alg.device)
@@ -146,10 +143,7 @@ class AsyncServer:
         clients = idle[rng.permutation(len(idle))[:count]]
         left = rng.random(count) < float(alg.cfg.dropout)
         cond = self.cond
-        from pfl_cli.fl.conditions.rounds import MEGABYTE, _planned_steps
-
-        steps = _planned_steps(alg, torch.as_tensor(clients, device=alg.device))
-        duration = (cond.down_bytes + cond.up_bytes) / MEGABYTE / cond.network[clients] + steps / cond.compute[clients]
+        duration = cond.job_seconds(alg, clients)
         deadline = alg.cfg.round_deadline
         start = alg.server_model()
         for i, c in enumerate(clients):

@@ -68,8 +68,9 @@ class Quadratic:
 
 
 def engine_run(alg, rounds: int):
-    cond = SimpleNamespace(compute=SPEED, network=np.full(N, np.inf), down_bytes=0, up_bytes=0, model_floats=DIM,
-                           clock=0.0, totals={"selected": 0, "answered": 0, "left": 0, "late_dropped": 0})
+    cond = SimpleNamespace(clock=0.0, totals={"selected": 0, "answered": 0, "left": 0, "late_dropped": 0},
+                           job_seconds=lambda alg, clients: alg.cfg.local_steps / SPEED[clients],
+                           sent_unanswered=lambda alg, copies: None)
     server = AsyncServer(alg, cond)
     clock = []
     for t in range(rounds):

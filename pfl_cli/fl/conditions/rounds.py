@@ -224,6 +224,18 @@ class Conditions:
                                         [t + 1, "train", "clients_answered", len(answering)]]
         return answering, loss, rows
 
+    def job_seconds(self, alg, clients: np.ndarray) -> np.ndarray:
+        """Simulated seconds of one job (download, tau_i local steps, upload) of each of ``clients``: an
+        asynchronous server's client durations (:mod:`pfl_cli.fl.asynchronous`)."""
+        import torch
+
+        steps = _planned_steps(alg, torch.as_tensor(clients, device=alg.device))
+        return (self.down_bytes + self.up_bytes) / MEGABYTE / self.network[clients] + steps / self.compute[clients]
+
+    def sent_unanswered(self, alg, copies: int) -> None:
+        """The model went down to ``copies`` clients that never answered: bytes sent all the same."""
+        alg.traffic.send("global model to clients that did not answer", _Floats(self.model_floats), copies=copies)
+
     def _online(self, t: int, rng, ids: np.ndarray) -> np.ndarray:
         """Which of the clients ``ids`` are online in round ``t``: the trace's column t mod slots (or, with
         ``trace_slot_seconds``, the column of the simulated clock at the round's start: a diurnal trace of hours),
