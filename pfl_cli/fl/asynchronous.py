@@ -133,8 +133,6 @@ class AsyncServer:
 
     def _dispatch(self, alg, rng, pool: np.ndarray, count: int) -> int:
         """Send the server's current model to ``count`` idle clients drawn uniformly (one job each)."""
-        import torch
-
         busy = {j["client"] for j in self.jobs}
         idle = np.array([c for c in pool if int(c) not in busy], dtype=np.int64)
         count = min(count, len(idle))
