@@ -220,3 +220,34 @@ def test_bad_input_one_line_exit_2(part, cli, tmp_path, args, words):
     run = cli("train", "--partition", part, *args, "--rounds", "2", "--out", tmp_path / "bad")
     assert run.code == 2 and words in run.err and len(run.err.strip().splitlines()) == 1, (run.code, run.err)
     assert not (tmp_path / "bad").exists()
+
+
+def test_resume_after_a_kill_is_byte_identical(part, monkeypatch, tmp_path):
+    """Killed right after its first checkpoint, with jobs in flight (some stale, some leaving), a FedBuff run resumed
+    from it writes the bytes of the uninterrupted run."""
+    from pfl_cli import formats
+    from pfl_cli.cli.app import main
+
+    def train(out, *extra):
+        return main(["train", "--partition", str(part), "--algorithm", "fedbuff", "--rounds", "4", "--eval-every", "2",
+                     "--local-steps", "3", "--clients-per-round", "2", "--set", "concurrency=5", "--set",
+                     "mlp_hidden=[8]", "--set", "compute_speed=lognormal:1:1.5", "--dropout", "0.2", "--out", str(out),
+                     "--format", "quiet", *extra])
+
+    assert train(tmp_path / "whole") == 0
+    real, rounds = formats.write_atomic, []
+
+    def write_then_die(path, data_):
+        real(path, data_)
+        if "checkpoint" in str(path):
+            rounds.append(int(torch.load(path, weights_only=True)["round"]))
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(formats, "write_atomic", write_then_die)
+    code = train(tmp_path / "killed")
+    monkeypatch.setattr(formats, "write_atomic", real)
+    assert code == 130 and rounds == [2]
+    assert train(tmp_path / "killed", "--resume") == 0
+    for file in ("model.pt", "metrics.json", "metrics.csv", "clients.csv"):
+        if (tmp_path / "whole" / file).is_file():
+            assert (tmp_path / "killed" / file).read_bytes() == (tmp_path / "whole" / file).read_bytes(), file
