@@ -9,8 +9,8 @@ server "Updater"):
 with the staleness function s (§5.2): ``constant`` s = 1, ``polynomial`` s_a(t - tau) = (t - tau + 1)^-a, or
 ``hinge`` s_{a,b}(t - tau) = 1 if t - tau <= b else 1 / (a (t - tau - b) + 1). t counts the server's updates.
 
-In pflx a round is ``clients_per_round`` arrivals, each one server update (the default 1: a round is one update of
-Alg. 1); ``--rounds``, evaluation, checkpoints and ``--resume`` count rounds. The simulated clock advances to each
+In pflx a round is ``clients_per_round`` arrivals, each one server update (default 10, FedBuff's K, so that a round
+of either holds as many client updates; 1 makes a round one update of Alg. 1); ``--rounds``, evaluation, checkpoints and ``--resume`` count rounds. The simulated clock advances to each
 arrival (:mod:`pfl_cli.fl.asynchronous`; client durations from the conditions' ``compute_speed`` and
 ``network_speed``). A new client gets the global model, or it fine-tuned ``finetune_steps`` local steps.
 
@@ -38,8 +38,9 @@ class FedAsyncConfig(TrainConfig):
 
     algorithm: str = key("fedasync", "the algorithm these keys configure")
     rounds: int = key(1000, "rounds of clients_per_round arrivals (each arrival one server update)")
-    clients_per_round: int = key(1, "arrivals per pflx round (each mixed into the model at once)",
-                                 f"{XIE} Alg. 1: the server updates at every arrival (a round of 1)")
+    clients_per_round: int = key(10, "arrivals per pflx round (each mixed into the model at once: a server update)",
+                                 f"pflx: FedBuff's K = 10 (Nguyen et al. 2022 §6), so that a round of either holds "
+                                 f"as many client updates; {XIE} Alg. 1 updates at every arrival (1: a round of one)")
     concurrency: int = key(30, "clients training at once (a new one starts whenever one answers); at most the train "
                                "clients with labels",
                            f"{XIE} Alg. 1: the scheduler keeps workers busy; pflx: FedBuff's default, for comparison")
