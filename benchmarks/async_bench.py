@@ -8,8 +8,8 @@ job, a replacement drawn from the idle clients, its duration), a copy of the mod
 first step also trains its concurrency's initial jobs):
 
 - fedbuff step / fedavg round: a whole FedBuff server step of K = ``--cohort`` buffered updates (``--cohort`` x 3
-  in flight, at most the train clients, heavy-tailed speeds lognormal:1:1.5, 20 % dropouts) against a FedAvg round of ``--cohort`` clients
-  (target <= 1.3x);
+  in flight, at most the train clients, heavy-tailed speeds lognormal:1:1.5, 20 % dropouts) against a FedAvg
+  round of ``--cohort`` clients (target <= 1.3x);
 - fedasync round / fedavg round: a FedAsync round of ``--cohort`` arrivals (each mixed at once; jobs trained in
   batches of those waiting when an update is needed) against the same FedAvg round (context, no target: its jobs
   start from different models, in more and smaller calls).
@@ -63,7 +63,8 @@ def main(argv=None) -> int:
                 alg.traffic.close_round(len(cohort))
             times[k].append(time.perf_counter() - start)
     med = {k: statistics.median(ts[1:]) for k, ts in times.items()}
-    print(f"K = cohort {args.cohort}, concurrency {min(3 * args.cohort, len(train))}, {args.local_steps} local steps, MLP "
+    print(f"K = cohort {args.cohort}, concurrency {min(3 * args.cohort, len(train))}, {args.local_steps} local "
+          "steps, MLP "
           f"64-{args.hidden}-10, {torch.get_num_threads()} thread(s), CPU; median of {args.rounds - 1} interleaved "
           "steps (first dropped)")
     v = Verdicts()

@@ -10,8 +10,8 @@ with the staleness function s (§5.2): ``constant`` s = 1, ``polynomial`` s_a(t 
 ``hinge`` s_{a,b}(t - tau) = 1 if t - tau <= b else 1 / (a (t - tau - b) + 1). t counts the server's updates.
 
 In pflx a round is ``clients_per_round`` arrivals, each one server update (default 10, FedBuff's K, so that a round
-of either holds as many client updates; 1 makes a round one update of Alg. 1); ``--rounds``, evaluation, checkpoints and ``--resume`` count rounds. The simulated clock advances to each
-arrival (:mod:`pfl_cli.fl.asynchronous`; client durations from the conditions' ``compute_speed`` and
+of either holds as many client updates; 1 makes a round one update of Alg. 1); ``--rounds``, evaluation,
+checkpoints and ``--resume`` count rounds. The simulated clock advances to each arrival (:mod:`pfl_cli.fl.asynchronous`; client durations from the conditions' ``compute_speed`` and
 ``network_speed``). A new client gets the global model, or it fine-tuned ``finetune_steps`` local steps.
 
 Departure, said here: Alg. 1's workers minimize the regularized objective ``f(x) + rho/2 ||x - x_tau||^2``; pflx's

@@ -113,7 +113,8 @@ class AsyncServer:
                     alg.mix(job["upload"], int(self.version - job["version"]))
                     self.version += 1
             counts["selected"] += self._dispatch(alg, rng, pool, 1)
-        losses.append(self._train(alg, gen, arrived))  # every job dispatched this round: the checkpoint holds updates only
+        # every job dispatched this round, trained now: the checkpoint holds updates only
+        losses.append(self._train(alg, gen, arrived))
         if not alg.mixes_each_arrival:
             alg.buffer_step([j["upload"] for j in arrived],
                             np.array([self.version - j["version"] for j in arrived], dtype=np.int64))
