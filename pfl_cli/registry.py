@@ -76,6 +76,8 @@ BUILTINS = {
     "fedlc": "pfl_cli.algorithms.fedlc:FedLC",
     "fedamp": "pfl_cli.algorithms.fedamp:FedAMP",
     "fednova": "pfl_cli.algorithms.fednova:FedNova",
+    "fedbuff": "pfl_cli.algorithms.fedbuff:FedBuff",
+    "fedasync": "pfl_cli.algorithms.fedasync:FedAsync",
     "centralized": "pfl_cli.algorithms.centralized:Centralized",
     "moon": "pfl_cli.algorithms.moon:Moon",
     "fedsam": "pfl_cli.algorithms.fedsam:FedSAM",

@@ -258,6 +258,27 @@ def test_the_conditions_benchmark_prints_its_ratios_beside_the_targets():
 
 
 @pytest.mark.slow
+def test_the_async_benchmark_prints_its_ratio_beside_the_target():
+    """A smoke size (3 steps of K = 4): the figure and the verdict are there whatever the ratio."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_bench.py"), "--rounds", "3",
+                           "--cohort", "4", "--local-steps", "2", "--hidden", "16"], env=ENV, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT / "benchmarks")
+    assert proc.returncode in (0, 1), proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("fedbuff server step / fedavg round"))
+    assert "target <= 1.30x" in line and line.rstrip().endswith(("ok", "MISSED"))
+
+
+@pytest.mark.slow
+def test_the_async_claim_prints_its_ratio_beside_the_target():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_claims.py"), "--rounds", "3",
+                           "--eval-every", "3", "--local-steps", "2", "--seeds", "0"], env=ENV, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT / "benchmarks")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert any(ln.strip().startswith("fedavg / fedbuff simulated time to target") and "target >= 2.0x" in ln
+               for ln in proc.stdout.splitlines()), proc.stdout
+
+
+@pytest.mark.slow
 def test_the_conditions_claims_print_each_claim_beside_its_target():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conditions_claims.py"), "--rounds", "2",
                            "--local-steps", "2", "--seeds", "0"], env=ENV, capture_output=True, text=True,

@@ -84,6 +84,12 @@ class Algorithm(ABC):
     conditions_refused = ""
     partial_work = False
     compressible_upload = False
+    # Asynchronous aggregation (issue 47, item 2; pfl_cli.fl.asynchronous). asynchronous: its server aggregates
+    # client updates as they arrive on the simulated clock (FedBuff, FedAsync), a round being clients_per_round
+    # arrivals. async_ready: how the method's round could run asynchronously (said by `pflx algorithms NAME`; "" when
+    # no one has said). Both declared per class, never inherited.
+    asynchronous = False
+    async_ready = ""
     round_budget = None   # (c,) local steps each cohort client finishes this round, set by the conditions' round
     upload_codec = None   # the upload compressor (pfl_cli.fl.compression), set by the conditions
     # Hyperparameter search (`pflx tune`): key -> spec ("log:LOW:HIGH", "float:LOW:HIGH", "int:LOW:HIGH",
@@ -111,9 +117,9 @@ class Algorithm(ABC):
         super().__init_subclass__(**kwargs)
         if "dp_unit" not in cls.__dict__:
             cls.dp_unit = None
-        for capability in ("partial_work", "compressible_upload"):
+        for capability in ("partial_work", "compressible_upload", "asynchronous", "async_ready"):
             if capability not in cls.__dict__:
-                setattr(cls, capability, False)
+                setattr(cls, capability, "" if capability == "async_ready" else False)
         own = cls.__dict__.get("config")
         if own is not None:
             own.algorithm_class = cls  # the engine builds the algorithm its config names (pfl_cli.fl.api)

@@ -47,6 +47,7 @@ class DittoConfig(FedAvgRoundConfig):
 
 class Ditto(PrivateState, FedAvg):
     name = "ditto"
+    async_ready = ("its global model is FedAvg's (which FedBuff or FedAsync could aggregate) and each personal model trains on its own client against the model it downloaded")
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
     individual_reads = ("each client's global-model update; "  # under --secagg (pfl_cli.fl.secagg)
                         "its server averages them, a path through secure sums is not written yet")

@@ -45,6 +45,7 @@ class FedBABUConfig(FedAvgRoundConfig):
 
 class FedBABU(FedAvg):
     name = "fedbabu"
+    async_ready = ("its body is FedAvg's model with a fixed head: the body could take FedBuff's buffered step")
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
     individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
     paper = "FedBABU: Oh, Kim, Yun, ICLR 2022"

@@ -66,7 +66,16 @@ def summary_row(entry) -> dict[str, str]:
     cls = entry.algorithm
     return {"paper": cls.paper or (cls.__doc__ or "").strip().splitlines()[0], "dp": entry.dp,
             "new_clients": cls.new_client_protocol or "as in training", "unlabeled_clients": "yes" if cls.serves_unlabeled
-            else "no", "conditions": conditions_doc(cls), "origin": entry.origin}
+            else "no", "conditions": conditions_doc(cls), "asynchronous": async_doc(cls), "origin": entry.origin}
+
+
+def async_doc(cls) -> str:
+    """Whether the algorithm aggregates asynchronously (docs/algorithms/async.md), from what it declares."""
+    if cls.asynchronous:
+        return "yes: its server aggregates client updates as they arrive on the simulated clock"
+    if cls.async_ready:
+        return f"could (declared, not built: pflx runs it in synchronous rounds): {cls.async_ready}"
+    return "no (synchronous rounds)"
 
 
 def conditions_doc(cls) -> str:
@@ -182,7 +191,8 @@ def keys_markdown(entry, *, own: bool = False) -> str:
     rows = [r for r in key_rows(entry) if not own or r["key"] not in common or
             (r["key"] != "algorithm" and _plain(common[r["key"]]) != r["default"])]
     lines = [f"### {entry.name}", "", f"{_cell(summary_row(entry)['paper'])}. DP: {entry.dp}. Federation "
-             f"conditions: {_cell(summary_row(entry)['conditions'])}.", "",
+             f"conditions: {_cell(summary_row(entry)['conditions'])}. Asynchronous: "
+             f"{_cell(summary_row(entry)['asynchronous'])}.", "",
              "| key | default | source | meaning |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| `{r['key']}` | `{_show(r['default'])}` | {_cell(r['source'])} | {_cell(r['doc'])} |")

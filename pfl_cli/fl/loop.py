@@ -187,8 +187,8 @@ def _conditions(alg, cfg):
     """The run's federation conditions, or None when every condition key is at its default."""
     from pfl_cli.fl.conditions.settings import conditions_active
 
-    if not conditions_active(cfg) or not alg.federated:
-        return None
+    if not (conditions_active(cfg) or getattr(alg, "asynchronous", False)) or not alg.federated:
+        return None  # (an asynchronous server always runs on the simulated clock of the conditions)
     from pfl_cli.fl.conditions.rounds import Conditions
 
     return Conditions(alg, cfg)

@@ -91,7 +91,10 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            # CFL's split needs both thresholds met: eps1 and the warm-up act where some update exceeds eps2
            "cfl_eps1": {"cfl_eps2": 0.0}, "cfl_warmup_rounds": {"cfl_eps2": 0.0},
            # the LoRA targets: on an MLP with two hidden layers "fc1" adapts one of its two layers, "*" both
-           "lora_targets": {"mlp_hidden": (8, 8)}}
+           "lora_targets": {"mlp_hidden": (8, 8)},
+           # an asynchronous server (FedBuff, FedAsync) runs at most one job per train client: its concurrency acts
+           # below the suite's 4 train clients; its deadline (a job's timeout) where some job is slower than it
+           "concurrency": {"concurrency": 2}, "round_deadline": {"compute_speed": "uniform:0.5:4"}}
 # A key checked a second time, beside a companion set where that companion could leave it inert (its own CONTEXT
 # above is the setting where it acts): local_steps beside a set local_epochs, a round of epochs counting no steps
 # (FedNova, FLowDUP, LD-FedAvg, FedTTA and FedOpt set local_epochs by default; --set local_epochs=E on FedAvg's

@@ -37,7 +37,9 @@ PAGES = [*REQUIRED, "docs/robustness.md", "docs/commands/compare.md", "docs/comm
          "docs/models.md",
          "docs/algorithms/clustered-fair.md",
          "docs/algorithms/lora.md",
-         "docs/privacy/secure-aggregation.md"]
+         "docs/privacy/secure-aggregation.md",
+         # issue 47, item 2: asynchronous aggregation
+         "docs/algorithms/async.md"]
 # Pages whose blocks need a marker of an optional extra (deselected with a notice where it is absent).
 EXTRA = {"docs/tutorials/deploy-flower.md": pytest.mark.flower, "docs/commands/flower.md": pytest.mark.flower,
          "docs/models.md": pytest.mark.models}

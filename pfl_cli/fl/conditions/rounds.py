@@ -123,6 +123,12 @@ class Conditions:
         self.down_bytes = FLOAT_BYTES * floats
         self.up_bytes = self.codec.wire_bytes(floats) if self.codec is not None else FLOAT_BYTES * floats
         self.clock = 0.0
+        # an asynchronous algorithm's server (FedBuff, FedAsync): its rounds are arrivals on this clock
+        self.server = None
+        if getattr(alg, "asynchronous", False):
+            from pfl_cli.fl.asynchronous import AsyncServer
+
+            self.server = AsyncServer(alg, self)
         self.totals = {"selected": 0, "answered": 0, "left": 0, "late_dropped": 0, "partial": 0}
         if self.private and hasattr(alg.dp, "answer_rate"):  # the DP-FedAvg estimator's expected answering cohort
             import dataclasses
@@ -187,6 +193,8 @@ class Conditions:
         """Plan and run round ``t``: returns (the answering cohort, their losses, metrics rows)."""
         import torch
 
+        if self.server is not None:
+            return self.server.run_round(alg, t, train_clients, gen)
         plan = self.plan_round(alg, t, train_clients, gen, total)
         cohort, kept = plan.cohort, plan.kept
         answering = cohort[torch.as_tensor(kept, device=cohort.device)]
@@ -216,6 +224,18 @@ class Conditions:
                                         [t + 1, "train", "clients_answered", len(answering)]]
         return answering, loss, rows
 
+    def job_seconds(self, alg, clients: np.ndarray) -> np.ndarray:
+        """Simulated seconds of one job (download, tau_i local steps, upload) of each of ``clients``: an
+        asynchronous server's client durations (:mod:`pfl_cli.fl.asynchronous`)."""
+        import torch
+
+        steps = _planned_steps(alg, torch.as_tensor(clients, device=alg.device))
+        return (self.down_bytes + self.up_bytes) / MEGABYTE / self.network[clients] + steps / self.compute[clients]
+
+    def sent_unanswered(self, alg, copies: int) -> None:
+        """The model went down to ``copies`` clients that never answered: bytes sent all the same."""
+        alg.traffic.send("global model to clients that did not answer", _Floats(self.model_floats), copies=copies)
+
     def _online(self, t: int, rng, ids: np.ndarray) -> np.ndarray:
         """Which of the clients ``ids`` are online in round ``t``: the trace's column t mod slots (or, with
         ``trace_slot_seconds``, the column of the simulated clock at the round's start: a diurnal trace of hours),
@@ -237,6 +257,7 @@ class Conditions:
         cfg = self.cfg
         out = {"settings": {k: getattr(cfg, k) for k in CONDITION_DEFAULTS}, "files": self.files,
                "late_work": "kept (partial steps)" if self.partial else "dropped",
+               **({} if self.server is None else {"asynchronous": True}),
                "expected_answer_rate": self.answer_rate()}
         if self.codec is not None:
             out["compression"] = {"kind": self.codec.kind, "error_feedback": self.codec.error_feedback,
@@ -247,13 +268,16 @@ class Conditions:
 
     def state(self) -> dict:
         return {"clock": self.clock, "totals": dict(self.totals),
-                "codec": None if self.codec is None else self.codec.state()}
+                "codec": None if self.codec is None else self.codec.state(),
+                **({} if self.server is None else {"asynchronous": self.server.state()})}
 
     def load_state(self, state: dict, device) -> None:
         self.clock = float(state["clock"])
         self.totals = {k: int(v) for k, v in state["totals"].items()}
         if self.codec is not None:
             self.codec.load_state(state["codec"] or {}, device)
+        if self.server is not None:
+            self.server.load_state(state["asynchronous"], device)
 
 
 @dataclass(frozen=True)

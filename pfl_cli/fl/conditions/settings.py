@@ -19,6 +19,8 @@ CONDITION_DEFAULTS = {"availability": 1.0, "availability_trace": "", "trace_slot
 # compressor's error memory): under --dp the Poisson cohort is the mechanism's secret, so they are refused there
 NOT_UNDER_DP = ("compute_speed", "network_speed", "round_deadline", "over_selection", "compression",
                 "trace_slot_seconds")
+# keys of a synchronous round's selection, which an asynchronous server (pfl_cli.fl.asynchronous) has not
+NOT_ASYNCHRONOUS = ("availability", "availability_trace", "trace_slot_seconds", "over_selection")
 SPEED_FORMS = "NUMBER, uniform:LO:HI, lognormal:MEDIAN:SIGMA or file:PATH"
 
 
@@ -97,6 +99,13 @@ def check_conditions(cfg) -> None:
         raise ConfigError(f"compression: algorithm {cfg.algorithm!r} does not upload a model delta of FedAvg's round "
                           f"(what topk, qsgd and sign compress); got compression={cfg.compression!r}. Drop it, or use "
                           "fedavg, fedprox or fednova.")
+    if getattr(cls, "asynchronous", False):
+        bad = [k for k in keys if k in NOT_ASYNCHRONOUS]
+        if bad:
+            raise ConfigError(f"{', '.join(bad)}: algorithm {cfg.algorithm!r} aggregates updates as they arrive "
+                              "(asynchronously), with no rounds of selected clients to be online or over-selected in; "
+                              "under it use dropout, round_deadline (a job's timeout), compute_speed and "
+                              "network_speed.")
     if cfg.dp_epsilon is not None:
         bad = [k for k in keys if k in NOT_UNDER_DP]
         if bad:
