@@ -25,9 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm
-from pfl_cli.fl.asynchronous import STALENESS, staleness_weight
+from pfl_cli.fl.asynchronous import STALENESS, GlobalModelOnTheClock, staleness_weight
 from pfl_cli.fl.config import NEEDS, TrainConfig, check_own_keys, key
-from pfl_cli.fl.params import cpu_tree
 
 XIE = "Xie et al. (2019)"
 
@@ -73,7 +72,7 @@ NEEDS["staleness_b"] = (lambda cfg: getattr(cfg, "staleness", "constant") == "hi
                         "without staleness=hinge (only the hinge has b)")
 
 
-class FedAsync(Algorithm):
+class FedAsync(GlobalModelOnTheClock, Algorithm):
     name = "fedasync"
     individual_reads = ("each client's update as it arrives (asynchronous: there is no cohort whose sum "  # --secagg
                         "secure aggregation could reveal alone)")
@@ -91,23 +90,6 @@ class FedAsync(Algorithm):
                            "lr tuned per task")
     tune_group = "train"
 
-    @property
-    def needs_labels_to_predict(self) -> bool:
-        return self.cfg.finetune_steps > 0
-
-    def build(self) -> None:
-        self.net = self.client_net()
-        self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
-        self.personalized = self.cfg.finetune_steps > 0
-
-    # ---------------------------------------------------------------- the asynchronous server's hooks
-    def arrivals_per_round(self) -> int:
-        return int(self.cfg.clients_per_round)
-
-    def server_model(self) -> dict:
-        """A copy of the model a client downloads now."""
-        return {k: v.detach().clone() for k, v in self.global_params.items()}
-
     @staticmethod
     def uploads(start: dict, theta: dict) -> dict:
         """Alg. 1's worker message: its trained model x_new."""
@@ -120,27 +102,6 @@ class FedAsync(Algorithm):
                                                            b=cfg.staleness_b)[0])
         self.global_params = mixed(self.global_params, model, weight)
 
-    # ---------------------------------------------------------------- serving
-    def personalize(self, clients: np.ndarray, gen):
-        if self.cfg.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True
-        return self.global_params, False
-
-    def protocol(self, new: bool) -> dict:
-        steps = self.cfg.finetune_steps
-        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model", "rounds": 0}
-
-    def state(self):
-        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
-
-    def load_state(self, state):
-        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
-
-    def weights(self):
-        return {"client": cpu_tree(self.global_params, clone=True)}
-
-    def load_weights(self, weights):
-        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
 
 
 def mixed(x: dict, x_new: dict, alpha_t: float) -> dict:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm
+from pfl_cli.fl.asynchronous import GlobalModelOnTheClock
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
-from pfl_cli.fl.params import cpu_tree
 
 NGUYEN = "Nguyen et al. (AISTATS 2022)"
 
@@ -59,7 +59,7 @@ class FedBuffConfig(TrainConfig):
                               "not a buffer size. Set an integer >= 1 (the paper's K = 10).")
 
 
-class FedBuff(Algorithm):
+class FedBuff(GlobalModelOnTheClock, Algorithm):
     name = "fedbuff"
     individual_reads = ("each client's update as it arrives (asynchronous: there is no cohort whose sum "  # --secagg
                         "secure aggregation could reveal alone)")
@@ -76,23 +76,6 @@ class FedBuff(Algorithm):
                            "10); pflx searches both over their decades")
     tune_group = "train"
 
-    @property
-    def needs_labels_to_predict(self) -> bool:
-        return self.cfg.finetune_steps > 0
-
-    def build(self) -> None:
-        self.net = self.client_net()
-        self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
-        self.personalized = self.cfg.finetune_steps > 0
-
-    # ---------------------------------------------------------------- the asynchronous server's hooks
-    def arrivals_per_round(self) -> int:
-        return int(self.cfg.clients_per_round)
-
-    def server_model(self) -> dict:
-        """A copy of the model a client downloads now."""
-        return {k: v.detach().clone() for k, v in self.global_params.items()}
-
     @staticmethod
     def uploads(start: dict, theta: dict) -> dict:
         """Alg. 1's client message: the delta of each job's model from the model it downloaded."""
@@ -102,27 +85,6 @@ class FedBuff(Algorithm):
         """Alg. 1 lines 10-13: ``x <- x + eta_g (1/K) sum_i s(tau_i) Delta_i`` over the buffer's K deltas."""
         self.global_params = buffered_step(self.global_params, deltas, staleness, server_lr=float(self.cfg.server_lr))
 
-    # ---------------------------------------------------------------- serving
-    def personalize(self, clients: np.ndarray, gen):
-        if self.cfg.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True
-        return self.global_params, False
-
-    def protocol(self, new: bool) -> dict:
-        steps = self.cfg.finetune_steps
-        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model", "rounds": 0}
-
-    def state(self):
-        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
-
-    def load_state(self, state):
-        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
-
-    def weights(self):
-        return {"client": cpu_tree(self.global_params, clone=True)}
-
-    def load_weights(self, weights):
-        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
 
 
 def buffered_step(global_params: dict, deltas: list, staleness: np.ndarray, *, server_lr: float) -> dict:
