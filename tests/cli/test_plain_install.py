@@ -193,13 +193,14 @@ def test_a_subcommand_runs_on_a_tree_of_itself_alone(files, capsys):
 
 # --------------------------------------------------------------------------- refusals and "up to date" without torch
 
-# Runs several pflx commands in one fresh process; after each, whether torch had been imported by then.
+# Runs several pflx commands in one fresh process; after each, which of torch and dp_accounting it had imported.
 SEQUENCE_PROBE = textwrap.dedent("""
     import json, sys
     from pfl_cli.cli.app import main
     for args in json.loads(sys.argv[1]):
         code = main(args)
-        print("PROBE " + json.dumps({"args": args, "code": code, "torch": "torch" in sys.modules}), file=sys.stderr)
+        heavy = [m for m in ("torch", "dp_accounting") if m in sys.modules]
+        print("PROBE " + json.dumps({"args": args, "code": code, "torch": heavy}), file=sys.stderr)
 """)
 
 
@@ -230,7 +231,7 @@ def test_refusals_and_up_to_date_answers_never_import_torch(files):
     done = [json.loads(ln[len("PROBE "):]) for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
     assert len(done) == len(cases), proc.stderr
     for (args, code), doc in zip(cases, done):
-        assert (doc["code"], doc["torch"]) == (code, False), (doc["args"], proc.stderr)
+        assert (doc["code"], doc["torch"]) == (code, []), (doc["args"], proc.stderr)
 
 
 # Runs pflx, then reports which of the numeric libraries the process imported by then.
