@@ -30,7 +30,7 @@ STAGE_CONFIGS = {
     "simulate": "pfl_cli.simulate.api:SimulateConfig",
     "train": "pfl_cli.fl.config:TrainConfig",
     "predict": "pfl_cli.fl.config:PredictConfig",
-    "cluster": "pfl_cli.cluster.api:ClusterConfig",
+    "cluster": "pfl_cli.cluster.config:ClusterConfig",
     "privacy-account": "pfl_cli.privacy.query:PrivacyAccountConfig",
 }
 

@@ -115,8 +115,6 @@ def _fit_rng(cfg):
 
 def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporter) -> None:
     from pfl_cli.artifacts import MECHANISM, NONPRIVATE, POST_PROCESSING, ArtifactWriter, public_input
-    from pfl_cli.cluster import fit_feddp_kmeans
-    from pfl_cli.cluster.api import progress_steps
     from pfl_cli.config import config_to_dict
     from pfl_cli.data import load_dataset
 
@@ -131,6 +129,9 @@ def run_cluster(cfg, *, partition: Path, out: Path, force: bool, report: Reporte
         report.note(f"{out} is up to date (same config and inputs); nothing to do.")
         report.result({"out": str(out), "up_to_date": True})
         return
+    from pfl_cli.cluster import fit_feddp_kmeans  # the core (scipy, dp_accounting): after the checks
+    from pfl_cli.cluster.api import progress_steps
+
     # One step per protocol release, and one for the evaluation on the client data when there is one
     # (without DP, or with --write-nonprivate). The steps' names are all a progress line says: no cost.
     evaluates = int(cfg.no_dp or cfg.write_nonprivate)

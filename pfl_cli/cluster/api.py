@@ -24,46 +24,9 @@ from pfl_cli.cluster.federated import ClientData
 from pfl_cli.cluster.feddp_init import feddp_init, weighted_server_costs
 from pfl_cli.cluster.feddp_lloyds import feddp_lloyds
 from pfl_cli.cluster.kmeans import kmeans, kmeans_cost, lloyd
+from pfl_cli.cluster.config import DEFAULT_DELTA, INITS, ClusterConfig  # noqa: F401 - re-exported
 from pfl_cli.errors import InputError, check_param
-from pfl_cli.privacy import PrivacyLedger, UNITS, clip_l2
-from pfl_cli.privacy.mechanisms import GAUSSIAN_METHODS
-from pfl_cli.privacy.randomness import NOISE_MODES
-from pfl_cli.schema import register_choices
-
-INITS = ("feddp", *baselines.SERVER_INITS, "kfed")
-DEFAULT_DELTA = 1e-6
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """Options of ``pflx cluster``; each field is the flag of the same name."""
-
-    server_data: Optional[str] = None
-    k: Optional[int] = None
-    epsilon: Optional[float] = None
-    delta: float = DEFAULT_DELTA
-    no_dp: bool = False
-    privacy_unit: str = "example"
-    radius: Optional[float] = None
-    split: Optional[list] = None
-    min_server_weight: float = 5.0
-    lloyds_steps: Optional[int] = None
-    lloyds_calibration: str = "basic_text"
-    composition: str = "pld"
-    init: str = "feddp"
-    client_clip: Optional[dict] = None
-    k_candidates: Optional[list] = None
-    server_n_init: int = 10
-    reference_n_init: int = 2
-    gaussian_method: str = "analytic"
-    population: Optional[int] = None
-    noise: str = "secure"            # --dp noise=: where the mechanisms draw (pfl_cli.privacy.randomness)
-    write_nonprivate: bool = False
-    seed: int = 0
-
-
-register_choices(ClusterConfig, privacy_unit=UNITS, init=lambda: INITS, lloyds_calibration=budget.LLOYDS_CALIBRATIONS,
-                 composition=budget.COMPOSITIONS, gaussian_method=GAUSSIAN_METHODS, noise=NOISE_MODES)
+from pfl_cli.privacy import PrivacyLedger, UNITS, clip_l2  # noqa: F401
 
 
 @dataclass(frozen=True)

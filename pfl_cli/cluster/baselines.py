@@ -18,7 +18,7 @@ import numpy as np
 from pfl_cli.cluster.federated import ClientData
 from pfl_cli.cluster.kmeans import assign, kmeans, kmeans_plusplus, lloyd, sq_distances
 
-SERVER_INITS = ("server-kmeans++", "server-lloyds", "sphere-packing", "random")
+from pfl_cli.cluster.config import SERVER_INITS  # noqa: E402,F401 - re-exported
 
 
 def server_init(name: str, server: np.ndarray, k: int, *, rng: np.random.Generator) -> np.ndarray:

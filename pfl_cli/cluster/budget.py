@@ -45,8 +45,7 @@ SPLITS = {
     "client": (0.35, 0.1, 0.45, 0.1),  # Table D.3 rule of thumb
 }
 LLOYDS_FRACTION = 0.5  # share of the budget FedDP-Lloyds gets after FedDP-Init, when T >= 1
-LLOYDS_CALIBRATIONS = ("basic_text", "pld_joint")
-COMPOSITIONS = ("pld", "basic")
+from pfl_cli.cluster.config import COMPOSITIONS, LLOYDS_CALIBRATIONS  # noqa: E402,F401 - re-exported
 PLD_MAX_EPSILON = 10.0  # above this the PLD's support gets too large to compute quickly: RDP answers
 
 # Client-level clipping bounds of the authors' Gaussian-mixture config [C], for data radius 11.

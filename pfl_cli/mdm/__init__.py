@@ -12,11 +12,29 @@ heterogeneous the same way:
 (1, 3)
 """
 
-from pfl_cli.mdm.fit import MDMFit, check_counts, fit_mdm, server_update
-from pfl_cli.mdm.model import MDMParams, dm_log_pmf, log_likelihood
-from pfl_cli.mdm.sample import SampledClients, sample_clients
+# The names load on first use (PEP 562): the fit and the log-likelihood need scipy, which a refused
+# or up-to-date mdm-fit / simulate never loads (issue 49, finding 20).
+_WHERE = {
+    "MDMFit": "fit", "check_counts": "fit", "fit_mdm": "fit", "server_update": "fit",
+    "MDMParams": "model", "dm_log_pmf": "model", "log_likelihood": "model",
+    "SampledClients": "sample", "sample_clients": "sample",
+}
 
 __all__ = [
     "MDMFit", "MDMParams", "SampledClients", "check_counts", "dm_log_pmf", "fit_mdm", "log_likelihood",
     "sample_clients", "server_update",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from pfl_cli.errors import ConfigError, check_memory
 from pfl_cli.mdm.dp import DPMechanism, make_dp, parse_dp
-from pfl_cli.mdm.fit import MDMFit, check_counts, fit_mdm
 from pfl_cli.mdm.init import MOMENT_CATEGORIES
 from pfl_cli.mdm.model import params_to_dict
 from pfl_cli.mdm.sample import sample_clients
-from pfl_cli.mdm.select import Selection, parse_components, select_components
+from pfl_cli.mdm.select import Selection, parse_components
 from pfl_cli.schema import register_choices
+
+if TYPE_CHECKING:  # the fit (scipy) loads when it runs: a refusal or an up-to-date answer never loads it
+    from pfl_cli.mdm.fit import MDMFit
 
 DEFAULT_RESTARTS = 3
 
@@ -105,6 +107,9 @@ def run_mdm_fit(counts: np.ndarray, cfg: MDMFitConfig, *, rng: np.random.Generat
     ``on_progress(done, total, status)``: EM rounds over all restarts and candidate K
     (:func:`~pfl_cli.mdm.fit.fit_mdm`); under DP its status holds public facts only.
     """
+    from pfl_cli.mdm.fit import check_counts, fit_mdm
+    from pfl_cli.mdm.select import select_components
+
     comps, dp = validate_config(cfg)
     restarts = cfg.restarts if cfg.restarts is not None else (1 if dp is not None else DEFAULT_RESTARTS)
     kwargs = dict(rounds=cfg.rounds, cohort_size=cfg.cohort_size, init_cohort_size=cfg.init_cohort_size,
@@ -163,6 +168,8 @@ def nonprivate_document(result: MDMResult, counts: np.ndarray) -> dict[str, Any]
     from pfl_cli.mdm.model import log_likelihood
 
     fit = result.fit
+    from pfl_cli.mdm.fit import check_counts
+
     raw = check_counts(counts, private=True)[0]
     x = cap_client_sizes(raw, fit.params.max_samples)  # what the fit saw
     ll = float(log_likelihood(x, fit.params)) if len(x) else float("nan")

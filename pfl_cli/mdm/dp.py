@@ -37,13 +37,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pfl_cli.errors import ConfigError, InputError, check_param
-from pfl_cli.mdm import _kernels as K
 from pfl_cli.mdm.init import InitStatistics
+
+if TYPE_CHECKING:  # the kernels (scipy) load when a DP fit runs, not when --dp is parsed
+    from pfl_cli.mdm import _kernels as K
 
 INIT_BLOCKS = 3
 ROUND_BLOCKS = 2
@@ -201,6 +203,7 @@ class DPMechanism:
         <= 1 per client after dividing the second by ``clip``); :meth:`noisy_round_sums`
         post-processes it.
         """
+        from pfl_cli.mdm import _kernels as K
         from pfl_cli.privacy import clip_l2
 
         k, c, s = params.num_components, params.num_categories, params.size_probs.shape[1]
@@ -219,6 +222,8 @@ class DPMechanism:
 
     def noisy_round_sums(self, data: K.ClientData, params, r_noise: np.random.Generator) -> K.SummedStatistics:
         """One round's released sums (:meth:`release_round_sums`), converted back to ``(omega, E, u, v)``."""
+        from pfl_cli.mdm import _kernels as K
+
         k, c, s = params.num_components, params.num_categories, params.size_probs.shape[1]
         alpha0 = params.alpha.sum(axis=1)
         sigma = self._sigma(ROUND_BLOCKS)

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
 
 # Numeric guards (pflx's, around thesis Eqs. (3.1)-(3.4)). A size bin a component never saw has Pi = 0; its log
 # is floored so that a client whose size no component covers still gets finite weights.
@@ -144,6 +143,8 @@ def dm_log_pmf(counts: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     m = c.sum(axis=1)
     a0 = a.sum(axis=1)
     # Eq. (3.1): lgamma(a0) + lgamma(m+1) - lgamma(m+a0) + sum_j [lgamma(c_j+a_j) - lgamma(a_j) - lgamma(c_j+1)]
+    from scipy.special import gammaln  # here, not at import: a refused mdm-fit / simulate never loads scipy
+
     head = gammaln(a0)[None, :] + gammaln(m + 1)[:, None] - gammaln(m[:, None] + a0[None, :])
     body = (gammaln(c[:, None, :] + a[None, :, :]) - gammaln(a)[None, :, :]).sum(axis=2) - gammaln(c + 1).sum(axis=1)[:, None]
     out = head + body
@@ -184,6 +185,8 @@ def log_likelihood(counts: np.ndarray, params: MDMParams, *, per_client: bool = 
     >>> round(float(log_likelihood([[1, 0], [0, 1]], p)), 6)  # two clients, each probability 1/2
     -1.386294
     """
+    from scipy.special import logsumexp
+
     terms = logsumexp(component_log_joint(counts, params), axis=1)
     return terms if per_client else float(terms.sum())
 

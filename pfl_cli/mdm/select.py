@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from pfl_cli.errors import InfeasibleError, InputError, check_param
-from pfl_cli.mdm import _kernels as K
-from pfl_cli.mdm.fit import MDMFit, check_counts, fit_mdm
+
+if TYPE_CHECKING:  # the fit (scipy) loads when K is chosen, not when --components is parsed
+    from pfl_cli.mdm.fit import MDMFit
 
 DEFAULT_CANDIDATES = (1, 2, 3, 4, 5, 6)
 MAX_CANDIDATES = 1000
@@ -162,6 +163,9 @@ def select_components(
     -------
     Selection
     """
+    from pfl_cli.mdm import _kernels as K
+    from pfl_cli.mdm.fit import check_counts, fit_mdm
+
     cands = tuple(sorted({int(k) for k in candidates}))
     check_param("candidates", len(cands) >= 1 and cands[0] >= 1, "must be integers >= 1", list(candidates))
     check_param("tie_tolerance", tie_tolerance >= 0, "must be >= 0", tie_tolerance)

@@ -37,7 +37,7 @@ checks a finished artifact file by file.
 # Lazy (PEP 562): importing one submodule (fl.loop needs privacy.randomness in every run) must not
 # load dp_accounting and much of scipy, seconds of start-up a run without --dp never uses (issue 26).
 _EXPORTS = {
-    "ACCOUNTANTS": "accounting",
+    "ACCOUNTANTS": "choices",
     "NEIGHBORING": "accounting",
     "NoiseCalibration": "accounting",
     "StepsCalibration": "accounting",
@@ -52,7 +52,7 @@ _EXPORTS = {
     "laplace_event": "events",
     "sampled_gaussian_event": "events",
     "sampled_without_replacement_gaussian_event": "events",
-    "UNITS": "ledger",
+    "UNITS": "choices",
     "PrivacyLedger": "ledger",
     "compose_ledgers": "ledger",
     "clip_l1": "mechanisms",

@@ -30,14 +30,14 @@ from scipy import optimize
 from pfl_cli.errors import InputError, PrivacyBudgetError, check_param
 from pfl_cli.privacy.events import event_from_dict, event_key
 
-ACCOUNTANTS = ("rdp", "pld")
+from pfl_cli.privacy.choices import ACCOUNTANTS, NEIGHBORINGS  # noqa: E402,F401 - defined where a refusal reads it without dp_accounting
+
 NEIGHBORING = {"add-remove": NeighboringRelation.ADD_OR_REMOVE_ONE, "replace": NeighboringRelation.REPLACE_ONE}
+assert tuple(NEIGHBORING) == NEIGHBORINGS  # the light list a refusal checks against (pfl_cli.privacy.choices)
 
 # Calibration search ranges. Noise multipliers below 1e-2 give PLDs with enormous supports
 # and epsilons far beyond any meaningful budget; above 1e4 nothing useful is released.
-DEFAULT_MIN_NOISE = 1e-2
-DEFAULT_MAX_NOISE = 1e4
-DEFAULT_MAX_STEPS = 10**7
+from pfl_cli.privacy.choices import DEFAULT_MAX_NOISE, DEFAULT_MAX_STEPS, DEFAULT_MIN_NOISE  # noqa: E402,F401
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pfl_cli.errors import InputError, PrivacyBudgetError, check_param
 from pfl_cli.privacy.accounting import check_accountant, check_delta, check_neighboring, compute_epsilon
 from pfl_cli.privacy.events import event_from_dict, event_to_dict
 
-UNITS = ("example", "client")
+from pfl_cli.privacy.choices import UNITS  # noqa: E402,F401 - re-exported
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from dp_accounting import dp_event
+from typing import TYPE_CHECKING
 
 from pfl_cli.errors import InputError, check_param
-from pfl_cli.privacy import accounting
-from pfl_cli.privacy.accounting import ACCOUNTANTS, calibrate_noise, compute_epsilon, max_steps
-from pfl_cli.privacy.events import event_to_dict, sampled_gaussian_event, sampled_without_replacement_gaussian_event
-from pfl_cli.privacy.ledger import UNITS, PrivacyLedger, compose_ledgers
+from pfl_cli.privacy.choices import ACCOUNTANTS, DEFAULT_MAX_NOISE, DEFAULT_MAX_STEPS, DEFAULT_MIN_NOISE, NEIGHBORINGS, UNITS
 from pfl_cli.schema import register_choices
+
+# dp_accounting (and scipy, ~2 CPU s) load when an answer is computed, after every option is checked:
+# a refusal never pays for them (issue 49, finding 20).
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
+
+    from pfl_cli.privacy.ledger import PrivacyLedger
 
 SAMPLING = ("poisson", "without-replacement")
 _RELATION_WORDS = {"add-remove": "adding or removing", "replace": "replacing"}
@@ -46,11 +50,11 @@ class PrivacyAccountConfig:
     neighboring: str = "add-remove"
     sampling: str = "poisson"
     unit: str = "example"
-    max_noise: float = accounting.DEFAULT_MAX_NOISE
-    max_steps: int = accounting.DEFAULT_MAX_STEPS
+    max_noise: float = DEFAULT_MAX_NOISE
+    max_steps: int = DEFAULT_MAX_STEPS
 
 
-register_choices(PrivacyAccountConfig, accountant=("auto", *ACCOUNTANTS, "all"), neighboring=lambda: tuple(accounting.NEIGHBORING),
+register_choices(PrivacyAccountConfig, accountant=("auto", *ACCOUNTANTS, "all"), neighboring=NEIGHBORINGS,
                  sampling=SAMPLING, unit=UNITS)
 
 
@@ -75,6 +79,8 @@ class PrivacyReport:
     notes: tuple = ()
 
     def ledger(self) -> PrivacyLedger:
+        from pfl_cli.privacy.ledger import PrivacyLedger
+
         return PrivacyLedger(self.unit, self.delta, self.events, self.neighboring, self.notes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,7 +95,7 @@ class PrivacyReport:
             "sampling_rate": self.sampling_rate,
             "steps": self.steps,
             "target_epsilon": self.target_epsilon,
-            "events": [event_to_dict(e) for e in self.events],
+            "events": [_event_to_dict(e) for e in self.events],
             "statement": self.statement,
             "notes": list(self.notes),
         }
@@ -97,6 +103,12 @@ class PrivacyReport:
             out["by_accountant"] = {k: {**v, "epsilon": _finite(v.get("epsilon"))} for k, v in self.by_accountant.items()}
             out["tighter"] = self.tighter
         return out
+
+
+def _event_to_dict(event) -> dict:
+    from pfl_cli.privacy.events import event_to_dict
+
+    return event_to_dict(event)
 
 
 def _finite(x: Optional[float]) -> Optional[float]:
@@ -134,7 +146,7 @@ def _validated(cfg: PrivacyAccountConfig) -> dict[str, Any]:
     }
     check_param("--accountant", cfg.accountant in ("auto", *ACCOUNTANTS, "all"), "must be one of auto, rdp, pld, all",
                 cfg.accountant)
-    check_param("--neighboring", cfg.neighboring in accounting.NEIGHBORING, "must be add-remove or replace", cfg.neighboring)
+    check_param("--neighboring", cfg.neighboring in NEIGHBORINGS, "must be add-remove or replace", cfg.neighboring)
     check_param("--sampling", cfg.sampling in SAMPLING, f"must be one of {', '.join(SAMPLING)}", cfg.sampling)
     check_param("--unit", cfg.unit in UNITS, f"must be one of {', '.join(UNITS)}", cfg.unit)
     if v["noise_multiplier"] is not None:
@@ -147,7 +159,7 @@ def _validated(cfg: PrivacyAccountConfig) -> dict[str, Any]:
         check_param("--epsilon", v["epsilon"] > 0, "must be > 0", v["epsilon"])
     if v["delta"] is not None:
         check_param("--delta", 0 < v["delta"] < 1, "must be in the open interval (0, 1)", v["delta"])
-    check_param("--max-noise", v["max_noise"] > accounting.DEFAULT_MIN_NOISE, "must be > 0.01", v["max_noise"])
+    check_param("--max-noise", v["max_noise"] > DEFAULT_MIN_NOISE, "must be > 0.01", v["max_noise"])
     check_param("--max-steps", v["max_steps"] >= 1, "must be >= 1", v["max_steps"])
     return v
 
@@ -215,6 +227,8 @@ def answer(cfg: PrivacyAccountConfig, ledgers: Sequence[tuple[str, PrivacyLedger
 
 
 def _event_factory(cfg: PrivacyAccountConfig, v: dict[str, Any], rate: Optional[float]) -> Callable[[float, int], dp_event.DpEvent]:
+    from pfl_cli.privacy.events import sampled_gaussian_event, sampled_without_replacement_gaussian_event
+
     if cfg.sampling == "without-replacement":
         return lambda z, t: sampled_without_replacement_gaussian_event(z, v["population"], v["cohort_size"], t)
     return lambda z, t: sampled_gaussian_event(z, rate, t)
@@ -237,6 +251,8 @@ def _side_by_side(run: Callable[[str], Any], names: Sequence[str], better: Calla
 
 
 def _epsilon_direction(cfg, v, make, rate, delta, names, notes) -> PrivacyReport:
+    from pfl_cli.privacy.accounting import compute_epsilon
+
     z, steps = v["noise_multiplier"], v["steps"] or 1
     event = make(z, steps)
     best, res, table = _side_by_side(
@@ -249,6 +265,8 @@ def _epsilon_direction(cfg, v, make, rate, delta, names, notes) -> PrivacyReport
 
 
 def _noise_direction(cfg, v, make, rate, delta, names, notes) -> PrivacyReport:
+    from pfl_cli.privacy.accounting import calibrate_noise
+
     target, steps = v["epsilon"], v["steps"] or 1
 
     def run(acc: str):
@@ -271,6 +289,8 @@ def _noise_direction(cfg, v, make, rate, delta, names, notes) -> PrivacyReport:
 
 
 def _steps_direction(cfg, v, make, rate, delta, names, notes) -> PrivacyReport:
+    from pfl_cli.privacy.accounting import max_steps
+
     target, z = v["epsilon"], v["noise_multiplier"]
 
     def run(acc: str):
@@ -292,6 +312,8 @@ def _steps_direction(cfg, v, make, rate, delta, names, notes) -> PrivacyReport:
 
 
 def _compose(cfg: PrivacyAccountConfig, v: dict[str, Any], ledgers: Sequence[tuple[str, PrivacyLedger]]) -> PrivacyReport:
+    from pfl_cli.privacy.ledger import compose_ledgers
+
     flags = [f for f, k in (("--noise-multiplier", "noise_multiplier"), ("--epsilon", "epsilon"), ("--steps", "steps"),
                             ("--sampling-rate", "sampling_rate"), ("--population", "population")) if v[k] is not None]
     if flags:

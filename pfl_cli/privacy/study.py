@@ -192,11 +192,12 @@ def study_prior(config_file: Path | None, partition, cfg, *, allow_nonprivate: b
     """What training ``cfg`` on ``partition`` (a partition artifact directory, or its read
     :class:`~pfl_cli.manifest.Artifact`) with ``--config config_file`` must carry (see the module docstring): the
     study's ledger to compose, a note, or a refusal (ConfigError, exit 2)."""
-    from pfl_cli.privacy.ledger import PrivacyLedger
     from pfl_cli.readers import read_artifact
 
-    if config_file is None:
+    if config_file is None:  # the common case, and every refusal that comes after: no dp_accounting (issue 49)
         return StudyPrior()
+    from pfl_cli.privacy.ledger import PrivacyLedger
+
     prov = read_provenance(Path(config_file))
     if prov is None:
         return StudyPrior()

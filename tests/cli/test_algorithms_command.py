@@ -14,6 +14,14 @@ def test_the_committed_reference_is_the_generated_one():
         "regenerate: pflx algorithms --all --format markdown > docs/algorithms/reference.md")
 
 
+def test_the_committed_key_owners_table_is_the_generated_one():
+    """An unknown key's refusal names its owners from this table, not by loading every algorithm (issue 49)."""
+    path = REFERENCE.parents[2] / "pfl_cli" / "algorithms" / "key_owners.py"
+    assert path.read_text() == registry.key_owners_source(), (
+        "regenerate: python -c \"from pfl_cli.registry import key_owners_source as s; print(s(), end='')\" > "
+        "pfl_cli/algorithms/key_owners.py")
+
+
 def test_one_line_per_algorithm(cli):
     rows = json.loads(cli("algorithms", "--format", "json").out)["algorithms"]
     assert [r["algorithm"] for r in rows] == list(registry.names())

@@ -193,13 +193,14 @@ def test_a_subcommand_runs_on_a_tree_of_itself_alone(files, capsys):
 
 # --------------------------------------------------------------------------- refusals and "up to date" without torch
 
-# Runs several pflx commands in one fresh process; after each, whether torch had been imported by then.
+# Runs several pflx commands in one fresh process; after each, which of torch and dp_accounting it had imported.
 SEQUENCE_PROBE = textwrap.dedent("""
     import json, sys
     from pfl_cli.cli.app import main
     for args in json.loads(sys.argv[1]):
         code = main(args)
-        print("PROBE " + json.dumps({"args": args, "code": code, "torch": "torch" in sys.modules}), file=sys.stderr)
+        heavy = [m for m in ("torch", "dp_accounting") if m in sys.modules]
+        print("PROBE " + json.dumps({"args": args, "code": code, "torch": heavy}), file=sys.stderr)
 """)
 
 
@@ -230,4 +231,48 @@ def test_refusals_and_up_to_date_answers_never_import_torch(files):
     done = [json.loads(ln[len("PROBE "):]) for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
     assert len(done) == len(cases), proc.stderr
     for (args, code), doc in zip(cases, done):
-        assert (doc["code"], doc["torch"]) == (code, False), (doc["args"], proc.stderr)
+        assert (doc["code"], doc["torch"]) == (code, []), (doc["args"], proc.stderr)
+
+
+# Runs pflx, then reports which of the numeric libraries the process imported by then.
+NUMERIC_PROBE = textwrap.dedent("""
+    import json, sys
+    from pfl_cli.cli.app import main
+    code = main(sys.argv[1:])
+    loaded = [m for m in ("torch", "scipy", "dp_accounting", "pfl_cli.algorithms.apfl") if m in sys.modules]
+    print("PROBE " + json.dumps({"code": code, "loaded": loaded}), file=sys.stderr)
+""")
+
+
+def test_numeric_stages_refuse_and_answer_up_to_date_without_scipy_dp_accounting_or_torch(files):
+    """mdm-fit, simulate, cluster and privacy-account check their options (and mdm-fit / cluster their
+    --out) before loading scipy or dp_accounting (~0.5-2 CPU s); an unknown --set key is refused without
+    loading every algorithm module (issue 49, finding 20). One fresh process each."""
+    from pfl_cli.cli.app import main
+
+    part, km, nope = files / "part", files / "numeric-km", files / "nope"
+    cluster = ["cluster", "--partition", part, "--server-data", f"npz:{files / 'd.npz'}", "--k", "2", "--no-dp",
+               "--out", km]
+    assert main([*map(str, cluster), "--format", "quiet"]) == 0  # in this process: the artifact to find up to date
+    cases = [
+        (["mdm-fit", "--partition", part, "--components", "1", "--out", files / "mdm"], 0),  # up to date
+        (["mdm-fit", "--partition", part, "--components", "-1", "--out", files / "x"], 2),
+        (["simulate", "--model", nope, "--dataset", f"npz:{files / 'd.npz'}", "--num-clients", "4",
+          "--out", files / "x"], 2),
+        (["simulate", "--model", files / "mdm", "--dataset", f"npz:{files / 'd.npz'}", "--num-clients", "-4",
+          "--out", files / "x"], 2),
+        (["cluster", "--partition", nope, "--k", "2", "--out", files / "x"], 2),
+        (["cluster", "--partition", part, "--server-data", f"npz:{files / 'd.npz'}", "--k", "0", "--no-dp",
+          "--out", files / "x"], 2),
+        (cluster, 0),  # up to date
+        (["privacy-account", "--noise-multiplier", "1.1", "--sampling-rate", "0.01", "--steps", "10",
+          "--delta", "2"], 2),
+        (["train", "--partition", part, "--algorithm", "scaffold", "--set", "alpha=2", "--out", files / "x"], 2),
+    ]
+    for args, code in cases:
+        argv = [str(a) for a in args] + ["--format", "quiet"]
+        proc = subprocess.run([sys.executable, "-c", NUMERIC_PROBE, *argv], cwd=files, env=_env(),
+                              capture_output=True, text=True, timeout=120)
+        line = [ln for ln in proc.stderr.splitlines() if ln.startswith("PROBE ")]
+        assert line, proc.stderr
+        assert json.loads(line[-1][len("PROBE "):]) == {"code": code, "loaded": []}, (argv, proc.stderr)
