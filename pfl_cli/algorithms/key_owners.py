@@ -16,8 +16,8 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'ala_eta': 'fedala',
     'ala_every_client': 'fedala',
@@ -30,10 +30,10 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
-    'alpha': 'apfl feddyn',
+    'alpha': 'apfl feddyn fedasync',
     'alpha_k': 'fedamp',
     'alpha_lr': 'apfl',
     'apple_dr_lr': 'apple',
@@ -44,62 +44,62 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'attack_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'attack_scale': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'availability': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'availability_trace': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'average_last_two': 'fedexp',
     'backbone': (
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp '
-        'fednova centralized moon fedsam ifca qffl cfl fedem afl'
+        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl'
     ),
     'backbone_tune': (
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp '
-        'fednova centralized moon fedsam ifca qffl cfl fedem afl'
+        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl'
     ),
     'backbone_weights': (
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp '
-        'fednova centralized moon fedsam ifca qffl cfl fedem afl'
+        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl'
     ),
     'batch_size': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'beta': 'perfedavg pfedme',
     'beta1': 'fedopt',
@@ -112,51 +112,52 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'client_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta fedbabu fedrod fedbn fedala feddbe gpfl pfedla fedpac fedproto '
-        'fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova centralized '
-        'moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
+        'fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova fedbuff '
+        'fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'client_sizes': 'pfedhn pfedhn-pc',
     'clients_per_round': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'cohort_exec': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'compression': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'compression_density': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'compute_speed': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
+    'concurrency': 'fedbuff fedasync',
     'dbe_kappa': 'feddbe',
     'dbe_momentum': 'feddbe',
     'descriptor_batch': 'pefll',
@@ -164,85 +165,85 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_accountant': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_bits': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_delta': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_epsilon': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_mechanism': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_min_survivors': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_noise': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_population': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dp_sampling_rate': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'dropout': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'embed_dim': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm',
     'embed_lr': 'pfedhn pfedhn-pc hyperfl hyperfl-lpm',
@@ -253,23 +254,23 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'eval_descriptor': 'pefll',
     'eval_every': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'evaluate_hidden_labels': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'feature_dim': 'flowdup',
     'fedas_align_batch': 'fedas',
@@ -283,7 +284,7 @@ KEY_OWNERS = {
     'finetune_epochs': 'fedbabu',
     'finetune_steps': (
         'fedavg fedprox perfedavg ldp-fedavg ppsgd centaur scaffold feddyn fedopt fedexp fedlc fednova '
-        'centralized moon fedsam fedit ffa-lora'
+        'fedbuff fedasync centralized moon fedsam fedit ffa-lora'
     ),
     'flex_ranks': 'flexlora',
     'fomo_epsilon': 'fedfomo',
@@ -305,8 +306,8 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'labeled_rate': 'flowdup',
     'lam': 'ditto pfedme fedamp',
@@ -316,8 +317,8 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl '
         'pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc '
-        'fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora '
-        'flexlora'
+        'fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora '
+        'fedsa-lora flexlora'
     ),
     'lambda_v': 'pefll',
     'learnable_centre': 'flowdup',
@@ -331,8 +332,8 @@ KEY_OWNERS = {
     'local_steps': (
         'pefll fedavg pfedhn pfedhn-pc fedprox fedper lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
-        'fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova centralized moon '
-        'fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
+        'fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova fedbuff fedasync '
+        'centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'lora_alpha': 'fedit ffa-lora fedsa-lora flexlora',
     'lora_base_weights': 'fedit ffa-lora fedsa-lora flexlora',
@@ -343,56 +344,57 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'lstm_hidden': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'mlp_hidden': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'model_arch': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'model_head': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'model_kwargs': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'model_weights': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'momentum': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl '
         'pfedla fedpac fedproto fednh fedcp fedas fedfomo apple feddyn fedopt fedexp fedlc fedamp fednova '
-        'centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
+        'fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora '
+        'flexlora'
     ),
     'moon_mu': 'moon',
     'moon_tau': 'moon',
@@ -401,8 +403,8 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'new_client_em_steps': 'fedem',
     'new_client_epochs': (
@@ -413,8 +415,8 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'num_clusters': 'ifca',
     'num_components': 'fedem',
@@ -422,8 +424,8 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'personal_clip': 'ditto',
     'personal_lr': 'pfedme',
@@ -436,57 +438,57 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'robust_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'robust_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'round_deadline': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'rounds': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'sam_rho': 'fedavg fedprox fedsam',
     'secagg': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'seed': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'server_clip': 'pefll pfedhn pfedhn-pc',
     'server_lr': (
         'pefll fedavg pfedhn pfedhn-pc fedprox ditto apfl perfedavg knnper flowdup ld-fedavg fedtta '
         'ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl fedcp fedas scaffold fedopt '
-        'fedlc fednova moon fedsam fedit ffa-lora'
+        'fedlc fednova fedbuff moon fedsam fedit ffa-lora'
     ),
     'server_momentum': (
         'pefll fedavg fedprox ditto apfl perfedavg knnper fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
@@ -494,6 +496,9 @@ KEY_OWNERS = {
     ),
     'server_optimizer': 'pefll flowdup ld-fedavg fedopt',
     'sigma': 'fedamp',
+    'staleness': 'fedasync',
+    'staleness_a': 'fedasync',
+    'staleness_b': 'fedasync',
     'standardize_descriptor': 'pefll',
     'subspace_dim': 'flowdup ld-fedavg',
     'subspace_nnz': 'flowdup ld-fedavg',
@@ -502,23 +507,23 @@ KEY_OWNERS = {
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'track_descriptors': 'pefll',
     'val_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
     'variant': 'perfedavg',
     'write_nonprivate': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora'
+        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
+        'afl fedit ffa-lora fedsa-lora flexlora'
     ),
 }
