@@ -146,6 +146,6 @@ def test_cli_secagg_refusal_exit_2(cli, tmp_path):
     part = tmp_path / "part"
     r = cli("partition", "--dataset", "builtin:digits", "--num-clients", "6", "--out", str(part))
     assert r.code == 0
-    r = cli("train", "--partition", str(part), "--algorithm", "fedrep", "--secagg", "--out", str(tmp_path / "x"))
+    r = cli("train", "--partition", str(part), "--algorithm", "fedfomo", "--secagg", "--out", str(tmp_path / "x"))
     assert r.code == 2 and "--secagg" in r.err and not (tmp_path / "x").exists()
 
