@@ -20,7 +20,7 @@ def plan_rows(spec, steps, root: Path, train_config: Callable) -> list[dict[str,
     """One row per step: kind, algorithm, seed, rounds, status (done | to run | after its study), its path.
     ``train_config(name, config_file, sets, seed, spec)``: a seed's config as the protocol resolves it."""
     from pfl_cli.cli.common import load_partition_dataset
-    from pfl_cli.cli.unseen import partition_input
+    from pfl_cli.overlap import partition_input
     from pfl_cli.config import config_to_dict
 
     _, _, part_art, ds = load_partition_dataset(spec.partition, flag=f"--spec {spec.path}: partition")

@@ -112,7 +112,10 @@ def train(
     DP keys: dp_sampling_rate (client-level Poisson rate q; default
     clients_per_round / train clients), dp_accountant (rdp | pld); --dp sets dp_epsilon, dp_delta,
     dp_clip, dp_population and dp_noise (secure: noise and sampling from OS entropy, the default;
-    seeded: repeatable from the published seed, simulation only).
+    seeded: repeatable from the published seed, simulation only). With --secagg: dp_mechanism (central:
+    the server noises the secure sum | ddg: each client adds its discrete Gaussian share, Kairouz et al.
+    2021), dp_bits (ddg: sums modulo 2^b) and dp_min_survivors (ddg: the public minimum cohort the noise is
+    calibrated for; docs/privacy/secure-aggregation.md).
 
     Under --dp the artifact holds only what the DP guarantee covers (config.yaml, model.pt of the
     last round, privacy.json, metrics.json without accuracies); accuracies on the private clients go

@@ -211,7 +211,7 @@ def test_floats_counted_from_the_exchanged_tensors(store):
 
 
 def test_refusals():
-    assert_unknown_key("fednova", "alpha", r" \(a key of apfl, feddyn\)")
+    assert_unknown_key("fednova", "alpha", r" \(a key of apfl, feddyn, fedasync\)")
     with pytest.raises(ConfigError, match=r"local_epochs must be"):
         train_config("fednova", local_epochs=0)
     with pytest.raises(ConfigError, match=r"momentum must be"):

@@ -128,7 +128,7 @@ def test_refusals():
         train_config("feddyn", server_lr=0.5)
     with pytest.raises(ConfigError, match="server_lr must be"):
         train_config("scaffold", server_lr=0.0)
-    assert_unknown_key("scaffold", "alpha", r" \(a key of apfl, feddyn\)")
+    assert_unknown_key("scaffold", "alpha", r" \(a key of apfl, feddyn, fedasync\)")
     assert_unknown_key("feddyn", "mu", r".*fedprox")
     with pytest.raises(ConfigError, match="momentum has no effect on algorithm 'scaffold' because its local steps "
                                           "are plain SGD"):

@@ -42,7 +42,7 @@ def test_resumed_run_with_random_epochs_writes_the_same_model(resume_matches):
                                             "for fednova; got [3, 2]. Use e.g. [2, 5]"),
     (("--set", "local_epochs_range=[2,5]", "--set", "local_epochs=1"),
      "local_epochs has no effect beside local_epochs_range"),
-    (("--set", "alpha=0.1"), "unknown --set key 'alpha' for algorithm 'fednova' (a key of apfl, feddyn)"),
+    (("--set", "alpha=0.1"), "unknown --set key 'alpha' for algorithm 'fednova' (a key of apfl, feddyn, fedasync)"),
     (("--dp", "eps=4,clip=1,population=1000"), "--dp is not supported by algorithm 'fednova': it declares no DP"),
 ])
 def test_bad_input_is_one_line_and_exit_2(train_refused, extra, message):

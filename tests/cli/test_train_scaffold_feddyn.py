@@ -38,7 +38,7 @@ def test_resumed_run_writes_the_same_model(resume_matches, name):
     (("--algorithm", "feddyn", "--set", "alpha=0"), "alpha must be a finite number > 0 for feddyn; got 0"),
     (("--algorithm", "feddyn", "--set", "server_momentum=0.9"), "server_momentum has no effect on algorithm 'feddyn'"),
     (("--algorithm", "scaffold", "--set", "alpha=0.1"),
-     "unknown --set key 'alpha' for algorithm 'scaffold' (a key of apfl, feddyn)"),
+     "unknown --set key 'alpha' for algorithm 'scaffold' (a key of apfl, feddyn, fedasync)"),
     (("--algorithm", "scaffold", "--set", "momentum=0.5"), "momentum has no effect on algorithm 'scaffold'"),
     (("--algorithm", "scaffold", "--clients-per-round", "17"),
      "clients_per_round must be at most the 16 train clients with labels for scaffold"),
