@@ -168,7 +168,7 @@ def load_base_weights(base: nn.Module, path: Path, sha256: str | None) -> None:
     if not path.is_file() or (sha256 is not None and file_sha256(path) != sha256):
         raise InputError(f"lora_base_weights {path}: missing or changed since the model was built (sha256 differs); "
                          "give the same file.")
-    state = load_backbone_state(path)
+    state = load_backbone_state(path, "lora_base_weights")
     state = {k.removeprefix("client."): v for k, v in state.items()}
     expected = base.state_dict()
     for key, tensor in expected.items():

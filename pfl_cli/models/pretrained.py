@@ -183,13 +183,15 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_backbone_state(path: Path) -> dict[str, torch.Tensor]:
+def load_backbone_state(path: Path, key: str = "backbone_weights") -> dict[str, torch.Tensor]:
     """The tensors of a ``.safetensors`` file or a torch-saved state dict (``.pth``/``.pt``/``.bin``).
 
     A torch file is read with ``weights_only=True`` (no code runs); a dict nesting the weights
-    under ``state_dict`` or ``model`` (training checkpoints) is unwrapped.
+    under ``state_dict`` or ``model`` (training checkpoints) is unwrapped, and a pflx train artifact's
+    ``model.pt`` gives the one client net it holds (:mod:`pfl_cli.models.trained`). ``key``: the config key that
+    named the file, for messages.
     """
-    where = f"backbone_weights {path}"
+    where = f"{key} {path}"
     if path.suffix == ".safetensors":
         try:
             from safetensors.torch import load_file
@@ -203,6 +205,10 @@ def load_backbone_state(path: Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle / zip errors of a file that is not a torch state dict
         raise InputError(f"{where}: not a readable torch state dict ({type(err).__name__}: {err}).") from None
+    from pfl_cli.models.trained import is_model_payload, payload_state
+
+    if is_model_payload(state):  # a pflx train artifact's model.pt: the one client net it holds, in its own layout
+        return payload_state(state, where)[0]
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]

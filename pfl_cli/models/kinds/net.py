@@ -148,6 +148,13 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle / zip errors of a file that is not a torch state dict
         raise InputError(f"model_weights {path}: not a readable torch state dict ({type(err).__name__}).") from None
+    from pfl_cli.models.trained import is_model_payload, payload_state
+
+    if is_model_payload(state):  # a pflx train artifact's model.pt: the one client net it holds
+        state, spec = payload_state(state, f"model_weights {path}")
+        if ":" in str(spec.get("arch", "")):  # trained as a model kind's net: its keys sit under KindNet's prefix
+            state = {k.removeprefix(PREFIX): v for k, v in state.items()}
+        return state
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
