@@ -83,6 +83,8 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=30)
     p.add_argument("--holdout", type=int, default=5)
     p.add_argument("--alpha", type=float, default=0.3)
+    p.add_argument("--test-fraction", type=float, default=0.2,
+                   help="share of each private client's samples kept for its test split (0.8: scarce train data)")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--rank", type=int, default=4)
     p.add_argument("--pretrain-rounds", type=int, default=40)
@@ -108,6 +110,7 @@ def main() -> int:
              "--seed", str(seed), "--out", str(pub), "--force")
         pflx("partition", "--dataset", f"builtin:digits?classes={args.private}", "--dirichlet", str(args.alpha),
              "--num-clients", str(args.clients), "--holdout-clients", str(args.holdout), "--seed", str(seed),
+             "--test-fraction", str(args.test_fraction),
              "--out", str(priv), "--force")
         pflx("train", "--partition", str(pub), "--algorithm", "centralized", "--rounds", str(args.pretrain_rounds),
              "--clients-per-round", "10", "--local-steps", str(args.local_steps), "--lr", str(args.lr),
@@ -135,7 +138,7 @@ def main() -> int:
 
     print(f"\npublic digits {args.public} -> backbone (centralized, mean test accuracy "
           f"{mean(pre_acc):.3f}); private digits {args.private}: {args.clients} clients "
-          f"(Dirichlet {args.alpha}, {args.holdout} new), {args.rounds} rounds of 10 clients x {args.local_steps} "
+          f"(Dirichlet {args.alpha}, {args.holdout} new, test fraction {args.test_fraction}), {args.rounds} rounds of 10 clients x {args.local_steps} "
           f"steps, lr {args.lr} (LoRA {args.lora_lr}, rank {args.rank}); seeds {args.seeds}\n")
     print(f"| method | train clients | per seed | new clients | round {args.eval_every} | floats up / client-round |")
     print("|---|---|---|---|---|---|")

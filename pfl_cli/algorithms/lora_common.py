@@ -37,8 +37,10 @@ class LoRAKeys(TrainConfig):
     lora_targets: str = key("*", "comma-separated module-name patterns of the base net's linear / convolution "
                             "layers that get adapters (fnmatch; '*' every one before the classifier)",
                             f"{LORA} §4.2: any dense layer may be adapted")
-    lora_base_weights: str = key("", "a state dict of model_arch's net to adapt (.pt / .pth / .safetensors; its "
-                                 "sha256 is recorded); \"\" = the net frozen at its seeded random initialization")
+    lora_base_weights: str = key("", "a state dict of model_arch's net to adapt (.pt / .pth / .safetensors, or the "
+                                 "model.pt of a pflx train run of one net, e.g. --algorithm centralized on public "
+                                 "data; its sha256 is recorded); \"\" = the net frozen at its seeded random "
+                                 "initialization")
 
     def validate(self) -> None:
         super().validate()

@@ -77,8 +77,8 @@ class TrainConfig:
                           choices=CLIENT_ARCHS, also=open_arch)
     model_kwargs: Optional[dict] = key(None, "keyword arguments of a model kind's constructor (factory:, torchvision:, "
                                        "timm:), e.g. {width: 8} (null = none)")
-    model_weights: str = key("", "a model kind's local state dict (.pth / .safetensors), recorded with its sha256; "
-                             "\"\" = random init")
+    model_weights: str = key("", "a model kind's local state dict (.pth / .safetensors, or the model.pt of a pflx "
+                             "train run of one net), recorded with its sha256; \"\" = random init")
     model_head: str = key("", "the module a model kind's net has as its head (\"\" = its last nn.Linear)")
     mlp_hidden: tuple = key((32,), "hidden widths of the mlp client net")
     lstm_hidden: int = key(256, "width of both LSTM layers of the lstm client net (text data) and its embedding net",

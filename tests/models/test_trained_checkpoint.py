@@ -106,14 +106,8 @@ def test_the_pretrain_then_personalize_chain_adapts_the_pretrained_weights(tmp_p
          "--set", "lora_base_weights=pre/model.pt", "--out", "lora")
     pflx("train", "--partition", "priv", "--algorithm", "fedavg", "--rounds", "1", *small[2:], "--model-arch",
          BUILTIN_MLP, "--set", "model_kwargs={arch: mlp, hidden: [16]}", "--set", "model_weights=pre/model.pt",
-         "--set", "lr=0", "--out", "ft")
-    backbone = torch.load(tmp_path / "pre/model.pt", weights_only=True)["weights"]["client"]
-    spec = torch.load(tmp_path / "lora/model.pt", weights_only=True)["arch"]["client"]
-    assert spec["arch"] == "lora" and spec["base_weights"] == str(tmp_path / "pre/model.pt")
-    rebuilt = build(spec).state_dict()  # what predict and --resume rebuild: the base from the recorded file
-    for k, v in backbone.items():
-        name = f"model.{k}" if k.startswith("fc2.") else f"model.{k.replace('.', '.base_layer.', 1)}"
-        assert torch.equal(rebuilt[name], v), k
-    ft = torch.load(tmp_path / "ft/model.pt", weights_only=True)["weights"]["client"]
-    for k, v in backbone.items():  # lr 0: FedAvg's global model is the backbone it started from
-        assert torch.equal(ft[f"model.{k}"], v), k
+         "--out", "ft")
+    spec = torch.load(tmp_path / "ft/model.pt", weights_only=True)["arch"]["client"]
+    assert spec["weights"] == str(tmp_path / "pre/model.pt")
+    start = build(spec).model.state_dict()  # the net FedAvg started from, as predict and --resume rebuild it
+    assert start.keys() == backbone.keys() and all(torch.equal(start[k], v) for k, v in backbone.items())
