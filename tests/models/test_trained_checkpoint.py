@@ -90,7 +90,7 @@ def test_digits_class_subsets_are_disjoint_and_relabeled():
 
 
 @pytest.mark.slow
-def test_the_pretrain_then_personalize_chain_adapts_the_pretrained_weights(tmp_path):
+def test_the_pretrain_then_personalize_chain_adapts_the_pretrained_weights(tmp_path, monkeypatch):
     """The recipe's chain through the CLI: the LoRA run's frozen base and the fine-tuning run's start are the
     backbone `pflx train --algorithm centralized` wrote, weight for weight."""
     def pflx(*args):
@@ -107,6 +107,14 @@ def test_the_pretrain_then_personalize_chain_adapts_the_pretrained_weights(tmp_p
     pflx("train", "--partition", "priv", "--algorithm", "fedavg", "--rounds", "1", *small[2:], "--model-arch",
          BUILTIN_MLP, "--set", "model_kwargs={arch: mlp, hidden: [16]}", "--set", "model_weights=pre/model.pt",
          "--out", "ft")
+    backbone = torch.load(tmp_path / "pre/model.pt", weights_only=True)["weights"]["client"]
+    spec = torch.load(tmp_path / "lora/model.pt", weights_only=True)["arch"]["client"]
+    assert spec["arch"] == "lora" and spec["base_weights"].endswith("pre/model.pt")
+    monkeypatch.chdir(tmp_path)  # the path as the run recorded it
+    rebuilt = build(spec).state_dict()  # what predict and --resume rebuild: the base from the recorded file
+    for k, v in backbone.items():
+        name = f"model.{k}" if k.startswith("fc2.") else f"model.{k.replace('.', '.base_layer.', 1)}"
+        assert torch.equal(rebuilt[name], v), k
     spec = torch.load(tmp_path / "ft/model.pt", weights_only=True)["arch"]["client"]
     assert spec["weights"] == str(tmp_path / "pre/model.pt")
     start = build(spec).model.state_dict()  # the net FedAvg started from, as predict and --resume rebuild it
