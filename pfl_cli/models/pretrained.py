@@ -183,15 +183,15 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_backbone_state(path: Path, key: str = "backbone_weights") -> dict[str, torch.Tensor]:
+def load_backbone_state(path: Path, what: str = "backbone_weights") -> dict[str, torch.Tensor]:
     """The tensors of a ``.safetensors`` file or a torch-saved state dict (``.pth``/``.pt``/``.bin``).
 
     A torch file is read with ``weights_only=True`` (no code runs); a dict nesting the weights
     under ``state_dict`` or ``model`` (training checkpoints) is unwrapped, and a pflx train artifact's
-    ``model.pt`` gives the one client net it holds (:mod:`pfl_cli.models.trained`). ``key``: the config key that
+    ``model.pt`` gives the one client net it holds (:mod:`pfl_cli.models.trained`). ``what``: the config key that
     named the file, for messages.
     """
-    where = f"{key} {path}"
+    where = f"{what} {path}"
     if path.suffix == ".safetensors":
         try:
             from safetensors.torch import load_file
