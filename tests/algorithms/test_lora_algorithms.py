@@ -206,7 +206,8 @@ DP = dict(dp_epsilon=8.0, dp_delta=1e-5, dp_clip=0.3, dp_population=40, dp_sampl
 RELEASED = {"fedit": ("lora_A", "lora_B", "head"), "ffa-lora": ("lora_B", "head"), "fedsa-lora": ("lora_A",)}
 
 
-@pytest.mark.parametrize("name", sorted(RELEASED))
+@pytest.mark.parametrize("name", [n if n == "fedsa-lora" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(RELEASED)])
 def test_client_level_dp_noises_exactly_what_travels(name, digits_clients, monkeypatch):
     """Under --dp each round's mechanism gets each cohort client's delta of the parts the method uploads, and the
     global model moves by the mechanism's output there and nowhere else; fedsa-lora's B and classifier stay with
