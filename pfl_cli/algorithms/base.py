@@ -63,6 +63,7 @@ class Algorithm(ABC):
     dp_unit: str | None = None
     dp_required = False
     dp_contribution = "update"  # what one client contributes, named in the ledger
+    dp_refused = ""  # why --dp is refused, where an algorithm without a DP variant says more (declared per class)
     dp = None
     # Secure aggregation (issue 48, pfl_cli.fl.secagg): what the server step reads one client at a time, which
     # secure aggregation would hide ("" = nothing: the algorithm runs under --secagg through its

@@ -5,6 +5,10 @@ Each client trains the adapters (A and B of every adapted layer) and the classif
 server averages all of them weighted by client data size, as FedAvg averages a whole model (§3: FedAvg's
 aggregation applied to the LoRA parameters). Only the adapters and the classifier travel. A client's
 model is the global adapter, or it fine-tuned ``finetune_steps`` steps on its own data (new clients the same).
+
+Under client-level ``--dp`` the round is DP-FedAvg's (McMahan et al. 2018, Alg. 1; :mod:`pfl_cli.fl.dp`) on what
+travels: each client's delta of A, B and the classifier, clipped jointly to L2 ``clip``, the noisy sum divided by
+the fixed denominator. The frozen base is a public input (seeded, or ``lora_base_weights``) and is never released.
 """
 
 from __future__ import annotations
@@ -35,3 +39,5 @@ class FedIT(LoRAClient, FedAvg):
     new_client_protocol = "the global adapter, or it fine-tuned finetune_steps local steps"
     config = FedITConfig
     serves_unlabeled = "fedit without --finetune-steps (one global adapter)"
+    dp_unit = "client"  # FedAvg.aggregate's DP-FedAvg branch, on the adapters and the classifier (all it trains)
+    dp_contribution = "adapter (A and B) and classifier delta"

@@ -9,6 +9,14 @@ client with B (pflx's choice for classification heads, which the method's descri
 travels: 2 x |A| floats per cohort client and round. A client never sampled, or a new one, gets the global A
 frozen and a fresh B (zero) and classifier trained ``new_client_epochs`` epochs on its own data (pflx's protocol,
 FedRep's for its private part; the paper serves no new clients).
+
+Under client-level ``--dp`` the shared A takes DP-FedAvg's round (McMahan et al. 2018, Alg. 1; :mod:`pfl_cli.fl.dp`):
+each cohort client's delta of A clipped to L2 ``clip``, Gaussian noise on the sum, divided by the fixed
+denominator, so that the global A is the mechanism's output. B and the classifier never leave the client: they are
+client-held state (kept in a checkpoint as such, :func:`pfl_cli.fl.dp.private_snapshot`) and not in ``model.pt``,
+which holds the released A and the public start of B and the classifier; ``predict`` then serves every client,
+train clients too, with the new-client protocol (a fresh B and classifier on the released A). Removing a client
+removes all its clipped contributions, whatever its own B made them, so the client-level guarantee covers A.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from dataclasses import dataclass
 from pfl_cli.algorithms.lora_common import LoRAClient, LoRAKeys, parts_floats
 from pfl_cli.algorithms.partial import PartialSharing, PartialSharingConfig
 from pfl_cli.fl.config import key
+from pfl_cli.fl.params import stack
+from pfl_cli.privacy.randomness import mechanism_generator
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,9 @@ class FedSALoRA(LoRAClient, PartialSharing):
     paper = "FedSA-LoRA: Guo et al., ICLR 2025 §4 (A averaged, B and the classifier kept by each client)"
     new_client_protocol = "the global A frozen; a fresh B and classifier trained new_client_epochs"
     config = FedSALoRAConfig
+    dp_unit = "client"  # DP-FedAvg on the shared A (run_round below); B and the classifier stay on the client
+    dp_contribution = "A delta (B and the classifier stay on the client)"
+    client_held_state = ("private",)  # each client's B and classifier: kept on the client, never released
 
     @classmethod
     def floats_per_client_round(cls, arch: dict) -> int:
@@ -51,6 +64,39 @@ class FedSALoRA(LoRAClient, PartialSharing):
         self.init_private = {k: init[k] for k in self.private_names}
         self.global_params = init
         self.private = self.new_private_state(self.init_private)
+
+    def run_round(self, t, cohort, gen):
+        if self.dp is None:
+            return super().run_round(t, cohort, gen)
+        import torch
+
+        if len(cohort) == 0:  # an empty Poisson cohort: no client trains, the noise is still added
+            deltas, loss = stack({k: self.global_params[k] for k in self.shared}, 0), torch.zeros(0)
+        else:
+            start = stack(self.global_params, len(cohort))
+            start.update(self.private.gather(cohort))
+            theta, loss = self.local_update(start, cohort, gen)
+            self.record_exchange({k: self.global_params[k] for k in self.shared},
+                                 {k: theta[k] for k in self.shared}, len(cohort))
+            deltas = {k: theta[k] - self.global_params[k] for k in self.shared}
+            self.private.scatter(cohort, {k: theta[k] for k in self.private_names})
+        step = self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}", self.device))
+        self.global_params.update(self.server_average({k: self.global_params[k] + step[k] for k in self.shared}))
+        return loss
+
+    def weights(self):
+        """Under ``--dp`` the released A and the public start of B and the classifier only (no client's own)."""
+        if self.dp is None:
+            return super().weights()
+        from pfl_cli.fl.params import cpu_tree
+
+        return {"client": cpu_tree(self.global_params)}
+
+    def load_weights(self, weights):
+        if "private" in weights:
+            return super().load_weights(weights)
+        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
+        self.private = self.new_private_state(self.init_private)  # no client known: each gets its own fresh part
 
     def protocol(self, new: bool) -> dict:
         from pfl_cli.algorithms.base import epochs_protocol

@@ -7,6 +7,13 @@ zero-initialized B is fine-tuned). The server averages B and the classifier by c
 the exact average of the clients' low-rank updates, since B A averages linearly when A is shared (§4).
 A never travels: each client rebuilds it from the seed. A client's model is the global adapter, or it
 fine-tuned ``finetune_steps`` steps on its own data with A still frozen (new clients the same).
+
+Under client-level ``--dp`` the round is DP-FedAvg's (McMahan et al. 2018, Alg. 1; :mod:`pfl_cli.fl.dp`) on B and
+the classifier: each client's delta clipped jointly to L2 ``clip``, Gaussian noise on the sum, divided by the fixed
+denominator. A is a function of the public seed, so nothing else needs releasing. This is the setting FFA-LoRA is
+built for (§4: with A trained, the noise added to A and to B is multiplied in the product B A, the semi-quadratic
+term that amplifies DP noise; with A frozen the noise on B passes to the update B A linearly). The paper adds its
+noise per example (DP-SGD, §5, Table 1); pflx's mechanism is the client-level one of ``--dp``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
 from pfl_cli.algorithms.lora_common import LoRAClient, LoRAKeys, parts_floats
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import weighted_mean
+from pfl_cli.privacy.randomness import mechanism_generator
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,8 @@ class FFALoRA(LoRAClient, FedAvg):
     new_client_protocol = "the global adapter, or it fine-tuned finetune_steps local steps with A frozen"
     config = FFALoRAConfig
     serves_unlabeled = "ffa-lora without --finetune-steps (one global adapter)"
+    dp_unit = "client"  # DP-FedAvg on B and the classifier (aggregate below); A is public (the seed)
+    dp_contribution = "B and classifier delta"
 
     @classmethod
     def floats_per_client_round(cls, arch: dict) -> int:
@@ -52,13 +62,19 @@ class FFALoRA(LoRAClient, FedAvg):
         return {"trainable": self.trained}
 
     def aggregate(self, t: int, cohort, theta: dict) -> None:
-        """B and the classifier: size-weighted mean, then FedAvg's server step; A stays where it started."""
+        """B and the classifier: size-weighted mean (under ``--dp`` DP-FedAvg's noisy mean of the clipped deltas,
+        even for an empty Poisson cohort), then FedAvg's server step; A stays where it started."""
         moving = self.trained
         self.record_exchange({k: self.global_params[k] for k in moving}, {k: theta[k] for k in moving}, len(cohort))
-        mean = weighted_mean(self.store, cohort, {k: theta[k] for k in moving})
+        if self.dp is not None:
+            deltas = {k: theta[k] - self.global_params[k] for k in moving}
+            step = self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}", self.device))
+        else:
+            mean = weighted_mean(self.store, cohort, {k: theta[k] for k in moving})
+            step = {k: mean[k] - self.global_params[k] for k in moving}
         cfg = self.cfg
         for k in moving:
-            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + (mean[k] - self.global_params[k])
+            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + step[k]
             self.global_params[k] = self.global_params[k] + cfg.server_lr * self.server_buf[k]
 
     def personalize(self, clients, gen):

@@ -72,6 +72,12 @@ class FlexLoRA(LoRAClient, Algorithm):
     paper = "FlexLoRA: Bai et al., NeurIPS 2024 §3 (full-size update average, SVD to each client's rank)"
     new_client_protocol = "the global update cut to the client's rank by SVD, the global classifier"
     config = FlexLoRAConfig
+    # Why no DP variant: its upload is not an adapter but the full-size update B_i A_i (out x in per layer), and a
+    # client's delta from the global update also carries the cut of that update to the client's rank (the SVD
+    # residual), which would spend every client's clip; DP-FedAvg over such deltas is not written.
+    dp_refused = ("each client's upload is its full-size update B A (out x in per adapted layer, the dimension the "
+                  "noise would take), redistributed by SVD at each client's rank; a DP variant of that is not "
+                  "written. Use fedit, ffa-lora or fedsa-lora, which run under client-level --dp.")
 
     @classmethod
     def floats_per_client_round(cls, arch: dict) -> int:

@@ -99,19 +99,15 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
 
 def _text_dataset(spec, options, header, columns, label_col, client_col, labeled_col) -> Dataset:
     """A text column tokenized with a checkpoint's tokenizer: token ids (n, max_length), the only features."""
-    from pfl_cli.data.text import DEFAULT_MAX_LENGTH, tokenize
+    from pfl_cli.data.text import text_options, tokenize
 
-    if not options.get("text") or not options.get("tokenizer"):
-        raise DatasetError(f"{spec}: text data needs both text=COL and tokenizer=DIR (the checkpoint directory).")
-    text_col = _named_column(header, options["text"], "text", spec)
+    text, tokenizer, max_length = text_options(options, spec)
+    text_col = _named_column(header, text, "text", spec)
     others = [n for n in header if n not in (text_col, label_col, client_col, labeled_col)]
     if others:
         raise DatasetError(f"{spec}: with text={text_col} the text is the only feature; got other columns {others} "
                            "(name them with label=, client= or labeled=, or drop them).")
-    raw = options.get("max_length", str(DEFAULT_MAX_LENGTH))
-    if not raw.isdigit() or int(raw) < 2:
-        raise DatasetError(f"{spec}: max_length must be an integer >= 2; got {raw!r}.")
-    x, extra = tokenize(columns[header.index(text_col)], options["tokenizer"], int(raw), spec)
+    x, extra = tokenize(columns[header.index(text_col)], tokenizer, max_length, spec)
     y = None if label_col is None else _labels(columns[header.index(label_col)], label_col, spec)
     num_classes = option_num_classes(spec, options)
     if num_classes is None:

@@ -1,4 +1,5 @@
-"""``hf:PATH[?split=S&label=COL&client=COL&image=COL&features=A,B&num_classes=K]``: Hugging Face data on disk.
+"""``hf:PATH[?split=S&label=COL&client=COL&image=COL&features=A,B&text=COL&tokenizer=DIR&max_length=L&num_classes=K]``:
+Hugging Face data on disk.
 
 ``PATH`` is a directory written by ``datasets``' ``save_to_disk`` (a ``Dataset`` or a
 ``DatasetDict``; read with ``datasets.load_from_disk``) or a folder of ``.parquet`` files, such as a
@@ -13,6 +14,11 @@ Columns: ``label`` (default ``label``, then ``labels``, then ``y`` if present; i
 names become class names), ``client`` (natural client ids, kept as str), ``image`` (default: the
 first image column; decoded with Pillow to uint8 (C, H, W), all images the same size), otherwise
 ``features`` (default: every other column; numeric scalars or fixed-length numeric lists).
+
+Text: ``text=COL&tokenizer=DIR[&max_length=L]`` reads column COL (strings) as the only feature, tokenized with the
+transformers tokenizer in DIR, the checkpoint ``--model-arch hf:DIR`` trains, into L token ids per row (64 by
+default; :mod:`pfl_cli.data.text`, as the csv text path). Columns other than the text, label and client ones are
+not read.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 from pfl_cli.data.base import POOL_TEST, POOL_TRAIN, Dataset, check_options, labels_from_array, option_num_classes
 from pfl_cli.errors import DatasetError
 
-OPTIONS = ("split", "label", "client", "image", "features", "num_classes")
+OPTIONS = ("split", "label", "client", "image", "features", "num_classes", "text", "tokenizer", "max_length")
 DEFAULT_LABEL_COLUMNS = ("label", "labels", "y")
 EXTRA = "pip install 'pflx[hf]'"
 
@@ -54,11 +60,23 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
             raise DatasetError(f"{spec}: splits {chosen[0]} and {name} have different columns; read one with ?split=.")
     label_col = _label_column(columns, options, spec)
     client_col = _named(columns, options.get("client"), "client", spec)
-    image_col = _image_column(tables[0], options.get("image"), spec)
+    text = None
+    if {"text", "tokenizer", "max_length"} & set(options):
+        text = _text_column(tables[0], options, (label_col, client_col), spec)
+    image_col = None if text is not None else _image_column(tables[0], options.get("image"), spec)
     used = {label_col, client_col, image_col} - {None}
     if len(used) < len([c for c in (label_col, client_col, image_col) if c is not None]):
         raise DatasetError(f"{spec}: the label, client and image columns must differ.")
-    if image_col is not None:
+    extra: dict[str, Any] = {"hf_splits": list(chosen)}
+    if text is not None:
+        from pfl_cli.data.text import tokenize
+
+        column, tokenizer, max_length = text
+        texts = [s for t in tables for s in t.column(column).to_pylist()]
+        x, tokens = tokenize(texts, tokenizer, max_length, spec)
+        extra.update(tokens)
+        feature_names = None
+    elif image_col is not None:
         x = np.concatenate([_images(t.column(image_col).to_pylist(), image_col, spec) for t in tables])
         feature_names = None
     else:
@@ -78,7 +96,6 @@ def load(arg: str, options: dict[str, str], spec: str) -> Dataset:
     pool = None
     if len(tables) == 2:
         pool = np.repeat(np.array([POOL_TRAIN, POOL_TEST], dtype=np.uint8), [len(tables[0]), len(tables[1])])
-    extra: dict[str, Any] = {"hf_splits": list(chosen)}
     if feature_names is not None:
         extra["feature_names"] = feature_names
     return Dataset(spec=spec, x=x, y=y, num_classes=num_classes, client=client, pool=pool,
@@ -144,6 +161,25 @@ def _label_column(columns: list[str], options: dict[str, str], spec: str) -> str
     if "label" in options:
         return _named(columns, options["label"] or None, "label", spec)
     return next((c for c in DEFAULT_LABEL_COLUMNS if c in columns), None)
+
+
+def _text_column(table, options: dict[str, str], used: tuple, spec: str) -> tuple[str, str, int]:
+    """``(column, tokenizer directory, max_length)`` of a text dataset: a string column, the only feature."""
+    import pyarrow as pa
+
+    from pfl_cli.data.text import text_options
+
+    column, tokenizer, max_length = text_options(options, spec)
+    for other in ("image", "features"):
+        if other in options:
+            raise DatasetError(f"{spec}: with text={column} the text is the only feature; drop {other}=.")
+    _named(table.column_names, column, "text", spec)
+    if column in used:
+        raise DatasetError(f"{spec}: the text column {column!r} is also the label or client column.")
+    kind = table.schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DatasetError(f"{spec}: text column {column!r} must hold strings; it is {kind}.")
+    return column, tokenizer, max_length
 
 
 def _is_image_type(arrow_type) -> bool:

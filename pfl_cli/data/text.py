@@ -1,4 +1,5 @@
-"""Text columns tokenized with a transformers checkpoint's own tokenizer (``csv:PATH?text=COL&tokenizer=DIR``).
+"""Text columns tokenized with a transformers checkpoint's own tokenizer (``csv:PATH?text=COL&tokenizer=DIR``, and
+``hf:PATH?text=COL&tokenizer=DIR`` for a ``datasets`` ``save_to_disk`` folder, :mod:`pfl_cli.data.hf`).
 
 The tokenizer is read from ``DIR`` with ``AutoTokenizer.from_pretrained(DIR, local_files_only=True)`` (nothing is
 downloaded): the directory of the checkpoint that ``--model-arch hf:DIR`` trains. Every text becomes
@@ -17,6 +18,17 @@ from pfl_cli.errors import DatasetError
 
 DEFAULT_MAX_LENGTH = 64
 EXTRA = "pip install 'pflx[peft]'"
+
+
+def text_options(options: dict[str, str], spec: str) -> tuple[str, str, int]:
+    """``(text column, tokenizer directory, max_length)`` of a text dataset's options, refused in one line unless
+    both ``text=`` and ``tokenizer=`` are given and ``max_length`` is an integer >= 2."""
+    if not options.get("text") or not options.get("tokenizer"):
+        raise DatasetError(f"{spec}: text data needs both text=COL and tokenizer=DIR (the checkpoint directory).")
+    raw = options.get("max_length", str(DEFAULT_MAX_LENGTH))
+    if not raw.isdigit() or int(raw) < 2:
+        raise DatasetError(f"{spec}: max_length must be an integer >= 2; got {raw!r}.")
+    return options["text"], options["tokenizer"], int(raw)
 
 
 def tokenize(texts, directory: str, max_length: int, spec: str) -> tuple[np.ndarray, dict]:

@@ -78,8 +78,9 @@ def _validate_dp(cfg: TrainConfig) -> None:
     from pfl_cli.privacy import ACCOUNTANTS
 
     if cls.dp_unit is None:
-        raise ConfigError(f"--dp is not supported by algorithm {cfg.algorithm!r}: it declares no DP variant "
-                          "(`pflx algorithms` lists those that do).")
+        why = cls.__dict__.get("dp_refused", "")  # an algorithm's own reason, where it has one
+        raise ConfigError(f"--dp is not supported by algorithm {cfg.algorithm!r}: " + (why or "it declares no DP variant "
+                          "(`pflx algorithms` lists those that do)."))
     if cfg.dp_accountant not in ACCOUNTANTS:
         raise ConfigError(f"dp_accountant must be one of {', '.join(ACCOUNTANTS)}; got {cfg.dp_accountant!r}.")
     check_dp_options(cfg)

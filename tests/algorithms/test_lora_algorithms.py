@@ -199,3 +199,60 @@ def test_flexlora_averages_full_updates_and_cuts_them_to_each_clients_rank(digit
         torch.testing.assert_close(product, (u[:, :rank] * s[:rank]) @ vh[:rank], rtol=1e-4, atol=1e-5)
         assert not start[f"{layer}.lora_A.weight"][i, rank:].any()
     assert alg.personalized
+
+
+DP = dict(dp_epsilon=8.0, dp_delta=1e-5, dp_clip=0.3, dp_population=40, dp_sampling_rate=0.3, dp_noise="seeded",
+          normalize=False)
+RELEASED = {"fedit": ("lora_A", "lora_B", "head"), "ffa-lora": ("lora_B", "head"), "fedsa-lora": ("lora_A",)}
+
+
+@pytest.mark.parametrize("name", [n if n == "fedsa-lora" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(RELEASED)])
+def test_client_level_dp_noises_exactly_what_travels(name, digits_clients, monkeypatch):
+    """Under --dp each round's mechanism gets each cohort client's delta of the parts the method uploads, and the
+    global model moves by the mechanism's output there and nowhere else; fedsa-lora's B and classifier stay with
+    the clients (in its state, not in model.pt)."""
+    from pfl_cli.fl.dp import ClientLevelDP
+
+    calls = []
+    real = ClientLevelDP.private_mean
+
+    def spy(self, contributions, gen):
+        out = real(self, contributions, gen)
+        calls.append(({k: v.clone() for k, v in contributions.items()}, {k: v.clone() for k, v in out.items()}))
+        return out
+
+    monkeypatch.setattr(ClientLevelDP, "private_mean", spy)
+    seen = capture(monkeypatch, registry.get(name).algorithm, "run_round" if name == "fedsa-lora" else "aggregate")
+    ds, part = digits_clients
+    small = {k: v for k, v in SMALL.items() if k != "clients_per_round"}  # the cohorts are drawn at rate q
+    cfg = registry.train_config(name, **{**small, "rounds": 2, **DP,
+                                         **({"new_client_epochs": 0} if name == "fedsa-lora" else {})})
+    out = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=torch.device("cpu"))
+    alg = out.algorithm
+    assert out.dp is not None and len(calls) == len(seen) == 2
+    head = [k for k, _ in alg.net.named_parameters() if ".lora_" not in k]
+    released = {k for k in alg.global_params if any(p in k for p in RELEASED[name] if p != "head")}
+    released |= set(head) if "head" in RELEASED[name] else set()
+    for (deltas, noisy), (_, _, before, after) in zip(calls, seen):
+        assert set(deltas) == released
+        for k in after:
+            if k in released:
+                torch.testing.assert_close(after[k], before[k] + noisy[k], rtol=0, atol=1e-6)
+            else:
+                assert torch.equal(after[k], before[k])
+    if name == "fedsa-lora":
+        assert "private" not in alg.weights() and set(alg.weights()) == {"client"}
+        assert "private" in alg.state()  # client-held in a checkpoint (pfl_cli.fl.dp.private_snapshot)
+        assert bool(alg.private.has.any())
+
+
+def test_flexlora_refuses_dp_with_its_reason(tmp_path, cli):
+    part = tmp_path / "part"
+    assert cli("partition", "--dataset", "builtin:digits", "--num-clients", "6", "--out", part,
+               "--format", "quiet").code == 0
+    got = cli("train", "--partition", part, "--algorithm", "flexlora", "--dp", "eps=4,clip=1,population=100",
+              "--out", tmp_path / "flex", "--format", "quiet")
+    assert got.code == 2 and len(got.err.strip().splitlines()) == 1
+    assert "--dp is not supported by algorithm 'flexlora': each client's upload is its full-size update B A" in got.err
+    assert not (tmp_path / "flex").exists()

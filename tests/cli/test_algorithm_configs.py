@@ -146,7 +146,8 @@ def test_dp_is_declared_never_inherited():
     from pfl_cli.algorithms.fedprox import FedProx
 
     with_dp = {n for n, e in registry.entries().items() if e.algorithm.dp_unit}
-    assert with_dp == {"fedavg", "pefll", "ldp-fedavg", "ppsgd", "centaur", "centralized"}
+    assert with_dp == {"fedavg", "pefll", "ldp-fedavg", "ppsgd", "centaur", "centralized", "fedit", "ffa-lora",
+                       "fedsa-lora"}
     assert FedAvg.dp_unit == "client" and FedProx.dp_unit is None  # FedProx's round is not DP-FedAvg's
 
     class Child(FedAvg):

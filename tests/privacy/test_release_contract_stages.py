@@ -123,16 +123,17 @@ def _labelled_partition(d: Path, drop: bool) -> Private:
 
 
 def _train(out: Path, private: Private, extra: tuple[str, ...], capsys) -> tuple[int, str]:
+    from pfl_cli import registry
+
     algorithm = extra[extra.index("--algorithm") + 1] if "--algorithm" in extra else "fedavg"
-    example = ("ldp-fedavg", "ppsgd", "centaur", "centralized")
-    dp = "eps=2,delta=1e-5,clip=0.5,population=10000" if algorithm in example \
-        else "eps=2,delta=1e-6,clip=0.5,population=1000"
+    example = registry.get(algorithm).algorithm.dp_unit == "example"
+    dp = "eps=2,delta=1e-5,clip=0.5,population=10000" if example else "eps=2,delta=1e-6,clip=0.5,population=1000"
     rest = [a for a in extra if a not in ("--algorithm", algorithm)]
     if "dp_mechanism=ddg" in extra:  # distributed DP: a fixed cohort chosen by the server, no population bound
         dp, sampling = "eps=2,delta=1e-6,clip=0.5", ["--clients-per-round", "4"]
     else:
         # client-level DP with the rate and the population given draws its cohorts: a cohort size is refused there
-        cohort = ["--clients-per-round", "400"] if algorithm in example and "--clients-per-round" not in rest else []
+        cohort = ["--clients-per-round", "400"] if example and "--clients-per-round" not in rest else []
         sampling = [*cohort, "--set", "dp_sampling_rate=0.3"]
     return _cli(["train", "--partition", str(private.path), "--algorithm", algorithm, "--dp", dp, "--rounds", "3",
                  "--eval-every", "3", "--local-steps", "2", "--batch-size", "8", *sampling,
@@ -153,7 +154,9 @@ CASES = [
                                               "--set", "hyper_hidden=8"),
                ("--algorithm", "ppsgd", "--write-nonprivate"), ("--algorithm", "ldp-fedavg"),
                ("--algorithm", "centralized", "--clients-per-round", "4", "--write-nonprivate"),
-               ("--secagg", "--set", "dp_mechanism=ddg", "--write-nonprivate"))),
+               ("--secagg", "--set", "dp_mechanism=ddg", "--write-nonprivate"),
+               # client-held state (each client's B and classifier) that model.pt must not carry
+               ("--algorithm", "fedsa-lora", "--set", "lora_rank=2", "--set", "new_client_epochs=1"))),
     StageCase("mdm-fit", _mdm_fit, _histograms,
               ((), ("--write-nonprivate",), ("--write-nonprivate", "--plot"))),
     StageCase("cluster", _cluster, _points_partition,
@@ -191,6 +194,27 @@ def test_every_file_of_neighbouring_dp_artifacts_meets_the_contract(case, extra,
         assert (a / "nonprivate.png").read_bytes()[:4] == b"\x89PNG"
     # The ledger is a function of public inputs only: neighbours get byte-identical ledgers.
     assert (a / "privacy.json").read_bytes() == (b / "privacy.json").read_bytes()
+
+
+def _train_algorithms() -> set[str]:
+    """The algorithms the train case runs (fedavg when an extra names none)."""
+    train = next(case for case in CASES if case.id == "train")
+    return {e[e.index("--algorithm") + 1] if "--algorithm" in e else "fedavg" for e in train.extras}
+
+
+def _other_dp_algorithms() -> list[str]:
+    from pfl_cli import registry
+
+    return [n for n in registry.names() if registry.get(n).algorithm.dp_unit and n not in _train_algorithms()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", _other_dp_algorithms())
+def test_every_dp_algorithm_s_train_artifact_meets_the_contract(algorithm, tmp_path, capsys):
+    """Generated over the registry: every algorithm with a DP variant, beyond the train case's own extras."""
+    train = next(case for case in CASES if case.id == "train")
+    test_every_file_of_neighbouring_dp_artifacts_meets_the_contract(train, ("--algorithm", algorithm), tmp_path,
+                                                                     capsys)
 
 
 # DP entry points whose release contract is checked elsewhere, each with where and why.
