@@ -18,6 +18,14 @@ peft names them below ``base_model.``: ``model.<layer>.lora_A.weight``, ``model.
 The base is model_arch's net, randomly initialized from the run's seed (a frozen random feature map) or loaded
 from a user's state dict (``lora_base_weights``, recorded with its sha256 so that ``predict`` and ``--resume``
 refuse a changed file).
+
+IA3 (Liu et al., NeurIPS 2022, "Few-Shot Parameter-Efficient Fine-Tuning is Better and Cheaper than In-Context
+Learning", §3.3) is the second adapter (``adapter=ia3``): a learned vector rescales a targeted layer's output (the
+keys and values of attention) or, for a feed-forward module, its input (the feed-forward activation the next
+layer reads), ``l_k``, ``l_v``, ``l_ff``, all starting at one. These are peft's ``IA3Config`` definitions
+(``peft.tuners.ia3.layer.Linear`` / ``Conv2d``: ``target_modules``, ``feedforward_modules``): the vector
+``ia3_l`` has shape ``(out, 1)`` (a feed-forward linear layer ``(1, in)``; a convolution ``(1, C, 1, 1)``), named
+``model.<layer>.ia3_l`` as peft saves it; tests/models/test_lora.py holds it equal to peft's on the same weights.
 """
 
 from __future__ import annotations
@@ -68,13 +76,45 @@ class LoRALayer(nn.Module):
         return self.base_layer(x) + self.lora_B(self.lora_A(z)) * self.scaling
 
 
+class IA3Layer(nn.Module):
+    """A frozen ``base_layer`` whose output (or, ``feedforward``, input) is rescaled channel-wise by ``ia3_l``."""
+
+    def __init__(self, base_layer: nn.Module, feedforward: bool) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.feedforward = bool(feedforward)
+        conv = isinstance(base_layer, nn.Conv2d)
+        width = (base_layer.in_channels if conv else base_layer.in_features) if feedforward else \
+            (base_layer.out_channels if conv else base_layer.out_features)
+        # peft's shapes (update_layer): a linear layer's (out, 1) or (1, in), a convolution's (1, C, 1, 1)
+        shape = (1, width, 1, 1) if conv else (1, width) if feedforward else (width, 1)
+        self.ia3_l = nn.Parameter(torch.ones(shape))
+        self._flatten = not conv  # a linear layer's vector multiplies the last (feature) axis
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def bias(self):
+        return self.base_layer.bias
+
+    def forward(self, x):
+        scale = self.ia3_l.flatten() if self._flatten else self.ia3_l
+        if self.feedforward:
+            return self.base_layer(x * scale)
+        return self.base_layer(x) * scale
+
+
 class LoRANet(nn.Module):
-    """``model`` (the base net, frozen) with LoRA layers in place of its targeted layers; its classifier trains."""
+    """``model`` (the base net, frozen) with LoRA (or IA3) layers in place of its targeted layers; its classifier
+    trains."""
 
     # vmap draws each client's dropout mask apart (no random op runs when dropout is 0 or outside training)
     vmap_randomness = "different"
 
-    def __init__(self, base: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float) -> None:
+    def __init__(self, base: nn.Module, targets: list[str], rank: int = 8, alpha: float = 8.0, dropout: float = 0.0,
+                 *, adapter: str = "lora", feedforward: list[str] = ()) -> None:
         super().__init__()
         self.model = base
         self.classifier = f"model.{base.classifier}"
@@ -90,7 +130,9 @@ class LoRANet(nn.Module):
         for name in self.targets:
             parent, _, leaf = name.rpartition(".")
             holder = base.get_submodule(parent) if parent else base
-            setattr(holder, leaf, LoRALayer(getattr(holder, leaf), rank, alpha, dropout))
+            layer = getattr(holder, leaf)
+            setattr(holder, leaf, IA3Layer(layer, name in feedforward) if adapter == "ia3" else
+                    LoRALayer(layer, rank, alpha, dropout))
         self.eval()  # dropout off (evaluation, new clients' scoring); the algorithms switch it on for local steps
 
     def forward(self, x):
@@ -98,10 +140,12 @@ class LoRANet(nn.Module):
 
 
 def lora_parts(names) -> dict[str, list[str]]:
-    """``{"A": [...], "B": [...], "head": [...]}``: a LoRA net's parameter names by role (in the net's order)."""
-    parts = {"A": [], "B": [], "head": []}
+    """``{"A": [...], "B": [...], "ia3": [...], "head": [...]}``: a LoRA (or IA3) net's parameter names by role (in
+    the net's order)."""
+    parts = {"A": [], "B": [], "ia3": [], "head": []}
     for k in names:
-        parts["A" if ".lora_A." in k else "B" if ".lora_B." in k else "head"].append(k)
+        parts["A" if ".lora_A." in k else "B" if ".lora_B." in k else "ia3" if k.endswith(".ia3_l") else
+              "head"].append(k)
     return parts
 
 
@@ -131,18 +175,33 @@ def match_targets(base: nn.Module, patterns: str) -> list[str]:
     return chosen
 
 
-def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int, alpha: float, dropout: float,
-              weights: str = "") -> dict:
+def match_feedforward(targets: list[str], patterns: str) -> list[str]:
+    """The targets (:func:`match_targets`) that ``patterns`` (``ia3_feedforward``, the same rule) name as IA3's
+    feed-forward modules, whose input is rescaled (peft's ``feedforward_modules``, a subset of its targets)."""
+    wanted = [p.strip() for p in str(patterns).split(",") if p.strip()]
+    chosen = [n for n in targets if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*.{p}") for p in wanted)]
+    if wanted and not chosen:
+        raise ConfigError(f"ia3_feedforward {patterns!r} matches none of the adapted layers ({', '.join(targets)}); "
+                          "name some of them (a feed-forward module is one of lora_targets).")
+    return chosen
+
+
+def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int = 8, alpha: float = 8.0, dropout: float = 0.0,
+              weights: str = "", adapter: str = "lora", feedforward: str = "") -> dict:
     """The JSON-able client spec of a :class:`LoRANet` over the base net ``base`` (a client spec; ``net`` is it
-    built, whose layers ``targets`` names)."""
+    built, whose layers ``targets`` names): LoRA adapters of ``rank``, ``alpha``, ``dropout``, or (``adapter="ia3"``)
+    IA3 vectors, on the layers ``feedforward`` names scaling their input."""
     from pfl_cli.models.pretrained import file_sha256
 
     if str(base.get("arch", "")).endswith("-bn") or base.get("arch") in ("backbone", "lora"):
         raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
                          f"model_arch {base.get('arch')!r}.")
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
-            "num_classes": int(base["num_classes"]), "targets": match_targets(net, targets),
-            "rank": int(rank), "alpha": float(alpha), "dropout": float(dropout)}
+            "num_classes": int(base["num_classes"]), "targets": match_targets(net, targets)}
+    if adapter == "ia3":
+        spec.update(adapter="ia3", feedforward=match_feedforward(spec["targets"], feedforward))
+    else:
+        spec.update(rank=int(rank), alpha=float(alpha), dropout=float(dropout))
     if weights:
         path = Path(weights)
         if not path.is_file():
@@ -158,6 +217,8 @@ def build_lora(spec: dict, build) -> LoRANet:
     base = build(spec["base"])
     if spec.get("base_weights"):
         load_base_weights(base, Path(spec["base_weights"]), spec.get("base_sha256"))
+    if spec.get("adapter") == "ia3":
+        return LoRANet(base, spec["targets"], adapter="ia3", feedforward=spec["feedforward"])
     return LoRANet(base, spec["targets"], spec["rank"], spec["alpha"], spec["dropout"])
 
 

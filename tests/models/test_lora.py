@@ -105,3 +105,41 @@ def test_layers_equal_peft_on_the_same_weights(arch, shape, targets):
             own[k].copy_(v)
     x = torch.randn(4, *shape)
     torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.peft
+@pytest.mark.parametrize("arch, shape, targets, feedforward", [
+    ("lenet", (1, 32, 32), ["conv1", "conv2", "fc1", "fc2"], ["conv2", "fc2"]),
+    ("mlp", (64,), ["fc1", "fc2"], ["fc2"])])
+def test_ia3_layers_equal_peft_on_the_same_weights(arch, shape, targets, feedforward):
+    """peft's IA3 (get_peft_model, IA3Config with the same target and feed-forward modules; the classifier in
+    modules_to_save) on the same base weights and the same vectors gives pflx's IA3 net's logits; the vectors
+    start at one (the net starts as its base) and carry peft's names and shapes."""
+    from peft import IA3Config, get_peft_model
+
+    spec = client_spec(arch, shape, 10, (16, 12))
+    base = build(spec)
+    ours = LoRANet(copy.deepcopy(base), targets, adapter="ia3", feedforward=feedforward)
+    x = torch.randn(4, *shape)
+    assert torch.equal(ours(x), base(x))
+    with torch.no_grad():
+        for _, p in ours.named_parameters():
+            p.normal_(1, 0.3)
+    config = IA3Config(target_modules=targets, feedforward_modules=feedforward, modules_to_save=[base.classifier])
+    theirs = get_peft_model(copy.deepcopy(base), config)
+    mapped = {}
+    for k, v in ours.named_parameters():
+        k = k.removeprefix("model.")
+        if k.endswith(".ia3_l"):
+            mapped[f"base_model.model.{k}.default"] = v
+        else:
+            layer, leaf = k.rsplit(".", 1)
+            mapped[f"base_model.model.{layer}.modules_to_save.default.{leaf}"] = v
+    own = dict(theirs.named_parameters())
+    assert set(mapped) <= set(own), sorted(set(mapped) - set(own))
+    with torch.no_grad():
+        for k, v in mapped.items():
+            assert own[k].shape == v.shape, k
+            own[k].copy_(v)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-6)
+    assert lora_parts(k for k, _ in ours.named_parameters())["ia3"] == [f"model.{t}.ia3_l" for t in targets]
