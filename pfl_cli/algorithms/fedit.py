@@ -5,6 +5,7 @@ Each client trains the adapters (A and B of every adapted layer) and the classif
 server averages all of them weighted by client data size, as FedAvg averages a whole model (§3: FedAvg's
 aggregation applied to the LoRA parameters). Only the adapters and the classifier travel. A client's
 model is the global adapter, or it fine-tuned ``finetune_steps`` steps on its own data (new clients the same).
+With ``adapter=ia3`` the adapters are IA3's vectors (Liu et al., NeurIPS 2022, §3.3), averaged the same way.
 
 Under client-level ``--dp`` the round is DP-FedAvg's (McMahan et al. 2018, Alg. 1; :mod:`pfl_cli.fl.dp`) on what
 travels: each client's delta of A, B and the classifier, clipped jointly to L2 ``clip``, the noisy sum divided by
@@ -40,4 +41,5 @@ class FedIT(LoRAClient, FedAvg):
     config = FedITConfig
     serves_unlabeled = "fedit without --finetune-steps (one global adapter)"
     dp_unit = "client"  # FedAvg.aggregate's DP-FedAvg branch, on the adapters and the classifier (all it trains)
-    dp_contribution = "adapter (A and B) and classifier delta"
+    dp_contribution = "adapter (A and B, or IA3's vectors) and classifier delta"
+    adapters = ("lora", "ia3")  # FedAvg averages whatever the client trains: IA3's vectors as well as A and B

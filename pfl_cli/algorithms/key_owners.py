@@ -11,6 +11,7 @@ KEY_OWNERS = {
     'adapt_lr': 'fedtta',
     'adapt_model_lr': 'fedtta',
     'adapt_steps': 'fedtta',
+    'adapter': 'fedit ffa-lora fedsa-lora flexlora',
     'afl_lambda_lr': 'afl',
     'aggregator': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
@@ -298,6 +299,7 @@ KEY_OWNERS = {
     'hn_weight_decay': 'pfedhn pfedhn-pc',
     'hyper_hidden': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm flowdup',
     'hyper_size': 'pefll pfedhn pfedhn-pc',
+    'ia3_feedforward': 'fedit ffa-lora fedsa-lora flexlora',
     'inference': 'fedproto',
     'interpolation': 'knnper',
     'knn_k': 'knnper',

@@ -6,6 +6,11 @@ full. Each algorithm says which of the three parts (``A``, ``B``, ``head``: :fun
 its clients train, which the server averages and which a client keeps. Adapter dropout (``lora_dropout``) acts in
 local training only; its masks are drawn from torch's generator seeded from the round's stream, so a run and its
 resumed run draw the same masks (with vmap each client its own: ``LoRANet.vmap_randomness``).
+
+``adapter=ia3`` puts IA3's vectors (Liu et al. 2022, §3.3) on the same targets instead of LoRA's factors, on the
+algorithms whose round needs no A and B (``Algorithm.adapters``: FedIT, FedAvg on whatever the client trains); the
+others refuse it. IA3 has no rank, scaling or dropout: those keys are refused beside it (:data:`NEEDS`), as is
+``ia3_feedforward`` beside LoRA.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from dataclasses import dataclass
 
 from pfl_cli.algorithms.base import BACKBONE_KEYS, Algorithm
 from pfl_cli.errors import ConfigError, InputError
-from pfl_cli.fl.config import TrainConfig, check_own_keys, key
+from pfl_cli.fl.config import NEEDS, TrainConfig, check_own_keys, key
 
 LORA = "Hu et al., LoRA (ICLR 2022)"
+IA3 = "Liu et al., (IA)^3 (NeurIPS 2022)"
+ADAPTERS = ("lora", "ia3")
 # Rank and scaling: LoRA's own RoBERTa setting (Hu et al. 2022, App. D, Table 9: r_q = r_v = 8, alpha = 8), the model
 # family of the three federated papers' GLUE experiments. Adapter dropout: off in pflx (a run's numbers then do
 # not depend on the cohort's execution path, vmap or loop); a key for the papers' nonzero settings.
@@ -29,6 +36,15 @@ NO_BACKBONE = ("the LoRA algorithms adapt model_arch's net, frozen (or lora_base
 class LoRAKeys(TrainConfig):
     """The LoRA keys (Hu et al. 2022, §4.1): targets, rank, scaling, dropout and the frozen base."""
 
+    adapter: str = key("lora", "the adapter on the targeted layers: lora (Hu et al. 2022, §4.1: B A added) | ia3 "
+                       "(Liu et al. 2022, §3.3: a learned vector rescaling the layer's output, or its input for "
+                       "ia3_feedforward's layers; fedit only)", f"{LORA}: the LoRA algorithms' papers use LoRA",
+                       choices=ADAPTERS)
+    ia3_feedforward: str = key("", "adapter=ia3: comma-separated patterns of the targeted layers whose input, not "
+                               "output, IA3 rescales (peft's feedforward_modules; the paper's l_ff on the feed-forward "
+                               "activation, e.g. output.dense of BERT, fc2 of an mlp)",
+                               f"{IA3} §3.3: l_k, l_v on attention's keys and values, l_ff on the feed-forward "
+                               "activation; \"\" = every target scales its output")
     lora_rank: int = key(8, "r: rank of every LoRA adapter", f"{LORA}, App. D, Table 9 (RoBERTa): r = 8")
     lora_alpha: float = key(8.0, "alpha: the adapter's output is scaled by alpha / r (§4.1)",
                             f"{LORA}, App. D, Table 9 (RoBERTa): alpha = 8")
@@ -48,12 +64,25 @@ class LoRAKeys(TrainConfig):
         p = self.lora_dropout
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 <= p < 1:
             raise ConfigError(f"lora_dropout must be in [0, 1) for {self.algorithm}; got {p!r}.")
+        takes = getattr(self.algorithm_class, "adapters", ("lora",))
+        if self.adapter not in takes:
+            raise ConfigError(f"adapter must be {' or '.join(takes)} for {self.algorithm}; got {self.adapter!r} "
+                              f"({self.algorithm_class.adapter_refusal}).")
+
+
+# IA3's vectors have no rank, scaling or dropout; the feed-forward modules are IA3's (check_inert refuses a key set
+# where it changes nothing)
+NEEDS.update({k: (lambda cfg: getattr(cfg, "adapter", "lora") == "lora", "beside adapter=ia3 (IA3's vectors have no "
+                  "rank, scaling or dropout)") for k in ("lora_rank", "lora_alpha", "lora_dropout")})
+NEEDS["ia3_feedforward"] = (lambda cfg: getattr(cfg, "adapter", "lora") == "ia3", "without adapter=ia3")
 
 
 class LoRAClient:
     """Mixin of the LoRA algorithms: their client net, the parts of it, and dropout during local training."""
 
     inert_keys = {k: NO_BACKBONE for k in BACKBONE_KEYS}
+    adapters = ("lora",)  # the adapters its round is defined on (the ``adapter`` key)
+    adapter_refusal = "its round acts on LoRA's A and B factors, which IA3 has not; fedit trains IA3 vectors"
     models_upload = False  # pflx attack models FedAvg's full-model upload, not an adapter's
 
     @staticmethod
@@ -67,7 +96,8 @@ class LoRAClient:
                              "(--model-arch hf:DIR).")
         base = Algorithm.resolve_arch(cfg, store)["client"]
         return {"client": lora_spec(base, build(base), targets=cfg.lora_targets, rank=cfg.lora_rank,
-                                    alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, weights=cfg.lora_base_weights)}
+                                    alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, weights=cfg.lora_base_weights,
+                                    adapter=cfg.adapter, feedforward=cfg.ia3_feedforward)}
 
     @property
     def parts(self) -> dict[str, list[str]]:

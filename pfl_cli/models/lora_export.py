@@ -7,7 +7,9 @@ labels) or, for a built-in base net, that net (``pfl_cli.models.build`` of the s
 weights), and gives the logits ``pflx predict`` scores (tests/models/test_lora_export.py). The keys are peft's:
 ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight`` for the adapters and
 ``base_model.model.<classifier>.weight`` / ``.bias`` for the classifier, which the config lists in
-``modules_to_save`` (peft's layout for a classifier trained in full). Only ``safetensors`` is needed to write.
+``modules_to_save`` (peft's layout for a classifier trained in full). An IA3 net (``adapter=ia3``) writes peft's
+``IA3Config`` (``peft_type`` IA3, ``target_modules``, ``feedforward_modules``) and its vectors as
+``base_model.model.<module>.ia3_l``. Only ``safetensors`` is needed to write.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def _inner(spec: dict) -> str:
 
 
 def adapter_config(spec: dict) -> dict:
-    """peft's ``LoraConfig`` of a LoRA client spec, as ``save_pretrained`` writes it (the keys pflx sets)."""
+    """peft's ``LoraConfig`` (``IA3Config`` for an IA3 net) of a LoRA client spec, as ``save_pretrained`` writes it
+    (the keys pflx sets)."""
     from pfl_cli.models import build
 
     base = spec["base"]
@@ -32,6 +35,13 @@ def adapter_config(spec: dict) -> dict:
     net = build(base)
     head = net.classifier.removeprefix("net.") if hf else net.classifier
     targets = [t.removeprefix("net.") if hf else t for t in spec["targets"]]
+    common = {"task_type": "SEQ_CLS" if hf and base.get("task") == "text" else None,
+              "base_model_name_or_path": base["path"] if hf else None, "target_modules": targets,
+              "modules_to_save": [head], "fan_in_fan_out": False, "inference_mode": True}
+    if spec.get("adapter") == "ia3":
+        # peft matches a feed-forward module by the end of its name: the full names select exactly these layers
+        return {**common, "peft_type": "IA3", "init_ia3_weights": True,
+                "feedforward_modules": [t.removeprefix("net.") if hf else t for t in spec["feedforward"]]}
     return {"peft_type": "LORA", "task_type": "SEQ_CLS" if hf and base.get("task") == "text" else None,
             "base_model_name_or_path": base["path"] if hf else None, "r": int(spec["rank"]),
             "lora_alpha": spec["alpha"], "lora_dropout": float(spec["dropout"]), "target_modules": targets,
