@@ -42,4 +42,4 @@ class FedIT(LoRAClient, FedAvg):
     serves_unlabeled = "fedit without --finetune-steps (one global adapter)"
     dp_unit = "client"  # FedAvg.aggregate's DP-FedAvg branch, on the adapters and the classifier (all it trains)
     dp_contribution = "adapter (A and B, or IA3's vectors) and classifier delta"
-    adapters = ("lora", "ia3")  # FedAvg averages whatever the client trains: IA3's vectors as well as A and B
+    adapter_kinds = ("lora", "ia3")  # FedAvg averages whatever the client trains: IA3's vectors as well as A and B

@@ -8,7 +8,7 @@ local training only; its masks are drawn from torch's generator seeded from the 
 resumed run draw the same masks (with vmap each client its own: ``LoRANet.vmap_randomness``).
 
 ``adapter=ia3`` puts IA3's vectors (Liu et al. 2022, §3.3) on the same targets instead of LoRA's factors, on the
-algorithms whose round needs no A and B (``Algorithm.adapters``: FedIT, FedAvg on whatever the client trains); the
+algorithms whose round needs no A and B (``adapter_kinds``: FedIT, FedAvg on whatever the client trains); the
 others refuse it. IA3 has no rank, scaling or dropout: those keys are refused beside it (:data:`NEEDS`), as is
 ``ia3_feedforward`` beside LoRA.
 """
@@ -64,7 +64,7 @@ class LoRAKeys(TrainConfig):
         p = self.lora_dropout
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 <= p < 1:
             raise ConfigError(f"lora_dropout must be in [0, 1) for {self.algorithm}; got {p!r}.")
-        takes = getattr(self.algorithm_class, "adapters", ("lora",))
+        takes = getattr(self.algorithm_class, "adapter_kinds", ("lora",))
         if self.adapter not in takes:
             raise ConfigError(f"adapter must be {' or '.join(takes)} for {self.algorithm}; got {self.adapter!r} "
                               f"({self.algorithm_class.adapter_refusal}).")
@@ -81,7 +81,7 @@ class LoRAClient:
     """Mixin of the LoRA algorithms: their client net, the parts of it, and dropout during local training."""
 
     inert_keys = {k: NO_BACKBONE for k in BACKBONE_KEYS}
-    adapters = ("lora",)  # the adapters its round is defined on (the ``adapter`` key)
+    adapter_kinds = ("lora",)  # the adapters its round is defined on (the ``adapter`` key)
     adapter_refusal = "its round acts on LoRA's A and B factors, which IA3 has not; fedit trains IA3 vectors"
     models_upload = False  # pflx attack models FedAvg's full-model upload, not an adapter's
 

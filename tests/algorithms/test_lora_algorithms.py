@@ -63,6 +63,34 @@ def test_fedit_averages_adapters_and_classifier(digits_clients, monkeypatch):
     assert sum(exchanged["up"].values()) == sum(v.numel() for v in after.values())
 
 
+def test_fedit_averages_ia3_vectors_and_classifier(digits_clients, monkeypatch):
+    """adapter=ia3: the client trains IA3's vectors (Liu et al. 2022 §3.3) and the classifier, FedAvg averages them."""
+    from pfl_cli.algorithms.fedit import FedIT
+
+    seen = capture(monkeypatch, FedIT, "aggregate")
+    run("fedit", digits_clients, lora_rank=8, adapter="ia3", ia3_feedforward="fc2", mlp_hidden=(16, 12))
+    alg, (t, cohort, theta), before, after = seen[-1]
+    assert sorted(after) == ["model.fc1.ia3_l", "model.fc2.ia3_l", "model.fc3.bias", "model.fc3.weight"]
+    assert after["model.fc1.ia3_l"].shape == (16, 1) and after["model.fc2.ia3_l"].shape == (1, 16)
+    for k in after:
+        torch.testing.assert_close(after[k], size_mean(alg.store, cohort, theta[k]), rtol=0, atol=1e-6)
+        assert not torch.equal(before[k], after[k])
+
+
+@pytest.mark.parametrize("name, values, message", [
+    ("ffa-lora", {"adapter": "ia3"}, "adapter must be lora for ffa-lora; got 'ia3' \\(its round acts on LoRA's A"),
+    ("fedsa-lora", {"adapter": "ia3"}, "adapter must be lora for fedsa-lora"),
+    ("flexlora", {"adapter": "ia3"}, "adapter must be lora for flexlora"),
+    ("fedit", {"adapter": "ia3", "lora_alpha": 4.0}, "lora_alpha has no effect beside adapter=ia3"),
+    ("fedit", {"ia3_feedforward": "fc1"}, "ia3_feedforward has no effect without adapter=ia3"),
+])
+def test_ia3_refusals(name, values, message):
+    from pfl_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        registry.train_config(name, **values)
+
+
 def test_ffa_lora_freezes_a_and_averages_b(digits_clients, monkeypatch):
     from pfl_cli.algorithms.ffa_lora import FFALoRA
 

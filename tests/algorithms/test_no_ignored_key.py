@@ -92,6 +92,8 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            "cfl_eps1": {"cfl_eps2": 0.0}, "cfl_warmup_rounds": {"cfl_eps2": 0.0},
            # the LoRA targets: on an MLP with two hidden layers "fc1" adapts one of its two layers, "*" both
            "lora_targets": {"mlp_hidden": (8, 8)},
+           # IA3's feed-forward layers are among its targets: beside adapter=ia3, on both of the MLP's hidden layers
+           "ia3_feedforward": {"adapter": "ia3", "mlp_hidden": (8, 8)},
            # an asynchronous server (FedBuff, FedAsync) runs at most one job per train client: its concurrency acts
            # below the suite's 4 train clients; its deadline (a job's timeout) where some job is slower than it
            "concurrency": {"concurrency": 2}, "round_deadline": {"compute_speed": "uniform:0.5:4"}}
@@ -138,6 +140,7 @@ OVERRIDES = {
     "model_weights": [lambda: kind_nets.weights_file(_scratch() / "mlp.pth")],
     "model_head": ["3"],  # a Linear that is not the head (its output is not the net's): refused
     "lora_targets": ["fc1"],
+    "ia3_feedforward": ["fc1"],
     "flex_ranks": ["1,2"],
     "lora_base_weights": [lambda: _lora_base_file()],
 }
