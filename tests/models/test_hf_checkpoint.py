@@ -48,13 +48,28 @@ def test_train_records_the_checkpoint_files(text_run):
     assert all(t.endswith((".query", ".value")) for t in arch["targets"]) and len(arch["targets"]) == 4
 
 
-def test_exported_adapter_loads_in_peft_and_gives_predicts_probabilities(text_run, cli):
+def peft_probabilities(bert, data, adapter, samples):
+    """Probabilities of plain transformers + peft (``PeftModel.from_pretrained``) with the written ``adapter`` on
+    the raw texts ``samples`` index, tokenized by the checkpoint's own tokenizer."""
     import csv
 
     import torch
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    texts = [row["text"] for row in csv.DictReader(open(data, encoding="utf-8"))]
+    tok = AutoTokenizer.from_pretrained(str(bert), local_files_only=True)
+    enc = tok([texts[i] for i in samples], padding="max_length", truncation=True, max_length=MAX_LENGTH,
+              return_tensors="pt")
+    base = AutoModelForSequenceClassification.from_pretrained(str(bert), local_files_only=True, num_labels=2,
+                                                              attn_implementation="eager")
+    model = PeftModel.from_pretrained(base, str(adapter)).eval()
+    with torch.no_grad():
+        logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    return torch.softmax(logits.double(), -1).numpy()
+
+
+def test_exported_adapter_loads_in_peft_and_gives_predicts_probabilities(text_run, cli):
     root, bert, data = text_run
     out = root / "pred"
     run = cli("predict", "--model", root / "model", "--partition", root / "part", "--clients", "train",
@@ -64,22 +79,45 @@ def test_exported_adapter_loads_in_peft_and_gives_predicts_probabilities(text_ru
     client = int(pred["client_id"][0])
     adapter = out / "adapters" / f"client-{client}"
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
-    texts = [row["text"] for row in csv.DictReader(open(data, encoding="utf-8"))]
     rows = pred["client_id"] == client
-    samples = pred["sample"][rows]
-    tok = AutoTokenizer.from_pretrained(str(bert), local_files_only=True)
-    enc = tok([texts[i] for i in samples], padding="max_length", truncation=True, max_length=MAX_LENGTH,
-              return_tensors="pt")
-    base = AutoModelForSequenceClassification.from_pretrained(str(bert), local_files_only=True, num_labels=2,
-                                                              attn_implementation="eager")
-    model = PeftModel.from_pretrained(base, str(adapter)).eval()
-    with torch.no_grad():
-        logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
-    probs = torch.softmax(logits.double(), -1).numpy()
+    probs = peft_probabilities(bert, data, adapter, pred["sample"][rows])
     np.testing.assert_allclose(probs, pred["probabilities"][rows], rtol=0, atol=1e-5)
     # the adapters differ between clients (B is personal in FedSA-LoRA)
     others = sorted(p.name for p in (out / "adapters").iterdir())
     assert len(others) == 4
+
+
+def test_exported_ia3_adapters_load_in_peft_and_give_predicts_probabilities(text_run, cli, tmp_path):
+    """FedIT with adapter=ia3 on peft's BERT targets (keys, values, the feed-forward output.dense, its input scaled)
+    and finetune_steps: each client's personalized IA3 vectors, written as peft's IA3 adapter, give in peft the
+    probabilities pflx predict wrote for that client."""
+    import torch
+    from safetensors.torch import load_file
+
+    root, bert, data = text_run
+    model, out = tmp_path / "model", tmp_path / "pred"
+    assert cli("train", "--partition", root / "part", "--algorithm", "fedit", "--model-arch", f"hf:{bert}",
+               "--rounds", "1", "--clients-per-round", "2", "--set", "local_steps=2", "--set", "lr=0.5",
+               "--set", "adapter=ia3", "--set", "lora_targets=key,value,output.dense",
+               "--set", "ia3_feedforward=output.dense", "--set", "finetune_steps=1",
+               "--out", model, "--format", "quiet").code == 0
+    run = cli("predict", "--model", model, "--partition", root / "part", "--clients", "train", "--save-models",
+              "--out", out, "--format", "quiet")
+    assert run.code == 0, run.err
+    pred = np.load(out / "predictions.npz")
+    config = json.loads((out / "adapters" / f"client-{int(pred['client_id'][0])}" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "IA3" and len(config["target_modules"]) == 8
+    assert len(config["feedforward_modules"]) == 4  # each layer's attention.output.dense and output.dense
+    tensors = {}
+    for client in np.unique(pred["client_id"])[:2]:
+        adapter = out / "adapters" / f"client-{int(client)}"
+        rows = pred["client_id"] == client
+        probs = peft_probabilities(bert, data, adapter, pred["sample"][rows])
+        np.testing.assert_allclose(probs, pred["probabilities"][rows], rtol=0, atol=1e-5)
+        tensors[int(client)] = load_file(str(adapter / "adapter_model.safetensors"))
+    a, b = tensors.values()
+    vectors = [k for k in a if k.endswith(".ia3_l")]
+    assert len(vectors) == 8 and not all(torch.equal(a[k], b[k]) for k in vectors)  # fine-tuned: personal
 
 
 def test_a_changed_checkpoint_file_is_refused(text_run, cli, tmp_path):
