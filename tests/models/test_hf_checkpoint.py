@@ -118,6 +118,29 @@ def test_exported_ia3_adapters_load_in_peft_and_give_predicts_probabilities(text
     a, b = tensors.values()
     vectors = [k for k in a if k.endswith(".ia3_l")]
     assert len(vectors) == 8 and not all(torch.equal(a[k], b[k]) for k in vectors)  # fine-tuned: personal
+    # The vectors move little in a few steps on the tiny random BERT: the same net with vectors drawn far from one,
+    # written by the exporter, gives peft's logits (names, shapes and feed-forward flags all act).
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from pfl_cli.models import build
+    from pfl_cli.models.lora_export import write_adapter
+
+    spec = torch.load(model / "model.pt", weights_only=True)["arch"]["client"]
+    assert spec["adapter"] == "ia3" and len(spec["feedforward"]) == 4
+    net = build(spec).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for k, p in net.named_parameters():
+            p.normal_(1.0 if k.endswith(".ia3_l") else 0.0, 0.5)
+    write_adapter(tmp_path / "drawn", spec, dict(net.named_parameters()))
+    ids = torch.tensor([[2, 10, 11, 5, 3, 0, 0], [2, 7, 12, 13, 9, 6, 3]])
+    base = AutoModelForSequenceClassification.from_pretrained(str(bert), local_files_only=True, num_labels=2,
+                                                              attn_implementation="eager")
+    theirs = PeftModel.from_pretrained(base, str(tmp_path / "drawn")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), theirs(input_ids=ids, attention_mask=(ids != 0).long()).logits,
+                                   rtol=0, atol=1e-5)
 
 
 def test_a_changed_checkpoint_file_is_refused(text_run, cli, tmp_path):
