@@ -29,7 +29,8 @@ The ``predict`` artifact:
 - ``models.pt`` with ``--save-models``: ``{"client_id": LongTensor (n,), "weights": {name: Tensor}}``;
   the weights have a leading client axis when ``personalized``, and are the one global model
   otherwise (FedAvg without fine-tuning).
-- ``adapters/`` with ``--save-models`` on a LoRA model (fedit, ffa-lora, fedsa-lora): ``client-<id>/`` per client
+- ``adapters/`` with ``--save-models`` on a LoRA model (fedit, ffa-lora, fedsa-lora; fedit's IA3 adapters with
+  ``adapter=ia3`` as peft's IA3): ``client-<id>/`` per client
   (``global/`` for one global adapter), each ``adapter_config.json`` + ``adapter_model.safetensors`` in peft's
   format, which ``PeftModel.from_pretrained(base, DIR)`` loads (:mod:`pfl_cli.models.lora_export`).
 """

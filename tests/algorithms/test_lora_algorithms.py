@@ -138,8 +138,10 @@ def test_fedsa_lora_averages_a_and_keeps_b_and_classifier(digits_clients, monkey
     assert set(up) == set(a)
 
 
-def test_vmap_and_loop_give_the_same_adapters(digits_clients):
-    got = [run("fedsa-lora", digits_clients, cohort_exec=how).algorithm for how in ("vmap", "loop")]
+@pytest.mark.parametrize("name, values", [("fedsa-lora", {}),
+                                          ("fedit", {"adapter": "ia3", "lora_rank": 8, "ia3_feedforward": "fc1"})])
+def test_vmap_and_loop_give_the_same_adapters(digits_clients, name, values):
+    got = [run(name, digits_clients, cohort_exec=how, **values).algorithm for how in ("vmap", "loop")]
     for k, v in got[0].global_params.items():
         torch.testing.assert_close(v, got[1].global_params[k], rtol=1e-5, atol=1e-6)
 
