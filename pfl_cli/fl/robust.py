@@ -21,6 +21,7 @@ refused before any work (:func:`check_aggregator`).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 
 def averages_updates(cls) -> bool:
@@ -29,8 +30,9 @@ def averages_updates(cls) -> bool:
     return bool(cls.__dict__.get("averages_updates", False))
 
 
-class Aggregator:
-    """One entry: ``name``, the paper, which keys it reads, and the smallest cohort it is defined for."""
+class Aggregator(ABC):
+    """One entry: ``name``, the paper, which keys it reads, and the smallest cohort it is defined for. Abstract:
+    ``mean`` is the entry :class:`Mean`."""
 
     name = ""
     paper = ""
@@ -44,9 +46,9 @@ class Aggregator:
         """The smallest cohort of which ``f`` may be Byzantine."""
         return 1
 
+    @abstractmethod
     def combine(self, X, w, *, f: int, clip: float | None, center):
         """``X`` (n, P) deltas, ``w`` (n,) weights summing to 1 -> the aggregate (P,)."""
-        raise NotImplementedError
 
 
 class Mean(Aggregator):

@@ -12,7 +12,7 @@ import math
 
 from pfl_cli.fl.byzantine.attacks import ATTACKS
 
-ATTACK_NAMES = ("none", *ATTACKS)
+ATTACK_NAMES = tuple(ATTACKS)
 
 
 def check_attack(cfg) -> None:
