@@ -39,7 +39,8 @@ import numpy as np
 from pfl_cli.algorithms.base import seeded
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
-from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
+from pfl_cli.fl.params import cpu_tree, stack
+from pfl_cli.fl.robust import average_uploads, corrupt_uploads
 
 Y = "YCW+24 (FedTTA)"
 
@@ -103,6 +104,7 @@ class FedTTA(FedAvg):
     config = FedTTAConfig
     personalized = True
     models_upload = False  # its clients send theta and phi after meta-steps, not FedAvg's delta
+    averages_updates = True  # its server averages (theta, phi): an update attack and a robust aggregator act there
     serves_unlabeled = "fedtta (the global model adapted on a client's unlabeled data)"
 
     @staticmethod
@@ -163,9 +165,16 @@ class FedTTA(FedAvg):
         new, loss = split_cohort(self._local_steps, self.store, batches, {"start": start, "steps": batches})
         theta = {k[6:]: v for k, v in new.items() if k.startswith("theta.")}
         phi = {k[4:]: v for k, v in new.items() if k.startswith("phi.")}
-        self.record_exchange({**self.global_params, **self.phi}, {**theta, **phi}, c)
-        self.server_step(weighted_mean(self.store, cohort, theta))
-        self.phi = weighted_mean(self.store, cohort, phi)
+        # the upload (theta, phi) as the server receives it: an update attack and the aggregator act on both at once
+        ref = {**{f"theta.{k}": v for k, v in self.global_params.items()},
+               **{f"phi.{k}": v for k, v in self.phi.items()}}
+        sent = corrupt_uploads(self, t, cohort, new, ref)
+        self.record_exchange({**self.global_params, **self.phi},
+                             {**{k[6:]: v for k, v in sent.items() if k.startswith("theta.")},
+                              **{k[4:]: v for k, v in sent.items() if k.startswith("phi.")}}, c)
+        mean = average_uploads(self, cohort, sent, ref)
+        self.server_step({k[6:]: v for k, v in mean.items() if k.startswith("theta.")})
+        self.phi = {k[4:]: v for k, v in mean.items() if k.startswith("phi.")}
         return loss
 
     def _local_steps(self, start, steps):
