@@ -163,18 +163,14 @@ class FedTTA(FedAvg):
         start = {**{f"theta.{k}": v for k, v in stack(self.global_params, c).items()},
                  **{f"phi.{k}": v for k, v in stack(self.phi, c).items()}}
         new, loss = split_cohort(self._local_steps, self.store, batches, {"start": start, "steps": batches})
-        theta = {k[6:]: v for k, v in new.items() if k.startswith("theta.")}
-        phi = {k[4:]: v for k, v in new.items() if k.startswith("phi.")}
         # the upload (theta, phi) as the server receives it: an update attack and the aggregator act on both at once
         ref = {**{f"theta.{k}": v for k, v in self.global_params.items()},
                **{f"phi.{k}": v for k, v in self.phi.items()}}
         sent = corrupt_uploads(self, t, cohort, new, ref)
-        self.record_exchange({**self.global_params, **self.phi},
-                             {**{k[6:]: v for k, v in sent.items() if k.startswith("theta.")},
-                              **{k[4:]: v for k, v in sent.items() if k.startswith("phi.")}}, c)
+        self.record_exchange({**self.global_params, **self.phi}, {**_part(sent, "theta."), **_part(sent, "phi.")}, c)
         mean = average_uploads(self, cohort, sent, ref)
-        self.server_step({k[6:]: v for k, v in mean.items() if k.startswith("theta.")})
-        self.phi = {k[4:]: v for k, v in mean.items() if k.startswith("phi.")}
+        self.server_step(_part(mean, "theta."))
+        self.phi = _part(mean, "phi.")
         return loss
 
     def _local_steps(self, start, steps):
@@ -256,3 +252,8 @@ class FedTTA(FedAvg):
     def load_weights(self, weights):
         super().load_weights(weights)
         self.phi = {k: v.to(self.device) for k, v in weights["adapt"].items()}
+
+
+def _part(tree: dict, prefix: str) -> dict:
+    """The entries of ``tree`` under ``prefix`` (``theta.`` / ``phi.``), the prefix dropped."""
+    return {k[len(prefix):]: v for k, v in tree.items() if k.startswith(prefix)}
