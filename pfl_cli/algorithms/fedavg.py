@@ -24,7 +24,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
-from pfl_cli.fl.params import broadcast, cpu_tree, stack, weighted_mean
+from pfl_cli.fl.params import broadcast, cpu_tree, stack
 from pfl_cli.privacy.randomness import mechanism_generator
 
 
@@ -166,22 +166,17 @@ class FedAvg(Attackable, Algorithm):
     def byzantine_uploads(self, t: int, cohort, theta: dict) -> dict:
         """The cohort's models ``theta`` as the server receives them in round ``t``: with Byzantine clients
         (:mod:`pfl_cli.fl.byzantine`) the malicious ones' deltas from the global model replaced; else ``theta``."""
-        if self.byzantine is None:
-            return theta
-        return self.byzantine.corrupt(t, cohort, {k: self.global_params[k] for k in theta}, theta,
-                                      default_server_lr=self.default_server_lr)
+        from pfl_cli.fl.robust import corrupt_uploads
+
+        return corrupt_uploads(self, t, cohort, theta)
 
     def server_mean(self, cohort, theta: dict) -> dict:
         """The server's average of the cohort's models ``theta`` (the global model's keys or some of them):
         FedAvg's data-size-weighted mean (Alg. 3 line 9), or the robust aggregator ``aggregator`` names
         (:mod:`pfl_cli.fl.robust`), centred on the server's last step (its buffer, where it keeps one)."""
-        if self.cfg.aggregator == "mean":
-            return weighted_mean(self.store, cohort, theta)
-        from pfl_cli.fl.robust import robust_mean
+        from pfl_cli.fl.robust import average_uploads
 
-        buf = getattr(self, "server_buf", None)
-        return robust_mean(self.cfg, self.store, cohort, theta, {k: self.global_params[k] for k in theta},
-                           center=None if buf is None else {k: buf[k] for k in theta})
+        return average_uploads(self, cohort, theta)
 
     # Secure aggregation (pfl_cli.fl.secagg): what the server would read one client at a time ("" = nothing, the
     # server step needs the cohort's sums only). Declared per class (the table in docs/privacy/secure-aggregation.md).

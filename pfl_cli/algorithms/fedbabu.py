@@ -24,7 +24,7 @@ from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import broadcast
-from pfl_cli.fl.secagg import cohort_mean
+from pfl_cli.fl.robust import average_uploads
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ class FedBABU(FedAvg):
                                          **self.round_schedule(), trainable=self.body)
         body = self.byzantine_uploads(t, cohort, {k: theta[k] for k in self.body})
         self.record_exchange({k: self.global_params[k] for k in self.body}, body, len(cohort))
-        self.server_step(self.server_mean(cohort, body))
-        self.server_step(cohort_mean(self.store, cohort, body, secagg=self.cfg.secagg))  # --secagg: sums only
+        # the aggregator's average (--secagg: the mean from sums only, pfl_cli.fl.secagg)
+        self.server_step(average_uploads(self, cohort, body, secagg=self.cfg.secagg))
         return loss
 
     def server_step(self, mean: dict) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.control_variates import DriftState, uniform_mean
+from pfl_cli.fl.robust import corrupt_uploads, robust_delta
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class FedDyn(DriftState, FedAvg):
     config = FedDynConfig
     dp_unit = None  # no DP variant (FedAvg's DP-FedAvg is not inherited)
     models_upload = False  # its local objective adds the dynamic regularizer, not FedAvg's upload
+    averages_updates = True  # its server averages the cohort's models: an update attack and a robust aggregator act
     serves_unlabeled = "feddyn without --finetune-steps (one global model)"
     drift_paper = "Acar et al. 2021, Alg. 1: h moves by alpha/m"
     inert_keys = {k: "its server step is Alg. 1's (Acar et al. 2021: theta^t = mean theta_k - h^t / alpha; "
@@ -67,11 +69,18 @@ class FedDyn(DriftState, FedAvg):
         alpha = float(self.cfg.alpha)
         grad_prev = self.drift.gather(cohort)
         theta, loss, _ = self.corrected_sgd(cohort, gen, {k: -v for k, v in grad_prev.items()}, prox_mu=alpha)
-        self.record_exchange(self.global_params, theta, len(cohort))
+        sent = corrupt_uploads(self, t, cohort, theta)  # the models as the server receives them (issue 48)
+        self.record_exchange(self.global_params, sent, len(cohort))
         moved = {k: theta[k] - g for k, g in self.global_params.items()}
-        self.drift.scatter(cohort, {k: grad_prev[k] - alpha * moved[k] for k in moved})
+        self.drift.scatter(cohort, {k: grad_prev[k] - alpha * moved[k] for k in moved})  # each client's own
         m = self.population()
-        self.server_drift = {k: h - alpha * moved[k].sum(0) / m for k, h in self.server_drift.items()}
-        mean = uniform_mean(theta)
+        if self.cfg.aggregator == "mean":
+            total = {k: (sent[k] - g).sum(0) for k, g in self.global_params.items()}
+            mean = uniform_mean(sent)
+        else:  # the aggregate of the cohort's moves stands for each of them: the sum is |P| times it
+            step = robust_delta(self, cohort, {k: sent[k] - g for k, g in self.global_params.items()})
+            total = {k: len(cohort) * v for k, v in step.items()}
+            mean = {k: g + step[k] for k, g in self.global_params.items()}
+        self.server_drift = {k: h - alpha * total[k] / m for k, h in self.server_drift.items()}
         self.global_params = {k: mean[k] - self.server_drift[k] / alpha for k in mean}
         return loss

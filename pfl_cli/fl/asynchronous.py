@@ -33,57 +33,25 @@ from __future__ import annotations
 import numpy as np
 
 from pfl_cli.errors import RunError
-from pfl_cli.fl.params import cpu_tree
+from pfl_cli.fl.global_model import OneGlobalModel
 from pfl_cli.rng import make_rng
 
 ARRIVES, LEFT, LATE = 0, 1, 2
 STALENESS = ("constant", "polynomial", "hinge")
 
 
-class GlobalModelOnTheClock:
+class GlobalModelOnTheClock(OneGlobalModel):
     """What FedBuff and FedAsync share beside :class:`AsyncServer`: one global model that every job downloads
-    (``server_model``), ``clients_per_round`` arrivals a pflx round, and FedAvg's new-client protocol (the global
-    model, or it fine-tuned ``finetune_steps`` local steps). A mixin of an :class:`~pfl_cli.algorithms.base.Algorithm`
-    (it uses its ``client_net``, ``train_clients``, ``cfg`` and ``device``); the server rule stays each method's."""
+    (``server_model``), ``clients_per_round`` arrivals a pflx round, and FedAvg's new-client protocol
+    (:class:`~pfl_cli.fl.global_model.OneGlobalModel`: the global model, or it fine-tuned ``finetune_steps`` local
+    steps). The server rule stays each method's."""
 
-    @property
-    def needs_labels_to_predict(self) -> bool:
-        return self.cfg.finetune_steps > 0
-
-    def build(self) -> None:
-        self.net = self.client_net()
-        self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
-        self.personalized = self.cfg.finetune_steps > 0
-
-    # ---------------------------------------------------------------- the asynchronous server's hooks
     def arrivals_per_round(self) -> int:
         return int(self.cfg.clients_per_round)
 
     def server_model(self) -> dict:
         """A copy of the model a client downloads now."""
         return {k: v.detach().clone() for k, v in self.global_params.items()}
-
-    # ---------------------------------------------------------------- serving
-    def personalize(self, clients: np.ndarray, gen):
-        if self.cfg.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True
-        return self.global_params, False
-
-    def protocol(self, new: bool) -> dict:
-        steps = self.cfg.finetune_steps
-        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model", "rounds": 0}
-
-    def state(self):
-        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
-
-    def load_state(self, state):
-        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
-
-    def weights(self):
-        return {"client": cpu_tree(self.global_params, clone=True)}
-
-    def load_weights(self, weights):
-        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
 
 
 def staleness_weight(tau, kind: str = "polynomial", a: float = 0.5, b: float = 0.0):

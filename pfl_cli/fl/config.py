@@ -287,15 +287,15 @@ NEEDS["robust_clip"] = (lambda cfg: _aggregator(cfg).uses_clip, "beside an aggre
 
 
 def _attack(cfg):
-    from pfl_cli.fl.byzantine.attacks import ATTACKS, Attack
+    from pfl_cli.fl.byzantine.attacks import ATTACKS
 
-    return ATTACKS.get(cfg.attack, Attack())
+    return ATTACKS.get(cfg.attack, ATTACKS["none"])
 
 
 def _aggregator(cfg):
-    from pfl_cli.fl.robust import AGGREGATORS, Aggregator
+    from pfl_cli.fl.robust import AGGREGATORS
 
-    return AGGREGATORS.get(cfg.aggregator, Aggregator())
+    return AGGREGATORS.get(cfg.aggregator, AGGREGATORS["mean"])
 
 
 # Client-level DP with the Poisson rate and the population both given samples each client at that rate: the cohort
