@@ -63,6 +63,10 @@ class GlobalModelOnTheClock:
         """A copy of the model a client downloads now."""
         return {k: v.detach().clone() for k, v in self.global_params.items()}
 
+    def job_objective(self, start: dict) -> dict:
+        """Extra arguments of the jobs' local SGD, given their stacked start models (none: plain local SGD)."""
+        return {}
+
     # ---------------------------------------------------------------- serving
     def personalize(self, clients: np.ndarray, gen):
         if self.cfg.finetune_steps > 0:
@@ -211,7 +215,7 @@ class AsyncServer:
             return None
         clients = torch.as_tensor([j["client"] for j in todo], dtype=torch.int64, device=alg.device)
         start = {k: torch.stack([j["start"][k] for j in todo]) for k in todo[0]["start"]}
-        theta, loss, _ = alg.cohort_sgd(start, clients, gen, **alg.round_schedule())
+        theta, loss, _ = alg.cohort_sgd(start, clients, gen, **alg.round_schedule(), **alg.job_objective(start))
         for k, v in start.items():
             alg.traffic.send(k, v[0], copies=len(todo))     # the model each job downloaded
         uploads = alg.uploads(start, theta)
