@@ -84,6 +84,7 @@ NEEDS["staleness_b"] = (lambda cfg: getattr(cfg, "staleness", "constant") == "hi
 
 class FedAsync(GlobalModelOnTheClock, Algorithm):
     name = "fedasync"
+    compressible_upload = True  # each job's delta from the model it downloaded (AsyncServer._train)
     individual_reads = ("each client's update as it arrives (asynchronous: there is no cohort whose sum "  # --secagg
                         "secure aggregation could reveal alone)")
     paper = "FedAsync: Xie, Koyejo, Gupta, 2019 (Alg. 1; staleness functions §5.2)"

@@ -68,6 +68,7 @@ class FedBuffConfig(TrainConfig):
 
 class FedBuff(GlobalModelOnTheClock, Algorithm):
     name = "fedbuff"
+    compressible_upload = True  # each job's delta from the model it downloaded (AsyncServer._train)
     individual_reads = ("each client's update as it arrives (asynchronous: there is no cohort whose sum "  # --secagg
                         "secure aggregation could reveal alone)")
     paper = "FedBuff: Nguyen et al., AISTATS 2022 (Alg. 1, staleness s(tau) = 1/sqrt(1+tau) §3)"

@@ -24,6 +24,7 @@ class LGFedAvgConfig(PartialSharingConfig):
 
 class LGFedAvg(PartialSharing):
     name = "lg-fedavg"
+    compressible_upload = True  # the shared part's delta from the global one (PartialSharing.run_round)
     individual_reads = ""  # runs under --secagg: its shared head averaged from sums (fl.secagg.cohort_mean)
     async_ready = ("its shared head is averaged from client deltas and the bodies stay local: the head could take FedBuff's buffered step")
     search_space = {"lr": "log:1e-3:1"}

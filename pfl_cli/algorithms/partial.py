@@ -102,9 +102,13 @@ class PartialSharing(PrivateState, _GlobalModel):
         start = stack(self.global_params, len(cohort))
         start.update(self.private.gather(cohort))
         theta, loss = self.local_update(start, cohort, gen)
-        self.record_exchange({k: self.global_params[k] for k in self.shared}, {k: theta[k] for k in self.shared},
-                             len(cohort))  # only the shared part travels
-        mean = cohort_mean(self.store, cohort, {k: theta[k] for k in self.shared}, by_size=self.average_by_size,
+        shared = {k: theta[k] for k in self.shared}  # only the shared part travels
+        if self.upload_codec is not None:  # its delta as compressed on the wire (pfl_cli.fl.compression)
+            shared = self.upload_codec.compress_models(self, cohort, {k: self.global_params[k] for k in self.shared},
+                                                       shared)
+        else:
+            self.record_exchange({k: self.global_params[k] for k in self.shared}, shared, len(cohort))
+        mean = cohort_mean(self.store, cohort, shared, by_size=self.average_by_size,
                            secagg=self.cfg.secagg)  # under --secagg from the cohort's sums only
         self.global_params.update(mean)
         self.private.scatter(cohort, {k: theta[k] for k in self.private_names})

@@ -216,11 +216,15 @@ class AsyncServer:
         clients = torch.as_tensor([j["client"] for j in todo], dtype=torch.int64, device=alg.device)
         start = {k: torch.stack([j["start"][k] for j in todo]) for k in todo[0]["start"]}
         theta, loss, _ = alg.cohort_sgd(start, clients, gen, **alg.round_schedule(), **alg.job_objective(start))
-        for k, v in start.items():
-            alg.traffic.send(k, v[0], copies=len(todo))     # the model each job downloaded
+        if alg.upload_codec is not None:  # each job's delta from its own download, compressed (pfl_cli.fl.compression)
+            theta = alg.upload_codec.compress_models(alg, clients, start, theta, stacked=True)
+        else:
+            for k, v in start.items():
+                alg.traffic.send(k, v[0], copies=len(todo))     # the model each job downloaded
         uploads = alg.uploads(start, theta)
-        for k, v in uploads.items():
-            alg.traffic.receive(k, v)                       # each job's update
+        if alg.upload_codec is None:
+            for k, v in uploads.items():
+                alg.traffic.receive(k, v)                       # each job's update
         for i, j in enumerate(todo):
             j["upload"] = {k: v[i].clone() for k, v in uploads.items()}
             j["start"] = None

@@ -35,6 +35,7 @@ class Quadratic:
 
     name = "quad"
 
+    upload_codec = None
     job_objective = FedAsync.job_objective  # FedAsync's: rho around each job's own start model (none at rho = 0)
 
     def __init__(self, mixes: bool, k: int, concurrency: int, dropout: float = 0.0, deadline=None, alpha=0.6,
@@ -103,8 +104,9 @@ def local_job(x_tau, c, rho):
 
 
 def reference_run(mixes: bool, k: int, concurrency: int, rounds: int, dropout=0.0, deadline=None, alpha=0.6,
-                  rho=0.0, server_lr=1.0, server_momentum=0.0):
-    """The slow reference: a heap of (finish, seq) events; each job trained at its dispatch; s(tau) by hand."""
+                  rho=0.0, server_lr=1.0, server_momentum=0.0, compress=None):
+    """The slow reference: a heap of (finish, seq) events; each job trained at its dispatch; s(tau) by hand;
+    ``compress``: what the server decodes of a job's delta from the model it downloaded."""
     x, version, seq, now = np.zeros(DIM), 0, 0, 0.0
     m = np.zeros(DIM)                                                  # FedBuff's server momentum
     heap, busy, clock = [], set(), []
@@ -120,6 +122,8 @@ def reference_run(mixes: bool, k: int, concurrency: int, rounds: int, dropout=0.
             late = deadline is not None and duration > deadline
             finish = now + (deadline if (late and not left[i]) else duration)
             trained = local_job(x, OPTIMA[c], rho)                   # the job, trained from the model it downloaded
+            if compress is not None:
+                trained = x + compress(trained - x)
             heapq.heappush(heap, (finish, seq, int(c), version, "left" if left[i] else "late" if late else "ok",
                                   trained - x if not mixes else trained))
             busy.add(int(c))
@@ -320,3 +324,26 @@ def test_resume_after_a_kill_is_byte_identical(part, monkeypatch, tmp_path):
     for file in ("model.pt", "metrics.json", "metrics.csv", "clients.csv"):
         if (tmp_path / "whole" / file).is_file():
             assert (tmp_path / "killed" / file).read_bytes() == (tmp_path / "whole" / file).read_bytes(), file
+
+
+def topk_rows(u: np.ndarray, k: int) -> np.ndarray:
+    """Each row's k largest-magnitude coordinates kept, the rest zero: a plain per-row sort."""
+    out = np.zeros_like(u)
+    for r, row in enumerate(u):
+        keep = sorted(range(len(row)), key=lambda j: -abs(row[j]))[:k]
+        out[r, keep] = row[keep]
+    return out
+
+
+@pytest.mark.parametrize("mixes", [False, True])
+def test_compressed_uploads_are_each_jobs_delta_from_its_own_download(mixes):
+    """Top-k of each job's delta from the model it downloaded (jobs start from different versions): FedBuff's buffer
+    and FedAsync's mixing of the decoded uploads against the reference with the top-k taken by hand."""
+    from pfl_cli.fl.compression import UploadCodec
+
+    alg = Quadratic(mixes, 3, 5, 0.2)
+    alg.upload_codec = UploadCodec("topk", density=0.5, levels=16, error_feedback=False, num_clients=N, seed=3)
+    x, _, _, _ = engine_run(alg, rounds=6)
+    want, _ = reference_run(mixes, 3, 5, 6, 0.2, compress=lambda u: topk_rows(u[None], 2)[0])
+    np.testing.assert_allclose(x, want, rtol=1e-12, atol=1e-12)
+    assert np.abs(want - reference_run(mixes, 3, 5, 6, 0.2)[0]).max() > 1e-3

@@ -239,7 +239,7 @@ def test_dp_fedavg_divides_by_the_expected_answering_cohort(store):
 @pytest.mark.parametrize("keys, words", [
     ({"algorithm": "fedavg", "round_deadline": 1.0, "dp_epsilon": 4.0, "dp_clip": 1.0, "dp_population": 100,
       "normalize": False}, "under --dp"),
-    ({"algorithm": "fedrep", "compression": "topk"}, "does not upload a model delta"),
+    ({"algorithm": "ditto", "compression": "topk"}, "does not upload a model delta"),
     ({"algorithm": "local", "dropout": 0.2}, "cannot run under federation conditions"),
     ({"algorithm": "fedavg", "over_selection": 0.5, "clients_per_round": None}, "Set clients_per_round"),
     ({"algorithm": "fedavg", "availability": 0.0}, "availability must be in (0, 1]"),
