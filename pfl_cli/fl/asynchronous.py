@@ -166,6 +166,7 @@ class AsyncServer:
             counts["selected"] += self._dispatch(alg, rng, pool, 1)
         # every job dispatched this round, trained now: the checkpoint holds updates only
         losses.append(self._train(alg, gen, arrived))
+        self._received(alg, arrived)
         if not alg.mixes_each_arrival:
             alg.buffer_step([j["upload"] for j in arrived],
                             np.array([self.version - j["version"] for j in arrived], dtype=np.int64))
@@ -182,6 +183,20 @@ class AsyncServer:
             else torch.zeros(0)
         rows = [[t + 1, "train", "round_sim_seconds", duration], [t + 1, "train", "clients_answered", len(arrived)]]
         return answering, loss, rows
+
+    @staticmethod
+    def _received(alg, arrived: list) -> None:
+        """The round's arrived updates on the wire: each job's upload, counted in the round it reached the server
+        (a job trained early, in flight at a round's end, is counted when it arrives)."""
+        if not arrived:
+            return
+        codec = alg.upload_codec
+        if codec is not None:
+            codec.receive(alg, sum(v.numel() for v in arrived[0]["upload"].values()), len(arrived))
+            return
+        for j in arrived:
+            for k, v in j["upload"].items():
+                alg.traffic.receive(k, v)
 
     def _dispatch(self, alg, rng, pool: np.ndarray, count: int) -> int:
         """Send the server's current model to ``count`` idle clients drawn uniformly (one job each)."""
@@ -217,14 +232,10 @@ class AsyncServer:
         start = {k: torch.stack([j["start"][k] for j in todo]) for k in todo[0]["start"]}
         theta, loss, _ = alg.cohort_sgd(start, clients, gen, **alg.round_schedule(), **alg.job_objective(start))
         if alg.upload_codec is not None:  # each job's delta from its own download, compressed (pfl_cli.fl.compression)
-            theta = alg.upload_codec.compress_models(alg, clients, start, theta, stacked=True)
-        else:
-            for k, v in start.items():
-                alg.traffic.send(k, v[0], copies=len(todo))     # the model each job downloaded
-        uploads = alg.uploads(start, theta)
-        if alg.upload_codec is None:
-            for k, v in uploads.items():
-                alg.traffic.receive(k, v)                       # each job's update
+            theta = alg.upload_codec.compress_models(alg, clients, start, theta, stacked=True, record=False)
+        for k, v in start.items():
+            alg.traffic.send(k, v[0], copies=len(todo))     # the model each job downloaded
+        uploads = alg.uploads(start, theta)                 # received when each job arrives (_received)
         for i, j in enumerate(todo):
             j["upload"] = {k: v[i].clone() for k, v in uploads.items()}
             j["start"] = None

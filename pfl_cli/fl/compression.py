@@ -93,13 +93,15 @@ class UploadCodec:
     def wire_bytes(self, d: int) -> int:
         return wire_bytes(self.kind, d, density=self.density, levels=self.levels)
 
-    def compress_models(self, alg, cohort, global_params: dict, theta: dict, *, stacked: bool = False) -> dict:
+    def compress_models(self, alg, cohort, global_params: dict, theta: dict, *, stacked: bool = False,
+                        record: bool = True) -> dict:
         """The cohort's models as the server decodes them: ``x + C(u_i + e_i)``; records what crossed the wire in
         ``alg.traffic`` (the model down in float32, each compressed delta up in its encoding's bytes).
 
         ``global_params`` holds the keys that travel (a part of the model for the partial-sharing methods); with
         ``stacked`` it holds one start model per cohort row, (c, ...), each client's own download (an
-        asynchronous server's jobs start from different versions)."""
+        asynchronous server's jobs start from different versions); ``record`` False leaves the traffic to the
+        caller (:meth:`receive` when each upload reaches the server)."""
         import torch
 
         from pfl_cli.rng import torch_generator
@@ -120,16 +122,22 @@ class UploadCodec:
         sent = compress(self.kind, flat, density=self.density, levels=self.levels, gen=gen)
         if self.error_feedback:
             self.memory[rows] = flat - sent
-        for k, g in one.items():
-            alg.traffic.send(k, g, copies=c)
-        sent_values = topk_count(d, self.density) if self.kind == "topk" else d
-        alg.traffic.receive(f"delta ({self.kind})", _Count(sent_values), copies=c, wire_bytes=c * self.wire_bytes(d))
+        if record:
+            for k, g in one.items():
+                alg.traffic.send(k, g, copies=c)
+            self.receive(alg, d, c)
         out, start = {}, 0
         for k in names:
             g = one[k]
             out[k] = global_params[k] + sent[:, start:start + g.numel()].reshape(c, *g.shape)
             start += g.numel()
         return {**theta, **out}
+
+    def receive(self, alg, d: int, copies: int) -> None:
+        """Record ``copies`` compressed uploads of ``d`` coordinates reaching the server, in their encoding's bytes."""
+        sent_values = topk_count(d, self.density) if self.kind == "topk" else d
+        alg.traffic.receive(f"delta ({self.kind})", _Count(sent_values), copies=copies,
+                            wire_bytes=copies * self.wire_bytes(d))
 
     def state(self) -> dict:
         return {"memory": None if self.memory is None else self.memory.detach().cpu().clone()}
