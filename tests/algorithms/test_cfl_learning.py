@@ -9,9 +9,9 @@ train), 20 clients in all, every client every round (Alg. 1), an MLP 64-32-10, 1
 the warm-up of the authors' code (20 rounds), eps2 = 1.6 (theirs) and eps1 = 1.0: §V sets both per experiment from
 the observed update norms, and here the mean update's norm settles at 0.9 on one seed (0.27 on the other), above the
 authors' eps1 = 0.4, while a client's update exceeds 1.7 on both (docs/algorithms/clustered-fair.md has the
-numbers). FedAvg with the same settings, and a control: the same clients without the swap, where no split may happen
-(the largest client update stays below eps2 there). No single model can fit both groups: the criterion fires once
-the warm-up is over, and the split separates them.
+numbers). FedAvg with the same settings, and a control: the same clients without the swap, where no split may
+happen. No single model can fit both groups: the criterion fires once the warm-up is over, and the split separates
+them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ KEYS = dict(rounds=40, eval_every=20, clients_per_round=None, local_steps=10, lr
             val_fraction=0.0)
 CFL_KEYS = dict(cfl_eps1=1.0)  # eps2 and the warm-up: the defaults (the authors' 1.6 and 20 rounds)
 MARGIN = 0.30
+# measured 2026-11-29 (seed 0 / 1): one split each, at round 20 (mean update norm 0.265 / 0.845, largest client
+# update 1.70 / 2.10), into exactly the two groups; CFL train accuracy 96.6 / 97.3, FedAvg 48.5 / 48.4; no split in
+# the control
 
 
 def swapped_groups(seed: int, swap: bool = True):
