@@ -393,7 +393,12 @@ def test_every_path_valued_key_has_a_travel_case():
     assert _path_valued_keys() and _path_valued_keys() <= set(PATH_VALUES), "add the key to PATH_VALUES"
 
 
-@pytest.mark.parametrize("key", sorted(PATH_VALUES))
+# the default tier runs one key of each form (a path; a file:PATH spec), the slow tier every key
+DEFAULT_TIER_KEYS = {"backbone_weights", "compute_speed"}
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=() if k in DEFAULT_TIER_KEYS else pytest.mark.slow)
+                                 for k in sorted(PATH_VALUES)])
 def test_a_path_valued_key_travels(key, tmp_path, monkeypatch, capsys):
     # Issue 49, finding 6: a relative backbone_weights broke predict and `train --config RUN/config.yaml` run from
     # another directory once the tree moved, with a wrong message ("changed since the model was built" for a file

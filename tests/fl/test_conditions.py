@@ -270,8 +270,9 @@ def test_conditions_run_in_one_process_and_not_on_flower():
         check_deployable(registry.train_config("fedavg", dropout=0.1, val_fraction=0.0))
 
 
-@pytest.mark.parametrize("key,value,named", [("availability_trace", "trace.csv", "trace.csv"),
-                                             ("compute_speed", "file:speeds.csv", "speeds.csv")])
+@pytest.mark.parametrize("key,value,named", [
+    pytest.param("availability_trace", "trace.csv", "trace.csv", marks=pytest.mark.slow),
+    ("compute_speed", "file:speeds.csv", "speeds.csv")])
 def test_condition_files_are_manifest_inputs_and_a_changed_one_is_refused(tmp_path, monkeypatch, capsys, key, value,
                                                                           named):
     """An availability trace or a per-client speed file is recorded like any input file (stage "file", its sha256);
