@@ -62,3 +62,31 @@ def test_the_shared_parts_delta_is_what_is_compressed(store, name):
     assert np.abs(got - uncompressed).max() > 1e-4
     private = [k for k in alg.global_params if k not in names]
     assert private  # a part of the net that never travels
+
+
+def test_fedbabu_takes_one_server_step_a_round(store):
+    """With server_lr 0.5 and server momentum 0.9 the body moves once, x + 0.5 (mean - x) (FedAvgM's first step; its
+    buffer starts at zero), the head not at all (until the secure-aggregation merge the round stepped twice)."""
+    cfg = small_config(algorithm="fedbabu", mlp_hidden=(8,), local_steps=3, batch_size=8, lr=0.1, clients_per_round=4,
+                       server_lr=0.5, server_momentum=0.9)
+    alg, plain = alg_factory(cfg)(store), alg_factory(cfg)(store)
+    seen, sgd = {}, plain.cohort_sgd
+
+    def record(*a, **k):
+        out = sgd(*a, **k)
+        seen["theta"] = out[0]
+        return out
+
+    plain.cohort_sgd = record
+    x = {k: v.clone() for k, v in alg.global_params.items()}
+    cohort = torch.as_tensor(store.clients(ROLE_TRAIN)[[0, 3, 5, 9]])
+    alg.run_round(0, cohort, gen())
+    plain.run_round(0, cohort, gen())
+    size = store.fit.length[cohort].to(torch.float64)
+    w = size / size.sum()
+    for k in alg.body:
+        mean = torch.einsum("r,r...->...", w, seen["theta"][k].double())
+        torch.testing.assert_close(alg.global_params[k].double(), x[k].double() + 0.5 * (mean - x[k].double()),
+                                   rtol=1e-5, atol=1e-6)
+    for k in alg.head:
+        assert torch.equal(alg.global_params[k], x[k])
