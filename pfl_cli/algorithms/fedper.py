@@ -23,6 +23,7 @@ class FedPerConfig(PartialSharingConfig):
 
 class FedPer(PartialSharing):
     name = "fedper"
+    compressible_upload = True  # the shared part's delta from the global one (PartialSharing.run_round)
     individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
     averages_updates = True  # its server averages the shared body: an update attack and an aggregator act there
     async_ready = ("its shared body is averaged from client deltas as FedAvg's model is, and each head stays on its client: the body could take FedBuff's buffered step")

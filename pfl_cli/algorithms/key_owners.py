@@ -441,6 +441,7 @@ KEY_OWNERS = {
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
         'afl fedit ffa-lora fedsa-lora flexlora'
     ),
+    'rho': 'fedasync',
     'robust_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
@@ -492,7 +493,7 @@ KEY_OWNERS = {
     ),
     'server_momentum': (
         'pefll fedavg fedprox ditto apfl perfedavg knnper fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
-        'fedbn fedala feddbe gpfl fedcp fedas scaffold fedlc fednova moon fedsam fedit ffa-lora'
+        'fedbn fedala feddbe gpfl fedcp fedas scaffold fedlc fednova fedbuff moon fedsam fedit ffa-lora'
     ),
     'server_optimizer': 'pefll flowdup ld-fedavg fedopt',
     'sigma': 'fedamp',

@@ -24,6 +24,7 @@ class LGFedAvgConfig(PartialSharingConfig):
 
 class LGFedAvg(PartialSharing):
     name = "lg-fedavg"
+    compressible_upload = True  # the shared part's delta from the global one (PartialSharing.run_round)
     individual_reads = ""  # runs under --secagg: its shared head averaged from sums (fl.secagg.cohort_mean)
     averages_updates = True  # its server averages the shared head: an update attack and an aggregator act there
     async_ready = ("its shared head is averaged from client deltas and the bodies stay local: the head could take FedBuff's buffered step")

@@ -103,7 +103,11 @@ class PartialSharing(PrivateState, _GlobalModel):
         start.update(self.private.gather(cohort))
         theta, loss = self.local_update(start, cohort, gen)
         sent = corrupt_uploads(self, t, cohort, {k: theta[k] for k in self.shared})  # only the shared part travels
-        self.record_exchange({k: self.global_params[k] for k in self.shared}, sent, len(cohort))
+        if self.upload_codec is not None:  # its delta as compressed on the wire (pfl_cli.fl.compression)
+            sent = self.upload_codec.compress_models(self, cohort, {k: self.global_params[k] for k in self.shared},
+                                                     sent)
+        else:
+            self.record_exchange({k: self.global_params[k] for k in self.shared}, sent, len(cohort))
         mean = average_uploads(self, cohort, sent, by_size=self.average_by_size,
                                secagg=self.cfg.secagg)  # under --secagg from the cohort's sums only
         self.global_params.update(mean)

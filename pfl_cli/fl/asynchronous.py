@@ -53,6 +53,10 @@ class GlobalModelOnTheClock(OneGlobalModel):
         """A copy of the model a client downloads now."""
         return {k: v.detach().clone() for k, v in self.global_params.items()}
 
+    def job_objective(self, start: dict) -> dict:
+        """Extra arguments of the jobs' local SGD, given their stacked start models (none: plain local SGD)."""
+        return {}
+
 
 def staleness_weight(tau, kind: str = "polynomial", a: float = 0.5, b: float = 0.0):
     """s(tau) of updates ``tau`` (array) versions stale.
@@ -130,6 +134,7 @@ class AsyncServer:
             counts["selected"] += self._dispatch(alg, rng, pool, 1)
         # every job dispatched this round, trained now: the checkpoint holds updates only
         losses.append(self._train(alg, gen, arrived))
+        self._received(alg, arrived)
         if not alg.mixes_each_arrival:
             alg.buffer_step([j["upload"] for j in arrived],
                             np.array([self.version - j["version"] for j in arrived], dtype=np.int64))
@@ -146,6 +151,20 @@ class AsyncServer:
             else torch.zeros(0)
         rows = [[t + 1, "train", "round_sim_seconds", duration], [t + 1, "train", "clients_answered", len(arrived)]]
         return answering, loss, rows
+
+    @staticmethod
+    def _received(alg, arrived: list) -> None:
+        """The round's arrived updates on the wire: each job's upload, counted in the round it reached the server
+        (a job trained early, in flight at a round's end, is counted when it arrives)."""
+        if not arrived:
+            return
+        codec = alg.upload_codec
+        if codec is not None:
+            codec.receive(alg, sum(v.numel() for v in arrived[0]["upload"].values()), len(arrived))
+            return
+        for j in arrived:
+            for k, v in j["upload"].items():
+                alg.traffic.receive(k, v)
 
     def _dispatch(self, alg, rng, pool: np.ndarray, count: int) -> int:
         """Send the server's current model to ``count`` idle clients drawn uniformly (one job each)."""
@@ -179,12 +198,12 @@ class AsyncServer:
             return None
         clients = torch.as_tensor([j["client"] for j in todo], dtype=torch.int64, device=alg.device)
         start = {k: torch.stack([j["start"][k] for j in todo]) for k in todo[0]["start"]}
-        theta, loss, _ = alg.cohort_sgd(start, clients, gen, **alg.round_schedule())
+        theta, loss, _ = alg.cohort_sgd(start, clients, gen, **alg.round_schedule(), **alg.job_objective(start))
+        if alg.upload_codec is not None:  # each job's delta from its own download, compressed (pfl_cli.fl.compression)
+            theta = alg.upload_codec.compress_models(alg, clients, start, theta, stacked=True, record=False)
         for k, v in start.items():
             alg.traffic.send(k, v[0], copies=len(todo))     # the model each job downloaded
-        uploads = alg.uploads(start, theta)
-        for k, v in uploads.items():
-            alg.traffic.receive(k, v)                       # each job's update
+        uploads = alg.uploads(start, theta)                 # received when each job arrives (_received)
         for i, j in enumerate(todo):
             j["upload"] = {k: v[i].clone() for k, v in uploads.items()}
             j["start"] = None
