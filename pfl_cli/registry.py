@@ -91,6 +91,7 @@ BUILTINS = {
     "fedsa-lora": "pfl_cli.algorithms.fedsa_lora:FedSALoRA",
     "flexlora": "pfl_cli.algorithms.flexlora:FlexLoRA",
     "pefll-lora": "pfl_cli.algorithms.pefll_lora:PeFLLLoRA",
+    "pfedhn-lora": "pfl_cli.algorithms.pfedhn_lora:PFedHNLoRA",
 }
 
 

@@ -111,3 +111,26 @@ def test_pefll_lora_adapters_of_new_clients_load_in_peft_with_pflx_logits(tmp_pa
                                    rtol=0, atol=1e-5)
     # generated per client: the two new clients' adapters differ
     assert not torch.equal(*[saved["weights"]["model.fc1.lora_B.weight"][i] for i in range(2)])
+
+
+def test_pfedhn_lora_generates_adapters_from_embeddings_and_fits_new_clients_with_phi_frozen(digits_clients):
+    from pfl_cli.fl.store import ROLE_TRAIN
+
+    run = train(digits_clients, "pfedhn-lora", embed_rounds=2)
+    alg = run.algorithm
+    params = dict(alg.net.named_parameters())
+    assert list(alg.hnet.target_shapes) == list(params) and all(".base_layer." not in k for k in params)
+    train_clients = alg.store.clients(ROLE_TRAIN)[:3]
+    theta, _ = alg.personalize(train_clients, torch.Generator().manual_seed(0))
+    with torch.no_grad():  # a train client's adapters: h of its trained embedding row (Alg. 1)
+        want = alg.hnet(alg.table.weight[alg.row_of[torch.as_tensor(train_clients)]])
+    for k in params:
+        assert torch.equal(theta[k], want[k]), k
+    phi = {k: v.clone() for k, v in alg.hnet.state_dict().items()}
+    holdout = alg.store.clients(ROLE_HOLDOUT)
+    before = alg.new_client_steps
+    theta, _ = alg.personalize(holdout, torch.Generator().manual_seed(0))
+    assert alg.new_client_steps - before == 2 * len(holdout)  # embed_rounds server steps on each fresh embedding
+    assert all(torch.equal(v, alg.hnet.state_dict()[k]) for k, v in phi.items())  # phi frozen
+    assert all(theta[k].shape == (len(holdout), *params[k].shape) for k in params)
+    assert not torch.equal(theta["model.fc1.lora_A.weight"][0], theta["model.fc1.lora_A.weight"][1])
