@@ -33,8 +33,9 @@ import tempfile
 from pathlib import Path
 
 
-def build_task(root: Path, args) -> tuple[Path, Path]:
-    """The federated pool as an npz dataset and the base net pre-trained on the public pool (a state dict)."""
+def build_task(root: Path, args) -> tuple[Path, Path, float]:
+    """The federated pool as an npz dataset, the base net pre-trained on the public pool (a state dict) and that
+    net's accuracy on the federated pool."""
     import numpy as np
     import torch
     from sklearn.datasets import load_digits
@@ -61,7 +62,10 @@ def build_task(root: Path, args) -> tuple[Path, Path]:
         opt.step()
     base = root / "base.pt"
     torch.save({k: v.detach().clone() for k, v in net.state_dict().items()}, base)
-    return data, base
+    with torch.no_grad():  # the frozen base with its own classifier, no federated step: where the adapters start
+        pooled = torch.as_tensor(x[federated], dtype=torch.float32)
+        accuracy = float((net(pooled).argmax(1) == torch.as_tensor(y[federated])).float().mean())
+    return data, base, accuracy
 
 
 def pflx(*args) -> None:
@@ -118,11 +122,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     root = args.out or Path(tempfile.mkdtemp(prefix="hn-lora-"))
     root.mkdir(parents=True, exist_ok=True)
-    data, base = build_task(root, args)
+    data, base, base_accuracy = build_task(root, args)
     results = [run_seed(root, data, base, s, args) for s in seeds]
     print(f"new clients ({args.holdout} holdout of {args.clients}, digits Dirichlet({args.alpha}), base MLP pre-trained "
           f"on {args.public} public images, LoRA r 4; {args.rounds} rounds x {args.cohort} clients x "
           f"{args.local_steps} steps, lr {args.lr}; seeds {args.seeds})")
+    print(f"the pre-trained base alone (its own classifier, no federated step) on the federated pool: "
+          f"{base_accuracy:.1%}")
     print(f"{'protocol':<42} " + " ".join(f"{'seed ' + str(s):>8}" for s in seeds) + f" {'mean':>8} {'steps':>8}")
     means = {}
     for label in results[0]:
