@@ -92,6 +92,7 @@ BUILTINS = {
     "flexlora": "pfl_cli.algorithms.flexlora:FlexLoRA",
     "pefll-lora": "pfl_cli.algorithms.pefll_lora:PeFLLLoRA",
     "pfedhn-lora": "pfl_cli.algorithms.pfedhn_lora:PFedHNLoRA",
+    "hyperfl-lpm-lora": "pfl_cli.algorithms.hyperfl_lpm_lora:HyperFLLPMLoRA",
 }
 
 

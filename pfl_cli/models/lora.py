@@ -150,7 +150,9 @@ def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int, alpha: flo
     built, whose layers ``targets`` names)."""
     from pfl_cli.models.pretrained import file_sha256
 
-    if str(base.get("arch", "")).endswith("-bn") or base.get("arch") in ("backbone", "lora"):
+    probe = base.get("arch") == "backbone" and base.get("tune") == "probe"  # HyperFL-LPM's frozen backbone
+    if str(base.get("arch", "")).endswith("-bn") or base.get("arch") == "lora" or (base.get("arch") == "backbone"
+                                                                                   and not probe):
         raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
                          f"model_arch {base.get('arch')!r}.")
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
