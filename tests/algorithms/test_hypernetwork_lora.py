@@ -134,3 +134,27 @@ def test_pfedhn_lora_generates_adapters_from_embeddings_and_fits_new_clients_wit
     assert all(torch.equal(v, alg.hnet.state_dict()[k]) for k, v in phi.items())  # phi frozen
     assert all(theta[k].shape == (len(holdout), *params[k].shape) for k in params)
     assert not torch.equal(theta["model.fc1.lora_A.weight"][0], theta["model.fc1.lora_A.weight"][1])
+
+
+@pytest.mark.slow
+def test_hyperfl_lpm_lora_generates_lora_adapters_on_the_frozen_backbone(digits_clients):
+    """The hypernetwork's outputs are the LoRA A and B of the backbone's layers (no bottleneck adapter), the
+    classifier each client's own; the backbone stays its seeded frozen weights."""
+    import numpy as np
+
+    from pfl_cli.fl.store import ROLE_TRAIN
+
+    ds, part = digits_clients
+    x = np.kron(ds.x.reshape(-1, 1, 8, 8), np.ones((1, 1, 4, 4), dtype=ds.x.dtype))  # 1x32x32 images
+    cfg = registry.train_config("hyperfl-lpm-lora", rounds=2, clients_per_round=2, eval_every=2, backbone="resnet-micro",
+                                hyper_hidden=8, embed_dim=8, lora_rank=2, local_epochs=1)
+    run = train_federated(x, ds.y, ds.num_classes, part, cfg, device=torch.device("cpu"))
+    alg = run.algorithm
+    params = dict(alg.net.named_parameters())
+    assert alg.hnet.target_names == [k for k in params if ".lora_" in k] and alg.hnet.target_names
+    assert alg.head_names == [k for k in params if ".lora_" not in k] == ["model.head.weight", "model.head.bias"]
+    assert not any("adapters" in k for k, _ in alg.net.named_modules())
+    for k, b in alg.client_net().named_buffers():
+        assert torch.equal(b, dict(alg.net.named_buffers())[k]), k
+    theta, personalized = alg.personalize(alg.store.clients(ROLE_TRAIN)[:2], torch.Generator().manual_seed(0))
+    assert personalized and set(theta) == set(params)
