@@ -17,7 +17,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'ala_eta': 'fedala',
     'ala_every_client': 'fedala',
@@ -31,7 +31,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'alpha': 'apfl feddyn fedasync',
     'alpha_k': 'fedamp',
@@ -45,42 +45,42 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'attack_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'attack_scale': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'availability': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'availability_trace': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'average_last_two': 'fedexp',
     'backbone': (
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp '
-        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl'
+        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl hyperfl-lpm-lora'
     ),
     'backbone_tune': (
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
@@ -92,14 +92,14 @@ KEY_OWNERS = {
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp '
-        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl'
+        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl hyperfl-lpm-lora'
     ),
     'batch_size': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'beta': 'perfedavg pfedme',
     'beta1': 'fedopt',
@@ -113,14 +113,14 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'client_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta fedbabu fedrod fedbn fedala feddbe gpfl pfedla fedpac fedproto '
         'fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova fedbuff '
         'fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora '
-        'pefll-lora pfedhn-lora'
+        'pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'client_sizes': 'pfedhn pfedhn-pc',
     'clients_per_round': (
@@ -128,35 +128,35 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'cohort_exec': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'compression': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'compression_density': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'compute_speed': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'concurrency': 'fedbuff fedasync',
     'dbe_kappa': 'feddbe',
@@ -167,87 +167,87 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_accountant': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_bits': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_delta': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_epsilon': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_mechanism': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_min_survivors': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_noise': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_population': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_sampling_rate': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dropout': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
-    'embed_dim': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm pefll-lora pfedhn-lora',
-    'embed_lr': 'pfedhn pfedhn-pc hyperfl hyperfl-lpm pfedhn-lora',
+    'embed_dim': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'embed_lr': 'pfedhn pfedhn-pc hyperfl hyperfl-lpm pfedhn-lora hyperfl-lpm-lora',
     'embed_rounds': 'pfedhn pfedhn-pc pfedhn-lora',
     'embedding': 'pefll flowdup pefll-lora',
     'eps': 'fedexp',
@@ -256,7 +256,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'eval_descriptor': 'pefll pefll-lora',
     'eval_every': (
@@ -264,14 +264,14 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'evaluate_hidden_labels': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'feature_dim': 'flowdup',
     'fedas_align_batch': 'fedas',
@@ -294,10 +294,10 @@ KEY_OWNERS = {
     'gpfl_lambda': 'gpfl',
     'gpfl_mu': 'gpfl',
     'head_epochs': 'fedrep fedpac',
-    'head_lr': 'hyperfl hyperfl-lpm fedpac',
+    'head_lr': 'hyperfl hyperfl-lpm fedpac hyperfl-lpm-lora',
     'hn_momentum': 'pfedhn pfedhn-pc pfedhn-lora',
     'hn_weight_decay': 'pfedhn pfedhn-pc pfedhn-lora',
-    'hyper_hidden': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm flowdup pefll-lora pfedhn-lora',
+    'hyper_hidden': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm flowdup pefll-lora pfedhn-lora hyperfl-lpm-lora',
     'hyper_size': 'pefll pfedhn pfedhn-pc pefll-lora pfedhn-lora',
     'inference': 'fedproto',
     'interpolation': 'knnper',
@@ -308,7 +308,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'labeled_rate': 'flowdup',
     'lam': 'ditto pfedme fedamp',
@@ -319,7 +319,7 @@ KEY_OWNERS = {
         'knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl '
         'pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc '
         'fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora '
-        'fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'lambda_v': 'pefll pefll-lora',
     'learnable_centre': 'flowdup',
@@ -327,7 +327,7 @@ KEY_OWNERS = {
         'fedavg local hyperfl hyperfl-lpm fedprox fedper lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta fedbabu fedrod fedbn fedala feddbe gpfl pfedla fedproto fednh fedcp '
         'fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova centralized moon fedsam '
-        'ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
+        'ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora hyperfl-lpm-lora'
     ),
     'local_epochs_range': 'fednova',
     'local_steps': (
@@ -337,66 +337,66 @@ KEY_OWNERS = {
         'centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora pefll-lora '
         'pfedhn-lora'
     ),
-    'lora_alpha': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
+    'lora_alpha': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
     'lora_base_weights': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
     'lora_dropout': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
-    'lora_rank': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
-    'lora_targets': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
+    'lora_rank': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'lora_targets': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
     'lr': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'lstm_hidden': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'mlp_hidden': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_arch': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_head': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_kwargs': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_weights': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'momentum': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl '
         'pfedla fedpac fedproto fednh fedcp fedas fedfomo apple feddyn fedopt fedexp fedlc fedamp fednova '
         'fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora '
-        'flexlora pefll-lora pfedhn-lora'
+        'flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'moon_mu': 'moon',
     'moon_tau': 'moon',
@@ -406,7 +406,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'new_client_em_steps': 'fedem',
     'new_client_epochs': (
@@ -418,7 +418,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'num_clusters': 'ifca',
     'num_components': 'fedem',
@@ -427,7 +427,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'personal_clip': 'ditto',
     'personal_lr': 'pfedme',
@@ -441,35 +441,35 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'robust_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'robust_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'round_deadline': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'rounds': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'sam_rho': 'fedavg fedprox fedsam',
     'secagg': (
@@ -477,14 +477,14 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'seed': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'server_clip': 'pefll pfedhn pfedhn-pc pefll-lora pfedhn-lora',
     'server_lr': (
@@ -511,7 +511,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'track_descriptors': 'pefll pefll-lora',
     'val_fraction': (
@@ -519,7 +519,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'variant': 'perfedavg',
     'write_nonprivate': (
@@ -527,6 +527,6 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
 }
