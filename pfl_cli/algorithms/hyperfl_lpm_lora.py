@@ -37,6 +37,9 @@ class HyperFLLPMLoRA(HyperFLLPM):
     search_space_source = HyperFLLPM.search_space_source
     tune_group = "train"
     config = HyperFLLPMLoRAConfig
+    # pflx attack's model of HyperFL's upload has been checked on bottleneck adapters (tests/attack), not on generated
+    # LoRA adapters: not offered here until it is
+    models_upload = False
     # HyperFL's local steps are its own two stages, which run no adapter dropout; the frozen base is the backbone
     inert_keys = {"lora_dropout": "HyperFL's two local stages run without adapter dropout",
                   "lora_base_weights": "its frozen base is the backbone (backbone_weights)",
