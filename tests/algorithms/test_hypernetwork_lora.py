@@ -140,8 +140,6 @@ def test_pfedhn_lora_generates_adapters_from_embeddings_and_fits_new_clients_wit
 def test_hyperfl_lpm_lora_generates_lora_adapters_on_the_frozen_backbone(digits_clients):
     """The hypernetwork's outputs are the LoRA A and B of the backbone's layers (no bottleneck adapter), the
     classifier each client's own; the backbone stays its seeded frozen weights."""
-    import numpy as np
-
     from pfl_cli.fl.store import ROLE_TRAIN
 
     ds, part = digits_clients
