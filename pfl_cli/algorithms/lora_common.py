@@ -1,4 +1,5 @@
-"""What the federated LoRA algorithms share (FedIT, FFA-LoRA, FedSA-LoRA): the LoRA keys and the client net.
+"""What the federated LoRA algorithms share (FedIT, FFA-LoRA, FedSA-LoRA, FlexLoRA, and the hypernetworks that generate
+adapters: PeFLL-LoRA, pFedHN-LoRA, HyperFL-LPM-LoRA): the LoRA keys and the client net.
 
 The client net is :class:`~pfl_cli.models.lora.LoRANet`: model_arch's net frozen (its weights buffers, seeded
 random or ``lora_base_weights``), LoRA adapters on the layers ``lora_targets`` names, its classifier trained in
