@@ -74,7 +74,8 @@ SHORT = ["--rounds", "6", "--eval-every", "3", "--local-steps", "3", "--clients-
 EVERY = {
     "pefll": [], "fedavg": ["--finetune-steps", "3"], "local": ["--local-epochs", "2"], "pfedhn": [],
     "pfedhn-pc": [], "hyperfl": [],
-    "hyperfl-lpm": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
+    "hyperfl-lpm": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"],
+    "hyperfl-lpm-lora": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
     "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [], "fedtta": [],
     "fedbabu": ["--set", "finetune_epochs=1"], "fedrod": [], "fedbn": [], "fedala": ["--set", "ala_max_start_epochs=3"], "feddbe": [],
     "gpfl": [], "pfedla": [], "fedcp": [], "fedas": [], "fedpac": [],
@@ -83,7 +84,7 @@ EVERY = {
     "fednova": ["--set", "local_epochs=null"], "centralized": [],
     "fedlc": [], "fedamp": ["--set", "new_client_epochs=1"],
     "fedproto": [], "fednh": [], "fedfomo": [], "apple": [], "moon": [], "fedsam": [], "ifca": [], "qffl": [], "cfl": [], "fedem": [], "afl": [],
-    "fedit": [], "ffa-lora": [], "fedsa-lora": [], "flexlora": [], "fedbuff": [], "fedasync": [],
+    "fedit": [], "ffa-lora": [], "fedsa-lora": [], "flexlora": [], "pefll-lora": [], "pfedhn-lora": [], "fedbuff": [], "fedasync": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }
