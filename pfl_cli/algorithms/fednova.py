@@ -84,8 +84,7 @@ class FedNovaConfig(FedAvgConfig):
 
 class FedNova(FedAvg):
     name = "fednova"
-    individual_reads = ("each client's normalized update and step count; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: Eq. 7-8 from three sums (pfl_cli.fl.nova.normalized_delta_secure)
     paper = "FedNova: Wang et al., NeurIPS 2020 (Eq. 6-8, normalized averaging)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedNovaConfig
@@ -151,6 +150,11 @@ class FedNova(FedAvg):
         else:
             self.record_exchange(self.global_params, {**theta, "a_norm": norm.to(torch.float32)}, len(cohort))
         size = self.store.fit.length[cohort].to(torch.float64)
+        if self.cfg.secagg:  # each client sends n_i (x_i - x) / ||a_i||_1, n_i and n_i ||a_i||_1: sums only
+            from pfl_cli.fl.nova import normalized_delta_secure
+
+            self.server_update(normalized_delta_secure(self.global_params, theta, size, norm))
+            return loss
         self.server_update(normalized_delta(self.global_params, theta, size / size.sum(), norm))  # Eq. 7-8
         return loss
 
