@@ -10,7 +10,8 @@ the rest, and options the deployment does not implement, in one line.
 The messages carry exactly the tensors the algorithm's traffic ledger counts (FedAvg: the global
 model down, each client's model up; PeFLL: Alg. 8's six messages per client, thesis §4.3 and
 App. B.1.3; pFedHN: theta_i down, delta theta_i up); their bytes on the wire are measured and written beside the ledger's count.
-Each algorithm's messages live in one module (:data:`ROUNDS`): its server side and its node side.
+Each algorithm's messages live in one module (:data:`ROUNDS`): its server side and its node side. Under
+``--secagg`` the averaging algorithms' rounds run through Flower's SecAgg+ instead (:mod:`.secure`).
 """
 
 from __future__ import annotations
