@@ -136,7 +136,8 @@ def one_round(grid, alg, meter, accepted: dict, t: int, members: list, state: by
         fitins = {}
         for c, own in _own_batches(alg, members, state).items():
             slots, mask = own["slots"].numpy(), own["mask"].numpy()
-            fitins[accepted[c]] = FitIns(model, {"round": t, "mechanism": mech, "slots": slots.astype(np.int64).tobytes(),
+            fitins[accepted[c]] = FitIns(model, {"round": t, "mechanism": mech,
+                                                 "slots": slots.astype(np.int64).tobytes(),
                                                  "mask": mask.astype(np.float32).tobytes(),
                                                  "shape": json.dumps(list(slots.shape))})
         half = 2 ** (alg.dp.bits - 1)
