@@ -44,8 +44,7 @@ class FedDynConfig(FedAvgConfig):
 
 class FedDyn(DriftState, FedAvg):
     name = "feddyn"
-    individual_reads = ("each client's model; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: Alg. 1's server needs sum theta_k (and the cohort size) only
     paper = "FedDyn: Acar et al., ICLR 2021 (Alg. 1)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedDynConfig
@@ -74,6 +73,19 @@ class FedDyn(DriftState, FedAvg):
         moved = {k: theta[k] - g for k, g in self.global_params.items()}
         self.drift.scatter(cohort, {k: grad_prev[k] - alpha * moved[k] for k in moved})  # each client's own
         m = self.population()
+        if self.cfg.secagg:  # each client sends theta_k and 1: sum moved = sum theta_k - |P| theta^{t-1}
+            import torch
+
+            from pfl_cli.fl.secagg import WEIGHT, secure_sum
+
+            total = secure_sum({**sent, WEIGHT: torch.ones(len(cohort), device=self.device)},
+                               spent=(theta, sent, moved)).total()
+            count = total.pop(WEIGHT)
+            self.server_drift = {k: h - alpha * (total[k] - count * self.global_params[k]) / m
+                                 for k, h in self.server_drift.items()}
+            mean = {k: v / count.clamp_min(1.0) for k, v in total.items()}
+            self.global_params = {k: mean[k] - self.server_drift[k] / alpha for k in mean}
+            return loss
         if self.cfg.aggregator == "mean":
             total = {k: (sent[k] - g).sum(0) for k, g in self.global_params.items()}
             mean = uniform_mean(sent)

@@ -85,8 +85,7 @@ class FedNovaConfig(FedAvgConfig):
 
 class FedNova(FedAvg):
     name = "fednova"
-    individual_reads = ("each client's normalized update and step count; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: Eq. 7-8 from three sums (pfl_cli.fl.nova.normalized_delta_secure)
     averages_updates = True  # Eq. 7-8 average the normalized updates: an update attack and an aggregator act
     paper = "FedNova: Wang et al., NeurIPS 2020 (Eq. 6-8, normalized averaging)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
@@ -154,6 +153,11 @@ class FedNova(FedAvg):
         else:
             self.record_exchange(self.global_params, {**theta, "a_norm": norm.to(torch.float32)}, len(cohort))
         size = self.store.fit.length[cohort].to(torch.float64)
+        if self.cfg.secagg:  # each client sends n_i (x_i - x) / ||a_i||_1, n_i and n_i ||a_i||_1: sums only
+            from pfl_cli.fl.nova import normalized_delta_secure
+
+            self.server_update(normalized_delta_secure(self.global_params, theta, size, norm))
+            return loss
         if self.cfg.aggregator == "mean":
             self.server_update(normalized_delta(self.global_params, theta, size / size.sum(), norm))  # Eq. 7-8
         else:  # the aggregate of the normalized updates d_i = (x_i - x) / ||a_i||_1 (p_i-weighted), times tau_eff

@@ -51,8 +51,7 @@ class ScaffoldConfig(FedAvgConfig):
 
 class Scaffold(DriftState, FedAvg):
     name = "scaffold"
-    individual_reads = ("each client's model and control-variate deltas; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: lines 16-17 need sum Delta y_i and sum Delta c_i only
     averages_updates = True  # line 16 averages Delta y_i: an update attack and a robust aggregator act there
     paper = "SCAFFOLD: Karimireddy et al., ICML 2020 (Alg. 1, option II)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
@@ -90,9 +89,22 @@ class Scaffold(DriftState, FedAvg):
         self.record_exchange({**self.global_params, **{f"c.{k}": v for k, v in c_server.items()}},
                              {**sent, **{f"c.{k}": v for k, v in delta_c.items()}}, len(cohort))
         self.drift.scatter(cohort, c_new)
+        n = self.population()
+        if self.cfg.secagg:  # each client sends Delta y_i, Delta c_i and 1; the server reads their sums only
+            import torch
+
+            from pfl_cli.fl.secagg import WEIGHT, secure_sum
+
+            ones = torch.ones(len(cohort), device=self.device)
+            total = secure_sum({**{f"y.{k}": v for k, v in sent.items()},
+                                **{f"c.{k}": v for k, v in delta_c.items()}, WEIGHT: ones},
+                               spent=(y, delta_y, sent, delta_c)).total()
+            count = total.pop(WEIGHT).clamp_min(1.0)
+            self.server_update({k: total[f"y.{k}"] / count for k in delta_y})          # line 16
+            self.server_drift = {k: v + total[f"c.{k}"] / n for k, v in c_server.items()}  # line 17
+            return loss
         self.server_update(uniform_mean(sent) if self.cfg.aggregator == "mean"  # line 16: eta_g, mean Delta y
                            else robust_delta(self, cohort, sent))
-        n = self.population()
         self.server_drift = {k: v + delta_c[k].sum(0) / n for k, v in c_server.items()}  # line 17
         return loss
 

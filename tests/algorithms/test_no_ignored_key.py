@@ -46,6 +46,10 @@ INERT = {
                    "(tests/fl/test_fl_cohort.py::test_every_cohort_exec_gives_the_same_numbers)",
 }
 # A key that acts on the files ``pflx train`` writes, not on the run this suite observes: where that is checked.
+# A key that acts on what the server step reads, with the plain run's result by design: where that is checked.
+READS = {"secagg": "the server step reads the cohort's sums only, and computes the plain run's model (bit for bit "
+                   "where sum-then-divide rounds as the plain mean does: SCAFFOLD, central DP-FedAvg); "
+                   "tests/fl/test_secagg.py runs it with every summed row poisoned and checks every refusal"}
 WRITES = {"write_nonprivate": "adds the nonprivate* files of a DP run "
                               "(tests/cli/test_train_dp.py::test_write_nonprivate_adds_only_nonprivate_files)"}
 # The round keys of an algorithm without rounds (``federated = False``: Local) change nothing it trains. They are
@@ -314,7 +318,7 @@ def _cases() -> list:
     cases = []
     for name, entry in registry.entries().items():
         for key in entry.keys:
-            if key in INERT or key in WRITES or (key in ROUND_KEYS and not entry.algorithm.federated):
+            if key in INERT or key in WRITES or key in READS or (key in ROUND_KEYS and not entry.algorithm.federated):
                 continue
             # ... and every optional tuple key (off by default), whose values are of no scalar's type
             default = name == "fedrod" or key in ("server_lr", "server_momentum") or _optional_tuple(name, key)
@@ -397,7 +401,8 @@ def test_optional_tuple_key_is_probed_with_a_value_it_takes(name, key):
 def test_inert_table_holds_keys_that_exist():
     """The table of inert keys stays tiny and names only keys some algorithm takes."""
     every = {k for e in registry.entries().values() for k in e.keys}
-    assert set(INERT) | set(WRITES) | set(ROUND_KEYS) <= every and len(INERT) <= 3 and len(WRITES) <= 1
+    assert set(INERT) | set(WRITES) | set(READS) | set(ROUND_KEYS) <= every and len(INERT) <= 3
+    assert len(WRITES) <= 1 and len(READS) <= 1
     for entry in registry.entries().values():  # a declared inert key is a field of its config, not listed as taken
         fields = {f.name for f in dataclasses.fields(entry.config)}
         assert set(entry.algorithm.inert_keys) <= fields - set(entry.keys), entry.name

@@ -225,3 +225,11 @@ def test_each_rank_holds_only_the_data_of_its_own_clients(root, tmp_path):
         own = np.unique(np.concatenate([np.asarray(part.train_indices)[np.isin(part.train_owner(), clients)],
                                         np.asarray(part.test_indices)[np.isin(part.test_owner(), clients)]]))
         assert r["samples"] == len(own) < 0.75 * r["total"]                                  # memory falls with N
+
+
+def test_secagg_with_nproc_is_refused_up_front(root, tmp_path, capsys):
+    """--secagg's simulated secure sum runs in one process: refused in one line before anything is launched."""
+    assert _train(root, tmp_path / "x", "--algorithm", "fedavg", "--secagg", "--nproc", "2") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--algorithm fedavg runs in one process only: --secagg sums the cohort's rows" in err
+    assert not (tmp_path / "x").exists()
