@@ -89,11 +89,8 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
     from pfl_cli.artifacts import ArtifactWriter
     from pfl_cli.config import config_to_dict
     from pfl_cli.data.location import load_partition_dataset
-    from pfl_cli.fl.api import train_federated
     from pfl_cli.fl.distributed import world
-    from pfl_cli.fl.loop import TrainingDiverged
-    from pfl_cli.fl.store import ROLE_TRAIN
-    from pfl_cli.readers import check_checkpoint_location
+    from pfl_cli.partition.base import ROLE_TRAIN
 
     writes = world()[0] == 0
     ArtifactWriter(out, stage="train", config={}, seed=cfg.seed, force=force)  # --out problems first
@@ -120,6 +117,11 @@ def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: 
         events.note(f"{out} is up to date (same config and inputs); nothing to do."
                     + (f" `pflx show --plot {out}` draws its curves." if plot else ""))
         return TrainResult(out, up_to_date=True)
+    # the round loop (and torch, with the device) once the run is known not to be up to date
+    from pfl_cli.fl.api import train_federated
+    from pfl_cli.fl.loop import TrainingDiverged
+    from pfl_cli.readers import check_checkpoint_location
+
     if device is None:
         from pfl_cli.fl.device import resolve_device
 

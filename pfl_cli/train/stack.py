@@ -75,8 +75,7 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import check_device, resolve_device
-    from pfl_cli.fl.loop import TrainingDiverged
-    from pfl_cli.fl.stack import check_stackable, train_stacked
+    from pfl_cli.fl.stack import check_stackable
     from pfl_cli.data.location import load_partition_dataset
     from pfl_cli.fl.distributed import launched_size
     from pfl_cli.readers import check_checkpoint_location
@@ -137,7 +136,11 @@ def train_stack(members: list[StackMember], *, partition: Path, resume: bool | N
         writers[i], cks[i] = (writer, config), ck
     if not todo:
         return []
-    device = resolve_device(cfgs[0].device)  # torch: only once some run is not up to date
+    # the round loop and torch: only once some run is not up to date
+    from pfl_cli.fl.loop import TrainingDiverged
+    from pfl_cli.fl.stack import train_stacked
+
+    device = resolve_device(cfgs[0].device)
     if any(cfgs[i].dp_epsilon is None for i in todo):  # under --dp the clients' number and sizes are private
         _warn_clamped(cfgs[todo[0]], part, n_train, events)
     events.kept("interrupted; nothing more was written, and each unfinished run's last checkpoint is kept beside "
