@@ -511,6 +511,10 @@ BACKBONE_KEYS = ("backbone", "backbone_weights", "backbone_tune")
 # Why the backbone keys change nothing for an algorithm whose hypernetwork generates the client nets.
 GENERATED_NETS = ("its hypernetwork generates model_arch's client net (a pre-trained backbone is a client net of the "
                   "algorithms that train one directly, and of hyperfl-lpm)")
+# A hypernetwork generates every parameter of its target net, which holds no buffers (pfl_cli.models.hypernetwork):
+# a state dict to start the net from is never read (pFedHN-PC's personal head, not generated, reads it).
+GENERATED_WEIGHTS = ("its hypernetwork generates every parameter of model_arch's client net, so a state dict to "
+                     "start that net from is never read (model_kwargs and model_head do act)")
 
 
 def require_features(alg, what: str) -> None:

@@ -25,7 +25,6 @@ from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.fl.params import broadcast, cpu_tree, stack
-from pfl_cli.privacy.randomness import mechanism_generator
 
 
 @dataclass(frozen=True)
@@ -157,6 +156,8 @@ class FedAvg(Attackable, Algorithm):
         else:
             self.record_exchange(self.global_params, theta, len(cohort))
         if self.dp is not None:
+            from pfl_cli.privacy.randomness import mechanism_generator  # numpy.random: not for a run up to date
+
             deltas = {k: theta[k] - g for k, g in self.global_params.items()}
             self.server_update(self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}",
                                                                             self.device)))
@@ -194,6 +195,7 @@ class FedAvg(Attackable, Algorithm):
         import torch
 
         from pfl_cli.fl.secagg import WEIGHT
+        from pfl_cli.privacy.randomness import mechanism_generator
 
         if self.dp is None:
             n = self.store.fit.length[cohort].to(torch.float32)
@@ -207,6 +209,7 @@ class FedAvg(Attackable, Algorithm):
         is all it reads. Alg. 3 line 9 as sum(n_i theta_i) / sum(n_i); under ``--dp`` the released sum
         (central: noise added here; distributed: decoded) divided by the mechanism's fixed denominator."""
         from pfl_cli.fl.secagg import WEIGHT
+        from pfl_cli.privacy.randomness import mechanism_generator
 
         if self.dp is None:
             sums = total.total()

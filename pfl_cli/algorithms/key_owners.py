@@ -385,11 +385,11 @@ KEY_OWNERS = {
         'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_weights': (
-        'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
-        'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
-        'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'fedavg local pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg '
+        'pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala '
+        'feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp '
+        'fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit '
+        'ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'momentum': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '

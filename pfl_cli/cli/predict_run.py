@@ -46,8 +46,9 @@ import numpy as np
 
 from pfl_cli.cli.output import Reporter, core_progress
 from pfl_cli.cli.common import load_partition_dataset
-from pfl_cli.cli.train_run import (CLIENT_COLUMNS, accuracy_table, clean, client_rows, has_global_model,
-                                   torch_bytes)
+from pfl_cli.cli.train_run import accuracy_table
+from pfl_cli.fl.checkpoint import torch_bytes
+from pfl_cli.train.files import CLIENT_COLUMNS, clean, client_rows, has_global_model
 from pfl_cli.compare.stats import FAIRNESS_KEYS
 from pfl_cli.fl.evaluate import CLASS_METRICS
 from pfl_cli.errors import ArtifactError, ConfigError
