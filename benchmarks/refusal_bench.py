@@ -9,7 +9,10 @@ Each command runs once untimed first, with bytecode writing on (an installed pac
 ``.pyc`` files); the figure is the best of ``--repeats`` runs. The artifacts the "up to date"
 cases read are made first, not timed (a few tiny trainings: about a minute of CPU).
 
-    python benchmarks/refusal_bench.py [--repeats N]
+    python benchmarks/refusal_bench.py [--repeats N] [--only TEXT]
+
+``--only TEXT`` (repeatable) times the cases whose label holds one of the TEXTs (e.g. ``--only "train --seeds"``);
+the artifacts they read are still made first.
 """
 
 from __future__ import annotations
@@ -106,6 +109,8 @@ def cases(w: Path) -> list[tuple[str, list[str], int]]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="time only the cases whose label holds TEXT (repeatable)")
     args = parser.parse_args(argv)
     v = Verdicts()
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,6 +120,10 @@ def main(argv: list[str]) -> int:
         for label, command, code in todo:
             if label.endswith("up to date"):
                 subprocess.run(pflx(*command), env=_env(), check=True)
+        if args.only:
+            todo = [case for case in todo if any(text in case[0] for text in args.only)]
+            if not todo:
+                raise SystemExit(f"--only {args.only}: no case's label holds it")
         v.note("load average (1, 5, 15 min)", " ".join(f"{x:.2f}" for x in os.getloadavg()))
         floor_wall, floor_cpu = cold([sys.executable, "-c", "import numpy"], 0, args.repeats)
         v.note("floor: python -c 'import numpy'", f"{floor_wall:.3f} s (cpu {floor_cpu:.3f} s)")

@@ -117,15 +117,15 @@ def _relative_to_file(values: dict[str, Any], path: Path, stage: str) -> dict[st
     if stage != "train":
         return values
     from pfl_cli.fl.config import TrainConfig
-    from pfl_cli.readers.files import path_keys
+    from pfl_cli.readers.files import key_file, path_keys, with_key_file
 
     out = dict(values)
     for key in path_keys(TrainConfig):
-        value = out.get(key)
-        if isinstance(value, str) and value and not Path(value).is_absolute():
+        value = key_file(TrainConfig, key, out.get(key))
+        if value and not Path(value).is_absolute():
             beside = path.parent / value
             if beside.exists():
-                out[key] = os.path.normpath(os.path.abspath(beside))
+                out[key] = with_key_file(TrainConfig, key, out[key], os.path.normpath(os.path.abspath(beside)))
     return out
 
 

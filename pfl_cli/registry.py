@@ -90,6 +90,9 @@ BUILTINS = {
     "ffa-lora": "pfl_cli.algorithms.ffa_lora:FFALoRA",
     "fedsa-lora": "pfl_cli.algorithms.fedsa_lora:FedSALoRA",
     "flexlora": "pfl_cli.algorithms.flexlora:FlexLoRA",
+    "pefll-lora": "pfl_cli.algorithms.pefll_lora:PeFLLLoRA",
+    "pfedhn-lora": "pfl_cli.algorithms.pfedhn_lora:PFedHNLoRA",
+    "hyperfl-lpm-lora": "pfl_cli.algorithms.hyperfl_lpm_lora:HyperFLLPMLoRA",
 }
 
 

@@ -356,8 +356,8 @@ def _path_valued_keys() -> set[str]:
     return found
 
 
-def _backbone_weights(root: Path) -> tuple[str, list[str]]:
-    """A resnet-micro state dict at root/weights/ (relative path), and the settings that make train read it."""
+def _backbone_weights(root: Path) -> tuple[str, list[str], str]:
+    """A resnet-micro state dict at root/weights/ (relative path), the settings that make train read it, the file."""
     import torch
 
     from pfl_cli.models.pretrained import PretrainedNet
@@ -366,19 +366,39 @@ def _backbone_weights(root: Path) -> tuple[str, list[str]]:
     net = PretrainedNet("resnet-micro", (1, 8, 8), 10, "adapters")
     torch.save({k: torch.full_like(v, 0.01) for k, v in net.backbone.state_dict().items()},
                root / "weights" / "micro.pth")
-    return "weights/micro.pth", ["--set", "backbone=resnet-micro"]
+    return "weights/micro.pth", ["--set", "backbone=resnet-micro"], "weights/micro.pth"
 
 
-# How each path-valued key gets a file and what else its run needs (a new path-valued key fails the test below
-# until it has an entry: the travel case is generated from the schema).
-PATH_VALUES = {"backbone_weights": _backbone_weights}
+def _availability_trace(root: Path) -> tuple[str, list[str], str]:
+    """An availability trace of CHAIN's 8 clients (every one online in both slots) at root/conditions/."""
+    (root / "conditions").mkdir()
+    (root / "conditions" / "trace.csv").write_text("1,1\n" * 8)
+    return "conditions/trace.csv", [], "conditions/trace.csv"
+
+
+def _speeds(root: Path) -> tuple[str, list[str], str]:
+    """A per-client speed file of CHAIN's 8 clients at root/conditions/, named in the file:PATH form."""
+    (root / "conditions").mkdir()
+    (root / "conditions" / "speeds.csv").write_text("\n".join(str(1.0 + i) for i in range(8)) + "\n")
+    return "file:conditions/speeds.csv", [], "conditions/speeds.csv"
+
+
+# How each path-valued key gets a file, what else its run needs and the file it names (a new path-valued key fails
+# the test below until it has an entry: the travel case is generated from the schema).
+PATH_VALUES = {"backbone_weights": _backbone_weights, "availability_trace": _availability_trace,
+               "compute_speed": _speeds, "network_speed": _speeds}
 
 
 def test_every_path_valued_key_has_a_travel_case():
     assert _path_valued_keys() and _path_valued_keys() <= set(PATH_VALUES), "add the key to PATH_VALUES"
 
 
-@pytest.mark.parametrize("key", sorted(PATH_VALUES))
+# the default tier runs one key of each form (a path; a file:PATH spec), the slow tier every key
+DEFAULT_TIER_KEYS = {"backbone_weights", "compute_speed"}
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=() if k in DEFAULT_TIER_KEYS else pytest.mark.slow)
+                                 for k in sorted(PATH_VALUES)])
 def test_a_path_valued_key_travels(key, tmp_path, monkeypatch, capsys):
     # Issue 49, finding 6: a relative backbone_weights broke predict and `train --config RUN/config.yaml` run from
     # another directory once the tree moved, with a wrong message ("changed since the model was built" for a file
@@ -386,7 +406,7 @@ def test_a_path_valued_key_travels(key, tmp_path, monkeypatch, capsys):
     # train --config run from another directory.
     origin = tmp_path / "origin"
     _data(origin)
-    value, extra = PATH_VALUES[key](origin)
+    value, extra, named = PATH_VALUES[key](origin)
     monkeypatch.chdir(origin)
     small = ["--rounds", "1", "--eval-every", "1", "--local-steps", "1", "--device", "cpu", "--format", "quiet"]
     assert main([*CHAIN["partition"].args, "--out", "part", "--format", "quiet"]) == 0
@@ -409,7 +429,7 @@ def test_a_path_valued_key_travels(key, tmp_path, monkeypatch, capsys):
     model_pt = {m["outputs"][i]["path"]: m["outputs"][i]["sha256"] for m in (first,) for i in range(len(m["outputs"]))}
     assert {o["path"]: o["sha256"] for o in again["outputs"]}["model.pt"] == model_pt["model.pt"]
     # gone: one line that says missing (not "changed")
-    os.remove(moved / value)
+    os.remove(moved / named)
     code = main(["predict", "--model", f"{tree}/model", "--partition", f"{tree}/part", "--out", "pred2",
                  *small[-2:]])
     err = capsys.readouterr().err

@@ -76,6 +76,9 @@ def test_no_import_cycle_but_the_known_one(edges):
     (ENGINE, (WRITER, "pfl_cli.cli")),
     # The study logic (trials, stacks, workers, the private study) is core: the command writes and prints.
     ("pfl_cli.tune", ("pfl_cli.cli",)),
+    # The train stage's core (checks, checkpoints, the artifact, the DP artifact, the metrics, the stacks) is core
+    # too (issue 49): the command parses, calls it and prints.
+    ("pfl_cli.train", ("pfl_cli.cli",)),
     # The rules a Python user must meet as the CLI does (issue 49): no sample scored twice, and what a study's
     # best config carries into a run (its ledger, the non-private refusal) are core, the commands call them.
     ("pfl_cli.overlap", ("pfl_cli.cli", WRITER)),
@@ -108,6 +111,35 @@ def test_the_overlap_rule_and_the_study_composition_stay_in_the_core(parsed, edg
     in_cli = {f for m, fs in defined_functions().items() if m.startswith("pfl_cli.cli") for f in fs}
     assert not in_cli & {"study_prior", "check_unseen_samples", "same_partition", "_same_partition",
                          "partition_recipe", "read_provenance"}
+
+
+# What the train command did itself before its core moved to pfl_cli.train (issue 49): none of it in cli/ again.
+TRAIN_CORE = {"_run_train", "write_train_files", "write_dp_artifact", "train_metrics", "client_rows",
+              "has_global_model", "with_model_files", "portable_model", "check_seeds", "_continue", "_resume",
+              "_warn_clamped", "_diverged_message", "_kept_note", "clean"}
+
+
+def test_the_train_core_stays_in_the_core():
+    """The train command's module defines printing and its reporter's answers; the core defines the run."""
+    from import_graph import defined_functions
+
+    defined = defined_functions()
+    in_core = {f for m, fs in defined.items() if m.startswith("pfl_cli.train.") for f in fs}
+    assert TRAIN_CORE <= in_core
+    in_cli = {f for m, fs in defined.items() if m.startswith("pfl_cli.cli") for f in fs}
+    assert not in_cli & TRAIN_CORE
+    # the command's run_train / run_train_seeds / train_stack call the core's (each one line of work)
+    import ast
+    from pathlib import Path
+
+    import pfl_cli.cli.train_run as command
+
+    tree = ast.parse(Path(command.__file__).read_text())
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in
+               ("run_train", "run_train_seeds", "train_stack")):
+        imported = {a.name for n in ast.walk(fn) if isinstance(n, ast.ImportFrom) and n.module.startswith(
+            "pfl_cli.train.") for a in n.names}
+        assert fn.name in imported, fn.name
 
 
 def test_the_bottom_layers_import_what_they_say(edges):

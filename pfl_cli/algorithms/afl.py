@@ -29,7 +29,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.fl.config import check_own_keys, key
-from pfl_cli.fl.params import broadcast, cpu_tree
+from pfl_cli.fl.global_model import OneGlobalModel
 
 MOHRI = "Mohri et al. (ICML 2019)"
 
@@ -49,7 +49,7 @@ class AFLConfig(FedAvgRoundConfig):
         check_own_keys(self, {"afl_lambda_lr": "a finite number >= 0"})
 
 
-class AFL(Algorithm):
+class AFL(OneGlobalModel, Algorithm):
     name = "afl"
     individual_reads = "each client's loss (the ascent step on the mixture weights lambda reads them one by one)"
     paper = "AFL: Mohri et al., ICML 2019 (Eq. 2, Stochastic-AFL, §5)"
@@ -66,17 +66,12 @@ class AFL(Algorithm):
                            "gamma_lambda on a log range around its 1e-3 and the client lr")
     tune_group = "train"
 
-    @property
-    def needs_labels_to_predict(self) -> bool:
-        return False
-
     def build(self) -> None:
         import torch
 
         from pfl_cli.fl.store import ROLE_TRAIN
 
-        self.net = self.client_net()
-        self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
+        super().build()  # the global model (OneGlobalModel)
         train = np.asarray(self.store.clients(ROLE_TRAIN))
         self.pool = torch.as_tensor(train[np.asarray(self.store.labeled)[train]], device=self.device)
         self.lam = torch.zeros(self.store.num_clients, dtype=torch.float64, device=self.device)
@@ -89,20 +84,8 @@ class AFL(Algorithm):
 
         return 2 * num_parameters(arch["client"]) + 1
 
-    def losses(self, clients):
-        from pfl_cli.fl.clusters import losses_under
-        from pfl_cli.fl.cohort import resolve_cohort_exec
-
-        how = resolve_cohort_exec(self.cfg.cohort_exec, self.net, self.device)
-        one = {k: v.unsqueeze(0) for k, v in self.global_params.items()}
-        return losses_under(self.net, self.store, self.store.fit, clients, one, how)[:, 0]
-
     def run_round(self, t, cohort, gen):
-        c = len(cohort)
-        for k, v in self.global_params.items():
-            self.traffic.send(k, v, copies=c)
-        f = self.losses(cohort)
-        theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, c), cohort, gen, **self.round_schedule())
+        f, theta, loss = self.losses_and_local_models(cohort, gen)  # w down, F_k(w), local SGD
         for k, v in theta.items():
             self.traffic.receive(k, v)   # its update w_k - w
         self.traffic.receive("loss", f)  # F_k(w)
@@ -110,24 +93,19 @@ class AFL(Algorithm):
         self.lam = lambda_step(self.lam, self.pool, cohort, f, float(self.cfg.afl_lambda_lr))
         return loss
 
-    def personalize(self, clients: np.ndarray, gen):
-        return self.global_params, False
-
-    def protocol(self, new: bool) -> dict:
-        return {"protocol": "global model", "rounds": 0}
-
+    # the mixture weights lambda travel with the global model (OneGlobalModel's state and weights)
     def state(self):
-        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}, "lambda": self.lam.clone()}
+        return {**super().state(), "lambda": self.lam.clone()}
 
     def load_state(self, state):
-        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
+        super().load_state(state)
         self.lam = state["lambda"].to(self.device)
 
     def weights(self):
-        return {"client": cpu_tree(self.global_params, clone=True), "lambda": self.lam.detach().cpu().clone()}
+        return {**super().weights(), "lambda": self.lam.detach().cpu().clone()}
 
     def load_weights(self, weights):
-        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
+        super().load_weights(weights)
         if "lambda" in weights and weights["lambda"].shape == self.lam.shape:
             self.lam = weights["lambda"].to(self.device)
 

@@ -101,8 +101,7 @@ class APFLConfig(FedAvgRoundConfig):
 class APFL(PrivateState, FedAvg):
     name = "apfl"
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
-    individual_reads = ("each client's global-model update; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: w averaged from sums (pfl_cli.fl.secagg.cohort_mean)
     search_space = {"lr": "log:1e-3:1", "alpha": "choice:0.25,0.5,0.75"}
     search_space_source = ("Deng et al., APFL (2020), §6: mixing weights alpha in {0.25, 0.5, 0.75}")
     tune_group = "train"
@@ -141,7 +140,12 @@ class APFL(PrivateState, FedAvg):
                                            **self.round_schedule())
         w = self.byzantine_uploads(t, cohort, w)
         self.record_exchange(self.global_params, w, len(cohort))  # w only: v and alpha stay on the client
-        self.server_step(self.server_mean(cohort, w))
+        if self.cfg.secagg:  # Alg. 1's average of w from sums: n_i w_i and n_i through secure aggregation
+            from pfl_cli.fl.secagg import cohort_mean
+
+            self.server_step(cohort_mean(self.store, cohort, w, secagg=True))
+        else:
+            self.server_step(self.server_mean(cohort, w))
         self.private.scatter(cohort, {**v, ALPHA: alpha})
         return loss
 

@@ -374,12 +374,15 @@ class Algorithm(ABC):
         return {"epochs": epochs} if epochs else {"steps": cfg.local_steps}
 
     def cohort_sgd(self, start: dict, clients, gen, *, steps: int | None = None, epochs: int | None = None,
-                   trainable=None, prox_mu: float = 0.0, prox_anchor: dict | None = None, sgd: dict | None = None):
+                   trainable=None, prox_mu: float = 0.0, prox_anchor: dict | None = None,
+                   prox_anchors: dict | None = None, sgd: dict | None = None):
         """One batched local-SGD run of ``clients`` (LongTensor) from stacked ``start``.
 
         ``steps`` SGD steps each, or ``epochs`` passes over each client's fit data; ``sgd`` overrides
-        settings of :meth:`sgd_options` (Ditto's plain personal steps). Returns the parameters, each
-        client's mean loss and the number of steps taken in all.
+        settings of :meth:`sgd_options` (Ditto's plain personal steps). ``prox_mu`` adds the proximal term
+        ``prox_mu / 2 ||w - anchor||^2`` around one model ``prox_anchor`` (FedProx) or around each client's own
+        row of the stacked ``prox_anchors`` (FedAsync: the model each job downloaded). Returns the parameters,
+        each client's mean loss and the number of steps taken in all.
         """
         from pfl_cli.fl.cohort import local_sgd
 
@@ -388,7 +391,8 @@ class Algorithm(ABC):
             from pfl_cli.fl.conditions.rounds import cap_steps
 
             cap_steps(batches, self.round_budget)
-        anchor = None if prox_anchor is None else broadcast(prox_anchor, len(clients))
+        anchor = prox_anchors if prox_anchors is not None else \
+            None if prox_anchor is None else broadcast(prox_anchor, len(clients))
         moving = {k: v for k, v in start.items() if trainable is None or k in trainable}
         fixed = {k: v for k, v in start.items() if k not in moving}
         theta, loss = local_sgd(self.net, moving, self.store, batches, fixed=fixed,
@@ -507,6 +511,10 @@ BACKBONE_KEYS = ("backbone", "backbone_weights", "backbone_tune")
 # Why the backbone keys change nothing for an algorithm whose hypernetwork generates the client nets.
 GENERATED_NETS = ("its hypernetwork generates model_arch's client net (a pre-trained backbone is a client net of the "
                   "algorithms that train one directly, and of hyperfl-lpm)")
+# A hypernetwork generates every parameter of its target net, which holds no buffers (pfl_cli.models.hypernetwork):
+# a state dict to start the net from is never read (pFedHN-PC's personal head, not generated, reads it).
+GENERATED_WEIGHTS = ("its hypernetwork generates every parameter of model_arch's client net, so a state dict to "
+                     "start that net from is never read (model_kwargs and model_head do act)")
 
 
 def require_features(alg, what: str) -> None:

@@ -30,8 +30,8 @@ momentum buffer, carried across rounds, and the weight decay are post-processing
 matches; without ``--dp`` it is the realized cohort's): the accountant counts ``rounds`` times that many
 Poisson-sampled Gaussian steps (:class:`pfl_cli.fl.dpsgd.PooledDPSGD`), calibrated before any data is read.
 Refused under ``--dp``: ``local_epochs`` (its step count follows the private client sizes), ``clients_per_round``
-null (the count of clients is read from the data) and ``client_clip`` away from its default (the per-record clip
-C replaces it).
+null (the count of clients is read from the data), ``client_clip`` away from its default (the per-record clip
+C replaces it) and ``dropout`` (the steps and batches do not depend on which clients answer).
 """
 
 from __future__ import annotations
@@ -92,6 +92,12 @@ class Centralized(FedAvg):
             raise ConfigError("clients_per_round null under --dp: centralized's steps a round would follow the number "
                               "of clients in the data; set --clients-per-round N (a round takes N x local_steps "
                               "DP-SGD steps).")
+        if getattr(cfg, "dropout", 0.0):  # found by the no-ignored-key product under --dp
+            from pfl_cli.fl.config import inert_refusal
+
+            raise inert_refusal("dropout", cfg.algorithm, "under --dp a round is clients_per_round x local_steps "
+                                "DP-SGD steps on Poisson batches of the pooled records, whichever of the cohort's "
+                                "clients leave", cfg.dropout)
         default = CentralizedConfig.__dataclass_fields__["client_clip"].default
         if cfg.client_clip != default:
             raise ConfigError(f"client_clip under --dp: DP-SGD clips each record's gradient to --dp clip=C instead "

@@ -49,8 +49,7 @@ class Ditto(PrivateState, FedAvg):
     name = "ditto"
     async_ready = ("its global model is FedAvg's (which FedBuff or FedAsync could aggregate) and each personal model trains on its own client against the model it downloaded")
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
-    individual_reads = ("each client's global-model update; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: its global model is FedAvg's round (FedAvg.aggregate's secure sums)
     search_space = {"lr": "log:1e-3:1", "lam": "choice:0.01,0.1,0.5,1,2"}
     search_space_source = ("Li et al., Ditto (ICML 2021), §5 and App. C: lambda tuned on validation data over a grid "
                            "within [0.01, 2]")

@@ -48,7 +48,7 @@ import numpy as np
 from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import check_own_keys, key
-from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.params import stack
 
 STARTED = "ala_started"  # private flag: 1.0 once a client has left its start phase
 
@@ -94,6 +94,7 @@ class FedALA(PrivateState, FedAvg):
     config = FedALAConfig
     dp_unit = None  # no DP variant declared (FedAvg's DP-FedAvg is not inherited)
     models_upload = False  # its upload starts from the ALA-aggregated model, not the global one
+    averages_updates = True  # its server averages the uploaded models (server_mean): an attack and an aggregator act
     serves_unlabeled = ""
     not_distributed = "its adaptive local aggregation runs in one process (no sharding of the cohort across ranks)"
     search_space = {"lr": "log:1e-3:1", "ala_eta": "log:0.1:10", "ala_sample": "float:0.05:1"}
@@ -132,7 +133,7 @@ class FedALA(PrivateState, FedAvg):
             max_start_epochs=cfg.ala_max_start_epochs)
         return hat, w
 
-    def _every_client_round(self, cohort, gen):
+    def _every_client_round(self, t, cohort, gen):
         """``ala_every_client``: the cohort trains from its stored local model (ALA-aggregated with this
         global model at the end of the last round; the global model itself before any ALA), then every
         train client aggregates with the new global model (PFLlib serverala.py send_models)."""
@@ -146,8 +147,9 @@ class FedALA(PrivateState, FedAvg):
         for k in start:
             start[k][has] = row[k][has]
         theta, loss, _ = self.cohort_sgd(start, cohort, gen, **self.round_schedule())
-        self.record_exchange(self.global_params, theta, len(cohort))
-        self.server_step(weighted_mean(self.store, cohort, theta))
+        sent = self.byzantine_uploads(t, cohort, theta)  # a malicious client keeps what it trained
+        self.record_exchange(self.global_params, sent, len(cohort))
+        self.server_step(self.server_mean(cohort, sent))
         self.private.scatter(cohort, theta)
         train = torch.as_tensor(self.store.clients(ROLE_TRAIN), device=cohort.device)
         everyone = self.private.gather(train)
@@ -163,7 +165,7 @@ class FedALA(PrivateState, FedAvg):
 
         cfg = self.cfg
         if cfg.ala_every_client:
-            return self._every_client_round(cohort, gen)
+            return self._every_client_round(t, cohort, gen)
         row = self.private.gather(cohort)
         local = {k: row[k] for k in self.global_params}
         weights = {k: row[f"W.{k}"] for k in self.top}
@@ -184,8 +186,9 @@ class FedALA(PrivateState, FedAvg):
                 weights[k][sel] = w[k]
             started = started | has  # a client's first aggregation was its start phase
         theta, loss, _ = self.cohort_sgd(start, cohort, gen, **self.round_schedule())
-        self.record_exchange(self.global_params, theta, len(cohort))
-        self.server_step(weighted_mean(self.store, cohort, theta))
+        sent = self.byzantine_uploads(t, cohort, theta)  # a malicious client keeps what it trained
+        self.record_exchange(self.global_params, sent, len(cohort))
+        self.server_step(self.server_mean(cohort, sent))
         self.private.scatter(cohort, {**theta, **{f"W.{k}": weights[k] for k in self.top},
                                       STARTED: started.to(row[STARTED].dtype)})
         return loss

@@ -14,8 +14,13 @@ of either holds as many client updates; 1 makes a round one update of Alg. 1); `
 checkpoints and ``--resume`` count rounds. The simulated clock advances to each arrival (:mod:`pfl_cli.fl.asynchronous`; client durations from the conditions' ``compute_speed`` and
 ``network_speed``). A new client gets the global model, or it fine-tuned ``finetune_steps`` local steps.
 
-Departure, said here: Alg. 1's workers minimize the regularized objective ``f(x) + rho/2 ||x - x_tau||^2``; pflx's
-take plain local SGD steps (rho = 0, which §6 also runs), the local solver every other pflx method shares.
+A worker's local objective (Alg. 1, worker "Optimizer") is regularized around the model x_tau it downloaded,
+
+    g_{x_tau}(x; z) = f(x; z) + rho/2 ||x - x_tau||^2,
+
+so its local SGD steps add ``rho (x - x_tau)`` to each gradient (``rho``; each in-flight job keeps its own x_tau, so
+the jobs of one batched call have one anchor each). ``rho = 0`` (the default) is plain local SGD, the solver every
+other pflx method shares.
 """
 
 from __future__ import annotations
@@ -51,12 +56,17 @@ class FedAsyncConfig(TrainConfig):
     staleness_a: float = key(0.5, "a of the polynomial (t - tau + 1)^-a and of the hinge 1 / (a (t - tau - b) + 1)",
                              f"{XIE} §6: a = 0.5 for Poly")
     staleness_b: float = key(4.0, "b: the hinge's staleness without decay", f"{XIE} §6: Hinge with b = 4")
+    rho: float = key(0.0, "rho: weight of the worker's regularizer rho/2 ||x - x_tau||^2 around the model it "
+                          "downloaded (0: plain local SGD)",
+                     f"{XIE} Alg. 1 (the worker's objective g_{{x_tau}}); 0, pflx's default, is plain local SGD as in "
+                     "every other pflx method (Alg. 1's regularizer switched off)")
     finetune_steps: int = key(0, "local steps from the global model before evaluation (0: the global model)",
                               "pflx: FedAvg's new-client protocol (the global model as-is)")
 
     def validate(self) -> None:
         super().validate()
         check_own_keys(self, {"concurrency": "an integer >= 1", "alpha": "a number in (0, 1]",
+                              "rho": "a finite number >= 0",
                               "staleness_a": "a finite number >= 0", "staleness_b": "a finite number >= 0"})
         if self.clients_per_round is None:
             from pfl_cli.errors import ConfigError
@@ -74,6 +84,7 @@ NEEDS["staleness_b"] = (lambda cfg: getattr(cfg, "staleness", "constant") == "hi
 
 class FedAsync(GlobalModelOnTheClock, Algorithm):
     name = "fedasync"
+    compressible_upload = True  # each job's delta from the model it downloaded (AsyncServer._train)
     individual_reads = ("each client's update as it arrives (asynchronous: there is no cohort whose sum "  # --secagg
                         "secure aggregation could reveal alone)")
     paper = "FedAsync: Xie, Koyejo, Gupta, 2019 (Alg. 1; staleness functions §5.2)"
@@ -85,15 +96,20 @@ class FedAsync(GlobalModelOnTheClock, Algorithm):
     mixes_each_arrival = True  # x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new at every arrival
     serves_unlabeled = "fedasync without --finetune-steps (one global model)"
     search_space = {"lr": "log:1e-3:1", "alpha": "choice:0.1,0.3,0.6,0.9",
-                    "staleness": "choice:constant,polynomial,hinge"}
+                    "staleness": "choice:constant,polynomial,hinge", "rho": "choice:0,0.001,0.01,0.1"}
     search_space_source = (f"{XIE} §6: alpha compared over 0.1 to 0.9 and the three staleness functions; the client "
-                           "lr tuned per task")
+                           "lr tuned per task; pflx: rho (Alg. 1's regularizer) over decades with 0")
     tune_group = "train"
 
     @staticmethod
     def uploads(start: dict, theta: dict) -> dict:
         """Alg. 1's worker message: its trained model x_new."""
         return dict(theta)
+
+    def job_objective(self, start: dict) -> dict:
+        """Alg. 1's worker objective: ``rho/2 ||x - x_tau||^2`` around each job's own downloaded model ``start``."""
+        rho = float(self.cfg.rho)
+        return {"prox_mu": rho, "prox_anchors": start} if rho else {}
 
     def mix(self, model: dict, stale: int) -> None:
         """Alg. 1's Updater: ``x <- (1 - alpha_t) x + alpha_t x_new``, ``alpha_t = alpha s(t - tau)``."""

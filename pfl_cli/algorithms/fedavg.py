@@ -24,8 +24,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
-from pfl_cli.fl.params import broadcast, cpu_tree, stack, weighted_mean
-from pfl_cli.privacy.randomness import mechanism_generator
+from pfl_cli.fl.params import broadcast, cpu_tree, stack
 
 
 @dataclass(frozen=True)
@@ -157,6 +156,8 @@ class FedAvg(Attackable, Algorithm):
         else:
             self.record_exchange(self.global_params, theta, len(cohort))
         if self.dp is not None:
+            from pfl_cli.privacy.randomness import mechanism_generator  # numpy.random: not for a run up to date
+
             deltas = {k: theta[k] - g for k, g in self.global_params.items()}
             self.server_update(self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}",
                                                                             self.device)))
@@ -166,22 +167,17 @@ class FedAvg(Attackable, Algorithm):
     def byzantine_uploads(self, t: int, cohort, theta: dict) -> dict:
         """The cohort's models ``theta`` as the server receives them in round ``t``: with Byzantine clients
         (:mod:`pfl_cli.fl.byzantine`) the malicious ones' deltas from the global model replaced; else ``theta``."""
-        if self.byzantine is None:
-            return theta
-        return self.byzantine.corrupt(t, cohort, {k: self.global_params[k] for k in theta}, theta,
-                                      default_server_lr=self.default_server_lr)
+        from pfl_cli.fl.robust import corrupt_uploads
+
+        return corrupt_uploads(self, t, cohort, theta)
 
     def server_mean(self, cohort, theta: dict) -> dict:
         """The server's average of the cohort's models ``theta`` (the global model's keys or some of them):
         FedAvg's data-size-weighted mean (Alg. 3 line 9), or the robust aggregator ``aggregator`` names
         (:mod:`pfl_cli.fl.robust`), centred on the server's last step (its buffer, where it keeps one)."""
-        if self.cfg.aggregator == "mean":
-            return weighted_mean(self.store, cohort, theta)
-        from pfl_cli.fl.robust import robust_mean
+        from pfl_cli.fl.robust import average_uploads
 
-        buf = getattr(self, "server_buf", None)
-        return robust_mean(self.cfg, self.store, cohort, theta, {k: self.global_params[k] for k in theta},
-                           center=None if buf is None else {k: buf[k] for k in theta})
+        return average_uploads(self, cohort, theta)
 
     # Secure aggregation (pfl_cli.fl.secagg): what the server would read one client at a time ("" = nothing, the
     # server step needs the cohort's sums only). Declared per class (the table in docs/privacy/secure-aggregation.md).
@@ -199,6 +195,7 @@ class FedAvg(Attackable, Algorithm):
         import torch
 
         from pfl_cli.fl.secagg import WEIGHT
+        from pfl_cli.privacy.randomness import mechanism_generator
 
         if self.dp is None:
             n = self.store.fit.length[cohort].to(torch.float32)
@@ -212,6 +209,7 @@ class FedAvg(Attackable, Algorithm):
         is all it reads. Alg. 3 line 9 as sum(n_i theta_i) / sum(n_i); under ``--dp`` the released sum
         (central: noise added here; distributed: decoded) divided by the mechanism's fixed denominator."""
         from pfl_cli.fl.secagg import WEIGHT
+        from pfl_cli.privacy.randomness import mechanism_generator
 
         if self.dp is None:
             sums = total.total()

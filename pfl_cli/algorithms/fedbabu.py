@@ -24,7 +24,7 @@ from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import broadcast
-from pfl_cli.fl.secagg import cohort_mean
+from pfl_cli.fl.robust import average_uploads
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class FedBABUConfig(FedAvgRoundConfig):
 
 class FedBABU(FedAvg):
     name = "fedbabu"
+    compressible_upload = True  # the body's delta (the head is fixed and never sent)
     async_ready = ("its body is FedAvg's model with a fixed head: the body could take FedBuff's buffered step")
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
     individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
@@ -85,9 +86,12 @@ class FedBABU(FedAvg):
         theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen,
                                          **self.round_schedule(), trainable=self.body)
         body = self.byzantine_uploads(t, cohort, {k: theta[k] for k in self.body})
-        self.record_exchange({k: self.global_params[k] for k in self.body}, body, len(cohort))
-        self.server_step(self.server_mean(cohort, body))
-        self.server_step(cohort_mean(self.store, cohort, body, secagg=self.cfg.secagg))  # --secagg: sums only
+        if self.upload_codec is not None:  # the body's delta as compressed on the wire (pfl_cli.fl.compression)
+            body = self.upload_codec.compress_models(self, cohort, {k: self.global_params[k] for k in self.body}, body)
+        else:
+            self.record_exchange({k: self.global_params[k] for k in self.body}, body, len(cohort))
+        # the aggregator's average (--secagg: the mean from sums only, pfl_cli.fl.secagg)
+        self.server_step(average_uploads(self, cohort, body, secagg=self.cfg.secagg))
         return loss
 
     def server_step(self, mean: dict) -> None:

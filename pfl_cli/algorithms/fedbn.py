@@ -32,7 +32,8 @@ from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.errors import InputError
 from pfl_cli.fl.config import CLIENT_ARCHS, check_own_keys, key, model_kind
-from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.params import stack
+from pfl_cli.fl.robust import average_uploads, corrupt_uploads
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class FedBN(PrivateState, _GlobalModel):
     name = "fedbn"
     individual_reads = ("each client's layers outside batch norm; "  # under --secagg (pfl_cli.fl.secagg)
                         "its server averages them, a path through secure sums is not written yet")
+    averages_updates = True  # its server averages the layers outside batch norm: an attack and an aggregator act
     paper = "FedBN: Li, Jiang, Zhang, Kamp, Dou, ICLR 2021"
     new_client_protocol = "its own normalization layers trained new_client_epochs, the global layers frozen"
     config = FedBNConfig
@@ -116,10 +118,10 @@ class FedBN(PrivateState, _GlobalModel):
         start = {**stack(self.global_params, len(cohort)), **self.private.gather(cohort)}
         theta, loss, _ = self._steps(start, cohort, gen, trainable=self.shared + self.norm_params,
                                      **self.round_schedule())
-        shared = {k: theta[k] for k in self.shared}
+        shared = corrupt_uploads(self, t, cohort, {k: theta[k] for k in self.shared})  # as the server receives it
         self.record_exchange(self.global_params, shared, len(cohort))
         # Alg. 1: (1/K) sum_k, then the server step (server_lr, server_momentum; 1 and 0: the mean itself)
-        self.global_params = self.server_average(weighted_mean(self.store, cohort, shared, by_size=False))
+        self.global_params = self.server_average(average_uploads(self, cohort, shared, by_size=False))
         self.private.scatter(cohort, {k: theta[k] for k in self.init_local})
         return loss
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.control_variates import DriftState, uniform_mean
+from pfl_cli.fl.robust import corrupt_uploads, robust_delta
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,13 @@ class FedDynConfig(FedAvgConfig):
 
 class FedDyn(DriftState, FedAvg):
     name = "feddyn"
-    individual_reads = ("each client's model; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: Alg. 1's server needs sum theta_k (and the cohort size) only
     paper = "FedDyn: Acar et al., ICLR 2021 (Alg. 1)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedDynConfig
     dp_unit = None  # no DP variant (FedAvg's DP-FedAvg is not inherited)
     models_upload = False  # its local objective adds the dynamic regularizer, not FedAvg's upload
+    averages_updates = True  # its server averages the cohort's models: an update attack and a robust aggregator act
     serves_unlabeled = "feddyn without --finetune-steps (one global model)"
     drift_paper = "Acar et al. 2021, Alg. 1: h moves by alpha/m"
     inert_keys = {k: "its server step is Alg. 1's (Acar et al. 2021: theta^t = mean theta_k - h^t / alpha; "
@@ -67,11 +68,31 @@ class FedDyn(DriftState, FedAvg):
         alpha = float(self.cfg.alpha)
         grad_prev = self.drift.gather(cohort)
         theta, loss, _ = self.corrected_sgd(cohort, gen, {k: -v for k, v in grad_prev.items()}, prox_mu=alpha)
-        self.record_exchange(self.global_params, theta, len(cohort))
+        sent = corrupt_uploads(self, t, cohort, theta)  # the models as the server receives them (issue 48)
+        self.record_exchange(self.global_params, sent, len(cohort))
         moved = {k: theta[k] - g for k, g in self.global_params.items()}
-        self.drift.scatter(cohort, {k: grad_prev[k] - alpha * moved[k] for k in moved})
+        self.drift.scatter(cohort, {k: grad_prev[k] - alpha * moved[k] for k in moved})  # each client's own
         m = self.population()
-        self.server_drift = {k: h - alpha * moved[k].sum(0) / m for k, h in self.server_drift.items()}
-        mean = uniform_mean(theta)
+        if self.cfg.secagg:  # each client sends theta_k and 1: sum moved = sum theta_k - |P| theta^{t-1}
+            import torch
+
+            from pfl_cli.fl.secagg import WEIGHT, secure_sum
+
+            total = secure_sum({**sent, WEIGHT: torch.ones(len(cohort), device=self.device)},
+                               spent=(theta, sent, moved)).total()
+            count = total.pop(WEIGHT)
+            self.server_drift = {k: h - alpha * (total[k] - count * self.global_params[k]) / m
+                                 for k, h in self.server_drift.items()}
+            mean = {k: v / count.clamp_min(1.0) for k, v in total.items()}
+            self.global_params = {k: mean[k] - self.server_drift[k] / alpha for k in mean}
+            return loss
+        if self.cfg.aggregator == "mean":
+            total = {k: (sent[k] - g).sum(0) for k, g in self.global_params.items()}
+            mean = uniform_mean(sent)
+        else:  # the aggregate of the cohort's moves stands for each of them: the sum is |P| times it
+            step = robust_delta(self, cohort, {k: sent[k] - g for k, g in self.global_params.items()})
+            total = {k: len(cohort) * v for k, v in step.items()}
+            mean = {k: g + step[k] for k, g in self.global_params.items()}
+        self.server_drift = {k: h - alpha * total[k] / m for k, h in self.server_drift.items()}
         self.global_params = {k: mean[k] - self.server_drift[k] / alpha for k in mean}
         return loss

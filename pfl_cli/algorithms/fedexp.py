@@ -60,6 +60,7 @@ SPREAD = "__fedexp_spread__"  # a client's n_i ||Delta_i||^2 under --secagg
 
 class FedExP(FedAvg):
     name = "fedexp"
+    compressible_upload = True  # its upload is FedAvg's delta; eta_g reads the deltas as decoded (Alg. 1)
     individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     # Their clients run FedAvg's round, but `pflx attack`'s upload model has not been checked against them, and they
     # take no --dp: not attacked until a test says the modelled upload is theirs.
@@ -86,7 +87,10 @@ class FedExP(FedAvg):
 
         if self.cfg.secagg:  # FedAvg's secure round, with this class's contributions and server step
             return super().aggregate(t, cohort, theta)
-        self.record_exchange(self.global_params, theta, len(cohort))
+        if self.upload_codec is not None:  # the deltas as compressed on the wire (pfl_cli.fl.compression)
+            theta = self.upload_codec.compress_models(self, cohort, self.global_params, theta)
+        else:
+            self.record_exchange(self.global_params, theta, len(cohort))
         size = self.store.fit.length[cohort].to(torch.float32)
         weight = size / size.sum().clamp_min(1.0)
         deltas = {k: theta[k] - g for k, g in self.global_params.items()}

@@ -42,6 +42,7 @@ from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import broadcast
+from pfl_cli.fl.robust import corrupt_uploads, robust_delta
 
 WANG = "Wang et al. (NeurIPS 2020)"
 
@@ -84,8 +85,8 @@ class FedNovaConfig(FedAvgConfig):
 
 class FedNova(FedAvg):
     name = "fednova"
-    individual_reads = ("each client's normalized update and step count; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: Eq. 7-8 from three sums (pfl_cli.fl.nova.normalized_delta_secure)
+    averages_updates = True  # Eq. 7-8 average the normalized updates: an update attack and an aggregator act
     paper = "FedNova: Wang et al., NeurIPS 2020 (Eq. 6-8, normalized averaging)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = FedNovaConfig
@@ -141,6 +142,7 @@ class FedNova(FedAvg):
             return torch.zeros(0)
         work = self.round_work(cohort, gen)
         theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, len(cohort)), cohort, gen, **work)
+        theta = corrupt_uploads(self, t, cohort, theta)  # the models as the server receives them (issue 48)
         steps = self.local_steps_of(cohort, work.get("epochs"))
         if self.round_budget is not None:  # a straggler's tau_i: the steps it finished by the deadline
             steps = torch.minimum(steps, self.round_budget.to(steps))
@@ -151,7 +153,18 @@ class FedNova(FedAvg):
         else:
             self.record_exchange(self.global_params, {**theta, "a_norm": norm.to(torch.float32)}, len(cohort))
         size = self.store.fit.length[cohort].to(torch.float64)
-        self.server_update(normalized_delta(self.global_params, theta, size / size.sum(), norm))  # Eq. 7-8
+        if self.cfg.secagg:  # each client sends n_i (x_i - x) / ||a_i||_1, n_i and n_i ||a_i||_1: sums only
+            from pfl_cli.fl.nova import normalized_delta_secure
+
+            self.server_update(normalized_delta_secure(self.global_params, theta, size, norm))
+            return loss
+        if self.cfg.aggregator == "mean":
+            self.server_update(normalized_delta(self.global_params, theta, size / size.sum(), norm))  # Eq. 7-8
+        else:  # the aggregate of the normalized updates d_i = (x_i - x) / ||a_i||_1 (p_i-weighted), times tau_eff
+            tau_eff = float((size / size.sum() * norm.to(torch.float64)).sum())
+            per = (1.0 / norm.to(torch.float64)).to(torch.float32)
+            d = {k: (theta[k] - g) * per.view(-1, *([1] * g.dim())) for k, g in self.global_params.items()}
+            self.server_update({k: tau_eff * v for k, v in robust_delta(self, cohort, d, by_size=True).items()})
         return loss
 
     @staticmethod

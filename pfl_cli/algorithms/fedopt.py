@@ -68,6 +68,7 @@ class FedOptConfig(TrainConfig):
 
 class FedOpt(FedAvg):
     name = "fedopt"
+    compressible_upload = True  # FedAvg's round and upload (its aggregate compresses the deltas)
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
     individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     # Their clients run FedAvg's round, but `pflx attack`'s upload model has not been checked against them, and they

@@ -23,7 +23,9 @@ class FedPerConfig(PartialSharingConfig):
 
 class FedPer(PartialSharing):
     name = "fedper"
+    compressible_upload = True  # the shared part's delta from the global one (PartialSharing.run_round)
     individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
+    averages_updates = True  # its server averages the shared body: an update attack and an aggregator act there
     async_ready = ("its shared body is averaged from client deltas as FedAvg's model is, and each head stays on its client: the body could take FedBuff's buffered step")
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Arivazhagan et al. 2019: the client lr is its one tuned key")

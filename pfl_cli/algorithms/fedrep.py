@@ -46,7 +46,9 @@ class FedRepConfig(TrainConfig):
 
 class FedRep(PartialSharing):
     name = "fedrep"
+    compressible_upload = True  # the shared part's delta from the global one (PartialSharing.run_round)
     individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
+    averages_updates = True  # its server averages the shared body: an update attack and an aggregator act there
     async_ready = ("its shared body is averaged from client deltas and the heads never leave the clients: the body could take FedBuff's buffered step")
     search_space = {"lr": "log:1e-3:1", "head_epochs": "int:1:10"}
     search_space_source = ("Collins et al., FedRep (ICML 2021), §5: lr tuned per dataset; head epochs tau (their "

@@ -29,7 +29,8 @@ from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import check_own_keys, key
-from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.params import stack
+from pfl_cli.fl.robust import average_uploads, corrupt_uploads
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class FedRoD(PrivateState, _GlobalModel):
     name = "fedrod"
     individual_reads = ("each client's generic model; "  # under --secagg (pfl_cli.fl.secagg)
                         "its server averages them, a path through secure sums is not written yet")
+    averages_updates = True  # its server averages the generic models: an update attack and an aggregator act
     paper = "FedRoD: Chen & Chao, ICLR 2022"
     new_client_protocol = "a personalized head trained new_client_epochs on the frozen generic predictor"
     config = FedRoDConfig
@@ -86,9 +88,9 @@ class FedRoD(PrivateState, _GlobalModel):
     def run_round(self, t, cohort, gen):
         start = {**stack(self.global_params, len(cohort)), **self.private.gather(cohort)}
         theta, loss, _ = self._steps(start, cohort, gen, train_generic=True, **self.round_schedule())
-        generic = {k: theta[k] for k in self.generic}
+        generic = corrupt_uploads(self, t, cohort, {k: theta[k] for k in self.generic})  # as the server receives it
         self.record_exchange(self.global_params, generic, len(cohort))
-        self.global_params = self.server_average(weighted_mean(self.store, cohort, generic))
+        self.global_params = self.server_average(average_uploads(self, cohort, generic))
         self.private.scatter(cohort, {k: theta[k] for k in self.personal})
         return loss
 

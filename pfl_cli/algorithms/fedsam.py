@@ -53,6 +53,7 @@ class FedSAMConfig(FedAvgConfig):
 
 class FedSAM(FedAvg):
     name = "fedsam"
+    compressible_upload = True  # FedAvg's round and upload (its aggregate compresses the deltas)
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
     individual_reads = ""  # runs under --secagg: FedAvg's aggregate_secure (pfl_cli.fl.secagg)
     paper = "FedSAM: Qu et al., ICML 2022 (Alg. 1); Caldarola et al., ECCV 2022"

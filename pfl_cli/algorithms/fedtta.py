@@ -39,7 +39,8 @@ import numpy as np
 from pfl_cli.algorithms.base import seeded
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
-from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
+from pfl_cli.fl.params import cpu_tree, stack
+from pfl_cli.fl.robust import average_uploads, corrupt_uploads
 
 Y = "YCW+24 (FedTTA)"
 
@@ -103,6 +104,7 @@ class FedTTA(FedAvg):
     config = FedTTAConfig
     personalized = True
     models_upload = False  # its clients send theta and phi after meta-steps, not FedAvg's delta
+    averages_updates = True  # its server averages (theta, phi): an update attack and a robust aggregator act there
     serves_unlabeled = "fedtta (the global model adapted on a client's unlabeled data)"
 
     @staticmethod
@@ -161,11 +163,14 @@ class FedTTA(FedAvg):
         start = {**{f"theta.{k}": v for k, v in stack(self.global_params, c).items()},
                  **{f"phi.{k}": v for k, v in stack(self.phi, c).items()}}
         new, loss = split_cohort(self._local_steps, self.store, batches, {"start": start, "steps": batches})
-        theta = {k[6:]: v for k, v in new.items() if k.startswith("theta.")}
-        phi = {k[4:]: v for k, v in new.items() if k.startswith("phi.")}
-        self.record_exchange({**self.global_params, **self.phi}, {**theta, **phi}, c)
-        self.server_step(weighted_mean(self.store, cohort, theta))
-        self.phi = weighted_mean(self.store, cohort, phi)
+        # the upload (theta, phi) as the server receives it: an update attack and the aggregator act on both at once
+        ref = {**{f"theta.{k}": v for k, v in self.global_params.items()},
+               **{f"phi.{k}": v for k, v in self.phi.items()}}
+        sent = corrupt_uploads(self, t, cohort, new, ref)
+        self.record_exchange({**self.global_params, **self.phi}, {**_part(sent, "theta."), **_part(sent, "phi.")}, c)
+        mean = average_uploads(self, cohort, sent, ref)
+        self.server_step(_part(mean, "theta."))
+        self.phi = _part(mean, "phi.")
         return loss
 
     def _local_steps(self, start, steps):
@@ -247,3 +252,8 @@ class FedTTA(FedAvg):
     def load_weights(self, weights):
         super().load_weights(weights)
         self.phi = {k: v.to(self.device) for k, v in weights["adapt"].items()}
+
+
+def _part(tree: dict, prefix: str) -> dict:
+    """The entries of ``tree`` under ``prefix`` (``theta.`` / ``phi.``), the prefix dropped."""
+    return {k[len(prefix):]: v for k, v in tree.items() if k.startswith(prefix)}

@@ -11,14 +11,14 @@ KEY_OWNERS = {
     'adapt_lr': 'fedtta',
     'adapt_model_lr': 'fedtta',
     'adapt_steps': 'fedtta',
-    'adapter': 'fedit ffa-lora fedsa-lora flexlora',
+    'adapter': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
     'afl_lambda_lr': 'afl',
     'aggregator': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'ala_eta': 'fedala',
     'ala_every_client': 'fedala',
@@ -32,7 +32,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'alpha': 'apfl feddyn fedasync',
     'alpha_k': 'fedamp',
@@ -46,42 +46,42 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'attack_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'attack_scale': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'availability': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'availability_trace': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'average_last_two': 'fedexp',
     'backbone': (
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp '
-        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl'
+        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl hyperfl-lpm-lora'
     ),
     'backbone_tune': (
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
@@ -93,14 +93,14 @@ KEY_OWNERS = {
         'fedavg local hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp '
-        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl'
+        'fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl hyperfl-lpm-lora'
     ),
     'batch_size': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'beta': 'perfedavg pfedme',
     'beta1': 'fedopt',
@@ -114,13 +114,14 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'client_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta fedbabu fedrod fedbn fedala feddbe gpfl pfedla fedpac fedproto '
         'fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova fedbuff '
-        'fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
+        'fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora '
+        'pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'client_sizes': 'pfedhn pfedhn-pc',
     'clients_per_round': (
@@ -128,150 +129,150 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'cohort_exec': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'compression': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'compression_density': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'compute_speed': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'concurrency': 'fedbuff fedasync',
     'dbe_kappa': 'feddbe',
     'dbe_momentum': 'feddbe',
-    'descriptor_batch': 'pefll',
+    'descriptor_batch': 'pefll pefll-lora',
     'device': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_accountant': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_bits': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_delta': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_epsilon': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_mechanism': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_min_survivors': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_noise': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_population': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dp_sampling_rate': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'dropout': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
-    'embed_dim': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm',
-    'embed_lr': 'pfedhn pfedhn-pc hyperfl hyperfl-lpm',
-    'embed_rounds': 'pfedhn pfedhn-pc',
-    'embedding': 'pefll flowdup',
+    'embed_dim': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'embed_lr': 'pfedhn pfedhn-pc hyperfl hyperfl-lpm pfedhn-lora hyperfl-lpm-lora',
+    'embed_rounds': 'pfedhn pfedhn-pc pfedhn-lora',
+    'embedding': 'pefll flowdup pefll-lora',
     'eps': 'fedexp',
     'error_feedback': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
-    'eval_descriptor': 'pefll',
+    'eval_descriptor': 'pefll pefll-lora',
     'eval_every': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'evaluate_hidden_labels': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'feature_dim': 'flowdup',
     'fedas_align_batch': 'fedas',
@@ -294,12 +295,12 @@ KEY_OWNERS = {
     'gpfl_lambda': 'gpfl',
     'gpfl_mu': 'gpfl',
     'head_epochs': 'fedrep fedpac',
-    'head_lr': 'hyperfl hyperfl-lpm fedpac',
-    'hn_momentum': 'pfedhn pfedhn-pc',
-    'hn_weight_decay': 'pfedhn pfedhn-pc',
-    'hyper_hidden': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm flowdup',
-    'hyper_size': 'pefll pfedhn pfedhn-pc',
-    'ia3_feedforward': 'fedit ffa-lora fedsa-lora flexlora',
+    'head_lr': 'hyperfl hyperfl-lpm fedpac hyperfl-lpm-lora',
+    'hn_momentum': 'pfedhn pfedhn-pc pfedhn-lora',
+    'hn_weight_decay': 'pfedhn pfedhn-pc pfedhn-lora',
+    'hyper_hidden': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm flowdup pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'hyper_size': 'pefll pfedhn pfedhn-pc pefll-lora pfedhn-lora',
+    'ia3_feedforward': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
     'inference': 'fedproto',
     'interpolation': 'knnper',
     'knn_k': 'knnper',
@@ -309,94 +310,95 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'labeled_rate': 'flowdup',
     'lam': 'ditto pfedme fedamp',
-    'lambda_h': 'pefll',
+    'lambda_h': 'pefll pefll-lora',
     'lambda_reg': 'flowdup',
     'lambda_theta': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl '
         'pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc '
         'fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora '
-        'fedsa-lora flexlora'
+        'fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
-    'lambda_v': 'pefll',
+    'lambda_v': 'pefll pefll-lora',
     'learnable_centre': 'flowdup',
     'local_epochs': (
         'fedavg local hyperfl hyperfl-lpm fedprox fedper lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta fedbabu fedrod fedbn fedala feddbe gpfl pfedla fedproto fednh fedcp '
         'fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova centralized moon fedsam '
-        'ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
+        'ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora hyperfl-lpm-lora'
     ),
     'local_epochs_range': 'fednova',
     'local_steps': (
         'pefll fedavg pfedhn pfedhn-pc fedprox fedper lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova fedbuff fedasync '
-        'centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora'
+        'centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora pefll-lora '
+        'pfedhn-lora'
     ),
-    'lora_alpha': 'fedit ffa-lora fedsa-lora flexlora',
-    'lora_base_weights': 'fedit ffa-lora fedsa-lora flexlora',
-    'lora_dropout': 'fedit ffa-lora fedsa-lora flexlora',
-    'lora_rank': 'fedit ffa-lora fedsa-lora flexlora',
-    'lora_targets': 'fedit ffa-lora fedsa-lora flexlora',
+    'lora_alpha': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'lora_base_weights': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
+    'lora_dropout': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
+    'lora_rank': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'lora_targets': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
     'lr': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'lstm_hidden': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'mlp_hidden': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_arch': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_head': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_kwargs': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'model_weights': (
-        'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
-        'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
-        'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'fedavg local pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg '
+        'pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala '
+        'feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp '
+        'fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit '
+        'ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'momentum': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl '
         'pfedla fedpac fedproto fednh fedcp fedas fedfomo apple feddyn fedopt fedexp fedlc fedamp fednova '
         'fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora '
-        'flexlora'
+        'flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'moon_mu': 'moon',
     'moon_tau': 'moon',
@@ -406,7 +408,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'new_client_em_steps': 'fedem',
     'new_client_epochs': (
@@ -418,7 +420,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'num_clusters': 'ifca',
     'num_components': 'fedem',
@@ -427,7 +429,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'personal_clip': 'ditto',
     'personal_lr': 'pfedme',
@@ -441,35 +443,36 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
+    'rho': 'fedasync',
     'robust_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'robust_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'round_deadline': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'rounds': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'sam_rho': 'fedavg fedprox fedsam',
     'secagg': (
@@ -477,31 +480,32 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'seed': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
-    'server_clip': 'pefll pfedhn pfedhn-pc',
+    'server_clip': 'pefll pfedhn pfedhn-pc pefll-lora pfedhn-lora',
     'server_lr': (
         'pefll fedavg pfedhn pfedhn-pc fedprox ditto apfl perfedavg knnper flowdup ld-fedavg fedtta '
         'ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl fedcp fedas scaffold fedopt '
-        'fedlc fednova fedbuff moon fedsam fedit ffa-lora'
+        'fedlc fednova fedbuff moon fedsam fedit ffa-lora pefll-lora pfedhn-lora'
     ),
     'server_momentum': (
         'pefll fedavg fedprox ditto apfl perfedavg knnper fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
-        'fedbn fedala feddbe gpfl fedcp fedas scaffold fedlc fednova moon fedsam fedit ffa-lora'
+        'fedbn fedala feddbe gpfl fedcp fedas scaffold fedlc fednova fedbuff moon fedsam fedit ffa-lora '
+        'pefll-lora'
     ),
-    'server_optimizer': 'pefll flowdup ld-fedavg fedopt',
+    'server_optimizer': 'pefll flowdup ld-fedavg fedopt pefll-lora',
     'sigma': 'fedamp',
     'staleness': 'fedasync',
     'staleness_a': 'fedasync',
     'staleness_b': 'fedasync',
-    'standardize_descriptor': 'pefll',
+    'standardize_descriptor': 'pefll pefll-lora',
     'subspace_dim': 'flowdup ld-fedavg',
     'subspace_nnz': 'flowdup ld-fedavg',
     'tau': 'fedopt fedlc',
@@ -510,15 +514,15 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
-    'track_descriptors': 'pefll',
+    'track_descriptors': 'pefll pefll-lora',
     'val_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
     'variant': 'perfedavg',
     'write_nonprivate': (
@@ -526,6 +530,6 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
     ),
 }

@@ -24,7 +24,9 @@ class LGFedAvgConfig(PartialSharingConfig):
 
 class LGFedAvg(PartialSharing):
     name = "lg-fedavg"
+    compressible_upload = True  # the shared part's delta from the global one (PartialSharing.run_round)
     individual_reads = ""  # runs under --secagg: its shared head averaged from sums (fl.secagg.cohort_mean)
+    averages_updates = True  # its server averages the shared head: an update attack and an aggregator act there
     async_ready = ("its shared head is averaged from client deltas and the bodies stay local: the head could take FedBuff's buffered step")
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Liang et al. 2020: the client lr is its one tuned key")

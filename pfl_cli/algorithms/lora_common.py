@@ -1,4 +1,5 @@
-"""What the federated LoRA algorithms share (FedIT, FFA-LoRA, FedSA-LoRA): the LoRA keys and the client net.
+"""What the federated LoRA algorithms share (FedIT, FFA-LoRA, FedSA-LoRA, FlexLoRA, and the hypernetworks that generate
+adapters: PeFLL-LoRA, pFedHN-LoRA, HyperFL-LPM-LoRA): the LoRA keys and the client net.
 
 The client net is :class:`~pfl_cli.models.lora.LoRANet`: model_arch's net frozen (its weights buffers, seeded
 random or ``lora_base_weights``), LoRA adapters on the layers ``lora_targets`` names, its classifier trained in
@@ -16,6 +17,7 @@ others refuse it. IA3 has no rank, scaling or dropout: those keys are refused be
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pfl_cli.algorithms.base import BACKBONE_KEYS, Algorithm
@@ -25,6 +27,7 @@ from pfl_cli.fl.config import NEEDS, TrainConfig, check_own_keys, key
 LORA = "Hu et al., LoRA (ICLR 2022)"
 IA3 = "Liu et al., (IA)^3 (NeurIPS 2022)"
 ADAPTERS = ("lora", "ia3")
+REFUSAL = "its method is defined on LoRA's A and B factors, which IA3 has not; fedit trains IA3 vectors"
 # Rank and scaling: LoRA's own RoBERTa setting (Hu et al. 2022, App. D, Table 9: r_q = r_v = 8, alpha = 8), the model
 # family of the three federated papers' GLUE experiments. Adapter dropout: off in pflx (a run's numbers then do
 # not depend on the cohort's execution path, vmap or loop); a key for the papers' nonzero settings.
@@ -67,7 +70,7 @@ class LoRAKeys(TrainConfig):
         takes = getattr(self.algorithm_class, "adapter_kinds", ("lora",))
         if self.adapter not in takes:
             raise ConfigError(f"adapter must be {' or '.join(takes)} for {self.algorithm}; got {self.adapter!r} "
-                              f"({self.algorithm_class.adapter_refusal}).")
+                              f"({getattr(self.algorithm_class, 'adapter_refusal', REFUSAL)}).")
 
 
 # IA3's vectors have no rank, scaling or dropout; the feed-forward modules are IA3's (check_inert refuses a key set
@@ -82,22 +85,12 @@ class LoRAClient:
 
     inert_keys = {k: NO_BACKBONE for k in BACKBONE_KEYS}
     adapter_kinds = ("lora",)  # the adapters its round is defined on (the ``adapter`` key)
-    adapter_refusal = "its round acts on LoRA's A and B factors, which IA3 has not; fedit trains IA3 vectors"
+    adapter_refusal = REFUSAL
     models_upload = False  # pflx attack models FedAvg's full-model upload, not an adapter's
 
     @staticmethod
     def resolve_arch(cfg, store) -> dict:
-        from pfl_cli.models import build
-        from pfl_cli.models.lora import lora_spec
-
-        if getattr(store, "vocab_size", None) is not None and not cfg.model_arch.startswith("hf:"):
-            raise InputError(f"{cfg.algorithm}: LoRA adapts linear and convolution layers; the text client net "
-                             "(LSTM) has none before its classifier; adapt a transformers checkpoint "
-                             "(--model-arch hf:DIR).")
-        base = Algorithm.resolve_arch(cfg, store)["client"]
-        return {"client": lora_spec(base, build(base), targets=cfg.lora_targets, rank=cfg.lora_rank,
-                                    alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, weights=cfg.lora_base_weights,
-                                    adapter=cfg.adapter, feedforward=cfg.ia3_feedforward)}
+        return {"client": lora_client_spec(cfg, store)}
 
     @property
     def parts(self) -> dict[str, list[str]]:
@@ -107,21 +100,46 @@ class LoRAClient:
 
     def cohort_sgd(self, start, clients, gen, **options):
         """Local steps with the adapters' dropout on, its masks from a seed drawn from the round's stream."""
-        if not self.cfg.lora_dropout:
+        with adapter_dropout(self, gen):
             return super().cohort_sgd(start, clients, gen, **options)
-        import torch
 
-        from pfl_cli.models.lora import set_dropout
 
-        seed = int(torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device))
-        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(seed)
-            set_dropout(self.net, True)
-            try:
-                return super().cohort_sgd(start, clients, gen, **options)
-            finally:
-                set_dropout(self.net, False)
+def lora_client_spec(cfg, store) -> dict:
+    """The LoRA client spec of the LoRA keys of ``cfg``: model_arch's net (a model kind's, an ``hf:`` checkpoint's),
+    frozen, with adapters on the layers ``lora_targets`` names (refused on the text LSTM, which has none)."""
+    from pfl_cli.models import build
+    from pfl_cli.models.lora import lora_spec
+
+    if getattr(store, "vocab_size", None) is not None and not cfg.model_arch.startswith("hf:"):
+        raise InputError(f"{cfg.algorithm}: LoRA adapts linear and convolution layers; the text client net "
+                         "(LSTM) has none before its classifier; adapt a transformers checkpoint "
+                         "(--model-arch hf:DIR).")
+    base = Algorithm.resolve_arch(cfg, store)["client"]
+    return lora_spec(base, build(base), targets=cfg.lora_targets, rank=cfg.lora_rank, alpha=cfg.lora_alpha,
+                     dropout=cfg.lora_dropout, weights=cfg.lora_base_weights, adapter=cfg.adapter,
+                     feedforward=cfg.ia3_feedforward)
+
+
+@contextmanager
+def adapter_dropout(alg, gen):
+    """The adapters' dropout on for the local steps run inside (a no-op without ``lora_dropout``): its masks are
+    drawn by torch's global generator seeded from ``gen`` (the round's stream), restored afterwards."""
+    if not alg.cfg.lora_dropout:
+        yield
+        return
+    import torch
+
+    from pfl_cli.models.lora import set_dropout
+
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device))
+    cuda = [alg.device.index or 0] if alg.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        set_dropout(alg.net, True)
+        try:
+            yield
+        finally:
+            set_dropout(alg.net, False)
 
 
 def parts_floats(arch: dict, *names: str) -> int:

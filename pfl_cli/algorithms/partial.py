@@ -17,10 +17,10 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import Algorithm, PrivateState
+from pfl_cli.algorithms.base import Algorithm, PrivateState, epochs_protocol
 from pfl_cli.fl.config import TrainConfig, key
 from pfl_cli.fl.params import cpu_tree, stack
-from pfl_cli.fl.secagg import cohort_mean
+from pfl_cli.fl.robust import average_uploads, corrupt_uploads
 
 
 class _GlobalModel(Algorithm):
@@ -102,10 +102,14 @@ class PartialSharing(PrivateState, _GlobalModel):
         start = stack(self.global_params, len(cohort))
         start.update(self.private.gather(cohort))
         theta, loss = self.local_update(start, cohort, gen)
-        self.record_exchange({k: self.global_params[k] for k in self.shared}, {k: theta[k] for k in self.shared},
-                             len(cohort))  # only the shared part travels
-        mean = cohort_mean(self.store, cohort, {k: theta[k] for k in self.shared}, by_size=self.average_by_size,
-                           secagg=self.cfg.secagg)  # under --secagg from the cohort's sums only
+        sent = corrupt_uploads(self, t, cohort, {k: theta[k] for k in self.shared})  # only the shared part travels
+        if self.upload_codec is not None:  # its delta as compressed on the wire (pfl_cli.fl.compression)
+            sent = self.upload_codec.compress_models(self, cohort, {k: self.global_params[k] for k in self.shared},
+                                                     sent)
+        else:
+            self.record_exchange({k: self.global_params[k] for k in self.shared}, sent, len(cohort))
+        mean = average_uploads(self, cohort, sent, by_size=self.average_by_size,
+                               secagg=self.cfg.secagg)  # under --secagg from the cohort's sums only
         self.global_params.update(mean)
         self.private.scatter(cohort, {k: theta[k] for k in self.private_names})
         return loss
@@ -114,6 +118,12 @@ class PartialSharing(PrivateState, _GlobalModel):
         own = stack({k: self.global_params[k] for k in self.shared}, len(rows))
         own.update(self.private.gather(rows))
         return own
+
+    def protocol(self, new: bool) -> dict:
+        """A train client with state: its own private part on the shared part; a new one: ``new_client_protocol``."""
+        return epochs_protocol(new, self.cfg.new_client_epochs, "its own private part on the shared part",
+                               self.new_client_protocol.replace("new_client_epochs", "{e} epochs"),
+                               "the initial private part on the shared part (new_client_epochs 0)")
 
     def new_clients(self, clients: np.ndarray, gen) -> dict:
         """A fresh private part trained ``new_client_epochs`` epochs on the frozen shared part."""

@@ -23,8 +23,8 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import (BACKBONE_KEYS, GENERATED_NETS, Algorithm, ServerOptimizerState, descriptor_dim,
-                                     model_arch_spec, seeded)
+from pfl_cli.algorithms.base import (BACKBONE_KEYS, GENERATED_NETS, GENERATED_WEIGHTS, Algorithm, ServerOptimizerState,
+                                     descriptor_dim, model_arch_spec, seeded)
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import EMBEDDINGS, EVAL_DESCRIPTORS, HYPER_SIZES, SERVER_OPTIMIZERS, TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict
@@ -114,7 +114,7 @@ class PeFLL(ServerOptimizerState, Attackable, Algorithm):
     paper = "PeFLL: Scott, Zakerinia, Lampert, ICLR 2024 / thesis ch. 4"
     new_client_protocol = "a model generated from its descriptor, no optimizer step (Alg. 7)"
     config = PeFLLConfig
-    inert_keys = dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS)
+    inert_keys = {**dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS), "model_weights": GENERATED_WEIGHTS}
     serves_unlabeled = "pefll with --embedding cnn-x or mlp-x (label-free descriptors, Table 4.2)"
     # The run axis (pfl_cli.fl.stack): step 10 of a round is one plain cohort SGD call (:meth:`cohort_train`), so
     # runs that differ only in these keys train stacked in one process, their generated models' local SGD one

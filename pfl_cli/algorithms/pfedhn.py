@@ -30,8 +30,8 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import (BACKBONE_KEYS, GENERATED_NETS, Algorithm, ServerOptimizerState, descriptor_dim,
-                                     model_arch_spec, seeded)
+from pfl_cli.algorithms.base import (BACKBONE_KEYS, GENERATED_NETS, GENERATED_WEIGHTS, Algorithm, ServerOptimizerState,
+                                     descriptor_dim, model_arch_spec, seeded)
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import HYPER_SIZES, TrainConfig, key
 from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack
@@ -116,7 +116,7 @@ class PFedHN(ServerOptimizerState, Attackable, Algorithm):
     paper = "pFedHN: Shamsian, Navon, Fetaya, Chechik, ICML 2021, §3, Alg. 1"
     new_client_protocol = "a fresh embedding trained embed_rounds rounds, hypernetwork frozen"
     config = PFedHNConfig
-    inert_keys = dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS)
+    inert_keys = {**dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS), "model_weights": GENERATED_WEIGHTS}
     personal_head = False
 
     @classmethod
@@ -464,6 +464,7 @@ class PFedHNPC(PFedHN):
                            "and inner lr {5e-2, 1e-2, 5e-3, 1e-3}; §5, embedding sizes {5, 15, 25, 35}")
     tune_group = "train"
     paper = "pFedHN-PC: Shamsian et al., ICML 2021 §3.3"
+    inert_keys = dict.fromkeys(BACKBONE_KEYS, GENERATED_NETS)  # model_weights starts the head, which is not generated
     new_client_protocol = "a fresh embedding and head trained embed_rounds rounds"
 
     @staticmethod

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.fl.config import check_own_keys, key
-from pfl_cli.fl.params import broadcast, cpu_tree
+from pfl_cli.fl.global_model import OneGlobalModel
 
 LI = "Li et al. (ICLR 2020)"
 LOSS_FLOOR = 1e-10  # fair_flearn adds it to F_k before the power
@@ -55,7 +53,7 @@ class QFFLConfig(FedAvgRoundConfig):
         check_own_keys(self, {"q": "a finite number >= 0"})
 
 
-class QFFL(Algorithm):
+class QFFL(OneGlobalModel, Algorithm):
     name = "qffl"
     individual_reads = ("each client's Delta_k and h_k; "  # under --secagg (pfl_cli.fl.secagg)
                         "q-FedAvg's step needs only their sums, a path through secure sums is not written yet")
@@ -73,14 +71,6 @@ class QFFL(Algorithm):
                            "q on that grid (with 0, FedAvg's objective) and the client lr, which also sets L = 1/lr")
     tune_group = "train"
 
-    @property
-    def needs_labels_to_predict(self) -> bool:
-        return False
-
-    def build(self) -> None:
-        self.net = self.client_net()
-        self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
-
     @staticmethod
     def floats_per_client_round(arch: dict) -> int:
         """w^t down; Delta_k and h_k up."""
@@ -88,45 +78,14 @@ class QFFL(Algorithm):
 
         return 2 * num_parameters(arch["client"]) + 1
 
-    def losses(self, clients):
-        """F_k(w^t): each client's mean cross-entropy on its fit samples under the global model, (c,)."""
-        from pfl_cli.fl.clusters import losses_under
-        from pfl_cli.fl.cohort import resolve_cohort_exec
-
-        how = resolve_cohort_exec(self.cfg.cohort_exec, self.net, self.device)
-        one = {k: v.unsqueeze(0) for k, v in self.global_params.items()}
-        return losses_under(self.net, self.store, self.store.fit, clients, one, how)[:, 0]
-
     def run_round(self, t, cohort, gen):
-        c = len(cohort)
-        for k, v in self.global_params.items():
-            self.traffic.send(k, v, copies=c)
-        f = self.losses(cohort)
-        theta, loss, _ = self.cohort_sgd(broadcast(self.global_params, c), cohort, gen, **self.round_schedule())
+        f, theta, loss = self.losses_and_local_models(cohort, gen)  # w down, F_k(w), local SGD
         delta, h = qfedavg_messages(self.global_params, theta, f, q=float(self.cfg.q), lipschitz=1.0 / self.cfg.lr)
         for k, v in delta.items():
             self.traffic.receive(k, v)       # Delta_k
         self.traffic.receive("h", h)          # h_k
         self.global_params = qfedavg_step(self.global_params, delta, h)
         return loss
-
-    def personalize(self, clients: np.ndarray, gen):
-        return self.global_params, False
-
-    def protocol(self, new: bool) -> dict:
-        return {"protocol": "global model", "rounds": 0}
-
-    def state(self):
-        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
-
-    def load_state(self, state):
-        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
-
-    def weights(self):
-        return {"client": cpu_tree(self.global_params, clone=True)}
-
-    def load_weights(self, weights):
-        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
 
 
 def qfedavg_messages(w: dict, theta: dict, f, *, q: float, lipschitz: float):

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
 from pfl_cli.fl.config import key
 from pfl_cli.fl.control_variates import DriftState, uniform_mean
+from pfl_cli.fl.robust import corrupt_uploads, robust_delta
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ class ScaffoldConfig(FedAvgConfig):
 
 class Scaffold(DriftState, FedAvg):
     name = "scaffold"
-    individual_reads = ("each client's model and control-variate deltas; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: lines 16-17 need sum Delta y_i and sum Delta c_i only
+    averages_updates = True  # line 16 averages Delta y_i: an update attack and a robust aggregator act there
     paper = "SCAFFOLD: Karimireddy et al., ICML 2020 (Alg. 1, option II)"
     new_client_protocol = "the global model, or it fine-tuned finetune_steps steps"
     config = ScaffoldConfig
@@ -83,11 +84,27 @@ class Scaffold(DriftState, FedAvg):
         c_new = {k: c_i[k] - c_server[k] - delta_y[k] * scale.view(-1, *([1] * (y[k].dim() - 1)))
                  for k in c_i}                                                  # line 12, option II
         delta_c = {k: c_new[k] - c_i[k] for k in c_i}
+        sent = delta_y if self.byzantine is None else {  # Delta y_i as the server receives it (issue 48)
+            k: v - self.global_params[k] for k, v in corrupt_uploads(self, t, cohort, y).items()}
         self.record_exchange({**self.global_params, **{f"c.{k}": v for k, v in c_server.items()}},
-                             {**delta_y, **{f"c.{k}": v for k, v in delta_c.items()}}, len(cohort))
+                             {**sent, **{f"c.{k}": v for k, v in delta_c.items()}}, len(cohort))
         self.drift.scatter(cohort, c_new)
-        self.server_update(uniform_mean(delta_y))                               # line 16: eta_g, mean Delta y
         n = self.population()
+        if self.cfg.secagg:  # each client sends Delta y_i, Delta c_i and 1; the server reads their sums only
+            import torch
+
+            from pfl_cli.fl.secagg import WEIGHT, secure_sum
+
+            ones = torch.ones(len(cohort), device=self.device)
+            total = secure_sum({**{f"y.{k}": v for k, v in sent.items()},
+                                **{f"c.{k}": v for k, v in delta_c.items()}, WEIGHT: ones},
+                               spent=(y, delta_y, sent, delta_c)).total()
+            count = total.pop(WEIGHT).clamp_min(1.0)
+            self.server_update({k: total[f"y.{k}"] / count for k in delta_y})          # line 16
+            self.server_drift = {k: v + total[f"c.{k}"] / n for k, v in c_server.items()}  # line 17
+            return loss
+        self.server_update(uniform_mean(sent) if self.cfg.aggregator == "mean"  # line 16: eta_g, mean Delta y
+                           else robust_delta(self, cohort, sent))
         self.server_drift = {k: v + delta_c[k].sum(0) / n for k, v in c_server.items()}  # line 17
         return loss
 

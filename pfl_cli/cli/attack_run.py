@@ -28,7 +28,7 @@ import numpy as np
 from pfl_cli.attack.config import OPTIMIZED
 from pfl_cli.cli.output import Reporter
 from pfl_cli.cli.predict_run import open_model_stage
-from pfl_cli.cli.train_run import clean
+from pfl_cli.train.files import clean
 
 MAX_SHOWN = 16  # images per row of reconstructions.png
 

@@ -98,7 +98,8 @@ def run_spec(spec, *, out: Path, force: bool, report: Reporter, nonprivate: bool
     from pfl_cli.cli.common import stage_config
     from pfl_cli.cli.options import Format
     from pfl_cli.cli.predict_run import run_predict
-    from pfl_cli.cli.train_run import StackMember, run_train, train_stack
+    from pfl_cli.cli.train_run import run_train, train_stack
+    from pfl_cli.train.stack import StackMember
     from pfl_cli.errors import ConfigError
     from pfl_cli.fl.checkpoint import CHECKPOINT_FILE, checkpoint_dir
     from pfl_cli.fl.config import PredictConfig

@@ -103,7 +103,7 @@ def write_deployment(run) -> None:
     import flwr
 
     from pfl_cli.artifacts import ArtifactWriter
-    from pfl_cli.cli.train_run import train_metrics, write_train_files
+    from pfl_cli.train.files import train_metrics, write_train_files
     from pfl_cli.overlap import partition_input
     from pfl_cli.config import config_to_dict
     from pfl_cli.fl.api import TrainRun, model_payload
@@ -128,7 +128,7 @@ def write_deployment(run) -> None:
     with writer:
         if private:  # pflx train --dp's artifact: the ledger, the model, public facts; the rest on request
             from pfl_cli.artifacts import NONPRIVATE
-            from pfl_cli.cli.train_run import write_dp_artifact
+            from pfl_cli.train.files import write_dp_artifact
 
             write_dp_artifact(writer, cfg, config, train, part, {**metrics, "deployment": deployment})
             if cfg.write_nonprivate:

@@ -28,13 +28,17 @@ CLIENT_APP = '''"""ClientApp: pflx's client side on the SuperNode's own client (
 
 from flwr.clientapp import ClientApp
 
-from pfl_cli.interop.flower_app import averaging, node, pefll, pfedhn
+from flwr.client.mod import secaggplus_mod
+
+from pfl_cli.interop.flower_app import averaging, node, pefll, pfedhn, secure
 
 app = ClientApp()
 app.query("pflx_hello")(node.hello)
 # FedAvg, FedProx: one exchange per round, one to evaluate.
 app.train("pflx_round")(averaging.train_round)
 app.evaluate("pflx_final")(averaging.evaluate_node)
+# FedAvg, FedProx under --secagg: Flower's SecAgg+ (its four stages are "train" messages; the mod masks the row).
+app.train(mods=[secaggplus_mod])(secure.train_node)
 # PeFLL (thesis Alg. 8): three exchanges per round; Alg. 7 (two) to evaluate.
 app.train("pflx_pefll_describe")(pefll.describe)
 app.train("pflx_pefll_local")(pefll.local_train)

@@ -117,6 +117,7 @@ def partition(
     cfg = validate_config(
         cfg, num_samples=train_pool, num_classes=ds.num_classes, has_labels=ds.y is not None and bool((ds.y >= 0).all()),
         has_clients=ds.client is not None, has_test_pool=ds.has_test_pool, input_shape=ds.input_shape,
+        clients=ds.client,
     )
     writer = ArtifactWriter(out, stage="partition", config=config_to_dict(cfg), seed=cfg.seed,
                             inputs=[ds.input_ref()], force=force)

@@ -10,14 +10,18 @@ The ``predict`` artifact:
   test sample); ``accuracy_std``, ``accuracy_worst10``, ``accuracy_min`` (fairness across the clients with
   scored test samples, no label masking: standard deviation, mean of the worst ceil(0.1 n), minimum) and
   the same with label masking (``_lm``); ``num_clients``, ``num_samples`` (test samples); ``protocol`` (how the models were made:
-  the algorithm's paper protocol for clients without trained state when there are any, ``new_clients`` of
-  them), ``rounds`` (of that protocol, e.g. pFedHN's embedding rounds); ``optimizer_steps`` (optimizer
+  the one protocol that served every client, or, when clients with trained state of their own stand beside
+  clients without, e.g. train clients never sampled in training, both with their counts), ``rounds`` (of the
+  new-client protocol where one served, e.g. pFedHN's embedding rounds), ``new_clients`` (clients served
+  without trained state, by the algorithm's paper protocol for new clients), ``protocols`` (one
+  ``{protocol, rounds, clients}`` per protocol that served a client); ``optimizer_steps`` (optimizer
   steps taken while predicting: local SGD steps plus server-side embedding steps; PeFLL takes none); ``personalized``; ``device``; ``model`` (the train
   artifact's input reference); ``overlap_unchecked`` (true: ``--allow-unchecked-overlap`` scored a
   partition that could not be checked against the samples a ``--dp`` model trained on,
   :mod:`pfl_cli.overlap`). Mean accuracy averages per-client accuracies over clients with test
   samples; pooled accuracy is correct / total over all their test samples.
-- ``clients.csv``: client_id, role (0 train, 1 holdout), n_train, n_test, accuracy, accuracy_lm.
+- ``clients.csv``: client_id, role (0 train, 1 holdout), n_train, n_test, accuracy, accuracy_lm, balanced_accuracy,
+  macro_f1, global_accuracy, protocol (the protocol that served the client).
 - ``predictions.npz`` (unless ``--no-predictions``): one row per sample of every predicted client,
   ``client_id`` int64, ``split`` uint8 (0 = the client's train samples, from which its model or
   descriptor was built; 1 = its test samples), ``sample`` int64 (index in the dataset's sample
@@ -43,8 +47,9 @@ import numpy as np
 
 from pfl_cli.cli.output import Reporter, core_progress
 from pfl_cli.cli.common import load_partition_dataset
-from pfl_cli.cli.train_run import (CLIENT_COLUMNS, accuracy_table, clean, client_rows, has_global_model,
-                                   torch_bytes)
+from pfl_cli.cli.train_run import accuracy_table
+from pfl_cli.fl.checkpoint import torch_bytes
+from pfl_cli.train.files import CLIENT_COLUMNS, clean, client_rows, has_global_model
 from pfl_cli.compare.stats import FAIRNESS_KEYS
 from pfl_cli.fl.evaluate import CLASS_METRICS
 from pfl_cli.errors import ArtifactError, ConfigError
@@ -192,16 +197,19 @@ def run_predict(cfg, *, model: Path, partition: Path, out: Path, force: bool, re
         "protocol": run.protocol["protocol"],
         "rounds": int(run.protocol["rounds"]),
         "new_clients": int(run.protocol["new_clients"]),
+        "protocols": run.protocol["protocols"],
         "optimizer_steps": int(run.optimizer_steps),
         "personalized": bool(run.personalized),
         "device": str(device),
         "model": model_art.input_ref(),
         "overlap_unchecked": unchecked,
     })
-    rows = client_rows(part, [run.evaluation])
+    served = dict(zip(np.asarray(run.clients).tolist(), run.served_by.tolist()))
+    by_id = {int(part.client_id[c]): p for c, p in served.items()}
+    rows = [[*row, by_id[row[0]]] for row in client_rows(part, [run.evaluation])]  # + the protocol that served it
     with writer:
         writer.save_json("metrics.json", metrics)
-        writer.save_csv("clients.csv", CLIENT_COLUMNS, rows)
+        writer.save_csv("clients.csv", (*CLIENT_COLUMNS, "protocol"), rows)
         if run.predictions is not None:
             p = run.predictions
             writer.save_npz("predictions.npz", client_id=np.asarray(part.client_id, dtype=np.int64)[p["client"]],

@@ -182,14 +182,13 @@ def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: boo
                  plot: bool, logs: tuple[str, ...], log_dir: Path | None, study, sets=None) -> None:
     """``--seeds S1,S2,...``: parse, refuse what does not combine with it, and train the seeds stacked."""
     from pfl_cli.cli.train_run import run_train_seeds
-    from pfl_cli.fl.distributed import launched_size
+    from pfl_cli.train.stack import check_seeds
 
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise InputError(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {text!r}.") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise InputError(f"--seeds must name distinct integers >= 0, e.g. 0,1,2; got {text!r}.")
+    check_seeds(seeds, text)
     if ctx.get_parameter_source("seed").name != "DEFAULT":
         raise InputError(f"--seeds and --seed: give one of them; got --seed {cfg.seed} and --seeds {text}. "
                          "Put the seed in the --seeds list.")
@@ -202,10 +201,6 @@ def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: boo
     if nproc != 1:
         raise InputError(f"--seeds trains its runs stacked in one process and does not combine with --nproc; got "
                          f"--nproc {nproc}. Drop --nproc, or train each seed with --seed S --nproc {nproc}.")
-    if launched_size() > 1:
-        raise InputError(f"--seeds trains its runs stacked in one process and does not run under torchrun "
-                         f"(WORLD_SIZE is {launched_size()}); run it without torchrun, or train each seed with "
-                         "--seed S.")
     run_train_seeds(cfg, seeds, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt),
                     plot=plot, logs=logs, log_dir=log_dir, study=study)
 

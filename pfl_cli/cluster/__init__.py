@@ -3,6 +3,8 @@
 See :func:`fit_feddp_kmeans` (the public entry point) and :func:`evaluate_clustering`.
 """
 
+from pfl_cli.lazy import lazy_names
+
 # The names load on first use (PEP 562): ClusterConfig reads pfl_cli.cluster.config alone, so a refused
 # `pflx cluster` never loads the core's scipy and dp_accounting (issue 49, finding 20).
 _WHERE = {"INITS": "config", "ClusterConfig": "config", "ClusterResult": "api", "evaluate_clustering": "api",
@@ -11,15 +13,4 @@ _WHERE = {"INITS": "config", "ClusterConfig": "config", "ClusterResult": "api", 
 __all__ = ["INITS", "ClusterConfig", "ClusterResult", "evaluate_clustering", "fit_feddp_kmeans"]
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -247,7 +247,8 @@ class PredictRun:
     algorithm: Any = None        # the algorithm that predicted, with the weights it predicted from
     predictions: dict | None = None  # predict_samples' arrays over fit and test samples (split 0 / 1)
     unlabeled: np.ndarray | None = None  # positions (in the partition) of the predicted clients without labels
-    protocol: dict | None = None  # how the clients' models were made: {"protocol": str, "rounds": int, "new_clients": int}
+    protocol: dict | None = None  # how the clients' models were made: served_protocols' dict
+    served_by: np.ndarray | None = None  # per client (the order of ``clients``): the protocol that served it
 
 
 def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int, partition,
@@ -327,8 +328,8 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
             done[0] += len(sel)
             on_progress(done[0], len(clients))
 
-    new = int(np.sum(~alg.has_state(clients)))
-    protocol = {**alg.protocol(new > 0), "new_clients": new}
+    known = np.asarray(alg.has_state(clients), dtype=bool)
+    protocol = served_protocols(alg, known)
     with count_optimizer_steps() as torch_steps:
         evals, params, personalized = personalize_and_evaluate(
             alg, clients, ("test",), torch_generator(cfg.seed, NEW_CLIENT_STREAM), keep_params=cfg.save_models,
@@ -337,7 +338,34 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
     predictions = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else None
     return PredictRun(clients=clients, evaluation=evals["test"], params=params, personalized=personalized,
                       optimizer_steps=torch_steps[0] + alg.client_sgd_steps + alg.new_client_steps, algorithm=alg,
-                      predictions=predictions, unlabeled=unlabeled, protocol=protocol)
+                      predictions=predictions, unlabeled=unlabeled, protocol=protocol,
+                      served_by=np.where(known, alg.protocol(False)["protocol"], alg.protocol(True)["protocol"]))
+
+
+def served_protocols(alg, known: np.ndarray) -> dict:
+    """How ``alg`` serves clients of which ``known`` (bool, per client) have trained state of their own: each
+    client by its own protocol (``alg.protocol(False)`` with state, the paper's new-client protocol
+    ``alg.protocol(True)`` without), as :meth:`~pfl_cli.algorithms.base.Algorithm.personalize` serves it.
+
+    ``protocols``: one ``{protocol, rounds, clients}`` per protocol that served a client; ``protocol`` and
+    ``rounds``: the one protocol that served every client, or, when train clients never sampled in training (no
+    state) stand beside trained ones, both named with their counts and the new-client protocol's rounds;
+    ``new_clients``: the clients served without state.
+    """
+    known = np.asarray(known, dtype=bool)
+    new = int(np.sum(~known))
+    groups = [(alg.protocol(False), int(np.sum(known))), (alg.protocol(True), new)]
+    used = [(p, n) for p, n in groups if n]
+    if len(used) == 2 and used[0][0]["protocol"] == used[1][0]["protocol"]:
+        used = [(used[1][0], len(known))]
+    if len(used) == 2:
+        (own, n_own), (fresh, n_new) = used
+        summary = {"protocol": f"{own['protocol']} ({n_own} clients with trained state); {fresh['protocol']} "
+                               f"({n_new} clients without)", "rounds": fresh["rounds"]}
+    else:
+        summary = dict(used[0][0] if used else alg.protocol(False))
+    return {**summary, "new_clients": new,
+            "protocols": [{"protocol": p["protocol"], "rounds": int(p["rounds"]), "clients": n} for p, n in used]}
 
 
 def unlabeled_refusal(alg, client_ids: np.ndarray, total: int, servers: str = "") -> str:

@@ -33,29 +33,19 @@ from __future__ import annotations
 import numpy as np
 
 from pfl_cli.errors import RunError
-from pfl_cli.fl.params import cpu_tree
+from pfl_cli.fl.global_model import OneGlobalModel
 from pfl_cli.rng import make_rng
 
 ARRIVES, LEFT, LATE = 0, 1, 2
 STALENESS = ("constant", "polynomial", "hinge")
 
 
-class GlobalModelOnTheClock:
+class GlobalModelOnTheClock(OneGlobalModel):
     """What FedBuff and FedAsync share beside :class:`AsyncServer`: one global model that every job downloads
-    (``server_model``), ``clients_per_round`` arrivals a pflx round, and FedAvg's new-client protocol (the global
-    model, or it fine-tuned ``finetune_steps`` local steps). A mixin of an :class:`~pfl_cli.algorithms.base.Algorithm`
-    (it uses its ``client_net``, ``train_clients``, ``cfg`` and ``device``); the server rule stays each method's."""
+    (``server_model``), ``clients_per_round`` arrivals a pflx round, and FedAvg's new-client protocol
+    (:class:`~pfl_cli.fl.global_model.OneGlobalModel`: the global model, or it fine-tuned ``finetune_steps`` local
+    steps). The server rule stays each method's."""
 
-    @property
-    def needs_labels_to_predict(self) -> bool:
-        return self.cfg.finetune_steps > 0
-
-    def build(self) -> None:
-        self.net = self.client_net()
-        self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
-        self.personalized = self.cfg.finetune_steps > 0
-
-    # ---------------------------------------------------------------- the asynchronous server's hooks
     def arrivals_per_round(self) -> int:
         return int(self.cfg.clients_per_round)
 
@@ -63,27 +53,9 @@ class GlobalModelOnTheClock:
         """A copy of the model a client downloads now."""
         return {k: v.detach().clone() for k, v in self.global_params.items()}
 
-    # ---------------------------------------------------------------- serving
-    def personalize(self, clients: np.ndarray, gen):
-        if self.cfg.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.cfg.finetune_steps), True
-        return self.global_params, False
-
-    def protocol(self, new: bool) -> dict:
-        steps = self.cfg.finetune_steps
-        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model", "rounds": 0}
-
-    def state(self):
-        return {"global": {k: v.detach().clone() for k, v in self.global_params.items()}}
-
-    def load_state(self, state):
-        self.global_params = {k: v.to(self.device) for k, v in state["global"].items()}
-
-    def weights(self):
-        return {"client": cpu_tree(self.global_params, clone=True)}
-
-    def load_weights(self, weights):
-        self.global_params = {k: v.to(self.device) for k, v in weights["client"].items()}
+    def job_objective(self, start: dict) -> dict:
+        """Extra arguments of the jobs' local SGD, given their stacked start models (none: plain local SGD)."""
+        return {}
 
 
 def staleness_weight(tau, kind: str = "polynomial", a: float = 0.5, b: float = 0.0):
@@ -162,6 +134,7 @@ class AsyncServer:
             counts["selected"] += self._dispatch(alg, rng, pool, 1)
         # every job dispatched this round, trained now: the checkpoint holds updates only
         losses.append(self._train(alg, gen, arrived))
+        self._received(alg, arrived)
         if not alg.mixes_each_arrival:
             alg.buffer_step([j["upload"] for j in arrived],
                             np.array([self.version - j["version"] for j in arrived], dtype=np.int64))
@@ -178,6 +151,20 @@ class AsyncServer:
             else torch.zeros(0)
         rows = [[t + 1, "train", "round_sim_seconds", duration], [t + 1, "train", "clients_answered", len(arrived)]]
         return answering, loss, rows
+
+    @staticmethod
+    def _received(alg, arrived: list) -> None:
+        """The round's arrived updates on the wire: each job's upload, counted in the round it reached the server
+        (a job trained early, in flight at a round's end, is counted when it arrives)."""
+        if not arrived:
+            return
+        codec = alg.upload_codec
+        if codec is not None:
+            codec.receive(alg, sum(v.numel() for v in arrived[0]["upload"].values()), len(arrived))
+            return
+        for j in arrived:
+            for k, v in j["upload"].items():
+                alg.traffic.receive(k, v)
 
     def _dispatch(self, alg, rng, pool: np.ndarray, count: int) -> int:
         """Send the server's current model to ``count`` idle clients drawn uniformly (one job each)."""
@@ -211,12 +198,12 @@ class AsyncServer:
             return None
         clients = torch.as_tensor([j["client"] for j in todo], dtype=torch.int64, device=alg.device)
         start = {k: torch.stack([j["start"][k] for j in todo]) for k in todo[0]["start"]}
-        theta, loss, _ = alg.cohort_sgd(start, clients, gen, **alg.round_schedule())
+        theta, loss, _ = alg.cohort_sgd(start, clients, gen, **alg.round_schedule(), **alg.job_objective(start))
+        if alg.upload_codec is not None:  # each job's delta from its own download, compressed (pfl_cli.fl.compression)
+            theta = alg.upload_codec.compress_models(alg, clients, start, theta, stacked=True, record=False)
         for k, v in start.items():
             alg.traffic.send(k, v[0], copies=len(todo))     # the model each job downloaded
-        uploads = alg.uploads(start, theta)
-        for k, v in uploads.items():
-            alg.traffic.receive(k, v)                       # each job's update
+        uploads = alg.uploads(start, theta)                 # received when each job arrives (_received)
         for i, j in enumerate(todo):
             j["upload"] = {k: v[i].clone() for k, v in uploads.items()}
             j["start"] = None

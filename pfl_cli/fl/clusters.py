@@ -31,8 +31,6 @@ def losses_under(net, store, padded, clients, models: dict, how: str):
     import torch
     import torch.nn.functional as F
 
-    from pfl_cli.fl.cohort import cohort_forward
-
     k = int(next(iter(models.values())).shape[0])
     c = len(clients)
     dev = next(iter(models.values())).device
@@ -40,28 +38,44 @@ def losses_under(net, store, padded, clients, models: dict, how: str):
     count = torch.zeros(c, 1, dtype=torch.float64, device=dev)
     if c == 0:
         return total.to(torch.float32)
-    index, length = padded.rows(clients)
     with torch.no_grad():
-        for lo in range(0, c, CLIENT_CHUNK):
-            hi = min(c, lo + CLIENT_CHUNK)
-            for s0 in range(0, index.shape[1], SAMPLE_CHUNK):
-                idx = index[lo:hi, s0:s0 + SAMPLE_CHUNK]
-                pos = torch.arange(s0, s0 + idx.shape[1], device=idx.device)
-                y = store.y[idx]
-                m = (pos[None, :] < length[lo:hi, None]) & (y >= 0)
-                if not bool(m.any()):
-                    continue
-                x = store.inputs(idx)
-                n = hi - lo
-                xs = x.unsqueeze(1).expand(n, k, *x.shape[1:]).flatten(0, 1)          # (n k, b, ...)
-                params = {name: v.unsqueeze(0).expand(n, *v.shape).flatten(0, 1) for name, v in models.items()}
-                logits = cohort_forward(net, params, xs, how).view(n, k, idx.shape[1], -1)
-                ce = F.cross_entropy(logits.flatten(0, -2), y.clamp_min(0).repeat_interleave(k, 0).flatten(),
-                                     reduction="none").view(n, k, -1)
-                mk = m[:, None, :].to(ce.dtype)
-                total[lo:hi] += (ce * mk).sum(-1).to(torch.float64)
-                count[lo:hi] += m.sum(-1, keepdim=True).to(torch.float64)
+        for lo, hi, y, m, logits in _chunk_logits(net, store, padded, clients, models, how):
+            n = hi - lo
+            ce = F.cross_entropy(logits.flatten(0, -2), y.clamp_min(0).repeat_interleave(k, 0).flatten(),
+                                 reduction="none").view(n, k, -1)
+            mk = m[:, None, :].to(ce.dtype)
+            total[lo:hi] += (ce * mk).sum(-1).to(torch.float64)
+            count[lo:hi] += m.sum(-1, keepdim=True).to(torch.float64)
     return (total / count.clamp_min(1.0)).to(torch.float32)
+
+
+def _chunk_logits(net, store, padded, clients, models: dict, how: str):
+    """Yield, per chunk of :data:`CLIENT_CHUNK` clients x :data:`SAMPLE_CHUNK` of their samples ``padded``,
+    ``(lo, hi, y, mask, logits)``: the chunk's clients ``clients[lo:hi]``, their labels ``y`` (n, b), which of them
+    are real labeled samples ``mask`` (n, b), and the logits (n, k, b, classes) of one batched forward over the
+    chunk's clients x the k ``models`` (``how``: :func:`pfl_cli.fl.cohort.resolve_cohort_exec`). Chunks without a
+    labeled sample are skipped. The caller holds ``torch.no_grad()``."""
+    import torch
+
+    from pfl_cli.fl.cohort import cohort_forward
+
+    k = int(next(iter(models.values())).shape[0])
+    c = len(clients)
+    index, length = padded.rows(clients)
+    for lo in range(0, c, CLIENT_CHUNK):
+        hi = min(c, lo + CLIENT_CHUNK)
+        for s0 in range(0, index.shape[1], SAMPLE_CHUNK):
+            idx = index[lo:hi, s0:s0 + SAMPLE_CHUNK]
+            pos = torch.arange(s0, s0 + idx.shape[1], device=idx.device)
+            y = store.y[idx]
+            m = (pos[None, :] < length[lo:hi, None]) & (y >= 0)
+            if not bool(m.any()):
+                continue
+            x = store.inputs(idx)
+            n = hi - lo
+            xs = x.unsqueeze(1).expand(n, k, *x.shape[1:]).flatten(0, 1)          # (n k, b, ...)
+            params = {name: v.unsqueeze(0).expand(n, *v.shape).flatten(0, 1) for name, v in models.items()}
+            yield lo, hi, y, m, cohort_forward(net, params, xs, how).view(n, k, idx.shape[1], -1)
 
 
 def cluster_means(theta: dict, assign, weight, old: dict) -> dict:
@@ -90,8 +104,6 @@ def mixture_weights(net, store, padded, clients, models: dict, pi, how: str):
     keeps its ``pi``. Chunked and batched as :func:`losses_under`."""
     import torch
 
-    from pfl_cli.fl.cohort import cohort_forward
-
     k = int(next(iter(models.values())).shape[0])
     c = len(clients)
     total = torch.zeros(c, k, dtype=torch.float64, device=pi.device)
@@ -99,27 +111,14 @@ def mixture_weights(net, store, padded, clients, models: dict, pi, how: str):
     if c == 0:
         return pi.clone()
     log_pi = torch.log(pi.to(torch.float64).clamp_min(1e-30))
-    index, length = padded.rows(clients)
     with torch.no_grad():
-        for lo in range(0, c, CLIENT_CHUNK):
-            hi = min(c, lo + CLIENT_CHUNK)
-            for s0 in range(0, index.shape[1], SAMPLE_CHUNK):
-                idx = index[lo:hi, s0:s0 + SAMPLE_CHUNK]
-                pos = torch.arange(s0, s0 + idx.shape[1], device=idx.device)
-                y = store.y[idx]
-                m = (pos[None, :] < length[lo:hi, None]) & (y >= 0)
-                if not bool(m.any()):
-                    continue
-                x = store.inputs(idx)
-                n = hi - lo
-                xs = x.unsqueeze(1).expand(n, k, *x.shape[1:]).flatten(0, 1)
-                params = {name: v.unsqueeze(0).expand(n, *v.shape).flatten(0, 1) for name, v in models.items()}
-                logits = cohort_forward(net, params, xs, how).view(n, k, idx.shape[1], -1)
-                logp = torch.log_softmax(logits.to(torch.float64), -1).gather(
-                    -1, y.clamp_min(0)[:, None, :, None].expand(n, k, -1, 1)).squeeze(-1)  # (n, k, b)
-                q = torch.softmax(logp + log_pi[lo:hi, :, None], 1)                      # posterior over k
-                mk = m[:, None, :].to(q.dtype)
-                total[lo:hi] += (q * mk).sum(-1)
-                count[lo:hi] += m.sum(-1, keepdim=True).to(torch.float64)
+        for lo, hi, y, m, logits in _chunk_logits(net, store, padded, clients, models, how):
+            n = hi - lo
+            logp = torch.log_softmax(logits.to(torch.float64), -1).gather(
+                -1, y.clamp_min(0)[:, None, :, None].expand(n, k, -1, 1)).squeeze(-1)  # (n, k, b)
+            q = torch.softmax(logp + log_pi[lo:hi, :, None], 1)                      # posterior over k
+            mk = m[:, None, :].to(q.dtype)
+            total[lo:hi] += (q * mk).sum(-1)
+            count[lo:hi] += m.sum(-1, keepdim=True).to(torch.float64)
     out = torch.where(count > 0, total / count.clamp_min(1.0), pi.to(torch.float64))
     return out.to(pi.dtype)

@@ -84,22 +84,31 @@ class UploadCodec:
         self.error_feedback, self.num_clients, self.seed = bool(error_feedback), int(num_clients), int(seed)
         self.memory = None  # (num_clients, d) float32: e_i, zeros until a client first uploads
         self.round = 0
+        self.calls = 0
 
     def begin_round(self, t: int) -> None:
         self.round = int(t)
+        self.calls = 0  # compress_models calls this round (an asynchronous round makes several)
 
     def wire_bytes(self, d: int) -> int:
         return wire_bytes(self.kind, d, density=self.density, levels=self.levels)
 
-    def compress_models(self, alg, cohort, global_params: dict, theta: dict) -> dict:
+    def compress_models(self, alg, cohort, global_params: dict, theta: dict, *, stacked: bool = False,
+                        record: bool = True) -> dict:
         """The cohort's models as the server decodes them: ``x + C(u_i + e_i)``; records what crossed the wire in
-        ``alg.traffic`` (the global model down in float32, each compressed delta up in its encoding's bytes)."""
+        ``alg.traffic`` (the model down in float32, each compressed delta up in its encoding's bytes).
+
+        ``global_params`` holds the keys that travel (a part of the model for the partial-sharing methods); with
+        ``stacked`` it holds one start model per cohort row, (c, ...), each client's own download (an
+        asynchronous server's jobs start from different versions); ``record`` False leaves the traffic to the
+        caller (:meth:`receive` when each upload reaches the server)."""
         import torch
 
         from pfl_cli.rng import torch_generator
 
         c = len(cohort)
         names = list(global_params)
+        one = {k: (v[0] if stacked else v) for k, v in global_params.items()}  # one model's shapes
         flat = torch.cat([(theta[k] - global_params[k]).reshape(c, -1) for k in names], 1)
         d = flat.shape[1]
         rows = cohort.to(flat.device)
@@ -107,20 +116,28 @@ class UploadCodec:
             if self.memory is None:
                 self.memory = torch.zeros((self.num_clients, d), dtype=flat.dtype, device=flat.device)
             flat = flat + self.memory[rows]
-        gen = torch_generator(self.seed, f"compression-{self.round}") if self.kind == "qsgd" else None
+        stream = f"compression-{self.round}" + (f"-{self.calls}" if self.calls else "")
+        self.calls += 1
+        gen = torch_generator(self.seed, stream) if self.kind == "qsgd" else None
         sent = compress(self.kind, flat, density=self.density, levels=self.levels, gen=gen)
         if self.error_feedback:
             self.memory[rows] = flat - sent
-        for k, g in global_params.items():
-            alg.traffic.send(k, g, copies=c)
-        sent_values = topk_count(d, self.density) if self.kind == "topk" else d
-        alg.traffic.receive(f"delta ({self.kind})", _Count(sent_values), copies=c, wire_bytes=c * self.wire_bytes(d))
+        if record:
+            for k, g in one.items():
+                alg.traffic.send(k, g, copies=c)
+            self.receive(alg, d, c)
         out, start = {}, 0
         for k in names:
-            g = global_params[k]
-            out[k] = g + sent[:, start:start + g.numel()].reshape(c, *g.shape)
+            g = one[k]
+            out[k] = global_params[k] + sent[:, start:start + g.numel()].reshape(c, *g.shape)
             start += g.numel()
         return {**theta, **out}
+
+    def receive(self, alg, d: int, copies: int) -> None:
+        """Record ``copies`` compressed uploads of ``d`` coordinates reaching the server, in their encoding's bytes."""
+        sent_values = topk_count(d, self.density) if self.kind == "topk" else d
+        alg.traffic.receive(f"delta ({self.kind})", _Count(sent_values), copies=copies,
+                            wire_bytes=copies * self.wire_bytes(d))
 
     def state(self) -> dict:
         return {"memory": None if self.memory is None else self.memory.detach().cpu().clone()}

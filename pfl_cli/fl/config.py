@@ -123,15 +123,15 @@ class TrainConfig:
     # finish, how long the round takes on a simulated clock, and what their uploads cost on the wire
     availability: float = key(1.0, "probability that a client is online in a round (each client, each round)")
     availability_trace: str = key("", "CSV of 0/1, one row per client of the partition (its order), one column per "
-                                      "time slot; round t reads column t mod slots (\"\" = none)")
+                                      "time slot; round t reads column t mod slots (\"\" = none)", path="file")
     trace_slot_seconds: Optional[float] = key(None, "simulated seconds of one availability_trace column: round t "
                                                      "reads the column of the simulated clock at its start (null: "
                                                      "one column per round)")
     dropout: float = key(0.0, "probability that a selected client leaves mid-round and never answers")
     compute_speed: str = key("1", "local steps per simulated second: NUMBER | uniform:LO:HI | lognormal:MEDIAN:SIGMA "
-                                  "(drawn once per client) | file:PATH (one number per client)")
+                                  "(drawn once per client) | file:PATH (one number per client)", path="spec")
     network_speed: str = key("inf", "megabytes per simulated second of a client's link, up and down, in the forms "
-                                    "of compute_speed (inf = transfers take no time)")
+                                    "of compute_speed (inf = transfers take no time)", path="spec")
     round_deadline: Optional[float] = key(None, "simulated seconds a round waits for answers (null: no deadline); "
                                                 "late work is the algorithm's rule (dropped, or partial work kept)")
     over_selection: float = key(0.0, "select (1 + this) x clients_per_round clients; the server keeps the first "
@@ -287,15 +287,15 @@ NEEDS["robust_clip"] = (lambda cfg: _aggregator(cfg).uses_clip, "beside an aggre
 
 
 def _attack(cfg):
-    from pfl_cli.fl.byzantine.attacks import ATTACKS, Attack
+    from pfl_cli.fl.byzantine.attacks import ATTACKS
 
-    return ATTACKS.get(cfg.attack, Attack())
+    return ATTACKS.get(cfg.attack, ATTACKS["none"])
 
 
 def _aggregator(cfg):
-    from pfl_cli.fl.robust import AGGREGATORS, Aggregator
+    from pfl_cli.fl.robust import AGGREGATORS
 
-    return AGGREGATORS.get(cfg.aggregator, Aggregator())
+    return AGGREGATORS.get(cfg.aggregator, AGGREGATORS["mean"])
 
 
 # Client-level DP with the Poisson rate and the population both given samples each client at that rate: the cohort

@@ -74,6 +74,9 @@ def check_world_size(cfg, size: int, device) -> None:
     why = cfg.algorithm_class.not_distributed
     if not why and getattr(cfg, "sam_rho", 0):  # fedavg's and fedprox's option (SAM steps in one process)
         why = f"its SAM local steps (sam_rho {cfg.sam_rho}) are not split across ranks (sam_rho=0's plain steps are)"
+    if not why and getattr(cfg, "secagg", False):  # issue 48: the simulated secure sum is not split across ranks
+        why = ("--secagg sums the cohort's rows in one process (the simulated protocol, pfl_cli.fl.secagg, is not "
+               "split across ranks)")
     from pfl_cli.fl.conditions.settings import set_conditions
 
     if not why and set_conditions(cfg):

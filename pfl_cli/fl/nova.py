@@ -44,3 +44,21 @@ def normalized_delta(global_params: dict, theta: dict, share, norm) -> dict:
     tau_eff = (share * norm).sum()
     weight = (tau_eff * share / norm).to(torch.float32)
     return {k: torch.einsum("c,c...->...", weight, theta[k] - g) for k, g in global_params.items()}
+
+
+def normalized_delta_secure(global_params: dict, theta: dict, size, norm) -> dict:
+    """:func:`normalized_delta` from secure sums only (pfl_cli.fl.secagg): client i sends
+    ``u_i = n_i (x_i - x) / ||a_i||_1``, ``n_i`` and ``n_i ||a_i||_1``; with their sums U, N and A,
+    tau_eff = A / N and sum_i p_i (x_i - x) / ||a_i||_1 = U / N (Wang et al. 2020, Eq. 7-8, p_i = n_i / N), so the
+    move is ``A U / N^2``. The cohort's models are spent (audited) once summed."""
+    import torch
+
+    from pfl_cli.fl.secagg import WEIGHT, secure_sum
+
+    size, norm = size.to(torch.float64), norm.to(torch.float64)
+    scale = (size / norm).to(torch.float32)
+    rows = {k: scale.view(-1, *([1] * (theta[k].dim() - 1))) * (theta[k] - g) for k, g in global_params.items()}
+    total = secure_sum({**rows, WEIGHT: size, "__work__": size * norm}, spent=(theta, rows)).total()
+    n, work = total.pop(WEIGHT), total.pop("__work__")
+    factor = (work / (n * n)).to(torch.float32) if float(n) > 0 else torch.zeros((), dtype=torch.float32)
+    return {k: factor * total[k] for k in global_params}

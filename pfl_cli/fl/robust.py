@@ -21,6 +21,7 @@ refused before any work (:func:`check_aggregator`).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 
 def averages_updates(cls) -> bool:
@@ -29,8 +30,9 @@ def averages_updates(cls) -> bool:
     return bool(cls.__dict__.get("averages_updates", False))
 
 
-class Aggregator:
-    """One entry: ``name``, the paper, which keys it reads, and the smallest cohort it is defined for."""
+class Aggregator(ABC):
+    """One entry: ``name``, the paper, which keys it reads, and the smallest cohort it is defined for. Abstract:
+    ``mean`` is the entry :class:`Mean`."""
 
     name = ""
     paper = ""
@@ -44,9 +46,9 @@ class Aggregator:
         """The smallest cohort of which ``f`` may be Byzantine."""
         return 1
 
+    @abstractmethod
     def combine(self, X, w, *, f: int, clip: float | None, center):
         """``X`` (n, P) deltas, ``w`` (n,) weights summing to 1 -> the aggregate (P,)."""
-        raise NotImplementedError
 
 
 class Mean(Aggregator):
@@ -267,12 +269,14 @@ def cohort_f(fraction: float, n: int) -> int:
     return int(math.floor(fraction * n + 1e-9))
 
 
-def robust_mean(cfg, store, cohort, theta: dict, reference: dict, *, center: dict | None = None) -> dict:
+def robust_mean(cfg, store, cohort, theta: dict, reference: dict, *, center: dict | None = None,
+                by_size: bool = True) -> dict:
     """The server's average of the cohort's models ``theta`` (c, ...) around ``reference`` under ``cfg.aggregator``.
 
     The deltas ``theta - reference`` are flattened into one ``[c, P]`` matrix, combined, and added back onto
     ``reference``; ``center`` is the server's previous step (centered clipping's start). ``mean`` is
-    :func:`pfl_cli.fl.params.weighted_mean` itself.
+    :func:`pfl_cli.fl.params.weighted_mean` itself; ``by_size`` False: the weights of the weighted aggregators
+    (``mean``, ``norm-bound``) are uniform, as the algorithm's own mean is.
     """
     import torch
 
@@ -281,7 +285,7 @@ def robust_mean(cfg, store, cohort, theta: dict, reference: dict, *, center: dic
 
     agg = AGGREGATORS[cfg.aggregator]
     if agg.name == "mean":
-        return weighted_mean(store, cohort, theta)
+        return weighted_mean(store, cohort, theta, by_size=by_size)
     n = len(cohort)
     f = cohort_f(cfg.robust_fraction, n) if agg.uses_f else 0
     if n < agg.min_clients(f):
@@ -290,12 +294,66 @@ def robust_mean(cfg, store, cohort, theta: dict, reference: dict, *, center: dic
                        "clients_per_round or lower robust_fraction.")
     keys = list(theta)
     X = torch.cat([(theta[k] - reference[k]).reshape(n, -1) for k in keys], dim=1)
-    size = store.fit.length[cohort].to(X.dtype)
+    size = store.fit.length[cohort].to(X.dtype) if by_size else X.new_ones(n)
     w = size / size.sum().clamp_min(1.0)
     c = None if center is None or not agg.uses_center else torch.cat([center[k].reshape(-1) for k in keys])
     out = agg.combine(X, w, f=f, clip=cfg.robust_clip, center=c).to(X.dtype)
     parts = out.split([reference[k].numel() for k in keys])
     return {k: reference[k] + p.view_as(reference[k]) for k, p in zip(keys, parts)}
+
+
+def corrupt_uploads(alg, t: int, cohort, theta: dict, reference: dict | None = None) -> dict:
+    """The cohort's uploads ``theta`` (c, ...) as the server receives them in round ``t``: with Byzantine clients
+    (``alg.byzantine``, :mod:`pfl_cli.fl.byzantine`) the malicious rows' deltas from ``reference`` (default: the
+    global model's same keys) replaced by the attack's; else ``theta`` itself. What a malicious client keeps for
+    itself (its private state) is what it trained: only the upload is corrupted."""
+    if alg.byzantine is None:
+        return theta
+    reference = {k: alg.global_params[k] for k in theta} if reference is None else reference
+    return alg.byzantine.corrupt(t, cohort, reference, theta,
+                                 default_server_lr=getattr(alg, "default_server_lr", 1.0))
+
+
+def average_uploads(alg, cohort, theta: dict, reference: dict | None = None, *, by_size: bool = True,
+                    secagg: bool = False) -> dict:
+    """The server's average of the cohort's uploads ``theta`` (c, ...): the algorithm's own mean (by data size, or
+    uniform with ``by_size`` False; under ``secagg`` from the cohort's sums only, :func:`pfl_cli.fl.secagg.
+    cohort_mean`), or the robust aggregator ``alg.cfg.aggregator`` names (:func:`robust_mean`) around ``reference``
+    (default: the global model's same keys), centred on the server's last step where it keeps one
+    (``alg.server_buf``). With ``aggregator=mean`` it is the plain mean, bit for bit."""
+    from pfl_cli.fl.secagg import cohort_mean
+
+    cfg = alg.cfg
+    if cfg.aggregator == "mean":
+        return cohort_mean(alg.store, cohort, theta, by_size=by_size, secagg=secagg)
+    reference = {k: alg.global_params[k] for k in theta} if reference is None else reference
+    buf = getattr(alg, "server_buf", None)
+    center = {k: buf[k] for k in theta} if buf and all(k in buf for k in theta) else None
+    return robust_mean(cfg, alg.store, cohort, theta, reference, center=center, by_size=by_size)
+
+
+def robust_delta(alg, cohort, deltas: dict, *, by_size: bool = False) -> dict:
+    """The aggregate of the cohort's update vectors ``deltas`` (c, ...) under ``alg.cfg.aggregator`` (around 0),
+    uniform weights unless ``by_size``: for a server that averages updates rather than models (SCAFFOLD's Delta y,
+    FedDyn's moves, FedNova's normalized updates), where ``aggregator=mean`` keeps that server's own formula."""
+    zeros = {k: v.new_zeros(v.shape[1:]) for k, v in deltas.items()}
+    buf = getattr(alg, "server_buf", None)
+    center = {k: buf[k] for k in deltas} if buf and all(k in buf for k in deltas) else None
+    return robust_mean(alg.cfg, alg.store, cohort, deltas, zeros, center=center, by_size=by_size)
+
+
+TABLE_BEGIN = "<!-- robust-table: generated by tests/fl/test_robust.py from the registry; do not edit -->"
+TABLE_END = "<!-- /robust-table -->"
+
+
+def table_markdown(algorithms) -> str:
+    """docs/robustness.md's table between its markers: which algorithms of a registry ({name: class}, in its
+    order) take update attacks and robust aggregators (they declare :func:`averages_updates`), which refuse them."""
+    takes = [f"`{n}`" for n, cls in algorithms.items() if averages_updates(cls)]
+    refuses = [f"`{n}`" for n, cls in algorithms.items() if not averages_updates(cls)]
+    return "\n".join([TABLE_BEGIN, "", "| update attacks and robust aggregators | algorithms |", "|---|---|",
+                      f"| taken ({len(takes)}) | {', '.join(takes)} |",
+                      f"| refused ({len(refuses)}) | {', '.join(refuses)} |", "", TABLE_END])
 
 
 def check_aggregator(cfg) -> None:
@@ -310,7 +368,7 @@ def check_aggregator(cfg) -> None:
     if not averages_updates(cls):
         raise ConfigError(f"aggregator {agg.name} needs an algorithm whose server averages the cohort's models "
                           f"(averages_updates); {cfg.algorithm!r} does not. Use aggregator=mean, or an algorithm "
-                          "of FedAvg's family (fedavg, fedprox, ditto, ...).")
+                          "that declares it (fedavg, fedprox, scaffold, fedrep, ...: the table of docs/robustness.md).")
     if cfg.dp_epsilon is not None:
         raise ConfigError(f"aggregator {agg.name} with --dp: a DP server adds noise to the clipped sum of the "
                           "updates, which a robust aggregator would not be; drop one of them.")

@@ -12,6 +12,8 @@ heterogeneous the same way:
 (1, 3)
 """
 
+from pfl_cli.lazy import lazy_names
+
 # The names load on first use (PEP 562): the fit and the log-likelihood need scipy, which a refused
 # or up-to-date mdm-fit / simulate never loads (issue 49, finding 20).
 _WHERE = {
@@ -26,15 +28,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

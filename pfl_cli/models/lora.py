@@ -156,17 +156,30 @@ def set_dropout(net: nn.Module, on: bool) -> None:
             m.train(on)
 
 
-def match_targets(base: nn.Module, patterns: str) -> list[str]:
+def match_targets(base: nn.Module, patterns: str, rank: int | None = None) -> list[str]:
     """The names of ``base``'s linear and convolution layers that ``patterns`` select, its classifier excepted (it
     trains in full): comma-separated module names or fnmatch patterns, each matching a name or its last dotted
     components as peft's ``target_modules`` do (``query,value`` selects every BERT layer's query and value
-    projections; ``fc1,conv*``; ``*`` every layer)."""
+    projections; ``fc1,conv*``; ``*`` every layer).
+
+    A grouped convolution (depthwise: MobileNet's, EfficientNet's, ShuffleNet's) takes an adapter of ``rank`` only
+    when its groups divide the rank, peft's rule (its ``B`` is a grouped 1x1 convolution from r channels): patterns
+    leave the others out, and naming one of them is refused."""
     wanted = [p.strip() for p in str(patterns).split(",") if p.strip()]
     if not wanted:
         raise ConfigError(f"lora_targets must name at least one module pattern (e.g. '*' or 'fc1,conv*'); got "
                           f"{patterns!r}.")
-    layers = [n for n, m in base.named_modules() if isinstance(m, TARGETABLE) and n != base.classifier
+    modules = dict(base.named_modules())
+    layers = [n for n, m in modules.items() if isinstance(m, TARGETABLE) and n != base.classifier
               and not n.startswith(f"{base.classifier}.")]
+    if rank is not None:
+        grouped = {n for n in layers if isinstance(modules[n], nn.Conv2d) and int(rank) % modules[n].groups}
+        named = sorted(grouped & set(wanted))
+        if named:
+            raise ConfigError(f"lora_targets names {named[0]!r}, a convolution of {modules[named[0]].groups} groups, "
+                              f"which an adapter of rank {rank} cannot adapt (peft's rule: the groups divide the "
+                              "rank); give a rank its groups divide, or leave it out.")
+        layers = [n for n in layers if n not in grouped]
     # peft's rule for a list of target modules (a name equal to, or ending in ".<pattern>"), with fnmatch globs
     chosen = [n for n in layers if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*.{p}") for p in wanted)]
     if not chosen:
@@ -193,11 +206,15 @@ def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int = 8, alpha:
     IA3 vectors, on the layers ``feedforward`` names scaling their input."""
     from pfl_cli.models.pretrained import file_sha256
 
-    if str(base.get("arch", "")).endswith("-bn") or base.get("arch") in ("backbone", "lora"):
+    probe = base.get("arch") == "backbone" and base.get("tune") == "probe"  # HyperFL-LPM's frozen backbone
+    if str(base.get("arch", "")).endswith("-bn") or base.get("arch") == "lora" or (base.get("arch") == "backbone"
+                                                                                   and not probe):
         raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
                          f"model_arch {base.get('arch')!r}.")
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
-            "num_classes": int(base["num_classes"]), "targets": match_targets(net, targets)}
+            "num_classes": int(base["num_classes"]),
+            # IA3's vectors scale any convolution's channels; LoRA's rank must suit a grouped one (peft's rule)
+            "targets": match_targets(net, targets, None if adapter == "ia3" else rank)}
     if adapter == "ia3":
         spec.update(adapter="ia3", feedforward=match_feedforward(spec["targets"], feedforward))
     else:

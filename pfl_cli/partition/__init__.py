@@ -10,7 +10,7 @@
 (20, 1000)
 """
 
-import importlib
+from pfl_cli.lazy import lazy_names
 
 # Names resolved on first use (PEP 562): a reader that needs only `pfl_cli.partition.base` (`pflx show`,
 # every stage reading a partition) does not load the twelve scheme modules of `api`.
@@ -22,11 +22,4 @@ _HOME = {
 __all__ = sorted(_HOME)
 
 
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOME])
+__getattr__, __dir__ = lazy_names(__name__, _HOME)

@@ -13,7 +13,7 @@ from pfl_cli.partition.base import Partition, csr_from_assignment
 from pfl_cli.partition.continuous import check_strictness, continuous_owners
 from pfl_cli.partition.dirichlet import dirichlet_owners
 from pfl_cli.partition.explicit import check_sizes, distribution_owners, read_distribution, read_sizes, size_owners
-from pfl_cli.partition.grouped import GROUP_MODES, group_owners
+from pfl_cli.partition.grouped import GROUP_MODES, check_grouping, group_owners
 from pfl_cli.partition.dominant import dominant_owners
 from pfl_cli.partition.iid import iid_owners
 from pfl_cli.partition.natural import natural_owners
@@ -142,9 +142,13 @@ def _check_int(name: str, value: Any, low: int) -> int:
 
 
 def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int, has_labels: bool,
-                    has_clients: bool, has_test_pool: bool, input_shape: tuple[int, ...] | None = None
-                    ) -> PartitionConfig:
+                    has_clients: bool, has_test_pool: bool, input_shape: tuple[int, ...] | None = None,
+                    clients: np.ndarray | None = None) -> PartitionConfig:
     """Check every option against the data before any random draw; return the resolved config.
+
+    ``clients``: every sample's natural client id (the dataset's client column), where it has one; under scheme
+    ``natural`` the resolved ``num_clients`` is the number of clients they make (after ``--group-size``), so that the
+    manifest records the partition's real client count.
 
     Raises
     ------
@@ -171,6 +175,8 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
         raise ConfigError(
             f"--natural-id needs a client column, and {cfg.dataset} has none (npz: array 'client'; csv: ?client=COL; leaf: users)."
         )
+    if scheme == "natural" and clients is not None:
+        cfg = _natural_count(cfg, clients)
     if cfg.test_fraction is not None and not (0 <= cfg.test_fraction < 1):
         raise ConfigError(f"test-fraction must be in [0, 1); got {cfg.test_fraction!r}.")
     h = cfg.holdout_clients
@@ -226,6 +232,18 @@ def validate_config(cfg: PartitionConfig, *, num_samples: int, num_classes: int,
 
 
 DEFAULT_NUM_CLIENTS = PartitionConfig.num_clients
+
+
+def _natural_count(cfg: PartitionConfig, clients: np.ndarray) -> PartitionConfig:
+    """Scheme natural: ``num_clients`` is the count of the data's natural ids (groups of ``group_size`` of them); a
+    different ``--num-clients`` is refused (the data decide it; the default stands for "not given")."""
+    count = len(np.unique(np.asarray(clients)))
+    if cfg.group_size is not None:
+        count = check_grouping(count, cfg.group_size, cfg.group_mode)
+    if cfg.num_clients not in (count, DEFAULT_NUM_CLIENTS):
+        raise ConfigError(f"num-clients {cfg.num_clients} disagrees with the {count} natural clients of "
+                          f"{cfg.dataset}; leave --num-clients out (scheme natural takes its clients from the data).")
+    return dataclasses.replace(cfg, num_clients=count)
 
 
 def _resolve_explicit(cfg: PartitionConfig, scheme: str, *, num_samples: int, num_classes: int) -> PartitionConfig:

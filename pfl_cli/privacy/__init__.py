@@ -34,6 +34,8 @@ is released. ``delta < 1/n`` is checked against a public population bound
 checks a finished artifact file by file.
 """
 
+from pfl_cli.lazy import lazy_names
+
 # Lazy (PEP 562): importing one submodule (fl.loop needs privacy.randomness in every run) must not
 # load dp_accounting and much of scipy, seconds of start-up a run without --dp never uses (issue 26).
 _EXPORTS = {
@@ -66,19 +68,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pfl_cli.privacy' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"pfl_cli.privacy.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = [

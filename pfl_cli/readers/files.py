@@ -1,6 +1,8 @@
-"""Files a config names by path (path-valued keys: ``backbone_weights``), found again wherever the tree went.
+"""Files a config names by path (path-valued keys: ``backbone_weights``, ``availability_trace``, and ``compute_speed``
+/ ``network_speed`` in their ``file:PATH`` form), found again wherever the tree went.
 
-A path-valued key is declared in the config schema (``key(..., path="file")``, :func:`path_keys`). ``train``
+A path-valued key is declared in the config schema (``key(..., path="file")``: the value is the path;
+``path="spec"``: the value names a file in its ``file:PATH`` form only; :func:`path_keys`, :func:`key_file`). ``train``
 records each such file as a manifest input (:func:`file_inputs`: ``stage: "file"``, the key, its sha256, kept
 under --dp: a pre-trained file is a public input) beside the partition, so that, like an input artifact, it
 is found from any working directory and after the tree moved (the writer adds ``relative_path``); the
@@ -29,11 +31,30 @@ def path_keys(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("path"))
 
 
+SPEC_PREFIX = "file:"
+
+
+def key_file(cls: type, key: str, value) -> str | None:
+    """The file the value of path-valued ``key`` of the config class ``cls`` names (None: it names none)."""
+    kind = next((f.metadata.get("path") for f in dataclasses.fields(cls) if f.name == key), None)
+    if not value or not isinstance(value, str):
+        return None
+    if kind == "spec":
+        return value[len(SPEC_PREFIX):] or None if value.startswith(SPEC_PREFIX) else None
+    return value
+
+
+def with_key_file(cls: type, key: str, value: str, path: str) -> str:
+    """``value`` of path-valued ``key`` naming ``path`` instead of the file it names (its form kept)."""
+    kind = next((f.metadata.get("path") for f in dataclasses.fields(cls) if f.name == key), None)
+    return SPEC_PREFIX + path if kind == "spec" else path
+
+
 def file_inputs(cfg) -> list[dict]:
     """Manifest input references of the files ``cfg``'s path-valued keys name (a key left empty: none)."""
     refs = []
     for key in path_keys(type(cfg)):
-        value = getattr(cfg, key)
+        value = key_file(type(cfg), key, getattr(cfg, key))
         if value:
             path = Path(str(value))
             refs.append({"path": str(path), "stage": FILE_STAGE, "key": key, "public": True,
@@ -47,8 +68,10 @@ def portable_config(config: Mapping[str, Any], cls: type, out: str | Path) -> di
     itself by ``train --config``, so it holds from any directory and in a moved tree)."""
     doc = dict(config)
     for key in path_keys(cls):
-        if doc.get(key):
-            doc[key] = os.path.relpath(os.path.abspath(str(doc[key])), os.path.abspath(str(out)))
+        named = key_file(cls, key, doc.get(key))
+        if named:
+            doc[key] = with_key_file(cls, key, doc[key],
+                                     os.path.relpath(os.path.abspath(str(named)), os.path.abspath(str(out))))
     return doc
 
 

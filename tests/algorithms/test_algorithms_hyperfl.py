@@ -106,7 +106,7 @@ def test_a_net_without_a_feature_extractor_is_refused(store):
 
 
 def test_new_clients_keep_the_global_hypernetwork_and_train_locally(digits_clients):
-    from pfl_cli.cli.train_run import torch_bytes
+    from pfl_cli.fl.checkpoint import torch_bytes
     from pfl_cli.fl import PredictConfig, predict_clients, train_federated
 
     ds, part = digits_clients
@@ -130,7 +130,7 @@ def assert_resume_ends_where_the_run_ends(ds, part, cfg):
     """Train, then resume from the first checkpoint: same history, byte-identical model. Returns the full run."""
     import io
 
-    from pfl_cli.cli.train_run import torch_bytes
+    from pfl_cli.fl.checkpoint import torch_bytes
     from pfl_cli.fl import train_federated
 
     saved = []

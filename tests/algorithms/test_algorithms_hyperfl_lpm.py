@@ -70,7 +70,7 @@ def test_hyperfl_lpm_needs_a_backbone_tuned_by_adapters(store):
 
 
 def test_new_clients_resume_and_predict(digits_clients):
-    from pfl_cli.cli.train_run import torch_bytes
+    from pfl_cli.fl.checkpoint import torch_bytes
     from pfl_cli.fl import PredictConfig, predict_clients
     from tests.algorithms.test_algorithms_hyperfl import assert_resume_ends_where_the_run_ends
 

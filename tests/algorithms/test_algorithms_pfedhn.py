@@ -182,7 +182,7 @@ def test_messages_are_theta_down_and_delta_up_only(digits_clients, alg_name):
 @pytest.mark.parametrize("alg_name", ["pfedhn", "pfedhn-pc"])
 def test_new_clients_train_an_embedding_under_a_frozen_hypernetwork(digits_clients, alg_name):
     """D.1 item 11: phi byte-identical after predict; the trained v_new beats a random one."""
-    from pfl_cli.cli.train_run import torch_bytes
+    from pfl_cli.fl.checkpoint import torch_bytes
     from pfl_cli.fl import PredictConfig, predict_clients, train_federated
     from pfl_cli.fl.evaluate import evaluate
 
@@ -219,7 +219,7 @@ def test_new_clients_train_an_embedding_under_a_frozen_hypernetwork(digits_clien
 
 @pytest.mark.parametrize("alg_name", ["pfedhn", "pfedhn-pc"])
 def test_resumed_training_ends_where_the_uninterrupted_run_ends(digits_clients, alg_name):
-    from pfl_cli.cli.train_run import torch_bytes
+    from pfl_cli.fl.checkpoint import torch_bytes
     from pfl_cli.fl import train_federated
 
     ds, part = digits_clients

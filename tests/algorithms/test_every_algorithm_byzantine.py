@@ -9,10 +9,13 @@ digits (8 train clients, 4 per round, 2 rounds)
    server really reads the corrupted uploads: a class that declared it without aggregating in
    ``FedAvg.aggregate`` fails here); any other algorithm is refused with one line naming ``averages_updates``;
 2. with label-flipping clients (data poisoning, which needs no server step): every algorithm trains, or is refused
-   in one line (an algorithm that exists only under --dp).
+   in one line (an algorithm that exists only under --dp);
+3. an algorithm that declares ``averages_updates`` averages through the aggregator: norm bounding with a radius no
+   update reaches (each update kept whole, then the algorithm's own weighted mean) gives the weights of the plain
+   run (``aggregator=mean``, the algorithm's own mean bit for bit), to float rounding.
 
-The default tier runs three representatives (FedAvg, Ditto's personal models, FedRep, which averages no
-updates); the whole registry is ``slow``.
+The default tier runs representatives (1-2: FedAvg, Ditto's personal models, Local, which averages no updates; 3:
+FedRep's shared body); the whole registry is ``slow``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pfl_cli.errors import ConfigError, PflxError
 BASE = {"rounds": 2, "clients_per_round": 4, "local_steps": 2, "batch_size": 8, "eval_every": 2,
         "mlp_hidden": (8,), "val_fraction": 0.2}
 UNDER_ATTACK = {"attack": "sign-flip", "attack_fraction": 0.25, "aggregator": "trimmed-mean", "robust_fraction": 0.25}
-DEFAULT_TIER = ("fedavg", "ditto", "fedrep")
+DEFAULT_TIER = ("fedavg", "ditto", "local")
 
 
 def _data():
@@ -119,3 +122,19 @@ def test_trains_with_label_flipping_clients_or_refuses(name):
     honest = [row for row in attacked.outcome.history if row[1] == "honest" and row[2] == "mean_accuracy"]
     assert honest and 0.0 <= honest[-1][3] <= 1.0
     assert dataclasses.asdict(attacked.algorithm.cfg)["attack"] == "label-flip"
+
+
+def averaging_cases():
+    """The algorithms that declare ``averages_updates`` (test 1 checks the others' refusal)."""
+    return [pytest.param(name, id=name, marks=() if name == "fedrep" else pytest.mark.slow)
+            for name in registry.names() if registry.get(name).algorithm.__dict__.get("averages_updates")]
+
+
+@pytest.mark.parametrize("name", averaging_cases())
+def test_the_aggregator_reduces_to_the_plain_mean(name):
+    one = {"rounds": 1, "eval_every": 1}  # one server step: only its rounding separates the two
+    plain = weights(run(name, aggregator="mean", **one))
+    bounded = weights(run(name, aggregator="norm-bound", robust_clip=1e12, **one))
+    assert plain.keys() == bounded.keys()
+    for k in plain:
+        np.testing.assert_allclose(bounded[k], plain[k], rtol=1e-5, atol=1e-6, err_msg=f"{name}: {k}")

@@ -13,6 +13,7 @@ needs a companion (the DP keys need --dp, backbone_tune a backbone) is run besid
 that choose the client net on images (:data:`IMAGES`); a key a companion's setting may leave inert is checked a
 second time beside it (:data:`BESIDE`: local_steps beside a set local_epochs). Left unchecked: the three keys of
 :data:`INERT`, each with its reason, the key that acts on the written files only (:data:`WRITES`, checked where
+named), the protection that changes what the server reads, not the model (:data:`PROTECTIONS`, checked where
 named), and the round keys of an algorithm without rounds (:data:`ROUND_KEYS`). A new algorithm or key is covered
 without new test code.
 
@@ -44,6 +45,15 @@ INERT = {
     "device": "auto is the cpu on a machine without a GPU; the suite compares runs on one device",
     "cohort_exec": "an execution strategy (vmap or a loop) with equal results by design "
                    "(tests/fl/test_fl_cohort.py::test_every_cohort_exec_gives_the_same_numbers)",
+}
+# A protection (DESIGN.md section 9) changes what the server may read, not the model: the same numbers by design,
+# checked where named. (Without --dp a run under secagg differs by float rounding only, sum then divide, which
+# passed here as a change; under --dp it is bit-identical, which failed.)
+PROTECTIONS = {
+    "secagg": "the server reads the cohort's sums only and computes the same model "
+              "(tests/fl/test_secagg.py::test_secagg_round_equals_the_plain_round_and_reads_no_individual_update, "
+              "::test_central_dp_under_secagg_equals_dp_fedavg_bit_for_bit; where a server reads individual updates "
+              "it is refused: ::test_secagg_refused_in_one_line_naming_the_individual_read)",
 }
 # A key that acts on the files ``pflx train`` writes, not on the run this suite observes: where that is checked.
 WRITES = {"write_nonprivate": "adds the nonprivate* files of a DP run "
@@ -317,7 +327,8 @@ def _cases() -> list:
     cases = []
     for name, entry in registry.entries().items():
         for key in entry.keys:
-            if key in INERT or key in WRITES or (key in ROUND_KEYS and not entry.algorithm.federated):
+            if key in INERT or key in WRITES or key in PROTECTIONS or (key in ROUND_KEYS
+                                                                         and not entry.algorithm.federated):
                 continue
             # ... and every optional tuple key (off by default), whose values are of no scalar's type
             default = name == "fedrod" or key in ("server_lr", "server_momentum") or _optional_tuple(name, key)
@@ -400,7 +411,8 @@ def test_optional_tuple_key_is_probed_with_a_value_it_takes(name, key):
 def test_inert_table_holds_keys_that_exist():
     """The table of inert keys stays tiny and names only keys some algorithm takes."""
     every = {k for e in registry.entries().values() for k in e.keys}
-    assert set(INERT) | set(WRITES) | set(ROUND_KEYS) <= every and len(INERT) <= 3 and len(WRITES) <= 1
+    assert set(INERT) | set(WRITES) | set(PROTECTIONS) | set(ROUND_KEYS) <= every
+    assert len(INERT) <= 3 and len(WRITES) <= 1 and len(PROTECTIONS) <= 1
     for entry in registry.entries().values():  # a declared inert key is a field of its config, not listed as taken
         fields = {f.name for f in dataclasses.fields(entry.config)}
         assert set(entry.algorithm.inert_keys) <= fields - set(entry.keys), entry.name

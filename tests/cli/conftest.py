@@ -52,7 +52,7 @@ def train_predicts(digits_root):
 def resume_matches(digits_clients):
     """``resume_matches(cfg, at)``: training ``cfg`` again from its first checkpoint (round ``at``) writes the
     same model bytes and history as the whole run."""
-    from pfl_cli.cli.train_run import torch_bytes
+    from pfl_cli.fl.checkpoint import torch_bytes
     from pfl_cli.fl import train_federated
 
     def check(cfg, at):

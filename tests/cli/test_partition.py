@@ -173,3 +173,35 @@ def test_repair_is_recorded_and_warned(cli, tmp_path):
     assert res.code == 0 and "pflx: warning:" in res.err and "moved" in res.err
     stats = json.loads((out / "stats.json").read_text())
     assert stats["scheme_info"]["repaired"] is True and stats["train_size"]["min"] >= 20 * 0.8 - 1
+
+
+@pytest.fixture
+def natural_npz(tmp_path):
+    """Digits' first 300 samples over 6 natural clients (a client column)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    path = tmp_path / "natural.npz"
+    np.savez(path, x=d.data[:300].astype(np.float32), y=d.target[:300], client=np.arange(300) % 6)
+    return path
+
+
+@pytest.mark.parametrize("flags, clients", [(["--scheme", "natural"], 6), (["--natural-id"], 6),
+                                            (["--natural-id", "--group-size", "4"], 2)])
+def test_natural_scheme_records_the_datas_client_count(cli, tmp_path, natural_npz, flags, clients):
+    """``--scheme natural`` without --num-clients recorded the default 10 clients, and train refused the partition."""
+    from pfl_cli.readers.artifact import load_partition
+
+    out = tmp_path / "part"
+    res = cli("partition", "--dataset", f"npz:{natural_npz}", "--out", out, *flags, "--format", "quiet")
+    assert res.code == 0, res.err
+    manifest, _, arrays, _, _ = read_partition_as_documented(out)
+    assert manifest["config"]["num_clients"] == clients == len(arrays["client_id"])
+    load_partition(out)  # what train reads: accepted
+
+
+def test_natural_scheme_refuses_a_different_num_clients(cli, tmp_path, natural_npz):
+    out = tmp_path / "part"
+    res = cli("partition", "--dataset", f"npz:{natural_npz}", "--scheme", "natural", "--num-clients", 4, "--out", out)
+    assert res.code == 2 and res.err.count("\n") == 1 and not out.exists()
+    assert "num-clients 4 disagrees with the 6 natural clients" in res.err

@@ -237,3 +237,29 @@ def test_bad_options_exit_2(root, tmp_path, capsys, extra, message):
 def test_cuda_without_a_gpu_exits_2(root, tmp_path, capsys):
     assert predict(root, "pefll", tmp_path / "x", "--device", "cuda") == 2
     assert "CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a train run and two predictions: ~30 s on 2 shared cores
+def test_train_clients_never_sampled_are_served_and_reported_by_the_new_client_protocol(root, tmp_path, capsys):
+    """Before: one has_state check for the whole group named the new-client protocol for every train client."""
+    assert main(["train", "--partition", root / "part", "--algorithm", "fedrep", "--out", tmp_path / "m",
+                 "--format", "quiet", *FAST, "--rounds", "1", "--eval-every", "1", "--clients-per-round", "3"]) == 0
+    assert predict(root, tmp_path / "m", tmp_path / "p", "--clients", "train") == 0
+    m = json.loads((tmp_path / "p" / "metrics.json").read_text())
+    rows = read_csv(tmp_path / "p" / "clients.csv")
+    model = torch.load(tmp_path / "m" / "model.pt", weights_only=True, map_location="cpu")
+    run = predict_clients(model, small_config(**json.loads((tmp_path / "m" / "manifest.json").read_text())["config"]),
+                          *(lambda ds: (ds.x, ds.y, ds.num_classes))(load_dataset("builtin:digits")),
+                          load_partition(root / "part")[0], PredictConfig(clients="train"))
+    alg = run.algorithm
+    own, new = alg.protocol(False)["protocol"], alg.protocol(True)["protocol"]
+    assert own != new
+    known = alg.has_state(run.clients)
+    assert int(known.sum()) == 3 and len(known) == 16 == len(rows)  # the one round's cohort has state
+    part = load_partition(root / "part")[0]
+    want = {str(int(part.client_id[c])): own if k else new for c, k in zip(run.clients, known)}
+    assert {r["client_id"]: r["protocol"] for r in rows} == want
+    assert m["new_clients"] == 13
+    assert m["protocols"] == [{"protocol": own, "rounds": alg.protocol(False)["rounds"], "clients": 3},
+                              {"protocol": new, "rounds": alg.protocol(True)["rounds"], "clients": 13}]
+    assert own in m["protocol"] and new in m["protocol"] and "3 clients" in m["protocol"]

@@ -74,7 +74,8 @@ SHORT = ["--rounds", "6", "--eval-every", "3", "--local-steps", "3", "--clients-
 EVERY = {
     "pefll": [], "fedavg": ["--finetune-steps", "3"], "local": ["--local-epochs", "2"], "pfedhn": [],
     "pfedhn-pc": [], "hyperfl": [],
-    "hyperfl-lpm": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
+    "hyperfl-lpm": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"],
+    "hyperfl-lpm-lora": ["--set", "backbone=vit-micro", "--set", "hyper_hidden=8", "--set", "embed_dim=8"], "fedprox": [], "fedper": [], "fedrep": [], "lg-fedavg": [], "ditto": [],
     "apfl": [], "perfedavg": [], "pfedme": [], "knnper": [], "flowdup": [], "ld-fedavg": [], "fedtta": [],
     "fedbabu": ["--set", "finetune_epochs=1"], "fedrod": [], "fedbn": [], "fedala": ["--set", "ala_max_start_epochs=3"], "feddbe": [],
     "gpfl": [], "pfedla": [], "fedcp": [], "fedas": [], "fedpac": [],
@@ -83,7 +84,7 @@ EVERY = {
     "fednova": ["--set", "local_epochs=null"], "centralized": [],
     "fedlc": [], "fedamp": ["--set", "new_client_epochs=1"],
     "fedproto": [], "fednh": [], "fedfomo": [], "apple": [], "moon": [], "fedsam": [], "ifca": [], "qffl": [], "cfl": [], "fedem": [], "afl": [],
-    "fedit": [], "ffa-lora": [], "fedsa-lora": [], "flexlora": [], "fedbuff": [], "fedasync": [],
+    "fedit": [], "ffa-lora": [], "fedsa-lora": [], "flexlora": [], "pefll-lora": [], "pfedhn-lora": [], "fedbuff": [], "fedasync": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }
@@ -224,3 +225,11 @@ def test_each_rank_holds_only_the_data_of_its_own_clients(root, tmp_path):
         own = np.unique(np.concatenate([np.asarray(part.train_indices)[np.isin(part.train_owner(), clients)],
                                         np.asarray(part.test_indices)[np.isin(part.test_owner(), clients)]]))
         assert r["samples"] == len(own) < 0.75 * r["total"]                                  # memory falls with N
+
+
+def test_secagg_with_nproc_is_refused_up_front(root, tmp_path, capsys):
+    """--secagg's simulated secure sum runs in one process: refused in one line before anything is launched."""
+    assert _train(root, tmp_path / "x", "--algorithm", "fedavg", "--secagg", "--nproc", "2") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--algorithm fedavg runs in one process only: --secagg sums the cohort's rows" in err
+    assert not (tmp_path / "x").exists()

@@ -149,7 +149,7 @@ def test_which_methods_have_a_global_model(store, algorithm, has):
     the heads its clients keep; PeFLL's server holds a hypernetwork, no client model."""
     from pflx_testing import small_config
 
-    from pfl_cli.cli.train_run import has_global_model
+    from pfl_cli.train.files import has_global_model
     from pfl_cli.registry import get
 
     alg = get(algorithm).algorithm(small_config(algorithm, mlp_hidden=(8,), hyper_hidden=16), store)
@@ -175,7 +175,7 @@ def test_every_algorithms_global_model_is_the_model_it_declares(store, algorithm
     reproduce its accuracy; a method without one reports null."""
     from pflx_testing import small_config
 
-    from pfl_cli.cli.train_run import has_global_model
+    from pfl_cli.train.files import has_global_model
     from pfl_cli.fl.evaluate import global_model_of
     from pfl_cli.registry import get
 

@@ -239,7 +239,7 @@ def test_dp_fedavg_divides_by_the_expected_answering_cohort(store):
 @pytest.mark.parametrize("keys, words", [
     ({"algorithm": "fedavg", "round_deadline": 1.0, "dp_epsilon": 4.0, "dp_clip": 1.0, "dp_population": 100,
       "normalize": False}, "under --dp"),
-    ({"algorithm": "fedrep", "compression": "topk"}, "does not upload a model delta"),
+    ({"algorithm": "ditto", "compression": "topk"}, "does not upload a model delta"),
     ({"algorithm": "local", "dropout": 0.2}, "cannot run under federation conditions"),
     ({"algorithm": "fedavg", "over_selection": 0.5, "clients_per_round": None}, "Set clients_per_round"),
     ({"algorithm": "fedavg", "availability": 0.0}, "availability must be in (0, 1]"),
@@ -268,3 +268,48 @@ def test_conditions_run_in_one_process_and_not_on_flower():
         check_world_size(cfg, 2, torch.device("cpu"))
     with pytest.raises(ConfigError, match="federation conditions .dropout. are simulated by pflx train only"):
         check_deployable(registry.train_config("fedavg", dropout=0.1, val_fraction=0.0))
+
+
+@pytest.mark.parametrize("key,value,named", [
+    pytest.param("availability_trace", "trace.csv", "trace.csv", marks=pytest.mark.slow),
+    ("compute_speed", "file:speeds.csv", "speeds.csv")])
+def test_condition_files_are_manifest_inputs_and_a_changed_one_is_refused(tmp_path, monkeypatch, capsys, key, value,
+                                                                          named):
+    """An availability trace or a per-client speed file is recorded like any input file (stage "file", its sha256);
+    predict and train --resume refuse it changed, in one line, and write nothing."""
+    import json
+
+    from pfl_cli import formats
+    from pfl_cli.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["partition", "--dataset", "builtin:digits", "--classes-per-client", "2", "--num-clients", "6",
+                 "--holdout-clients", "2", "--out", "part", "--format", "quiet"]) == 0
+    (tmp_path / "trace.csv").write_text("1,0\n1,1\n0,1\n1,1\n1,1\n1,1\n")
+    (tmp_path / "speeds.csv").write_text("1\n2\n3\n4\n5\n6\n")
+    train = ["train", "--partition", "part", "--algorithm", "fedavg", "--rounds", "4", "--eval-every", "2",
+             "--local-steps", "2", "--clients-per-round", "2", "--set", "mlp_hidden=[8]", "--set", f"{key}={value}",
+             "--format", "quiet"]
+    assert main([*train, "--out", "run"]) == 0
+    ref = [r for r in json.loads((tmp_path / "run" / "manifest.json").read_text())["inputs"] if r["stage"] == "file"]
+    assert [(r["key"], r["path"]) for r in ref] == [(key, named)]
+    assert ref[0]["sha256"] == formats.sha256_file(tmp_path / named)
+    real = formats.write_atomic
+
+    def write_then_die(path, data_):
+        real(path, data_)
+        if "checkpoint" in str(path):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(formats, "write_atomic", write_then_die)
+    assert main([*train, "--out", "killed"]) == 130
+    monkeypatch.setattr(formats, "write_atomic", real)
+    (tmp_path / named).write_text((tmp_path / named).read_text().replace("1", "2", 1))
+    capsys.readouterr()
+    for args, words in ((["predict", "--model", "run", "--partition", "part", "--out", "pred", "--format", "quiet"],
+                         f"{named}: changed since run was made"),
+                        ([*train, "--out", "killed", "--resume"], "different inputs")):
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert not (tmp_path / "pred").exists() and not (tmp_path / "killed" / "manifest.json").exists()

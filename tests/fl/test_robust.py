@@ -297,8 +297,8 @@ def test_an_algorithm_that_averages_no_updates_refuses_update_attacks_and_aggreg
 
     for keys in ({"aggregator": "median"}, {"attack": "alie"}):
         with pytest.raises(ConfigError, match="averages_updates"):
-            train_config("fedrep", **keys)
-    assert train_config("fedrep", attack="label-flip").attack == "label-flip"  # data poisoning: any algorithm
+            train_config("pfedme", **keys)
+    assert train_config("pfedme", attack="label-flip").attack == "label-flip"  # data poisoning: any algorithm
 
 
 def test_the_sorting_network_sorts_every_cohort_size():
@@ -320,3 +320,33 @@ def test_the_flower_app_refuses_attacks_and_aggregators_in_one_line():
         with pytest.raises(ConfigError) as err:
             check_deployable(train_config("fedavg", val_fraction=0.0, **keys))
         assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_registries_bases_are_abstract_and_none_and_mean_are_entries():
+    from pfl_cli.fl.byzantine import ATTACK_NAMES
+    from pfl_cli.fl.byzantine.attacks import Attack, NoAttack
+    from pfl_cli.fl.robust import AGGREGATOR_NAMES, Aggregator, Mean
+
+    for base in (Attack, Aggregator):
+        with pytest.raises(TypeError, match="abstract"):
+            base()
+    assert ATTACK_NAMES == ("none", "label-flip", "sign-flip", "gaussian", "backdoor", "alie", "ipm")
+    assert AGGREGATOR_NAMES[0] == "mean" and isinstance(AGGREGATORS["mean"], Mean)
+    none = ATTACKS["none"]
+    assert isinstance(none, NoAttack) and not none.poisons_data and not none.corrupts_updates
+    D, mal = torch.arange(6.0).view(3, 2), torch.tensor([False, True, False])
+    for name in ("none", "label-flip"):  # uploads as trained
+        assert torch.equal(ATTACKS[name].corrupt(D, mal, scale=1.0, gen=None), D[mal])
+
+
+def test_docs_table_is_generated_from_the_registry():
+    from pathlib import Path
+
+    from pfl_cli import registry
+    from pfl_cli.fl.robust import table_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "robustness.md"
+    algorithms = {name: registry.get(name).algorithm for name in registry.names()}
+    assert table_markdown(algorithms) in doc.read_text(), (
+        "docs/robustness.md's table is stale: paste pfl_cli.fl.robust.table_markdown(...) of the registry between "
+        "its markers")

@@ -9,6 +9,7 @@ Flower's does when its timeout passes.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -53,8 +54,9 @@ class FakeGrid:
             self.sent.append(message.metadata.message_type)
             if node in self.dead:
                 continue
-            try:
-                replies.append(self.client_app(message, self.contexts[node]))
+            try:  # a copy, as the wire delivers one: a node must not change the server's message (Flower's
+                # SecAgg+ workflow sends one content object to every node, and its client mod pops from it)
+                replies.append(self.client_app(copy.deepcopy(message), self.contexts[node]))
             except Exception as err:  # Flower turns a failing ClientApp into an error reply
                 replies.append(Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=message))
         return replies

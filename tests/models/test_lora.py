@@ -47,6 +47,31 @@ def test_targets_patterns_and_refusals():
         adapted(lenet_spec(), targets="*", rank=2, alpha=2.0, dropout=0.0, weights="/nonexistent/base.pt")
 
 
+def test_grouped_convolutions_take_adapters_only_where_their_groups_divide_the_rank():
+    """peft's rule for a grouped (depthwise) convolution: its B is a grouped 1x1 convolution from r channels."""
+    from torch import nn
+
+    from pfl_cli.models.lora import match_targets
+
+    class Depthwise(nn.Module):
+        classifier = "fc"
+
+        def __init__(self):
+            super().__init__()
+            self.stem, self.dw, self.pair = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3, groups=8), nn.Conv2d(8, 8, 1, groups=2)
+            self.fc = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.fc(self.pair(self.dw(self.stem(x))).mean((2, 3)))
+
+    net = Depthwise()
+    assert match_targets(net, "*", rank=4) == ["stem", "pair"]
+    assert match_targets(net, "*", rank=8) == ["stem", "dw", "pair"]
+    with pytest.raises(ConfigError, match="'dw', a convolution of 8 groups, which an adapter of rank 4 cannot"):
+        match_targets(net, "stem,dw", rank=4)
+    LoRANet(net, match_targets(net, "*", rank=4), rank=4, alpha=4.0, dropout=0.0)(torch.randn(1, 3, 8, 8))
+
+
 def test_user_base_weights_are_loaded_and_a_changed_file_refused(tmp_path):
     base = build(lenet_spec())
     state = {k: torch.full_like(v, 0.01) for k, v in base.state_dict().items()}

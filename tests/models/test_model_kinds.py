@@ -228,7 +228,12 @@ def test_kind_keys_without_a_kind_and_unknown_names_are_refused(cli, workdir, tm
     run = cli("train", "--partition", workdir / "part", "--algorithm", "fedavg", "--model-arch",
               f"factory:{workdir / 'nets.py'}:nothing", "--out", tmp_path / "d", *SMOKE)
     assert run.code == 2 and "has no callable 'nothing'" in run.err, run.err
-    assert not any((tmp_path / d).exists() for d in "abcd")
+    # a hypernetwork generates every parameter of the net: a state dict to start it from is never read (pFedHN-PC's
+    # head is not generated, so there it acts; tests/algorithms/test_no_ignored_key.py)
+    run = cli("train", "--partition", workdir / "part", "--algorithm", "pefll", "--model-arch", factory(workdir),
+              "--set", f"model_weights={tmp_path / 'mlp.pth'}", "--out", tmp_path / "e", *SMOKE)
+    assert run.code == 2 and "model_weights has no effect on algorithm 'pefll'" in run.err, run.err
+    assert not any((tmp_path / d).exists() for d in "abcde")
 
 
 def test_resume_refuses_a_factory_changed_since_the_checkpoint(workdir, cli, tmp_path, monkeypatch):

@@ -431,6 +431,8 @@ def test_every_stage_that_takes_dp_has_a_neighbour_case():
     assert {"flower app", "compare --spec", "train", "tune", "cluster", "mdm-fit"} <= entries
     covered = {_stage_of(c) for c in _cases(True)} | set(COVERED_ELSEWHERE)
     assert entries - READS_NO_RECORDS <= covered, entries - READS_NO_RECORDS - covered
+    # and the other way: a case whose entry point the generator no longer finds (its registration gone) fails here
+    assert covered <= entries, covered - entries
     assert {a for a, _ in _dp_algorithms()} <= {c.stage[len("train-"):] for c in _cases(True)
                                                 if c.stage.startswith("train-")}
 

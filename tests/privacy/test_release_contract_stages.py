@@ -237,6 +237,9 @@ def test_the_cases_cover_every_stage_that_takes_dp():
     assert {"train", "tune", "mdm-fit", "cluster", "privacy-account", "flower app", "compare --spec"} <= entries
     uncovered = entries - {case.id for case in CASES} - set(COVERED_ELSEWHERE)
     assert not uncovered, f"DP entry points with no release-contract case: {sorted(uncovered)}"
+    # and the other way: a case whose entry point the generator no longer finds (its --dp option or its DP_THROUGH
+    # registration gone) fails here, whatever the list above names
+    assert {case.id for case in CASES} <= entries, "a case for an entry point dp_entry_points() does not list"
     assert set(COVERED_ELSEWHERE) <= entries, "a stated reason for an entry point that no longer releases under DP"
     flower = (Path(__file__).resolve().parents[1] / "interop" / "test_flower_app.py").read_text()
     for name in ("test_dp_fedavg_on_flower_is_pflx_train_dp_with_seeded_noise",

@@ -12,7 +12,7 @@ import math
 
 from pfl_cli.fl.byzantine.attacks import ATTACKS
 
-ATTACK_NAMES = ("none", *ATTACKS)
+ATTACK_NAMES = tuple(ATTACKS)
 
 
 def check_attack(cfg) -> None:
@@ -29,7 +29,8 @@ def check_attack(cfg) -> None:
     if attack.corrupts_updates and not averages_updates(cfg.algorithm_class):
         raise ConfigError(f"attack {attack.name} replaces the updates a server averages, and {cfg.algorithm!r} "
                           "declares no such server step (averages_updates); use attack=label-flip (data "
-                          "poisoning, any algorithm) or an algorithm of FedAvg's family (fedavg, fedprox, ditto, ...).")
+                          "poisoning, any algorithm) or an algorithm that declares it (fedavg, fedprox, scaffold, "
+                          "fedrep, ...: the table of docs/robustness.md).")
     v = cfg.attack_scale
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                           or (attack.name != "alie" and v <= 0)):

@@ -16,9 +16,13 @@ cohort. ``scale`` is ``attack_scale`` (None: the entry's default, with its sourc
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 
-class Attack:
+class Attack(ABC):
+    """One entry: ``name``, the paper, where it acts (``poisons_data``, ``corrupts_updates``) and what
+    ``attack_scale`` means for it. Abstract: ``none`` is the entry :class:`NoAttack`."""
+
     name = ""
     paper = ""
     poisons_data = False
@@ -28,10 +32,19 @@ class Attack:
     def default_scale(self, *, n: int, f: int, server_lr: float) -> float | None:
         return None
 
+    @abstractmethod
     def corrupt(self, D, malicious, *, scale: float, gen):
         """The malicious rows' uploaded deltas, (m, P), from the cohort's deltas ``D`` (n, P) and the bool
         ``malicious`` (n,)."""
-        raise NotImplementedError
+
+
+class NoAttack(Attack):
+    name = "none"
+    paper = "no attack: every client is honest"
+
+    def corrupt(self, D, malicious, *, scale, gen):
+        """Uploads as trained (no client is malicious)."""
+        return D[malicious]
 
 
 class LabelFlip(Attack):
@@ -39,6 +52,10 @@ class LabelFlip(Attack):
     paper = ("label flipping: every training label l of a malicious client becomes C - 1 - l (Fang et al., USENIX "
              "Security 2020)")
     poisons_data = True
+
+    def corrupt(self, D, malicious, *, scale, gen):
+        """Uploads as trained: the attack is in the data (:mod:`pfl_cli.fl.byzantine.poison`)."""
+        return D[malicious]
 
 
 class SignFlip(Attack):
@@ -130,4 +147,4 @@ def alie_z(n: int, f: int) -> float:
     return NormalDist().inv_cdf(p)
 
 
-ATTACKS: dict[str, Attack] = {a.name: a for a in (LabelFlip(), SignFlip(), Gaussian(), Backdoor(), ALIE(), IPM())}
+ATTACKS: dict[str, Attack] = {a.name: a for a in (NoAttack(), LabelFlip(), SignFlip(), Gaussian(), Backdoor(), ALIE(), IPM())}

@@ -193,6 +193,8 @@ class Conditions:
         """Plan and run round ``t``: returns (the answering cohort, their losses, metrics rows)."""
         import torch
 
+        if self.codec is not None:
+            self.codec.begin_round(t)
         if self.server is not None:
             return self.server.run_round(alg, t, train_clients, gen)
         plan = self.plan_round(alg, t, train_clients, gen, total)
@@ -201,8 +203,6 @@ class Conditions:
         partial = kept & (plan.done_steps < plan.steps)
         if self.partial and partial.any():
             alg.round_budget = torch.as_tensor(plan.done_steps[kept], device=alg.device)
-        if self.codec is not None:
-            self.codec.begin_round(t)
         try:
             if len(answering) or self.private:  # (under --dp the mechanism runs even on an empty cohort)
                 loss = alg.run_round(t, answering, gen)

@@ -96,9 +96,9 @@ def check_conditions(cfg) -> None:
         raise ConfigError(f"over_selection selects more than clients_per_round clients; clients_per_round is null "
                           f"(every train client); got over_selection={cfg.over_selection}. Set clients_per_round.")
     if cfg.compression != "none" and not getattr(cls, "compressible_upload", False):
-        raise ConfigError(f"compression: algorithm {cfg.algorithm!r} does not upload a model delta of FedAvg's round "
-                          f"(what topk, qsgd and sign compress); got compression={cfg.compression!r}. Drop it, or use "
-                          "fedavg, fedprox or fednova.")
+        raise ConfigError(f"compression: algorithm {cfg.algorithm!r} does not upload a model delta (what topk, qsgd "
+                          f"and sign compress); got compression={cfg.compression!r}. Drop it, or use a method whose "
+                          "upload is one (`pflx algorithms NAME` says, under conditions).")
     if getattr(cls, "asynchronous", False):
         bad = [k for k in keys if k in NOT_ASYNCHRONOUS]
         if bad:

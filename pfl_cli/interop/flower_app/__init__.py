@@ -10,7 +10,8 @@ the rest, and options the deployment does not implement, in one line.
 The messages carry exactly the tensors the algorithm's traffic ledger counts (FedAvg: the global
 model down, each client's model up; PeFLL: Alg. 8's six messages per client, thesis §4.3 and
 App. B.1.3; pFedHN: theta_i down, delta theta_i up); their bytes on the wire are measured and written beside the ledger's count.
-Each algorithm's messages live in one module (:data:`ROUNDS`): its server side and its node side.
+Each algorithm's messages live in one module (:data:`ROUNDS`): its server side and its node side. Under
+``--secagg`` the averaging algorithms' rounds run through Flower's SecAgg+ instead (:mod:`.secure`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def rounds_for(cfg):
     return importlib.import_module(f"{__name__}.{ROUNDS[cfg.algorithm]}")
 
 
+def round_function(cfg):
+    """The server side of one training round: the algorithm's own, or under ``--secagg`` Flower's SecAgg+
+    (:func:`.secure.one_round`, the averaging algorithms)."""
+    if getattr(cfg, "secagg", False):
+        from pfl_cli.interop.flower_app.secure import one_round
+
+        return one_round
+    return rounds_for(cfg).one_round
+
+
 def check_deployable(cfg) -> None:
     """Refuse, in one line, what the Flower deployment does not run (before anything is written)."""
     from pfl_cli.fl.api import validate_train_config
@@ -55,6 +66,9 @@ def check_deployable(cfg) -> None:
     own = {k: getattr(cfg, k, None) for k in ("finetune_steps", "local_epochs", "track_descriptors",
                                                "client_sizes", "sam_rho")}  # per algorithm
     private = private_algorithms()
+    secagg = bool(getattr(cfg, "secagg", False))
+    from pfl_cli.interop.flower_app.secure import max_bits
+
     rules = (
         (cfg.dp_epsilon is not None and cfg.algorithm not in private,
          f"dp: --dp runs on Flower for {', '.join(private)} (DP-FedAvg, the server adding the noise); got "
@@ -70,8 +84,16 @@ def check_deployable(cfg) -> None:
                                          "distributions); drop it"),
         (bool(own["client_sizes"]), f"client_sizes is not deployed on Flower (one model size per run); got "
                                     f"{own['client_sizes']!r}; drop it"),
-        (bool(getattr(cfg, "secagg", False)), "secagg is not deployed on Flower (its server receives each node's "
-                                             "model; Flower's SecAgg+ is not wired in); drop it"),
+        (secagg and ROUNDS[cfg.algorithm] != "averaging",
+         f"secagg runs on Flower's SecAgg+ for {', '.join(a for a, m in ROUNDS.items() if m == 'averaging')} (their "
+         f"server needs the cohort's sums only); got {cfg.algorithm!r}"),
+        (secagg and cfg.dp_epsilon is not None and cfg.dp_mechanism != "ddg",
+         "secagg with --dp runs on Flower with the distributed mechanism only (each node adds its noise share "
+         f"before SecAgg+); add --set dp_mechanism=ddg; got dp_mechanism {cfg.dp_mechanism!r}"),
+        (secagg and cfg.dp_mechanism == "ddg" and cfg.clients_per_round is not None
+         and cfg.dp_bits > max_bits(cfg.clients_per_round),
+         f"dp_bits must be at most {max_bits(cfg.clients_per_round or 2)} on Flower (SecAgg+ sums integers below "
+         f"2^32 and quantizes to int32) with a cohort of {cfg.clients_per_round}; got {cfg.dp_bits}"),
         (bool(own["sam_rho"]), f"sam_rho is not deployed on Flower (its nodes take plain SGD steps); got "
                                f"{own['sam_rho']!r}; drop it"),
         (cfg.attack != "none", f"attack simulates Byzantine clients, and a deployment's clients are real nodes; got "

@@ -107,61 +107,62 @@ def train_round(message, context):
     """FedAvg's client step (thesis Alg. 3 lines 4-7): local SGD from the global model; the new model goes up.
 
     The round's generator arrives in the state the server's cohort draw left it in, so the batch
-    draws of the whole cohort, and this client's rows of them, are the simulation's.
+    draws of the whole cohort, and this client's rows of them, are the simulation's. Under ``--dp`` the
+    message holds this client's own batches instead (drawn by the server, :func:`_own_batches`).
     """
-    import torch
     from flwr.app import Message, MetricRecord, RecordDict
 
-    from pfl_cli.algorithms.base import stack
-    from pfl_cli.fl.cohort import local_sgd_held
     from pfl_cli.interop.flower_app.node import load_node
-    from pfl_cli.interop.flower_app.wire import from_record, restore_generator, to_record
+    from pfl_cli.interop.flower_app.wire import from_record, to_record
 
     data = load_node(context)
     alg = data.algorithm
-    round_ = message.content["round"]
-    alg.load_weights({"client": from_record(message.content["global"], alg.device)})
+    glob = from_record(message.content["global"], alg.device)
     if "batches" in message.content:  # --dp: this client's own batches, drawn by the server
-        return _train_own_batches(message, data, alg)
-    gen = restore_generator(round_["generator"])
-    cohort = torch.as_tensor(list(round_["cohort"]), dtype=torch.long, device=alg.device)
-    start = stack(alg.global_params, len(cohort))
-    batches = alg.local_batches(cohort, gen, **alg.round_schedule())
-    objective = alg.local_objective()  # FedProx: its proximal term around the global model
-    anchor = objective.get("prox_anchor")
-    rows, theta, loss = local_sgd_held(alg.net, start, data.store, batches,
-                                       prox_mu=objective.get("prox_mu", 0.0),
-                                       prox_anchor=None if anchor is None else stack(anchor, len(cohort)),
-                                       **alg.sgd_options())
-    if int(rows.sum()) != 1:
-        raise RuntimeError(f"round {round_['round']}: this node's client {data.position} is not in the cohort "
-                           f"{list(round_['cohort'])} it was sent.")
-    content = RecordDict({"theta": to_record({k: v[0] for k, v in theta.items()}),
-                          "result": MetricRecord({"loss": float(loss[0]), "partition-id": data.position})})
+        theta, loss = local_model(data, glob, own=from_record(message.content["batches"], alg.device))
+    else:
+        round_ = message.content["round"]
+        theta, loss = local_model(data, glob, round_no=int(round_["round"]), cohort=list(round_["cohort"]),
+                                  generator=round_["generator"])
+    content = RecordDict({"theta": to_record(theta),
+                          "result": MetricRecord({"loss": loss, "partition-id": data.position})})
     return Message(content, reply_to=message)
 
 
-def _train_own_batches(message, data, alg):
-    """:func:`train_round` under ``--dp``: local SGD on the batches the server cut for this client alone."""
+def local_model(data, glob: dict, *, round_no: int | None = None, cohort: list | None = None,
+                generator: bytes | None = None, own: dict | None = None) -> tuple[dict, float]:
+    """The node's client trained from the global model ``glob``: on its rows of the cohort's batches (``cohort``
+    and the round ``generator``'s state, as the simulation draws them), or on ``own`` batches (``slots``,
+    ``mask``: positions in its own fit data, under ``--dp``). Returns its model and its mean loss."""
     import torch
-    from flwr.app import Message, MetricRecord, RecordDict
 
     from pfl_cli.algorithms.base import stack
-    from pfl_cli.fl.cohort import local_sgd
-    from pfl_cli.interop.flower_app.wire import from_record, to_record
+    from pfl_cli.fl.cohort import local_sgd, local_sgd_held
+    from pfl_cli.interop.flower_app.wire import restore_generator
 
-    got = from_record(message.content["batches"], alg.device)
-    row, _ = data.store.fit.rows(torch.as_tensor([data.position], dtype=torch.long, device=alg.device))
-    slots = got["slots"].long()
-    index = row[0][slots.clamp_max(row.shape[1] - 1)]  # positions in this client's data -> dataset indices
-    objective = alg.local_objective()
+    alg = data.algorithm
+    alg.load_weights({"client": glob})
+    objective = alg.local_objective()  # FedProx: its proximal term around the global model
     anchor = objective.get("prox_anchor")
-    theta, loss = local_sgd(alg.net, stack(alg.global_params, 1), data.store, index[None], got["mask"].float()[None],
-                            prox_mu=objective.get("prox_mu", 0.0),
-                            prox_anchor=None if anchor is None else stack(anchor, 1), **alg.sgd_options())
-    content = RecordDict({"theta": to_record({k: v[0] for k, v in theta.items()}),
-                          "result": MetricRecord({"loss": float(loss[0]), "partition-id": data.position})})
-    return Message(content, reply_to=message)
+    if own is not None:
+        row, _ = data.store.fit.rows(torch.as_tensor([data.position], dtype=torch.long, device=alg.device))
+        slots = own["slots"].long().to(alg.device)
+        index = row[0][slots.clamp_max(row.shape[1] - 1)]  # positions in this client's data -> dataset indices
+        theta, loss = local_sgd(alg.net, stack(alg.global_params, 1), data.store, index[None],
+                                own["mask"].float().to(alg.device)[None], prox_mu=objective.get("prox_mu", 0.0),
+                                prox_anchor=None if anchor is None else stack(anchor, 1), **alg.sgd_options())
+        return {k: v[0] for k, v in theta.items()}, float(loss[0])
+    gen = restore_generator(generator)
+    members = torch.as_tensor(cohort, dtype=torch.long, device=alg.device)
+    batches = alg.local_batches(members, gen, **alg.round_schedule())
+    rows, theta, loss = local_sgd_held(alg.net, stack(alg.global_params, len(members)), data.store, batches,
+                                       prox_mu=objective.get("prox_mu", 0.0),
+                                       prox_anchor=None if anchor is None else stack(anchor, len(members)),
+                                       **alg.sgd_options())
+    if int(rows.sum()) != 1:
+        raise RuntimeError(f"round {round_no}: this node's client {data.position} is not in the cohort "
+                           f"{cohort} it was sent.")
+    return {k: v[0] for k, v in theta.items()}, float(loss[0])
 
 
 def evaluate_node(message, context):

@@ -89,7 +89,7 @@ class Deployment:
 def serve(grid, context) -> Deployment:
     """Steps 1-3 of the module docstring; the ServerApp (``pfl_cli.cli.flower.server_main``) writes step 4."""
     from pfl_cli.artifacts import ArtifactWriter, load_partition
-    from pfl_cli.interop.flower_app import check_deployable, rounds_for
+    from pfl_cli.interop.flower_app import check_deployable, round_function, rounds_for
 
     run_config = context.run_config
     cfg = train_config(run_config)
@@ -115,7 +115,7 @@ def serve(grid, context) -> Deployment:
 
     meter = WireMeter()
     rounds = rounds_for(cfg)  # the algorithm's messages: .averaging, .pefll or .pfedhn
-    history, participation = run_rounds(grid, alg, cfg, accepted, part, meter, run_config, rounds.one_round)
+    history, participation = run_rounds(grid, alg, cfg, accepted, part, meter, run_config, round_function(cfg))
     accepted = {**accepted, **_join_late(grid, nodes, accepted, part, info, part_art, connect_timeout,
                                          private=private)}
     if alg.dp is not None and not cfg.write_nonprivate:
@@ -346,6 +346,9 @@ def run_rounds(grid, alg, cfg, accepted: dict, part, meter, run_config, one_roun
                                "diverged); nothing was written. Lower lr or the --dp clip.")
             losses.append(float(np.mean(list(loss.values()))) if loss else float("nan"))
             log(INFO, f"round {t + 1}/{total}")
+            continue
+        if getattr(cfg, "secagg", False):  # the server learns the cohort's sum only, no client's loss
+            log(INFO, f"round {t + 1}/{total}: {len(kept)} clients (secure aggregation: no loss is revealed)")
             continue
         losses.append(check_loss({c: loss[c] for c in kept}, t))
         log(INFO, f"round {t + 1}/{total}: {len(kept)} clients, loss {losses[-1]:.4f}")
