@@ -90,6 +90,7 @@ BUILTINS = {
     "ffa-lora": "pfl_cli.algorithms.ffa_lora:FFALoRA",
     "fedsa-lora": "pfl_cli.algorithms.fedsa_lora:FedSALoRA",
     "flexlora": "pfl_cli.algorithms.flexlora:FlexLoRA",
+    "feddpa": "pfl_cli.algorithms.feddpa:FedDPA",
 }
 
 
