@@ -93,7 +93,7 @@ class FedDPA(LoRAClient, PartialSharing):
         self.init_private = {k: init[k] for k in self.private_names}
         self.global_params = init
         self.private = self.new_private_state(self.init_private)
-        self.dpa_net = DPANet(self.net, self.cfg.dpa_max_weight)
+        self.dpa_net = DPANet(self.net)
         self.features_net = DPAFeatures(self.net)
         self._round = 0
 
@@ -152,11 +152,12 @@ class FedDPA(LoRAClient, PartialSharing):
                                "the global adapter (a local adapter equal to it)")
 
     def personalize(self, clients: np.ndarray, gen):
-        """Each client's two adapters (under ``net.``) and its reference direction: the mean unit representation of
-        its training instances under its local adapter (§4.3)."""
+        """Each client's two adapters (under ``net.``), its reference direction (the mean unit representation of its
+        training instances under its local adapter, §4.3) and the weight scale w."""
         params, _ = super().personalize(clients, gen)
         out = {PREFIX + k: v for k, v in params.items()}
         out["reference"] = self._references(np.asarray(clients, dtype=np.int64), out)
+        out["max_weight"] = out["reference"].new_full((len(out["reference"]),), float(self.cfg.dpa_max_weight))
         return out, True
 
     def _references(self, clients: np.ndarray, params: dict, chunk: int = 32):

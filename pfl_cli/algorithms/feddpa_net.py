@@ -52,13 +52,15 @@ class DPANet(nn.Module):
 
     The mean of the cosines is the cosine against the mean of the training instances' unit representations
     (``reference``, one vector per client, a buffer that ``functional_call`` swaps in), so one dot product per
-    instance replaces a pass over the client's data.
+    instance replaces a pass over the client's data; ``max_weight`` (w) travels the same way, with the client's
+    adapters into what ``predict --save-models`` writes.
     """
 
-    def __init__(self, net: nn.Module, max_weight: float) -> None:
+    def __init__(self, net: nn.Module) -> None:
         super().__init__()
-        self.net, self.max_weight = net, float(max_weight)
+        self.net = net
         self.register_buffer("reference", torch.zeros(1))
+        self.register_buffer("max_weight", torch.zeros(()))
 
     def local_weight(self, x):
         h, _ = _representation(self.net, x, LOCAL_ONLY)

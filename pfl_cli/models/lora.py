@@ -174,8 +174,18 @@ def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int, alpha: flo
     if str(base.get("arch", "")).endswith("-bn") or base.get("arch") in ("backbone", "lora"):
         raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
                          f"model_arch {base.get('arch')!r}.")
+    chosen = match_targets(net, targets)
+    # A grouped convolution takes a rank-r adapter only when r is a multiple of its groups (peft's rule: its
+    # lora_B is grouped like the base layer); such layers are left without an adapter (a depthwise convolution's
+    # groups are its channels), and a choice left empty is refused.
+    modules = dict(net.named_modules())
+    chosen = [n for n in chosen if int(rank) % getattr(modules[n], "groups", 1) == 0]
+    if not chosen:
+        raise InputError(f"lora_targets {targets!r}: every layer it selects is a grouped convolution whose groups do "
+                         f"not divide lora_rank={rank} (peft's rule); name other layers, change lora_rank, or use "
+                         f"another model_arch.")
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
-            "num_classes": int(base["num_classes"]), "targets": match_targets(net, targets),
+            "num_classes": int(base["num_classes"]), "targets": chosen,
             "rank": int(rank), "alpha": float(alpha), "dropout": float(dropout)}
     if dual:  # a local adapter beside the global one in every targeted layer (FedDPA)
         spec["dual"] = True
