@@ -62,8 +62,7 @@ class FedDPAConfig(PartialSharingConfig, LoRAKeys):
 
 class FedDPA(LoRAClient, PartialSharing):
     name = "feddpa"
-    individual_reads = ("each client's global adapter; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: the global adapters averaged from sums (fl.secagg.cohort_mean)
     search_space = {"lr": "log:1e-3:1", "dpa_train_weight": "float:0.3:0.7", "dpa_max_weight": "float:0:1"}
     search_space_source = (f"{FEDDPA} §5 and Table 5: the learning rate, the training weight a over the ablation's "
                            "range 0.3-0.7 and the similarity's scale w over [0, 1]")

@@ -135,3 +135,51 @@ def test_bad_keys_are_refused(key, value, message):
 
     with pytest.raises(ConfigError, match=message):
         registry.train_config("feddpa", **{key: value})
+
+
+@pytest.mark.peft
+@pytest.mark.slow
+def test_predict_save_models_writes_both_adapters_that_peft_loads(tmp_path, cli):
+    """``predict --save-models`` writes each client's global and local adapter in peft's format; peft loads both as
+    named adapters of one model over the same base net, and each alone gives pflx's logits with that adapter alone."""
+    import json
+
+    from peft import PeftModel
+
+    from pfl_cli.algorithms.base import seeded
+    from pfl_cli.models import build
+    from pfl_cli.models.lora import set_mix
+
+    part, model, pred = tmp_path / "part", tmp_path / "model", tmp_path / "pred"
+    assert cli("partition", "--dataset", "builtin:digits", "--classes-per-client", "2", "--num-clients", "4",
+               "--holdout-clients", "1", "--out", part, "--format", "quiet").code == 0
+    run_ = cli("train", "--partition", part, "--algorithm", "feddpa", "--rounds", "2", "--clients-per-round", "2",
+               "--set", "local_steps=2", "--set", "lr=0.2", "--set", "mlp_hidden=[16]", "--set", "lora_rank=2",
+               "--set", "new_client_epochs=0", "--out", model, "--format", "quiet")
+    assert run_.code == 0, run_.err
+    got = cli("predict", "--model", model, "--partition", part, "--clients", "train", "--save-models", "--out", pred,
+              "--format", "quiet")
+    assert got.code == 0, got.err
+    saved = torch.load(pred / "models.pt", weights_only=True)
+    spec = torch.load(model / "model.pt", weights_only=True)["arch"]["client"]
+    i, cid = 0, int(saved["client_id"][0])
+    folder = pred / "adapters" / f"client-{cid}"
+    info = json.loads((folder / "feddpa.json").read_text())
+    assert info["max_weight"] == 0.5 and len(info["reference"]) == 16
+    ours = seeded(0, "init-client", lambda: build(spec))  # the frozen base: the run's seeded initialization
+    with torch.no_grad():
+        for k, p in ours.named_parameters():
+            p.copy_(saved["weights"]["net." + k][i])
+    base = build(spec["base"])
+    state = {k.replace(".base_layer.", "."): v for k, v in ours.model.state_dict().items() if "lora_" not in k
+             and "local_" not in k}
+    base.load_state_dict(state)
+    peft_model = PeftModel.from_pretrained(base, str(folder / "global"), adapter_name="global")
+    peft_model.load_adapter(str(folder / "local"), adapter_name="local")
+    x = torch.randn(6, 64)
+    for name, mix in (("global", None), ("local", (0.0, 1.0))):
+        peft_model.set_adapter(name)
+        set_mix(ours, mix)
+        with torch.no_grad():
+            torch.testing.assert_close(peft_model(x), ours(x), rtol=0, atol=1e-5)
+        set_mix(ours, None)
