@@ -160,9 +160,11 @@ class FedDPA(LoRAClient, PartialSharing):
         return out, True
 
     def _references(self, clients: np.ndarray, params: dict, chunk: int = 32):
+        """Each client's mean unit representation of its fit samples, ``chunk`` clients at a time; under ``--nproc``
+        each rank computes the clients whose data it holds (:func:`pfl_cli.fl.distributed.split_cohort`)."""
         import torch
 
-        from pfl_cli.fl.cohort import cohort_forward
+        from pfl_cli.fl.distributed import split_cohort
 
         refs = []
         with torch.no_grad():
@@ -170,9 +172,17 @@ class FedDPA(LoRAClient, PartialSharing):
                 sel = torch.as_tensor(clients[lo:lo + chunk], device=self.device)
                 index, length = self.store.fit.rows(sel)
                 p = {k: v[lo:lo + chunk] for k, v in params.items() if k.startswith(PREFIX)}
-                u = cohort_forward(self.features_net, p, self.store.inputs(index), "vmap")  # (k, width, d)
-                valid = (torch.arange(index.shape[1], device=u.device)[None, :] < length[:, None]).to(u.dtype)
-                refs.append((u * valid[..., None]).sum(1) / length.clamp_min(1).to(u.dtype)[:, None])
+                refs.append(split_cohort(self._reference_rows, self.store, index,
+                                         {"index": index, "length": length, "params": p}))
         if not refs:
             return torch.zeros(0, 1, device=self.device)
         return torch.cat(refs)
+
+    def _reference_rows(self, index, length, params):
+        from pfl_cli.fl.cohort import cohort_forward
+
+        import torch
+
+        u = cohort_forward(self.features_net, params, self.store.inputs(index), "vmap")  # (k, width, d)
+        valid = (torch.arange(index.shape[1], device=u.device)[None, :] < length[:, None]).to(u.dtype)
+        return (u * valid[..., None]).sum(1) / length.clamp_min(1).to(u.dtype)[:, None]
