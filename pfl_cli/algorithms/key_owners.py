@@ -11,7 +11,7 @@ KEY_OWNERS = {
     'adapt_lr': 'fedtta',
     'adapt_model_lr': 'fedtta',
     'adapt_steps': 'fedtta',
-    'adapters': 'local fedrep',
+    'adapters': 'local fedrep ditto apfl',
     'afl_lambda_lr': 'afl',
     'aggregator': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
@@ -339,11 +339,11 @@ KEY_OWNERS = {
         'fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova fedbuff fedasync '
         'centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora feddpa'
     ),
-    'lora_alpha': 'local fedrep fedit ffa-lora fedsa-lora flexlora feddpa',
-    'lora_base_weights': 'local fedrep fedit ffa-lora fedsa-lora flexlora feddpa',
-    'lora_dropout': 'local fedrep fedit ffa-lora fedsa-lora flexlora feddpa',
-    'lora_rank': 'local fedrep fedit ffa-lora fedsa-lora flexlora feddpa',
-    'lora_targets': 'local fedrep fedit ffa-lora fedsa-lora flexlora feddpa',
+    'lora_alpha': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora feddpa',
+    'lora_base_weights': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora feddpa',
+    'lora_dropout': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora feddpa',
+    'lora_rank': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora feddpa',
+    'lora_targets': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora feddpa',
     'lr': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '

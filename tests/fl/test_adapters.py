@@ -55,3 +55,17 @@ def test_fedrep_shares_the_adapters_and_keeps_the_classifier(digits_clients):
 def test_bad_settings_are_refused(name, values, message):
     with pytest.raises(ConfigError, match=message):
         registry.train_config(name, **values)
+
+
+@pytest.mark.parametrize("name", ["ditto", "apfl"])
+def test_ditto_and_apfl_keep_personal_adapters_beside_the_global_ones(name, digits_clients):
+    alg = run(name, digits_clients, rounds=2, local_steps=2, lr=0.02, new_client_epochs=0)
+    names = {k for k, _ in alg.net.named_parameters()}
+    assert all(".lora_A." in k or ".lora_B." in k or k.startswith(alg.net.classifier) for k in names)
+    assert names <= set(alg.global_params)
+    cohort = torch.as_tensor(np.asarray(alg.store.clients(0)))
+    own = alg.private.gather(cohort)
+    b = next(k for k in names if ".lora_B." in k)
+    trained = [i for i in range(len(cohort)) if not torch.equal(own[b][i], torch.zeros_like(own[b][i]))]
+    assert trained  # the sampled clients' personal B moved off zero, apart from the global one
+    assert not torch.equal(own[b][trained[0]], alg.global_params[b])
