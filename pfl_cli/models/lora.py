@@ -36,22 +36,36 @@ TARGETABLE = (nn.Linear, nn.Conv2d)
 
 
 class LoRALayer(nn.Module):
-    """A frozen ``base_layer`` plus ``lora_B(lora_A(dropout(x))) * scaling``; dropout acts in training mode only."""
+    """A frozen ``base_layer`` plus ``lora_B(lora_A(dropout(x))) * scaling``; dropout acts in training mode only.
 
-    def __init__(self, base_layer: nn.Module, rank: int, alpha: float, dropout: float) -> None:
+    ``dual``: a second adapter beside it (``local_A``, ``local_B``: FedDPA's local adapter, Yang et al., NeurIPS
+    2024, §4.1), the layer's output then ``base(x) + g * global(x) + l * local(x)`` with the weights ``mix = (g, l)``
+    (numbers, or one weight per instance of the batch: FedDPA's instance-wise weighting, §4.3); ``mix`` None is
+    ``(1, 0)``, the global adapter alone.
+    """
+
+    def __init__(self, base_layer: nn.Module, rank: int, alpha: float, dropout: float, dual: bool = False) -> None:
         super().__init__()
         self.base_layer = base_layer
         self.rank, self.alpha, self.dropout = int(rank), float(alpha), float(dropout)
         self.scaling = self.alpha / self.rank
+        self.lora_A, self.lora_B = self._pair(base_layer)
+        if dual:
+            self.local_A, self.local_B = self._pair(base_layer)
+        self.dual = bool(dual)
+        self.mix = None
+
+    def _pair(self, base_layer: nn.Module):
         if isinstance(base_layer, nn.Linear):
-            self.lora_A = nn.Linear(base_layer.in_features, self.rank, bias=False)
-            self.lora_B = nn.Linear(self.rank, base_layer.out_features, bias=False)
+            a = nn.Linear(base_layer.in_features, self.rank, bias=False)
+            b = nn.Linear(self.rank, base_layer.out_features, bias=False)
         else:
-            self.lora_A = nn.Conv2d(base_layer.in_channels, self.rank, base_layer.kernel_size, base_layer.stride,
-                                    base_layer.padding, bias=False)
-            self.lora_B = nn.Conv2d(self.rank, base_layer.out_channels, 1, 1, groups=base_layer.groups, bias=False)
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
-        nn.init.zeros_(self.lora_B.weight)
+            a = nn.Conv2d(base_layer.in_channels, self.rank, base_layer.kernel_size, base_layer.stride,
+                          base_layer.padding, bias=False)
+            b = nn.Conv2d(self.rank, base_layer.out_channels, 1, 1, groups=base_layer.groups, bias=False)
+        nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5))
+        nn.init.zeros_(b.weight)
+        return a, b
 
     # The base layer's weight and bias, as peft's LoRA layers expose them: model code reads them through the
     # layer it wraps (transformers' ViT reads its patch projection's weight dtype).
@@ -65,7 +79,16 @@ class LoRALayer(nn.Module):
 
     def forward(self, x):
         z = F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
-        return self.base_layer(x) + self.lora_B(self.lora_A(z)) * self.scaling
+        if not self.dual:
+            return self.base_layer(x) + self.lora_B(self.lora_A(z)) * self.scaling
+        g, l = self.mix if self.mix is not None else (1.0, 0.0)
+        out = self.base_layer(x)
+        for w, a, b in ((g, self.lora_A, self.lora_B), (l, self.local_A, self.local_B)):
+            if isinstance(w, torch.Tensor):  # one weight per instance: (batch,) against (batch, ...)
+                out = out + b(a(z)) * self.scaling * w.reshape(-1, *([1] * (out.dim() - 1)))
+            elif w:
+                out = out + b(a(z)) * (self.scaling * w)
+        return out
 
 
 class LoRANet(nn.Module):
@@ -74,7 +97,8 @@ class LoRANet(nn.Module):
     # vmap draws each client's dropout mask apart (no random op runs when dropout is 0 or outside training)
     vmap_randomness = "different"
 
-    def __init__(self, base: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float) -> None:
+    def __init__(self, base: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float,
+                 dual: bool = False) -> None:
         super().__init__()
         self.model = base
         self.classifier = f"model.{base.classifier}"
@@ -90,7 +114,7 @@ class LoRANet(nn.Module):
         for name in self.targets:
             parent, _, leaf = name.rpartition(".")
             holder = base.get_submodule(parent) if parent else base
-            setattr(holder, leaf, LoRALayer(getattr(holder, leaf), rank, alpha, dropout))
+            setattr(holder, leaf, LoRALayer(getattr(holder, leaf), rank, alpha, dropout, dual))
         self.eval()  # dropout off (evaluation, new clients' scoring); the algorithms switch it on for local steps
 
     def forward(self, x):
@@ -98,11 +122,21 @@ class LoRANet(nn.Module):
 
 
 def lora_parts(names) -> dict[str, list[str]]:
-    """``{"A": [...], "B": [...], "head": [...]}``: a LoRA net's parameter names by role (in the net's order)."""
-    parts = {"A": [], "B": [], "head": []}
+    """``{"A": [...], "B": [...], "head": [...], "local": [...]}``: a LoRA net's parameter names by role (in the
+    net's order); ``local``: the second adapter of a dual net (FedDPA's local adapter, both its A and B)."""
+    parts = {"A": [], "B": [], "head": [], "local": []}
     for k in names:
-        parts["A" if ".lora_A." in k else "B" if ".lora_B." in k else "head"].append(k)
+        role = ("A" if ".lora_A." in k else "B" if ".lora_B." in k
+                else "local" if ".local_A." in k or ".local_B." in k else "head")
+        parts[role].append(k)
     return parts
+
+
+def set_mix(net: nn.Module, mix) -> None:
+    """The weights ``(global, local)`` of a dual LoRA net's two adapters in every layer (None: the global alone)."""
+    for m in net.modules():
+        if isinstance(m, LoRALayer):
+            m.mix = mix
 
 
 def set_dropout(net: nn.Module, on: bool) -> None:
@@ -145,7 +179,7 @@ def match_targets(base: nn.Module, patterns: str, rank: int | None = None) -> li
 
 
 def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int, alpha: float, dropout: float,
-              weights: str = "") -> dict:
+              weights: str = "", dual: bool = False) -> dict:
     """The JSON-able client spec of a :class:`LoRANet` over the base net ``base`` (a client spec; ``net`` is it
     built, whose layers ``targets`` names)."""
     from pfl_cli.models.pretrained import file_sha256
@@ -155,9 +189,12 @@ def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int, alpha: flo
                                                                                    and not probe):
         raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
                          f"model_arch {base.get('arch')!r}.")
+    chosen = match_targets(net, targets, rank)  # grouped convolutions: peft's rule (match_targets)
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
-            "num_classes": int(base["num_classes"]), "targets": match_targets(net, targets, rank),
+            "num_classes": int(base["num_classes"]), "targets": chosen,
             "rank": int(rank), "alpha": float(alpha), "dropout": float(dropout)}
+    if dual:  # a local adapter beside the global one in every targeted layer (FedDPA)
+        spec["dual"] = True
     if weights:
         path = Path(weights)
         if not path.is_file():
@@ -173,7 +210,7 @@ def build_lora(spec: dict, build) -> LoRANet:
     base = build(spec["base"])
     if spec.get("base_weights"):
         load_base_weights(base, Path(spec["base_weights"]), spec.get("base_sha256"))
-    return LoRANet(base, spec["targets"], spec["rank"], spec["alpha"], spec["dropout"])
+    return LoRANet(base, spec["targets"], spec["rank"], spec["alpha"], spec["dropout"], bool(spec.get("dual")))
 
 
 def load_base_weights(base: nn.Module, path: Path, sha256: str | None) -> None:
