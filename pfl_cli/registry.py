@@ -93,6 +93,7 @@ BUILTINS = {
     "pefll-lora": "pfl_cli.algorithms.pefll_lora:PeFLLLoRA",
     "pfedhn-lora": "pfl_cli.algorithms.pfedhn_lora:PFedHNLoRA",
     "hyperfl-lpm-lora": "pfl_cli.algorithms.hyperfl_lpm_lora:HyperFLLPMLoRA",
+    "feddpa": "pfl_cli.algorithms.feddpa:FedDPA",
 }
 
 

@@ -18,6 +18,10 @@ and scores below a fixed 0.5 (docs/performance/conformance.md, "APFL's adaptive 
 With alpha fixed at 1 (``alpha=1``, ``alpha_lr=0``) v̄_i = v_i is local training. A new
 client starts v from the global model and alpha from ``alpha``, and trains both for
 ``new_client_epochs`` epochs with w frozen.
+
+``adapters=lora`` (:mod:`pfl_cli.fl.adapters`): w and v_i are LoRA adapters and a classifier on model_arch's net frozen,
+and the personalized model mixes them: v̄_i = alpha_i v_i + (1 - alpha_i) w over the adapters' A and B matrices and
+the classifier (a mixture of the parameters, as Alg. 1 mixes whole models).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import Algorithm, PrivateState
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
+from pfl_cli.fl.adapters import AdapterKeys, AdapterTraining, adapted_arch
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import stack
 
@@ -87,7 +92,7 @@ def apfl_steps(model, w: dict, v: dict, alpha, store, steps, *, lr: float, alpha
 
 
 @dataclass(frozen=True)
-class APFLConfig(FedAvgRoundConfig):
+class APFLConfig(FedAvgRoundConfig, AdapterKeys):
     """APFL's keys."""
 
     algorithm: str = key("apfl", "the algorithm these keys configure")
@@ -97,8 +102,16 @@ class APFLConfig(FedAvgRoundConfig):
     new_client_epochs: int = key(20, "epochs a new client trains its local model and alpha",
                                  "thesis §4.4, App. B.1.2: new clients fine-tune 20 epochs")
 
+    def validate(self) -> None:
+        super().validate()
+        if self.adapters == "lora" and self.lora_dropout:
+            from pfl_cli.errors import ConfigError
 
-class APFL(PrivateState, FedAvg):
+            raise ConfigError(f"lora_dropout has no effect on apfl (its steps run the mixture v̄ of Alg. 1 without "
+                              f"adapter dropout); got {self.lora_dropout!r}. Drop lora_dropout.")
+
+
+class APFL(AdapterTraining, PrivateState, FedAvg):
     name = "apfl"
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
     individual_reads = ""  # runs under --secagg: w averaged from sums (pfl_cli.fl.secagg.cohort_mean)
@@ -112,6 +125,10 @@ class APFL(PrivateState, FedAvg):
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
     inert_keys = {k: "its steps are plain SGD (Deng et al. 2020, Alg. 1: no momentum, no clipping, no weight decay)"
                   for k in ("momentum", "client_clip", "lambda_theta")}
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        return adapted_arch(cfg, store, Algorithm.resolve_arch(cfg, store))
 
     def build(self) -> None:
         import torch

@@ -7,6 +7,10 @@ v_k (line 7, s = the local steps); only w is exchanged. Personal models start fr
 initial global model w^0 (v_k^0 = w^0), live on the device for all clients and are saved.
 With lambda = 0 they are exactly local training. A new client trains its personal model
 from the global one for ``new_client_epochs`` epochs with the same proximal term.
+
+``adapters=lora`` (:mod:`pfl_cli.fl.adapters`): w and every v_k are LoRA adapters and a classifier on model_arch's net
+frozen: the global adapters train by FedAvg, each client's personal adapters by Eq. 2, regularized toward the
+round's global adapters (the proximal term over the adapters' A, B and the classifier).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from typing import Optional
 
 import numpy as np
 
-from pfl_cli.algorithms.base import PrivateState
+from pfl_cli.algorithms.base import Algorithm, PrivateState
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
+from pfl_cli.fl.adapters import AdapterKeys, AdapterTraining, adapted_arch
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import stack
 
@@ -30,7 +35,7 @@ def ditto_lambda(cfg) -> float:
 
 
 @dataclass(frozen=True)
-class DittoConfig(FedAvgRoundConfig):
+class DittoConfig(FedAvgRoundConfig, AdapterKeys):
     """Ditto's keys: FedAvg's round for w, and the personal models' objective and optimizer."""
 
     algorithm: str = key("ditto", "the algorithm these keys configure")
@@ -45,7 +50,7 @@ class DittoConfig(FedAvgRoundConfig):
                                  "thesis §4.4, App. B.1.2: new clients fine-tune 20 epochs")
 
 
-class Ditto(PrivateState, FedAvg):
+class Ditto(AdapterTraining, PrivateState, FedAvg):
     name = "ditto"
     async_ready = ("its global model is FedAvg's (which FedBuff or FedAsync could aggregate) and each personal model trains on its own client against the model it downloaded")
     averages_updates = True  # FedAvg.aggregate: an update attack and a robust aggregator act there (issue 48)
@@ -58,6 +63,10 @@ class Ditto(PrivateState, FedAvg):
     new_client_protocol = "a personal model trained new_client_epochs with the proximal term"
     config = DittoConfig
     dp_unit = None  # its own round: no DP variant (FedAvg's DP-FedAvg is not inherited)
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        return adapted_arch(cfg, store, Algorithm.resolve_arch(cfg, store))
 
     def build(self) -> None:
         super().build()

@@ -6,18 +6,25 @@ frozen (Alg. 1 lines 8-10), then the body for ``body_epochs`` epochs with its ne
 (lines 11-13); the server sets the body to the plain mean of the cohort's bodies (line 16)
 and each client keeps its head. A new client gets a fresh head trained for
 ``new_client_epochs`` epochs on the frozen body (the PeFLL paper's protocol: 20 epochs).
+
+``adapters=lora`` (:mod:`pfl_cli.fl.adapters`): the body is LoRA adapters on model_arch's net frozen and the head
+its classifier. FedRep's split stays (§3: a representation phi shared by all clients, a head h_i per client), so
+the shared representation is the adapters (only they travel) and the personal part the classifier, each client's
+own head on the adapted features.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.algorithms.partial import PartialSharing
-from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.adapters import AdapterKeys, AdapterTraining, adapted_arch
+from pfl_cli.fl.config import key
 
 
 @dataclass(frozen=True)
-class FedRepConfig(TrainConfig):
+class FedRepConfig(AdapterKeys):
     """FedRep's keys: it counts epochs on the head and on the body, not local steps."""
 
     algorithm: str = key("fedrep", "the algorithm these keys configure")
@@ -44,7 +51,7 @@ class FedRepConfig(TrainConfig):
                               "epochs every client keeps its random initial head; got 0.")
 
 
-class FedRep(PartialSharing):
+class FedRep(AdapterTraining, PartialSharing):
     name = "fedrep"
     compressible_upload = True  # the shared part's delta from the global one (PartialSharing.run_round)
     individual_reads = ""  # runs under --secagg: its shared body averaged from sums (fl.secagg.cohort_mean)
@@ -59,6 +66,10 @@ class FedRep(PartialSharing):
     config = FedRepConfig
     shared_part = "body"
     average_by_size = False  # Alg. 1 line 16: (1 / rn) sum_i theta_i
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        return adapted_arch(cfg, store, Algorithm.resolve_arch(cfg, store))
 
     def local_update(self, start, cohort, gen):
         cfg = self.cfg

@@ -11,14 +11,15 @@ KEY_OWNERS = {
     'adapt_lr': 'fedtta',
     'adapt_model_lr': 'fedtta',
     'adapt_steps': 'fedtta',
-    'adapter': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'adapter': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa',
+    'adapters': 'local fedrep ditto apfl',
     'afl_lambda_lr': 'afl',
     'aggregator': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'ala_eta': 'fedala',
     'ala_every_client': 'fedala',
@@ -32,7 +33,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'alpha': 'apfl feddyn fedasync',
     'alpha_k': 'fedamp',
@@ -46,35 +47,35 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'attack_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'attack_scale': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'availability': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'availability_trace': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'average_last_two': 'fedexp',
     'backbone': (
@@ -100,7 +101,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'beta': 'perfedavg pfedme',
     'beta1': 'fedopt',
@@ -114,14 +115,14 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'client_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta fedbabu fedrod fedbn fedala feddbe gpfl pfedla fedpac fedproto '
         'fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova fedbuff '
         'fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora '
-        'pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'client_sizes': 'pfedhn pfedhn-pc',
     'clients_per_round': (
@@ -129,35 +130,35 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'cohort_exec': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'compression': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'compression_density': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'compute_speed': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'concurrency': 'fedbuff fedasync',
     'dbe_kappa': 'feddbe',
@@ -168,84 +169,86 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_accountant': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_bits': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_clip': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_delta': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_epsilon': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_mechanism': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_min_survivors': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_noise': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_population': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'dp_sampling_rate': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
+    'dpa_max_weight': 'feddpa',
+    'dpa_train_weight': 'feddpa',
     'dropout': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'embed_dim': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm pefll-lora pfedhn-lora hyperfl-lpm-lora',
     'embed_lr': 'pfedhn pfedhn-pc hyperfl hyperfl-lpm pfedhn-lora hyperfl-lpm-lora',
@@ -257,7 +260,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'eval_descriptor': 'pefll pefll-lora',
     'eval_every': (
@@ -265,14 +268,14 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'evaluate_hidden_labels': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'feature_dim': 'flowdup',
     'fedas_align_batch': 'fedas',
@@ -300,7 +303,7 @@ KEY_OWNERS = {
     'hn_weight_decay': 'pfedhn pfedhn-pc pfedhn-lora',
     'hyper_hidden': 'pefll pfedhn pfedhn-pc hyperfl hyperfl-lpm flowdup pefll-lora pfedhn-lora hyperfl-lpm-lora',
     'hyper_size': 'pefll pfedhn pfedhn-pc pefll-lora pfedhn-lora',
-    'ia3_feedforward': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'ia3_feedforward': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa',
     'inference': 'fedproto',
     'interpolation': 'knnper',
     'knn_k': 'knnper',
@@ -310,7 +313,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'labeled_rate': 'flowdup',
     'lam': 'ditto pfedme fedamp',
@@ -321,7 +324,7 @@ KEY_OWNERS = {
         'knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl '
         'pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc '
         'fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora '
-        'fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'lambda_v': 'pefll pefll-lora',
     'learnable_centre': 'flowdup',
@@ -329,7 +332,7 @@ KEY_OWNERS = {
         'fedavg local hyperfl hyperfl-lpm fedprox fedper lg-fedavg ditto apfl perfedavg pfedme knnper '
         'flowdup ld-fedavg fedtta fedbabu fedrod fedbn fedala feddbe gpfl pfedla fedproto fednh fedcp '
         'fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova centralized moon fedsam '
-        'ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora hyperfl-lpm-lora'
+        'ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora hyperfl-lpm-lora feddpa'
     ),
     'local_epochs_range': 'fednova',
     'local_steps': (
@@ -337,68 +340,77 @@ KEY_OWNERS = {
         'flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl pfedla '
         'fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp fedlc fedamp fednova fedbuff fedasync '
         'centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora flexlora pefll-lora '
-        'pfedhn-lora'
+        'pfedhn-lora feddpa'
     ),
-    'lora_alpha': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
-    'lora_base_weights': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
-    'lora_dropout': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora',
-    'lora_rank': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
-    'lora_targets': 'fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora',
+    'lora_alpha': (
+        'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
+        'hyperfl-lpm-lora feddpa'
+    ),
+    'lora_base_weights': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora feddpa',
+    'lora_dropout': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora feddpa',
+    'lora_rank': (
+        'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
+        'hyperfl-lpm-lora feddpa'
+    ),
+    'lora_targets': (
+        'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
+        'hyperfl-lpm-lora feddpa'
+    ),
     'lr': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'lstm_hidden': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'mlp_hidden': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'model_arch': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'model_head': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'model_kwargs': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'model_weights': (
         'fedavg local pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto apfl perfedavg '
         'pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala '
         'feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp '
         'fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit '
-        'ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'momentum': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala feddbe gpfl '
         'pfedla fedpac fedproto fednh fedcp fedas fedfomo apple feddyn fedopt fedexp fedlc fedamp fednova '
         'fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit ffa-lora fedsa-lora '
-        'flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'moon_mu': 'moon',
     'moon_tau': 'moon',
@@ -408,19 +420,19 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'new_client_em_steps': 'fedem',
     'new_client_epochs': (
         'fedper fedrep lg-fedavg ditto apfl pfedme fedrod fedbn fedala feddbe gpfl pfedla fedpac fedproto '
-        'fednh fedcp fedas fedfomo apple fedamp fedsa-lora'
+        'fednh fedcp fedas fedfomo apple fedamp fedsa-lora feddpa'
     ),
     'normalize': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'num_clusters': 'ifca',
     'num_components': 'fedem',
@@ -429,7 +441,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'personal_clip': 'ditto',
     'personal_lr': 'pfedme',
@@ -443,7 +455,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'rho': 'fedasync',
     'robust_clip': (
@@ -451,28 +463,28 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'robust_fraction': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'round_deadline': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'rounds': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'sam_rho': 'fedavg fedprox fedsam',
     'secagg': (
@@ -480,14 +492,14 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'seed': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'server_clip': 'pefll pfedhn pfedhn-pc pefll-lora pfedhn-lora',
     'server_lr': (
@@ -514,7 +526,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'track_descriptors': 'pefll pefll-lora',
     'val_fraction': (
@@ -522,7 +534,7 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'variant': 'perfedavg',
     'write_nonprivate': (
@@ -530,6 +542,6 @@ KEY_OWNERS = {
         'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
         'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
         'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora'
+        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
 }

@@ -4,6 +4,9 @@ The PeFLL paper's baseline (thesis §4.4, App. B.1.2: 200 epochs per client). Th
 rounds: a client's model is ``local_epochs`` passes of local SGD from a shared seeded
 initialization, so a client never seen in training gets its model the same way, and
 all clients of a group train together as one vmapped computation.
+
+``adapters=lora`` (:mod:`pfl_cli.fl.adapters`): each client trains LoRA adapters and the classifier on model_arch's
+net frozen (its seeded start or ``lora_base_weights``) instead of the full net: the adapters are all it personalizes.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm
-from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.adapters import AdapterKeys, AdapterTraining, adapted_arch
+from pfl_cli.fl.config import key
 from pfl_cli.fl.params import cpu_tree
 
 
@@ -21,14 +25,15 @@ DEFAULT_EPOCHS = 200
 
 
 @dataclass(frozen=True)
-class LocalConfig(TrainConfig):
-    """Local's keys: no rounds are communicated, each client trains local_epochs on its own data."""
+class LocalConfig(AdapterKeys):
+    """Local's keys: no rounds are communicated, each client trains local_epochs on its own data (its full net, or
+    LoRA adapters on it with adapters=lora)."""
 
     algorithm: str = key("local", "the algorithm these keys configure")
     local_epochs: int = key(DEFAULT_EPOCHS, "epochs of local SGD per client", "thesis §4.4, App. B.1.2: 200 epochs")
 
 
-class Local(Algorithm):
+class Local(AdapterTraining, Algorithm):
     name = "local"
     # under --secagg (pfl_cli.fl.secagg)
     individual_reads = "nothing: there is no server step (each client trains alone), so secure aggregation has nothing to hide"
@@ -40,6 +45,10 @@ class Local(Algorithm):
     new_client_protocol = "trains its own model from the shared initialization"
     config = LocalConfig
     federated = False
+
+    @staticmethod
+    def resolve_arch(cfg, store) -> dict:
+        return adapted_arch(cfg, store, Algorithm.resolve_arch(cfg, store))
 
     def build(self) -> None:
         self.net = self.client_net()

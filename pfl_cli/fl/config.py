@@ -359,6 +359,7 @@ OWN_RULES = {
     "a finite number > 0": lambda v: _finite(v) and v > 0,
     "a number in (0, 1]": lambda v: _finite(v) and 0 < v <= 1,
     "a fraction in (0, 1]": lambda v: _finite(v) and 0 < v <= 1,
+    "a number in [0, 1]": lambda v: _finite(v) and 0 <= v <= 1,
 }
 
 

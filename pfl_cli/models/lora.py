@@ -44,22 +44,36 @@ TARGETABLE = (nn.Linear, nn.Conv2d)
 
 
 class LoRALayer(nn.Module):
-    """A frozen ``base_layer`` plus ``lora_B(lora_A(dropout(x))) * scaling``; dropout acts in training mode only."""
+    """A frozen ``base_layer`` plus ``lora_B(lora_A(dropout(x))) * scaling``; dropout acts in training mode only.
 
-    def __init__(self, base_layer: nn.Module, rank: int, alpha: float, dropout: float) -> None:
+    ``dual``: a second adapter beside it (``local_A``, ``local_B``: FedDPA's local adapter, Yang et al., NeurIPS
+    2024, §4.1), the layer's output then ``base(x) + g * global(x) + l * local(x)`` with the weights ``mix = (g, l)``
+    (numbers, or one weight per instance of the batch: FedDPA's instance-wise weighting, §4.3); ``mix`` None is
+    ``(1, 0)``, the global adapter alone.
+    """
+
+    def __init__(self, base_layer: nn.Module, rank: int, alpha: float, dropout: float, dual: bool = False) -> None:
         super().__init__()
         self.base_layer = base_layer
         self.rank, self.alpha, self.dropout = int(rank), float(alpha), float(dropout)
         self.scaling = self.alpha / self.rank
+        self.lora_A, self.lora_B = self._pair(base_layer)
+        if dual:
+            self.local_A, self.local_B = self._pair(base_layer)
+        self.dual = bool(dual)
+        self.mix = None
+
+    def _pair(self, base_layer: nn.Module):
         if isinstance(base_layer, nn.Linear):
-            self.lora_A = nn.Linear(base_layer.in_features, self.rank, bias=False)
-            self.lora_B = nn.Linear(self.rank, base_layer.out_features, bias=False)
+            a = nn.Linear(base_layer.in_features, self.rank, bias=False)
+            b = nn.Linear(self.rank, base_layer.out_features, bias=False)
         else:
-            self.lora_A = nn.Conv2d(base_layer.in_channels, self.rank, base_layer.kernel_size, base_layer.stride,
-                                    base_layer.padding, bias=False)
-            self.lora_B = nn.Conv2d(self.rank, base_layer.out_channels, 1, 1, groups=base_layer.groups, bias=False)
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
-        nn.init.zeros_(self.lora_B.weight)
+            a = nn.Conv2d(base_layer.in_channels, self.rank, base_layer.kernel_size, base_layer.stride,
+                          base_layer.padding, bias=False)
+            b = nn.Conv2d(self.rank, base_layer.out_channels, 1, 1, groups=base_layer.groups, bias=False)
+        nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5))
+        nn.init.zeros_(b.weight)
+        return a, b
 
     # The base layer's weight and bias, as peft's LoRA layers expose them: model code reads them through the
     # layer it wraps (transformers' ViT reads its patch projection's weight dtype).
@@ -73,7 +87,16 @@ class LoRALayer(nn.Module):
 
     def forward(self, x):
         z = F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
-        return self.base_layer(x) + self.lora_B(self.lora_A(z)) * self.scaling
+        if not self.dual:
+            return self.base_layer(x) + self.lora_B(self.lora_A(z)) * self.scaling
+        g, l = self.mix if self.mix is not None else (1.0, 0.0)
+        out = self.base_layer(x)
+        for w, a, b in ((g, self.lora_A, self.lora_B), (l, self.local_A, self.local_B)):
+            if isinstance(w, torch.Tensor):  # one weight per instance: (batch,) against (batch, ...)
+                out = out + b(a(z)) * self.scaling * w.reshape(-1, *([1] * (out.dim() - 1)))
+            elif w:
+                out = out + b(a(z)) * (self.scaling * w)
+        return out
 
 
 class IA3Layer(nn.Module):
@@ -114,7 +137,7 @@ class LoRANet(nn.Module):
     vmap_randomness = "different"
 
     def __init__(self, base: nn.Module, targets: list[str], rank: int = 8, alpha: float = 8.0, dropout: float = 0.0,
-                 *, adapter: str = "lora", feedforward: list[str] = ()) -> None:
+                 dual: bool = False, *, adapter: str = "lora", feedforward: list[str] = ()) -> None:
         super().__init__()
         self.model = base
         self.classifier = f"model.{base.classifier}"
@@ -132,7 +155,7 @@ class LoRANet(nn.Module):
             holder = base.get_submodule(parent) if parent else base
             layer = getattr(holder, leaf)
             setattr(holder, leaf, IA3Layer(layer, name in feedforward) if adapter == "ia3" else
-                    LoRALayer(layer, rank, alpha, dropout))
+                    LoRALayer(layer, rank, alpha, dropout, dual))
         self.eval()  # dropout off (evaluation, new clients' scoring); the algorithms switch it on for local steps
 
     def forward(self, x):
@@ -140,13 +163,22 @@ class LoRANet(nn.Module):
 
 
 def lora_parts(names) -> dict[str, list[str]]:
-    """``{"A": [...], "B": [...], "ia3": [...], "head": [...]}``: a LoRA (or IA3) net's parameter names by role (in
-    the net's order)."""
-    parts = {"A": [], "B": [], "ia3": [], "head": []}
+    """``{"A": [...], "B": [...], "head": [...], "local": [...], "ia3": [...]}``: a LoRA net's parameter names by
+    role (in the net's order); ``local``: the second adapter of a dual net (FedDPA's local adapter, both its A and
+    B); ``ia3``: an IA3 net's vectors."""
+    parts = {"A": [], "B": [], "head": [], "local": [], "ia3": []}
     for k in names:
-        parts["A" if ".lora_A." in k else "B" if ".lora_B." in k else "ia3" if k.endswith(".ia3_l") else
-              "head"].append(k)
+        role = ("A" if ".lora_A." in k else "B" if ".lora_B." in k
+                else "local" if ".local_A." in k or ".local_B." in k else "ia3" if k.endswith(".ia3_l") else "head")
+        parts[role].append(k)
     return parts
+
+
+def set_mix(net: nn.Module, mix) -> None:
+    """The weights ``(global, local)`` of a dual LoRA net's two adapters in every layer (None: the global alone)."""
+    for m in net.modules():
+        if isinstance(m, LoRALayer):
+            m.mix = mix
 
 
 def set_dropout(net: nn.Module, on: bool) -> None:
@@ -200,7 +232,7 @@ def match_feedforward(targets: list[str], patterns: str) -> list[str]:
 
 
 def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int = 8, alpha: float = 8.0, dropout: float = 0.0,
-              weights: str = "", adapter: str = "lora", feedforward: str = "") -> dict:
+              weights: str = "", dual: bool = False, adapter: str = "lora", feedforward: str = "") -> dict:
     """The JSON-able client spec of a :class:`LoRANet` over the base net ``base`` (a client spec; ``net`` is it
     built, whose layers ``targets`` names): LoRA adapters of ``rank``, ``alpha``, ``dropout``, or (``adapter="ia3"``)
     IA3 vectors, on the layers ``feedforward`` names scaling their input."""
@@ -211,14 +243,16 @@ def lora_spec(base: dict, net: nn.Module, *, targets: str, rank: int = 8, alpha:
                                                                                    and not probe):
         raise InputError(f"LoRA: the frozen base must be a plain client net (mlp, lenet, hyperfl-cnn, hf:DIR); got "
                          f"model_arch {base.get('arch')!r}.")
+    # grouped convolutions: LoRA's rank must suit them (peft's rule, match_targets); IA3 scales any one's channels
+    chosen = match_targets(net, targets, None if adapter == "ia3" else rank)
     spec = {"kind": "client", "arch": "lora", "base": dict(base), "input_shape": list(base["input_shape"]),
-            "num_classes": int(base["num_classes"]),
-            # IA3's vectors scale any convolution's channels; LoRA's rank must suit a grouped one (peft's rule)
-            "targets": match_targets(net, targets, None if adapter == "ia3" else rank)}
+            "num_classes": int(base["num_classes"]), "targets": chosen}
     if adapter == "ia3":
-        spec.update(adapter="ia3", feedforward=match_feedforward(spec["targets"], feedforward))
+        spec.update(adapter="ia3", feedforward=match_feedforward(chosen, feedforward))
     else:
         spec.update(rank=int(rank), alpha=float(alpha), dropout=float(dropout))
+    if dual:  # a local adapter beside the global one in every targeted layer (FedDPA)
+        spec["dual"] = True
     if weights:
         path = Path(weights)
         if not path.is_file():
@@ -236,7 +270,7 @@ def build_lora(spec: dict, build) -> LoRANet:
         load_base_weights(base, Path(spec["base_weights"]), spec.get("base_sha256"))
     if spec.get("adapter") == "ia3":
         return LoRANet(base, spec["targets"], adapter="ia3", feedforward=spec["feedforward"])
-    return LoRANet(base, spec["targets"], spec["rank"], spec["alpha"], spec["dropout"])
+    return LoRANet(base, spec["targets"], spec["rank"], spec["alpha"], spec["dropout"], bool(spec.get("dual")))
 
 
 def load_base_weights(base: nn.Module, path: Path, sha256: str | None) -> None:

@@ -10,6 +10,14 @@ weights), and gives the logits ``pflx predict`` scores (tests/models/test_lora_e
 ``modules_to_save`` (peft's layout for a classifier trained in full). An IA3 net (``adapter=ia3``) writes peft's
 ``IA3Config`` (``peft_type`` IA3, ``target_modules``, ``feedforward_modules``) and its vectors as
 ``base_model.model.<module>.ia3_l``. Only ``safetensors`` is needed to write.
+
+A dual net (FedDPA: a global and a local adapter in every targeted layer) is written as two adapters per client,
+``client-<id>/global/`` and ``client-<id>/local/``, each with the shared classifier, which peft loads as two named
+adapters of one model (``PeftModel.from_pretrained(base, DIR/global, adapter_name="global")`` then
+``load_adapter(DIR/local, adapter_name="local")``); ``client-<id>/feddpa.json`` holds the client's reference
+direction and the weight scale w, from which an instance's weights ``lam(x) = w * clamp(cos(h(x), reference), 0,
+1)`` (local) and ``1 - lam(x)`` (global) follow (:mod:`pfl_cli.algorithms.feddpa_net`); no single peft adapter
+computes that per-instance mixture.
 """
 
 from __future__ import annotations
@@ -70,9 +78,36 @@ def write_adapter(directory: Path, spec: dict, params: dict) -> None:
     save_file(adapter_tensors(spec, params), str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
+def dual_adapters(params: dict) -> tuple[dict, dict]:
+    """The global and the local adapter of one client of a dual net (FedDPA: ``net.``-prefixed parameters), each
+    with the shared classifier, named as a plain LoRA net's (the local adapter's ``local_A`` / ``local_B`` as
+    ``lora_A`` / ``lora_B``)."""
+    net = {k.removeprefix("net."): v for k, v in params.items() if k.startswith("net.")}
+    is_local = lambda k: ".local_A." in k or ".local_B." in k  # noqa: E731
+    glob = {k: v for k, v in net.items() if not is_local(k)}
+    local = {k.replace(".local_A.", ".lora_A.").replace(".local_B.", ".lora_B."): v for k, v in net.items()
+             if is_local(k) or (".lora_A." not in k and ".lora_B." not in k)}
+    return glob, local
+
+
 def write_adapters(directory: Path, spec: dict, params: dict, client_ids, personalized: bool) -> list[str]:
     """Every client's adapter (``client-<id>/``), or the one global adapter (``global/``) of a method that serves
     one model; returns the written folders' names."""
+    if spec.get("dual"):
+        plain = {k: v for k, v in spec.items() if k != "dual"}
+        names = []
+        for i, cid in enumerate(client_ids):
+            name = f"client-{int(cid)}"
+            glob, local = dual_adapters({k: v[i] for k, v in params.items()})
+            write_adapter(directory / name / "global", plain, glob)
+            write_adapter(directory / name / "local", plain, local)
+            info = {"reference": [float(v) for v in params["reference"][i].detach().cpu().reshape(-1)],
+                    "max_weight": float(params["max_weight"][i]),
+                    "rule": "local weight lam(x) = max_weight * clamp(cos(h(x), reference), 0, 1), global 1 - "
+                            "lam(x); h(x): the classifier's input with the local adapter alone"}
+            (directory / name / "feddpa.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            names.append(name)
+        return names
     if not personalized:
         write_adapter(directory / "global", spec, params)
         return ["global"]

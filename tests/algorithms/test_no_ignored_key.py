@@ -84,6 +84,9 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            "ala_threshold": {"ala_max_start_epochs": 30},
            "ala_num_pre_loss": {"ala_max_start_epochs": 30, "ala_threshold": 1.0},
            "backbone_tune": {"backbone": "resnet-micro"}, "backbone_weights": {"backbone": "resnet-micro"},
+           # the LoRA keys of a full-weight method act under adapters=lora (pfl_cli.fl.adapters; a LoRA algorithm has
+           # no adapters key and takes them alone)
+           **{k: {"adapters": "lora"} for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_base_weights")},
            # FedExP's eps acts where its step extrapolates (eta_g > 1): clients whose updates disagree, which the
            # tiny run's two clients do at a large client lr (at the base lr eta_g = 1 whatever eps)
            "eps": {"lr": 0.5},
@@ -101,7 +104,7 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            # CFL's split needs both thresholds met: eps1 and the warm-up act where some update exceeds eps2
            "cfl_eps1": {"cfl_eps2": 0.0}, "cfl_warmup_rounds": {"cfl_eps2": 0.0},
            # the LoRA targets: on an MLP with two hidden layers "fc1" adapts one of its two layers, "*" both
-           "lora_targets": {"mlp_hidden": (8, 8)},
+           "lora_targets": {"mlp_hidden": (8, 8), "adapters": "lora"},
            # IA3's feed-forward layers are among its targets: beside adapter=ia3, on both of the MLP's hidden layers
            "ia3_feedforward": {"adapter": "ia3", "mlp_hidden": (8, 8)},
            # an asynchronous server (FedBuff, FedAsync) runs at most one job per train client: its concurrency acts

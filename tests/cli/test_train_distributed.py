@@ -84,7 +84,7 @@ EVERY = {
     "fednova": ["--set", "local_epochs=null"], "centralized": [],
     "fedlc": [], "fedamp": ["--set", "new_client_epochs=1"],
     "fedproto": [], "fednh": [], "fedfomo": [], "apple": [], "moon": [], "fedsam": [], "ifca": [], "qffl": [], "cfl": [], "fedem": [], "afl": [],
-    "fedit": [], "ffa-lora": [], "fedsa-lora": [], "flexlora": [], "pefll-lora": [], "pfedhn-lora": [], "fedbuff": [], "fedasync": [],
+    "fedit": [], "ffa-lora": [], "fedsa-lora": [], "flexlora": [], "feddpa": [], "pefll-lora": [], "pfedhn-lora": [], "fedbuff": [], "fedasync": [],
     "ldp-fedavg": LDP, "ppsgd": LDP, "centaur": LDP, "fedavg --dp": DP,
     "pefll --dp": [*DP, "--no-standardize-descriptor", "--embed-dim", "4"],
 }

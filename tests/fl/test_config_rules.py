@@ -16,6 +16,7 @@ CASES = {
     "a finite number > 0": ([1e-12, 3], [0, 0.0, -1, math.nan, math.inf, False]),
     "a number in (0, 1]": ([1, 0.5, 1e-9], [0, 1.0001, math.nan, True]),
     "a fraction in (0, 1]": ([1, 0.25], [0.0, 2, -0.5, math.inf]),
+    "a number in [0, 1]": ([0, 1, 0.5], [-1e-9, 1.0001, math.nan, True, math.inf]),
 }
 
 
