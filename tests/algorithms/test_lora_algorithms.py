@@ -78,7 +78,8 @@ def test_fedit_averages_ia3_vectors_and_classifier(digits_clients, monkeypatch):
 
 
 @pytest.mark.parametrize("name, values, message", [
-    ("ffa-lora", {"adapter": "ia3"}, "adapter must be lora for ffa-lora; got 'ia3' \\(its method is defined on LoRA's A"),
+    ("ffa-lora", {"adapter": "ia3"},
+     "adapter must be lora for ffa-lora; got 'ia3' \\(its method is defined on LoRA's A"),
     ("fedsa-lora", {"adapter": "ia3"}, "adapter must be lora for fedsa-lora"),
     ("flexlora", {"adapter": "ia3"}, "adapter must be lora for flexlora"),
     ("fedit", {"adapter": "ia3", "lora_alpha": 4.0}, "lora_alpha has no effect beside adapter=ia3"),
