@@ -39,6 +39,7 @@ def flat(tree, prefix=""):
 
 
 # ----------------------------------------------------------------------------- FedBABU
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_fedbabu_round_trains_and_averages_the_body_and_never_moves_the_head(store):
     alg = alg_for(store, algorithm="fedbabu", momentum=0.0, client_clip=0.0)
     c = cohort(store)

@@ -69,6 +69,7 @@ def test_hyperfl_lpm_needs_a_backbone_tuned_by_adapters(store):
         REGISTRY["hyperfl-lpm"](small_config(**{**SMALL, "backbone_tune": "probe"}), store)
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_new_clients_resume_and_predict(digits_clients):
     from pfl_cli.fl.checkpoint import torch_bytes
     from pfl_cli.fl import PredictConfig, predict_clients
@@ -87,6 +88,7 @@ def test_new_clients_resume_and_predict(digits_clients):
 TABLE2 = [("local", "probe"), ("fedavg", "probe"), ("local", "adapters"), ("fedavg", "adapters"), ("fedavg", "full")]
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_table2_baselines_train_end_to_end(tmp_path, cli):
     """Local / FedAvg with a linear probe (+) and adapter fine-tuning (++), FedAvg FPT, HyperFL-LPM: one command each."""
     _published("resnet-micro", tmp_path / "r.pth")
@@ -145,6 +147,7 @@ def test_the_cpu_smoke_recipe_runs_partition_train_predict(tmp_path, cli):
     assert json.loads((tmp_path / "t" / "metrics.json").read_text())["algorithm"] == "hyperfl-lpm"
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_predict_refuses_a_weights_file_changed_after_training(tmp_path, cli):
     _published("resnet-micro", tmp_path / "w.pth")
     assert cli("partition", "--dataset", "builtin:digits", "--num-clients", "6", "--dirichlet", "0.5",

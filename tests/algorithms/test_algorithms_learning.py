@@ -46,6 +46,7 @@ def _tuned(ds, part, base, grid):
     return max(runs, key=lambda r: r[0].outcome.best.summaries()["val"]["pooled_accuracy"])
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 @pytest.mark.parametrize("seed", SEEDS)
 def test_digits_pefll_generalizes_to_holdout_clients(seed):
     """L1: digits, 2 classes per client, 50 clients (10 holdout)."""
@@ -84,6 +85,7 @@ def test_ring_pefll_with_label_masking_beats_fedavg_and_local_on_holdout_clients
     assert pefll_lm >= pefll_train_lm - 0.08, (pefll_lm, pefll_train_lm)
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_digits_pefll_with_a_label_free_descriptor():
     """L4: holdout clients that hold only unlabelled data still get good models (embedding ignores y)."""
     ds, part = _clients("builtin:digits", 50, 10, 0)

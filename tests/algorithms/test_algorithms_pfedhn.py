@@ -179,6 +179,7 @@ def test_messages_are_theta_down_and_delta_up_only(digits_clients, alg_name):
     assert comm["total_bytes"] == 2 * theta * 4 * 2 * 3  # 2 directions x 4 B x 2 clients x 3 rounds
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 @pytest.mark.parametrize("alg_name", ["pfedhn", "pfedhn-pc"])
 def test_new_clients_train_an_embedding_under_a_frozen_hypernetwork(digits_clients, alg_name):
     """D.1 item 11: phi byte-identical after predict; the trained v_new beats a random one."""

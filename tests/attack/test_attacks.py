@@ -163,6 +163,7 @@ def test_rog_reaches_what_its_low_resolution_can_express(digits):
     assert np.sum(full.psnr["rog"] >= 20) >= 3
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_attack_on_a_local_dp_fedavg_upload_fails(digits, tmp_path, capsys):
     """DP-FedAvg in the ISRL setting (noise on the client, eps 4): IG finds nothing (Table 3: ~7.7 dB),
     while the same attack on the same model's upload with negligible noise (eps 1e7) works."""

@@ -128,6 +128,7 @@ def test_hyperfl_generated_weights_leak_from_its_upload(trained):
         assert float((theta[k] - want[k]).abs().max()) < 1e-4 * max(1.0, float(want[k].abs().max()))
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_tp2_hyperfl_joint_attack_does_worse_than_on_fedavg(trained):
     """T-P2 (spec D.3): IG on HyperFL's hypernetwork gradient, the embedding and classifier optimized with the
     image, gives a lower median PSNR than IG on FedAvg's gradient, same images, same budget; with the paper's
@@ -143,6 +144,7 @@ def test_tp2_hyperfl_joint_attack_does_worse_than_on_fedavg(trained):
     assert median["fedavg", None] >= 20, median
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_joint_attack_at_the_papers_step_saturates_the_guessed_classifier(trained):
     """Why the joint attack stalls on standardized digits at lr 0.1: Adam moves every classifier weight by ~0.1
     per step (about their own size), the weights grow, the dummy's softmax saturates on the known label and its

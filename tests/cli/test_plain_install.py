@@ -150,6 +150,7 @@ def test_every_drawing_command_refuses_before_any_work_without_matplotlib(files,
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_predict_builds_no_optimizer_it_does_not_step(tmp_path, digits_clients):
     """pefll and pfedhn serve new clients without torch.optim: constructing one fails the run here."""
     from pfl_cli.cli.app import main

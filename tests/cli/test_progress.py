@@ -100,6 +100,7 @@ def test_train_with_stderr_to_a_file_writes_progress_lines_while_it_runs(part):
     assert rounds == sorted(rounds) and rounds[0] == 1
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_quiet_is_silent_and_json_keeps_stdout_one_object(part):
     base = [sys.executable, "-m", "pfl_cli", "train", "--partition", str(part / "part"), "--algorithm", "fedavg",
             "--rounds", "4", "--eval-every", "2", "--local-steps", "1"]
@@ -240,6 +241,7 @@ TUNE_LINE = re.compile(r"^tune: round (\d+)/(\d+) \(\d+%\), elapsed \d+:\d\d:\d\
                        r"(, trial (\d+)/(\d+))?(, best \d+\.\d% \(trial \d+\))?$")
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_tune_progress_counts_rounds_of_every_trial_and_says_when_curves_still_rise(part):
     proc = subprocess.run([sys.executable, "-m", "pfl_cli", "tune", "--partition", str(part / "part"), "--algorithm",
                            "fedavg", "--trials", "2", "--rounds", "3", "--set", "eval_every=1", "--set",

@@ -106,6 +106,7 @@ def _artifact_accuracies(out: Path) -> dict[str, dict[int, float]]:
     return got
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_wandb_and_mlflow_runs_hold_the_artifacts_numbers_and_config(part):
     out = part / "fedavg"
     assert main(["train", "--partition", str(part / "part"), "--out", str(out), *FAST, "--set", "lr=0.07",

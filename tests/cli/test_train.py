@@ -165,6 +165,7 @@ def test_rerun_is_a_noop_and_the_same_seed_is_byte_identical(root, trained, tmp_
     assert "--force" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_kill_and_resume_equals_an_uninterrupted_run(root, tmp_path):
     args = ["--partition", str(root / "part"), "--rounds", "60", "--eval-every", "10", "--local-steps", "25",
             "--set", "hyper_hidden=16", "--set", "mlp_hidden=[16]"]

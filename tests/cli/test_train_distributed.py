@@ -207,6 +207,7 @@ distributed.stop(finished=True)
 """
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_each_rank_holds_only_the_data_of_its_own_clients(root, tmp_path):
     """Two real gloo ranks (torchrun): each loads only its clients' samples, together every client once."""
     from pfl_cli.artifacts import load_partition

@@ -111,6 +111,7 @@ def test_resuming_a_study_of_another_algorithm_is_refused(cli, part, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_jobs_run_trials_in_worker_processes(cli, part, tmp_path):
     out = tmp_path / "t"
     r = cli("tune", "--partition", part, "--algorithm", "fedavg", "--trials", "2", "--jobs", "2", *SMALL,

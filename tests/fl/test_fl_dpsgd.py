@@ -205,6 +205,7 @@ print(hashlib.sha256(b"".join(out[k].numpy().tobytes() for k in names)).hexdiges
 """
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_seeded_dp_sgd_is_bit_identical_across_processes():
     """noise=seeded is bit-for-bit repeatable (pfl_cli.privacy.randomness), so a resumed or repeated --dp run in a
     new process must give the same bytes: nothing may follow the process's string-hash order. The per-record norm

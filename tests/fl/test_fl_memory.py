@@ -49,7 +49,7 @@ def _train_peak_kib(root, epochs: int, batch: int) -> int:
     return int(proc.stderr.split("peak_kib")[-1].split()[0]), metrics["train"]
 
 
-@pytest.mark.parametrize("batch", [256, pytest.param(32, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("batch", [pytest.param(256, marks=pytest.mark.slow), pytest.param(32, marks=pytest.mark.slow)])
 def test_200_local_epochs_on_a_3000_sample_client_keep_memory_flat(partition, batch):
     one, _ = _train_peak_kib(partition, 1, batch)
     many, test = _train_peak_kib(partition, 200, batch)  # 200 x ceil(3060 / batch) steps

@@ -66,6 +66,7 @@ def test_a_run_without_any_setting_takes_one_thread_for_the_digits_mlp():
     assert after == 1
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_the_users_choice_wins():
     assert _threads(PFLX_THREADS="2")[1] == 2
     assert _threads(OMP_NUM_THREADS="2")[1] == 2  # exported: torch's own reading stands

@@ -8,8 +8,9 @@ deployed model must equal ``pflx train``'s on the same partition (max |differenc
 measured 0: each node's client trains on the simulation's batches and the server aggregates with
 the simulation's code). PeFLL: max |difference| <= 1e-6 (the server sums the nodes' embedding
 gradients where the simulation back-propagates the cohort's batch at once). Several minutes on a loaded 2-core machine: every message starts a
-ClientApp process that imports torch. FedAvg and PeFLL are in the default tier (CI), the rest in the
-slow tier.
+ClientApp process that imports torch. All of them are in the slow tier; the docs tier (CI) deploys
+docs/commands/flower.md's FedAvg recipe on a real 3-SuperNode federation, and the default tier runs the apps
+on Flower's in-process grid (tests/interop/test_flower_app.py).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
-# FedAvg and PeFLL run in the default tier (about 50 s and 85 s on an idle 2-core machine: every message
-# starts a ClientApp process that imports torch); the fault test and pFedHN are in the slow tier.
+# Slow tier: about 50 s (FedAvg) and 85 s (PeFLL) on an idle 2-core machine (every message starts a ClientApp process
+# that imports torch).
 pytestmark = pytest.mark.flower
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,6 +177,7 @@ def test_fedavg_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     assert json.loads(r.out)["mean_accuracy"] == pytest.approx(sim["train"]["mean_accuracy"], abs=1e-12)
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_pefll_on_a_loopback_federation_equals_pflx_train(tmp_path, cli):
     """Alg. 8 across processes: the node's round state (its descriptor batch, eta_v) lives in Flower's
     run state between the three exchanges; the holdout node gets its model by Alg. 7 (no step)."""

@@ -105,6 +105,7 @@ A12 = MDMParams(np.array([0.2, 0.5, 0.3]), np.array([[0.1, 0.2, 0.1, 0.3, 0.1], 
                 np.eye(100)[[99, 99, 99]], integer_size_edges(100))
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 @pytest.mark.parametrize("n", [100, 200, 1000])
 def test_k_selection_on_a12_picks_three(n):
     rng = np.random.default_rng(n)

@@ -87,6 +87,7 @@ def test_a_changed_or_missing_factory_file_is_one_line_and_exit_2(workdir, cli, 
     assert run.code == 2 and "missing" in run.err and not (tmp_path / "p2").exists(), run.err
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 @pytest.mark.models
 def test_timm_weights_file_is_loaded_recorded_and_checked(workdir, cli, tmp_path):
     from pfl_cli.models.kinds._imports import import_timm

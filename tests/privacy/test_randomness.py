@@ -101,6 +101,7 @@ def _draw_on_rank(rank: int, init: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_secure_draws_are_rank_0s_on_every_rank(tmp_path):
     """Distributed ranks split one cohort, so they must share its OS-entropy draws (seeded ones agree by seed)."""
     import torch.multiprocessing as mp

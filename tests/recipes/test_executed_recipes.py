@@ -239,6 +239,7 @@ def test_the_tested_make_targets_are_all_of_them():
     assert _targets(ROOT / "recipes" / "compare" / "Makefile") == {"all"}
 
 
+@pytest.mark.slow  # default-tier budget (2026-11-29): minutes-long or a learning run
 def test_quickstart_makefile_all_as_its_header_gives_it(tmp_path):
     """`make -f recipes/Makefile ROOT=...` (its default ROUNDS, seconds); a second make does nothing."""
     done = _make("-f", "recipes/Makefile", f"ROOT={tmp_path}")
