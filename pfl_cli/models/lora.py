@@ -43,7 +43,20 @@ from pfl_cli.errors import ConfigError, InputError
 TARGETABLE = (nn.Linear, nn.Conv2d)
 
 
-class LoRALayer(nn.Module):
+class _WrapsBase:
+    """The base layer's weight and bias, as peft's layers expose them: model code reads them through the layer it
+    wraps (transformers' ViT reads its patch projection's weight dtype)."""
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def bias(self):
+        return self.base_layer.bias
+
+
+class LoRALayer(_WrapsBase, nn.Module):
     """A frozen ``base_layer`` plus ``lora_B(lora_A(dropout(x))) * scaling``; dropout acts in training mode only.
 
     ``dual``: a second adapter beside it (``local_A``, ``local_B``: FedDPA's local adapter, Yang et al., NeurIPS
@@ -75,16 +88,6 @@ class LoRALayer(nn.Module):
         nn.init.zeros_(b.weight)
         return a, b
 
-    # The base layer's weight and bias, as peft's LoRA layers expose them: model code reads them through the
-    # layer it wraps (transformers' ViT reads its patch projection's weight dtype).
-    @property
-    def weight(self):
-        return self.base_layer.weight
-
-    @property
-    def bias(self):
-        return self.base_layer.bias
-
     def forward(self, x):
         z = F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
         if not self.dual:
@@ -99,7 +102,7 @@ class LoRALayer(nn.Module):
         return out
 
 
-class IA3Layer(nn.Module):
+class IA3Layer(_WrapsBase, nn.Module):
     """A frozen ``base_layer`` whose output (or, ``feedforward``, input) is rescaled channel-wise by ``ia3_l``."""
 
     def __init__(self, base_layer: nn.Module, feedforward: bool) -> None:
@@ -113,14 +116,6 @@ class IA3Layer(nn.Module):
         shape = (1, width, 1, 1) if conv else (1, width) if feedforward else (width, 1)
         self.ia3_l = nn.Parameter(torch.ones(shape))
         self._flatten = not conv  # a linear layer's vector multiplies the last (feature) axis
-
-    @property
-    def weight(self):
-        return self.base_layer.weight
-
-    @property
-    def bias(self):
-        return self.base_layer.bias
 
     def forward(self, x):
         scale = self.ia3_l.flatten() if self._flatten else self.ia3_l

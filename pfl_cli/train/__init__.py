@@ -7,6 +7,8 @@
 (:mod:`pfl_cli.train.files`). ``events`` (:class:`TrainEvents`) hears what the run says.
 """
 
+from pfl_cli.lazy import lazy_names
+
 # The names load on first use (PEP 562): an up-to-date `pflx train` imports only what it reads.
 _WHERE = {
     "run_train": "run", "TrainResult": "run", "with_model_files": "run",
@@ -16,16 +18,4 @@ _WHERE = {
 }
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)
