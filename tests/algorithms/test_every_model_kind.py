@@ -1,6 +1,6 @@
 """Every algorithm on every model kind (issue 46): trains, resumes after a kill and predicts, or refuses in one line.
 
-Generated from the algorithm registry x the model kinds (:data:`pfl_cli.fl.config.MODEL_KINDS`), each kind with
+Generated from the algorithm registry x the model kinds (:data:`pfl_cli.fl.config.MODEL_KINDS` and ``hf:DIR``), each kind with
 its smallest net (:data:`NETS`) on a 40-image 3x16x16 npz at smoke size (2 rounds, 2 clients a round): a new
 algorithm or kind is covered without new test code. A case either
 
@@ -11,7 +11,7 @@ algorithm or kind is covered without new test code. A case either
    statistics; tests/models/test_model_kinds.py checks the messages) or the backbone (HyperFL-LPM runs on its
    pre-trained backbones only).
 
-The default tier runs :data:`DEFAULT_TIER`; the whole product (3 kinds x every algorithm, minutes) is ``slow``.
+The default tier runs :data:`DEFAULT_TIER`; the whole product (4 kinds x every algorithm, minutes) is ``slow``.
 """
 
 from __future__ import annotations
@@ -30,17 +30,17 @@ from pfl_cli.cli.app import main
 from pfl_cli.fl.config import MODEL_KINDS
 
 NETS = {"factory": f"factory:{kind_nets.FILE}:cnn", "torchvision": "torchvision:shufflenet_v2_x0_5",
-        "timm": "timm:test_efficientnet_gn"}
+        "timm": "timm:test_efficientnet_gn", "hf": "hf:{vit}"}  # hf: a tiny ViT checkpoint the fixture saves
+KIND_MARKS = {"factory": [], "torchvision": [pytest.mark.models], "timm": [pytest.mark.models], "hf": [pytest.mark.peft]}
 SMOKE = ["--rounds", "2", "--eval-every", "1", "--clients-per-round", "2", "--seed", "0", "--device", "cpu",
          "--format", "quiet"]
 DEFAULT_TIER = {("fedrep", "factory"), ("ditto", "timm")}
 
 
 def cases() -> list:
-    assert set(NETS) == set(MODEL_KINDS), "a model kind without a smoke net here"
+    assert set(NETS) == {*MODEL_KINDS, "hf"}, "a model kind without a smoke net here"
     return [pytest.param(name, kind, id=f"{name}-{kind}",
-                         marks=[*(() if kind == "factory" else [pytest.mark.models]),
-                                *(() if (name, kind) in DEFAULT_TIER else [pytest.mark.slow])])
+                         marks=[*KIND_MARKS[kind], *(() if (name, kind) in DEFAULT_TIER else [pytest.mark.slow])])
             for name in registry.names() for kind in NETS]
 
 
@@ -55,13 +55,25 @@ def part(tmp_path_factory):
     return root / "part"
 
 
+@pytest.fixture(scope="module")
+def vit(part):
+    """A ViT image classifier for the partition's 3x16x16 images, saved with ``save_pretrained`` (hf: kind)."""
+    from hf_checkpoints import tiny_vit
+
+    return tiny_vit(part.parent / "vit", image=16, channels=3, num_labels=4)
+
+
 def train(part, name, kind, out, *extra) -> int:
+    arch = NETS[kind].format(vit=part.parent / "vit")
     return main(cli_args(["train", "--partition", part, "--algorithm", name, "--out", out, "--set",
-                          f"model_arch={NETS[kind]}", *SMOKE, *smoke_sets(name), *dp_sets(name), *extra], name))
+                          f"model_arch={arch}", *SMOKE, *smoke_sets(name), *dp_sets(name), *extra], name))
 
 
 @pytest.mark.parametrize("name, kind", cases())
-def test_runs_resumes_and_predicts_or_refuses_in_one_line(part, name, kind, tmp_path, capsys, monkeypatch, cli):
+def test_runs_resumes_and_predicts_or_refuses_in_one_line(part, name, kind, tmp_path, capsys, monkeypatch, cli,
+                                                          request):
+    if kind == "hf":
+        request.getfixturevalue("vit")
     whole = tmp_path / "whole"
     code = train(part, name, kind, whole)
     err = capsys.readouterr().err
