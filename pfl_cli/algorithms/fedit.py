@@ -30,8 +30,7 @@ class FedITConfig(FedAvgConfig, LoRAKeys):
 
 class FedIT(LoRAClient, FedAvg):
     name = "fedit"
-    individual_reads = ("each client's adapters; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # runs under --secagg: FedAvg's secure round on what it trains (adapters, classifier)
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Zhang et al. 2024 (FedIT) §4: the local step size is the tuned setting (FedAvg's "
                            "client lr over its log range)")
