@@ -163,23 +163,22 @@ def train(
     from pfl_cli.cli.loggers import check_loggers, default_log_dir
 
     logs = check_loggers(log or ())  # an unknown or uninstalled logger is refused before any work
-    from pfl_cli.privacy.study import study_prior
-
+    # --config's file: a study's best.yaml composes its ledger or is refused (pfl_cli.train.run.study_of)
+    source = {"config_file": config, "allow_nonprivate_config": allow_nonprivate_config}
     if seeds is not None:  # before --nproc launches anything: the stack is one process
         _train_seeds(cfg, seeds, ctx, partition=partition, out=out, resume=resume, force=force, fmt=fmt, nproc=nproc,
-                     plot=plot, logs=logs, log_dir=log_dir, study=study_prior(config, partition, cfg, allow_nonprivate=allow_nonprivate_config), sets=set_)
+                     plot=plot, logs=logs, log_dir=log_dir, source=source, sets=set_)
         return
     if nproc != 1:
         _launch(cfg, nproc)
     rank = int(os.environ.get("RANK", "0"))
-    study = study_prior(config, partition, cfg, allow_nonprivate=allow_nonprivate_config)  # best.yaml of a private study on this partition: its ledger composes
     run_train(cfg, partition=partition, out=out, resume=resume, force=force,
               report=Reporter(fmt if rank == 0 else Format.quiet), plot=plot,  # rank 0 alone reports and writes
-              logs=logs, log_dir=log_dir or default_log_dir(out), study=study)
+              logs=logs, log_dir=log_dir or default_log_dir(out), **source)
 
 
 def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: bool, force: bool, fmt, nproc: int,
-                 plot: bool, logs: tuple[str, ...], log_dir: Path | None, study, sets=None) -> None:
+                 plot: bool, logs: tuple[str, ...], log_dir: Path | None, source: dict, sets=None) -> None:
     """``--seeds S1,S2,...``: parse, refuse what does not combine with it, and train the seeds stacked."""
     from pfl_cli.cli.train_run import run_train_seeds
     from pfl_cli.train.stack import check_seeds
@@ -202,7 +201,7 @@ def _train_seeds(cfg, text: str, ctx, *, partition: Path, out: Path, resume: boo
         raise InputError(f"--seeds trains its runs stacked in one process and does not combine with --nproc; got "
                          f"--nproc {nproc}. Drop --nproc, or train each seed with --seed S --nproc {nproc}.")
     run_train_seeds(cfg, seeds, partition=partition, out=out, resume=resume, force=force, report=Reporter(fmt),
-                    plot=plot, logs=logs, log_dir=log_dir, study=study)
+                    plot=plot, logs=logs, log_dir=log_dir, **source)
 
 
 def _launch(cfg, nproc: int) -> None:

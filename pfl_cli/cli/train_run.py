@@ -61,25 +61,26 @@ class _RoundLoggers(RunLoggers):
 
 def run_train(cfg, *, partition: Path, out: Path, resume: bool, force: bool, report: Reporter,
               plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None, study=(None, None),
-              log_as: tuple[str | None, str | None] = (None, None)) -> None:
+              log_as: tuple[str | None, str | None] = (None, None), **config_source) -> None:
     """`pflx train`: :func:`pfl_cli.train.run.run_train` reporting to ``report``; ``plot``: curves.png drawn as
-    `pflx show --plot` draws it."""
+    `pflx show --plot` draws it; ``config_source``: ``config_file`` and ``allow_nonprivate_config``."""
     from pfl_cli.train.run import run_train as train
 
     result = train(cfg, partition=partition, out=out, resume=resume, force=force, events=ReporterEvents(report),
-                   plot=_curves() if plot else None, logs=logs, log_dir=log_dir, study=study, log_as=log_as)
+                   plot=_curves() if plot else None, logs=logs, log_dir=log_dir, study=study, log_as=log_as,
+                   **config_source)
     if result.up_to_date:
         report.result({"out": str(out), "up_to_date": True})
 
 
 def run_train_seeds(cfg, seeds: list[int], *, partition: Path, out: Path, resume: bool, force: bool,
                     report: Reporter, plot: bool = False, logs: tuple[str, ...] = (), log_dir: Path | None = None,
-                    study=(None, None)) -> None:
+                    study=(None, None), **config_source) -> None:
     """`pflx train --seeds`: :func:`pfl_cli.train.stack.run_train_seeds` reporting to ``report``."""
     from pfl_cli.train.stack import run_train_seeds as train
 
     done = train(cfg, seeds, partition=partition, out=out, resume=resume, force=force, events=ReporterEvents(report),
-                 plot=_curves() if plot else None, logs=logs, log_dir=log_dir, study=study)
+                 plot=_curves() if plot else None, logs=logs, log_dir=log_dir, study=study, **config_source)
     if not done:
         report.result({"out": str(out), "runs": [str(out / f"seed-{s}") for s in seeds], "up_to_date": True})
 

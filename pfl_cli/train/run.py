@@ -44,7 +44,8 @@ class TrainResult:
 def run_train(cfg, *, partition: Path, out: Path, resume: bool = False, force: bool = False,
               events: TrainEvents | None = None, plot: Plot | None = None, logs: tuple[str, ...] = (),
               log_dir: Path | None = None, study=(None, None),
-              log_as: tuple[str | None, str | None] = (None, None)) -> TrainResult:
+              log_as: tuple[str | None, str | None] = (None, None), config_file: Path | None = None,
+              allow_nonprivate_config: bool = False) -> TrainResult:
     """Train ``cfg`` (a TrainConfig: :func:`pfl_cli.registry.train_config`) on the partition artifact
     ``partition`` and write the train artifact ``out``; re-run with the same config and inputs, nothing to do.
 
@@ -54,9 +55,13 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool = False, force: b
     from metrics.csv and metrics.json (refused under --dp). ``logs``: experiment loggers ``events`` builds, in
     ``log_dir`` (default ``out``). ``study``: ``(ledger, note)`` of the private study whose best.yaml is the
     config (:func:`pfl_cli.privacy.study.study_prior`): its ledger composes into privacy.json. ``log_as``:
-    ``(run name, group)`` of the W&B / MLflow run (default: ``out``'s name, no group)."""
+    ``(run name, group)`` of the W&B / MLflow run (default: ``out``'s name, no group). ``config_file``: the YAML
+    ``cfg`` was read from (`pflx train --config`): a study's best.yaml composes its ledger, or is refused under
+    --dp when a study without --dp chose it on this partition, unless ``allow_nonprivate_config``
+    (:func:`study_of`)."""
     events = TrainEvents() if events is None else events
     out, partition = Path(out), Path(partition)
+    study = study_of(cfg, partition, study, config_file, allow_nonprivate_config)
     from pfl_cli.fl import distributed
     from pfl_cli.fl.api import validate_train_config
     from pfl_cli.fl.device import check_device, resolve_device
@@ -81,6 +86,16 @@ def run_train(cfg, *, partition: Path, out: Path, resume: bool = False, force: b
     # the device (and torch) once the run is known not to be up to date
     return _run_train(cfg, None, partition=partition, out=out, resume=resume, force=force, events=events,
                       plot=plot, logs=logs, log_dir=log_dir, study=study, log_as=log_as)
+
+
+def study_of(cfg, partition, study, config_file, allow_nonprivate_config: bool):
+    """``study`` as given, or with ``config_file`` what :func:`pfl_cli.privacy.study.study_prior` makes of it (the
+    same ledger, note or refusal as `pflx train --config`)."""
+    if config_file is None:
+        return study
+    from pfl_cli.privacy.study import study_prior
+
+    return study_prior(Path(config_file), partition, cfg, allow_nonprivate=allow_nonprivate_config)
 
 
 def _run_train(cfg, device, *, partition: Path, out: Path, resume: bool, force: bool, events: TrainEvents,

@@ -28,7 +28,8 @@ class StackMember:
 
 def run_train_seeds(cfg, seeds: list[int], *, partition: Path, out: Path, resume: bool = False, force: bool = False,
                     events: TrainEvents | None = None, plot: Plot | None = None, logs: tuple[str, ...] = (),
-                    log_dir: Path | None = None, study=(None, None)) -> list[Path]:
+                    log_dir: Path | None = None, study=(None, None), config_file: Path | None = None,
+                    allow_nonprivate_config: bool = False) -> list[Path]:
     """``pflx train --seeds S1,S2,... --out DIR``: the runs of ``cfg`` with those seeds trained stacked in this
     process (:mod:`pfl_cli.fl.stack`), each written to ``DIR/seed-<s>`` exactly as ``train --seed s --out
     DIR/seed-<s>`` writes it (its manifest adds ``stacked``); a finished run's artifact is left as it is. ``--log``:
@@ -39,7 +40,10 @@ def run_train_seeds(cfg, seeds: list[int], *, partition: Path, out: Path, resume
 
     from pfl_cli.train.events import default_log_dir
 
+    from pfl_cli.train.run import study_of
+
     check_seeds(seeds)
+    study = study_of(cfg, Path(partition), study, config_file, allow_nonprivate_config)  # as run_train's
     out = Path(out)
     members = []
     for s in seeds:

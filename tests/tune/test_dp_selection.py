@@ -101,6 +101,19 @@ def test_a_nonprivate_studys_config_under_dp_on_its_partition_is_refused_without
     assert run.code == 2 and len(run.err.strip().splitlines()) == 1, run.err
     assert "chosen by a study without --dp on this --partition" in run.err and "--allow-nonprivate-config" in run.err
     assert not (tmp_path / "run").exists()
+    # the Python API (pfl_cli.train) given the same file refuses with the same line (issue 49, item 3)
+    from pfl_cli import registry
+    from pfl_cli.config import load_config_file
+    from pfl_cli.errors import ConfigError
+    from pfl_cli.train import run_train
+
+    best = tmp_path / "plain" / "best.yaml"
+    cfg = registry.train_config(**{**load_config_file(best, "train"), "dp_epsilon": 2.0, "dp_delta": 1e-6,
+                                   "dp_clip": 0.5, "dp_population": 30, "dp_noise": "seeded"})
+    with pytest.raises(ConfigError) as refused:
+        run_train(cfg, partition=study / "part", out=tmp_path / "api", config_file=best)
+    assert str(refused.value).strip() == run.err.strip().removeprefix("pflx: error: ")
+    assert not (tmp_path / "api").exists()
     run = cli(*args, "--allow-nonprivate-config", "--out", tmp_path / "run")
     assert run.code == 0, run.err
     assert "not the choice of config" in run.err + run.out
