@@ -117,14 +117,16 @@ def test_fedexp_step_size_from_sums_equals_the_individual_one(uneven_store):
     np.testing.assert_allclose(etas[1], etas[0], rtol=1e-5)
 
 
-def test_central_dp_under_secagg_equals_dp_fedavg_bit_for_bit(uneven_store):
-    """Clients clip their own deltas, the secure sum gets the server's noise: DP-FedAvg's release, torch.equal."""
+@pytest.mark.parametrize("algorithm", ["fedavg", "ffa-lora", "fedsa-lora"])
+def test_central_dp_under_secagg_equals_dp_fedavg_bit_for_bit(uneven_store, algorithm):
+    """Clients clip their own deltas, the secure sum gets the server's noise: DP-FedAvg's release, torch.equal
+    (FedAvg's whole model, FFA-LoRA's B and classifier, FedSA-LoRA's A)."""
     from pfl_cli.fl.dp import ClientLevelDP
 
     dp = ClientLevelDP(1.0, 1e-6, 0.05, 0.4, 10, 2, 0.7, denominator=4.0)
     models = []
     for secagg in (False, True):
-        cfg = dataclasses.replace(small_config("fedavg", **BASE), secagg=secagg, dp_epsilon=1.0, dp_clip=0.05,
+        cfg = dataclasses.replace(small_config(algorithm, **{**BASE, **smoke_values(algorithm)}), secagg=secagg, dp_epsilon=1.0, dp_clip=0.05,
                                   dp_noise="seeded", dp_population=10)
         alg = cfg.algorithm_class(cfg, uneven_store)
         alg.dp = dp
