@@ -46,7 +46,9 @@ def uneven_store():
 
 
 def _flat(alg) -> torch.Tensor:
-    return torch.cat([v.detach().reshape(-1) for v in alg.weights()["client"].values()])
+    weights = alg.weights()
+    shared = weights["client"] if "client" in weights else weights["components"]  # FedEM: its component models
+    return torch.cat([v.detach().reshape(-1) for v in shared.values()])
 
 
 def test_secure_sum_holds_sums_and_count_only():
