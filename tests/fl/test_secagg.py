@@ -47,7 +47,7 @@ def uneven_store():
 
 def _flat(alg) -> torch.Tensor:
     weights = alg.weights()
-    shared = weights["client"] if "client" in weights else weights["components"]  # FedEM: its component models
+    shared = next(weights[k] for k in ("client", "components", "psi") if k in weights)  # FedEM, LD-FedAvg: theirs
     return torch.cat([v.detach().reshape(-1) for v in shared.values()])
 
 
