@@ -11,7 +11,7 @@ from pfl_cli import registry
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.api import validate_train_config
 from pfl_cli.fl.secagg import SecureSum, audit_individual_reads, individual_reads, secure_sum, table_markdown
-from pflx_testing import small_config, smoke_values
+from pflx_testing import needs_backbone, small_config, smoke_values
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy" / "secure-aggregation.md"
 BASE = dict(mlp_hidden=(8,), local_steps=2, batch_size=8, lr=0.05, momentum=0.5, normalize=False, val_fraction=0.0,
@@ -45,10 +45,20 @@ def uneven_store():
                        normalize=False)
 
 
+def _leaves(tree) -> list:
+    if isinstance(tree, torch.Tensor):
+        return [tree.detach().reshape(-1).to(torch.float64)] if tree.is_floating_point() else []
+    return [v for k in sorted(tree) for v in _leaves(tree[k])] if isinstance(tree, dict) else []
+
+
 def _flat(alg) -> torch.Tensor:
+    """The server's model: the global one ("client"), or where an algorithm's weights have another shape (FedEM's
+    components, LD-FedAvg's psi, HyperFL's hypernetwork, FlexLoRA's update) every float tensor of them but the
+    clients' private state (trained on the server's model, where float rounding grows over local steps)."""
     weights = alg.weights()
-    shared = next(weights[k] for k in ("client", "components", "psi") if k in weights)  # FedEM, LD-FedAvg: theirs
-    return torch.cat([v.detach().reshape(-1) for v in shared.values()])
+    if "client" in weights:
+        return torch.cat([v.detach().reshape(-1) for v in weights["client"].values()])
+    return torch.cat(_leaves({k: v for k, v in weights.items() if k != "private"}))
 
 
 def test_secure_sum_holds_sums_and_count_only():
@@ -90,7 +100,7 @@ def test_secagg_refused_in_one_line_naming_the_individual_read(algorithm):
 def test_secagg_round_equals_the_plain_round_and_reads_no_individual_update(uneven_store, algorithm):
     """Two rounds plain and under --secagg with every summed row poisoned (NaN): the server under secure
     aggregation computes the same model (to float rounding of sum-then-divide), so it read no individual row."""
-    values = {**BASE, **smoke_values(algorithm)}
+    values = {**BASE, **smoke_values(algorithm), **({"backbone": "resnet-micro"} if needs_backbone(algorithm) else {})}
     models = []
     for secagg in (False, True):
         cfg = small_config(algorithm, **values)
