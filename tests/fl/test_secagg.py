@@ -9,7 +9,7 @@ import torch
 
 from pfl_cli import registry
 from pfl_cli.errors import ConfigError
-from pfl_cli.fl.api import validate_train_config
+from pfl_cli.fl.api import plan_dp, validate_train_config
 from pfl_cli.fl.secagg import SecureSum, audit_individual_reads, individual_reads, secure_sum, table_markdown
 from pflx_testing import needs_backbone, small_config, smoke_values
 
@@ -101,12 +101,17 @@ def test_secagg_round_equals_the_plain_round_and_reads_no_individual_update(unev
     """Two rounds plain and under --secagg with every summed row poisoned (NaN): the server under secure
     aggregation computes the same model (to float rounding of sum-then-divide), so it read no individual row."""
     values = {**BASE, **smoke_values(algorithm), **({"backbone": "resnet-micro"} if needs_backbone(algorithm) else {})}
+    if registry.get(algorithm).algorithm.dp_required:  # local DP (its noise seeded: the same in both runs)
+        values.update(normalize=False, rounds=2, dp_epsilon=4.0, dp_delta=1e-5, dp_clip=0.5, dp_noise="seeded",
+                      dp_sampling_rate=0.25)
     models = []
     for secagg in (False, True):
         cfg = small_config(algorithm, **values)
         cfg = dataclasses.replace(cfg, secagg=secagg)
         validate_train_config(cfg)
         alg = cfg.algorithm_class(cfg, uneven_store)
+        if alg.dp_required:
+            alg.dp = plan_dp(cfg, uneven_store)
         with audit_individual_reads():
             for t in range(2):
                 alg.run_round(t, COHORT, torch.Generator().manual_seed(11 + t))
