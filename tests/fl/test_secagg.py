@@ -168,3 +168,20 @@ def test_cli_secagg_refusal_exit_2(cli, tmp_path):
     r = cli("train", "--partition", str(part), "--algorithm", "fedfomo", "--secagg", "--out", str(tmp_path / "x"))
     assert r.code == 2 and "--secagg" in r.err and not (tmp_path / "x").exists()
 
+
+
+def test_ifca_cluster_means_from_per_cluster_secure_sums_equal_the_plain_ones():
+    """IFCA under --secagg: rows of k slots (zero but the chosen cluster's) summed securely give every cluster's
+    weighted mean, and a cluster no client chose keeps its model, as :func:`cluster_means` does."""
+    from pfl_cli.fl.clusters import cluster_means, cluster_means_secure
+
+    g = torch.Generator().manual_seed(0)
+    theta = {"w": torch.randn(5, 3, 2, generator=g), "b": torch.randn(5, 2, generator=g)}
+    old = {"w": torch.randn(4, 3, 2, generator=g), "b": torch.randn(4, 2, generator=g)}
+    assign, size = torch.tensor([0, 2, 2, 0, 3]), torch.tensor([9, 11, 13, 15, 17])
+    plain = cluster_means(theta, assign, size, old)
+    with audit_individual_reads():
+        secure = cluster_means_secure({k: v.clone() for k, v in theta.items()}, assign, size, old)
+    for k in theta:
+        torch.testing.assert_close(secure[k], plain[k], rtol=1e-5, atol=1e-6)
+    assert torch.equal(secure["w"][1], old["w"][1])  # cluster 1: no client chose it
