@@ -52,12 +52,10 @@ def _leaves(tree) -> list:
 
 
 def _flat(alg) -> torch.Tensor:
-    """The server's model: the global one ("client"), or where an algorithm's weights have another shape (FedEM's
-    components, LD-FedAvg's psi, HyperFL's hypernetwork, FlexLoRA's update) every float tensor of them but the
-    clients' private state (trained on the server's model, where float rounding grows over local steps)."""
+    """The server's model: every float tensor of the algorithm's weights (the global "client" model, FedEM's
+    components, LD-FedAvg's psi, HyperFL's hypernetwork, FedProto's prototypes, ...) but the clients' private state
+    (trained on the server's model, where float rounding grows over local steps)."""
     weights = alg.weights()
-    if "client" in weights:
-        return torch.cat([v.detach().reshape(-1) for v in weights["client"].values()])
     return torch.cat(_leaves({k: v for k, v in weights.items() if k != "private"}))
 
 
