@@ -23,8 +23,7 @@ class CENTAURConfig(PersonalHeadLDPConfig):
 
 class CENTAUR(PersonalHeadLDP):
     name = "centaur"
-    individual_reads = ("each client's locally privatized representation delta; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the privatized representation deltas from sums
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("the client lr (the DP-SGD noise is the user's budget, never searched)")
     tune_group = "train"

@@ -87,8 +87,7 @@ class FedALAConfig(FedAvgRoundConfig):
 
 class FedALA(PrivateState, FedAvg):
     name = "fedala"
-    individual_reads = ("each client's model; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the models from the cohort's sums (server_mean)
     paper = "FedALA: Zhang et al., AAAI 2023"
     new_client_protocol = "the global model trained new_client_epochs (ALA is the identity without a local model)"
     config = FedALAConfig
@@ -157,6 +156,16 @@ class FedALA(PrivateState, FedAvg):
         self.private.scatter(train, {**hat, **{f"W.{k}": w[k] for k in self.top},
                                      STARTED: torch.ones_like(everyone[STARTED])})
         return loss
+
+    def server_mean(self, cohort, theta: dict) -> dict:
+        """FedAvg's mean of the uploaded models, or under ``--secagg`` the same mean from the cohort's sums
+        (:func:`~pfl_cli.fl.secagg.cohort_mean`) of copies of the models: the upload is a copy, each client keeps
+        its own model (its private state) for its next ALA."""
+        if not self.cfg.secagg:
+            return super().server_mean(cohort, theta)
+        from pfl_cli.fl.secagg import cohort_mean
+
+        return cohort_mean(self.store, cohort, {k: v.clone() for k, v in theta.items()}, secagg=True)
 
     def run_round(self, t, cohort, gen):
         import torch

@@ -108,6 +108,26 @@ def fisher_weights(fim, sizes):
     return sizes / sizes.sum().clamp_min(1.0)
 
 
+def fisher_mean_secure(fim, sizes, shared: dict) -> dict:
+    """The mean of :func:`fisher_weights` from the cohort's secure sums only (``--secagg``, issue 48 item 1).
+
+    Client i sends ``F_i theta_i``, ``F_i``, ``n_i theta_i`` and ``n_i`` (its own Fisher trace and fit size); the
+    server learns their sums and takes ``sum F_i theta_i / sum F_i``, or the data-size mean if every F_i is 0
+    (``sum F_i = 0``, F_i >= 0): the plain weighted mean to the float rounding of sum-then-divide.
+    """
+    import torch
+
+    from pfl_cli.fl.secagg import secure_sum
+
+    f, n = fim.to(torch.float64), sizes.to(torch.float64)
+    col = lambda a, v: a.view(-1, *([1] * (v.dim() - 1)))  # noqa: E731
+    rows = {**{f"F.{k}": col(f, v) * v.to(torch.float64) for k, v in shared.items()},
+            **{f"n.{k}": col(n, v) * v.to(torch.float64) for k, v in shared.items()}, "F": f, "n": n}
+    sums = secure_sum(rows, spent=({"fisher_trace": fim},)).total()
+    by, total = ("F", sums["F"]) if float(sums["F"]) > 0 else ("n", sums["n"].clamp_min(1.0))
+    return {k: (sums[f"{by}.{k}"] / total).to(v.dtype) for k, v in shared.items()}
+
+
 @dataclass(frozen=True)
 class FedASConfig(FedAvgRoundConfig):
     """FedAS's keys: FedAvg's round, the parameter alignment's optimizer, and the new-client protocol."""
@@ -130,7 +150,7 @@ class FedASConfig(FedAvgRoundConfig):
 
 class FedAS(PrivateState, _GlobalModel):
     name = "fedas"
-    individual_reads = "each client's body with its own Fisher-information weight"  # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = ""  # under --secagg the Fisher-weighted mean from sums (fisher_mean_secure)
     paper = "FedAS: Yang, Huang, Ye, CVPR 2024"
     new_client_protocol = "the global body with the initial head trained new_client_epochs (body frozen)"
     config = FedASConfig
@@ -208,8 +228,11 @@ class FedAS(PrivateState, _GlobalModel):
         shared = {k: theta[k] for k in self.body}
         self.record_exchange({k: self.global_params[k] for k in self.body}, shared, len(cohort))
         self.traffic.receive("fisher_trace", fim)
-        w = fisher_weights(fim, self.store.fit.length[cohort]).to(theta[self.body[0]].dtype)
-        self.global_params = self.server_average({k: torch.einsum("c,c...->...", w, v) for k, v in shared.items()})
+        if self.cfg.secagg:  # sums only (pfl_cli.fl.secagg): each client weighs its own body by F_i (and n_i)
+            self.global_params = self.server_average(fisher_mean_secure(fim, self.store.fit.length[cohort], shared))
+        else:
+            w = fisher_weights(fim, self.store.fit.length[cohort]).to(theta[self.body[0]].dtype)
+            self.global_params = self.server_average({k: torch.einsum("c,c...->...", w, v) for k, v in shared.items()})
         self.private.scatter(cohort, theta)
         return loss
 

@@ -60,8 +60,7 @@ class FedBNConfig(FedAvgRoundConfig):
 
 class FedBN(PrivateState, _GlobalModel):
     name = "fedbn"
-    individual_reads = ("each client's layers outside batch norm; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the uniform mean of the shared layers from the cohort's sums
     averages_updates = True  # its server averages the layers outside batch norm: an attack and an aggregator act
     paper = "FedBN: Li, Jiang, Zhang, Kamp, Dou, ICLR 2021"
     new_client_protocol = "its own normalization layers trained new_client_epochs, the global layers frozen"
@@ -121,7 +120,8 @@ class FedBN(PrivateState, _GlobalModel):
         shared = corrupt_uploads(self, t, cohort, {k: theta[k] for k in self.shared})  # as the server receives it
         self.record_exchange(self.global_params, shared, len(cohort))
         # Alg. 1: (1/K) sum_k, then the server step (server_lr, server_momentum; 1 and 0: the mean itself)
-        self.global_params = self.server_average(average_uploads(self, cohort, shared, by_size=False))
+        self.global_params = self.server_average(average_uploads(self, cohort, shared, by_size=False,
+                                                                   secagg=self.cfg.secagg))
         self.private.scatter(cohort, {k: theta[k] for k in self.init_local})
         return loss
 

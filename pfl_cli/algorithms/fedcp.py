@@ -58,6 +58,7 @@ from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.secagg import cohort_mean
 
 CPN, HEAD_G = "cpn.", "head_g."
 
@@ -148,8 +149,7 @@ class FedCPConfig(FedAvgRoundConfig):
 
 class FedCP(PrivateState, _GlobalModel):
     name = "fedcp"
-    individual_reads = ("each client's shared policy network and body; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the uploads from the cohort's sums
     paper = "FedCP: Zhang et al., KDD 2023"
     new_client_protocol = "the global head as its personalized head, trained new_client_epochs on the frozen rest"
     config = FedCPConfig
@@ -210,7 +210,10 @@ class FedCP(PrivateState, _GlobalModel):
                                      **self.round_schedule())
         up = {k: theta[k] for k in trainable}
         self.record_exchange(self.global_params, up, len(cohort))
-        mean = weighted_mean(self.store, cohort, up)
+        if self.cfg.secagg:  # from the cohort's sums of copies (each client keeps its own head for its next round)
+            mean = cohort_mean(self.store, cohort, {k: v.clone() for k, v in up.items()}, secagg=True)
+        else:
+            mean = weighted_mean(self.store, cohort, up)
         # the next global head: the size-weighted mean of the uploads 0.5 h^p_i + 0.5 h^g (the authors' code,
         # clientcp.py generate_upload_head; servercp.py global_head), h^g the global head the cohort received
         head = {g: 0.5 * mean[p] + 0.5 * self.global_params[g] for g, p in self.pairs.items()}

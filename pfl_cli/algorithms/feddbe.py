@@ -33,7 +33,8 @@ from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import check_own_keys, key
-from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.params import stack
+from pfl_cli.fl.secagg import cohort_mean
 
 NET = "net."
 PRBM = "prbm"
@@ -103,8 +104,7 @@ class FedDBEConfig(FedAvgRoundConfig):
 
 class FedDBE(PrivateState, _GlobalModel):
     name = "feddbe"
-    individual_reads = ("each client's model; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the models and the consensus zbar^g from sums
     paper = "FedDBE: Zhang et al., NeurIPS 2023"
     new_client_protocol = "its representation bias trained new_client_epochs on the frozen global model"
     config = FedDBEConfig
@@ -150,7 +150,7 @@ class FedDBE(PrivateState, _GlobalModel):
         store = self.store
         clients = store.clients(ROLE_TRAIN)
         clients = clients[store.labeled[clients]]
-        sums, total = None, 0.0
+        sums, total, rows = None, 0.0, []
         start = {**self.global_params, **self.init_private}
         for lo in range(0, len(clients), 64):
             sel = torch.as_tensor(clients[lo:lo + 64], device=self.device)
@@ -158,9 +158,17 @@ class FedDBE(PrivateState, _GlobalModel):
                                            **self.round_schedule())
             self.traffic.receive("feature_mean", running)
             size = store.fit.length[sel].to(running.dtype)
+            if self.cfg.secagg:  # each client's n_i zbar_i and n_i, summed securely over all train clients below
+                rows.append((running * size[:, None], size))
+                continue
             part = (running * size[:, None]).sum(0)
             sums = part if sums is None else sums + part
             total += float(size.sum())
+        if self.cfg.secagg:
+            from pfl_cli.fl.secagg import WEIGHT, secure_sum
+
+            summed = secure_sum({"zbar": torch.cat([r for r, _ in rows]), WEIGHT: torch.cat([n for _, n in rows])})
+            sums, total = summed.total()["zbar"], float(summed.total()[WEIGHT])
         self.global_mean = sums / max(total, 1.0)
         self.traffic.send("global_mean", self.global_mean, copies=len(clients))
 
@@ -172,7 +180,7 @@ class FedDBE(PrivateState, _GlobalModel):
                                         **self.round_schedule())
         model = {k: theta[k] for k in self.shared}
         self.record_exchange(self.global_params, model, len(cohort))
-        self.global_params = self.server_average(weighted_mean(self.store, cohort, model))
+        self.global_params = self.server_average(cohort_mean(self.store, cohort, model, secagg=self.cfg.secagg))
         self.private.scatter(cohort, {PRBM: theta[PRBM]})
         return loss
 

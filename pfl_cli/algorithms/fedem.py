@@ -29,7 +29,8 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm, seeded
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.fl.config import check_own_keys, key
-from pfl_cli.fl.params import cpu_tree, weighted_mean
+from pfl_cli.fl.params import cpu_tree
+from pfl_cli.fl.secagg import cohort_mean
 
 MARFOQ = "Marfoq et al. (NeurIPS 2021)"
 
@@ -52,8 +53,7 @@ class FedEMConfig(FedAvgRoundConfig):
 
 class FedEM(Algorithm):
     name = "fedem"
-    individual_reads = ("each client's component models; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the component models from the cohort's sums
     paper = "FedEM: Marfoq et al., NeurIPS 2021 (Alg. 1-2, mixture of M shared components)"
     new_client_protocol = "its mixture weights fitted by new_client_em_steps E-steps with the components frozen"
     config = FedEMConfig
@@ -120,7 +120,7 @@ class FedEM(Algorithm):
         for k, v in theta.items():
             self.traffic.receive(k, v)
         self.private.scatter(cohort, {"pi": pi})
-        self.components = weighted_mean(self.store, cohort, theta)
+        self.components = cohort_mean(self.store, cohort, theta, secagg=self.cfg.secagg)
         return loss
 
     # ------------------------------------------------------------------ models for clients

@@ -86,7 +86,7 @@ class FedNHConfig(TrainConfig):
 
 class FedNH(TrainsNewClients, PrivateState, _GlobalModel):
     name = "fednh"
-    individual_reads = "each client's class prototypes and body"  # under --secagg (pfl_cli.fl.secagg)
+    individual_reads = ""  # under --secagg the body's mean and the prototypes' update from the cohort's sums
     paper = "FedNH: Dai et al., AAAI 2023 (Alg. 1)"
     new_client_protocol = "the global model (GM), or it trained new_client_epochs on its own data"
     config = FedNHConfig
@@ -154,10 +154,19 @@ class FedNH(TrainsNewClients, PrivateState, _GlobalModel):
             self.traffic.receive("model", theta[k])
         self.traffic.receive("scaled_class_means", means * counts.unsqueeze(-1))
         self.traffic.receive("class_counts", counts)
-        self.global_params.update(weighted_mean(self.store, cohort, {k: theta[k] for k in self.trainable},
-                                                by_size=False))
-        self.global_params[PROTOS] = smoothed_prototypes(self.global_params[PROTOS], means, counts,
-                                                         float(self.cfg.fednh_rho))
+        if self.cfg.secagg:  # sums only (pfl_cli.fl.secagg): of copies of the bodies (each client keeps its PM)
+            from pfl_cli.fl.prototypes import smoothed_prototypes_secure
+            from pfl_cli.fl.secagg import cohort_mean
+
+            self.global_params.update(cohort_mean(self.store, cohort, {k: theta[k].clone() for k in self.trainable},
+                                                  by_size=False, secagg=True))
+            self.global_params[PROTOS] = smoothed_prototypes_secure(self.global_params[PROTOS], means, counts,
+                                                                    float(self.cfg.fednh_rho))
+        else:
+            self.global_params.update(weighted_mean(self.store, cohort, {k: theta[k] for k in self.trainable},
+                                                    by_size=False))
+            self.global_params[PROTOS] = smoothed_prototypes(self.global_params[PROTOS], means, counts,
+                                                             float(self.cfg.fednh_rho))
         self.private.scatter(cohort, theta)  # the PM: its trained body and scale, the prototypes it trained with
         return loss
 

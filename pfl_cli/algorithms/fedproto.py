@@ -97,7 +97,7 @@ class FedProtoConfig(TrainConfig):
 
 class FedProto(KeepsGlobalPrototypes, TrainsNewClients, PrivateState, _GlobalModel):
     name = "fedproto"
-    individual_reads = "each client's class prototypes with its per-class sample counts"  # under --secagg
+    individual_reads = ""  # under --secagg Eq. 6 from the sums of n_ik c_ik and n_ik (merge_prototypes_secure)
     paper = "FedProto: Tan et al., AAAI 2022 (Alg. 1)"
     new_client_protocol = "its own model trained new_client_epochs from the initial one towards the global prototypes"
     config = FedProtoConfig
@@ -156,7 +156,12 @@ class FedProto(KeepsGlobalPrototypes, TrainsNewClients, PrivateState, _GlobalMod
         protos = local.prototypes()
         self.traffic.receive("prototypes", protos)
         self.traffic.receive("class_counts", local.counts)
-        self.prototypes, self.seen = merge_prototypes(self.prototypes, self.seen, protos, local.counts)  # Eq. 6
+        if self.cfg.secagg:  # the server learns sum_i n_ik c_ik and sum_i n_ik only (pfl_cli.fl.secagg)
+            from pfl_cli.fl.prototypes import merge_prototypes_secure
+
+            self.prototypes, self.seen = merge_prototypes_secure(self.prototypes, self.seen, protos, local.counts)
+        else:
+            self.prototypes, self.seen = merge_prototypes(self.prototypes, self.seen, protos, local.counts)  # Eq. 6
         self.private.scatter(cohort, theta)
         return loss
 

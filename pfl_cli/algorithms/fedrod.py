@@ -48,8 +48,7 @@ class FedRoDConfig(FedAvgRoundConfig):
 
 class FedRoD(PrivateState, _GlobalModel):
     name = "fedrod"
-    individual_reads = ("each client's generic model; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the generic models from the cohort's sums
     averages_updates = True  # its server averages the generic models: an update attack and an aggregator act
     paper = "FedRoD: Chen & Chao, ICLR 2022"
     new_client_protocol = "a personalized head trained new_client_epochs on the frozen generic predictor"
@@ -90,7 +89,7 @@ class FedRoD(PrivateState, _GlobalModel):
         theta, loss, _ = self._steps(start, cohort, gen, train_generic=True, **self.round_schedule())
         generic = corrupt_uploads(self, t, cohort, {k: theta[k] for k in self.generic})  # as the server receives it
         self.record_exchange(self.global_params, generic, len(cohort))
-        self.global_params = self.server_average(average_uploads(self, cohort, generic))
+        self.global_params = self.server_average(average_uploads(self, cohort, generic, secagg=self.cfg.secagg))
         self.private.scatter(cohort, {k: theta[k] for k in self.personal})
         return loss
 

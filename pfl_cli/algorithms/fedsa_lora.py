@@ -39,8 +39,7 @@ class FedSALoRAConfig(PartialSharingConfig, LoRAKeys):
 
 class FedSALoRA(LoRAClient, PartialSharing):
     name = "fedsa-lora"
-    individual_reads = ("each client's A matrices; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean (or DP-FedAvg's release) of A from the cohort's sums
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Guo et al. 2025 (FedSA-LoRA) §5: the learning rate is the tuned setting, over the "
                            "client lr's log range")
@@ -80,7 +79,14 @@ class FedSALoRA(LoRAClient, PartialSharing):
                                  {k: theta[k] for k in self.shared}, len(cohort))
             deltas = {k: theta[k] - self.global_params[k] for k in self.shared}
             self.private.scatter(cohort, {k: theta[k] for k in self.private_names})
-        step = self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}", self.device))
+        if self.cfg.secagg:  # each client clips its own delta, the server adds the noise to the secure sum
+            from pfl_cli.fl.secagg import secure_sum
+
+            rows = self.dp.client_rows(deltas, mechanism_generator(self.cfg, f"dp-client-noise-{t}", self.device))
+            step = self.dp.release_sum(secure_sum(rows, modulus=getattr(self.dp, "modulus", None), spent=(deltas,)),
+                                       mechanism_generator(self.cfg, f"dp-noise-{t}", self.device))
+        else:
+            step = self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}", self.device))
         self.global_params.update(self.server_average({k: self.global_params[k] + step[k] for k in self.shared}))
         return loss
 

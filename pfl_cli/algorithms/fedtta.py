@@ -93,8 +93,7 @@ class FedTTA(FedAvg):
     """ARM-LL in a FedAvg round: a global model and a learned unsupervised loss that adapts it."""
 
     name = "fedtta"
-    individual_reads = ("each client's model and adaptation parameters; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of (theta, phi) from the cohort's sums
     search_space = {"lr": "log:1e-2:3", "adapt_lr": "log:1e-3:1"}
     search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr on validation clients, and FedTTA's "
                            "adaptation lr")
@@ -168,7 +167,7 @@ class FedTTA(FedAvg):
                **{f"phi.{k}": v for k, v in self.phi.items()}}
         sent = corrupt_uploads(self, t, cohort, new, ref)
         self.record_exchange({**self.global_params, **self.phi}, {**_part(sent, "theta."), **_part(sent, "phi.")}, c)
-        mean = average_uploads(self, cohort, sent, ref)
+        mean = average_uploads(self, cohort, sent, ref, secagg=self.cfg.secagg)
         self.server_step(_part(mean, "theta."))
         self.phi = _part(mean, "phi.")
         return loss

@@ -36,8 +36,7 @@ class FFALoRAConfig(FedAvgConfig, LoRAKeys):
 
 class FFALoRA(LoRAClient, FedAvg):
     name = "ffa-lora"
-    individual_reads = ("each client's B matrices; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean (or DP-FedAvg's release) of B and the classifier from sums
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Sun et al. 2024 (FFA-LoRA) §5: the learning rate is the tuned setting (FFA-LoRA removes "
                            "the need to tune alpha, §4): FedAvg's client lr over its log range")
@@ -66,7 +65,9 @@ class FFALoRA(LoRAClient, FedAvg):
         even for an empty Poisson cohort), then FedAvg's server step; A stays where it started."""
         moving = self.trained
         self.record_exchange({k: self.global_params[k] for k in moving}, {k: theta[k] for k in moving}, len(cohort))
-        if self.dp is not None:
+        if self.cfg.secagg:  # the server learns the cohort's sums only (pfl_cli.fl.secagg)
+            step = self.secure_step(t, cohort, {k: theta[k] for k in moving})
+        elif self.dp is not None:
             deltas = {k: theta[k] - self.global_params[k] for k in moving}
             step = self.dp.private_mean(deltas, mechanism_generator(self.cfg, f"dp-noise-{t}", self.device))
         else:
@@ -76,6 +77,28 @@ class FFALoRA(LoRAClient, FedAvg):
         for k in moving:
             self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + step[k]
             self.global_params[k] = self.global_params[k] + cfg.server_lr * self.server_buf[k]
+
+    def secure_step(self, t: int, cohort, sent: dict) -> dict:
+        """The step of B and the classifier from the cohort's secure sums: FedAvg's rows on the keys that move
+        (as :meth:`FedAvg.secure_contributions`: ``n_i theta_i`` and ``n_i``, or under ``--dp`` the client's own
+        clipped delta) and the server's half (sum / sum of sizes, or the DP release of the sum), minus the
+        global value; the plain path's weighted mean (or DP-FedAvg's noisy mean) to float rounding."""
+        import torch
+
+        from pfl_cli.fl.secagg import WEIGHT, secure_sum
+
+        if self.dp is None:
+            n = self.store.fit.length[cohort].to(torch.float32)
+            rows = {**{k: v * n.view(-1, *([1] * (v.dim() - 1))) for k, v in sent.items()}, WEIGHT: n}
+        else:
+            rows = self.dp.client_rows({k: v - self.global_params[k] for k, v in sent.items()},
+                                       mechanism_generator(self.cfg, f"dp-client-noise-{t}", self.device))
+        total = secure_sum(rows, modulus=getattr(self.dp, "modulus", None), spent=(sent,))
+        if self.dp is not None:
+            return self.dp.release_sum(total, mechanism_generator(self.cfg, f"dp-noise-{t}", self.device))
+        sums = total.total()
+        weight = sums.pop(WEIGHT).clamp_min(1.0)
+        return {k: sums[k] / weight - self.global_params[k] for k in sent}
 
     def personalize(self, clients, gen):
         if self.finetune_steps > 0:

@@ -26,7 +26,8 @@ from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.algorithms.lora_common import LoRAClient, LoRAKeys
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
-from pfl_cli.fl.params import cpu_tree, stack, weighted_mean
+from pfl_cli.fl.params import cpu_tree, stack
+from pfl_cli.fl.secagg import cohort_mean
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ def ranks(cfg) -> list[int]:
 
 class FlexLoRA(LoRAClient, Algorithm):
     name = "flexlora"
-    individual_reads = ("each client's full-size update B A at its own rank; "  # under --secagg
-                        "the SVD step needs only their weighted sum, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the weighted sum of B A and the head from secure sums
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("Bai et al. 2024 (FlexLoRA) §4: the learning rate is the tuned setting, over the client "
                            "lr's log range")
@@ -122,7 +122,7 @@ class FlexLoRA(LoRAClient, Algorithm):
         self.record_exchange({k: v[0] for k, v in start.items()}, theta, len(cohort))
         products = {layer: full_update(theta[f"{layer}.lora_B.weight"], theta[f"{layer}.lora_A.weight"])
                     for layer in self.layers}
-        mean = weighted_mean(self.store, cohort, {**products, **{k: theta[k] for k in self.head}})
+        mean = cohort_mean(self.store, cohort, {**products, **{k: theta[k] for k in self.head}}, secagg=self.cfg.secagg)
         self.delta = {layer: mean[layer] for layer in self.layers}
         self.head = {k: mean[k] for k in self.head}
         return loss

@@ -117,8 +117,7 @@ class LDFedAvg(Algorithm):
     """FedAvg on the subspace parameterization: one global v, theta = theta_0 + P v."""
 
     name = "ld-fedavg"
-    individual_reads = ("each client's model change; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg Alg. 9's mean change from the cohort's sums (run_round)
     search_space = {"lr": "log:1e-2:3"}
     search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr eta_l tuned on validation clients")
     tune_group = "new"
@@ -202,7 +201,13 @@ class LDFedAvg(Algorithm):
         start = {k: v.detach().unsqueeze(0).expand(c, *v.shape).clone() for k, v in self.psi.items()}
         psi, loss = split_cohort(self._local_steps, self.store, batches, {"start": start, "steps": batches})
         lr = cfg.server_lr if cfg.server_lr is not None else 1.0
-        mean_change = {k: (psi[k] - start[k]).mean(0) for k in self.psi}
+        if cfg.secagg:  # each client sends psi_i - psi; the server learns their sum and count (pfl_cli.fl.secagg)
+            from pfl_cli.fl.secagg import secure_sum
+
+            summed = secure_sum({k: psi[k] - start[k] for k in self.psi}, spent=(psi,))
+            mean_change = {k: v / max(summed.count(), 1) for k, v in summed.total().items()}
+        else:
+            mean_change = {k: (psi[k] - start[k]).mean(0) for k in self.psi}
         if cfg.server_optimizer == "adam":
             self._server_adam(mean_change, lr)
         else:
@@ -273,8 +278,7 @@ class FLowDUP(LDFedAvg):
     """Alg. 9/10: a hypernetwork from a client's unlabeled data into the subspace."""
 
     name = "flowdup"
-    individual_reads = ("each client's change of the set-function parameters; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg LD-FedAvg's round: the mean change from the cohort's sums
     search_space = {"lr": "log:1e-2:3", "lambda_reg": "log:1e-5:1e-1"}
     search_space_source = ("Scott 2026 thesis App. C.1.2: the local lr eta_l tuned on validation clients, and "
                            "FLowDUP's regularization strength lambda")

@@ -39,7 +39,8 @@ from pfl_cli.algorithms.base import PrivateState, epochs_protocol
 from pfl_cli.algorithms.fedavg import FedAvgRoundConfig
 from pfl_cli.algorithms.partial import _GlobalModel
 from pfl_cli.fl.config import check_own_keys, key
-from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.params import stack
+from pfl_cli.fl.secagg import cohort_mean
 
 CONTEXT_P, CONTEXT_G = "context_p", "context_g"  # the buffers of GPFLNet (gpfl_net), by their names
 
@@ -115,8 +116,7 @@ class GPFLConfig(FedAvgRoundConfig):
 
 class GPFL(PrivateState, _GlobalModel):
     name = "gpfl"
-    individual_reads = ("each client's shared parts; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the shared parts from the cohort's sums
     paper = "GPFL: Zhang et al., ICCV 2023"
     new_client_protocol = "a fresh head trained new_client_epochs on the frozen extractor, CoV and GCE"
     config = GPFLConfig
@@ -177,7 +177,7 @@ class GPFL(PrivateState, _GlobalModel):
         theta, loss, _ = self._steps(start, cohort, gen, trainable=list(start), **self.round_schedule())
         shared = {k: theta[k] for k in self.shared}
         self.record_exchange(self.global_params, shared, len(cohort))
-        self.global_params = self.server_average(weighted_mean(self.store, cohort, shared))
+        self.global_params = self.server_average(cohort_mean(self.store, cohort, shared, secagg=self.cfg.secagg))
         self.private.scatter(cohort, {k: theta[k] for k in self.head})
         return loss
 

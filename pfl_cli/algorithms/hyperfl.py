@@ -32,7 +32,8 @@ import numpy as np
 from pfl_cli.algorithms.base import BACKBONE_KEYS, GENERATED_NETS, Algorithm, model_arch_spec, seeded
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
-from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack, weighted_mean
+from pfl_cli.fl.params import cpu_state_dict, cpu_tree, merge_rows, stack
+from pfl_cli.fl.secagg import cohort_mean
 
 
 DEFAULT_EMBED_DIM = 64    # App. D.1: "learnable vectors with dimension equals 64"
@@ -67,8 +68,7 @@ class HyperFLConfig(TrainConfig):
 
 class HyperFL(Attackable, Algorithm):
     name = "hyperfl"
-    individual_reads = ("each client's hypernetwork parameters; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg eq. (6)'s mean of the hypernetwork parameters from sums
     search_space = {"lr": "log:1e-3:1e-1", "head_lr": "log:1e-2:1", "embed_dim": "choice:16,32,64,128"}
     search_space_source = ("Guo et al., HyperFL (AAAI 2025), §Experiments: the hypernetwork, embedding and "
                            "classifier lrs are the tuned keys (defaults eta_h = 0.01, eta_g = 0.1); embedding sizes "
@@ -295,7 +295,7 @@ class HyperFL(Attackable, Algorithm):
         import torch
 
         with torch.no_grad():
-            mean = weighted_mean(self.store, cohort, {k: phi[k] for k in self.hn_names})
+            mean = cohort_mean(self.store, cohort, {k: phi[k] for k in self.hn_names}, secagg=self.cfg.secagg)
             for k, p in self.hnet.named_parameters():
                 p.copy_(mean[k])
 

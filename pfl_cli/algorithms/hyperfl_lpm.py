@@ -41,8 +41,7 @@ class HyperFLLPMConfig(HyperFLConfig):
 
 class HyperFLLPM(HyperFL):
     name = "hyperfl-lpm"
-    individual_reads = ("each client's hypernetwork parameters; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg HyperFL's round: the hypernetwork's mean from sums
     search_space = {"lr": "log:1e-3:1e-1", "head_lr": "log:1e-2:1"}
     search_space_source = ("Guo et al., HyperFL (AAAI 2025), App. B.5: lrs per backbone (0.1, 0.02, 0.01): searched "
                            "on a log range around them")

@@ -31,8 +31,7 @@ class HyperFLLPMLoRAConfig(HyperFLLPMConfig, LoRAKeys):
 
 class HyperFLLPMLoRA(HyperFLLPM):
     name = "hyperfl-lpm-lora"
-    individual_reads = ("each client's hypernetwork parameters; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg HyperFL's round: the hypernetwork's mean from sums
     search_space = HyperFLLPM.search_space
     search_space_source = HyperFLLPM.search_space_source
     tune_group = "train"

@@ -49,8 +49,7 @@ class IFCAConfig(FedAvgRoundConfig):
 
 class IFCA(Algorithm):
     name = "ifca"
-    individual_reads = ("each client's model and the cluster it chose; "  # under --secagg (pfl_cli.fl.secagg)
-                        "per-cluster secure sums would do, a path through them is not written yet")
+    individual_reads = ""  # under --secagg each cluster's mean from per-cluster sums (cluster_means_secure)
     paper = "IFCA: Ghosh et al., NeurIPS 2020 (Alg. 1, model averaging)"
     new_client_protocol = "the cluster model with the lowest loss on its train data"
     config = IFCAConfig
@@ -108,7 +107,12 @@ class IFCA(Algorithm):
             self.traffic.receive(k, v)                   # its trained model
         self.traffic.receive("cluster", j)               # and the cluster it chose
         size = self.store.fit.length[cohort]
-        self.clusters = cluster_means(theta, j, size, self.clusters)
+        if self.cfg.secagg:  # per-cluster sums only: neither a client's model nor its cluster is read
+            from pfl_cli.fl.clusters import cluster_means_secure
+
+            self.clusters = cluster_means_secure(theta, j, size, self.clusters)
+        else:
+            self.clusters = cluster_means(theta, j, size, self.clusters)
         return loss
 
     # ------------------------------------------------------------------ models for clients

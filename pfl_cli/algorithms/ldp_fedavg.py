@@ -35,8 +35,7 @@ class LDPFedAvgConfig(FedAvgConfig):
 
 class LDPFedAvg(LocalDP, FedAvg):
     name = "ldp-fedavg"
-    individual_reads = ("each client's locally privatized delta; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the privatized deltas from their secure sum
     search_space = {"lr": "log:1e-3:1"}
     search_space_source = ("the client lr (the DP-SGD noise is the user's budget, never searched)")
     tune_group = "train"
@@ -62,7 +61,13 @@ class LDPFedAvg(LocalDP, FedAvg):
                                    noise_multiplier=dp.noise_multiplier, denominator=dp.denominator, lr=cfg.lr,
                                    momentum=cfg.momentum, weight_decay=2.0 * cfg.lambda_theta,
                                    noise_gen=mechanism_generator(cfg, f"dp-noise-{t}", self.device))
-        self.server_update({k: (theta[k] - g).mean(0) for k, g in self.global_params.items()})
+        if cfg.secagg:  # each client sends its privatized delta; the server learns their sum and count
+            from pfl_cli.fl.secagg import secure_sum
+
+            summed = secure_sum({k: theta[k] - g for k, g in self.global_params.items()}, spent=(theta,))
+            self.server_update({k: v / max(summed.count(), 1) for k, v in summed.total().items()})
+        else:
+            self.server_update({k: (theta[k] - g).mean(0) for k, g in self.global_params.items()})
         return loss if len(loss) else torch.zeros(0)
 
     def round_upload_steps(self) -> int:

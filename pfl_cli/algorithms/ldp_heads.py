@@ -94,8 +94,15 @@ class PersonalHeadLDP(LocalDP, Algorithm):
             self.heads[k][cohort] = theta[k]
         self.has_head[cohort] = True
         lr = cfg.server_lr if cfg.server_lr is not None else 1.0
+        if cfg.secagg:  # each client sends its privatized representation delta; the server learns sum and count
+            from pfl_cli.fl.secagg import secure_sum
+
+            summed = secure_sum({k: theta[k] - g for k, g in self.global_params.items()},
+                                spent=({k: theta[k] for k in self.global_params},))
+            mean = {k: v / max(summed.count(), 1) for k, v in summed.total().items()}
         for k, g in self.global_params.items():
-            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + (theta[k] - g).mean(0)
+            step = mean[k] if cfg.secagg else (theta[k] - g).mean(0)
+            self.server_buf[k] = cfg.server_momentum * self.server_buf[k] + step
             self.global_params[k] = g + lr * self.server_buf[k]
         return loss
 

@@ -76,8 +76,7 @@ class PerFedAvgConfig(FedAvgConfig):
 class PerFedAvg(FedAvg):
     name = "perfedavg"
     averages_updates = True  # its round ends in server_mean: an update attack and a robust aggregator act there
-    individual_reads = ("each client's meta-update; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg the mean of the meta-updated models from sums (server_mean)
     search_space = {"lr": "log:1e-3:1", "beta": "log:1e-3:1"}
     search_space_source = ("Fallah et al., Per-FedAvg (NeurIPS 2020), §5: alpha (the lr) and beta tuned per dataset")
     tune_group = "train"
@@ -95,6 +94,15 @@ class PerFedAvg(FedAvg):
 
     def beta(self) -> float:
         return self.cfg.lr if self.cfg.beta is None else float(self.cfg.beta)
+
+    def server_mean(self, cohort, theta: dict) -> dict:
+        """FedAvg's mean of the meta-updated models, or under ``--secagg`` the same mean from the cohort's sums
+        (:func:`~pfl_cli.fl.secagg.cohort_mean`)."""
+        if not self.cfg.secagg:
+            return super().server_mean(cohort, theta)
+        from pfl_cli.fl.secagg import cohort_mean
+
+        return cohort_mean(self.store, cohort, theta, secagg=True)
 
     def run_round(self, t, cohort, gen):
         from pfl_cli.fl.distributed import split_cohort

@@ -23,7 +23,8 @@ import numpy as np
 from pfl_cli.algorithms.base import PrivateState
 from pfl_cli.algorithms.fedavg import FedAvg, FedAvgRoundConfig
 from pfl_cli.fl.config import key
-from pfl_cli.fl.params import stack, weighted_mean
+from pfl_cli.fl.params import stack
+from pfl_cli.fl.secagg import cohort_mean
 
 
 DEFAULT_LAMBDA = 15.0  # PeFLL thesis App. B.1.2: lambda = 15, K = 3, beta = 1
@@ -89,8 +90,7 @@ class PFedMeConfig(FedAvgRoundConfig):
 
 class PFedMe(PrivateState, FedAvg):
     name = "pfedme"
-    individual_reads = ("each client's local model; "  # under --secagg (pfl_cli.fl.secagg)
-                        "its server averages them, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg Alg. 1 line 11's mean of the local models from the cohort's sums
     search_space = {"lr": "log:1e-3:1", "lam": "choice:0.1,1,15,30", "personal_lr": "log:1e-3:1e-1"}
     search_space_source = ("T. Dinh et al., pFedMe (NeurIPS 2020), §5.2: lambda, the personal lr and the global lr "
                            "are tuned (lambda 15 on MNIST; values from 0.1 to 30 are searched here)")
@@ -124,7 +124,8 @@ class PFedMe(PrivateState, FedAvg):
         w, theta, loss, _ = self._local(stack(self.global_params, len(cohort)), cohort, gen, **self.round_schedule())
         self.record_exchange(self.global_params, w, len(cohort))  # w only: theta~ stays on the client
         beta = 1.0 if self.cfg.beta is None else float(self.cfg.beta)
-        mean = weighted_mean(self.store, cohort, w, by_size=False)  # Alg. 1 line 11: (1/S) sum over the cohort
+        mean = cohort_mean(self.store, cohort, w, by_size=False,  # Alg. 1 line 11: (1/S) sum over the cohort
+                           secagg=self.cfg.secagg)
         for k, g in self.global_params.items():
             self.global_params[k] = (1 - beta) * g + beta * mean[k]
         self.private.scatter(cohort, theta)

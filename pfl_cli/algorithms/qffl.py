@@ -55,8 +55,7 @@ class QFFLConfig(FedAvgRoundConfig):
 
 class QFFL(OneGlobalModel, Algorithm):
     name = "qffl"
-    individual_reads = ("each client's Delta_k and h_k; "  # under --secagg (pfl_cli.fl.secagg)
-                        "q-FedAvg's step needs only their sums, a path through secure sums is not written yet")
+    individual_reads = ""  # under --secagg Alg. 2's step from the sums of Delta_k and h_k
     paper = "q-FFL / q-FedAvg: Li et al., ICLR 2020 (Eq. 2, Alg. 2)"
     new_client_protocol = "the global model"
     config = QFFLConfig
@@ -84,7 +83,13 @@ class QFFL(OneGlobalModel, Algorithm):
         for k, v in delta.items():
             self.traffic.receive(k, v)       # Delta_k
         self.traffic.receive("h", h)          # h_k
-        self.global_params = qfedavg_step(self.global_params, delta, h)
+        if self.cfg.secagg:  # the server learns sum_k Delta_k and sum_k h_k only (pfl_cli.fl.secagg)
+            from pfl_cli.fl.secagg import secure_sum
+
+            sums = secure_sum({**delta, H_SUM: h}, spent=(theta,)).total()
+            self.global_params = qfedavg_step_from_sums(self.global_params, sums, sums.pop(H_SUM))
+        else:
+            self.global_params = qfedavg_step(self.global_params, delta, h)
         return loss
 
 
@@ -105,3 +110,12 @@ def qfedavg_step(w: dict, delta: dict, h) -> dict:
     """``w - sum_k Delta_k / sum_k h_k`` (Alg. 2's server step)."""
     total = h.sum()
     return {k: w[k] - delta[k].sum(0) / total for k in w}
+
+
+H_SUM = "__h__"  # the secure-sum row that carries h_k beside Delta_k
+
+
+def qfedavg_step_from_sums(w: dict, delta_sum: dict, h_sum) -> dict:
+    """Alg. 2's server step from the cohort's sums only (``--secagg``): ``w - (sum_k Delta_k) / (sum_k h_k)``,
+    :func:`qfedavg_step` with the sums taken by secure aggregation (the same sums, the same division)."""
+    return {k: w[k] - delta_sum[k] / h_sum for k in w}

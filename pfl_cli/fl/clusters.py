@@ -98,6 +98,31 @@ def cluster_means(theta: dict, assign, weight, old: dict) -> dict:
     return out
 
 
+def cluster_means_secure(theta: dict, assign, weight, old: dict) -> dict:
+    """:func:`cluster_means` from the cohort's secure sums only (``--secagg``, :mod:`pfl_cli.fl.secagg`).
+
+    Client i sends, for every cluster m, ``1[m = j_i] n_i theta_i`` and ``1[m = j_i] n_i`` (rows of k slots, zero
+    but in the cluster it chose); secure aggregation sums them, so the server learns each cluster's sum of
+    weighted models and its mass, not which client chose which cluster. Each cluster's mean is the sum over its
+    mass (a cluster of zero mass keeps ``old``): :func:`cluster_means` to the float rounding of sum-then-divide.
+    """
+    import torch
+
+    from pfl_cli.fl.secagg import WEIGHT, secure_sum
+
+    k = int(next(iter(old.values())).shape[0])
+    slot = torch.nn.functional.one_hot(assign, k).to(torch.float32) * weight.to(torch.float32)[:, None]  # (c, k)
+    rows = {name: torch.einsum("ck,c...->ck...", slot, v.to(torch.float32)) for name, v in theta.items()}
+    sums = secure_sum({**rows, WEIGHT: slot}, spent=(theta,)).total()
+    mass = sums.pop(WEIGHT)
+    out = {}
+    for name, v in theta.items():
+        keep = (mass > 0).view(-1, *([1] * (v.dim() - 1)))
+        mean = (sums[name] / mass.clamp_min(torch.finfo(torch.float32).tiny).view_as(keep)).to(v.dtype)
+        out[name] = torch.where(keep, mean, old[name])
+    return out
+
+
 def mixture_weights(net, store, padded, clients, models: dict, pi, how: str):
     """One E-step of a mixture of the k shared ``models`` per client: the mean over each client's labeled samples
     of the posterior ``q_s(m) ∝ pi_m p_m(y_s | x_s)``; ``pi`` (c, k) -> (c, k). A client without a labeled sample

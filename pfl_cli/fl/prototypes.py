@@ -209,6 +209,44 @@ def smoothed_prototypes(previous, unit_means, counts, rho: float):
     return new.to(previous.dtype)
 
 
+def secure_class_sums(prototypes, counts):
+    """The two sums the prototype servers need, from the cohort's secure sums only (``--secagg``,
+    :mod:`pfl_cli.fl.secagg`): client i sends ``n_{i,k} c_{i,k}`` (float64, (C, d)) and ``n_{i,k}`` ((C,)), so the
+    server learns ``sum_i n_{i,k} c_{i,k}`` and ``sum_i n_{i,k}`` per class and no client's prototypes or counts.
+    ``prototypes`` (c, C, d), ``counts`` (c, C) -> ((C, d) float64, (C,))."""
+    import torch
+
+    from pfl_cli.fl.secagg import secure_sum
+
+    rows = {"weighted": prototypes.to(torch.float64) * counts.unsqueeze(-1), "count": counts}
+    sums = secure_sum(rows, spent=({"prototypes": prototypes, "counts": counts},)).total()
+    return sums["weighted"], sums["count"]
+
+
+def merge_prototypes_secure(previous, seen, prototypes, counts):
+    """:func:`merge_prototypes` from the cohort's secure sums (:func:`secure_class_sums`): the same
+    ``sum_i n_{i,k} c_{i,k} / sum_i n_{i,k}``, to the float rounding of the order of the sum."""
+    import torch
+
+    weighted, total = secure_class_sums(prototypes, counts)
+    pooled = weighted / total.clamp_min(1.0).unsqueeze(-1)
+    have = total > 0
+    new = torch.where(have.unsqueeze(-1), pooled.to(previous.dtype), previous)
+    return new, seen | have
+
+
+def smoothed_prototypes_secure(previous, unit_means, counts, rho: float):
+    """:func:`smoothed_prototypes` (FedNH's server update) from the cohort's secure sums
+    (:func:`secure_class_sums`): mu_k = sum_i n_{i,k} u_{i,k} / sum_i n_{i,k}, normalized, then the same step."""
+    import torch
+
+    F = torch.nn.functional
+    weighted, total = secure_class_sums(unit_means, counts)
+    mu = F.normalize(weighted / total.clamp_min(1e-12).unsqueeze(-1), dim=1)
+    new = F.normalize(rho * previous.to(torch.float64) + (1.0 - rho) * mu, dim=1)
+    return new.to(previous.dtype)
+
+
 class KeepsGlobalPrototypes:
     """Mixin of an algorithm whose server holds global class prototypes (``self.prototypes``, ``self.seen``): they
     join its checkpointed state and its ``model.pt`` weights (FedPAC, FedProto). Placed before the algorithm's base

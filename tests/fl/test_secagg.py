@@ -9,9 +9,9 @@ import torch
 
 from pfl_cli import registry
 from pfl_cli.errors import ConfigError
-from pfl_cli.fl.api import validate_train_config
+from pfl_cli.fl.api import plan_dp, validate_train_config
 from pfl_cli.fl.secagg import SecureSum, audit_individual_reads, individual_reads, secure_sum, table_markdown
-from pflx_testing import small_config, smoke_values
+from pflx_testing import needs_backbone, small_config, smoke_values
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy" / "secure-aggregation.md"
 BASE = dict(mlp_hidden=(8,), local_steps=2, batch_size=8, lr=0.05, momentum=0.5, normalize=False, val_fraction=0.0,
@@ -45,8 +45,18 @@ def uneven_store():
                        normalize=False)
 
 
+def _leaves(tree) -> list:
+    if isinstance(tree, torch.Tensor):
+        return [tree.detach().reshape(-1).to(torch.float64)] if tree.is_floating_point() else []
+    return [v for k in sorted(tree) for v in _leaves(tree[k])] if isinstance(tree, dict) else []
+
+
 def _flat(alg) -> torch.Tensor:
-    return torch.cat([v.detach().reshape(-1) for v in alg.weights()["client"].values()])
+    """The server's model: every float tensor of the algorithm's weights (the global "client" model, FedEM's
+    components, LD-FedAvg's psi, HyperFL's hypernetwork, FedProto's prototypes, ...) but the clients' private state
+    (trained on the server's model, where float rounding grows over local steps)."""
+    weights = alg.weights()
+    return torch.cat(_leaves({k: v for k, v in weights.items() if k != "private"}))
 
 
 def test_secure_sum_holds_sums_and_count_only():
@@ -88,13 +98,18 @@ def test_secagg_refused_in_one_line_naming_the_individual_read(algorithm):
 def test_secagg_round_equals_the_plain_round_and_reads_no_individual_update(uneven_store, algorithm):
     """Two rounds plain and under --secagg with every summed row poisoned (NaN): the server under secure
     aggregation computes the same model (to float rounding of sum-then-divide), so it read no individual row."""
-    values = {**BASE, **smoke_values(algorithm)}
+    values = {**BASE, **smoke_values(algorithm), **({"backbone": "resnet-micro"} if needs_backbone(algorithm) else {})}
+    if registry.get(algorithm).algorithm.dp_required:  # local DP (its noise seeded: the same in both runs)
+        values.update(normalize=False, rounds=2, dp_epsilon=4.0, dp_delta=1e-5, dp_clip=0.5, dp_noise="seeded",
+                      dp_sampling_rate=0.25)
     models = []
     for secagg in (False, True):
         cfg = small_config(algorithm, **values)
         cfg = dataclasses.replace(cfg, secagg=secagg)
         validate_train_config(cfg)
         alg = cfg.algorithm_class(cfg, uneven_store)
+        if alg.dp_required:
+            alg.dp = plan_dp(cfg, uneven_store)
         with audit_individual_reads():
             for t in range(2):
                 alg.run_round(t, COHORT, torch.Generator().manual_seed(11 + t))
@@ -117,14 +132,16 @@ def test_fedexp_step_size_from_sums_equals_the_individual_one(uneven_store):
     np.testing.assert_allclose(etas[1], etas[0], rtol=1e-5)
 
 
-def test_central_dp_under_secagg_equals_dp_fedavg_bit_for_bit(uneven_store):
-    """Clients clip their own deltas, the secure sum gets the server's noise: DP-FedAvg's release, torch.equal."""
+@pytest.mark.parametrize("algorithm", ["fedavg", "ffa-lora", "fedsa-lora"])
+def test_central_dp_under_secagg_equals_dp_fedavg_bit_for_bit(uneven_store, algorithm):
+    """Clients clip their own deltas, the secure sum gets the server's noise: DP-FedAvg's release, torch.equal
+    (FedAvg's whole model, FFA-LoRA's B and classifier, FedSA-LoRA's A)."""
     from pfl_cli.fl.dp import ClientLevelDP
 
     dp = ClientLevelDP(1.0, 1e-6, 0.05, 0.4, 10, 2, 0.7, denominator=4.0)
     models = []
     for secagg in (False, True):
-        cfg = dataclasses.replace(small_config("fedavg", **BASE), secagg=secagg, dp_epsilon=1.0, dp_clip=0.05,
+        cfg = dataclasses.replace(small_config(algorithm, **{**BASE, **smoke_values(algorithm)}), secagg=secagg, dp_epsilon=1.0, dp_clip=0.05,
                                   dp_noise="seeded", dp_population=10)
         alg = cfg.algorithm_class(cfg, uneven_store)
         alg.dp = dp
@@ -149,3 +166,20 @@ def test_cli_secagg_refusal_exit_2(cli, tmp_path):
     r = cli("train", "--partition", str(part), "--algorithm", "fedfomo", "--secagg", "--out", str(tmp_path / "x"))
     assert r.code == 2 and "--secagg" in r.err and not (tmp_path / "x").exists()
 
+
+
+def test_ifca_cluster_means_from_per_cluster_secure_sums_equal_the_plain_ones():
+    """IFCA under --secagg: rows of k slots (zero but the chosen cluster's) summed securely give every cluster's
+    weighted mean, and a cluster no client chose keeps its model, as :func:`cluster_means` does."""
+    from pfl_cli.fl.clusters import cluster_means, cluster_means_secure
+
+    g = torch.Generator().manual_seed(0)
+    theta = {"w": torch.randn(5, 3, 2, generator=g), "b": torch.randn(5, 2, generator=g)}
+    old = {"w": torch.randn(4, 3, 2, generator=g), "b": torch.randn(4, 2, generator=g)}
+    assign, size = torch.tensor([0, 2, 2, 0, 3]), torch.tensor([9, 11, 13, 15, 17])
+    plain = cluster_means(theta, assign, size, old)
+    with audit_individual_reads():
+        secure = cluster_means_secure({k: v.clone() for k, v in theta.items()}, assign, size, old)
+    for k in theta:
+        torch.testing.assert_close(secure[k], plain[k], rtol=1e-5, atol=1e-6)
+    assert torch.equal(secure["w"][1], old["w"][1])  # cluster 1: no client chose it
