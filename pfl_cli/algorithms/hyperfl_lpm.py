@@ -55,14 +55,9 @@ class HyperFLLPM(HyperFL):
     def resolve_arch(cfg, store) -> dict:
         from pfl_cli.fl.split import split_names
         from pfl_cli.models import build, hyper_spec
-        from pfl_cli.models.pretrained import BACKBONES, backbone_spec
+        from pfl_cli.models.pretrained import backbone_spec
 
-        if not cfg.backbone:
-            raise ConfigError(f"hyperfl-lpm needs a backbone: --set backbone={'|'.join(BACKBONES)} "
-                              f"(and backbone_weights=PATH for pre-trained weights).")
-        if getattr(store, "vocab_size", None) is not None:
-            raise InputError(f"backbone {cfg.backbone!r} reads images; this data is text (token codes): hyperfl-lpm "
-                             "adapts a pre-trained image backbone and has no text variant.")
+        check_image_backbone(cfg, store)
         if cfg.backbone_tune != "adapters":
             raise ConfigError(f"hyperfl-lpm generates adapters: backbone_tune must be adapters; got {cfg.backbone_tune!r} "
                               f"(the probe and FPT baselines are --algorithm fedavg / local).")
@@ -75,3 +70,15 @@ class HyperFLLPM(HyperFL):
         return {"client": client,
                 "hypernetwork": hyper_spec(dim, client, "M", cfg.hyper_hidden, n_hidden=0, relu_out=True,
                                            generate=adapters)}
+
+
+def check_image_backbone(cfg, store) -> None:
+    """HyperFL-LPM's refusals (and its LoRA variant's): a backbone named, and image data for it."""
+    from pfl_cli.models.pretrained import BACKBONES
+
+    if not cfg.backbone:
+        raise ConfigError(f"{cfg.algorithm} needs a backbone: --set backbone={'|'.join(BACKBONES)} "
+                          f"(and backbone_weights=PATH for pre-trained weights).")
+    if getattr(store, "vocab_size", None) is not None:
+        raise InputError(f"backbone {cfg.backbone!r} reads images; this data is text (token codes): {cfg.algorithm} "
+                         "adapts a pre-trained image backbone and has no text variant.")

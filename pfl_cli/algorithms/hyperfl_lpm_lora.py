@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pfl_cli.algorithms.hyperfl import DEFAULT_EMBED_DIM
-from pfl_cli.algorithms.hyperfl_lpm import HyperFLLPM, HyperFLLPMConfig
+from pfl_cli.algorithms.hyperfl_lpm import HyperFLLPM, HyperFLLPMConfig, check_image_backbone
 from pfl_cli.algorithms.lora_common import LoRAKeys
-from pfl_cli.errors import ConfigError, InputError
 from pfl_cli.fl.config import key
 
 
@@ -51,14 +50,9 @@ class HyperFLLPMLoRA(HyperFLLPM):
         from pfl_cli.fl.split import split_names
         from pfl_cli.models import build, hyper_spec
         from pfl_cli.models.lora import lora_spec
-        from pfl_cli.models.pretrained import BACKBONES, backbone_spec
+        from pfl_cli.models.pretrained import backbone_spec
 
-        if not cfg.backbone:
-            raise ConfigError(f"hyperfl-lpm-lora needs a backbone: --set backbone={'|'.join(BACKBONES)} "
-                              f"(and backbone_weights=PATH for pre-trained weights).")
-        if getattr(store, "vocab_size", None) is not None:
-            raise InputError(f"backbone {cfg.backbone!r} reads images; this data is text (token codes): "
-                             "hyperfl-lpm-lora adapts a pre-trained image backbone and has no text variant.")
+        check_image_backbone(cfg, store)
         base = backbone_spec(cfg.backbone, store.input_shape, store.num_classes, tune="probe",
                              weights=cfg.backbone_weights or None)
         unweighted = {k: v for k, v in base.items() if k not in ("weights", "weights_sha256")}
