@@ -135,14 +135,20 @@ def _timing(key: str) -> bool:
 
 
 def _payload(path: Path, typed: str = "") -> dict[str, object]:
-    """Each output file's sha256; a JSON document as its content less the locations of its inputs, a CSV table
-    less its durations. An SQLite study (tune's study.db) is left out: it stamps the time of every trial, and
+    """Each output file's sha256; a JSON document (and tune's best.yaml) as its content less the locations of its
+    inputs, a CSV table less its durations. An SQLite study (tune's study.db) is left out: it stamps the time of every trial, and
     trials.csv holds what it records."""
     manifest = json.loads((path / "manifest.json").read_text())
     files: dict[str, object] = {o["path"]: o["sha256"] for o in manifest["outputs"] if not o["path"].endswith(".db")}
     for name in files:
         if name.endswith(".json"):
             files[name] = _without_location(json.loads((path / name).read_text()), name, typed)
+        elif name == "best.yaml":  # a non-private study's provenance names its partition's path: a location
+            import yaml
+
+            doc = yaml.safe_load((path / name).read_text())
+            doc.get("provenance", {}).get("partition", {}).pop("path", None)
+            files[name] = _without_location(doc, name, typed)
         elif name.endswith(".csv"):
             rows = list(csv.DictReader(io.StringIO((path / name).read_text())))
             files[name] = [{k: v for k, v in row.items() if not _timing(k)} for row in rows]
