@@ -12,6 +12,7 @@ one client at a time with the real optimizer, and the tests hold the two equal.
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping
 
 from pfl_cli.fl.config import COHORT_EXECS
@@ -87,12 +88,74 @@ def cohort_forward(model, params: Mapping[str, "object"], x, how: str, shared: M
     from torch.func import functional_call, vmap
 
     shared = dict(shared or {})
+    if how == "vmap" and _folds(model, params):
+        return _folded_forward(model, params, x, shared)
     if how == "vmap":
         # a net with random ops in training (LoRA's dropout) declares how vmap draws them: apart per client
         randomness = getattr(model, "vmap_randomness", "error")
         return vmap(lambda p, xb: functional_call(model, {**p, **shared}, (xb,)), randomness=randomness)(params, x)
     return torch.stack([functional_call(model, {**{k: v[i] for k, v in params.items()}, **shared}, (x[i],))
                         for i in range(x.shape[0])])
+
+
+def _folds(model, params) -> bool:
+    """Whether the cohort runs folded into one batch: the net declares which per-client tensors allow it
+    (``cohort_fold``: :class:`pfl_cli.models.lora.LoRANet`'s adapters and linear classifier over a frozen base) and
+    every per-client tensor is one of them, with each linear layer's weight and bias both per client or neither."""
+    allowed = getattr(model, "cohort_fold", None)
+    if not allowed or not set(params) <= allowed:
+        return False
+    layers = {k.rpartition(".")[0] for k in params}
+    return all(f"{layer}.{leaf}" in params for layer in layers for leaf in ("weight", "bias")
+               if f"{layer}.{leaf}" in allowed)
+
+
+def _folded_forward(model, params, x, shared):
+    """``cohort_forward`` with the cohort folded into the batch: the frozen base runs once on all c x b rows
+    (one large matmul per layer, its bias fused, as in a client's own forward), and each per-client linear layer
+    (c, out, in) runs as one grouped matmul of every client's rows with its own weights (:func:`_grouped_linear_mode`).
+    Same numbers as vmap up to float rounding; on a CPU it skips vmap's batching rules (copies for attention heads,
+    unfused bias adds): ``benchmarks/lora_bench.py``."""
+    c, b = x.shape[:2]
+    from torch.func import functional_call
+
+    with _grouped_linear_mode()():
+        out = functional_call(model, {**params, **shared}, (x.flatten(0, 1),))
+    return out.view(c, b, *out.shape[1:])
+
+
+def _grouped_linear(x, weight, bias=None):
+    """``F.linear`` with a cohort of weights (c, out, in) over x (c * n..., in) whose rows are client-major."""
+    import torch
+
+    rows = x.reshape(weight.shape[0], -1, x.shape[-1])
+    if bias is None:
+        out = torch.bmm(rows, weight.transpose(1, 2))
+    else:
+        out = torch.baddbmm(bias.unsqueeze(-2) if bias.dim() == 2 else bias, rows, weight.transpose(1, 2))
+    return out.reshape(*x.shape[:-1], weight.shape[1])
+
+
+@functools.cache
+def _grouped_linear_mode():
+    """The torch function mode class (built on first use: this module imports torch lazily)."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    class GroupedLinear(TorchFunctionMode):
+        """``F.linear`` with a 3-D weight (a cohort's) becomes :func:`_grouped_linear`; everything else runs as
+        is (torch disables the mode inside its own handler)."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.linear:
+                weight = args[1] if len(args) > 1 else kwargs["weight"]
+                if weight.dim() == 3:
+                    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                    return _grouped_linear(args[0], weight, bias)
+            return func(*args, **kwargs)
+
+    return GroupedLinear
 
 
 def _masked_mean_loss(logits, y, m):

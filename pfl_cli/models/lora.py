@@ -152,9 +152,34 @@ class LoRANet(nn.Module):
             setattr(holder, leaf, IA3Layer(layer, name in feedforward) if adapter == "ia3" else
                     LoRALayer(layer, rank, alpha, dropout, dual))
         self.eval()  # dropout off (evaluation, new clients' scoring); the algorithms switch it on for local steps
+        self.cohort_fold = _foldable(self, adapter, dual)
 
     def forward(self, x):
         return self.model(x)
+
+
+def _foldable(net: nn.Module, adapter: str, dual: bool) -> frozenset[str]:
+    """The names of the per-client tensors with which a cohort may run folded into one batch
+    (:func:`pfl_cli.fl.cohort.cohort_forward`): the weights and biases of the net's linear layers (the adapters
+    and a linear classifier), or none (the cohort then runs under vmap).
+
+    Folding computes the shared frozen base once on every client's rows and each client's own linear layers as
+    one grouped matmul over its rows (the batched multi-LoRA of Punica / S-LoRA). It is exact only where no layer
+    mixes rows across the batch and every per-client tensor is read through ``F.linear``: not with BatchNorm (its
+    statistics would pool the clients), IA3's vectors (read by ``*``), FedDPA's instance-weighted pair, or a
+    convolution's adapters.
+    """
+    batch_statistics = any(isinstance(m, nn.modules.batchnorm._BatchNorm) or "batchnorm" in type(m).__name__.lower()
+                           for m in net.modules())  # torch's, pflx's own (mlp-bn), timm's BatchNormAct2d
+    if adapter != "lora" or dual or batch_statistics:
+        return frozenset()
+    names = set()
+    for prefix, m in net.named_modules():
+        if isinstance(m, LoRALayer) and not isinstance(m.base_layer, nn.Linear):
+            return frozenset()
+        if type(m) is nn.Linear:
+            names.update(f"{prefix}.{k}" for k, v in m._parameters.items() if v is not None)
+    return frozenset(names) if net.classifier + ".weight" in names else frozenset()
 
 
 def lora_parts(names) -> dict[str, list[str]]:
