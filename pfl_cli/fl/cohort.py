@@ -80,8 +80,8 @@ def _is_recurrent(model) -> bool:
 def cohort_forward(model, params: Mapping[str, "object"], x, how: str, shared: Mapping | None = None):
     """Each client's model on its own inputs: params {name: (c, *shape)}, x (c, b, ...) -> logits (c, b, C).
 
-    ``how`` is ``vmap`` (one batched call) or ``loop`` (one call per client); see
-    :func:`resolve_cohort_exec`. ``shared`` {name: tensor}: parameters common to the whole
+    ``how`` is ``vmap`` (one batched call: a LoRA net over a frozen base folds the cohort into the batch instead,
+    :func:`_folded_forward`) or ``loop`` (one call per client); see :func:`resolve_cohort_exec`. ``shared`` {name: tensor}: parameters common to the whole
     cohort (no cohort axis).
     """
     import torch
