@@ -72,7 +72,8 @@ python recipes/quickstart/demo_tables.py "$root" | tee "$root/demo-table.md"
 if cmp -s "$root/demo-table.md" recipes/quickstart/expected-table.md; then
   echo "== the table above is README.md's (recipes/quickstart/expected-table.md)"
 else
-  echo "== the table above differs from README.md's (recipes/quickstart/expected-table.md; another machine's"
-  echo "   floating point or torch build can change the last digits):"
+  echo "== the table above differs from README.md's (recipes/quickstart/expected-table.md, made with one torch"
+  echo "   thread; this run: OMP_NUM_THREADS=$OMP_NUM_THREADS). Another thread count, machine or torch build can"
+  echo "   change the last digits:"
   diff recipes/quickstart/expected-table.md "$root/demo-table.md" || true
 fi
