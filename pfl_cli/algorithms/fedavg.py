@@ -24,6 +24,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.finetune import FinetuneAdapterKeys
 from pfl_cli.fl.params import broadcast, cpu_tree, stack
 
 
@@ -49,6 +50,13 @@ class FedAvgConfig(FedAvgRoundConfig):
                               "thesis §4.4, App. B.1.2: a new client uses the global model as-is")
 
 
+@dataclass(frozen=True)
+class FedAvgFinetuneConfig(FedAvgConfig, FinetuneAdapterKeys):
+    """FedAvg's keys and what its fine-tuning trains (``finetune_adapters``: :mod:`pfl_cli.fl.finetune`): the config
+    of the methods built on FedAvg that serve its global model fine-tuned (not the LoRA algorithms, whose fine-tuning
+    trains their own adapters)."""
+
+
 def sam_rho_key(default: float = 0.0, source: str = "pflx: plain local SGD (FedAvg's own local solver, McMahan et "
                                                           "al. 2017); FedSAM's radius is fedsam's default",
                 help: str = "rho: radius of the SAM perturbation of every local step (0: plain SGD steps; Foret et "
@@ -71,7 +79,7 @@ def check_sam_rho(cfg) -> None:
 
 
 @dataclass(frozen=True)
-class FedAvgSAMConfig(FedAvgConfig):
+class FedAvgSAMConfig(FedAvgFinetuneConfig):
     """fedavg's own keys: FedAvg's and the SAM radius of its local steps (FedAvgConfig is the base of the
     algorithms built on FedAvg, which do not take ``sam_rho``)."""
 
@@ -269,9 +277,9 @@ class FedAvg(Attackable, Algorithm):
             self.global_params[k] = g + lr * self.server_buf[k]
 
     def protocol(self, new: bool) -> dict:
-        steps = self.finetune_steps
-        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model",
-                "rounds": 0}
+        from pfl_cli.fl.finetune import finetune_protocol
+
+        return {"protocol": finetune_protocol(self.cfg, self.finetune_steps), "rounds": 0}
 
     models_upload = True     # also Ditto's and kNN-Per's: their global model takes FedAvg's round
     upload_under_dp = True  # client-level DP-FedAvg: the client's delta, clipped and noised only in the sum
@@ -292,8 +300,10 @@ class FedAvg(Attackable, Algorithm):
         return self.local_update(start, x, y, steps), start
 
     def personalize(self, clients: np.ndarray, gen):
-        if self.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.finetune_steps), True
+        if self.finetune_steps > 0:  # all weights, or LoRA adapters (finetune_adapters: pfl_cli.fl.finetune)
+            from pfl_cli.fl.finetune import finetune
+
+            return finetune(self, self.global_params, clients, gen, self.finetune_steps), True
         return self.global_params, False
 
     def state(self):

@@ -52,13 +52,16 @@ class OneGlobalModel:
 
     # ---------------------------------------------------------------- serving
     def personalize(self, clients: np.ndarray, gen):
-        if self.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.finetune_steps), True
+        if self.finetune_steps > 0:  # all weights, or LoRA adapters (finetune_adapters: pfl_cli.fl.finetune)
+            from pfl_cli.fl.finetune import finetune
+
+            return finetune(self, self.global_params, clients, gen, self.finetune_steps), True
         return self.global_params, False
 
     def protocol(self, new: bool) -> dict:
-        steps = self.finetune_steps
-        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model", "rounds": 0}
+        from pfl_cli.fl.finetune import finetune_protocol
+
+        return {"protocol": finetune_protocol(self.cfg, self.finetune_steps), "rounds": 0}
 
     # ---------------------------------------------------------------- checkpoint and artifact
     def state(self):
