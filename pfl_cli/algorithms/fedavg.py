@@ -24,7 +24,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
-from pfl_cli.fl.finetune import FinetuneAdapterKeys
+from pfl_cli.fl.finetune import FinetuneAdapterKeys, check_finetune
 from pfl_cli.fl.params import broadcast, cpu_tree, stack
 
 
@@ -131,6 +131,7 @@ class FedAvg(Attackable, Algorithm):
         self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.server_buf = {k: v.new_zeros(v.shape) for k, v in self.global_params.items()}
         self.personalized = self.finetune_steps > 0
+        check_finetune(self)
 
     def run_round(self, t, cohort, gen):
         import torch

@@ -94,6 +94,13 @@ def finetune(alg, start: dict, clients, gen, steps: int) -> dict:
     return merge_adapters(net, start, theta)
 
 
+def check_finetune(alg) -> None:
+    """Refuse, before any round, fine-tuning adapters the run's net cannot take (``lora_targets`` matching none of
+    its layers, a grouped convolution, no classifier): the adapted net is built once over the initial model."""
+    if lora_finetuning(alg.cfg) and getattr(alg.cfg, "finetune_steps", 0):
+        served_adapter_net(alg, {k: v.detach() for k, v in alg.net.named_parameters()})
+
+
 def finetune_protocol(cfg, steps: int, served: str = "global model") -> str:
     """The protocol ``metrics.json`` records: ``served``, or it fine-tuned ``steps`` steps (which part, with
     adapters)."""

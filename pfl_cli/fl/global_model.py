@@ -31,6 +31,9 @@ class OneGlobalModel:
         self.net = self.client_net()
         self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.personalized = self.finetune_steps > 0
+        from pfl_cli.fl.finetune import check_finetune
+
+        check_finetune(self)
 
     def losses_and_local_models(self, cohort, gen):
         """The client half of a round whose server reads each client's loss (q-FFL, AFL): the global model w sent to
