@@ -84,6 +84,15 @@ def lora_finetuning(cfg) -> bool:
     return getattr(cfg, "finetune_adapters", "full") == "lora"
 
 
+def without_finetuning(cfg) -> dict:
+    """The keys that make ``cfg`` serve without fine-tuning adapters (``predict --finetune-steps 0`` on a model trained
+    with ``finetune_adapters=lora``: the global model as it is): full, the LoRA keys at their defaults; {} elsewhere."""
+    if not lora_finetuning(cfg):
+        return {}
+    defaults = FinetuneAdapterKeys()
+    return {"finetune_adapters": "full", **{k: getattr(defaults, k) for k in FINETUNE_LORA_KEYS}}
+
+
 def finetune(alg, start: dict, clients, gen, steps: int) -> dict:
     """Each of ``clients``' model (stacked): the served model ``start`` fine-tuned ``steps`` local SGD steps on the
     client's fit data, all weights (:meth:`Algorithm.train_clients`) or LoRA adapters and the classifier merged into

@@ -23,17 +23,22 @@ def _train(digits_clients, **values):
     ds, part = digits_clients
     cfg = registry.train_config("fedavg", rounds=2, clients_per_round=3, batch_size=8, eval_every=2, local_steps=3,
                                 mlp_hidden=(16,), finetune_steps=STEPS, **SGD, **values)
-    return train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=torch.device("cpu")).algorithm
+    return train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")
-def fedavg(digits_clients):
+def fedavg_run(digits_clients):
     return _train(digits_clients, finetune_adapters="lora", lora_rank=2, lora_alpha=4.0)
+
+
+@pytest.fixture(scope="module")
+def fedavg(fedavg_run):
+    return fedavg_run.algorithm
 
 
 def test_federated_training_is_unchanged(fedavg, digits_clients):
     """The global model trains in full either way: the run with full fine-tuning ends at the same weights."""
-    full = _train(digits_clients)
+    full = _train(digits_clients).algorithm
     assert set(full.global_params) == set(fedavg.global_params)
     for k, v in full.global_params.items():
         assert torch.equal(v, fedavg.global_params[k]), k
@@ -121,6 +126,27 @@ def test_the_batched_cohort_equals_torch_sgd_one_client_at_a_time(fedavg):
             opt.step()
         for k, p in ref.named_parameters():
             torch.testing.assert_close(fast[k][i], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_predict_serves_new_clients_adapters_or_with_no_steps_the_global_model(fedavg_run, digits_clients):
+    """``predict --clients holdout``: each new client's merged model (the base's bias the global one, its adapted
+    weight its own); ``--finetune-steps 0`` serves the global model (no adapters to fine-tune)."""
+    from pfl_cli.fl.api import predict_clients
+    from pfl_cli.fl.config import PredictConfig
+
+    ds, part = digits_clients
+    cfg, g = fedavg_run.algorithm.cfg, fedavg_run.algorithm.global_params
+    served = predict_clients(fedavg_run.model, cfg, ds.x, ds.y, ds.num_classes, part,
+                             PredictConfig(clients="holdout", save_models=True), device="cpu")
+    assert served.personalized and served.protocol["protocol"].startswith("global model frozen, LoRA adapters")
+    assert served.optimizer_steps == STEPS * len(served.clients)
+    p = served.params
+    assert all(torch.equal(p["fc1.bias"][i], g["fc1.bias"]) for i in range(len(served.clients)))
+    assert not torch.equal(p["fc1.weight"][0], g["fc1.weight"]) and not torch.equal(p["fc1.weight"][0],
+                                                                                     p["fc1.weight"][1])
+    plain = predict_clients(fedavg_run.model, cfg, ds.x, ds.y, ds.num_classes, part,
+                            PredictConfig(clients="holdout", finetune_steps=0, save_models=True), device="cpu")
+    assert plain.protocol["protocol"] == "global model" and not plain.personalized and plain.optimizer_steps == 0
 
 
 @pytest.mark.parametrize("values, message", [
