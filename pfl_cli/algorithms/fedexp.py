@@ -137,10 +137,8 @@ class FedExP(FedAvg):
 
     def personalize(self, clients, gen):
         served = self.served()
-        if self.finetune_steps > 0:  # all weights, or LoRA adapters (finetune_adapters: pfl_cli.fl.finetune)
-            from pfl_cli.fl.finetune import finetune
-
-            return finetune(self, served, clients, gen, self.finetune_steps), True
+        if self.finetune_steps > 0:  # all weights, or LoRA adapters (Algorithm.finetune)
+            return self.finetune(served, clients, gen, self.finetune_steps), True
         return served, False
 
     def state(self):

@@ -3,7 +3,9 @@ weights or, with ``finetune_adapters=lora``, on fresh LoRA adapters over it froz
 
 The methods whose server holds one full-weight model (FedAvg and the methods built on its server model,
 :class:`~pfl_cli.fl.global_model.OneGlobalModel`'s asynchronous ones) serve a client that model fine-tuned
-``finetune_steps`` local SGD steps on the client's fit data. :func:`finetune` is that step for all of them.
+``finetune_steps`` local SGD steps on the client's fit data. :func:`finetune` is that step for all of them, reached
+through :meth:`Algorithm.finetune <pfl_cli.algorithms.base.Algorithm.finetune>` (the engine never imports this module:
+it builds LoRA nets, and ``pfl_cli.models`` imports the engine's package).
 
 ``finetune_adapters=lora`` (:class:`FinetuneAdapterKeys`) makes the personalized part LoRA adapters (Hu et al., ICLR
 2022, §4.1): the served model becomes the frozen base of a :class:`~pfl_cli.models.lora.LoRANet` (adapters of rank
@@ -78,19 +80,17 @@ class FinetuneAdapterKeys(TrainConfig):
             raise ConfigError(f"finetune_adapters=lora on {self.algorithm} adapts model_arch's net; got backbone "
                               f"{self.backbone!r} (its own adapters). Drop one of them.")
 
+    def without_finetuning(self) -> dict:
+        """The keys that make this config serve without fine-tuning adapters (``predict --finetune-steps 0`` on a
+        model trained with ``finetune_adapters=lora``: the global model as it is): full, the LoRA keys at their
+        defaults."""
+        defaults = type(self)()
+        return {"finetune_adapters": "full", **{k: getattr(defaults, k) for k in FINETUNE_LORA_KEYS}}
+
 
 def lora_finetuning(cfg) -> bool:
     """Whether ``cfg`` fine-tunes LoRA adapters (``finetune_adapters=lora``)."""
     return getattr(cfg, "finetune_adapters", "full") == "lora"
-
-
-def without_finetuning(cfg) -> dict:
-    """The keys that make ``cfg`` serve without fine-tuning adapters (``predict --finetune-steps 0`` on a model trained
-    with ``finetune_adapters=lora``: the global model as it is): full, the LoRA keys at their defaults; {} elsewhere."""
-    if not lora_finetuning(cfg):
-        return {}
-    defaults = FinetuneAdapterKeys()
-    return {"finetune_adapters": "full", **{k: getattr(defaults, k) for k in FINETUNE_LORA_KEYS}}
 
 
 def finetune(alg, start: dict, clients, gen, steps: int) -> dict:
