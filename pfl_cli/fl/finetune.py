@@ -125,6 +125,7 @@ def served_adapter_net(alg, start: dict):
     frozen), with fresh adapters on ``lora_targets``: ``A`` drawn from the run's seed (the same for every client),
     ``B`` zero."""
     import copy
+    import math
 
     import torch
     from torch import nn
@@ -147,9 +148,14 @@ def served_adapter_net(alg, start: dict):
         raise ConfigError(f"lora_targets names {grouped[0]!r}, a convolution of {modules[grouped[0]].groups} groups, "
                           f"whose adapter cannot be merged into its kernel (finetune_adapters=lora serves merged "
                           "weights); leave it out.")
-    with torch.random.fork_rng(devices=[]):  # A's Kaiming draw from a named stream, the global state untouched
-        torch.manual_seed(int(seed_sequence(cfg.seed, "finetune-adapters").generate_state(1)[0]))
+    with torch.random.fork_rng(devices=[]):  # the constructor's own draws leave the global generator as it was
         net = LoRANet(base, targets, cfg.lora_rank, cfg.lora_alpha)
+    # A's start (Kaiming-uniform, as the constructor's) from a generator of a named stream of the run's seed, never the
+    # global one: stacked runs (pfl_cli.fl.stack) fine-tune in threads at once
+    gen = torch.Generator().manual_seed(int(seed_sequence(cfg.seed, "finetune-adapters").generate_state(1)[0]))
+    with torch.no_grad():
+        for name in targets:
+            nn.init.kaiming_uniform_(net.model.get_submodule(name).lora_A.weight, a=math.sqrt(5), generator=gen)
     return net.to(alg.device)
 
 

@@ -175,3 +175,24 @@ def test_the_lora_algorithms_take_no_finetune_adapters():
     """FedIT's and FFA-LoRA's fine-tuning already trains their adapters: the key is theirs to refuse (unknown)."""
     for name in ("fedit", "ffa-lora"):
         assert "finetune_adapters" not in registry.get(name).keys
+
+
+@pytest.mark.slow
+def test_stacked_runs_fine_tune_as_their_separate_runs(digits_clients):
+    """Runs stacked in threads (pfl_cli.fl.stack) evaluate after the same fine-tuning as each run alone: the adapters'
+    start comes from each run's own generator, never torch's global one (a shared one raced between the threads)."""
+    import dataclasses
+
+    from pfl_cli.fl.stack import train_stacked
+
+    ds, part = digits_clients
+    base = registry.train_config("fedavg", rounds=2, clients_per_round=3, batch_size=8, eval_every=1, local_steps=3,
+                                 mlp_hidden=(16,), finetune_steps=4, finetune_adapters="lora", lora_rank=2, lr=0.1)
+    cfgs = [base, dataclasses.replace(base, seed=1, lr=0.05), dataclasses.replace(base, seed=2, lr=0.07)]
+    stacked = train_stacked(ds.x, ds.y, ds.num_classes, part, cfgs, device=torch.device("cpu"))
+    for cfg, got in zip(cfgs, stacked):
+        assert got.error is None
+        alone = train_federated(ds.x, ds.y, ds.num_classes, part, cfg, device=torch.device("cpu"))
+        assert got.run.outcome.history == alone.outcome.history
+        for k, v in alone.algorithm.global_params.items():
+            assert torch.equal(got.run.algorithm.global_params[k], v)
