@@ -154,8 +154,8 @@ def test_predict_serves_new_clients_adapters_or_with_no_steps_the_global_model(f
     ({"lora_rank": 4}, "lora_rank has no effect on fedavg with finetune_adapters=full"),
     ({"finetune_adapters": "lora", "finetune_steps": 3, "lora_rank": 0}, "lora_rank must be an integer >= 1 for "
                                                                          "fedavg; got 0"),
-    ({"finetune_adapters": "lora", "finetune_steps": 3, "lora_alpha": -1.0}, "lora_alpha must be a finite "
-                                                                                      "number > 0 for fedavg; got -1.0"),
+    ({"finetune_adapters": "lora", "finetune_steps": 3, "lora_alpha": -1.0},
+     "lora_alpha must be a finite number > 0 for fedavg; got -1.0"),
     ({"finetune_adapters": "dora", "finetune_steps": 3}, "finetune_adapters must be one of full, lora"),
 ])
 def test_bad_settings_are_refused(values, message):
