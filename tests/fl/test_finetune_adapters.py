@@ -157,6 +157,8 @@ def test_predict_serves_new_clients_adapters_or_with_no_steps_the_global_model(f
     ({"finetune_adapters": "lora", "finetune_steps": 3, "lora_alpha": -1.0},
      "lora_alpha must be a finite number > 0 for fedavg; got -1.0"),
     ({"finetune_adapters": "dora", "finetune_steps": 3}, "finetune_adapters must be one of full, lora"),
+    ({"finetune_adapters": "lora", "finetune_steps": 3, "backbone": "resnet-micro"},
+     "finetune_adapters=lora on fedavg adapts model_arch's net; got backbone 'resnet-micro'"),
 ])
 def test_bad_settings_are_refused(values, message):
     with pytest.raises(ConfigError, match=message):
