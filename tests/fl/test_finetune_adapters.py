@@ -198,3 +198,23 @@ def test_stacked_runs_fine_tune_as_their_separate_runs(digits_clients):
         assert got.run.outcome.history == alone.outcome.history
         for k, v in alone.algorithm.global_params.items():
             assert torch.equal(got.run.algorithm.global_params[k], v)
+
+
+def test_merged_convolution_adapters_compute_the_adapted_net():
+    """LeNet's convolutions and linear layers: ``W + (alpha / r) B A`` (a convolution's ``A`` with the base's kernel,
+    ``B`` 1x1) computes what the LoRA layers compute, for two clients' random adapters and classifiers."""
+    from pfl_cli.models import client_model
+    from pfl_cli.models.lora import LoRANet, match_targets
+
+    torch.manual_seed(0)
+    base = client_model("lenet", (3, 32, 32), 10)
+    start = {k: v.detach().clone() for k, v in base.named_parameters()}
+    net = LoRANet(copy.deepcopy(base), match_targets(base, "*", 2), rank=2, alpha=4.0)
+    assert any(isinstance(base.get_submodule(t), torch.nn.Conv2d) for t in net.targets)
+    theta = {k: torch.randn(2, *v.shape) * 0.1 for k, v in net.named_parameters()}
+    merged = merge_adapters(net, start, theta)
+    x = torch.randn(5, 3, 32, 32)
+    for i in range(2):
+        adapted = torch.func.functional_call(net, {k: v[i] for k, v in theta.items()}, (x,))
+        full = torch.func.functional_call(base, {k: v[i] for k, v in merged.items()}, (x,))
+        torch.testing.assert_close(full, adapted, rtol=1e-4, atol=1e-5)
