@@ -360,6 +360,26 @@ class Algorithm(ABC):
         empty = (lambda v: v[:0]) if stacked else (lambda v: v.unsqueeze(0)[:0])
         return {k: torch.cat(v) if v else empty(start[k]) for k, v in out.items()}
 
+    def finetune(self, start: dict, clients: np.ndarray, gen, steps: int) -> dict:
+        """Each of ``clients``' model (stacked): the served model ``start`` fine-tuned ``steps`` local steps, all its
+        weights, or LoRA adapters and the classifier over it frozen (``finetune_adapters=lora``:
+        :mod:`pfl_cli.fl.finetune`)."""
+        from pfl_cli.fl.finetune import finetune
+
+        return finetune(self, start, clients, gen, steps)
+
+    def finetune_protocol(self, steps: int, served: str = "global model") -> str:
+        """How :meth:`finetune` serves: ``served``, or it fine-tuned ``steps`` steps (which part, with adapters)."""
+        from pfl_cli.fl.finetune import finetune_protocol
+
+        return finetune_protocol(self.cfg, steps, served)
+
+    def check_finetune(self) -> None:
+        """Refuse, before any round, fine-tuning adapters the client net cannot take (:mod:`pfl_cli.fl.finetune`)."""
+        from pfl_cli.fl.finetune import check_finetune
+
+        check_finetune(self)
+
     def record_exchange(self, sent: dict, received: dict, cohort_size: int) -> None:
         """The server sends ``sent`` (one model) to every cohort client and receives ``received`` (stacked)."""
         for k, g in sent.items():

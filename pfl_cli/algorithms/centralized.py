@@ -40,13 +40,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgFinetuneConfig
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import broadcast
 
 
 @dataclass(frozen=True)
-class CentralizedConfig(FedAvgConfig):
+class CentralizedConfig(FedAvgFinetuneConfig):
     """FedAvg's keys (the round sets the amount of training); no server step."""
 
     algorithm: str = key("centralized", "the algorithm these keys configure")

@@ -31,13 +31,14 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.fl.asynchronous import STALENESS, GlobalModelOnTheClock, staleness_weight
-from pfl_cli.fl.config import NEEDS, TrainConfig, check_own_keys, key
+from pfl_cli.fl.config import NEEDS, check_own_keys, key
+from pfl_cli.fl.finetune import FinetuneAdapterKeys
 
 XIE = "Xie et al. (2019)"
 
 
 @dataclass(frozen=True)
-class FedAsyncConfig(TrainConfig):
+class FedAsyncConfig(FinetuneAdapterKeys):
     """FedAsync's keys: the mixing weight alpha, the staleness function, the concurrency and the local steps."""
 
     algorithm: str = key("fedasync", "the algorithm these keys configure")

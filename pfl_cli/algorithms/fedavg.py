@@ -4,7 +4,8 @@ Each round the cohort starts from the global model, runs k local SGD steps (or
 ``local_epochs`` passes) and the server moves the global model by ``server_lr`` times the
 data-size-weighted mean of the clients' deltas (Alg. 3 line 9 is ``server_lr = 1``),
 optionally with server momentum. A client's model is the global model, or the global model
-after ``finetune_steps`` local steps on its own data.
+after ``finetune_steps`` local steps on its own data: all its weights, or (``finetune_adapters=lora``,
+:mod:`pfl_cli.fl.finetune`) fresh LoRA adapters and the classifier over it frozen, merged into it.
 
 ``sam_rho > 0`` makes every local step of a round sharpness-aware (SAM, Foret et al., ICLR 2021,
 Eq. 2-3: the gradient taken at ``w + rho g / ||g||`` on the same batch; :mod:`pfl_cli.fl.sam`): FedAvg
@@ -24,6 +25,7 @@ import numpy as np
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.attack.protocol import Attackable
 from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.finetune import FinetuneAdapterKeys
 from pfl_cli.fl.params import broadcast, cpu_tree, stack
 
 
@@ -49,6 +51,13 @@ class FedAvgConfig(FedAvgRoundConfig):
                               "thesis §4.4, App. B.1.2: a new client uses the global model as-is")
 
 
+@dataclass(frozen=True)
+class FedAvgFinetuneConfig(FedAvgConfig, FinetuneAdapterKeys):
+    """FedAvg's keys and what its fine-tuning trains (``finetune_adapters``: :mod:`pfl_cli.fl.finetune`): the config
+    of the methods built on FedAvg that serve its global model fine-tuned (not the LoRA algorithms, whose fine-tuning
+    trains their own adapters)."""
+
+
 def sam_rho_key(default: float = 0.0, source: str = "pflx: plain local SGD (FedAvg's own local solver, McMahan et "
                                                           "al. 2017); FedSAM's radius is fedsam's default",
                 help: str = "rho: radius of the SAM perturbation of every local step (0: plain SGD steps; Foret et "
@@ -71,7 +80,7 @@ def check_sam_rho(cfg) -> None:
 
 
 @dataclass(frozen=True)
-class FedAvgSAMConfig(FedAvgConfig):
+class FedAvgSAMConfig(FedAvgFinetuneConfig):
     """fedavg's own keys: FedAvg's and the SAM radius of its local steps (FedAvgConfig is the base of the
     algorithms built on FedAvg, which do not take ``sam_rho``)."""
 
@@ -123,6 +132,7 @@ class FedAvg(Attackable, Algorithm):
         self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.server_buf = {k: v.new_zeros(v.shape) for k, v in self.global_params.items()}
         self.personalized = self.finetune_steps > 0
+        self.check_finetune()
 
     def run_round(self, t, cohort, gen):
         import torch
@@ -269,9 +279,7 @@ class FedAvg(Attackable, Algorithm):
             self.global_params[k] = g + lr * self.server_buf[k]
 
     def protocol(self, new: bool) -> dict:
-        steps = self.finetune_steps
-        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model",
-                "rounds": 0}
+        return {"protocol": self.finetune_protocol(self.finetune_steps), "rounds": 0}
 
     models_upload = True     # also Ditto's and kNN-Per's: their global model takes FedAvg's round
     upload_under_dp = True  # client-level DP-FedAvg: the client's delta, clipped and noised only in the sum
@@ -292,8 +300,8 @@ class FedAvg(Attackable, Algorithm):
         return self.local_update(start, x, y, steps), start
 
     def personalize(self, clients: np.ndarray, gen):
-        if self.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.finetune_steps), True
+        if self.finetune_steps > 0:  # all weights, or LoRA adapters (Algorithm.finetune)
+            return self.finetune(self.global_params, clients, gen, self.finetune_steps), True
         return self.global_params, False
 
     def state(self):

@@ -29,13 +29,14 @@ import numpy as np
 
 from pfl_cli.algorithms.base import Algorithm
 from pfl_cli.fl.asynchronous import GlobalModelOnTheClock
-from pfl_cli.fl.config import TrainConfig, check_own_keys, key
+from pfl_cli.fl.config import check_own_keys, key
+from pfl_cli.fl.finetune import FinetuneAdapterKeys
 
 NGUYEN = "Nguyen et al. (AISTATS 2022)"
 
 
 @dataclass(frozen=True)
-class FedBuffConfig(TrainConfig):
+class FedBuffConfig(FinetuneAdapterKeys):
     """FedBuff's keys: the buffer size K, the concurrency, the server step and the clients' local steps."""
 
     algorithm: str = key("fedbuff", "the algorithm these keys configure")

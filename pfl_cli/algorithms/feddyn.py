@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgFinetuneConfig
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.control_variates import DriftState, uniform_mean
 from pfl_cli.fl.robust import corrupt_uploads, robust_delta
 
 
 @dataclass(frozen=True)
-class FedDynConfig(FedAvgConfig):
+class FedDynConfig(FedAvgFinetuneConfig):
     """FedDyn's keys: FedAvg's round and the regularization weight alpha."""
 
     algorithm: str = key("feddyn", "the algorithm these keys configure")

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pfl_cli.algorithms.fedavg import FedAvg
-from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.config import key
+from pfl_cli.fl.finetune import FinetuneAdapterKeys
 from pfl_cli.fl.params import cpu_tree
 from pfl_cli.fl.server_optim import extrapolation_step
 
@@ -28,7 +29,7 @@ FEDEXP = "Jhunjhunwala et al., ICLR 2023"
 
 
 @dataclass(frozen=True)
-class FedExPConfig(TrainConfig):
+class FedExPConfig(FinetuneAdapterKeys):
     """FedExP's keys: FedAvg's round and Alg. 1's eps."""
 
     algorithm: str = key("fedexp", "the algorithm these keys configure")
@@ -136,8 +137,8 @@ class FedExP(FedAvg):
 
     def personalize(self, clients, gen):
         served = self.served()
-        if self.finetune_steps > 0:
-            return self.train_clients(served, clients, gen, steps=self.finetune_steps), True
+        if self.finetune_steps > 0:  # all weights, or LoRA adapters (Algorithm.finetune)
+            return self.finetune(served, clients, gen, self.finetune_steps), True
         return served, False
 
     def state(self):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgFinetuneConfig
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import broadcast
 
@@ -37,7 +37,7 @@ ZHANG = "Zhang et al. (ICML 2022)"
 
 
 @dataclass(frozen=True)
-class FedLCConfig(FedAvgConfig):
+class FedLCConfig(FedAvgFinetuneConfig):
     """FedLC's keys: FedAvg's and the calibration strength tau."""
 
     algorithm: str = key("fedlc", "the algorithm these keys configure")

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgFinetuneConfig
 from pfl_cli.errors import ConfigError
 from pfl_cli.fl.config import key
 from pfl_cli.fl.params import broadcast
@@ -48,7 +48,7 @@ WANG = "Wang et al. (NeurIPS 2020)"
 
 
 @dataclass(frozen=True)
-class FedNovaConfig(FedAvgConfig):
+class FedNovaConfig(FedAvgFinetuneConfig):
     """FedNova's keys: FedAvg's, with local epochs (so that step counts follow data sizes)."""
 
     algorithm: str = key("fednova", "the algorithm these keys configure")

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pfl_cli.algorithms.fedavg import FedAvg
-from pfl_cli.fl.config import TrainConfig, key
+from pfl_cli.fl.config import key
+from pfl_cli.fl.finetune import FinetuneAdapterKeys
 from pfl_cli.fl.server_optim import SERVER_OPTIMIZERS, adaptive_step, init_moments
 
 REDDI = "Reddi et al., ICLR 2021"
 
 
 @dataclass(frozen=True)
-class FedOptConfig(TrainConfig):
+class FedOptConfig(FinetuneAdapterKeys):
     """FedOpt's keys: FedAvg's round and Alg. 2's server optimizer."""
 
     algorithm: str = key("fedopt", "the algorithm these keys configure")

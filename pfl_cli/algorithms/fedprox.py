@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig, check_sam_rho, sam_rho_key
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgFinetuneConfig, check_sam_rho, sam_rho_key
 from pfl_cli.fl.config import key
 
 
 @dataclass(frozen=True)
-class FedProxConfig(FedAvgConfig):
+class FedProxConfig(FedAvgFinetuneConfig):
     """FedProx's keys: FedAvg's and the proximal weight."""
 
     algorithm: str = key("fedprox", "the algorithm these keys configure")

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig, sam_rho_key
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgFinetuneConfig, sam_rho_key
 from pfl_cli.fl.config import check_own_keys, key
 
 
 @dataclass(frozen=True)
-class FedSAMConfig(FedAvgConfig):
+class FedSAMConfig(FedAvgFinetuneConfig):
     """FedSAM's keys: FedAvg's round and the SAM radius rho."""
 
     algorithm: str = key("fedsam", "the algorithm these keys configure")

@@ -286,6 +286,10 @@ KEY_OWNERS = {
     'fednh_rho': 'fednh',
     'fedpac_lambda': 'fedpac',
     'fedproto_lambda': 'fedproto',
+    'finetune_adapters': (
+        'fedavg fedprox scaffold feddyn fedopt fedexp fedlc fednova fedbuff fedasync centralized moon '
+        'fedsam'
+    ),
     'finetune_epochs': 'fedbabu',
     'finetune_steps': (
         'fedavg fedprox perfedavg ldp-fedavg ppsgd centaur scaffold feddyn fedopt fedexp fedlc fednova '
@@ -343,17 +347,20 @@ KEY_OWNERS = {
         'pfedhn-lora feddpa'
     ),
     'lora_alpha': (
-        'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
+        'fedavg local fedprox fedrep ditto apfl scaffold feddyn fedopt fedexp fedlc fednova fedbuff '
+        'fedasync centralized moon fedsam fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
         'hyperfl-lpm-lora feddpa'
     ),
     'lora_base_weights': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora feddpa',
     'lora_dropout': 'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora feddpa',
     'lora_rank': (
-        'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
+        'fedavg local fedprox fedrep ditto apfl scaffold feddyn fedopt fedexp fedlc fednova fedbuff '
+        'fedasync centralized moon fedsam fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
         'hyperfl-lpm-lora feddpa'
     ),
     'lora_targets': (
-        'local fedrep ditto apfl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
+        'fedavg local fedprox fedrep ditto apfl scaffold feddyn fedopt fedexp fedlc fednova fedbuff '
+        'fedasync centralized moon fedsam fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora '
         'hyperfl-lpm-lora feddpa'
     ),
     'lr': (

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgFinetuneConfig
 from pfl_cli.fl.config import check_own_keys, key
 from pfl_cli.fl.params import broadcast
 
 
 @dataclass(frozen=True)
-class MoonConfig(FedAvgConfig):
+class MoonConfig(FedAvgFinetuneConfig):
     """MOON's keys: FedAvg's round, the contrastive weight mu and the temperature tau."""
 
     algorithm: str = key("moon", "the algorithm these keys configure")

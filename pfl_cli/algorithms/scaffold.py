@@ -31,14 +31,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfl_cli.algorithms.fedavg import FedAvg, FedAvgConfig
+from pfl_cli.algorithms.fedavg import FedAvg, FedAvgFinetuneConfig
 from pfl_cli.fl.config import key
 from pfl_cli.fl.control_variates import DriftState, uniform_mean
 from pfl_cli.fl.robust import corrupt_uploads, robust_delta
 
 
 @dataclass(frozen=True)
-class ScaffoldConfig(FedAvgConfig):
+class ScaffoldConfig(FedAvgFinetuneConfig):
     """SCAFFOLD's keys: FedAvg's, with ``server_lr`` as the global step size eta_g."""
 
     algorithm: str = key("scaffold", "the algorithm these keys configure")

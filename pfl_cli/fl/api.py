@@ -291,6 +291,8 @@ def predict_clients(model: dict, train_cfg: TrainConfig, x: np.ndarray, y: np.nd
         if k not in taken:
             raise ConfigError(f"--{k.replace('_', '-')}: a {train_cfg.algorithm} model has no {k} (its keys: "
                               f"`pflx algorithms {train_cfg.algorithm}`); drop it.")
+    if overrides.get("finetune_steps") == 0 and hasattr(train_cfg, "without_finetuning"):
+        overrides.update(train_cfg.without_finetuning())  # nor fine-tuning adapters (pfl_cli.fl.finetune)
     train_cfg = dataclasses.replace(train_cfg, **overrides)
     validate_train_config(train_cfg)
     roles = {"holdout": [ROLE_HOLDOUT], "train": [ROLE_TRAIN], "all": [ROLE_TRAIN, ROLE_HOLDOUT]}[cfg.clients]

@@ -3,7 +3,8 @@
 :class:`OneGlobalModel` is a mixin of an :class:`~pfl_cli.algorithms.base.Algorithm` (it uses its ``client_net``,
 ``train_clients``, ``cfg`` and ``device``): the model ``global_params`` built from the client net, its checkpoint
 state and weights, and FedAvg's new-client protocol (the global model, or it fine-tuned ``finetune_steps`` local
-steps where the config has that key; the global model as it is where it has none). The server rule stays each
+steps where the config has that key, all weights or LoRA adapters: ``finetune_adapters``, :mod:`pfl_cli.fl.finetune`;
+the global model as it is where it has none). The server rule stays each
 method's: q-FFL's and AFL's rounds, FedBuff's and FedAsync's asynchronous server
 (:class:`pfl_cli.fl.asynchronous.GlobalModelOnTheClock`).
 """
@@ -31,6 +32,7 @@ class OneGlobalModel:
         self.net = self.client_net()
         self.global_params = {k: v.detach().clone() for k, v in self.net.named_parameters()}
         self.personalized = self.finetune_steps > 0
+        self.check_finetune()
 
     def losses_and_local_models(self, cohort, gen):
         """The client half of a round whose server reads each client's loss (q-FFL, AFL): the global model w sent to
@@ -52,13 +54,12 @@ class OneGlobalModel:
 
     # ---------------------------------------------------------------- serving
     def personalize(self, clients: np.ndarray, gen):
-        if self.finetune_steps > 0:
-            return self.train_clients(self.global_params, clients, gen, steps=self.finetune_steps), True
+        if self.finetune_steps > 0:  # all weights, or LoRA adapters (Algorithm.finetune)
+            return self.finetune(self.global_params, clients, gen, self.finetune_steps), True
         return self.global_params, False
 
     def protocol(self, new: bool) -> dict:
-        steps = self.finetune_steps
-        return {"protocol": f"global model fine-tuned {steps} local steps" if steps else "global model", "rounds": 0}
+        return {"protocol": self.finetune_protocol(self.finetune_steps), "rounds": 0}
 
     # ---------------------------------------------------------------- checkpoint and artifact
     def state(self):

@@ -75,6 +75,8 @@ DP_KEYS = ("dp_epsilon", "dp_delta", "dp_clip", "dp_population", "dp_sampling_ra
 # (elsewhere they are refused). dp_mechanism itself: its ddg is refused beside the central base run's population
 # bound; tests/privacy/test_distributed_dp.py runs it.
 DDG_KEYS, DDG = ("dp_bits", "dp_min_survivors"), {"secagg": True, "dp_mechanism": "ddg", "clients_per_round": 2}
+# Fine-tuning LoRA adapters: one fine-tuning step before each evaluation (pfl_cli.fl.finetune).
+FINETUNE_LORA = {"finetune_adapters": "lora", "finetune_steps": 1}
 # A CONTEXT value that stands for the algorithm's own default of that key.
 DEFAULT = "<default>"
 CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "sgd"},
@@ -85,8 +87,11 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            "ala_num_pre_loss": {"ala_max_start_epochs": 30, "ala_threshold": 1.0},
            "backbone_tune": {"backbone": "resnet-micro"}, "backbone_weights": {"backbone": "resnet-micro"},
            # the LoRA keys of a full-weight method act under adapters=lora (pfl_cli.fl.adapters; a LoRA algorithm has
-           # no adapters key and takes them alone)
-           **{k: {"adapters": "lora"} for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_base_weights")},
+           # no adapters key and takes them alone), or on FedAvg's family under finetune_adapters=lora, which acts
+           # where a client is fine-tuned (pfl_cli.fl.finetune; each key where the algorithm takes it)
+           **{k: {"adapters": "lora", **FINETUNE_LORA} for k in ("lora_rank", "lora_alpha", "lora_dropout",
+                                                                 "lora_base_weights")},
+           "finetune_adapters": {"finetune_steps": 1},
            # FedExP's eps acts where its step extrapolates (eta_g > 1): clients whose updates disagree, which the
            # tiny run's two clients do at a large client lr (at the base lr eta_g = 1 whatever eps)
            "eps": {"lr": 0.5},
@@ -104,7 +109,7 @@ CONTEXT = {**{k: DP for k in DP_KEYS}, "server_momentum": {"server_optimizer": "
            # CFL's split needs both thresholds met: eps1 and the warm-up act where some update exceeds eps2
            "cfl_eps1": {"cfl_eps2": 0.0}, "cfl_warmup_rounds": {"cfl_eps2": 0.0},
            # the LoRA targets: on an MLP with two hidden layers "fc1" adapts one of its two layers, "*" both
-           "lora_targets": {"mlp_hidden": (8, 8), "adapters": "lora"},
+           "lora_targets": {"mlp_hidden": (8, 8), "adapters": "lora", **FINETUNE_LORA},
            # IA3's feed-forward layers are among its targets: beside adapter=ia3, on both of the MLP's hidden layers
            "ia3_feedforward": {"adapter": "ia3", "mlp_hidden": (8, 8)},
            # an asynchronous server (FedBuff, FedAsync) runs at most one job per train client: its concurrency acts
