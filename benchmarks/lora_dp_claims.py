@@ -16,8 +16,8 @@ at both without DP; at 0.1 on these unnormalized pixels FedIT diverges even with
 0.5; delta 1e-6; the noise seeded (``noise=seeded``, simulation only) so that the figures reproduce.
 
 ``--tuned`` adds each method tuned (benchmarks/tuned.py) at each epsilon (the no-DP reference is not tuned): per
-method, epsilon and seed, a 6-point grid, the client lr in {0.01, 0.03, 0.1} times LoRA's rank ``lora_rank`` in {4, 8} (the DP keys,
-clip included, stay fixed: ``pflx tune`` does not search ``dp_*``). Each point trains ``--select-rounds`` rounds
+method, epsilon and seed, a 6-point grid, the client lr in {0.01, 0.03, 0.1} times LoRA's rank ``lora_rank`` in
+{4, 8} (the DP keys, clip included, stay fixed: ``pflx tune`` does not search ``dp_*``). Each point trains ``--select-rounds`` rounds
 (default ``--rounds``) on ``pflx tune``'s validation carve of the partition (its 90 train clients; 20 % of each
 one's train samples become its validation samples; the test splits and holdout clients are not in it), under the
 same DP settings, scored by the train clients' mean validation accuracy; the best point is then trained on the

@@ -33,7 +33,8 @@ samples; the test splits and the new clients are not in it), scored by the train
 accuracy; the best point is then trained through the CLI on the partition and reported as the bare run is. The
 claims are checked on the bare and on the tuned figures (exit 1 on a miss of either).
 
-    python benchmarks/pretrain_personalize.py [--seeds 0,1] [--rounds 40] [--lr 0.05] [--out runs/bench-pretrain] [--tuned]
+    python benchmarks/pretrain_personalize.py [--seeds 0,1] [--rounds 40] [--lr 0.05] [--out runs/bench-pretrain]
+        [--tuned]
 """
 
 from __future__ import annotations
