@@ -19,7 +19,18 @@ Targets (the claim of thesis §7.3's proposal that pflx makes): over the seeds, 
 steps and reach a mean accuracy at least that of FedIT's global adapter (the other zero-step protocol); the others are
 printed beside it, without a target.
 
-    python benchmarks/hn_lora_new_clients.py [--seeds 0,1] [--rounds 150] [--out DIR]
+``--tuned`` adds each protocol tuned (benchmarks/tuned.py) beside its bare figure: per protocol and seed, a 6-point
+grid, the client lr in {``--lr``, ``--lr`` / 2.5, 2 ``--lr``} (0.05, 0.02, 0.1 by default; the bare one first) times
+one key of the method's own: PeFLL-LoRA's hypernetwork step ``server_lr`` in {2e-4 (its default), 1e-3}, pFedHN-LoRA's
+``server_lr`` in {0.01 (its default), 0.03}, FedIT's ``lora_rank`` in {4, 8}, FedIT + fine-tuning's
+``finetune_steps`` in {20, 5} (the predict-time steps), FedSA-LoRA's ``new_client_epochs`` in {20, 5}. Each point
+trains ``--select-rounds`` rounds (default ``--rounds``) on ``pflx tune``'s validation carve of the seed's partition
+restricted to its train clients: 20 % of them (6 of 30) become validation clients, never trained on, served by the
+protocol and scored on half their samples (the partition's holdout clients and test splits are not in the carve);
+the best point is then trained on the partition and its holdout clients served as the bare run serves them. The
+target is checked on the bare and on the tuned figures (exit 1 on a miss of either).
+
+    python benchmarks/hn_lora_new_clients.py [--seeds 0,1] [--rounds 150] [--out DIR] [--tuned]
 
 Exits 1 when a figure misses its target.
 """
@@ -31,6 +42,9 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tuned  # noqa: E402
 
 
 def build_task(root: Path, args) -> tuple[Path, Path, float]:
@@ -76,8 +90,44 @@ def pflx(*args) -> None:
         raise SystemExit(f"hn_lora_new_clients.py: pflx {' '.join(map(str, args[:3]))} ... exited {code}")
 
 
-def run_seed(root: Path, data: Path, base: Path, seed: int, args) -> dict:
-    """Holdout mean accuracy and new-client optimizer steps of every protocol on the partition of ``seed``."""
+def grids(args) -> dict:
+    """``--tuned``: protocol -> (algorithm, its grid); every grid's first point is the bare run's."""
+    lrs = [args.lr, round(args.lr / 2.5, 6), round(2 * args.lr, 6)]
+    return {"pefll-lora": ("pefll-lora", tuned.grid(lr=lrs, server_lr=[2e-4, 1e-3])),
+            "pfedhn-lora": ("pfedhn-lora", tuned.grid(lr=lrs, server_lr=[0.01, 0.03])),
+            "fedit": ("fedit", tuned.grid(lr=lrs, lora_rank=[4, 8])),
+            "fedit + fine-tuning": ("fedit", tuned.grid(lr=lrs, finetune_steps=[args.finetune_steps, 5])),
+            "fedsa-lora": ("fedsa-lora", tuned.grid(lr=lrs, new_client_epochs=[20, 5]))}
+
+
+def choose(part: Path, model: Path, points: list, args) -> tuned.Choice:
+    """The point of ``points`` best on validation clients carved from ``part``'s train clients, each trained as the
+    bare run ``model`` was (its config.yaml) with that point, ``--select-rounds`` rounds."""
+    from pfl_cli.cli.common import train_stage_config
+    from pfl_cli.data.location import load_partition_dataset
+
+    cfg = train_stage_config(config_file=model / "config.yaml", flags={}, sets=[])
+    p, _info, _art, ds = load_partition_dataset(part)
+    return tuned.tune(ds.x, ds.y, ds.num_classes, p, cfg, points, group="holdout", val_clients=0.2,
+                      rounds=args.select_rounds, eval_every=args.select_rounds)
+
+
+def serve(root: Path, part: Path, name: str, seed: int, shared: list, sets: dict, predict_flags: list, tag: str):
+    """Train ``name`` with ``sets`` (bare: none), serve the holdout clients: (mean accuracy, optimizer steps)."""
+    model = root / f"{name}-{seed}{tag}"
+    if not (model / "manifest.json").exists():
+        pflx("train", "--partition", part, "--algorithm", name, *shared,
+             *[f for k, v in sets.items() for f in ("--set", f"{k}={v}")], "--out", model)
+    pred = root / f"{name}-{seed}{tag}-pred{len(predict_flags)}"
+    pflx("predict", "--model", model, "--partition", part, "--clients", "holdout", *predict_flags, "--out", pred,
+         "--format", "quiet")
+    m = json.loads((pred / "metrics.json").read_text())
+    return m["mean_accuracy"], m["optimizer_steps"], model
+
+
+def run_seed(root: Path, data: Path, base: Path, seed: int, args) -> tuple[dict, dict]:
+    """Holdout mean accuracy and new-client optimizer steps of every protocol on the partition of ``seed``, bare;
+    and with ``--tuned`` the same tuned, with the chosen point (else an empty dict)."""
     part = root / f"part-{seed}"
     pflx("partition", "--dataset", f"npz:{data}", "--scheme", "dirichlet", "--alpha", args.alpha, "--num-clients",
          args.clients, "--holdout-clients", args.holdout, "--seed", seed, "--out", part, "--format", "quiet")
@@ -85,20 +135,27 @@ def run_seed(root: Path, data: Path, base: Path, seed: int, args) -> dict:
               "--device", "cpu", "--format", "quiet", "--set", f"local_steps={args.local_steps}",
               "--set", f"lr={args.lr}", "--set", "mlp_hidden=[64]", "--set", "lora_rank=4",
               "--set", f"lora_base_weights={base}", "--set", "normalize=false"]
-    out = {}
+    out, best = {}, {}
     protocols = {"pefll-lora": [[]], "pfedhn-lora": [[]], "fedit": [[], ["--finetune-steps", args.finetune_steps]],
                  "fedsa-lora": [[]]}
+    tuned_as = {("fedit", True): "fedit + fine-tuning"}
     for name, predicts in protocols.items():
-        model = root / f"{name}-{seed}"
-        pflx("train", "--partition", part, "--algorithm", name, *shared, "--out", model)
         for extra in predicts:
             label = name + (f" + {args.finetune_steps} fine-tuning steps" if extra else "")
-            pred = root / f"{name}-{seed}-pred{len(extra)}"
-            pflx("predict", "--model", model, "--partition", part, "--clients", "holdout", *extra, "--out", pred,
-                 "--format", "quiet")
-            m = json.loads((pred / "metrics.json").read_text())
-            out[label] = (m["mean_accuracy"], m["optimizer_steps"])
-    return out
+            acc, steps, model = serve(root, part, name, seed, shared, {}, extra, "")
+            out[label] = (acc, steps)
+            if not args.tuned:
+                continue
+            protocol = tuned_as.get((name, bool(extra)), name)
+            choice = choose(part, model, grids(args)[protocol][1], args)
+            sets = dict(choice.point)
+            flags = ["--finetune-steps", sets.pop("finetune_steps")] if "finetune_steps" in sets else []
+            acc, steps, _ = serve(root, part, name, seed, shared, sets, flags,
+                                  "-tuned-" + "-".join(f"{k}{v}" for k, v in sets.items()))
+            best[protocol] = (acc, steps, choice)
+            print(f"seed {seed} tuned {protocol}: chose {tuned.describe(choice.point)} (validation clients "
+                  f"{choice.score:.1%}); holdout {acc:.1%}\n    validation grid: {choice.table()}", flush=True)
+    return out, best
 
 
 def main(argv=None) -> int:
@@ -115,15 +172,20 @@ def main(argv=None) -> int:
     p.add_argument("--public", type=int, default=400)
     p.add_argument("--data-seed", type=int, default=2026)
     p.add_argument("--out", type=Path, default=None, help="keep the artifacts here (default: a temp dir)")
+    p.add_argument("--tuned", action="store_true", help="also each protocol tuned on validation clients (see above)")
+    p.add_argument("--select-rounds", type=int, default=None, help="rounds of each --tuned selection run "
+                   "(default --rounds)")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
+    args.select_rounds = args.select_rounds or args.rounds
     import torch
 
     torch.set_num_threads(1)
     root = args.out or Path(tempfile.mkdtemp(prefix="hn-lora-"))
     root.mkdir(parents=True, exist_ok=True)
     data, base, base_accuracy = build_task(root, args)
-    results = [run_seed(root, data, base, s, args) for s in seeds]
+    both = [run_seed(root, data, base, s, args) for s in seeds]
+    results = [r for r, _ in both]
     print(f"new clients ({args.holdout} holdout of {args.clients}, digits Dirichlet({args.alpha}), base MLP pre-trained "
           f"on {args.public} public images, LoRA r 4; {args.rounds} rounds x {args.cohort} clients x "
           f"{args.local_steps} steps, lr {args.lr}; seeds {args.seeds})")
@@ -145,6 +207,26 @@ def main(argv=None) -> int:
     ok &= hit
     print(f"pefll-lora mean accuracy {means['pefll-lora']:.1%} vs fedit's global adapter {means['fedit']:.1%} "
           f"(target >=) {'ok' if hit else 'MISS'}")
+    if args.tuned:
+        print(f"\ntuned (each protocol's grid point chosen per seed on validation clients, {args.select_rounds} "
+              f"selection rounds):")
+        print(f"{'protocol':<42} " + " ".join(f"{'seed ' + str(s):>8}" for s in seeds) + f" {'mean':>8} {'steps':>8}"
+              "  chosen (per seed)")
+        tmeans = {}
+        for label in both[0][1]:
+            accs = [b[label][0] for _, b in both]
+            tmeans[label] = sum(accs) / len(accs)
+            steps = sum(b[label][1] for _, b in both) / len(both)
+            chosen = " | ".join(tuned.describe(b[label][2].point) for _, b in both)
+            print(f"{label:<42} " + " ".join(f"{a:>8.1%}" for a in accs) + f" {tmeans[label]:>8.1%} {steps:>8.0f}"
+                  f"  {chosen}")
+        steps = max(b["pefll-lora"][1] for _, b in both)
+        ok &= steps == 0
+        print(f"tuned pefll-lora new-client optimizer steps: {steps} (target 0) {'ok' if steps == 0 else 'MISS'}")
+        hit = tmeans["pefll-lora"] >= tmeans["fedit"]
+        ok &= hit
+        print(f"tuned pefll-lora mean accuracy {tmeans['pefll-lora']:.1%} vs tuned fedit's global adapter "
+              f"{tmeans['fedit']:.1%} (target >=) {'ok' if hit else 'MISS'}")
     return 0 if ok else 1
 
 

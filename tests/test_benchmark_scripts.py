@@ -303,3 +303,61 @@ def test_refusal_benchmark_prints_every_commands_figure_beside_its_target():
                         "compare", "privacy-account", "algorithms"}
     assert all(ln.rstrip().endswith((" ok", "MISSED")) for ln in lines)
     assert ("MISSED" in proc.stdout) == (proc.returncode == 1)
+
+
+def _tuned():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import tuned
+    finally:
+        sys.path.pop(0)
+    return tuned
+
+
+def test_the_tuned_benchmarks_pick_the_best_validation_score_first_on_ties_and_nan_as_worst():
+    tuned = _tuned()
+    scores = {0.1: 0.5, 0.3: float("nan"), 0.03: 0.5, 0.01: 0.2}
+    choice = tuned.select(tuned.grid(lr=[0.1, 0.3, 0.03, 0.01]), lambda p: scores[p["lr"]])
+    assert choice.point == {"lr": 0.1} and choice.score == 0.5
+    assert [s for _p, s in choice.scores] == [0.5, float("-inf"), 0.5, 0.2]
+    assert tuned.grid(lr=[1, 2], k=[3]) == [{"lr": 1, "k": 3}, {"lr": 2, "k": 3}]
+    with pytest.raises(RuntimeError, match="no point"):
+        tuned.select([{"lr": 1}], lambda p: float("nan"))
+
+
+def test_the_tuned_benchmarks_train_their_grid_on_validation_data_only():
+    """Every selection run sees a carve of the train clients' train samples: no test sample, no holdout client."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from pfl_cli.partition import PartitionConfig, partition_labels
+    from pfl_cli.registry import train_config
+    from pfl_cli.rng import make_rng
+
+    tuned = _tuned()
+    y = np.repeat(np.arange(3), 40)
+    x = np.random.default_rng(0).normal(size=(len(y), 4)).astype(np.float32)
+    part = partition_labels(y, PartitionConfig(scheme="dirichlet", alpha=1.0, num_clients=10, holdout_clients=2,
+                                               seed=0, test_fraction=0.3), num_classes=3, rng=make_rng(0, "partition"))
+    train_ids = set(np.asarray(part.client_id)[np.asarray(part.role) == 0].tolist())
+    allowed = set(np.concatenate([part.train_of(j) for j in range(part.num_clients) if part.role[j] == 0]).tolist())
+    seen = []
+
+    def fake_train(x_, y_, k, vpart, cfg, device=None):
+        seen.append((vpart, cfg))
+        score = {"train": {"mean_accuracy": cfg.lr}, "holdout": {"mean_accuracy": -cfg.lr}}
+        return SimpleNamespace(outcome=SimpleNamespace(best=SimpleNamespace(summaries=lambda: score)))
+
+    base = train_config("fedavg", rounds=8, seed=3)
+    got = tuned.tune(x, y, 3, part, base, tuned.grid(lr=[0.1, 0.3, 0.03]), train=fake_train, rounds=2)
+    assert got.point == {"lr": 0.3}
+    got = tuned.tune(x, y, 3, part, base, tuned.grid(lr=[0.1, 0.3, 0.03]), group="holdout", val_clients=0.25,
+                     train=fake_train)
+    assert got.point == {"lr": 0.03}
+    for vpart, cfg in seen:
+        assert set(np.asarray(vpart.client_id).tolist()) <= train_ids
+        used = set(np.asarray(vpart.train_indices).tolist()) | set(np.asarray(vpart.test_indices).tolist())
+        assert used <= allowed and len(vpart.test_indices) > 0
+    assert [c.rounds for _v, c in seen] == [2, 2, 2, 8, 8, 8]
+    assert (np.asarray(seen[-1][0].role) == 1).sum() == 2  # validation clients carved from the 8 train clients
