@@ -47,7 +47,9 @@ class HyperFLLPM(HyperFL):
                            "on a log range around them")
     tune_group = "train"
     config = HyperFLLPMConfig
-    inert_keys = {}  # the backbone keys are its client net (HyperFL's refusal of them is not inherited)
+    # the backbone keys are its client net (HyperFL's refusal of them is not inherited); model_arch names none
+    inert_keys = {"model_arch": "its client net is the backbone (--set backbone=), never model_arch's",
+                  "mlp_hidden": "its client net is the backbone (--set backbone=), never an mlp"}
     paper = "HyperFL-LPM: Guo et al., AAAI 2025 §3.3, App. D.1"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
 

@@ -41,7 +41,9 @@ class HyperFLLPMLoRA(HyperFLLPM):
     # HyperFL's local steps are its own two stages, which run no adapter dropout; the frozen base is the backbone
     inert_keys = {"lora_dropout": "HyperFL's two local stages run without adapter dropout",
                   "lora_base_weights": "its frozen base is the backbone (backbone_weights)",
-                  "backbone_tune": "the backbone is frozen and LoRA adapts it (backbone_tune=probe, fixed)"}
+                  "backbone_tune": "the backbone is frozen and LoRA adapts it (backbone_tune=probe, fixed)",
+                  "model_arch": "its client net is the backbone (--set backbone=), never model_arch's",
+                  "mlp_hidden": "its client net is the backbone (--set backbone=), never an mlp"}
     paper = "HyperFL-LPM (Guo et al., AAAI 2025 §3.3) generating LoRA adapters (Hu et al. 2022) instead of bottleneck ones"
     new_client_protocol = "its embedding and classifier trained local_epochs under the global hypernetwork"
 

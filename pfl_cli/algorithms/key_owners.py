@@ -378,18 +378,18 @@ KEY_OWNERS = {
         'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
     ),
     'mlp_hidden': (
-        'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
-        'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
-        'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
+        'pefll fedavg local pfedhn pfedhn-pc hyperfl fedprox fedper fedrep lg-fedavg ditto apfl perfedavg '
+        'pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala '
+        'feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp '
+        'fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit '
+        'ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora feddpa'
     ),
     'model_arch': (
-        'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
-        'apfl perfedavg pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod '
-        'fedbn fedala feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn '
-        'fedopt fedexp fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem '
-        'afl fedit ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora hyperfl-lpm-lora feddpa'
+        'pefll fedavg local pfedhn pfedhn-pc hyperfl fedprox fedper fedrep lg-fedavg ditto apfl perfedavg '
+        'pfedme knnper flowdup ld-fedavg fedtta ldp-fedavg ppsgd centaur fedbabu fedrod fedbn fedala '
+        'feddbe gpfl pfedla fedpac fedproto fednh fedcp fedas fedfomo apple scaffold feddyn fedopt fedexp '
+        'fedlc fedamp fednova fedbuff fedasync centralized moon fedsam ifca qffl cfl fedem afl fedit '
+        'ffa-lora fedsa-lora flexlora pefll-lora pfedhn-lora feddpa'
     ),
     'model_head': (
         'pefll fedavg local pfedhn pfedhn-pc hyperfl hyperfl-lpm fedprox fedper fedrep lg-fedavg ditto '
