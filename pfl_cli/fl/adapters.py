@@ -67,12 +67,7 @@ class AdapterKeys(LoRAKeys):
             raise ConfigError(f"adapters must be one of {', '.join(ADAPTER_CHOICES)} for {self.algorithm}; got "
                               f"{self.adapters!r}.")
         if self.adapters == "full":
-            defaults = type(self)()
-            for name in LORA_KEYS:
-                if getattr(self, name) != getattr(defaults, name):
-                    raise ConfigError(f"{name} has no effect on {self.algorithm} with adapters=full (the lora_* keys "
-                                      f"shape the adapters of adapters=lora); got {getattr(self, name)!r}. Add --set "
-                                      f"adapters=lora, or drop {name}.")
+            refuse_lora_keys_when_full(self, "adapters", LORA_KEYS)
         elif getattr(self, "backbone", ""):
             raise ConfigError(f"backbone has no effect on {self.algorithm} with adapters=lora (the adapters go on "
                               f"model_arch's net, frozen); got {self.backbone!r}. Drop one of them.")
@@ -97,6 +92,17 @@ def lora_arch(cfg, store, base: dict) -> dict:
                                 # IA3's vectors instead (the LoRA algorithms' adapter=ia3: lora_common.LoRAKeys)
                                 adapter=getattr(cfg, "adapter", "lora"),
                                 feedforward=getattr(cfg, "ia3_feedforward", ""))}
+
+
+def refuse_lora_keys_when_full(cfg, switch: str, names) -> None:
+    """Refuse a ``lora_*`` key set away from its default while ``switch`` (``adapters``, ``finetune_adapters``)
+    is ``full``, where no adapter exists for it to shape."""
+    defaults = type(cfg)()
+    for name in names:
+        if getattr(cfg, name) != getattr(defaults, name):
+            raise ConfigError(f"{name} has no effect on {cfg.algorithm} with {switch}=full (the lora_* keys shape the "
+                              f"adapters of {switch}=lora); got {getattr(cfg, name)!r}. Add --set {switch}=lora, or "
+                              f"drop {name}.")
 
 
 class AdapterTraining:

@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from pfl_cli.errors import ConfigError
-from pfl_cli.fl.adapters import LoRAKeys
+from pfl_cli.fl.adapters import LoRAKeys, refuse_lora_keys_when_full
 from pfl_cli.fl.config import TrainConfig, check_own_keys, key
 from pfl_cli.fl.params import stack
 
@@ -63,12 +63,7 @@ class FinetuneAdapterKeys(TrainConfig):
             raise ConfigError(f"finetune_adapters must be one of {', '.join(FINETUNE_CHOICES)} for {self.algorithm}; "
                               f"got {self.finetune_adapters!r}.")
         if self.finetune_adapters == "full":
-            defaults = type(self)()
-            for name in FINETUNE_LORA_KEYS:
-                if getattr(self, name) != getattr(defaults, name):
-                    raise ConfigError(f"{name} has no effect on {self.algorithm} with finetune_adapters=full (the "
-                                      f"lora_* keys shape the adapters of finetune_adapters=lora); got "
-                                      f"{getattr(self, name)!r}. Add --set finetune_adapters=lora, or drop {name}.")
+            refuse_lora_keys_when_full(self, "finetune_adapters", FINETUNE_LORA_KEYS)
             return
         steps = getattr(self, "finetune_steps", 0)
         if not steps:
