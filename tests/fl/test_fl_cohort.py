@@ -173,6 +173,10 @@ def test_batches_depend_only_on_the_generator_seed(store):
 def test_vmapped_lenet_cohort_equals_sequential_sgd():
     """The image path: vmap over batched conv weights (Table B.1 LeNet) on CIFAR-shaped data."""
     store = _lenet_store()
+    # A fixed init, not whatever the tests before left in torch's global generator: on some inits a max-pool or ReLU
+    # near-tie flips under the grouped convolution's other summation order and routes one gradient elsewhere (3e-5
+    # apart after 3 steps, seen in CI after tests/fl/test_finetune_adapters.py; 3e-8 on the inits of seeds 0-11).
+    torch.manual_seed(0)
     net = client_model("auto", (3, 32, 32), 10)
     clients = torch.tensor([0, 2, 5])
     index, mask = sample_batches(store.fit, clients, 3, 4, torch.Generator().manual_seed(4))
