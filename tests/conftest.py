@@ -59,16 +59,6 @@ def pytest_configure(config):
     declare_torchvision_ops()
 
 
-@pytest.fixture(autouse=True)
-def _torch_global_generator_reset():
-    """Every test starts from one state of torch's global generator, whichever tests ran before it: a test that
-    builds a net from the global generator must not pass or fail by the order of the suite (the vmapped-LeNet cohort
-    test of tests/fl/test_fl_cohort.py failed in CI after new tests ran before it)."""
-    import torch
-
-    torch.manual_seed(0)
-
-
 # Tests of the optional extras carry a marker naming the extra; the package each one needs.
 EXTRA_MODULES = {"hf": ("datasets",), "peft": ("transformers", "peft"), "flower": ("flwr_datasets", "flwr"),
                  "tracking": ("wandb", "mlflow"), "models": ("torchvision", "timm")}
