@@ -158,6 +158,27 @@ def run_seed(root: Path, data: Path, base: Path, seed: int, args) -> tuple[dict,
     return out, best
 
 
+def report(results: list, seeds: list, prefix: str) -> bool:
+    """Print each protocol's accuracy per seed, mean and optimizer steps (and, for tuned rows, the grid point chosen
+    per seed), then the targets: PeFLL-LoRA takes 0 steps and reaches FedIT's global adapter. True when both hold."""
+    chosen = len(next(iter(results[0].values()))) > 2  # tuned rows carry their selection
+    print(f"{'protocol':<42} " + " ".join(f"{'seed ' + str(s):>8}" for s in seeds) + f" {'mean':>8} {'steps':>8}"
+          + ("  chosen (per seed)" if chosen else ""))
+    means = {}
+    for label in results[0]:
+        accs = [r[label][0] for r in results]
+        means[label] = sum(accs) / len(accs)
+        steps = sum(r[label][1] for r in results) / len(results)
+        picks = "  " + " | ".join(tuned.describe(r[label][2].point) for r in results) if chosen else ""
+        print(f"{label:<42} " + " ".join(f"{a:>8.1%}" for a in accs) + f" {means[label]:>8.1%} {steps:>8.0f}{picks}")
+    steps = max(r["pefll-lora"][1] for r in results)
+    print(f"{prefix}pefll-lora new-client optimizer steps: {steps} (target 0) {'ok' if steps == 0 else 'MISS'}")
+    hit = means["pefll-lora"] >= means["fedit"]
+    print(f"{prefix}pefll-lora mean accuracy {means['pefll-lora']:.1%} vs {prefix}fedit's global adapter "
+          f"{means['fedit']:.1%} (target >=) {'ok' if hit else 'MISS'}")
+    return steps == 0 and hit
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="0,1")
@@ -191,42 +212,11 @@ def main(argv=None) -> int:
           f"{args.local_steps} steps, lr {args.lr}; seeds {args.seeds})")
     print(f"the pre-trained base alone (its own classifier, no federated step) on the federated pool: "
           f"{base_accuracy:.1%}")
-    print(f"{'protocol':<42} " + " ".join(f"{'seed ' + str(s):>8}" for s in seeds) + f" {'mean':>8} {'steps':>8}")
-    means = {}
-    for label in results[0]:
-        accs = [r[label][0] for r in results]
-        means[label] = sum(accs) / len(accs)
-        steps = sum(r[label][1] for r in results) / len(results)
-        print(f"{label:<42} " + " ".join(f"{a:>8.1%}" for a in accs) + f" {means[label]:>8.1%} {steps:>8.0f}")
-    ok = True
-    steps = max(r["pefll-lora"][1] for r in results)
-    verdict = "ok" if steps == 0 else "MISS"
-    ok &= steps == 0
-    print(f"pefll-lora new-client optimizer steps: {steps} (target 0) {verdict}")
-    hit = means["pefll-lora"] >= means["fedit"]
-    ok &= hit
-    print(f"pefll-lora mean accuracy {means['pefll-lora']:.1%} vs fedit's global adapter {means['fedit']:.1%} "
-          f"(target >=) {'ok' if hit else 'MISS'}")
+    ok = report(results, seeds, "")
     if args.tuned:
         print(f"\ntuned (each protocol's grid point chosen per seed on validation clients, {args.select_rounds} "
               f"selection rounds):")
-        print(f"{'protocol':<42} " + " ".join(f"{'seed ' + str(s):>8}" for s in seeds) + f" {'mean':>8} {'steps':>8}"
-              "  chosen (per seed)")
-        tmeans = {}
-        for label in both[0][1]:
-            accs = [b[label][0] for _, b in both]
-            tmeans[label] = sum(accs) / len(accs)
-            steps = sum(b[label][1] for _, b in both) / len(both)
-            chosen = " | ".join(tuned.describe(b[label][2].point) for _, b in both)
-            print(f"{label:<42} " + " ".join(f"{a:>8.1%}" for a in accs) + f" {tmeans[label]:>8.1%} {steps:>8.0f}"
-                  f"  {chosen}")
-        steps = max(b["pefll-lora"][1] for _, b in both)
-        ok &= steps == 0
-        print(f"tuned pefll-lora new-client optimizer steps: {steps} (target 0) {'ok' if steps == 0 else 'MISS'}")
-        hit = tmeans["pefll-lora"] >= tmeans["fedit"]
-        ok &= hit
-        print(f"tuned pefll-lora mean accuracy {tmeans['pefll-lora']:.1%} vs tuned fedit's global adapter "
-              f"{tmeans['fedit']:.1%} (target >=) {'ok' if hit else 'MISS'}")
+        ok &= report([b for _, b in both], seeds, "tuned ")
     return 0 if ok else 1
 
 
